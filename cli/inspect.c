@@ -1,0 +1,115 @@
+/* arka inspect FILE: architecture, hyper-parameters, tensors, tokenizer. */
+#include "cli.h"
+#include "common/cm_config.h"
+#include "model/dtype.h"
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void print_tokenizer(const gguf_ctx *g) {
+    char *kind = NULL, *pre = NULL;
+    gguf_get_strdup(g, "tokenizer.ggml.model", &kind);
+    gguf_get_strdup(g, "tokenizer.ggml.pre", &pre);
+    const gguf_value *toks = NULL;
+    gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_STRING, &toks);
+    printf("tokenizer: %s%s%s, %llu tokens\n", kind ? kind : "none", pre ? " pre=" : "", pre ? pre : "",
+           toks ? (unsigned long long)toks->v.arr.n : 0ull);
+    static const char *const specials[][2] = { { "bos", "tokenizer.ggml.bos_token_id" }, { "eos", "tokenizer.ggml.eos_token_id" },
+                                               { "unk", "tokenizer.ggml.unknown_token_id" }, { "pad", "tokenizer.ggml.padding_token_id" },
+                                               { "eot", "tokenizer.ggml.eot_token_id" } };
+    printf("special tokens:");
+    for (size_t i = 0; i < sizeof specials / sizeof *specials; i++) {
+        uint32_t id;
+        if (gguf_get_u32(g, specials[i][1], &id) == 0 && (!toks || id < toks->v.arr.n)) {
+            printf(" %s=%u", specials[i][0], id);
+            if (toks && id < toks->v.arr.n)
+                printf(" '%.*s'", (int)(toks->v.arr.strs[id].len > 32 ? 32 : toks->v.arr.strs[id].len), toks->v.arr.strs[id].ptr);
+        }
+    }
+    int add_bos;
+    if (gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos) == 0) printf(" add_bos=%d", add_bos);
+    printf("\n");
+    const gguf_value *tmpl = gguf_find(g, "tokenizer.chat_template");
+    printf("chat template: %s\n", tmpl && tmpl->type == GGUF_STRING ? "present" : "none");
+    free(kind);
+    free(pre);
+}
+
+int cli_inspect(int argc, char **argv) {
+    int verbose = 0;
+    cm_opt opts[] = {
+        { "verbose", 'v', CM_OPT_BOOL, &verbose, "list every tensor and metadata key" },
+        { 0 },
+    };
+    char err[512];
+    int npos;
+    char **pos;
+    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos != 1) {
+        if (npos != 1 && !strcmp(err, "help")) {}
+        fprintf(stderr, "%s%susage: arka inspect [--verbose] FILE\n", strcmp(err, "help") && npos == 1 ? err : "",
+                strcmp(err, "help") && npos == 1 ? "\n" : "");
+        cm_config_usage(opts, stderr);
+        return 2;
+    }
+    mdl_model *m;
+    if (mdl_load(pos[0], &m, err, sizeof err)) {
+        fprintf(stderr, "arka inspect: %s\n", err);
+        return 1;
+    }
+    const mdl_config *c = &m->cfg;
+    printf("file: %s (%s)\n", pos[0], m->format == MDL_FORMAT_GGUF ? "GGUF" : "safetensors");
+    if (m->gguf) printf("gguf version: %u, alignment %llu\n", gguf_version(m->gguf), (unsigned long long)gguf_alignment(m->gguf));
+    printf("name: %s\n", c->name[0] ? c->name : "-");
+    printf("architecture: %s\n", c->arch_name);
+    printf("dim (n_embd): %d\n", c->n_embd);
+    printf("layers: %d\n", c->n_layer);
+    printf("heads: %d\n", c->n_head);
+    printf("kv heads: %d\n", c->n_head_kv);
+    printf("head dim: %d\n", c->head_dim);
+    printf("ffn dim: %d\n", c->n_ff);
+    printf("vocab: %d\n", c->n_vocab);
+    printf("context (trained): %d\n", c->n_ctx_train);
+    printf("rms eps: %g\n", c->norm_eps);
+    printf("rope: dim %d, base %g, layout %s, scaling %s", c->rope_dim, c->rope_base,
+           c->rope_layout == MDL_ROPE_ADJACENT ? "adjacent-pairs" : "half-split",
+           c->rope_scaling == MDL_ROPE_SCALING_NONE ? "none" : c->rope_scaling == MDL_ROPE_SCALING_LINEAR ? "linear" : "llama3");
+    if (c->rope_scaling) printf(" factor %g", c->rope_factor);
+    printf("\n");
+    printf("qkv bias: %s\n", c->has_qkv_bias ? "yes" : "no");
+    printf("output: %s\n", c->tied_output ? "tied to token_embd" : "separate");
+
+    /* Tensor summary by type. */
+    uint64_t count[DT_COUNT] = { 0 }, bytes[DT_COUNT] = { 0 }, total = 0, n = 0;
+    if (m->gguf) {
+        for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+            const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+            count[t->type]++;
+            bytes[t->type] += t->nbytes;
+            total += t->nbytes;
+            n++;
+            if (verbose)
+                printf("  tensor %-32.*s %-5s [%lld, %lld, %lld, %lld] %llu bytes\n", (int)t->name.len, t->name.ptr, dt_name(t->type),
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                       (unsigned long long)t->nbytes);
+        }
+    }
+    printf("tensors: %llu, %.2f MiB\n", (unsigned long long)n, total / 1048576.0);
+    for (int t = 0; t < DT_COUNT; t++)
+        if (count[t]) printf("  %-5s %5llu tensors %10.2f MiB\n", dt_name(t), (unsigned long long)count[t], bytes[t] / 1048576.0);
+    printf("weights read per token: %.2f MiB\n", m->weight_bytes / 1048576.0);
+    if (m->gguf) {
+        print_tokenizer(m->gguf);
+        if (verbose)
+            for (int64_t i = 0; i < gguf_n_kv(m->gguf); i++) {
+                const gguf_kv *kv = gguf_kv_at(m->gguf, i);
+                printf("  kv %.*s: %s", (int)kv->key.len, kv->key.ptr, gguf_vtype_name(kv->val.type));
+                if (kv->val.type == GGUF_ARRAY) printf("[%s x %llu]", gguf_vtype_name(kv->val.v.arr.elem_type), (unsigned long long)kv->val.v.arr.n);
+                else if (kv->val.type == GGUF_STRING) printf(" \"%.*s\"", (int)(kv->val.v.s.len > 60 ? 60 : kv->val.v.s.len), kv->val.v.s.ptr);
+                printf("\n");
+            }
+    }
+    mdl_free(m);
+    return 0;
+}

@@ -1,0 +1,244 @@
+/* cm_config: defaults < file < env < CLI, one table of names. */
+#include "cm_config.h"
+#include "cm_err.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cm_opt *find(cm_opt *opts, const char *name, size_t len) {
+    for (cm_opt *o = opts; o->kind != CM_OPT_END; o++)
+        if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
+    return NULL;
+}
+
+static cm_opt *find_alias(cm_opt *opts, char c) {
+    for (cm_opt *o = opts; o->kind != CM_OPT_END; o++)
+        if (o->alias == c) return o;
+    return NULL;
+}
+
+/* Keeps strings from the config file alive until exit (bounded by the file's size). */
+static char *keep(const char *s) {
+    char *p = strdup(s);
+    return p;
+}
+
+static int set_value(cm_opt *o, const char *v, char *err, size_t errlen) {
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case CM_OPT_STR:
+        *(const char **)o->dst = v;
+        break;
+    case CM_OPT_INT: {
+        long x = strtol(v, &end, 10);
+        if (errno || end == v || *end || x < -2147483647L - 1 || x > 2147483647L) goto bad;
+        *(int *)o->dst = (int)x;
+        break;
+    }
+    case CM_OPT_I64: {
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end) goto bad;
+        *(int64_t *)o->dst = (int64_t)x;
+        break;
+    }
+    case CM_OPT_F64:
+    case CM_OPT_F32: {
+        double x = strtod(v, &end);
+        if (errno || end == v || *end) goto bad;
+        if (o->kind == CM_OPT_F64) *(double *)o->dst = x;
+        else *(float *)o->dst = (float)x;
+        break;
+    }
+    case CM_OPT_BOOL:
+        if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) *(int *)o->dst = 1;
+        else if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off")) *(int *)o->dst = 0;
+        else goto bad;
+        break;
+    default:
+        goto bad;
+    }
+    o->seen = 1;
+    return 0;
+bad:
+    snprintf(err, errlen, "invalid value '%s' for option '%s'", v, o->name);
+    return CM_EINVAL;
+}
+
+int cm_config_set(cm_opt *opts, const char *name, const char *value, char *err, size_t errlen) {
+    cm_opt *o = find(opts, name, strlen(name));
+    if (!o) {
+        snprintf(err, errlen, "unknown option '%s'", name);
+        return CM_ENOTFOUND;
+    }
+    return set_value(o, value, err, errlen);
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
+    return s;
+}
+
+static int load_file(cm_opt *opts, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open config file: %s", path, strerror(errno));
+        return CM_ENOENT;
+    }
+    char line[4096];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s:%d: line too long", path, lineno);
+            rc = CM_EFORMAT;
+            break;
+        }
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *s = trim(line);
+        if (!*s) continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
+            rc = CM_EFORMAT;
+            break;
+        }
+        *eq = 0;
+        char *name = trim(s), *val = trim(eq + 1);
+        size_t vl = strlen(val);
+        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+            val[vl - 1] = 0;
+            val++;
+        }
+        cm_opt *o = find(opts, name, strlen(name));
+        if (!o) continue; /* the file is shared by every subcommand */
+        char e2[256];
+        if (set_value(o, o->kind == CM_OPT_STR ? keep(val) : val, e2, sizeof e2)) {
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, e2);
+            rc = CM_EINVAL;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static int load_env(cm_opt *opts, char *err, size_t errlen) {
+    for (cm_opt *o = opts; o->kind != CM_OPT_END; o++) {
+        char key[128] = "ARKA_";
+        size_t n = 5;
+        for (const char *p = o->name; *p && n < sizeof key - 1; p++)
+            key[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        key[n] = 0;
+        const char *v = getenv(key);
+        if (v && set_value(o, v, err, errlen)) {
+            size_t l = strlen(err);
+            snprintf(err + l, errlen - l, " (from env %s)", key);
+            return CM_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int cm_config_parse(cm_opt *opts, int argc, char **argv, int *npos, char ***pos, char *err, size_t errlen) {
+    static char **positional;
+    free(positional);
+    positional = calloc((size_t)argc + 1, sizeof *positional);
+    if (!positional) return CM_ENOMEM;
+    *npos = 0;
+    *pos = positional;
+
+    /* The config file comes first so env and CLI override it. */
+    const char *cfg = getenv("ARKA_CONFIG");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) cfg = argv[i + 1];
+        else if (!strncmp(argv[i], "--config=", 9)) cfg = argv[i] + 9;
+    }
+    if (cfg && *cfg) {
+        int rc = load_file(opts, cfg, err, errlen);
+        if (rc) return rc;
+    }
+    int rc = load_env(opts, err, errlen);
+    if (rc) return rc;
+
+    int only_pos = 0;
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i];
+        if (only_pos || a[0] != '-' || a[1] == 0) {
+            positional[(*npos)++] = a;
+            continue;
+        }
+        if (!strcmp(a, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            snprintf(err, errlen, "help");
+            return CM_EINVAL;
+        }
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9)) continue;
+        cm_opt *o;
+        const char *val = NULL;
+        if (a[1] == '-') {
+            const char *name = a + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            o = find(opts, name, len);
+            if (!o && !eq && len > 3 && !strncmp(name, "no-", 3)) {
+                cm_opt *b = find(opts, name + 3, len - 3);
+                if (b && b->kind == CM_OPT_BOOL) {
+                    *(int *)b->dst = 0;
+                    b->seen = 1;
+                    continue;
+                }
+            }
+            if (!o) {
+                snprintf(err, errlen, "unknown option '--%.*s'", (int)len, name);
+                return CM_EINVAL;
+            }
+            if (eq) val = eq + 1;
+        } else {
+            if (a[2] != 0) {
+                snprintf(err, errlen, "unknown option '%s'", a);
+                return CM_EINVAL;
+            }
+            o = find_alias(opts, a[1]);
+            if (!o) {
+                snprintf(err, errlen, "unknown option '%s'", a);
+                return CM_EINVAL;
+            }
+        }
+        if (!val) {
+            if (o->kind == CM_OPT_BOOL) val = "1";
+            else if (i + 1 < argc) val = argv[++i];
+            else {
+                snprintf(err, errlen, "option '--%s' needs a value", o->name);
+                return CM_EINVAL;
+            }
+        }
+        rc = set_value(o, val, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+void cm_config_usage(const cm_opt *opts, void *fp) {
+    FILE *f = fp;
+    static const char *const kinds[] = { "", "STR", "INT", "INT", "NUM", "NUM", "" };
+    for (const cm_opt *o = opts; o->kind != CM_OPT_END; o++) {
+        char head[96];
+        if (o->alias) snprintf(head, sizeof head, "-%c, --%s %s", o->alias, o->name, kinds[o->kind]);
+        else snprintf(head, sizeof head, "    --%s %s", o->name, kinds[o->kind]);
+        fprintf(f, "  %-34s %s\n", head, o->help ? o->help : "");
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package ArkaTensor needs to build, test and serve. Idempotent and quiet:
+# when everything is present it does nothing; otherwise one `apt-get update` and one install.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git curl ca-certificates
+  libuv1-dev node-llhttp libhiredis-dev libcjson-dev libssl-dev libcurl4-openssl-dev
+  redis-server nodejs npm python3
+  clang libclang-rt-dev
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+echo "setup.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
