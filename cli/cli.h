@@ -1,8 +1,19 @@
 /* cli: the `arka` subcommands. Each returns the process exit code (0 ok, 1 runtime error,
- * 2 usage error). main.c only dispatches. */
+ * 2 usage error). main.c only dispatches. A command whose module is not built into this
+ * binary (the gateway on a GPU-only host, say) is a weak symbol left NULL. */
 #ifndef ARKA_CLI_H
 #define ARKA_CLI_H
 
-int cli_inspect(int argc, char **argv);
+#define CLI_CMD(name) int name(int argc, char **argv) __attribute__((weak))
+
+CLI_CMD(cli_inspect);
+CLI_CMD(cli_mkmodel);
+CLI_CMD(cli_pull);
+CLI_CMD(cli_tokenize);
+CLI_CMD(cli_generate);
+CLI_CMD(cli_bench);
+CLI_CMD(cli_serve);
+CLI_CMD(cli_executor);
+CLI_CMD(cli_keys);
 
 #endif

@@ -1,0 +1,56 @@
+/* kcpu: CPU compute kernels: a persistent thread pool, matrix multiplication over every weight
+ * type (F32/F16/BF16 and quantized blocks), and row gathers. Elementwise ops (RMSNorm, RoPE,
+ * SwiGLU, softmax) and attention over the paged KV cache live beside these in kernels/cpu/
+ * with their own headers.
+ *
+ * ISA: AVX-512 (with VNNI/BF16 where present), AVX2+FMA and portable scalar paths, chosen at
+ * run time from cpuid (override with k_set_isa / env ARKA_ISA=scalar|avx2|avx512 for tests).
+ *
+ *   k_pool *pool; k_pool_create(2, &pool);
+ *   k_matmul(pool, w->data, w->type, n_in, n_out, x, n_tok, y);   // y = x · Wᵀ
+ *   k_pool_destroy(pool);
+ *
+ * Threads: one pool per engine; k_pool_run / k_matmul are called from one thread at a time
+ * (the engine's step thread), which takes part in the work.
+ */
+#ifndef K_CPU_H
+#define K_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum k_isa { K_ISA_AUTO = 0, K_ISA_SCALAR, K_ISA_AVX2, K_ISA_AVX512 };
+
+typedef struct k_pool k_pool;
+
+/* Creates n_threads-1 workers (the caller is the n-th). Returns 0 or CM_ENOMEM/CM_EINVAL. */
+int  k_pool_create(int n_threads, k_pool **out);
+void k_pool_destroy(k_pool *p); /* accepts NULL */
+int  k_pool_size(const k_pool *p);
+/* Runs fn(ctx, ith, nth) for ith in [0, nth) across the pool and returns when all finished.
+ * Allocates nothing. */
+void k_pool_run(k_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* The ISA in use (resolved, never AUTO), and an override (AUTO = detect). Setting an ISA the
+ * CPU lacks falls back to the best available one. */
+int  k_get_isa(void);
+void k_set_isa(int isa);
+const char *k_isa_name(int isa);
+
+/* y[t][o] = sum_i W[o][i] * x[t][i]   for t < n_tok, o < n_out.
+ * W: n_out rows, each dt_row_size(wtype, n_in) bytes (GGUF layout: ne = {n_in, n_out}).
+ * x: [n_tok, n_in] f32; y: [n_tok, n_out] f32. n_in must be a multiple of the type's block
+ * size. Allocates nothing per call (scratch for quantized activations lives in the pool).
+ * Returns 0, CM_EUNSUPPORTED (type without a kernel) or CM_EINVAL. */
+int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
+             const float *x, int64_t n_tok, float *y);
+
+/* Scalar double-accumulating reference of k_matmul (tests only; single-threaded, slow). */
+int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
+                 const float *x, int64_t n_tok, double *y);
+
+/* out[j][:] = row ids[j] of table (n_rows rows of n_embd elements of `type`) as f32. */
+int k_get_rows(const void *table, int type, int64_t n_embd, int64_t n_rows,
+               const int32_t *ids, int n, float *out);
+
+#endif
