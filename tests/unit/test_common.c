@@ -1,0 +1,120 @@
+/* common/: error table, config precedence (file < env < CLI), logging levels, clocks. */
+#include "common/cm_config.h"
+#include "common/cm_err.h"
+#include "common/cm_log.h"
+#include "common/cm_time.h"
+#include "t.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static void test_err(void) {
+    T_EQ_STR(cm_err_str(CM_ENOKV), "out of KV cache blocks");
+    T_EQ_STR(cm_err_name(CM_EFORMAT), "FORMAT");
+    T_EQ_STR(cm_err_str(12345), "unknown error");
+    T_EQ_STR(cm_err_str(0), "ok");
+}
+
+static void test_config(void) {
+    char path[] = "/tmp/arka-test-conf-XXXXXX";
+    int fd = mkstemp(path);
+    T_CHECK(fd >= 0);
+    const char *text = "# comment\nthreads = 3\nkv-cache-mb = 64  # trailing\nmodel = \"/x/y.gguf\"\nunknown-key = 1\n";
+    T_CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+
+    int threads = 1, kv = 0, flag = 0;
+    double temp = 0.5;
+    const char *model = NULL;
+    cm_opt opts[] = {
+        { "threads", 't', CM_OPT_INT, &threads, "threads" },
+        { "kv-cache-mb", 0, CM_OPT_INT, &kv, "kv" },
+        { "model", 'm', CM_OPT_STR, &model, "model" },
+        { "temp", 0, CM_OPT_F64, &temp, "temperature" },
+        { "ids", 0, CM_OPT_BOOL, &flag, "flag" },
+        { 0 },
+    };
+    char err[256];
+    int npos;
+    char **pos;
+    /* file only */
+    char *argv1[] = { "x", "--config", path, "pos1", NULL };
+    unsetenv("ARKA_THREADS");
+    T_EQ_INT(cm_config_parse(opts, 4, argv1, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(threads, 3);
+    T_EQ_INT(kv, 64);
+    T_EQ_STR(model, "/x/y.gguf");
+    T_EQ_INT(npos, 1);
+    T_EQ_STR(pos[0], "pos1");
+    /* env overrides file, CLI overrides env */
+    setenv("ARKA_THREADS", "5", 1);
+    setenv("ARKA_KV_CACHE_MB", "128", 1);
+    char *argv2[] = { "x", "--config", path, "-t", "7", "--temp=0.25", "--ids", NULL };
+    T_EQ_INT(cm_config_parse(opts, 7, argv2, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(threads, 7);
+    T_EQ_INT(kv, 128);
+    T_NEAR(temp, 0.25, 0);
+    T_EQ_INT(flag, 1);
+    T_EQ_INT(npos, 0);
+    unsetenv("ARKA_THREADS");
+    unsetenv("ARKA_KV_CACHE_MB");
+    /* errors */
+    char *argv3[] = { "x", "--nope", NULL };
+    T_EQ_INT(cm_config_parse(opts, 2, argv3, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "--nope") != NULL);
+    char *argv4[] = { "x", "--threads", "abc", NULL };
+    T_EQ_INT(cm_config_parse(opts, 3, argv4, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "threads") != NULL);
+    char *argv5[] = { "x", "--threads", NULL };
+    T_EQ_INT(cm_config_parse(opts, 2, argv5, &npos, &pos, err, sizeof err), CM_EINVAL);
+    setenv("ARKA_TEMP", "hot", 1);
+    char *argv6[] = { "x", NULL };
+    T_EQ_INT(cm_config_parse(opts, 1, argv6, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "ARKA_TEMP") != NULL);
+    unsetenv("ARKA_TEMP");
+    char *argv7[] = { "x", "--no-ids", NULL };
+    T_EQ_INT(cm_config_parse(opts, 2, argv7, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(flag, 0);
+    /* a bad line in the file names file and line */
+    FILE *f = fopen(path, "w");
+    fputs("threads = 2\nthis line is bad\n", f);
+    fclose(f);
+    T_EQ_INT(cm_config_parse(opts, 4, argv1, &npos, &pos, err, sizeof err), CM_EFORMAT);
+    T_CHECK(strstr(err, ":2:") != NULL);
+    char *argv8[] = { "x", "--config", "/nonexistent/arka.conf", NULL };
+    T_CHECK(cm_config_parse(opts, 3, argv8, &npos, &pos, err, sizeof err) != 0);
+    unlink(path);
+}
+
+static void test_log_and_time(void) {
+    int lvl;
+    T_EQ_INT(cm_log_parse_level("warn", &lvl), 0);
+    T_EQ_INT(lvl, CM_LOG_LEVEL_WARN);
+    T_EQ_INT(cm_log_parse_level("loud", &lvl), CM_EINVAL);
+    int p[2];
+    T_CHECK(pipe(p) == 0);
+    cm_log_set_fd(p[1]);
+    cm_log_set_level(CM_LOG_LEVEL_INFO);
+    CM_LOG_DEBUG("test", "hidden", "x=%d", 1);
+    CM_LOG_INFO("test", "shown", "x=%d y=%s", 42, "z");
+    cm_log_set_fd(2);
+    close(p[1]);
+    char buf[1024] = { 0 };
+    ssize_t n = read(p[0], buf, sizeof buf - 1);
+    close(p[0]);
+    T_CHECK(n > 0);
+    T_CHECK(strstr(buf, "level=info mod=test msg=\"shown\" x=42 y=z\n") != NULL);
+    T_CHECK(strstr(buf, "hidden") == NULL);
+    uint64_t t0 = cm_time_ns();
+    cm_time_sleep_ms(5);
+    uint64_t dt = cm_time_ns() - t0;
+    T_CHECK(dt >= 5000000 && dt < 1000000000);
+}
+
+int main(void) {
+    test_err();
+    test_config();
+    test_log_and_time();
+    return t_done();
+}
