@@ -1,0 +1,21 @@
+// act: SwiGLU activation (silu(gate) * up) over the fused gate|up projection.
+#include "kc_common.cuh"
+
+extern "C" {
+#include "kcuda.h"
+}
+
+__global__ void swiglu_kernel(const float *__restrict__ gu, float *__restrict__ out, int n_ff, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    size_t t = i / n_ff, j = i % n_ff;
+    float g = gu[t * 2 * n_ff + j], u = gu[t * 2 * n_ff + n_ff + j];
+    out[i] = g / (1.0f + __expf(-g)) * u;
+}
+
+extern "C" int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s) {
+    if (!gu || !out || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
+    size_t n = (size_t)n_tok * n_ff;
+    swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(gu, out, n_ff, n);
+    KC_LAUNCH_CHECK();
+}

@@ -1,0 +1,107 @@
+/* kcuda: CUDA kernels of the cuda backend, as C-callable launchers.
+ *
+ * Every launcher checks its preconditions, sizes the grid, launches on the stream it is given
+ * and checks the launch; it returns 0, CM_EINVAL (bad arguments) or CM_ECUDA (the launch failed;
+ * the message is logged with file and line). Launchers never allocate and never synchronize,
+ * so they can be captured into CUDA graphs. All pointers are device pointers unless noted.
+ *
+ * Shapes follow the CPU side: activations are token-major [n_tok, n], weights are
+ * row-major [n_out][n_in] (GGUF ne = {n_in, n_out}).
+ *
+ * Called from the executor's step thread only.
+ */
+#ifndef K_CUDA_H
+#define K_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t kc_half; /* __half bits on the host side */
+
+/* A weight matrix on the device, in the layout our kernels read.
+ * F32: data = [n_out][n_in] floats. F16: [n_out][n_in] halves. BF16: [n_out][n_in] bf16.
+ * Q8_0 / Q4_0: repacked at upload so vector loads are aligned: qs = [n_out][n_in] int8
+ * (Q8_0) or [n_out][n_in/2] nibble bytes in GGUF order (Q4_0), and d = [n_out][n_in/32]
+ * half scales. */
+typedef struct kc_weight {
+    int      type;     /* enum dt_type: DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 */
+    int      n_in, n_out;
+    void    *data;     /* F16/BF16 elements, or qs for quantized types */
+    kc_half *d;        /* quantized types: scales */
+} kc_weight;
+
+/* Repacks n_rows rows of GGUF blocks (host memory, `type`) into the kc_weight layout in
+ * host buffers qs_out / d_out (sized by kc_weight_sizes). F32/F16/BF16 are copied as they are. */
+int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes, size_t *d_bytes);
+int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out);
+
+/* x[t][:] = row ids[t] of table (n_vocab rows of n_embd elements of table->type) as f32. */
+int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cudaStream_t s);
+
+/* RMSNorm: y[t] = x[t] / rms(x[t]) * w. x, y: [n_tok, n] f32 (may not alias), w: [n] f32. */
+int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
+
+/* Workspace for the cuBLAS path of kc_matmul (allocated once by the backend). */
+typedef struct kc_gemm_ws {
+    void    *cublas;      /* cublasHandle_t bound to the stream by the caller */
+    kc_half *w_half;      /* dequantized weight tile: max n_in * n_out halves */
+    kc_half *x_half;      /* activations as half: max n_tok * n_in */
+    size_t   w_cap, x_cap; /* capacities in halves */
+} kc_gemm_ws;
+
+/* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
+ * accumulate = 1 adds into y (residual fusion). For n_tok <= KC_GEMV_MAX_TOK our GEMV
+ * kernels (every weight type); above, cuBLAS with f16 operands and f32 accumulation
+ * (quantized weights dequantized into ws->w_half first; F32 weights use SGEMM). */
+#define KC_GEMV_MAX_TOK 8
+int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
+              const kc_gemm_ws *ws, cudaStream_t s);
+
+/* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
+int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
+
+/* Rotary parameters (see model/model.h). */
+typedef struct kc_rope {
+    int   layout;      /* MDL_ROPE_ADJACENT / MDL_ROPE_HALF */
+    int   rope_dim;
+    float base;
+    int   scaling;     /* MDL_ROPE_SCALING_* */
+    float factor, low_freq_factor, high_freq_factor;
+    int   orig_ctx;
+} kc_rope;
+
+/* Applies RoPE to q and k of qkv ([n_tok, (n_head + 2*n_kv) * hd] f32: q heads, k heads, v heads)
+ * at each token's position, writes q (rotated) as f32 into q_out [n_tok, n_head*hd], and writes
+ * rotated k and v as half into the paged cache of this layer:
+ * cache layout [n_blocks][n_kv][block_size][hd] for K and for V.
+ * slot of token t: block_tables[seq[t] * max_blocks + pos[t] / block_size], pos[t] % block_size. */
+int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache,
+                     const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                     int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s);
+
+/* Causal paged attention for n_tok query tokens: token t attends to positions 0..pos[t] of its
+ * sequence seq[t] in the cache. q: [n_tok, n_head*hd] f32; out: [n_tok, n_head*hd] f32.
+ * Flash-decoding: the key range is cut into n_split chunks of `chunk` positions (n_split*chunk
+ * must cover the longest context the launch can see); partials go to `partial`
+ * ([n_tok, n_head, n_split, hd + 2] f32) and are merged by a second kernel. hd <= 256, hd % 8 == 0. */
+int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                 const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                 int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
+                 int n_split, int chunk, float *partial, cudaStream_t s);
+
+/* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
+int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);
+
+/* dst[r][:] = src[rows[r]][:] for f32 rows of n elements (gathers each sequence's last token). */
+int kc_gather_rows_f32(const float *src, const int32_t *rows, int n_rows, int n, float *dst, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,388 @@
+/* GPU kernels against double-precision CPU references on random inputs: matmul (every weight
+ * type, GEMV and cuBLAS paths), embedding, RMSNorm, SwiGLU, RoPE + paged KV store, paged
+ * attention (with and without split-K), argmax. Outputs are poisoned (NaN) before each launch.
+ * Runs on a GPU host only (tests/gpu/run.sh). */
+#include "kernels/cpu/kcpu.h"
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
+#include "model/model.h"
+#include "tests/unit/t.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *dev_upload(const void *h, size_t n) {
+    void *d;
+    CK(cudaMalloc(&d, n ? n : 1));
+    if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void poison(void *d, size_t n) { CK(cudaMemset(d, 0xff, n)); } /* 0xffffffff is a NaN */
+
+static double rel_err(const float *got, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double d = got[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* Uploads a GGUF-layout weight (host blocks) into the kc layout. */
+static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out) {
+    size_t db, sb;
+    kc_weight w = { .type = type, .n_in = n_in, .n_out = n_out };
+    if (kc_weight_sizes(type, n_in, n_out, &db, &sb)) { fprintf(stderr, "sizes\n"); exit(1); }
+    void *hq = malloc(db);
+    kc_half *hd = sb ? malloc(sb) : NULL;
+    kc_weight_repack(type, blocks, n_in, n_out, hq, hd);
+    w.data = dev_upload(hq, db);
+    w.d = sb ? dev_upload(hd, sb) : NULL;
+    free(hq);
+    free(hd);
+    return w;
+}
+
+static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
+    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 } };
+    const int ntoks[] = { 1, 3, 8, 9, 64 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int type = types[ti], n_in = shapes[si][0], n_out = shapes[si][1];
+            size_t nw = (size_t)n_in * n_out;
+            float *wf = malloc(nw * 4);
+            for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f;
+            void *blocks = malloc(dt_row_size(type, n_in) * n_out);
+            dt_quantize(type, wf, blocks, (int64_t)nw);
+            kc_weight w = upload_weight(type, blocks, n_in, n_out);
+            kc_gemm_ws ws = { .cublas = cb };
+            ws.w_cap = nw;
+            ws.x_cap = (size_t)64 * n_in;
+            CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+            CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+            for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+                int nt = ntoks[ni];
+                float *x = malloc((size_t)nt * n_in * 4), *y = malloc((size_t)nt * n_out * 4);
+                double *ref = malloc((size_t)nt * n_out * 8);
+                for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
+                k_matmul_ref(blocks, type, n_in, n_out, x, nt, ref);
+                float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy;
+                CK(cudaMalloc((void **)&dy, (size_t)nt * n_out * 4));
+                poison(dy, (size_t)nt * n_out * 4);
+                int rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                double e = rel_err(y, ref, (size_t)nt * n_out);
+                /* GEMV: exact weights, f32 math: ~1e-6. cuBLAS path: f16 operands: ~1e-3. */
+                double tol = nt <= KC_GEMV_MAX_TOK ? (type == DT_F32 ? 1e-5 : 1e-4) : 5e-3;
+                T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
+                         n_out, nt, rc, e, tol);
+                /* accumulate mode adds onto y */
+                if (nt <= KC_GEMV_MAX_TOK) {
+                    kc_matmul(&w, dx, nt, dy, 1, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    float *y2 = malloc((size_t)nt * n_out * 4);
+                    CK(cudaMemcpy(y2, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    int ok = 1;
+                    for (size_t i = 0; i < (size_t)nt * n_out; i++) ok &= fabsf(y2[i] - 2 * y[i]) <= 1e-5f * (1 + fabsf(y[i]));
+                    T_CHECKF(ok, "accumulate %s n_tok=%d", dt_name(type), nt);
+                    free(y2);
+                }
+                cudaFree(dx);
+                cudaFree(dy);
+                free(x);
+                free(y);
+                free(ref);
+            }
+            /* batch invariance of the GEMV: token 2 alone equals token 2 of a batch of 7 */
+            {
+                int nt = 7;
+                float *x = malloc((size_t)nt * n_in * 4), *ya = malloc((size_t)nt * n_out * 4), *yb = malloc((size_t)n_out * 4);
+                for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
+                float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy;
+                CK(cudaMalloc((void **)&dy, (size_t)nt * n_out * 4));
+                kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                CK(cudaMemcpy(ya, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                kc_matmul(&w, dx + 2 * n_in, 1, dy, 0, &ws, s);
+                CK(cudaMemcpy(yb, dy, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(memcmp(ya + 2 * n_out, yb, (size_t)n_out * 4) == 0, "gemv batch invariance %s", dt_name(type));
+                cudaFree(dx);
+                cudaFree(dy);
+                free(x);
+                free(ya);
+                free(yb);
+            }
+            cudaFree(w.data);
+            cudaFree(w.d);
+            cudaFree(ws.w_half);
+            cudaFree(ws.x_half);
+            free(wf);
+            free(blocks);
+        }
+}
+
+static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
+    const int sizes[] = { 64, 172, 4096, 5000 };
+    for (size_t si = 0; si < 4; si++) {
+        int n = sizes[si], nt = 5;
+        float *x = malloc((size_t)nt * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)nt * n * 4);
+        double *ref = malloc((size_t)nt * n * 8);
+        for (int i = 0; i < nt * n; i++) x[i] = frand() * 3;
+        for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
+        for (int t = 0; t < nt; t++) {
+            double ss = 0;
+            for (int i = 0; i < n; i++) ss += (double)x[t * n + i] * x[t * n + i];
+            double r = 1 / sqrt(ss / n + 1e-5);
+            for (int i = 0; i < n; i++) ref[t * n + i] = x[t * n + i] * r * w[i];
+        }
+        float *dx = dev_upload(x, (size_t)nt * n * 4), *dw = dev_upload(w, (size_t)n * 4), *dy;
+        CK(cudaMalloc((void **)&dy, (size_t)nt * n * 4));
+        poison(dy, (size_t)nt * n * 4);
+        int rc = kc_rmsnorm(dx, dw, dy, nt, n, 1e-5f, s);
+        CK(cudaMemcpy(y, dy, (size_t)nt * n * 4, cudaMemcpyDeviceToHost));
+        double e = rel_err(y, ref, (size_t)nt * n);
+        T_CHECKF(rc == 0 && e < 1e-6, "rmsnorm n=%d rel_err=%.3g", n, e);
+
+        /* swiglu over [nt, 2n] */
+        float *gu = malloc((size_t)nt * 2 * n * 4);
+        for (int i = 0; i < nt * 2 * n; i++) gu[i] = frand() * 4;
+        for (int t = 0; t < nt; t++)
+            for (int j = 0; j < n; j++) {
+                double g = gu[t * 2 * n + j], u = gu[t * 2 * n + n + j];
+                ref[t * n + j] = g / (1 + exp(-g)) * u;
+            }
+        float *dgu = dev_upload(gu, (size_t)nt * 2 * n * 4);
+        poison(dy, (size_t)nt * n * 4);
+        rc = kc_swiglu(dgu, dy, nt, n, s);
+        CK(cudaMemcpy(y, dy, (size_t)nt * n * 4, cudaMemcpyDeviceToHost));
+        e = rel_err(y, ref, (size_t)nt * n);
+        T_CHECKF(rc == 0 && e < 1e-5, "swiglu n=%d rel_err=%.3g", n, e);
+
+        /* argmax over each row of gu (2n wide), with a planted tie resolved to the lower index */
+        gu[3 * 2 * n + 7] = 100.0f;
+        gu[3 * 2 * n + 9] = 100.0f;
+        CK(cudaMemcpy(dgu, gu, (size_t)nt * 2 * n * 4, cudaMemcpyHostToDevice));
+        int32_t *dout, got[5];
+        CK(cudaMalloc((void **)&dout, nt * 4));
+        rc = kc_argmax(dgu, nt, 2 * n, dout, s);
+        CK(cudaMemcpy(got, dout, nt * 4, cudaMemcpyDeviceToHost));
+        int ok = rc == 0;
+        for (int t = 0; t < nt; t++) {
+            int best = 0;
+            for (int j = 1; j < 2 * n; j++)
+                if (gu[t * 2 * n + j] > gu[t * 2 * n + best]) best = j;
+            ok &= got[t] == best;
+        }
+        T_CHECKF(ok && got[3] == 7, "argmax n=%d", 2 * n);
+        cudaFree(dout);
+        cudaFree(dgu);
+        free(gu);
+        cudaFree(dx);
+        cudaFree(dw);
+        cudaFree(dy);
+        free(x);
+        free(w);
+        free(y);
+        free(ref);
+    }
+    /* embedding rows of every table type, including an out-of-range id (NaN row, no fault) */
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
+    for (int ti = 0; ti < 5; ti++) {
+        int n_embd = 96, n_vocab = 50;
+        float *tf = malloc((size_t)n_embd * n_vocab * 4);
+        for (int i = 0; i < n_embd * n_vocab; i++) tf[i] = frand();
+        void *blocks = malloc(dt_row_size(types[ti], n_embd) * n_vocab);
+        dt_quantize(types[ti], tf, blocks, (int64_t)n_embd * n_vocab);
+        kc_weight w = upload_weight(types[ti], blocks, n_embd, n_vocab);
+        int32_t ids[4] = { 0, 49, 17, 50 };
+        int32_t *dids = dev_upload(ids, sizeof ids);
+        float *dx, x[4 * 96], ref[96];
+        CK(cudaMalloc((void **)&dx, sizeof x));
+        poison(dx, sizeof x);
+        int rc = kc_embed(&w, dids, 4, dx, s);
+        CK(cudaMemcpy(x, dx, sizeof x, cudaMemcpyDeviceToHost));
+        int ok = rc == 0;
+        for (int t = 0; t < 3; t++) {
+            dt_dequantize(types[ti], (const char *)blocks + dt_row_size(types[ti], n_embd) * ids[t], ref, n_embd);
+            for (int i = 0; i < n_embd; i++) ok &= x[t * n_embd + i] == ref[i];
+        }
+        ok &= isnan(x[3 * n_embd]);
+        T_CHECKF(ok, "embed %s", dt_name(types[ti]));
+        cudaFree(dx);
+        cudaFree(dids);
+        cudaFree(w.data);
+        cudaFree(w.d);
+        free(blocks);
+        free(tf);
+    }
+}
+
+/* Reference rope on one head vector (double). */
+static void ref_rope(double *v, int hd, int pos, const kc_rope *r) {
+    for (int i = 0; i < r->rope_dim / 2; i++) {
+        double freq = pow(r->base, -2.0 * i / r->rope_dim);
+        if (r->scaling == MDL_ROPE_SCALING_LINEAR) freq /= r->factor;
+        else if (r->scaling == MDL_ROPE_SCALING_LLAMA3) {
+            double wl = 2 * M_PI / freq, lo = r->orig_ctx / r->low_freq_factor, hi = r->orig_ctx / r->high_freq_factor;
+            if (wl > lo) freq /= r->factor;
+            else if (wl >= hi) {
+                double sm = (r->orig_ctx / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                freq = (1 - sm) * freq / r->factor + sm * freq;
+            }
+        }
+        int a = r->layout == MDL_ROPE_ADJACENT ? 2 * i : i, b = r->layout == MDL_ROPE_ADJACENT ? 2 * i + 1 : i + r->rope_dim / 2;
+        double th = pos * freq, c = cos(th), s = sin(th), x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+    (void)hd;
+}
+
+static float h2f(uint16_t h) { return dt_f16_to_f32(h); }
+
+/* Several sequences with random block tables; rope+store all their tokens, then attention for
+ * every token, against a dense double reference. */
+static void test_rope_attention(cudaStream_t s) {
+    const int hds[] = { 8, 64, 128 };
+    for (int hi = 0; hi < 3; hi++)
+        for (int layout = 0; layout < 2; layout++)
+            for (int nsplit_i = 0; nsplit_i < 2; nsplit_i++) {
+                int hd = hds[hi], n_head = 8, n_kv = 2, bs = 16, n_seq = 3, max_blocks = 8;
+                int lens[3] = { 1, 37, 100 };
+                int n_tok = lens[0] + lens[1] + lens[2];
+                int n_blocks = n_seq * max_blocks;
+                kc_rope r = { .layout = layout, .rope_dim = hd == 128 ? 64 : hd, .base = 10000.0f,
+                              .scaling = hi == 2 ? MDL_ROPE_SCALING_LLAMA3 : hi == 1 ? MDL_ROPE_SCALING_LINEAR : 0,
+                              .factor = hi == 2 ? 8.0f : 2.0f, .low_freq_factor = 1, .high_freq_factor = 4, .orig_ctx = 64 };
+                int32_t *pos = malloc(n_tok * 4), *seq = malloc(n_tok * 4), *bt = malloc(n_seq * max_blocks * 4);
+                /* a shuffled permutation of physical blocks */
+                for (int i = 0; i < n_blocks; i++) bt[i] = i;
+                for (int i = n_blocks - 1; i > 0; i--) {
+                    int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), tmp = bt[i];
+                    bt[i] = bt[j];
+                    bt[j] = tmp;
+                }
+                for (int q = 0, t = 0; q < n_seq; q++)
+                    for (int p = 0; p < lens[q]; p++, t++) { pos[t] = p; seq[t] = q; }
+                int W = (n_head + 2 * n_kv) * hd;
+                float *qkv = malloc((size_t)n_tok * W * 4);
+                for (size_t i = 0; i < (size_t)n_tok * W; i++) qkv[i] = frand();
+                float *dqkv = dev_upload(qkv, (size_t)n_tok * W * 4), *dq, *dout, *dpart;
+                int32_t *dpos = dev_upload(pos, n_tok * 4), *dseq = dev_upload(seq, n_tok * 4), *dbt = dev_upload(bt, n_seq * max_blocks * 4);
+                size_t cache_elems = (size_t)n_blocks * n_kv * bs * hd;
+                kc_half *dk, *dv;
+                CK(cudaMalloc((void **)&dk, cache_elems * 2));
+                CK(cudaMalloc((void **)&dv, cache_elems * 2));
+                CK(cudaMalloc((void **)&dq, (size_t)n_tok * n_head * hd * 4));
+                CK(cudaMalloc((void **)&dout, (size_t)n_tok * n_head * hd * 4));
+                int n_split = nsplit_i ? 4 : 1, chunk = nsplit_i ? 32 : 128;
+                CK(cudaMalloc((void **)&dpart, (size_t)n_tok * n_head * n_split * (hd + 2) * 4));
+                poison(dq, (size_t)n_tok * n_head * hd * 4);
+                poison(dout, (size_t)n_tok * n_head * hd * 4);
+                int rc = kc_rope_store_kv(dqkv, dq, dk, dv, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &r, s);
+                rc |= kc_attention(dq, dk, dv, dout, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                   1.0f / sqrtf((float)hd), n_split, chunk, dpart, s);
+                CK(cudaStreamSynchronize(s));
+                /* check the cache contents of K against the reference rope */
+                uint16_t *kc = malloc(cache_elems * 2);
+                CK(cudaMemcpy(kc, dk, cache_elems * 2, cudaMemcpyDeviceToHost));
+                double kerr = 0, kden = 0;
+                double *K = malloc((size_t)n_tok * n_kv * hd * 8), *V = malloc((size_t)n_tok * n_kv * hd * 8);
+                double *Q = malloc((size_t)n_tok * n_head * hd * 8);
+                for (int t = 0; t < n_tok; t++) {
+                    for (int h = 0; h < n_head; h++) {
+                        double *v = Q + ((size_t)t * n_head + h) * hd;
+                        for (int e = 0; e < hd; e++) v[e] = qkv[(size_t)t * W + h * hd + e];
+                        ref_rope(v, hd, pos[t], &r);
+                    }
+                    for (int h = 0; h < n_kv; h++) {
+                        double *k = K + ((size_t)t * n_kv + h) * hd, *vv = V + ((size_t)t * n_kv + h) * hd;
+                        for (int e = 0; e < hd; e++) {
+                            k[e] = qkv[(size_t)t * W + (n_head + h) * hd + e];
+                            vv[e] = qkv[(size_t)t * W + (n_head + n_kv + h) * hd + e];
+                        }
+                        ref_rope(k, hd, pos[t], &r);
+                        int blk = bt[seq[t] * max_blocks + pos[t] / bs];
+                        for (int e = 0; e < hd; e++) {
+                            double g = h2f(kc[(((size_t)blk * n_kv + h) * bs + pos[t] % bs) * hd + e]);
+                            kerr += (g - k[e]) * (g - k[e]);
+                            kden += k[e] * k[e];
+                        }
+                    }
+                }
+                T_CHECKF(rc == 0 && sqrt(kerr / kden) < 1e-3, "rope k store hd=%d layout=%d rel=%.3g", hd, layout, sqrt(kerr / kden));
+                /* attention reference */
+                size_t no = (size_t)n_tok * n_head * hd;
+                double *ref = malloc(no * 8);
+                float *got = malloc(no * 4);
+                for (int t = 0; t < n_tok; t++) {
+                    int t0 = t - pos[t]; /* first token of this sequence in the flat order */
+                    for (int h = 0; h < n_head; h++) {
+                        int kvh = h / (n_head / n_kv);
+                        double *qv = Q + ((size_t)t * n_head + h) * hd, m = -INFINITY, l = 0;
+                        double *sc = malloc((pos[t] + 1) * 8);
+                        for (int j = 0; j <= pos[t]; j++) {
+                            double d = 0;
+                            const double *kv = K + ((size_t)(t0 + j) * n_kv + kvh) * hd;
+                            for (int e = 0; e < hd; e++) d += qv[e] * kv[e];
+                            sc[j] = d / sqrt(hd);
+                            if (sc[j] > m) m = sc[j];
+                        }
+                        for (int j = 0; j <= pos[t]; j++) l += exp(sc[j] - m);
+                        for (int e = 0; e < hd; e++) {
+                            double o = 0;
+                            for (int j = 0; j <= pos[t]; j++) o += exp(sc[j] - m) / l * V[((size_t)(t0 + j) * n_kv + kvh) * hd + e];
+                            ref[((size_t)t * n_head + h) * hd + e] = o;
+                        }
+                        free(sc);
+                    }
+                }
+                CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
+                double e = rel_err(got, ref, no);
+                T_CHECKF(rc == 0 && e < 2e-3, "attention hd=%d layout=%d n_split=%d rel_err=%.3g", hd, layout, n_split, e);
+                free(ref); free(got); free(K); free(V); free(Q); free(kc);
+                cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dpart);
+                cudaFree(dqkv); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+                free(qkv); free(pos); free(seq); free(bt);
+            }
+}
+
+int main(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device\n0 passed, 1 failed\n");
+        return 1;
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cublasHandle_t cb;
+    if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
+    cublasSetStream(cb, s);
+    test_matmul(cb, s);
+    test_rmsnorm_swiglu_embed_argmax(s);
+    test_rope_attention(s);
+    cublasDestroy(cb);
+    return t_done();
+}
