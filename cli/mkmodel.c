@@ -1,0 +1,434 @@
+/* arka mkmodel SHAPE OUT.gguf: a random-weight Llama-family GGUF at a standard shape.
+ *
+ * Weights come from a counter-based PRNG keyed by (seed, tensor, row), so the file is the same
+ * whatever the thread count. Rows are generated and quantized in parallel in bounded chunks and
+ * streamed through gguf_write, so a 7B file needs tens of MB of memory, not GB. The vocabulary
+ * (every tokenizer.* key) is copied from a vocab-only GGUF and padded with <extra_N> control
+ * tokens when the shape's vocabulary is larger. The file is written as OUT.part and renamed.
+ */
+#include "cli.h"
+#include "common/cm_config.h"
+#include "common/cm_err.h"
+#include "common/cm_time.h"
+#include "model/dtype.h"
+#include "model/gguf.h"
+#include "model/gguf_write.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_VOCAB "../shared/models/vocab/ggml-vocab-llama-spm.gguf"
+#define CHUNK_BYTES (32u << 20) /* output bytes generated per parallel step */
+#define MAX_THREADS 64
+
+typedef struct {
+    const char *name;
+    int         dim, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    float       rope_base;
+    const char *about;
+} shape;
+
+/* Every row length (dim, n_head*head_dim, n_ff) is a multiple of 256, so all types fit. */
+static const shape shapes[] = {
+    { "tiny",           256,  2,  4,  2,  512,   32000,  2048, 10000.f,  "tests: 2 layers, ~17M params (mostly embeddings)" },
+    { "small",          768,  12, 12, 4,  2048,  32000,  2048, 10000.f,  "~125M params, llama-like" },
+    { "tinyllama-1.1b", 2048, 22, 32, 4,  5632,  32000,  2048, 10000.f,  "TinyLlama 1.1B" },
+    { "llama2-7b",      4096, 32, 32, 32, 11008, 32000,  4096, 10000.f,  "Llama 2 7B" },
+    { "llama3-8b",      4096, 32, 32, 8,  14336, 128256, 8192, 500000.f, "Llama 3 8B (vocab padded)" },
+};
+
+/* ggml's llama_ftype for a file whose weight matrices are all of one type. */
+static int file_type_of(int t) {
+    switch (t) {
+    case DT_F32: return 0;
+    case DT_F16: return 1;
+    case DT_Q4_0: return 2;
+    case DT_Q4_1: return 3;
+    case DT_Q8_0: return 7;
+    case DT_Q5_0: return 8;
+    case DT_Q5_1: return 9;
+    case DT_Q4_K: return 14; /* Q4_K_S */
+    case DT_Q5_K: return 16; /* Q5_K_S */
+    case DT_Q6_K: return 18;
+    case DT_BF16: return 32;
+    default: return -1;
+    }
+}
+
+enum init_kind { INIT_NORM, INIT_EMBD, INIT_MATRIX };
+
+typedef struct {
+    char    name[64];
+    int     type;
+    int     n_dims;
+    int64_t ne[2];
+    int     init; /* enum init_kind */
+    float   std;
+} tplan;
+
+/* ---- random numbers ------------------------------------------------------------------------ */
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Approximately N(0,1): the sum of four 16-bit uniforms (Irwin-Hall, bell-shaped, |x| < 3.5),
+ * one 64-bit draw per value, which keeps a 7B generation cheap next to quantization. */
+static void fill_row(float *x, int64_t n, uint64_t seed, int init, float std) {
+    uint64_t s = mix64(seed);
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = mix64(s += 0x9e3779b97f4a7c15ull);
+        double sum = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) + (double)((r >> 32) & 0xffff) + (double)(r >> 48);
+        float z = (float)((sum - 4 * 32767.5) * (1.0 / 37837.23));
+        x[i] = init == INIT_NORM ? 1.0f + std * z : std * z;
+    }
+}
+
+/* ---- parallel generation ------------------------------------------------------------------- */
+
+typedef struct {
+    const tplan *t;
+    uint64_t     seed;
+    int          t_index;
+    int64_t      row0, row1; /* rows [row0, row1) of the tensor */
+    int64_t      chunk_row0; /* first row of the chunk: out is at row - chunk_row0 */
+    uint8_t     *out;
+    size_t       row_size;
+    float       *scratch; /* [ne0] */
+    int          rc;
+} job;
+
+static void *run_job(void *arg) {
+    job *j = arg;
+    for (int64_t r = j->row0; r < j->row1; r++) {
+        uint64_t key = j->seed * 0x100000001b3ull ^ ((uint64_t)j->t_index << 40) ^ (uint64_t)r;
+        fill_row(j->scratch, j->t->ne[0], key, j->t->init, j->t->std);
+        int rc = dt_quantize(j->t->type, j->scratch, j->out + (size_t)(r - j->chunk_row0) * j->row_size, j->t->ne[0]);
+        if (rc) { j->rc = rc; return NULL; }
+    }
+    return NULL;
+}
+
+typedef struct {
+    double   t0, last;
+    uint64_t done, total;
+    int      tty, last_pct, shown;
+} progress;
+
+static void progress_show(progress *p, int final) {
+    if (p->total < (64u << 20)) return;
+    double now = cm_time_s();
+    int pct = (int)(100.0 * p->done / p->total);
+    if (p->tty) {
+        if (!final && now - p->last < 0.25) return;
+        fprintf(stderr, "\rmkmodel: %7.0f / %.0f MiB (%3d%%) %6.1f s", p->done / 1048576.0, p->total / 1048576.0, pct,
+                now - p->t0);
+        if (final) fputc('\n', stderr);
+    } else {
+        if (final ? pct == p->last_pct : pct / 10 == p->last_pct / 10) return;
+        fprintf(stderr, "mkmodel: %.0f / %.0f MiB (%d%%) %.1f s\n", p->done / 1048576.0, p->total / 1048576.0, pct, now - p->t0);
+    }
+    p->last = now;
+    p->last_pct = pct;
+    p->shown = 1;
+}
+
+static int write_tensor(gguf_writer *w, const tplan *t, int t_index, uint64_t seed, int n_threads, uint8_t *out,
+                        float *scratch, progress *prog) {
+    size_t rs = dt_row_size(t->type, t->ne[0]);
+    int64_t rows = t->ne[1], chunk_rows = CHUNK_BYTES / rs;
+    if (chunk_rows < 1) chunk_rows = 1;
+    for (int64_t c0 = 0; c0 < rows; c0 += chunk_rows) {
+        int64_t c1 = c0 + chunk_rows < rows ? c0 + chunk_rows : rows, n = c1 - c0;
+        int nt = n < n_threads ? (int)n : n_threads;
+        job jobs[MAX_THREADS];
+        pthread_t th[MAX_THREADS];
+        int started[MAX_THREADS] = { 0 };
+        for (int k = 0; k < nt; k++) {
+            jobs[k] = (job){ .t = t, .seed = seed, .t_index = t_index, .row0 = c0 + n * k / nt, .row1 = c0 + n * (k + 1) / nt,
+                             .chunk_row0 = c0, .out = out, .row_size = rs, .scratch = scratch + (size_t)k * t->ne[0] };
+            if (k > 0) started[k] = pthread_create(&th[k], NULL, run_job, &jobs[k]) == 0;
+            if (k > 0 && !started[k]) run_job(&jobs[k]); /* no thread to be had: do it here */
+        }
+        run_job(&jobs[0]);
+        int rc = 0;
+        for (int k = 0; k < nt; k++) {
+            if (k > 0 && started[k]) pthread_join(th[k], NULL);
+            if (jobs[k].rc) rc = jobs[k].rc;
+        }
+        if (rc) return rc;
+        if ((rc = gguf_w_write(w, out, (size_t)n * rs))) return rc;
+        prog->done += (uint64_t)n * rs;
+        progress_show(prog, 0);
+    }
+    return 0;
+}
+
+/* ---- vocabulary ----------------------------------------------------------------------------- */
+
+/* Copies tokenizer.* from the vocab file; pads the per-token arrays up to n_vocab. */
+static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, size_t errlen) {
+    gguf_ctx *g;
+    int rc = gguf_open(path, &g, err, errlen);
+    if (rc) return rc;
+    const gguf_value *toks;
+    if (gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_STRING, &toks)) {
+        snprintf(err, errlen, "%s: no tokenizer.ggml.tokens string array", path);
+        gguf_close(g);
+        return CM_EFORMAT;
+    }
+    uint64_t n_tok = toks->v.arr.n;
+    if (n_tok > (uint64_t)n_vocab) {
+        snprintf(err, errlen, "%s: %llu tokens, more than the shape's vocabulary of %d", path, (unsigned long long)n_tok, n_vocab);
+        gguf_close(g);
+        return CM_EINVAL;
+    }
+    if ((rc = gguf_w_copy_kv(w, g, "tokenizer.", NULL))) {
+        snprintf(err, errlen, "%s: %s", path, gguf_w_errmsg(w));
+        gguf_close(g);
+        return rc;
+    }
+    uint64_t extra = (uint64_t)n_vocab - n_tok;
+    for (int64_t i = 0; extra && i < gguf_n_kv(g); i++) {
+        const gguf_kv *kv = gguf_kv_at(g, i);
+        const gguf_value *v = &kv->val;
+        if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) || v->type != GGUF_ARRAY || v->v.arr.n != n_tok) continue;
+        int et = v->v.arr.elem_type;
+        gguf_value nv = *v;
+        nv.v.arr.n = (uint64_t)n_vocab;
+        void *mem = NULL;
+        char *names = NULL;
+        if (et == GGUF_STRING) {
+            gguf_str *s = malloc((size_t)n_vocab * sizeof *s);
+            names = malloc((size_t)extra * 20);
+            if (!s || !names) { free(s); free(names); rc = CM_ENOMEM; break; }
+            memcpy(s, v->v.arr.strs, n_tok * sizeof *s);
+            for (uint64_t k = 0; k < extra; k++) {
+                char *p = names + k * 20;
+                s[n_tok + k] = (gguf_str){ p, (uint64_t)snprintf(p, 20, "<extra_%llu>", (unsigned long long)k) };
+            }
+            nv.v.arr.strs = s;
+            mem = s;
+        } else if (gguf_vtype_size(et)) {
+            size_t es = gguf_vtype_size(et);
+            uint8_t *raw = calloc((size_t)n_vocab, es);
+            if (!raw) { rc = CM_ENOMEM; break; }
+            memcpy(raw, v->v.arr.raw, n_tok * es);
+            /* token types: 3 = CONTROL, so nothing ever tokenizes to the padding */
+            if (kv->key.len == 25 && !memcmp(kv->key.ptr, "tokenizer.ggml.token_type", 25) && et == GGUF_INT32)
+                for (uint64_t k = 0; k < extra; k++) { int32_t c = 3; memcpy(raw + (n_tok + k) * 4, &c, 4); }
+            nv.v.arr.raw = raw;
+            mem = raw;
+        } else continue;
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(kv->key.len < 255 ? kv->key.len : 255), kv->key.ptr);
+        rc = gguf_w_set_value(w, key, &nv);
+        free(mem);
+        free(names);
+        if (rc) break;
+    }
+    if (rc) snprintf(err, errlen, "%s: padding the vocabulary: %s", path, rc == CM_ENOMEM ? "out of memory" : gguf_w_errmsg(w));
+    else if (extra)
+        fprintf(stderr, "mkmodel: %s has %llu tokens; padded to %d with %llu <extra_N> control tokens\n", path,
+                (unsigned long long)n_tok, n_vocab, (unsigned long long)extra);
+    gguf_close(g);
+    return rc;
+}
+
+/* ---- command -------------------------------------------------------------------------------- */
+
+static void usage(const cm_opt *opts) {
+    fprintf(stderr, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--seed N] [--threads N]\n\nshapes:\n");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        fprintf(stderr, "  %-15s dim %4d, %2d layers, %2d heads, %2d kv heads, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].dim,
+                shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
+    fprintf(stderr, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n\noptions:\n");
+    cm_config_usage(opts, stderr);
+}
+
+static void plan_add(tplan *p, int *k, const char *name, int type, int64_t ne0, int64_t ne1, int init, float std) {
+    tplan *t = &p[(*k)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = type;
+    t->n_dims = ne1 > 1 || init != INIT_NORM ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->init = init;
+    t->std = std;
+}
+
+/* Tensor list in llama.cpp's order. Matrices: std 1/sqrt(fan_in) keeps each projection's output
+ * at the scale of its (RMS-normalized) input; embeddings 0.02; norms 1 +- 0.02. */
+static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
+    int n = 3 + 9 * s->n_layer, k = 0, hd = s->dim / s->n_head;
+    tplan *p = calloc((size_t)n, sizeof *p);
+    if (!p) return CM_ENOMEM;
+    const float sd_in = 1.0f / sqrtf((float)s->dim), sd_o = 1.0f / sqrtf((float)(s->n_head * hd)),
+                sd_ff = 1.0f / sqrtf((float)s->n_ff);
+    char nm[64];
+    plan_add(p, &k, "token_embd.weight", type, s->dim, s->n_vocab, INIT_EMBD, 0.02f);
+    for (int l = 0; l < s->n_layer; l++) {
+        static const char *const fmt[] = { "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
+                                           "blk.%d.attn_v.weight", "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight",
+                                           "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight" };
+        const int64_t ne0[] = { s->dim, s->dim, s->dim, s->dim, (int64_t)s->n_head * hd, s->dim, s->dim, s->dim, s->n_ff };
+        const int64_t ne1[] = { 1, (int64_t)s->n_head * hd, (int64_t)s->n_head_kv * hd, (int64_t)s->n_head_kv * hd, s->dim, 1,
+                                s->n_ff, s->n_ff, s->dim };
+        const float sd[] = { 0.02f, sd_in, sd_in, sd_in, sd_o, 0.02f, sd_in, sd_in, sd_ff };
+        for (int i = 0; i < 9; i++) {
+            snprintf(nm, sizeof nm, fmt[i], l);
+            int norm = ne1[i] == 1;
+            plan_add(p, &k, nm, norm ? DT_F32 : type, ne0[i], ne1[i], norm ? INIT_NORM : INIT_MATRIX, sd[i]);
+        }
+    }
+    plan_add(p, &k, "output_norm.weight", DT_F32, s->dim, 1, INIT_NORM, 0.02f);
+    plan_add(p, &k, "output.weight", type, s->dim, s->n_vocab, INIT_MATRIX, sd_in);
+    *out = p;
+    *n_out = k;
+    return 0;
+}
+
+static int set_metadata(gguf_writer *w, const shape *s, int type) {
+    char name[96];
+    snprintf(name, sizeof name, "arka-random %s %s", s->name, dt_name(type));
+    const struct { const char *key; uint32_t v; } u32s[] = {
+        { "general.alignment", GGUF_DEFAULT_ALIGNMENT },
+        { "general.file_type", (uint32_t)file_type_of(type) },
+        { "general.quantization_version", 2 },
+        { "llama.vocab_size", (uint32_t)s->n_vocab },
+        { "llama.context_length", (uint32_t)s->n_ctx },
+        { "llama.embedding_length", (uint32_t)s->dim },
+        { "llama.block_count", (uint32_t)s->n_layer },
+        { "llama.feed_forward_length", (uint32_t)s->n_ff },
+        { "llama.attention.head_count", (uint32_t)s->n_head },
+        { "llama.attention.head_count_kv", (uint32_t)s->n_head_kv },
+        { "llama.rope.dimension_count", (uint32_t)(s->dim / s->n_head) },
+    };
+    int rc;
+    if ((rc = gguf_w_set_str(w, "general.architecture", "llama")) || (rc = gguf_w_set_str(w, "general.name", name))) return rc;
+    for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++)
+        if ((rc = gguf_w_set_u32(w, u32s[i].key, u32s[i].v))) return rc;
+    if ((rc = gguf_w_set_f32(w, "llama.rope.freq_base", s->rope_base)) ||
+        (rc = gguf_w_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+        return rc;
+    return 0;
+}
+
+int cli_mkmodel(int argc, char **argv) {
+    const char *type_name = "f16", *vocab = DEFAULT_VOCAB;
+    int64_t seed = 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
+    cm_opt opts[] = {
+        { "type", 't', CM_OPT_STR, &type_name, "weight type of the matrices and embeddings (default f16)" },
+        { "vocab", 0, CM_OPT_STR, &vocab, "vocab-only GGUF whose tokenizer.* keys are copied, or 'none'" },
+        { "seed", 's', CM_OPT_I64, &seed, "PRNG seed (default 1)" },
+        { "threads", 'j', CM_OPT_INT, &n_threads, "generation threads (default: all CPUs)" },
+        { 0 },
+    };
+    char err[512];
+    int npos;
+    char **pos;
+    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos != 2) {
+        if (strcmp(err, "help") && npos == 2) fprintf(stderr, "arka mkmodel: %s\n", err);
+        usage(opts);
+        return 2;
+    }
+    const shape *s = NULL;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (!strcmp(pos[0], shapes[i].name)) s = &shapes[i];
+    int type = dt_from_name(type_name);
+    if (!s || type < 0 || file_type_of(type) < 0 || n_threads < 1 || n_threads > MAX_THREADS) {
+        if (!s) fprintf(stderr, "arka mkmodel: unknown shape '%s'\n", pos[0]);
+        else if (n_threads < 1 || n_threads > MAX_THREADS) fprintf(stderr, "arka mkmodel: --threads must be 1..%d\n", MAX_THREADS);
+        else fprintf(stderr, "arka mkmodel: unsupported --type '%s'\n", type_name);
+        usage(opts);
+        return 2;
+    }
+    const char *out_path = pos[1];
+
+    int rc, n_plan = 0, status = 1;
+    tplan *plan = NULL;
+    gguf_writer *w = NULL;
+    uint8_t *out = NULL;
+    float *scratch = NULL;
+    char *part = NULL;
+    if ((rc = build_plan(s, type, &plan, &n_plan)) || (rc = gguf_w_create(&w))) {
+        fprintf(stderr, "arka mkmodel: out of memory\n");
+        goto done;
+    }
+    if ((rc = set_metadata(w, s, type))) {
+        fprintf(stderr, "arka mkmodel: %s\n", gguf_w_errmsg(w));
+        goto done;
+    }
+    if (strcmp(vocab, "none") && (rc = copy_vocab(w, vocab, s->n_vocab, err, sizeof err))) {
+        fprintf(stderr, "arka mkmodel: %s\n", err);
+        goto done;
+    }
+    int64_t max_ne0 = 0;
+    size_t max_chunk = 0;
+    for (int i = 0; i < n_plan; i++) {
+        int64_t ne[2] = { plan[i].ne[0], plan[i].ne[1] };
+        if ((rc = gguf_w_add_tensor(w, plan[i].name, plan[i].type, plan[i].n_dims, ne))) {
+            fprintf(stderr, "arka mkmodel: %s\n", gguf_w_errmsg(w));
+            goto done;
+        }
+        size_t rs = dt_row_size(plan[i].type, ne[0]), rows = CHUNK_BYTES / rs ? CHUNK_BYTES / rs : 1;
+        if ((int64_t)rows > ne[1]) rows = (size_t)ne[1];
+        if (rows * rs > max_chunk) max_chunk = rows * rs;
+        if (ne[0] > max_ne0) max_ne0 = ne[0];
+    }
+    out = malloc(max_chunk);
+    scratch = malloc((size_t)max_ne0 * n_threads * sizeof *scratch);
+    part = malloc(strlen(out_path) + 6);
+    if (!out || !scratch || !part) {
+        fprintf(stderr, "arka mkmodel: out of memory\n");
+        goto done;
+    }
+    sprintf(part, "%s.part", out_path);
+    progress prog = { .t0 = cm_time_s(), .total = gguf_w_file_size(w), .tty = isatty(2), .last_pct = -1 };
+    if ((rc = gguf_w_begin(w, part))) {
+        fprintf(stderr, "arka mkmodel: %s\n", gguf_w_errmsg(w));
+        goto done;
+    }
+    prog.done = gguf_w_header_size(w);
+    for (int i = 0; i < n_plan; i++)
+        if ((rc = write_tensor(w, &plan[i], i, (uint64_t)seed, n_threads, out, scratch, &prog))) {
+            fprintf(stderr, "%sarka mkmodel: %s\n", prog.shown && prog.tty ? "\n" : "",
+                    rc == CM_EIO || rc == CM_ERANGE ? gguf_w_errmsg(w) : cm_err_str(rc));
+            goto done;
+        }
+    if ((rc = gguf_w_finish(w))) {
+        fprintf(stderr, "arka mkmodel: %s\n", gguf_w_errmsg(w));
+        goto done;
+    }
+    prog.done = prog.total;
+    progress_show(&prog, 1);
+    if (rename(part, out_path) != 0) {
+        perror("arka mkmodel: rename");
+        goto done;
+    }
+    uint64_t params = 0;
+    for (int i = 0; i < n_plan; i++) params += (uint64_t)plan[i].ne[0] * (uint64_t)plan[i].ne[1];
+    fprintf(stderr, "mkmodel: wrote %s: %s, %s, %.1fM params, %.1f MiB, %d tensors, %.1f s (%d threads)\n", out_path, s->name,
+            dt_name(type), params / 1e6, gguf_w_file_size(w) / 1048576.0, n_plan, cm_time_s() - prog.t0, n_threads);
+    status = 0;
+done:
+    if (status && part) {
+        gguf_w_destroy(w);
+        w = NULL;
+        unlink(part);
+    }
+    gguf_w_destroy(w);
+    free(plan);
+    free(out);
+    free(scratch);
+    free(part);
+    return status;
+}
