@@ -65,6 +65,9 @@ int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accum
 /* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
 
+/* y[t][j] += bias[j]. y: [n_tok, n] f32. */
+int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s);
+
 /* Rotary parameters (see model/model.h). */
 typedef struct kc_rope {
     int   layout;      /* MDL_ROPE_ADJACENT / MDL_ROPE_HALF */

@@ -1,0 +1,522 @@
+/* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0 and
+ * Q4_0 kept quantized, repacked for aligned loads), Q|K|V and gate|up fused into one matrix
+ * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
+ * create time for the engine's limits. A forward pass allocates nothing and synchronizes once
+ * (to hand the logits to the host). Pure decode steps replay CUDA graphs captured at create
+ * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block).
+ *
+ * Numerics: activations f32, weights in their own type, matmul accumulation f32 (GEMV) or
+ * cuBLAS with f16 operands and f32 accumulation (steps of more than KC_GEMV_MAX_TOK tokens),
+ * K/V stored as half, attention in f32 with a fixed 256-position split so a token's result
+ * does not depend on the batch it shares.
+ */
+#include "executor/backend.h"
+#include "executor/engine.h"
+#include "common/cm_err.h"
+#include "common/cm_log.h"
+#include "common/cm_time.h"
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ATT_CHUNK 256       /* positions per attention split */
+#define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 */
+
+/* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
+#define CU_FATAL(call)                                                                                   \
+    do {                                                                                                 \
+        cudaError_t e_ = (call);                                                                         \
+        if (e_ != cudaSuccess) {                                                                         \
+            cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "CUDA call failed", "call=\"%s\" err=\"%s\" file=%s line=%d", \
+                         #call, cudaGetErrorString(e_), __FILE__, __LINE__);                             \
+            abort();                                                                                     \
+        }                                                                                                \
+    } while (0)
+#define KC_FATAL(call)                                                                                   \
+    do {                                                                                                 \
+        int r_ = (call);                                                                                 \
+        if (r_ != 0) {                                                                                   \
+            cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launcher failed", "call=\"%s\" rc=%d file=%s line=%d", \
+                         #call, r_, __FILE__, __LINE__);                                                 \
+            abort();                                                                                     \
+        }                                                                                                \
+    } while (0)
+
+typedef struct cu_layer {
+    kc_weight qkv, wo, gu, down; /* qkv: [nq + 2 nkv rows], gu: [2 n_ff rows] */
+    float *attn_norm, *ffn_norm; /* [n_embd] */
+    float *bqkv;                 /* [nq + 2 nkv] or NULL */
+    kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd] */
+} cu_layer;
+
+typedef struct cu_graph {
+    int n_tok;                   /* bucket size */
+    cudaGraphExec_t exec;
+} cu_graph;
+
+typedef struct cu_state {
+    ex_backend base;
+    mdl_config cfg;
+    ex_limits lim;
+    int device, scratch_block;   /* scratch_block = lim.n_kv_blocks: where padding tokens write */
+    int n_split;                 /* attention splits: ceil(n_ctx / ATT_CHUNK) */
+    int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_ws;
+    kc_weight tok_embd, output;
+    float *out_norm;
+    cu_layer *layers;
+    kc_rope rope;
+    void *kv_pool;
+    /* activations, sized for lim.max_tokens (T) and lim.max_out (R) */
+    float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
+    float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
+    float *partial;                          /* [T, n_head, n_split, hd + 2] */
+    kc_gemm_ws gws;
+    /* batch arrays on the device and their pinned host staging (one block, one copy) */
+    int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] */
+    size_t meta_ints;
+    float *h_logits;                         /* pinned [R, n_vocab] */
+    cu_graph graphs[N_GRAPH_BUCKETS];
+    int n_graphs;
+    size_t weight_bytes;
+} cu_state;
+
+static int32_t *meta_tok(cu_state *s, int32_t *base) { return base; }
+static int32_t *meta_pos(cu_state *s, int32_t *base) { return base + s->lim.max_tokens; }
+static int32_t *meta_seq(cu_state *s, int32_t *base) { return base + 2 * s->lim.max_tokens; }
+static int32_t *meta_rows(cu_state *s, int32_t *base) { return base + 3 * s->lim.max_tokens; }
+static int32_t *meta_bt(cu_state *s, int32_t *base) { return base + 3 * s->lim.max_tokens + s->lim.max_out; }
+
+/* ---- upload ----------------------------------------------------------------------------- */
+
+static int gpu_type_ok(int type) {
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0;
+}
+
+/* Uploads the row-concatenation of parts (same type and n_in) as one kc_weight. */
+static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, char *err, size_t errlen) {
+    int type = parts[0]->type, n_in = (int)parts[0]->ne[0], n_out = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const mdl_tensor *t = parts[i];
+        if (!gpu_type_ok(t->type)) {
+            snprintf(err, errlen, "cuda backend: tensor '%s' has type %s, which has no GPU kernel yet (F32, F16, BF16, Q8_0, Q4_0)",
+                     t->name, dt_name(t->type) ? dt_name(t->type) : "?");
+            return CM_EUNSUPPORTED;
+        }
+        if (t->type != type || t->ne[0] != n_in) {
+            snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in type or width and cannot be fused",
+                     parts[0]->name, t->name);
+            return CM_EUNSUPPORTED;
+        }
+        n_out += (int)t->ne[1];
+    }
+    size_t data_bytes, d_bytes;
+    int rc = kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
+    if (rc) {
+        snprintf(err, errlen, "cuda backend: tensor '%s': row width %d does not fit type %s", parts[0]->name, n_in, dt_name(type));
+        return rc;
+    }
+    w->type = type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    if (cudaMalloc(&w->data, data_bytes) != cudaSuccess || (d_bytes && cudaMalloc((void **)&w->d, d_bytes) != cudaSuccess)) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        snprintf(err, errlen, "cuda backend: out of GPU memory uploading '%s' (%.1f MiB; %.1f of %.1f GiB free)", parts[0]->name,
+                 (data_bytes + d_bytes) / 1048576.0, fr / 1073741824.0, tot / 1073741824.0);
+        return CM_ENOMEM;
+    }
+    size_t off_data = 0, off_d = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const mdl_tensor *t = parts[i];
+        size_t pd, ps;
+        kc_weight_sizes(type, n_in, (int)t->ne[1], &pd, &ps);
+        void *hq = malloc(pd ? pd : 1);
+        kc_half *hs = ps ? malloc(ps) : NULL;
+        if (!hq || (ps && !hs)) {
+            free(hq);
+            free(hs);
+            snprintf(err, errlen, "cuda backend: out of host memory staging '%s'", t->name);
+            return CM_ENOMEM;
+        }
+        kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+        cudaError_t e = cudaMemcpy((char *)w->data + off_data, hq, pd, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess && ps) e = cudaMemcpy((char *)w->d + off_d, hs, ps, cudaMemcpyHostToDevice);
+        free(hq);
+        free(hs);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "cuda backend: copying '%s' to the GPU failed: %s", t->name, cudaGetErrorString(e));
+            return CM_ECUDA;
+        }
+        off_data += pd;
+        off_d += ps;
+    }
+    s->weight_bytes += data_bytes + d_bytes;
+    return 0;
+}
+
+/* Uploads one or more float vectors (norm weights, biases of any float type) concatenated as f32. */
+static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, float **out, char *err, size_t errlen) {
+    size_t n = 0;
+    for (int i = 0; i < n_parts; i++) n += (size_t)parts[i]->ne[0] * parts[i]->ne[1];
+    float *h = malloc(n * 4);
+    if (!h) return CM_ENOMEM;
+    size_t off = 0;
+    for (int i = 0; i < n_parts; i++) {
+        size_t k = (size_t)parts[i]->ne[0] * parts[i]->ne[1];
+        if (dt_dequantize(parts[i]->type, parts[i]->data, h + off, (int64_t)k)) {
+            snprintf(err, errlen, "cuda backend: tensor '%s' of type %s cannot be read as floats", parts[i]->name,
+                     dt_name(parts[i]->type) ? dt_name(parts[i]->type) : "?");
+            free(h);
+            return CM_EUNSUPPORTED;
+        }
+        off += k;
+    }
+    cudaError_t e = cudaMalloc((void **)out, n * 4);
+    if (e == cudaSuccess) e = cudaMemcpy(*out, h, n * 4, cudaMemcpyHostToDevice);
+    free(h);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend: uploading '%s' failed: %s", parts[0]->name, cudaGetErrorString(e));
+        return e == cudaErrorMemoryAllocation ? CM_ENOMEM : CM_ECUDA;
+    }
+    s->weight_bytes += n * 4;
+    return 0;
+}
+
+/* ---- the forward pass --------------------------------------------------------------------- */
+
+/* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
+ * producing n_out logits rows in h_logits. No synchronization, no allocation: capturable. */
+static void enqueue_forward(cu_state *s, int n_tok, int n_out) {
+    const mdl_config *c = &s->cfg;
+    cudaStream_t st = s->stream;
+    const int hd = c->head_dim;
+    const int max_blocks = s->lim.max_blocks;
+    int32_t *d_tok = meta_tok(s, s->d_meta), *d_pos = meta_pos(s, s->d_meta), *d_seq = meta_seq(s, s->d_meta);
+    int32_t *d_rows = meta_rows(s, s->d_meta), *d_bt = meta_bt(s, s->d_meta);
+    /* stage: tokens, positions, sequences and rows for this step, and every block-table row */
+    CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int l = 0; l < c->n_layer; l++) {
+        cu_layer *L = &s->layers[l];
+        KC_FATAL(kc_rmsnorm(s->x, L->attn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_matmul(&L->qkv, s->h, n_tok, s->qkv, 0, &s->gws, st));
+        if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
+        KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
+                                  s->lim.block_size, &s->rope, st));
+        KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
+                              s->lim.block_size, scale, s->n_split, ATT_CHUNK, s->partial, st));
+        KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
+        KC_FATAL(kc_rmsnorm(s->x, L->ffn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_matmul(&L->gu, s->h, n_tok, s->gu, 0, &s->gws, st));
+        KC_FATAL(kc_swiglu(s->gu, s->act, n_tok, c->n_ff, st));
+        KC_FATAL(kc_matmul(&L->down, s->act, n_tok, s->x, 1, &s->gws, st));
+    }
+    KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, st));
+    KC_FATAL(kc_rmsnorm(s->last, s->out_norm, s->last_n, n_out, c->n_embd, c->norm_eps, st));
+    KC_FATAL(kc_matmul(&s->output, s->last_n, n_out, s->logits, 0, &s->gws, st));
+    CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)n_out * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+}
+
+/* Fills the staging area from a batch; padding tokens (n_pad of them) point at the scratch row. */
+static void stage_batch(cu_state *s, const ex_batch *b, int n_pad) {
+    int32_t *tok = meta_tok(s, s->h_meta), *pos = meta_pos(s, s->h_meta), *seq = meta_seq(s, s->h_meta);
+    int32_t *rows = meta_rows(s, s->h_meta), *bt = meta_bt(s, s->h_meta);
+    const int mb = s->lim.max_blocks, S = s->lim.max_seqs;
+    memcpy(tok, b->tok, (size_t)b->n_tokens * 4);
+    memcpy(pos, b->pos, (size_t)b->n_tokens * 4);
+    memcpy(seq, b->seq, (size_t)b->n_tokens * 4);
+    for (int i = 0; i < n_pad; i++) {
+        tok[b->n_tokens + i] = 0;
+        pos[b->n_tokens + i] = 0;
+        seq[b->n_tokens + i] = S; /* the scratch row */
+    }
+    for (int q = 0; q < b->n_seqs; q++) {
+        memcpy(bt + (size_t)q * mb, b->block_tables + (size_t)q * b->bt_stride, (size_t)b->n_blocks[q] * 4);
+        int r = b->seq_out[q];
+        if (b->out_all[q])
+            for (int j = 0; j < b->seq_len[q]; j++) rows[r + j] = b->seq_start[q] + j;
+        else rows[r] = b->seq_start[q] + b->seq_len[q] - 1;
+    }
+    for (int i = 0; i < n_pad; i++) rows[b->n_out + i] = b->n_tokens + i;
+}
+
+static int bucket_of(int n) {
+    int b = 1;
+    while (b < n) b <<= 1;
+    return b;
+}
+
+static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
+    cu_state *s = base->impl;
+    int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
+    cu_graph *g = NULL;
+    if (pure_decode) {
+        int bk = bucket_of(b->n_tokens);
+        for (int i = 0; i < s->n_graphs; i++)
+            if (s->graphs[i].n_tok == bk) g = &s->graphs[i];
+    }
+    if (g) {
+        stage_batch(s, b, g->n_tok - b->n_tokens);
+        CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
+    } else {
+        stage_batch(s, b, 0);
+        enqueue_forward(s, b->n_tokens, b->n_out);
+    }
+    CU_FATAL(cudaStreamSynchronize(s->stream));
+    *logits = s->h_logits;
+    return 0;
+}
+
+static int cuda_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
+    cu_state *s = base->impl;
+    const mdl_config *c = &s->cfg;
+    if (src < 0 || dst < 0 || src >= s->lim.n_kv_blocks || dst >= s->lim.n_kv_blocks || n_tok < 0 || n_tok > s->lim.block_size)
+        return CM_EINVAL;
+    size_t blk = (size_t)c->n_head_kv * s->lim.block_size * c->head_dim; /* halves per block per layer */
+    for (int l = 0; l < c->n_layer; l++) {
+        cu_layer *L = &s->layers[l];
+        CU_FATAL(cudaMemcpyAsync(L->k + dst * blk, L->k + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
+        CU_FATAL(cudaMemcpyAsync(L->v + dst * blk, L->v + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
+    }
+    CU_FATAL(cudaStreamSynchronize(s->stream));
+    return 0;
+}
+
+static void free_weight(kc_weight *w) {
+    cudaFree(w->data);
+    cudaFree(w->d);
+}
+
+static void cuda_destroy(ex_backend *base) {
+    if (!base) return;
+    cu_state *s = base->impl;
+    if (!s) return;
+    for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
+    if (s->layers)
+        for (int l = 0; l < s->cfg.n_layer; l++) {
+            cu_layer *L = &s->layers[l];
+            free_weight(&L->qkv);
+            free_weight(&L->wo);
+            free_weight(&L->gu);
+            free_weight(&L->down);
+            cudaFree(L->attn_norm);
+            cudaFree(L->ffn_norm);
+            cudaFree(L->bqkv);
+        }
+    free(s->layers);
+    free_weight(&s->tok_embd);
+    if (s->output.data != s->tok_embd.data) free_weight(&s->output);
+    cudaFree(s->out_norm);
+    cudaFree(s->kv_pool);
+    void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
+                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws };
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+    cudaFreeHost(s->h_meta);
+    cudaFreeHost(s->h_logits);
+    if (s->cublas) cublasDestroy(s->cublas);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s);
+}
+
+/* Captures the decode graph of each bucket size up to max_seqs (and max_tokens). */
+static int capture_graphs(cu_state *s, char *err, size_t errlen) {
+    double t0 = cm_time_s();
+    /* Stage a harmless batch: every token a padding token on the scratch row. */
+    int32_t *seq = meta_seq(s, s->h_meta), *rows = meta_rows(s, s->h_meta);
+    for (int bk = 1, i = 0; i < N_GRAPH_BUCKETS && bk <= s->lim.max_seqs && bk <= s->lim.max_tokens && bk <= s->lim.max_out;
+         bk <<= 1, i++) {
+        for (int t = 0; t < bk; t++) {
+            seq[t] = s->lim.max_seqs;
+            rows[t] = t;
+        }
+        /* run once eagerly (cuBLAS picks its kernels), then capture */
+        enqueue_forward(s, bk, bk);
+        cudaError_t e = cudaStreamSynchronize(s->stream);
+        cudaGraph_t graph;
+        if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+        if (e == cudaSuccess) {
+            enqueue_forward(s, bk, bk);
+            e = cudaStreamEndCapture(s->stream, &graph);
+        }
+        if (e == cudaSuccess) {
+            e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
+            cudaGraphDestroy(graph);
+        }
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens failed: %s", bk, cudaGetErrorString(e));
+            return CM_ECUDA;
+        }
+        s->graphs[s->n_graphs++].n_tok = bk;
+    }
+    memset(s->h_meta, 0, s->meta_ints * sizeof(int32_t));
+    CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d seconds=%.2f", s->n_graphs,
+                s->n_graphs ? s->graphs[s->n_graphs - 1].n_tok : 0, cm_time_s() - t0);
+    return 0;
+}
+
+/* cudaMalloc of at least one byte; returns nonzero on failure. */
+static int dalloc(void *pp, size_t bytes) {
+    return cudaMalloc((void **)pp, bytes ? bytes : 1) != cudaSuccess;
+}
+
+int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out, char *err, size_t errlen) {
+    *out = NULL;
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev == 0) {
+        snprintf(err, errlen, "cuda backend: no usable CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+        return CM_EUNSUPPORTED;
+    }
+    if (o->device < 0 || o->device >= n_dev) {
+        snprintf(err, errlen, "cuda backend: device %d requested, %d present", o->device, n_dev);
+        return CM_EINVAL;
+    }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, o->device);
+    if (prop.major < 8) {
+        snprintf(err, errlen, "cuda backend: device %d (%s) has compute capability %d.%d; 8.0 or newer is needed", o->device,
+                 prop.name, prop.major, prop.minor);
+        return CM_EUNSUPPORTED;
+    }
+    const mdl_config *c = &m->cfg;
+    if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1))) {
+        snprintf(err, errlen, "cuda backend: head_dim %d is not supported (powers of two from 8 to 256)", c->head_dim);
+        return CM_EUNSUPPORTED;
+    }
+    cu_state *s = calloc(1, sizeof *s);
+    if (!s) return CM_ENOMEM;
+    s->cfg = *c;
+    s->lim = o->lim;
+    s->device = o->device;
+    s->scratch_block = s->lim.n_kv_blocks;
+    s->n_split = (s->lim.n_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    s->qkv_dim = (c->n_head + 2 * c->n_head_kv) * c->head_dim;
+    s->rope = (kc_rope){ .layout = c->rope_layout, .rope_dim = c->rope_dim, .base = c->rope_base, .scaling = c->rope_scaling,
+                         .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
+                         .high_freq_factor = c->rope_high_freq_factor, .orig_ctx = c->rope_orig_ctx };
+    s->base.name = "cuda";
+    s->base.kv_type = DT_F16;
+    s->base.forward = cuda_forward;
+    s->base.kv_copy = cuda_kv_copy;
+    s->base.destroy = cuda_destroy;
+    s->base.impl = s;
+    int rc = CM_ENOMEM;
+    double t0 = cm_time_s();
+
+    if (cudaSetDevice(o->device) != cudaSuccess || cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasCreate(&s->cublas) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cuda backend: cannot initialise device %d", o->device);
+        rc = CM_ECUDA;
+        goto fail;
+    }
+    cublasSetStream(s->cublas, s->stream);
+    const size_t cublas_ws_bytes = 32u << 20;
+    if (dalloc(&s->cublas_ws, cublas_ws_bytes)) goto oom;
+    cublasSetWorkspace(s->cublas, s->cublas_ws, cublas_ws_bytes);
+
+    /* weights */
+    {
+        const mdl_tensor *emb[] = { &m->tok_embd };
+        if ((rc = upload_rows(s, emb, 1, &s->tok_embd, err, errlen))) goto fail;
+        if (c->tied_output) s->output = s->tok_embd;
+        else {
+            const mdl_tensor *outp[] = { &m->output };
+            if ((rc = upload_rows(s, outp, 1, &s->output, err, errlen))) goto fail;
+        }
+        const mdl_tensor *on[] = { &m->out_norm };
+        if ((rc = upload_f32(s, on, 1, &s->out_norm, err, errlen))) goto fail;
+        s->layers = calloc((size_t)c->n_layer, sizeof *s->layers);
+        if (!s->layers) goto oom;
+        for (int l = 0; l < c->n_layer; l++) {
+            const mdl_layer *ly = &m->layers[l];
+            cu_layer *L = &s->layers[l];
+            const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
+                             *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
+                             *bias[] = { &ly->bq, &ly->bk, &ly->bv };
+            if ((rc = upload_rows(s, qkv, 3, &L->qkv, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, err, errlen)) ||
+                (rc = upload_rows(s, gu, 2, &L->gu, err, errlen)) || (rc = upload_rows(s, dn, 1, &L->down, err, errlen)) ||
+                (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
+                goto fail;
+            if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
+        }
+    }
+
+    /* KV pool: n_kv_blocks + 1 (the scratch block padding tokens write to) per layer */
+    {
+        size_t per_layer = (size_t)(s->lim.n_kv_blocks + 1) * c->n_head_kv * s->lim.block_size * c->head_dim;
+        size_t bytes = per_layer * 2 * 2 * (size_t)c->n_layer;
+        if (cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            snprintf(err, errlen, "cuda backend: the KV pool needs %.2f GiB, %.2f GiB free on device %d after %.2f GiB of weights",
+                     bytes / 1073741824.0, fr / 1073741824.0, o->device, s->weight_bytes / 1073741824.0);
+            rc = CM_ENOMEM;
+            goto fail;
+        }
+        cudaMemset(s->kv_pool, 0, bytes);
+        for (int l = 0; l < c->n_layer; l++) {
+            s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_layer;
+            s->layers[l].v = s->layers[l].k + per_layer;
+        }
+    }
+
+    /* activations and workspaces */
+    {
+        size_t T = (size_t)s->lim.max_tokens, R = (size_t)s->lim.max_out, nq = (size_t)c->n_head * c->head_dim;
+        if (dalloc(&s->x, T * c->n_embd * 4) || dalloc(&s->h, T * c->n_embd * 4) || dalloc(&s->qkv, T * s->qkv_dim * 4) ||
+            dalloc(&s->q, T * nq * 4) || dalloc(&s->att, T * nq * 4) || dalloc(&s->gu, T * 2 * c->n_ff * 4) ||
+            dalloc(&s->act, T * c->n_ff * 4) || dalloc(&s->last, R * c->n_embd * 4) || dalloc(&s->last_n, R * c->n_embd * 4) ||
+            dalloc(&s->logits, R * c->n_vocab * 4) || dalloc(&s->partial, T * c->n_head * s->n_split * (c->head_dim + 2) * 4))
+            goto oom;
+        /* cuBLAS path: the largest quantized matrix dequantized, the widest activations as half */
+        size_t wmax = 0, xmax = T * (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
+        const kc_weight *ws[] = { &s->output, &s->tok_embd };
+        for (int i = 0; i < 2; i++) if (ws[i]->type != DT_F16) wmax = (size_t)ws[i]->n_in * ws[i]->n_out > wmax ? (size_t)ws[i]->n_in * ws[i]->n_out : wmax;
+        for (int l = 0; l < c->n_layer; l++) {
+            const kc_weight *lw[] = { &s->layers[l].qkv, &s->layers[l].wo, &s->layers[l].gu, &s->layers[l].down };
+            for (int i = 0; i < 4; i++)
+                if (lw[i]->type != DT_F16 && lw[i]->type != DT_F32 && (size_t)lw[i]->n_in * lw[i]->n_out > wmax)
+                    wmax = (size_t)lw[i]->n_in * lw[i]->n_out;
+        }
+        if (R * c->n_embd > xmax) xmax = R * c->n_embd;
+        s->gws.cublas = s->cublas;
+        s->gws.w_cap = wmax;
+        s->gws.x_cap = xmax;
+        if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
+        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks;
+        if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
+        if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
+            cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
+            goto oom;
+        memset(s->h_meta, 0, s->meta_ints * 4);
+        int32_t *bt = meta_bt(s, s->h_meta);
+        for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
+        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
+    }
+    CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f kv_blocks=%d seconds=%.2f", o->device,
+                prop.name, s->weight_bytes / 1073741824.0, s->lim.n_kv_blocks, cm_time_s() - t0);
+    if (!getenv("ARKA_CUDA_NO_GRAPHS") && (rc = capture_graphs(s, err, errlen))) goto fail;
+    *out = &s->base;
+    return 0;
+oom:
+    {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        snprintf(err, errlen, "cuda backend: out of memory allocating activations for %d tokens (%.2f of %.2f GiB free on device %d)",
+                 s->lim.max_tokens, fr / 1073741824.0, tot / 1073741824.0, o->device);
+    }
+    rc = CM_ENOMEM;
+fail:
+    cuda_destroy(&s->base);
+    return rc;
+}
