@@ -1,0 +1,68 @@
+/* backend: the interface every compute backend implements (cpu: backend_cpu.c; cuda: later,
+ * executor/cuda/). A small struct of function pointers, created from a model description and
+ * the engine's limits, driven by the engine's step thread.
+ *
+ * What a backend owns: its copy or mapping of the weights, the KV storage (n_kv_blocks
+ * physical blocks laid out as it likes; the block ids in a batch index it), scratch sized for
+ * the limits, and the host logits buffer it returns. What it does not own: which blocks
+ * belong to which sequence (executor/kv.h) or sampling (executor/sampler.h).
+ *
+ *   ex_backend_opts o = { .lim = lim, .n_threads = 2, .kv_type = DT_F32 };
+ *   ex_backend *b;
+ *   if (ex_backend_create("cpu", model, &o, &b, err, sizeof err)) die(err);
+ *   const float *logits; b->forward(b, &batch, &logits);   // batch already ex_batch_check'ed
+ *   b->destroy(b);
+ *
+ * A forward call reads each sequence's KV for positions [0, pos) through its block table,
+ * writes the new tokens' K and V at their positions, and returns the logits rows the batch
+ * asks for. It must keep the batch-invariance promise of engine.h.
+ */
+#ifndef EX_BACKEND_H
+#define EX_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef struct ex_backend_opts {
+    ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate */
+    int n_threads;   /* cpu: threads including the caller (>= 1) */
+    int device;      /* cuda: device ordinal */
+    int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
+} ex_backend_opts;
+
+struct ex_backend {
+    const char *name;   /* "cpu", "cuda" */
+    int kv_type;        /* element type actually used for K and V */
+    /* One forward pass over a batch that passed ex_batch_check against this backend's limits.
+     * *logits: host memory [batch->n_out, n_vocab], owned by the backend, valid until the
+     * next call. Returns 0 or a negative CM_E* code; allocates nothing. */
+    int  (*forward)(ex_backend *b, const ex_batch *batch, const float **logits);
+    /* Copies positions [0, n_tok) of physical block src into block dst, every layer (copy on
+     * write of a shared prefix block). Returns 0 or CM_EINVAL. */
+    int  (*kv_copy)(ex_backend *b, int32_t src, int32_t dst, int n_tok);
+    /* Frees everything; accepts NULL. */
+    void (*destroy)(ex_backend *b);
+    void *impl;         /* the backend's state */
+};
+
+typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
+                                    char *err, size_t errlen);
+
+/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32.
+ * Returns 0, CM_EUNSUPPORTED (architecture or a weight type without a kernel), CM_ENOMEM,
+ * CM_EINVAL; writes one line into err. */
+int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
+                          char *err, size_t errlen);
+/* The CUDA backend: defined by executor/cuda/ when built, NULL otherwise. */
+int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
+                           char *err, size_t errlen) __attribute__((weak));
+
+/* Dispatches by name ("cpu" | "cuda"). CM_EUNSUPPORTED for a backend not built in. */
+int ex_backend_create(const char *name, const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
+                      char *err, size_t errlen);
+/* The KV element type a backend prefers (cpu: DT_F32, cuda: DT_F16); -1 for an unknown name. */
+int ex_backend_default_kv_type(const char *name);
+
+#endif

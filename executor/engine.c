@@ -1,0 +1,222 @@
+/* engine: batch building and checking, backend dispatch, and the engine object (backend + KV
+ * allocator). */
+#include "engine.h"
+#include "backend.h"
+#include "kv.h"
+#include "../common/cm_err.h"
+#include "../model/dtype.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ex_engine {
+    const mdl_model *m;
+    ex_limits   lim;
+    ex_kv      *kv;
+    ex_backend *be;
+};
+
+/* ---- batches ------------------------------------------------------------------------- */
+
+int ex_batch_buf_init(ex_batch_buf *bb, const ex_limits *lim) {
+    memset(bb, 0, sizeof *bb);
+    if (lim->max_tokens <= 0 || lim->max_seqs <= 0 || lim->max_blocks <= 0) return CM_EINVAL;
+    bb->lim = *lim;
+    size_t T = (size_t)lim->max_tokens, S = (size_t)lim->max_seqs;
+    bb->tok = malloc(T * sizeof(int32_t));
+    bb->pos = malloc(T * sizeof(int32_t));
+    bb->seq = malloc(T * sizeof(int32_t));
+    bb->seq_start = malloc(S * sizeof(int32_t));
+    bb->seq_len = malloc(S * sizeof(int32_t));
+    bb->n_blocks = malloc(S * sizeof(int32_t));
+    bb->seq_out = malloc(S * sizeof(int32_t));
+    bb->out_all = malloc(S);
+    bb->block_tables = malloc(S * (size_t)lim->max_blocks * sizeof(int32_t));
+    if (!bb->tok || !bb->pos || !bb->seq || !bb->seq_start || !bb->seq_len || !bb->n_blocks ||
+        !bb->seq_out || !bb->out_all || !bb->block_tables) {
+        ex_batch_buf_free(bb);
+        return CM_ENOMEM;
+    }
+    ex_batch_buf_clear(bb);
+    return 0;
+}
+
+void ex_batch_buf_free(ex_batch_buf *bb) {
+    free(bb->tok); free(bb->pos); free(bb->seq);
+    free(bb->seq_start); free(bb->seq_len); free(bb->n_blocks); free(bb->seq_out);
+    free(bb->out_all); free(bb->block_tables);
+    memset(bb, 0, sizeof *bb);
+}
+
+void ex_batch_buf_clear(ex_batch_buf *bb) {
+    ex_batch *b = &bb->b;
+    memset(b, 0, sizeof *b);
+    b->tok = bb->tok; b->pos = bb->pos; b->seq = bb->seq;
+    b->seq_start = bb->seq_start; b->seq_len = bb->seq_len; b->n_blocks = bb->n_blocks;
+    b->out_all = bb->out_all; b->seq_out = bb->seq_out; b->block_tables = bb->block_tables;
+    b->bt_stride = bb->lim.max_blocks;
+}
+
+int ex_batch_buf_add(ex_batch_buf *bb, const int32_t *ids, int n, int pos0,
+                     const int32_t *block_table, int n_blocks, int out_all) {
+    ex_batch *b = &bb->b;
+    const ex_limits *L = &bb->lim;
+    if (n <= 0 || pos0 < 0 || !ids || n_blocks < 0 || (n_blocks && !block_table)) return CM_EINVAL;
+    if ((int64_t)pos0 + n > L->n_ctx) return CM_ECTX;
+    if (n_blocks > L->max_blocks || (int64_t)n_blocks * L->block_size < (int64_t)pos0 + n) return CM_EINVAL;
+    int n_out = out_all ? n : 1;
+    if (b->n_seqs >= L->max_seqs || b->n_tokens + n > L->max_tokens || b->n_out + n_out > L->max_out)
+        return CM_EFULL;
+    int s = b->n_seqs, t0 = b->n_tokens;
+    for (int i = 0; i < n; i++) {
+        bb->tok[t0 + i] = ids[i];
+        bb->pos[t0 + i] = pos0 + i;
+        bb->seq[t0 + i] = s;
+    }
+    bb->seq_start[s] = t0;
+    bb->seq_len[s] = n;
+    bb->n_blocks[s] = n_blocks;
+    bb->out_all[s] = out_all ? 1 : 0;
+    bb->seq_out[s] = b->n_out;
+    if (n_blocks) memcpy(bb->block_tables + (size_t)s * L->max_blocks, block_table, sizeof(int32_t) * (size_t)n_blocks);
+    b->n_seqs++;
+    b->n_tokens += n;
+    b->n_out += n_out;
+    return s;
+}
+
+int ex_batch_check(const ex_batch *b, const ex_limits *L, char *err, size_t errlen) {
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return CM_EINVAL; } while (0)
+    if (b->n_tokens <= 0 || b->n_tokens > L->max_tokens) BAD("batch: %d tokens (limit %d)", b->n_tokens, L->max_tokens);
+    if (b->n_seqs <= 0 || b->n_seqs > L->max_seqs) BAD("batch: %d sequences (limit %d)", b->n_seqs, L->max_seqs);
+    if (b->n_out <= 0 || b->n_out > L->max_out) BAD("batch: %d logits rows (limit %d)", b->n_out, L->max_out);
+    if (b->bt_stride <= 0) BAD("batch: block-table stride %d", b->bt_stride);
+    int next_tok = 0, next_out = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int t0 = b->seq_start[s], n = b->seq_len[s], nb = b->n_blocks[s];
+        if (t0 != next_tok || n <= 0 || t0 + n > b->n_tokens) BAD("batch: sequence %d slice [%d,+%d) out of order", s, t0, n);
+        if (b->seq_out[s] != next_out) BAD("batch: sequence %d logits row %d, expected %d", s, b->seq_out[s], next_out);
+        next_tok += n;
+        next_out += b->out_all[s] ? n : 1;
+        if (nb < 0 || nb > b->bt_stride || nb > L->max_blocks) BAD("batch: sequence %d has %d blocks", s, nb);
+        int p0 = b->pos[t0];
+        if (p0 < 0 || (int64_t)p0 + n > L->n_ctx) BAD("batch: sequence %d positions [%d,%d) past context %d", s, p0, p0 + n, L->n_ctx);
+        if ((int64_t)nb * L->block_size < (int64_t)p0 + n) BAD("batch: sequence %d block table (%d blocks) does not cover %d positions", s, nb, p0 + n);
+        for (int i = 0; i < n; i++) {
+            int t = t0 + i;
+            if (b->seq[t] != s) BAD("batch: token %d belongs to sequence %d, expected %d", t, b->seq[t], s);
+            if (b->pos[t] != p0 + i) BAD("batch: token %d at position %d, expected %d", t, b->pos[t], p0 + i);
+            if (b->tok[t] < 0 || b->tok[t] >= L->n_vocab) BAD("batch: token id %d outside the vocabulary (%d)", b->tok[t], L->n_vocab);
+        }
+        const int32_t *bt = b->block_tables + (size_t)s * b->bt_stride;
+        for (int j = 0; j < nb; j++)
+            if (bt[j] < 0 || bt[j] >= L->n_kv_blocks) BAD("batch: sequence %d block %d = %d outside the pool (%d)", s, j, bt[j], L->n_kv_blocks);
+    }
+    if (next_tok != b->n_tokens) BAD("batch: sequences cover %d of %d tokens", next_tok, b->n_tokens);
+    if (next_out != b->n_out) BAD("batch: %d logits rows, sequences ask for %d", b->n_out, next_out);
+    return 0;
+#undef BAD
+}
+
+/* ---- backends ------------------------------------------------------------------------ */
+
+int ex_backend_default_kv_type(const char *name) {
+    if (!strcmp(name, "cpu")) return DT_F32;
+    if (!strcmp(name, "cuda")) return DT_F16;
+    return -1;
+}
+
+int ex_backend_create(const char *name, const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
+                      char *err, size_t errlen) {
+    *out = NULL;
+    if (!strcmp(name, "cpu")) return ex_backend_cpu_create(m, o, out, err, errlen);
+    if (!strcmp(name, "cuda")) {
+        if (ex_backend_cuda_create) return ex_backend_cuda_create(m, o, out, err, errlen);
+        snprintf(err, errlen, "backend 'cuda' is not built into this binary");
+        return CM_EUNSUPPORTED;
+    }
+    snprintf(err, errlen, "unknown backend '%s' (cpu | cuda)", name);
+    return CM_EUNSUPPORTED;
+}
+
+/* ---- engine -------------------------------------------------------------------------- */
+
+void ex_engine_opts_default(ex_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->kv_type = -1;
+}
+
+int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    const mdl_config *c = &m->cfg;
+    const char *bname = o->backend ? o->backend : "cpu";
+    ex_limits L;
+    memset(&L, 0, sizeof L);
+    L.n_vocab = c->n_vocab;
+    L.block_size = o->block_size > 0 ? o->block_size : 16;
+    L.n_ctx = o->n_ctx > 0 ? o->n_ctx : c->n_ctx_train;
+    L.max_tokens = o->max_tokens > 0 ? o->max_tokens : 512;
+    L.max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
+    L.max_out = o->max_out > 0 ? o->max_out : L.max_seqs;
+    if (L.block_size > 1024 || L.n_ctx <= 0 || L.n_ctx > (1 << 24) || L.max_seqs > L.max_tokens) {
+        snprintf(err, errlen, "engine: invalid limits (block size %d, context %d, %d tokens, %d sequences per step)",
+                 L.block_size, L.n_ctx, L.max_tokens, L.max_seqs);
+        return CM_EINVAL;
+    }
+    if (L.max_out > L.max_tokens) L.max_out = L.max_tokens;
+    L.max_blocks = (L.n_ctx + L.block_size - 1) / L.block_size;
+
+    int kv_type = o->kv_type >= 0 ? o->kv_type : ex_backend_default_kv_type(bname);
+    size_t bbytes = kv_type >= 0 ? ex_kv_block_bytes(c, L.block_size, kv_type) : 0;
+    if (!bbytes) {
+        snprintf(err, errlen, "engine: unsupported KV element type %d for backend '%s'", kv_type, bname);
+        return CM_EUNSUPPORTED;
+    }
+    int64_t budget = o->kv_cache_mb > 0 ? o->kv_cache_mb * (1LL << 20)
+                                        : ex_kv_default_bytes((int64_t)bbytes * L.max_blocks * L.max_seqs);
+    int64_t nb = budget / (int64_t)bbytes;
+    if (nb > (1 << 30)) nb = 1 << 30;
+    if (nb < 2) {
+        snprintf(err, errlen, "KV cache budget of %.1f MiB is too small: one block of %d tokens needs %.2f MiB",
+                 budget / 1048576.0, L.block_size, bbytes / 1048576.0);
+        return CM_ENOKV;
+    }
+    L.n_kv_blocks = (int)nb;
+
+    ex_engine *e = calloc(1, sizeof *e);
+    if (!e) return CM_ENOMEM;
+    e->m = m;
+    e->lim = L;
+    int rc = ex_kv_create(L.n_kv_blocks, L.block_size, &e->kv);
+    if (rc) { snprintf(err, errlen, "engine: %s", cm_err_str(rc)); goto fail; }
+    ex_backend_opts bo = { .lim = L, .n_threads = o->n_threads, .device = o->device, .kv_type = kv_type };
+    rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
+    if (rc) goto fail;
+    *out = e;
+    return 0;
+fail:
+    ex_engine_destroy(e);
+    return rc;
+}
+
+void ex_engine_destroy(ex_engine *e) {
+    if (!e) return;
+    if (e->be) e->be->destroy(e->be);
+    ex_kv_destroy(e->kv);
+    free(e);
+}
+
+const ex_limits *ex_engine_limits(const ex_engine *e) { return &e->lim; }
+ex_kv *ex_engine_kv(ex_engine *e) { return e->kv; }
+ex_backend *ex_engine_backend(ex_engine *e) { return e->be; }
+const mdl_model *ex_engine_model(const ex_engine *e) { return e->m; }
+
+int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits) {
+    char err[256];
+    *logits = NULL;
+    int rc = ex_batch_check(b, &e->lim, err, sizeof err);
+    if (rc) return rc;
+    return e->be->forward(e->be, b, logits);
+}

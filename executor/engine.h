@@ -1,0 +1,147 @@
+/* engine: the executor's step API, shared by every backend (cpu now, cuda later).
+ *
+ * One step = one forward pass over a batch. A batch is a list of sequences; each brings its
+ * new token ids (1 for a decode step, many for a prefill or a chunk of one), the position of
+ * its first new token (= how many of its tokens the KV cache already holds) and its KV block
+ * table. The backend sees every token of every sequence at once, token-major:
+ *
+ *   tok[t], pos[t], seq[t]          t < n_tokens   (flat; a sequence's tokens are contiguous,
+ *                                                   in order, positions consecutive)
+ *   seq_start[s], seq_len[s]        s < n_seqs     (its slice of the flat arrays)
+ *   block_tables[s * bt_stride + j] j < n_blocks[s] (physical KV block of positions
+ *                                                   [j*block_size, (j+1)*block_size))
+ *
+ * After the step the KV cache holds positions [0, pos[last] + 1) of every sequence, and the
+ * logits of the requested positions are returned, one row of n_vocab floats each, in token
+ * order: a sequence's last new token always, and every new token when out_all[s] is set
+ * (seq_out[s] is the row of its first output; its last output is row
+ * seq_out[s] + (out_all[s] ? seq_len[s] : 1) - 1).
+ *
+ * Invariant every backend keeps (batch invariance): the logits of a token depend only on its
+ * sequence's tokens, never on which other sequences or how many tokens share the step, nor
+ * on the thread count. Greedy decoding is therefore the same alone or batched.
+ *
+ *   ex_engine *e; char err[256];
+ *   ex_engine_opts o; ex_engine_opts_default(&o);
+ *   if (ex_engine_create(model, &o, &e, err, sizeof err)) die(err);
+ *   ex_batch_buf bb; ex_batch_buf_init(&bb, ex_engine_limits(e));
+ *   ex_batch_buf_add(&bb, ids, n, 0, table, n_blocks, 0);     // one sequence, prefill
+ *   const float *logits; ex_engine_forward(e, &bb.b, &logits); // [n_out, n_vocab]
+ *   ex_batch_buf_free(&bb); ex_engine_destroy(e);
+ *
+ * Threads: an engine is driven by one thread at a time (the executor's step thread); the
+ * backend may use its own workers inside a call. Nothing is allocated per step: all buffers
+ * are sized at create time from the limits.
+ */
+#ifndef EX_ENGINE_H
+#define EX_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model/model.h"
+
+typedef struct ex_kv ex_kv;            /* executor/kv.h: the block allocator */
+typedef struct ex_backend ex_backend;  /* executor/backend.h */
+
+/* One forward pass's input. All arrays are owned by the caller and must stay valid for the
+ * duration of the forward call only. */
+typedef struct ex_batch {
+    int n_tokens;                 /* new tokens over all sequences, >= 1 */
+    int n_seqs;                   /* >= 1 */
+    /* token-major, [n_tokens] */
+    const int32_t *tok;           /* token ids, each in [0, n_vocab) */
+    const int32_t *pos;           /* absolute position of each token in its sequence */
+    const int32_t *seq;           /* sequence index (into the per-sequence arrays) */
+    /* per sequence, [n_seqs] */
+    const int32_t *seq_start;     /* first flat index of the sequence's tokens */
+    const int32_t *seq_len;       /* its number of new tokens (>= 1) */
+    const int32_t *n_blocks;      /* valid entries of its block-table row; must cover pos+len */
+    const uint8_t *out_all;       /* 1: logits for every new token; 0: the last only */
+    const int32_t *seq_out;       /* row of its first logits output */
+    const int32_t *block_tables;  /* [n_seqs, bt_stride] physical block ids */
+    int bt_stride;                /* >= max n_blocks */
+    int n_out;                    /* total logits rows */
+} ex_batch;
+
+/* Sizes a backend is created for; a batch must fit all of them. */
+typedef struct ex_limits {
+    int max_tokens;     /* new tokens per forward (the step's token budget) */
+    int max_seqs;       /* sequences per forward */
+    int max_out;        /* logits rows per forward */
+    int max_blocks;     /* block-table entries per sequence = ceil(n_ctx / block_size) */
+    int n_ctx;          /* positions per sequence */
+    int block_size;     /* tokens per KV block */
+    int n_kv_blocks;    /* physical blocks in the KV pool */
+    int n_vocab;
+} ex_limits;
+
+/* Caller-owned storage for building batches without allocating per step. */
+typedef struct ex_batch_buf {
+    ex_batch b;
+    ex_limits lim;
+    int32_t *tok, *pos, *seq;                    /* [max_tokens] */
+    int32_t *seq_start, *seq_len, *n_blocks, *seq_out; /* [max_seqs] */
+    uint8_t *out_all;                            /* [max_seqs] */
+    int32_t *block_tables;                       /* [max_seqs, max_blocks] (bt_stride = max_blocks) */
+} ex_batch_buf;
+
+/* Allocates the buffers for lim (once, at start-up). Returns 0 or CM_ENOMEM. */
+int  ex_batch_buf_init(ex_batch_buf *bb, const ex_limits *lim);
+void ex_batch_buf_free(ex_batch_buf *bb); /* accepts a zeroed or freed buffer */
+/* Empties the batch (keeps the storage). Can't fail. */
+void ex_batch_buf_clear(ex_batch_buf *bb);
+/* Appends one sequence: n new tokens at positions [pos0, pos0+n), its block table (copied;
+ * n_blocks entries covering at least pos0+n positions), out_all as above. Returns the
+ * sequence's index in the batch (>= 0), or CM_EFULL when the batch cannot take it (tokens,
+ * sequences or logits rows), CM_EINVAL for bad arguments, CM_ECTX past n_ctx. */
+int  ex_batch_buf_add(ex_batch_buf *bb, const int32_t *ids, int n, int pos0,
+                      const int32_t *block_table, int n_blocks, int out_all);
+/* Row of the logits of sequence s's last new token. */
+static inline int ex_batch_last_row(const ex_batch *b, int s) {
+    return b->seq_out[s] + (b->out_all[s] ? b->seq_len[s] : 1) - 1;
+}
+
+/* Checks a batch against limits (shapes, ranges, block tables covering every position, block
+ * ids inside the pool). Every backend calls it before touching memory. Returns 0 or CM_EINVAL
+ * with a reason in err. */
+int ex_batch_check(const ex_batch *b, const ex_limits *lim, char *err, size_t errlen);
+
+/* ---- the engine: a backend + the KV block allocator ----------------------------------- */
+
+typedef struct ex_engine_opts {
+    const char *backend;    /* "cpu" (default) or "cuda" (when built) */
+    int     n_threads;      /* cpu: worker threads including the caller; 0 = all cores */
+    int64_t kv_cache_mb;    /* KV pool budget in MiB; 0 = ex_kv_default_bytes() */
+    int     block_size;     /* tokens per KV block; 0 = 16 */
+    int     n_ctx;          /* positions per sequence; 0 = the model's training context */
+    int     max_tokens;     /* token budget per step; 0 = 512 */
+    int     max_seqs;       /* sequences per step; 0 = 64 */
+    int     max_out;        /* logits rows per step; 0 = max_seqs */
+    int     device;         /* cuda: device ordinal */
+    int     kv_type;        /* KV element type (DT_F32 / DT_F16); -1 = the backend's default */
+} ex_engine_opts;
+
+typedef struct ex_engine ex_engine;
+
+/* Fills the defaults above (all zero = automatic). Can't fail. */
+void ex_engine_opts_default(ex_engine_opts *o);
+
+/* Creates the backend for model m (which must outlive the engine) and the KV pool. On error
+ * returns CM_EUNSUPPORTED (architecture, tensor type or backend), CM_ENOKV (the KV budget
+ * holds fewer than 2 blocks), CM_ENOMEM, CM_EINVAL, and writes one line into err. Whether
+ * the pool can hold a given request is the scheduler's (or the caller's) check. */
+int  ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **out, char *err, size_t errlen);
+void ex_engine_destroy(ex_engine *e); /* accepts NULL */
+
+const ex_limits *ex_engine_limits(const ex_engine *e);
+ex_kv           *ex_engine_kv(ex_engine *e);
+ex_backend      *ex_engine_backend(ex_engine *e);
+const mdl_model *ex_engine_model(const ex_engine *e);
+
+/* Runs one forward pass. On success *logits points to [b->n_out, n_vocab] floats owned by
+ * the engine, valid until the next forward or destroy. Returns 0, CM_EINVAL (the batch
+ * failed ex_batch_check), or a backend error. */
+int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits);
+
+#endif

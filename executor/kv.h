@@ -1,0 +1,76 @@
+/* kv: the paged KV cache's bookkeeping: a pool of fixed-size blocks (block_size positions of
+ * every layer's K and V), a free list, reference counts (a block shared by several
+ * sequences' prefixes is freed when its last holder lets go), and per-sequence block tables.
+ *
+ * The storage itself belongs to the backend (host memory for cpu, device memory for cuda);
+ * this module only hands out block ids in [0, n_blocks). The pool's size is fixed at start-up
+ * from a byte budget; running out is reported as CM_ENOKV, never by growing.
+ *
+ *   ex_kv *kv; ex_kv_create(n_blocks, 16, &kv);
+ *   ex_kv_table t; ex_kv_table_init(&t, max_blocks_per_seq);
+ *   if (ex_kv_table_reserve(kv, &t, n_pos) == CM_ENOKV) preempt_someone();
+ *   ... t.blocks[0 .. t.n) go into the batch ...
+ *   ex_kv_table_release(kv, &t); ex_kv_table_free(&t); ex_kv_destroy(kv);
+ *
+ * One thread (the engine's step thread) uses a pool; there is no locking.
+ */
+#ifndef EX_KV_H
+#define EX_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model/model.h"
+
+typedef struct ex_kv ex_kv;
+
+/* Bytes one block takes in a backend's storage: K and V of every layer,
+ * 2 * n_layer * block_size * n_head_kv * head_dim * sizeof(kv_type). 0 for a bad kv_type. */
+size_t ex_kv_block_bytes(const mdl_config *c, int block_size, int kv_type);
+/* The default budget when none is configured: a quarter of MemAvailable (/proc/meminfo;
+ * 1 GiB when unreadable), at most `want` bytes (what the configured sequences could use)
+ * and at most 16 GiB. Can't fail. */
+int64_t ex_kv_default_bytes(int64_t want);
+
+/* Creates the allocator for n_blocks blocks (all free). Returns 0, CM_EINVAL or CM_ENOMEM. */
+int  ex_kv_create(int n_blocks, int block_size, ex_kv **out);
+void ex_kv_destroy(ex_kv *kv); /* accepts NULL */
+
+int ex_kv_n_blocks(const ex_kv *kv);
+int ex_kv_n_free(const ex_kv *kv);
+int ex_kv_block_size(const ex_kv *kv);
+
+/* Takes one free block (reference count 1) into *block. Returns 0 or CM_ENOKV. */
+int  ex_kv_block_alloc(ex_kv *kv, int32_t *block);
+/* Adds a holder to an allocated block (prefix sharing). Asserts the block is allocated. */
+void ex_kv_block_ref(ex_kv *kv, int32_t block);
+/* Drops a holder; the block returns to the free list at zero. Asserts it was allocated. */
+void ex_kv_block_unref(ex_kv *kv, int32_t block);
+/* Holders of a block (0 = free); -1 for an id outside the pool. */
+int  ex_kv_block_refcount(const ex_kv *kv, int32_t block);
+
+/* A sequence's block table: blocks[j] holds positions [j*block_size, (j+1)*block_size). */
+typedef struct ex_kv_table {
+    int32_t *blocks; /* [cap] */
+    int      n;      /* blocks in use */
+    int      cap;    /* max blocks (ceil(n_ctx / block_size)) */
+} ex_kv_table;
+
+/* Allocates the table's array (no blocks). Returns 0, CM_EINVAL or CM_ENOMEM. */
+int  ex_kv_table_init(ex_kv_table *t, int cap);
+/* Frees the array; the table must hold no blocks (release it first). Accepts zeroed tables. */
+void ex_kv_table_free(ex_kv_table *t);
+/* Makes the table cover positions [0, n_pos): allocates the missing blocks, all or nothing.
+ * Returns 0, CM_ENOKV (not enough free blocks; the table is unchanged) or CM_ECTX (n_pos
+ * needs more than cap blocks). */
+int  ex_kv_table_reserve(ex_kv *kv, ex_kv_table *t, int n_pos);
+/* Blocks the table still needs to cover n_pos positions (0 when covered). */
+int  ex_kv_table_need(const ex_kv *kv, const ex_kv_table *t, int n_pos);
+/* Unrefs every block of the table and empties it. Can't fail. */
+void ex_kv_table_release(ex_kv *kv, ex_kv_table *t);
+/* Makes dst (empty) share src's first n blocks (refcounts + 1): a forked prefix. The caller
+ * copies a partly filled last block before writing to it (backend kv_copy). Returns 0,
+ * CM_EINVAL (dst not empty, n out of range) or CM_ECTX. */
+int  ex_kv_table_share(ex_kv *kv, const ex_kv_table *src, int n, ex_kv_table *dst);
+
+#endif

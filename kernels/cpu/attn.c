@@ -1,0 +1,104 @@
+/* attn: paged causal GQA attention (online softmax over blocks) and the KV store. */
+#include "attn.h"
+#include "../../common/cm_err.h"
+
+#include <math.h>
+#include <string.h>
+
+static int args_ok(const k_attn_args *a) {
+    return a->n_tok >= 0 && a->n_head > 0 && a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 &&
+           a->head_dim > 0 && a->head_dim <= K_ATTN_MAX_HEAD_DIM && a->block_size > 0 &&
+           a->block_size <= K_ATTN_MAX_BLOCK && a->n_pool_blocks > 0;
+}
+
+/* Physical block of position p of sequence s, or -1 outside the table or the pool. */
+static inline int64_t block_of(const k_attn_args *a, int s, int p) {
+    int j = p / a->block_size;
+    if (p < 0 || j >= a->n_blocks[s] || j >= a->bt_stride) return -1;
+    int64_t b = a->block_tables[(int64_t)s * a->bt_stride + j];
+    return b >= 0 && b < a->n_pool_blocks ? b : -1;
+}
+
+int k_kv_write(const k_attn_args *a, const float *k, const float *v) {
+    if (!args_ok(a)) return CM_EINVAL;
+    int64_t row = (int64_t)a->n_head_kv * a->head_dim;
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        int s = a->tok_seq[t], p = a->tok_pos[t];
+        int64_t b = block_of(a, s, p);
+        if (b < 0) return CM_EINVAL;
+        int64_t off = (b * a->block_size + p % a->block_size) * row;
+        memcpy(a->k_pool + off, k + t * row, sizeof(float) * (size_t)row);
+        memcpy(a->v_pool + off, v + t * row, sizeof(float) * (size_t)row);
+    }
+    return 0;
+}
+
+typedef struct {
+    const k_attn_args *a;
+    int bad; /* set by a worker that met an uncovered position (each writes 1 only) */
+} attn_job;
+
+static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
+    const int D = a->head_dim, BS = a->block_size;
+    const int64_t row = (int64_t)a->n_head_kv * D;
+    const int kvh = h / (a->n_head / a->n_head_kv);
+    const float *q = a->q + (t * a->n_head + h) * (int64_t)D;
+    float *o = a->out + (t * a->n_head + h) * (int64_t)D;
+    const int s = a->tok_seq[t], p = a->tok_pos[t];
+    float acc[K_ATTN_MAX_HEAD_DIM], sc[K_ATTN_MAX_BLOCK];
+    float m = -INFINITY, l = 0.0f;
+    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    for (int j0 = 0; j0 <= p; j0 += BS) {
+        int64_t b = block_of(a, s, j0);
+        if (b < 0) { *bad = 1; memset(o, 0, sizeof(float) * (size_t)D); return; }
+        int nv = p + 1 - j0 < BS ? p + 1 - j0 : BS;
+        const float *kb = a->k_pool + b * BS * row + (int64_t)kvh * D;
+        const float *vb = a->v_pool + b * BS * row + (int64_t)kvh * D;
+        float mb = m;
+        for (int i = 0; i < nv; i++) {
+            const float *kr = kb + i * row;
+            float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+            int d = 0;
+            for (; d + 4 <= D; d += 4) {
+                d0 += q[d] * kr[d]; d1 += q[d + 1] * kr[d + 1];
+                d2 += q[d + 2] * kr[d + 2]; d3 += q[d + 3] * kr[d + 3];
+            }
+            for (; d < D; d++) d0 += q[d] * kr[d];
+            float x = ((d0 + d1) + (d2 + d3)) * a->scale;
+            sc[i] = x;
+            if (x > mb) mb = x;
+        }
+        if (mb > m) {
+            float r = expf(m - mb); /* m = -inf on the first block: r = 0, acc and l are 0 */
+            l *= r;
+            for (int d = 0; d < D; d++) acc[d] *= r;
+            m = mb;
+        }
+        for (int i = 0; i < nv; i++) {
+            float w = expf(sc[i] - m);
+            const float *vr = vb + i * row;
+            l += w;
+            for (int d = 0; d < D; d++) acc[d] += w * vr[d];
+        }
+    }
+    float inv = 1.0f / l;
+    for (int d = 0; d < D; d++) o[d] = acc[d] * inv;
+}
+
+static void attn_worker(void *ctx, int ith, int nth) {
+    attn_job *j = ctx;
+    const k_attn_args *a = j->a;
+    int64_t n_items = a->n_tok * a->n_head;
+    int bad = 0;
+    /* Interleaved items: later tokens of a prefill cost more, so stripes balance better. */
+    for (int64_t i = ith; i < n_items; i += nth) attn_one(a, i / a->n_head, (int)(i % a->n_head), &bad);
+    if (bad) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+}
+
+int k_attn_paged(k_pool *pool, const k_attn_args *a) {
+    if (!args_ok(a)) return CM_EINVAL;
+    attn_job j = { a, 0 };
+    if (pool) k_pool_run(pool, attn_worker, &j);
+    else attn_worker(&j, 0, 1);
+    return j.bad ? CM_EINVAL : 0;
+}

@@ -1,0 +1,53 @@
+/* attn: causal grouped-query attention over a paged KV cache, for a batch of query tokens
+ * from several sequences, and the store of new K/V rows into the cache's blocks.
+ *
+ * One layer's cache is two pools (K and V) of n_pool_blocks blocks, each block
+ * [block_size, n_head_kv, head_dim] f32. Sequence s's position p lives in block
+ * block_tables[s * bt_stride + p / block_size], row p % block_size.
+ *
+ *   k_attn_args a = { .n_tok = T, .q = q, .out = o, .tok_pos = pos, .tok_seq = seq, ... };
+ *   k_kv_write(&a, k_new, v_new);   // the step's K/V into the cache first
+ *   k_attn_paged(pool, &a);         // then every query attends to [0, its position]
+ *
+ * A query token at position p attends to its own sequence's positions [0, p]; the work is
+ * split over (token, head) pairs across the pool, each computed the same way whatever the
+ * split (online softmax over blocks in position order, f32 accumulation), so results do not
+ * depend on the thread count or on the other tokens of the batch.
+ * Called from the pool owner's thread; allocates nothing.
+ */
+#ifndef K_ATTN_H
+#define K_ATTN_H
+
+#include <stdint.h>
+
+#include "kcpu.h"
+
+#define K_ATTN_MAX_HEAD_DIM 512
+#define K_ATTN_MAX_BLOCK    1024
+
+typedef struct k_attn_args {
+    int64_t n_tok;
+    int   n_head, n_head_kv, head_dim, block_size;
+    float scale;                  /* usually 1/sqrt(head_dim) */
+    const float   *q;             /* [n_tok, n_head, head_dim] */
+    float         *out;           /* [n_tok, n_head, head_dim] */
+    const int32_t *tok_pos;       /* [n_tok] position of each query token */
+    const int32_t *tok_seq;       /* [n_tok] its sequence index */
+    const int32_t *block_tables;  /* [n_seqs, bt_stride] */
+    int            bt_stride;
+    const int32_t *n_blocks;      /* [n_seqs] valid entries per row */
+    float         *k_pool, *v_pool; /* this layer: [n_pool_blocks, block_size, n_head_kv, head_dim] */
+    int64_t        n_pool_blocks;
+} k_attn_args;
+
+/* Writes k, v [n_tok, n_head_kv, head_dim] at each token's (sequence, position).
+ * Returns 0, or CM_EINVAL (a position beyond its block table or a block outside the pool;
+ * nothing is written past either). */
+int k_kv_write(const k_attn_args *a, const float *k, const float *v);
+
+/* out = softmax(q·Kᵀ·scale, causal) · V per (token, head); query head h reads KV head
+ * h / (n_head / n_head_kv). Returns 0 or CM_EINVAL (bad shapes, a table not covering
+ * [0, pos], a block outside the pool). */
+int k_attn_paged(k_pool *pool, const k_attn_args *a);
+
+#endif
