@@ -1,0 +1,142 @@
+/* bench_engine: prefill and decode speed of a backend through the engine's step API.
+ *
+ *   bench_engine -m MODEL [--backend cpu|cuda] [--prompt 512] [--gen 128] [--batch 1]
+ *                [--bw-gbs 3000] [--threads N] [--reps 3]
+ *
+ * Prefill: one sequence of --prompt tokens in one step (median of --reps).
+ * Decode: --batch sequences, each prefilled with --prompt tokens, then --gen decode steps of
+ * one token per sequence; reports the median step time, generated tok/s, and for batch 1 the
+ * fraction of the bandwidth bound (weight bytes + KV bytes read per step over --bw-gbs).
+ * Prints one line per figure and a JSON line last. */
+#include "common/cm_config.h"
+#include "common/cm_time.h"
+#include "executor/engine.h"
+#include "executor/kv.h"
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n ? v[n / 2] : 0;
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *backend = "cpu";
+    int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3;
+    double bw = 3000;
+    cm_opt opts[] = {
+        { "model", 'm', CM_OPT_STR, &model, "model file" },
+        { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
+        { "prompt", 0, CM_OPT_INT, &prompt, "prompt tokens" },
+        { "gen", 0, CM_OPT_INT, &gen, "generated tokens per sequence" },
+        { "batch", 0, CM_OPT_INT, &batch, "sequences decoded together" },
+        { "threads", 0, CM_OPT_INT, &threads, "cpu threads (0 = all)" },
+        { "reps", 0, CM_OPT_INT, &reps, "prefill repetitions" },
+        { "bw-gbs", 0, CM_OPT_F64, &bw, "memory bandwidth in GB/s for the roofline" },
+        { 0 },
+    };
+    char err[512];
+    int npos;
+    char **pos;
+    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || !model || prompt < 1 || gen < 1 || batch < 1) {
+        fprintf(stderr, "%s\nusage: bench_engine -m MODEL [--backend cpu|cuda] [--prompt N] [--gen N] [--batch N]\n", err);
+        cm_config_usage(opts, stderr);
+        return 2;
+    }
+    double t0 = cm_time_s();
+    mdl_model *m;
+    if (mdl_load(model, &m, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    const mdl_config *c = &m->cfg;
+    ex_engine_opts o;
+    ex_engine_opts_default(&o);
+    o.backend = backend;
+    o.n_threads = threads;
+    o.n_ctx = prompt + gen + 16;
+    o.max_tokens = prompt > batch ? prompt : batch;
+    o.max_seqs = batch;
+    o.max_out = batch;
+    int64_t kv_need = (int64_t)ex_kv_block_bytes(c, 16, ex_backend_default_kv_type(backend)) * batch *
+                      ((o.n_ctx + 15) / 16 + 1);
+    o.kv_cache_mb = kv_need / 1048576 + 16;
+    ex_engine *e;
+    if (ex_engine_create(m, &o, &e, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    double t_load = cm_time_s() - t0;
+    const ex_limits *L = ex_engine_limits(e);
+    ex_kv *kv = ex_engine_kv(e);
+    ex_batch_buf bb;
+    ex_batch_buf_init(&bb, L);
+    int32_t *ids = malloc((size_t)prompt * sizeof *ids);
+    uint64_t r = 1;
+    for (int i = 0; i < prompt; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((r >> 33) % (uint64_t)c->n_vocab);
+    }
+    ex_kv_table *t = calloc((size_t)batch, sizeof *t);
+    for (int s = 0; s < batch; s++) {
+        ex_kv_table_init(&t[s], L->max_blocks);
+        if (ex_kv_table_reserve(kv, &t[s], prompt + gen)) { fprintf(stderr, "KV pool too small\n"); return 1; }
+    }
+    const float *logits;
+    /* prefill: one sequence, --reps times (the first one is a warm-up) */
+    double *pt = malloc(sizeof(double) * (size_t)(reps + 1));
+    for (int i = 0; i <= reps; i++) {
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add(&bb, ids, prompt, 0, t[0].blocks, t[0].n, 0);
+        double a = cm_time_s();
+        if (ex_engine_forward(e, &bb.b, &logits)) { fprintf(stderr, "forward failed\n"); return 1; }
+        pt[i] = cm_time_s() - a;
+    }
+    double prefill_s = median(pt + 1, reps);
+    /* prefill every other sequence (not timed) */
+    for (int s = 1; s < batch; s++) {
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add(&bb, ids, prompt, 0, t[s].blocks, t[s].n, 0);
+        ex_engine_forward(e, &bb.b, &logits);
+    }
+    double *st = malloc(sizeof(double) * (size_t)gen);
+    double dec0 = cm_time_s();
+    for (int g = 0; g < gen; g++) {
+        ex_batch_buf_clear(&bb);
+        for (int s = 0; s < batch; s++) {
+            int32_t tok = (int32_t)((g * 31 + s * 7) % c->n_vocab);
+            ex_batch_buf_add(&bb, &tok, 1, prompt + g, t[s].blocks, t[s].n, 0);
+        }
+        double a = cm_time_s();
+        if (ex_engine_forward(e, &bb.b, &logits)) { fprintf(stderr, "forward failed\n"); return 1; }
+        st[g] = cm_time_s() - a;
+    }
+    double dec_total = cm_time_s() - dec0;
+    double step = median(st, gen);
+    size_t kv_el = (size_t)ex_kv_block_bytes(c, 1, ex_backend_default_kv_type(backend)); /* bytes per position */
+    double bytes = (double)m->weight_bytes + (double)kv_el * (prompt + gen / 2) * batch;
+    double bound = bw * 1e9 / bytes; /* steps per second the bandwidth allows */
+    printf("model %s backend %s: load %.2f s, weights %.2f GiB\n", model, backend, t_load, m->weight_bytes / 1073741824.0);
+    printf("prefill %d tokens: %.1f ms, %.0f tok/s\n", prompt, prefill_s * 1e3, prompt / prefill_s);
+    printf("decode batch %d: median step %.3f ms, %.1f tok/s per sequence, %.0f generated tok/s (wall %.0f)\n", batch,
+           step * 1e3, 1 / step, batch / step, batch * gen / dec_total);
+    printf("roofline (%.0f GB/s, %.2f GB read per step): %.1f steps/s; achieved %.1f%%\n", bw, bytes / 1e9, bound,
+           100.0 / step / bound);
+    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"prompt\":%d,\"gen\":%d,\"batch\":%d,\"prefill_tok_s\":%.1f,"
+           "\"decode_step_ms\":%.4f,\"decode_tok_s\":%.1f,\"roofline_frac\":%.4f}\n",
+           model, backend, prompt, gen, batch, prompt / prefill_s, step * 1e3, batch / step, 1 / step / bound);
+    for (int s = 0; s < batch; s++) {
+        ex_kv_table_release(kv, &t[s]);
+        ex_kv_table_free(&t[s]);
+    }
+    free(t);
+    free(st);
+    free(pt);
+    free(ids);
+    ex_batch_buf_free(&bb);
+    ex_engine_destroy(e);
+    mdl_free(m);
+    return 0;
+}

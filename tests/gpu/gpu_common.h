@@ -1,0 +1,101 @@
+/* gpu_common: helpers shared by the GPU-host programs in tests/gpu/ (engine setup, greedy
+ * decoding of several sequences in one batch, argmax). Header-only, test code only. */
+#ifndef ARKA_GPU_COMMON_H
+#define ARKA_GPU_COMMON_H
+
+#include "common/cm_err.h"
+#include "executor/engine.h"
+#include "executor/kv.h"
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct g_eng {
+    ex_engine *e;
+    ex_batch_buf bb;
+} g_eng;
+
+static inline int g_open(g_eng *g, const mdl_model *m, const char *backend, int n_ctx, int max_tokens, int max_seqs,
+                         int max_out, int64_t kv_mb) {
+    ex_engine_opts o;
+    ex_engine_opts_default(&o);
+    o.backend = backend;
+    o.n_ctx = n_ctx;
+    o.max_tokens = max_tokens;
+    o.max_seqs = max_seqs;
+    o.max_out = max_out;
+    o.kv_cache_mb = kv_mb;
+    o.n_threads = 0;
+    char err[512];
+    int rc = ex_engine_create(m, &o, &g->e, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "engine %s: %s\n", backend, err);
+        return rc;
+    }
+    return ex_batch_buf_init(&g->bb, ex_engine_limits(g->e));
+}
+
+static inline void g_close(g_eng *g) {
+    ex_batch_buf_free(&g->bb);
+    ex_engine_destroy(g->e);
+}
+
+static inline int32_t g_argmax(const float *row, int n) {
+    int32_t best = 0;
+    for (int j = 1; j < n; j++)
+        if (row[j] > row[best]) best = j;
+    return best;
+}
+
+/* Greedy-decodes n_seq sequences together: one prefill step over all prompts, then n_gen - 1
+ * decode steps. out[s][0..n_gen). Returns 0 or an error. */
+static inline int g_greedy(g_eng *g, int n_seq, int32_t *const *prompts, const int *lens, int n_gen, int32_t **out) {
+    ex_kv *kv = ex_engine_kv(g->e);
+    const ex_limits *L = ex_engine_limits(g->e);
+    ex_kv_table *t = calloc((size_t)n_seq, sizeof *t);
+    int rc = 0;
+    for (int s = 0; s < n_seq && !rc; s++)
+        if ((rc = ex_kv_table_init(&t[s], L->max_blocks)) == 0) rc = ex_kv_table_reserve(kv, &t[s], lens[s] + n_gen);
+    for (int step = 0; step < n_gen && !rc; step++) {
+        ex_batch_buf_clear(&g->bb);
+        for (int s = 0; s < n_seq && !rc; s++) {
+            int r = step == 0 ? ex_batch_buf_add(&g->bb, prompts[s], lens[s], 0, t[s].blocks, t[s].n, 0)
+                              : ex_batch_buf_add(&g->bb, &out[s][step - 1], 1, lens[s] + step - 1, t[s].blocks, t[s].n, 0);
+            if (r < 0) rc = r;
+        }
+        const float *logits;
+        if (!rc) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
+        for (int s = 0; s < n_seq && !rc; s++)
+            out[s][step] = g_argmax(logits + (size_t)ex_batch_last_row(&g->bb.b, s) * L->n_vocab, L->n_vocab);
+    }
+    for (int s = 0; s < n_seq; s++) {
+        ex_kv_table_release(kv, &t[s]);
+        ex_kv_table_free(&t[s]);
+    }
+    free(t);
+    return rc;
+}
+
+/* Logits of every position of one sequence (prefilled in chunks of `chunk` tokens): [n, n_vocab]. */
+static inline int g_all_logits(g_eng *g, const int32_t *ids, int n, int chunk, float *out) {
+    ex_kv *kv = ex_engine_kv(g->e);
+    const ex_limits *L = ex_engine_limits(g->e);
+    ex_kv_table t;
+    int rc = ex_kv_table_init(&t, L->max_blocks);
+    if (!rc) rc = ex_kv_table_reserve(kv, &t, n);
+    for (int p = 0; p < n && !rc; p += chunk) {
+        int k = n - p < chunk ? n - p : chunk;
+        ex_batch_buf_clear(&g->bb);
+        const float *logits;
+        rc = ex_batch_buf_add(&g->bb, ids + p, k, p, t.blocks, t.n, 1);
+        if (rc >= 0) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
+        if (!rc) memcpy(out + (size_t)p * L->n_vocab, logits, (size_t)k * L->n_vocab * sizeof(float));
+    }
+    ex_kv_table_release(kv, &t);
+    ex_kv_table_free(&t);
+    return rc;
+}
+
+#endif
