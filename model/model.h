@@ -98,6 +98,14 @@ const char *mdl_arch_name(int arch);
 /* Parses "llama" | "mistral" | "qwen2"; -1 when unknown. */
 int mdl_arch_from_name(const char *name);
 
+/* llama.cpp's converter permutation of HF q_proj/k_proj rows (half-split RoPE layout) into
+ * GGUF's adjacent-pair layout: src and dst are [n_head * head_dim rows][n_embd] row-major
+ * (F32, distinct buffers); per head, dst row 2*i + t = src row t*head_dim/2 + i. Use
+ * n_head = n_head_kv for k_proj, n_embd = 1 for a bias. Returns 0 or CM_EINVAL (odd head_dim,
+ * non-positive sizes, src == dst). For tests comparing the two layouts; the engine never
+ * permutes (see cfg.rope_layout). */
+int mdl_permute_qk_hf_to_gguf(const float *src, float *dst, int n_head, int head_dim, int n_embd);
+
 /* Shared by the GGUF and safetensors paths: checks cfg and the tensors' shapes; writes an error. */
 int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen);
 
