@@ -197,6 +197,27 @@ static int str_eq(gguf_str s, const char *c) {
     return s.len == n && memcmp(s.ptr, c, n) == 0;
 }
 
+static int cmp_strp(const void *a, const void *b) {
+    const gguf_str *x = *(const gguf_str *const *)a, *y = *(const gguf_str *const *)b;
+    int c = memcmp(x->ptr, y->ptr, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Finds a name that occurs twice among n strings at base + i*stride (sorting pointers, so a
+ * hostile file with many entries costs n log n, not n^2). Sets *dup to it or NULL. */
+static int find_dup(const void *base, size_t stride, int64_t n, const gguf_str **dup) {
+    *dup = NULL;
+    if (n < 2) return 0;
+    const gguf_str **p = malloc((size_t)n * sizeof *p);
+    if (!p) return CM_ENOMEM;
+    for (int64_t i = 0; i < n; i++) p[i] = (const gguf_str *)((const uint8_t *)base + (size_t)i * stride);
+    qsort(p, (size_t)n, sizeof *p, cmp_strp);
+    for (int64_t i = 1; i < n && !*dup; i++)
+        if (!cmp_strp(&p[i - 1], &p[i])) *dup = p[i];
+    free(p);
+    return 0;
+}
+
 static int parse(gguf_ctx *g, char *err, size_t errlen) {
     rd r = { .g = g, .pos = 0, .err = err, .errlen = errlen };
     uint32_t magic;
@@ -245,6 +266,10 @@ static int parse(gguf_ctx *g, char *err, size_t errlen) {
         }
     }
 
+    const gguf_str *dup;
+    if (find_dup(&g->kv[0].key, sizeof *g->kv, g->n_kv, &dup)) return fail(&r, CM_ENOMEM, "out of memory");
+    if (dup) return fail(&r, CM_EFORMAT, "duplicate metadata key '%.*s'", (int)(dup->len < 120 ? dup->len : 120), dup->ptr);
+
     for (uint64_t i = 0; i < n_tensors; i++) {
         gguf_tensor *t = &g->tensors[i];
         uint32_t type;
@@ -290,10 +315,9 @@ static int parse(gguf_ctx *g, char *err, size_t errlen) {
             return fail(&r, CM_EFORMAT, "truncated file: tensor '%.*s' (%llu bytes at data offset %llu) runs past the end of the file",
                         (int)t->name.len, t->name.ptr, (unsigned long long)t->nbytes, (unsigned long long)t->offset);
         t->data = g->base + g->data_offset + t->offset;
-        for (int64_t j = 0; j < i; j++)
-            if (t->name.len == g->tensors[j].name.len && memcmp(t->name.ptr, g->tensors[j].name.ptr, t->name.len) == 0)
-                return fail(&r, CM_EFORMAT, "duplicate tensor name '%.*s'", (int)t->name.len, t->name.ptr);
     }
+    if (find_dup(&g->tensors[0].name, sizeof *g->tensors, g->n_tensors, &dup)) return fail(&r, CM_ENOMEM, "out of memory");
+    if (dup) return fail(&r, CM_EFORMAT, "duplicate tensor name '%.*s'", (int)(dup->len < 120 ? dup->len : 120), dup->ptr);
     return 0;
 }
 
