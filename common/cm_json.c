@@ -3,7 +3,9 @@
 #include "cm_err.h"
 
 #include <errno.h>
+#include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,16 @@
 #define MAX_NODES (1u << 20)
 #define MAX_NUMBER_LEN 512
 #define ARENA_BLOCK (64 * 1024)
+
+/* Numbers are read in the "C" locale whatever LC_NUMERIC the process has set. */
+static locale_t c_locale;
+static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
+static void c_locale_init(void) { c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
+
+static double to_double(const char *s) {
+    pthread_once(&c_locale_once, c_locale_init);
+    return c_locale ? strtod_l(s, NULL, c_locale) : strtod(s, NULL);
+}
 
 typedef struct arena_block { struct arena_block *next; size_t used, cap; } arena_block;
 
@@ -211,8 +223,7 @@ static int parse_number(parser *p, cm_json *node) {
     char buf[MAX_NUMBER_LEN + 1];
     memcpy(buf, s + start, n);
     buf[n] = 0;
-    errno = 0;
-    double d = strtod(buf, NULL);
+    double d = to_double(buf);
     if (!isfinite(d)) return fail(p, CM_EFORMAT, "number out of range");
     node->num = d;
     if (integral) {

@@ -3,6 +3,7 @@
 #include "common/cm_json.h"
 #include "t.h"
 
+#include <locale.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,5 +165,35 @@ int main(void) {
         free(cp);
     }
     T_EQ_INT(bad_prefix, 0);
+
+    /* Random byte mutations never crash or read past len (ASan build): the result is either a
+     * document or CM_EFORMAT with a message. */
+    uint32_t rng = 12345;
+    int odd = 0;
+    char *mut = malloc(n);
+    for (int iter = 0; iter < 20000; iter++) {
+        memcpy(mut, cfg, n);
+        for (int k = 0; k < 1 + iter % 4; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            size_t at = (rng >> 8) % n;
+            rng = rng * 1664525u + 1013904223u;
+            static const char pool[] = "{}[]\",:\"\\u0aZ-+.eE \x80\xff\x01";
+            mut[at] = (rng >> 24) % 3 ? pool[(rng >> 8) % (sizeof pool - 1)] : (char)(rng >> 16);
+        }
+        err[0] = 0;
+        int rc = cm_json_parse(mut, n, &d, err, sizeof err);
+        if (rc == 0) cm_json_free(d);
+        else odd += rc != CM_EFORMAT || !err[0];
+    }
+    free(mut);
+    T_EQ_INT(odd, 0);
+
+    /* A decimal point is a point whatever the locale (if a comma locale is installed). */
+    if (setlocale(LC_NUMERIC, "de_DE.UTF-8") || setlocale(LC_NUMERIC, "fr_FR.UTF-8")) {
+        T_EQ_INT(cm_json_parse("2.5", 3, &d, err, sizeof err), 0);
+        T_CHECK(cm_json_root(d)->num == 2.5);
+        cm_json_free(d);
+        setlocale(LC_NUMERIC, "C");
+    }
     return t_done();
 }

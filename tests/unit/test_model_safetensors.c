@@ -713,6 +713,35 @@ int main(void) {
     EXPECT_FAIL(dir, dir, "appears twice");
     free_tensors();
 
+    /* Every truncation of config.json and of the index fails cleanly. */
+    s = base_spec();
+    s.shards = 2;
+    snprintf(dir, sizeof dir, "%s/jsontrunc", root);
+    make_model(dir, &s);
+    free_tensors();
+    static const char *const jsons[] = { "config.json", "model.safetensors.index.json" };
+    for (int j = 0; j < 2; j++) {
+        snprintf(p, sizeof p, "%s/%s", dir, jsons[j]);
+        FILE *jf = fopen(p, "rb");
+        char jbuf[8192];
+        size_t jn = fread(jbuf, 1, sizeof jbuf, jf);
+        fclose(jf);
+        int jbad = 0;
+        for (size_t k = 0; k + 1 < jn; k++) { /* the last byte is a newline or '}' */
+            write_file(p, jbuf, k);
+            m = (mdl_model *)1;
+            int rc = load(dir, &m, err, sizeof err);
+            if (rc == 0 || m || strncmp(err, p, strlen(p)) || strchr(err, '\n')) {
+                if (jbad++ < 3) fprintf(stderr, "%s cut at %zu: rc %d '%s'\n", jsons[j], k, rc, err);
+                if (!rc) mdl_free(m);
+            }
+        }
+        T_EQ_INT(jbad, 0);
+        write_file(p, jbuf, jn);
+        T_EQ_INT(load(dir, &m, err, sizeof err), 0);
+        mdl_free(m);
+    }
+
     /* 10. A path that does not exist. */
     snprintf(p, sizeof p, "%s/nope", root);
     EXPECT_FAIL(p, p, "no such file");
