@@ -10,11 +10,13 @@ Query parameters change the behaviour of one request, for fault injection:
   norange=1    ignore the Range header (answer 200 with the whole file)
   cut=N        announce the full length but close the connection after N body bytes
   redirect=1   answer 302 to the same path without this parameter
+  slow=MS      sleep MS milliseconds before each 64 KiB chunk
 """
 import argparse
 import os
 import re
 import sys
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -93,7 +95,10 @@ class Handler(BaseHTTPRequestHandler):
             limit = int(q["cut"][0]) if "cut" in q else length
             with open(path, "rb") as f:
                 f.seek(start)
+                delay = int(q["slow"][0]) / 1000.0 if "slow" in q else 0
                 while sent < min(length, limit):
+                    if delay:
+                        time.sleep(delay)
                     chunk = f.read(min(65536, min(length, limit) - sent))
                     if not chunk:
                         break

@@ -124,7 +124,24 @@ check '[ $rc = 2 ]' "URL without a file name: rc $rc"
 pull "$URL" --bogus >/dev/null 2>&1; rc=$?
 check '[ $rc = 2 ]' "unknown flag: rc $rc"
 
-# 12. Default directory from ARKA_CACHE_DIR; --progress draws a progress line.
+# 12. The name comes from the percent-decoded last path segment, without the query; a
+# segment that decodes to a path is refused.
+out=$(pull "http://127.0.0.1:$PORT/stories260K%2Egguf?x=1#frag" -o "$tmp/l" --sha256 "$SHA" 2>"$tmp/err"); rc=$?
+check '[ $rc = 0 ] && [ "$out" = "$tmp/l/stories260K.gguf" ]' "percent-encoded name: rc $rc out '$out' $(cat "$tmp/err")"
+pull "http://127.0.0.1:$PORT/x%2F..%2Fstories260K.gguf" -o "$tmp/l" >/dev/null 2>&1; rc=$?
+check '[ $rc = 2 ]' "encoded slash: rc $rc"
+
+# 13. Two pulls of the same file at once: the second is refused while the first holds the
+# .part, and the first still completes correctly.
+pull "$URL?slow=50" -o "$tmp/m" --sha256 "$SHA" >/dev/null 2>"$tmp/err1" &
+first=$!
+for _ in $(seq 100); do [ -s "$tmp/m/stories260K.gguf.part" ] && break; sleep 0.02; done
+pull "$URL" -o "$tmp/m" >/dev/null 2>"$tmp/err"; rc=$?
+check '[ $rc = 1 ] && grep -q "another download" "$tmp/err"' "concurrent pull: rc $rc $(cat "$tmp/err")"
+wait $first; rc=$?
+check '[ $rc = 0 ] && [ "$(sha_of "$tmp/m/stories260K.gguf")" = $SHA ]' "first of two pulls: rc $rc $(cat "$tmp/err1")"
+
+# 14. Default directory from ARKA_CACHE_DIR; --progress draws a progress line.
 out=$(ARKA_CACHE_DIR="$tmp/cache" "$ARKA_BIN" pull "$URL" --progress 2>"$tmp/err"); rc=$?
 check '[ $rc = 0 ] && [ "$out" = "$tmp/cache/models/stories260K.gguf" ] && [ -s "$out" ]' "default dir: rc $rc out '$out'"
 check 'grep -q "MB/s" "$tmp/err" && grep -q "100%" "$tmp/err"' "no progress line: $(cat "$tmp/err")"

@@ -78,6 +78,20 @@ static void add_tensor(const char *name, const char *dt, int n_dims, int64_t d0,
     n_tensors++;
 }
 
+/* A tensor with given bytes (F32), HF shape [d0, d1] (d1 = 0: 1-D). */
+static void add_raw(const char *name, const void *bytes, int64_t d0, int64_t d1) {
+    tt *t = &tensors[n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->dtype, sizeof t->dtype, "F32");
+    t->n_dims = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->nbytes = (size_t)(d0 * (d1 ? d1 : 1)) * 4;
+    t->bytes = malloc(t->nbytes);
+    memcpy(t->bytes, bytes, t->nbytes);
+}
+
 static void free_tensors(void) {
     for (int i = 0; i < n_tensors; i++) free(tensors[i].bytes);
     n_tensors = 0;
@@ -412,6 +426,107 @@ static void test_permute(void) {
         }
     }
     T_CHECKF(maxdiff < 1e-5, "rope layouts differ by %g", maxdiff);
+}
+
+/* stories260K.gguf written back as an HF checkpoint (q/k rows un-permuted to the half-split
+ * layout) must describe the same network: same hyper-parameters and shapes, identical bytes,
+ * and mdl_permute_qk_hf_to_gguf() of the loaded q/k equal to the GGUF's rows. */
+static void test_gguf_roundtrip(void) {
+    mdl_model *g, *m;
+    char err[512], dir[256], nm[96];
+    if (mdl_load(T_MODELS "stories260K.gguf", &g, err, sizeof err)) {
+        T_CHECKF(0, "%s", err);
+        return;
+    }
+    const mdl_config *gc = &g->cfg;
+    T_EQ_INT(gc->rope_layout, MDL_ROPE_ADJACENT);
+    T_EQ_INT(g->tok_embd.type, DT_F32);
+    free_tensors();
+    snprintf(dir, sizeof dir, "%s/stories260K-hf", root);
+    mkdir(dir, 0700);
+    char cfg[1024], p[320];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\":\"llama\",\"hidden_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
+             "\"num_key_value_heads\":%d,\"intermediate_size\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
+             "\"rms_norm_eps\":%.9g,\"rope_theta\":%.9g,\"tie_word_embeddings\":%s}",
+             gc->n_embd, gc->n_layer, gc->n_head, gc->n_head_kv, gc->n_ff, gc->n_vocab, gc->n_ctx_train, gc->norm_eps,
+             gc->rope_base, gc->tied_output ? "true" : "false");
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    write_file(p, cfg, strlen(cfg));
+#define RAW(name, t) add_raw(name, (t).data, (t).ne[1] > 1 ? (t).ne[1] : (t).ne[0], (t).ne[1] > 1 ? (t).ne[0] : 0)
+    RAW("model.embed_tokens.weight", g->tok_embd);
+    RAW("model.norm.weight", g->out_norm);
+    if (!gc->tied_output) RAW("lm_head.weight", g->output);
+    int hd = gc->head_dim, E = gc->n_embd;
+    for (int l = 0; l < gc->n_layer; l++) {
+        const mdl_layer *ly = &g->layers[l];
+        const struct { const char *suffix; const mdl_tensor *t; int heads; } map[] = {
+            { "input_layernorm.weight", &ly->attn_norm, 0 }, { "self_attn.q_proj.weight", &ly->wq, gc->n_head },
+            { "self_attn.k_proj.weight", &ly->wk, gc->n_head_kv }, { "self_attn.v_proj.weight", &ly->wv, 0 },
+            { "self_attn.o_proj.weight", &ly->wo, 0 }, { "post_attention_layernorm.weight", &ly->ffn_norm, 0 },
+            { "mlp.gate_proj.weight", &ly->w_gate, 0 }, { "mlp.up_proj.weight", &ly->w_up, 0 },
+            { "mlp.down_proj.weight", &ly->w_down, 0 },
+        };
+        for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", l, map[i].suffix);
+            RAW(nm, *map[i].t);
+            if (!map[i].heads) continue;
+            /* Undo the converter's permutation: HF row h*hd + t*hd/2 + i = GGUF row h*hd + 2i + t. */
+            const float *src = map[i].t->data;
+            float *dst = (float *)tensors[n_tensors - 1].bytes;
+            for (int h = 0; h < map[i].heads; h++)
+                for (int k = 0; k < hd / 2; k++)
+                    for (int t = 0; t < 2; t++)
+                        memcpy(dst + ((size_t)h * hd + t * hd / 2 + k) * E, src + ((size_t)h * hd + 2 * k + t) * E,
+                               (size_t)E * 4);
+        }
+    }
+#undef RAW
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_shard(p, 0);
+    int rc = mdl_load(dir, &m, err, sizeof err);
+    T_CHECKF(rc == 0, "%s", err);
+    if (!rc) {
+        const mdl_config *c = &m->cfg;
+        T_EQ_INT(c->n_embd, gc->n_embd);
+        T_EQ_INT(c->n_layer, gc->n_layer);
+        T_EQ_INT(c->n_head, gc->n_head);
+        T_EQ_INT(c->n_head_kv, gc->n_head_kv);
+        T_EQ_INT(c->head_dim, gc->head_dim);
+        T_EQ_INT(c->rope_dim, gc->rope_dim);
+        T_EQ_INT(c->n_ff, gc->n_ff);
+        T_EQ_INT(c->n_vocab, gc->n_vocab);
+        T_EQ_INT(c->n_ctx_train, gc->n_ctx_train);
+        T_CHECK(c->norm_eps == gc->norm_eps && c->rope_base == gc->rope_base);
+        T_EQ_INT(c->tied_output, gc->tied_output);
+        T_EQ_INT(c->rope_layout, MDL_ROPE_HALF);
+        T_EQ_INT(m->weight_bytes, g->weight_bytes);
+        int diff = 0;
+        const mdl_tensor *pairs[][2] = { { &m->tok_embd, &g->tok_embd }, { &m->out_norm, &g->out_norm }, { &m->output, &g->output } };
+        for (size_t i = 0; i < 3; i++)
+            diff += memcmp(pairs[i][0]->ne, pairs[i][1]->ne, sizeof pairs[i][0]->ne) ||
+                    memcmp(pairs[i][0]->data, pairs[i][1]->data, pairs[i][1]->nbytes);
+        float *perm = malloc(g->layers[0].wq.nbytes);
+        for (int l = 0; l < c->n_layer; l++) {
+            const mdl_layer *a = &m->layers[l], *b = &g->layers[l];
+            const mdl_tensor *same[][2] = { { &a->attn_norm, &b->attn_norm }, { &a->wv, &b->wv }, { &a->wo, &b->wo },
+                                            { &a->ffn_norm, &b->ffn_norm }, { &a->w_gate, &b->w_gate },
+                                            { &a->w_up, &b->w_up }, { &a->w_down, &b->w_down } };
+            for (size_t i = 0; i < sizeof same / sizeof *same; i++)
+                diff += memcmp(same[i][0]->ne, same[i][1]->ne, sizeof same[i][0]->ne) ||
+                        memcmp(same[i][0]->data, same[i][1]->data, same[i][1]->nbytes);
+            T_EQ_INT(mdl_permute_qk_hf_to_gguf(a->wq.data, perm, c->n_head, hd, E), 0);
+            diff += memcmp(a->wq.ne, b->wq.ne, sizeof a->wq.ne) || memcmp(perm, b->wq.data, b->wq.nbytes);
+            diff += memcmp(a->wq.data, b->wq.data, b->wq.nbytes) == 0; /* the stored rows do differ */
+            T_EQ_INT(mdl_permute_qk_hf_to_gguf(a->wk.data, perm, c->n_head_kv, hd, E), 0);
+            diff += memcmp(a->wk.ne, b->wk.ne, sizeof a->wk.ne) || memcmp(perm, b->wk.data, b->wk.nbytes);
+        }
+        free(perm);
+        T_EQ_INT(diff, 0);
+        mdl_free(m);
+    }
+    free_tensors();
+    mdl_free(g);
 }
 
 /* ---- main ---------------------------------------------------------------------------------- */
@@ -749,6 +864,7 @@ int main(void) {
     EXPECT_FAIL(p, p, "no such file");
 
     test_permute();
+    test_gguf_roundtrip();
 
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     return t_done();
