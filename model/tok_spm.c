@@ -1,0 +1,130 @@
+/* tok_spm: SentencePiece-style BPE driven by token scores, as llama.cpp's llm_tokenizer_spm:
+ * spaces become '▁', a '▁' is prepended to raw fragments (add_space_prefix), the text is split
+ * into UTF-8 characters, and the adjacent pair whose concatenation is the highest-scoring token
+ * is merged first (ties: leftmost), until no pair is a token. Symbols that are not tokens are
+ * emitted as byte-fallback tokens <0xNN>.
+ *
+ * Cost: O(n log n) per chunk with a binary heap of candidate bigrams (stale entries are
+ * skipped when popped). Long texts are cut between two characters that never occur next to
+ * each other inside any token (tok_vocab.joins): no merge can cross such a cut, so chunks are
+ * independent and the result is the same as for the whole text. */
+#include "tok_internal.h"
+#include "../common/cm_err.h"
+
+#define SPM_CHUNK 1024 /* bytes before we look for a cut */
+
+static inline uint32_t score_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* monotonic in f */
+}
+
+static int try_bigram(const tok_vocab *v, tok__scratch *s, const char *buf, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return 0;
+    uint32_t len = s->sym[l].len + s->sym[r].len;
+    if ((int)len > v->max_len) return 0;
+    int32_t id = tok__map_get(&v->text_map, &v->text, buf + s->sym[l].start, len);
+    if (id < 0 || id >= v->n) return 0;
+    /* highest score first, then leftmost: a min-heap on (~score, left) */
+    uint64_t key = ((uint64_t)(uint32_t)~score_key(v->score[id]) << 32) | (uint32_t)l;
+    return tok__heap_push(s, key, len, id);
+}
+
+static void emit_byte(const tok_vocab *v, uint8_t b, tok__out *o) {
+    if (v->byte_tok[b] >= 0) { tok__emit(o, v->byte_tok[b]); return; }
+    char c = (char)b;
+    int32_t id = tok__map_get(&v->text_map, &v->text, &c, 1);
+    if (id >= 0 && id < v->n) tok__emit(o, id);
+    else if (v->unk >= 0) tok__emit(o, v->unk);
+}
+
+static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_t a, size_t b, tok__out *o) {
+    int rc = tok__sym_reserve(s, b - a);
+    if (rc) return rc;
+    int32_t n = 0;
+    for (size_t p = a; p < b;) {
+        uint32_t l = (uint32_t)tok__utf8_len((uint8_t)buf[p]);
+        if (p + l > b) l = (uint32_t)(b - p);
+        tok__sym *y = &s->sym[n];
+        y->start = (uint32_t)p;
+        y->len = l;
+        y->prev = n - 1;
+        y->next = n + 1;
+        y->id = tok__map_get(&v->text_map, &v->text, buf + p, l);
+        p += l;
+        n++;
+    }
+    if (!n) return 0;
+    s->sym[n - 1].next = -1;
+    s->heap_n = 0;
+    for (int32_t i = 1; i < n; i++)
+        if ((rc = try_bigram(v, s, buf, i - 1, i))) return rc;
+    while (s->heap_n) {
+        tok__heap_ent top;
+        tok__heap_pop(s, &top);
+        int32_t li = (int32_t)(uint32_t)top.key;
+        tok__sym *L = &s->sym[li];
+        if (!L->len || L->next < 0) continue;
+        tok__sym *R = &s->sym[L->next];
+        if (L->len + R->len != top.size) continue; /* one side changed since this entry was queued */
+        L->len += R->len;
+        R->len = 0;
+        L->next = R->next;
+        if (R->next >= 0) s->sym[R->next].prev = li;
+        L->id = top.id;
+        if ((rc = try_bigram(v, s, buf, L->prev, li)) || (rc = try_bigram(v, s, buf, li, L->next))) return rc;
+    }
+    for (int32_t i = 0; i >= 0; i = s->sym[i].next) {
+        const tok__sym *y = &s->sym[i];
+        if (y->id >= 0 && y->id < v->n) {
+            tok__emit(o, y->id);
+        } else {
+            for (uint32_t k = 0; k < y->len; k++) emit_byte(v, (uint8_t)buf[y->start + k], o);
+        }
+    }
+    return 0;
+}
+
+/* Where to end the chunk that starts at a: the first uncrossable boundary at or after
+ * a + SPM_CHUNK, else b. */
+static size_t spm_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b) {
+    if (b - a <= SPM_CHUNK) return b;
+    size_t p = a + SPM_CHUNK;
+    while (p < b && (buf[p] & 0xC0) == 0x80) p++;
+    if (p >= b) return b;
+    size_t q = p - 1;
+    while (q > a && (buf[q] & 0xC0) == 0x80) q--;
+    int l;
+    uint32_t c1 = tok__utf8_dec(buf + q, b - q, &l);
+    while (p < b) {
+        uint32_t c2 = tok__utf8_dec(buf + p, b - p, &l);
+        if (!tok__pairset_has(&v->joins, c1, c2)) return p;
+        c1 = c2;
+        p += (size_t)l;
+    }
+    return b;
+}
+
+int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o) {
+    int prefix = v->prefix == TOK__PREFIX_EACH || (v->prefix == TOK__PREFIX_FIRST && first);
+    size_t spaces = 0;
+    if (v->escape_spaces)
+        for (size_t i = 0; i < len; i++) spaces += text[i] == ' ';
+    size_t n = len + 2 * spaces + (prefix ? 3 : 0);
+    if (n > UINT32_MAX - 8) return CM_ETOOBIG;
+    int rc = tok__buf_reserve(s, n);
+    if (rc) return rc;
+    char *buf = s->buf;
+    size_t w = 0;
+    if (prefix) { memcpy(buf, "\xe2\x96\x81", 3); w = 3; }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ' && v->escape_spaces) { memcpy(buf + w, "\xe2\x96\x81", 3); w += 3; }
+        else buf[w++] = text[i];
+    }
+    for (size_t a = 0; a < w;) {
+        size_t b = spm_cut(v, (const uint8_t *)buf, a, w);
+        if ((rc = spm_chunk(v, s, buf, a, b, o))) return rc;
+        a = b;
+    }
+    return 0;
+}
