@@ -106,8 +106,9 @@ static int read_small(const char *path, size_t cap, char **out, size_t *len, cha
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return errno == ENOENT ? CM_ENOENT : CM_EIO;
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return e == ENOENT ? CM_ENOENT : CM_EIO;
     }
     struct stat sb;
     if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
@@ -286,8 +287,9 @@ static int open_shard(st_state *st, const char *path, char *err, size_t errlen) 
     st->n_shards++; /* from here on mdl__st_free releases it */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return errno == ENOENT ? CM_ENOENT : CM_EIO;
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return e == ENOENT ? CM_ENOENT : CM_EIO;
     }
     struct stat sb;
     if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
