@@ -486,6 +486,7 @@ int64_t gguf_arr_i64(const gguf_value *arr, uint64_t i) {
     gguf_value v;
     size_t es = gguf_vtype_size(arr->v.arr.elem_type);
     scalar_at(arr->v.arr.elem_type, (const uint8_t *)arr->v.arr.raw + i * es, &v);
-    if (v.type == GGUF_FLOAT32 || v.type == GGUF_FLOAT64) return (int64_t)v.v.f;
+    if (v.type == GGUF_FLOAT32 || v.type == GGUF_FLOAT64) /* truncated; NaN and out-of-range give 0 */
+        return v.v.f > -9.2e18 && v.v.f < 9.2e18 ? (int64_t)v.v.f : 0;
     return is_sint(v.type) ? v.v.i : (int64_t)v.v.u;
 }
