@@ -121,6 +121,11 @@ typedef struct xfer {
     uint64_t      range_start;
     int64_t       range_total; /* -1 unknown */
     int64_t       content_length;
+    char          etag[256];   /* strong ETag of the response, "" if none or weak */
+    char          last_mod[64];/* Last-Modified of the response */
+    /* The validator the .part was downloaded under (NAME.part.etag), sent as If-Range. */
+    const char   *vpath;
+    char          validator[256];
     /* Decisions and failures inside callbacks. */
     int           started;     /* the final response's body began */
     int           restarted;
@@ -149,6 +154,16 @@ static size_t on_header(char *buf, size_t size, size_t n, void *ud) {
         x->have_range = 0;
         x->range_total = -1;
         x->content_length = -1;
+        x->etag[0] = x->last_mod[0] = 0;
+    } else if (!strncasecmp(line, "etag:", 5)) {
+        const char *v = line + 5;
+        while (*v == ' ' || *v == '\t') v++;
+        /* Only strong validators may be used with If-Range. */
+        if (*v == '"' && strlen(v) < sizeof x->etag) snprintf(x->etag, sizeof x->etag, "%s", v);
+    } else if (!strncasecmp(line, "last-modified:", 14)) {
+        const char *v = line + 14;
+        while (*v == ' ' || *v == '\t') v++;
+        if (strlen(v) < sizeof x->last_mod) snprintf(x->last_mod, sizeof x->last_mod, "%s", v);
     } else if (!strncasecmp(line, "content-range:", 14)) {
         const char *v = line + 14;
         while (*v == ' ' || *v == '\t') v++;
@@ -186,6 +201,35 @@ static void show_progress(xfer *x, int last) {
     x->printed = 1;
 }
 
+/* Remembers what identifies the version of the file being written to the .part (strong ETag,
+ * else Last-Modified), so that a resume can ask for the rest of that version only. */
+static void save_validator(xfer *x) {
+    const char *v = x->etag[0] ? x->etag : x->last_mod;
+    unlink(x->vpath);
+    if (!*v) return;
+    int fd = open(x->vpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return; /* without it a later resume just sends no If-Range */
+    size_t n = strlen(v);
+    if (write(fd, v, n) != (ssize_t)n) {
+        close(fd);
+        unlink(x->vpath);
+        return;
+    }
+    close(fd);
+}
+
+static void load_validator(xfer *x) {
+    x->validator[0] = 0;
+    int fd = open(x->vpath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, x->validator, sizeof x->validator - 1);
+    close(fd);
+    x->validator[n > 0 ? n : 0] = 0;
+    /* One header value: no line breaks or other control characters. */
+    for (ssize_t i = 0; i < n; i++)
+        if ((unsigned char)x->validator[i] < 0x20) x->validator[0] = 0;
+}
+
 static size_t on_body(char *buf, size_t size, size_t n, void *ud) {
     xfer *x = ud;
     size_t len = size * n;
@@ -197,15 +241,18 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud) {
                 x->bad_range = 1;
                 return 0;
             }
-        } else if (x->offset) {
-            /* The server ignored Range and sends the whole file: start over. */
-            if (ftruncate(x->fd, 0)) {
-                x->write_errno = errno;
-                return 0;
+        } else {
+            if (x->offset) {
+                /* The server ignored Range, or the file changed (If-Range): start over. */
+                if (ftruncate(x->fd, 0)) {
+                    x->write_errno = errno;
+                    return 0;
+                }
+                x->offset = 0;
+                x->restarted = 1;
+                cm_sha256_init(&x->sha);
             }
-            x->offset = 0;
-            x->restarted = 1;
-            cm_sha256_init(&x->sha);
+            save_validator(x);
         }
     }
     for (size_t done = 0; done < len;) {
@@ -248,7 +295,17 @@ static CURLcode fetch(const mdl_pull_opts *o, xfer *x, char *cerr) {
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, o->stall_timeout_s > 0 ? o->stall_timeout_s : 60L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     /* CURLOPT_RANGE rather than RESUME_FROM: libcurl then leaves a 200 answer to us. */
-    if (x->offset) curl_easy_setopt(c, CURLOPT_RANGE, range);
+    struct curl_slist *hdrs = NULL;
+    char ifrange[300];
+    if (x->offset) {
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+        load_validator(x);
+        if (x->validator[0]) {
+            snprintf(ifrange, sizeof ifrange, "If-Range: %s", x->validator);
+            hdrs = curl_slist_append(NULL, ifrange);
+            curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+        }
+    }
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -257,6 +314,7 @@ static CURLcode fetch(const mdl_pull_opts *o, xfer *x, char *cerr) {
     x->os_errno = 0;
     if (rc != CURLE_OK) curl_easy_getinfo(c, CURLINFO_OS_ERRNO, &x->os_errno);
     curl_easy_cleanup(c);
+    curl_slist_free_all(hdrs);
     return rc;
 }
 
@@ -340,7 +398,7 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
         snprintf(err, errlen, "%s: not a SHA-256 digest (64 hex digits)", o->sha256);
         return CM_EINVAL;
     }
-    char name[256], part[4096 + 8];
+    char name[256], part[4096 + 8], vpath[4096 + 16];
     if (mdl_pull_name_from_url(o->url, name, sizeof name)) {
         snprintf(err, errlen, "%s: the URL does not end in a file name", o->url);
         return CM_EINVAL;
@@ -352,6 +410,7 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
         return CM_EINVAL;
     }
     snprintf(part, sizeof part, "%s.part", res->path);
+    snprintf(vpath, sizeof vpath, "%s.part.etag", res->path);
 
     /* Already there: done, if it has the asked-for digest. */
     struct stat sb;
@@ -389,6 +448,7 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
     xfer x;
     memset(&x, 0, sizeof x);
     x.part = part;
+    x.vpath = vpath;
     x.progress = o->progress;
     x.t0 = x.last = cm_time_s();
     cm_sha256_init(&x.sha);
@@ -416,7 +476,10 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
     }
     if (rc) {
         /* Keep a partial download for resuming, but leave no empty .part behind. */
-        if (x.offset + x.written == 0) unlink(part);
+        if (x.offset + x.written == 0) {
+            unlink(part);
+            unlink(vpath);
+        }
         close(x.fd);
         return rc;
     }
@@ -426,6 +489,7 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
     cm_sha256_hex(got, res->sha256);
     if (o->sha256 && memcmp(got, want, sizeof got)) {
         unlink(part);
+        unlink(vpath);
         close(x.fd);
         snprintf(err, errlen, "%s: checksum mismatch: expected sha256 %s, got %s (download removed)", o->url, o->sha256,
                  res->sha256);
@@ -437,6 +501,7 @@ int mdl_pull(const mdl_pull_opts *o, mdl_pull_result *res, char *err, size_t err
         close(x.fd);
         return CM_EIO;
     }
+    unlink(vpath);
     close(x.fd);
     int dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {

@@ -4,7 +4,10 @@
  * which a later call resumes with a Range request: a 206 answer is appended (its
  * Content-Range must start where the .part ends), a 200 answer means the server ignored the
  * Range and the .part is restarted from zero, a 416 whose total equals the .part's size means
- * the .part is already complete. Only a complete file whose SHA-256 matches (when one is
+ * the .part is already complete. The version the .part holds is remembered in
+ * DIR/NAME.part.etag (the response's strong ETag, else its Last-Modified) and sent as If-Range
+ * when resuming, so a file changed on the server is downloaded afresh (200) instead of being
+ * spliced onto the old prefix. Only a complete file whose SHA-256 matches (when one is
  * given) is renamed to DIR/NAME; on a mismatch the .part is removed. An interrupted transfer
  * or a write error keeps the .part for the next call. The .part is flock()ed while written,
  * so two pulls of the same file refuse each other instead of interleaving.

@@ -5,7 +5,9 @@
 
 Binds 127.0.0.1 on a free port and writes the port to --port-file once listening. Serves GET and
 HEAD for files directly under --root. Each request is appended to --log as one line:
-  METHOD PATH range=<Range header or -> status=<code> sent=<body bytes>
+  METHOD PATH range=<Range header or -> status=<code> sent=<body bytes> ifrange=<If-Range or ->
+Every file gets a strong ETag from its size and mtime; a Range request whose If-Range does not
+match it is answered with the whole file (200), as RFC 9110 says.
 Query parameters change the behaviour of one request, for fault injection:
   norange=1    ignore the Range header (answer 200 with the whole file)
   cut=N        announce the full length but close the connection after N body bytes
@@ -29,7 +31,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def record(self, status, sent):
         with open(self.server.log_path, "a") as f:
-            f.write("%s %s range=%s status=%d sent=%d\n" % (self.command, self.path, self.headers.get("Range", "-"), status, sent))
+            f.write("%s %s range=%s status=%d sent=%d ifrange=%s\n" % (self.command, self.path, self.headers.get("Range", "-"),
+                                                                      status, sent, self.headers.get("If-Range", "-")))
 
     def do_HEAD(self):
         self.serve(head=True)
@@ -60,10 +63,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
             self.record(404, 0)
             return
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        size = st.st_size
+        etag = '"%x-%x"' % (size, st.st_mtime_ns)
         start, end, status = 0, size - 1, 200
         rng = self.headers.get("Range")
-        if rng and q.get("norange") != ["1"]:
+        if_range = self.headers.get("If-Range")
+        if rng and q.get("norange") != ["1"] and (if_range is None or if_range == etag):
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
             if not m:
                 self.send_response(416)
@@ -87,6 +93,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "none" if q.get("norange") == ["1"] else "bytes")
         self.send_header("Content-Length", str(length))
+        self.send_header("ETag", etag)
         if status == 206:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
         self.end_headers()

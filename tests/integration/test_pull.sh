@@ -10,9 +10,9 @@ MODELS=$ROOT/../shared/models
 SHA=270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d
 SIZE=1185376
 tmp=$(mktemp -d /tmp/arka-pull-XXXXXX)
-server_pid=
+server_pid= server2_pid=
 cleanup() {
-    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
+    for pid in $server_pid $server2_pid; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -141,7 +141,29 @@ check '[ $rc = 1 ] && grep -q "another download" "$tmp/err"' "concurrent pull: r
 wait $first; rc=$?
 check '[ $rc = 0 ] && [ "$(sha_of "$tmp/m/stories260K.gguf")" = $SHA ]' "first of two pulls: rc $rc $(cat "$tmp/err1")"
 
-# 14. Default directory from ARKA_CACHE_DIR; --progress draws a progress line.
+# 14. The file changes on the server between an interrupted pull and its resume: the resume
+# sends If-Range with the old ETag, gets the whole new file (200), and keeps nothing of the old.
+mkdir -p "$tmp/srv"
+cp "$MODELS/stories260K.gguf" "$tmp/srv/v.bin"
+python3 "$ROOT/tests/integration/range_server.py" --root "$tmp/srv" --port-file "$tmp/port2" --log "$tmp/log2" &
+server2_pid=$!
+for _ in $(seq 100); do [ -s "$tmp/port2" ] && break; sleep 0.05; done
+URL2=http://127.0.0.1:$(cat "$tmp/port2")/v.bin
+pull "$URL2?cut=200000" -o "$tmp/n" >/dev/null 2>&1; rc=$?
+check '[ $rc = 1 ] && [ -s "$tmp/n/v.bin.part.etag" ]' "interrupted pull kept no validator: rc $rc $(ls "$tmp/n")"
+# Unchanged: the resume is a 206 under If-Range.
+pull "$URL2" -o "$tmp/n" --sha256 "$SHA" >/dev/null 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && grep -q "range=bytes=200000- status=206 sent=$((SIZE - 200000)) ifrange=\"" "$tmp/log2"' "If-Range resume: rc $rc $(cat "$tmp/err"; tail -2 "$tmp/log2")"
+check '[ ! -e "$tmp/n/v.bin.part.etag" ]' "validator left after success"
+pull "$URL2?cut=200000" -o "$tmp/o" >/dev/null 2>&1
+{ head -c 1000 /dev/urandom; tail -c +1001 "$MODELS/stories260K.gguf"; } >"$tmp/srv/v.new" && mv "$tmp/srv/v.new" "$tmp/srv/v.bin"
+NEWSHA=$(sha_of "$tmp/srv/v.bin")
+pull "$URL2" -o "$tmp/o" --sha256 "$NEWSHA" >/dev/null 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && [ "$(sha_of "$tmp/o/v.bin")" = "$NEWSHA" ]' "changed file: rc $rc $(cat "$tmp/err")"
+check 'tail -1 "$tmp/log2" | grep -q "range=bytes=200000- status=200 sent=$SIZE ifrange=\""' "changed file not re-sent whole: $(tail -1 "$tmp/log2")"
+kill $server2_pid 2>/dev/null; wait $server2_pid 2>/dev/null
+
+# 15. Default directory from ARKA_CACHE_DIR; --progress draws a progress line.
 out=$(ARKA_CACHE_DIR="$tmp/cache" "$ARKA_BIN" pull "$URL" --progress 2>"$tmp/err"); rc=$?
 check '[ $rc = 0 ] && [ "$out" = "$tmp/cache/models/stories260K.gguf" ] && [ -s "$out" ]' "default dir: rc $rc out '$out'"
 check 'grep -q "MB/s" "$tmp/err" && grep -q "100%" "$tmp/err"' "no progress line: $(cat "$tmp/err")"
