@@ -126,11 +126,13 @@ int tok__map_init(tok__map *m, size_t expected) {
 int tok__map_put(tok__map *m, const tok__strs *s, int32_t id, int replace) {
     const char *p = s->blob + s->off[id];
     size_t n = s->len[id];
-    for (uint64_t i = tok__hash(p, n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t v = m->slots[i];
-        if (!v) { m->slots[i] = (uint32_t)id + 1; return 0; }
-        if (s->len[v - 1] == n && !memcmp(s->blob + s->off[v - 1], p, n)) {
-            if (replace) m->slots[i] = (uint32_t)id + 1;
+    uint64_t h = tok__hash(p, n), tag = h & 0xffffffff00000000ull;
+    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t v = m->slots[i];
+        if (!v) { m->slots[i] = tag | ((uint64_t)id + 1); return 0; }
+        uint32_t o = (uint32_t)v - 1;
+        if ((v & 0xffffffff00000000ull) == tag && s->len[o] == n && !memcmp(s->blob + s->off[o], p, n)) {
+            if (replace) m->slots[i] = tag | ((uint64_t)id + 1);
             return 0;
         }
     }
@@ -138,10 +140,12 @@ int tok__map_put(tok__map *m, const tok__strs *s, int32_t id, int replace) {
 
 int32_t tok__map_get(const tok__map *m, const tok__strs *s, const char *p, size_t n) {
     if (!m->slots) return -1;
-    for (uint64_t i = tok__hash(p, n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t v = m->slots[i];
+    uint64_t h = tok__hash(p, n), tag = h & 0xffffffff00000000ull;
+    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t v = m->slots[i];
         if (!v) return -1;
-        if (s->len[v - 1] == n && !memcmp(s->blob + s->off[v - 1], p, n)) return (int32_t)v - 1;
+        uint32_t o = (uint32_t)v - 1;
+        if ((v & 0xffffffff00000000ull) == tag && s->len[o] == n && !memcmp(s->blob + s->off[o], p, n)) return (int32_t)o;
     }
 }
 
@@ -173,7 +177,7 @@ static int32_t intern(tok_vocab *v, const char *p, size_t n) {
         tok__map nm;
         if (tok__map_init(&nm, (size_t)v->text.n * 2 + 16)) return CM_ENOMEM;
         for (uint64_t i = 0; i <= v->text_map.mask; i++)
-            if (v->text_map.slots[i]) tok__map_put(&nm, &v->text, (int32_t)v->text_map.slots[i] - 1, 0);
+            if (v->text_map.slots[i]) tok__map_put(&nm, &v->text, (int32_t)(uint32_t)v->text_map.slots[i] - 1, 0);
         tok__map_free(&v->text_map);
         v->text_map = nm;
     }
@@ -183,23 +187,7 @@ static int32_t intern(tok_vocab *v, const char *p, size_t n) {
     return id;
 }
 
-int tok__add_merge(tok_vocab *v, const char *a, size_t na, const char *b, size_t nb, uint32_t rank, char *err, size_t errlen) {
-    if (!na || !nb) {
-        snprintf(err, errlen, "merge %u has an empty side", rank);
-        return CM_EFORMAT;
-    }
-    int32_t ia = intern(v, a, na);
-    if (ia < 0) return ia;
-    int32_t ib = intern(v, b, nb);
-    if (ib < 0) return ib;
-    char stackbuf[256];
-    char *cat = na + nb <= sizeof stackbuf ? stackbuf : malloc(na + nb);
-    if (!cat) return CM_ENOMEM;
-    memcpy(cat, a, na);
-    memcpy(cat + na, b, nb);
-    int32_t ir = intern(v, cat, na + nb);
-    if (cat != stackbuf) free(cat);
-    if (ir < 0) return ir;
+static int merges_insert(tok_vocab *v, int32_t ia, int32_t ib, uint32_t rank, int32_t ir) {
     if ((v->merges.n + 1) * 2 > v->merges.mask) {
         size_t cap = (v->merges.mask + 1) * 2;
         tok__merge_slot *sl = malloc(cap * sizeof *sl);
@@ -226,6 +214,26 @@ int tok__add_merge(tok_vocab *v, const char *a, size_t na, const char *b, size_t
     v->merges.slots[i].res = ir;
     v->merges.n++;
     return 0;
+}
+
+int tok__add_merge(tok_vocab *v, const char *a, size_t na, const char *b, size_t nb, uint32_t rank, char *err, size_t errlen) {
+    if (!na || !nb) {
+        snprintf(err, errlen, "merge %u has an empty side", rank);
+        return CM_EFORMAT;
+    }
+    int32_t ia = intern(v, a, na);
+    if (ia < 0) return ia;
+    int32_t ib = intern(v, b, nb);
+    if (ib < 0) return ib;
+    char stackbuf[256];
+    char *cat = na + nb <= sizeof stackbuf ? stackbuf : malloc(na + nb);
+    if (!cat) return CM_ENOMEM;
+    memcpy(cat, a, na);
+    memcpy(cat + na, b, nb);
+    int32_t ir = intern(v, cat, na + nb);
+    if (cat != stackbuf) free(cat);
+    if (ir < 0) return ir;
+    return merges_insert(v, ia, ib, rank, ir);
 }
 
 /* ---- special-token trie ----------------------------------------------------------------- */
@@ -507,6 +515,37 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
             }
         }
         if (!v->joins.keys && (rc = pairset_add(&v->joins, &count, 0x110001u, 0x110001u))) goto done;
+        if (v->algo == TOK__ALGO_SPM) {
+            /* every split of a token into two tokens: (left id, right id) -> the concatenation,
+             * ranked by score, so that a bigram is one probe instead of a string lookup */
+            if ((rc = tok__merges_reserve(v, (size_t)v->n * 2))) goto done;
+            for (int32_t i = 0; i < v->n; i++) {
+                const char *p = v->text.blob + v->text.off[i];
+                size_t n = v->text.len[i];
+                for (size_t k = 1; k < n; k++) {
+                    if (((uint8_t)p[k] & 0xC0) == 0x80) continue;
+                    int32_t l = tok__map_get(&v->text_map, &v->text, p, k);
+                    if (l < 0) continue;
+                    int32_t r = tok__map_get(&v->text_map, &v->text, p + k, n - k);
+                    if (r < 0) continue;
+                    int32_t t = tok__map_get(&v->text_map, &v->text, p, n);
+                    if ((rc = merges_insert(v, l, r, ~tok__score_key(v->score[t]), t))) goto done;
+                }
+            }
+        }
+        for (int c = 0; c < 128; c++) {
+            char ch = (char)c;
+            v->ascii_id[c] = tok__map_get(&v->text_map, &v->text, &ch, 1);
+        }
+        v->sp_id = tok__map_get(&v->text_map, &v->text, "\xe2\x96\x81", 3);
+        /* can a cut go before every '▁' that follows another character? */
+        v->sp_cut = 1;
+        for (int32_t i = 0; i < v->text.n && v->sp_cut; i++) {
+            const char *p = v->text.blob + v->text.off[i];
+            size_t n = v->text.len[i];
+            for (size_t k = 1; k + 3 <= n; k++)
+                if (!memcmp(p + k, "\xe2\x96\x81", 3) && !(k >= 3 && !memcmp(p + k - 3, "\xe2\x96\x81", 3))) { v->sp_cut = 0; break; }
+        }
     }
 
     rc = 0;

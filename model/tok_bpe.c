@@ -181,23 +181,7 @@ static int chars_word(void *ctx, size_t a, size_t b) {
         if (id >= 0 && id < v->n) { tok__emit(c->o, id); return 0; }
     }
     while (a < b) {
-        size_t e = b;
-        if (b - a > BPE_CHUNK) {
-            size_t p = a + BPE_CHUNK;
-            while (p < b && (buf[p] & 0xC0) == 0x80) p++;
-            e = b;
-            if (p < b) {
-                size_t q = p - 1;
-                while (q > a && (buf[q] & 0xC0) == 0x80) q--;
-                int l;
-                uint32_t c1 = tok__utf8_dec(buf + q, b - q, &l);
-                for (; p < b; p += (size_t)l) {
-                    uint32_t c2 = tok__utf8_dec(buf + p, b - p, &l);
-                    if (!tok__pairset_has(&v->joins, c1, c2)) { e = p; break; }
-                    c1 = c2;
-                }
-            }
-        }
+        size_t e = tok__chars_cut(v, buf, a, b);
         int rc = chars_chunk(c, a, e);
         if (rc) return rc;
         a = e;

@@ -81,9 +81,10 @@ typedef struct tok__strs {
 int  tok__strs_add(tok__strs *s, const char *p, size_t n); /* returns the new id or CM_E* */
 void tok__strs_free(tok__strs *s);
 
-/* String -> id map over a tok__strs (open addressing, slot = id + 1). */
+/* String -> id map over a tok__strs (open addressing; slot = hash's high 32 bits << 32 | id + 1,
+ * 0 empty: a probe compares the stored hash before touching the string). */
 typedef struct tok__map {
-    uint32_t *slots;
+    uint64_t *slots;
     uint64_t  mask;
 } tok__map;
 int     tok__map_init(tok__map *m, size_t expected);
@@ -106,6 +107,13 @@ static inline const tok__merge_slot *tok__merges_get(const tok__merges *m, int32
         if (m->slots[i].key == UINT64_MAX) return NULL;
         if (m->slots[i].key == key) return &m->slots[i];
     }
+}
+
+/* SPM scores as keys that sort like the floats */
+static inline uint32_t tok__score_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 /* Set of adjacent code point pairs (or byte pairs) that occur inside some token: a boundary
@@ -176,11 +184,14 @@ struct tok_vocab {
     uint8_t     *byte_join; /* BYTES: [65536] bitmap of byte pairs inside tokens */
     int32_t      byte_sym[256]; /* BYTES: string id of each byte's mapped character (-1 none) */
     int32_t      byte_tok[256]; /* SPM/CHARS: id of the <0xNN> token (-1 none) */
+    int32_t      ascii_id[128]; /* SPM/CHARS: id of each one-byte string (-1 none) */
+    int32_t      sp_id;         /* SPM/CHARS: id of "▁" */
 
     tok__trie trie;   /* special / added tokens */
     int       n_special;
 
     int prefix;        /* enum tok__prefix: '▁' (SPM/CHARS) before raw fragments */
+    int sp_cut;        /* SPM/CHARS: no token has '▁' after another character than '▁': cut before such a '▁' */
     int prefix_if_absent; /* HF Metaspace: no '▁' prefix when the text already starts with one */
     int escape_spaces; /* SPM/CHARS: ' ' -> '▁' */
     int ignore_merges; /* a word that is a token is emitted whole */
@@ -238,6 +249,8 @@ int  tok__buf_reserve(tok__scratch *s, size_t n);
 int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);
 int tok__bpe_chars_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);
 int tok__bpe_bytes_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, tok__out *o);
+/* SPM/CHARS: end of the independent chunk of buf[a..b) that starts at a. */
+size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b);
 /* Runs the ranked-merge BPE over units already in s->sym[0..n) (linked in order); emits ids. */
 int tok__bpe_merge(const tok_vocab *v, tok__scratch *s, size_t n);
 

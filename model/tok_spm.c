@@ -13,21 +13,25 @@
 
 #define SPM_CHUNK 1024 /* bytes before we look for a cut */
 
-static inline uint32_t score_key(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* monotonic in f */
-}
-
 static int try_bigram(const tok_vocab *v, tok__scratch *s, const char *buf, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return 0;
-    uint32_t len = s->sym[l].len + s->sym[r].len;
-    if ((int)len > v->max_len) return 0;
-    int32_t id = tok__map_get(&v->text_map, &v->text, buf + s->sym[l].start, len);
-    if (id < 0 || id >= v->n) return 0;
+    const tok__sym *L = &s->sym[l], *R = &s->sym[r];
+    uint32_t len = L->len + R->len, rank;
+    int32_t id;
+    if (L->id >= 0 && R->id >= 0) {
+        /* both sides are tokens: the pair table has every token split into two tokens */
+        const tok__merge_slot *m = tok__merges_get(&v->merges, L->id, R->id);
+        if (!m) return 0;
+        id = m->res;
+        rank = m->rank;
+    } else {
+        if ((int)len > v->max_len) return 0;
+        id = tok__map_get(&v->text_map, &v->text, buf + L->start, len);
+        if (id < 0 || id >= v->n) return 0;
+        rank = ~tok__score_key(v->score[id]);
+    }
     /* highest score first, then leftmost: a min-heap on (~score, left) */
-    uint64_t key = ((uint64_t)(uint32_t)~score_key(v->score[id]) << 32) | (uint32_t)l;
-    return tok__heap_push(s, key, len, id);
+    return tok__heap_push(s, ((uint64_t)rank << 32) | (uint32_t)l, len, id);
 }
 
 static void emit_byte(const tok_vocab *v, uint8_t b, tok__out *o) {
@@ -50,7 +54,9 @@ static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_
         y->len = l;
         y->prev = n - 1;
         y->next = n + 1;
-        y->id = tok__map_get(&v->text_map, &v->text, buf + p, l);
+        y->id = l == 1 ? v->ascii_id[(uint8_t)buf[p]]
+                : (l == 3 && !memcmp(buf + p, "\xe2\x96\x81", 3)) ? v->sp_id
+                : tok__map_get(&v->text_map, &v->text, buf + p, l);
         p += l;
         n++;
     }
@@ -85,9 +91,20 @@ static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_
     return 0;
 }
 
-/* Where to end the chunk that starts at a: the first uncrossable boundary at or after
- * a + SPM_CHUNK, else b. */
-static size_t spm_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b) {
+/* Where to end the chunk that starts at a: before the first '▁' that follows another
+ * character when no token holds such a pair (sp_cut), and anyway at the first uncrossable
+ * boundary at or after a + SPM_CHUNK; else b. */
+size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b) {
+    if (v->sp_cut) {
+        for (size_t p = a + 1; p + 3 <= b && p <= a + SPM_CHUNK;) {
+            const uint8_t *q = memchr(buf + p, 0xE2, b - p);
+            if (!q) break;
+            p = (size_t)(q - buf);
+            if (p + 3 > b || p > a + SPM_CHUNK) break;
+            if (q[1] == 0x96 && q[2] == 0x81 && !(p >= a + 3 && q[-3] == 0xE2 && q[-2] == 0x96 && q[-1] == 0x81)) return p;
+            p++;
+        }
+    }
     if (b - a <= SPM_CHUNK) return b;
     size_t p = a + SPM_CHUNK;
     while (p < b && (buf[p] & 0xC0) == 0x80) p++;
@@ -122,7 +139,7 @@ int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_
         else buf[w++] = text[i];
     }
     for (size_t a = 0; a < w;) {
-        size_t b = spm_cut(v, (const uint8_t *)buf, a, w);
+        size_t b = tok__chars_cut(v, (const uint8_t *)buf, a, w);
         if ((rc = spm_chunk(v, s, buf, a, b, o))) return rc;
         a = b;
     }
