@@ -80,7 +80,7 @@ int cli_inspect(int argc, char **argv) {
     printf("qkv bias: %s\n", c->has_qkv_bias ? "yes" : "no");
     printf("output: %s\n", c->tied_output ? "tied to token_embd" : "separate");
 
-    /* Tensor summary by type. */
+    /* Tensor summary by type: from the GGUF tensor table, or from the model description. */
     uint64_t count[DT_COUNT] = { 0 }, bytes[DT_COUNT] = { 0 }, total = 0, n = 0;
     if (m->gguf) {
         for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
@@ -93,6 +93,27 @@ int cli_inspect(int argc, char **argv) {
                 printf("  tensor %-32.*s %-5s [%lld, %lld, %lld, %lld] %llu bytes\n", (int)t->name.len, t->name.ptr, dt_name(t->type),
                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                        (unsigned long long)t->nbytes);
+        }
+    } else {
+        const mdl_tensor *top[] = { &m->tok_embd, &m->out_norm, c->tied_output ? NULL : &m->output };
+        for (int l = -1; l < c->n_layer; l++) {
+            const mdl_layer *ly = l >= 0 ? &m->layers[l] : NULL;
+            const mdl_tensor *lt[] = { ly ? &ly->attn_norm : NULL, ly ? &ly->wq : NULL, ly ? &ly->wk : NULL, ly ? &ly->wv : NULL,
+                                       ly ? &ly->wo : NULL, ly ? &ly->bq : NULL, ly ? &ly->bk : NULL, ly ? &ly->bv : NULL,
+                                       ly ? &ly->ffn_norm : NULL, ly ? &ly->w_gate : NULL, ly ? &ly->w_up : NULL, ly ? &ly->w_down : NULL };
+            const mdl_tensor *const *set = l < 0 ? top : lt;
+            size_t cnt = l < 0 ? sizeof top / sizeof *top : sizeof lt / sizeof *lt;
+            for (size_t i = 0; i < cnt; i++) {
+                const mdl_tensor *t = set[i];
+                if (!t || !t->data || t->type < 0 || t->type >= DT_COUNT) continue;
+                count[t->type]++;
+                bytes[t->type] += t->nbytes;
+                total += t->nbytes;
+                n++;
+                if (verbose)
+                    printf("  tensor %-32s %-5s [%lld, %lld] %llu bytes\n", t->name, dt_name(t->type), (long long)t->ne[0],
+                           (long long)t->ne[1], (unsigned long long)t->nbytes);
+            }
         }
     }
     printf("tensors: %llu, %.2f MiB\n", (unsigned long long)n, total / 1048576.0);
