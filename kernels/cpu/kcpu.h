@@ -30,6 +30,11 @@ int  k_pool_size(const k_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) across the pool and returns when all finished.
  * Allocates nothing. */
 void k_pool_run(k_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+/* Preallocates the pool's matmul scratch (quantized activations, dequantized rows) for calls
+ * with n_tok <= max_n_tok and n_in <= max_n_in, so later k_matmul calls allocate nothing.
+ * Without it the scratch is allocated at the first call and grown only when a larger shape
+ * arrives. Returns 0 or CM_ENOMEM / CM_EINVAL. Same thread rules as k_matmul. */
+int  k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in);
 
 /* The ISA in use (resolved, never AUTO), and an override (AUTO = detect). Setting an ISA the
  * CPU lacks falls back to the best available one. */
@@ -41,7 +46,10 @@ const char *k_isa_name(int isa);
  * W: n_out rows, each dt_row_size(wtype, n_in) bytes (GGUF layout: ne = {n_in, n_out}).
  * x: [n_tok, n_in] f32; y: [n_tok, n_out] f32. n_in must be a multiple of the type's block
  * size. Allocates nothing per call (scratch for quantized activations lives in the pool).
- * Returns 0, CM_EUNSUPPORTED (type without a kernel) or CM_EINVAL. */
+ * Returns 0, CM_EUNSUPPORTED (type without a kernel), CM_EINVAL or CM_ENOMEM (the scratch
+ * could not grow; see k_pool_reserve).
+ * Batch invariance: y[t][o] is bitwise the same whatever n_tok, the other rows of x and the
+ * pool's size (for a given ISA); work is split over output rows only. */
 int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
              const float *x, int64_t n_tok, float *y);
 
@@ -49,7 +57,8 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
 int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
                  const float *x, int64_t n_tok, double *y);
 
-/* out[j][:] = row ids[j] of table (n_rows rows of n_embd elements of `type`) as f32. */
+/* out[j][:] = row ids[j] of table (n_rows rows of n_embd elements of `type`) as f32.
+ * Returns 0, CM_EINVAL (bad sizes), CM_ERANGE (an id outside [0, n_rows)) or CM_EUNSUPPORTED. */
 int k_get_rows(const void *table, int type, int64_t n_embd, int64_t n_rows,
                const int32_t *ids, int n, float *out);
 

@@ -1,0 +1,274 @@
+/* matmul: k_matmul's dispatch (ISA choice, activation quantization, splitting output rows over
+ * the pool), the generic dequantize-a-row path, the double reference, and k_get_rows.
+ * The kernels themselves live in matmul_scalar.c, matmul_avx2.c and matmul_avx512.c.
+ */
+#include "kcpu_internal.h"
+#include "../../common/cm_err.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- ISA choice ------------------------------------------------------------------------ */
+
+static atomic_int g_isa; /* resolved ISA; 0 until first use */
+
+static int isa_best(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && k__mm_avx512[DT_F32])
+        return K_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c") && k__mm_avx2[DT_F32])
+        return K_ISA_AVX2;
+#endif
+    return K_ISA_SCALAR;
+}
+
+static int isa_resolve(int want) {
+    int best = isa_best();
+    if (want == K_ISA_AUTO || want > best) return best;
+    return want < K_ISA_SCALAR ? best : want;
+}
+
+int k_get_isa(void) {
+    int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (isa) return isa;
+    int want = K_ISA_AUTO;
+    const char *env = getenv("ARKA_ISA");
+    if (env) {
+        if (!strcmp(env, "scalar")) want = K_ISA_SCALAR;
+        else if (!strcmp(env, "avx2")) want = K_ISA_AVX2;
+        else if (!strcmp(env, "avx512")) want = K_ISA_AVX512;
+    }
+    isa = isa_resolve(want);
+    atomic_store_explicit(&g_isa, isa, memory_order_relaxed);
+    return isa;
+}
+
+void k_set_isa(int isa) { atomic_store_explicit(&g_isa, isa_resolve(isa), memory_order_relaxed); }
+
+const char *k_isa_name(int isa) {
+    switch (isa) {
+    case K_ISA_AUTO: return "auto";
+    case K_ISA_SCALAR: return "scalar";
+    case K_ISA_AVX2: return "avx2";
+    case K_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+static const k__mm_fn *isa_table(int isa) {
+    switch (isa) {
+    case K_ISA_AVX512: return k__mm_avx512;
+    case K_ISA_AVX2: return k__mm_avx2;
+    default: return k__mm_scalar;
+    }
+}
+
+int k__mm_chunk_rows(int isa) {
+    switch (isa) {
+    case K_ISA_AVX512: return 8;
+    case K_ISA_AVX2: return 8;
+    default: return 4;
+    }
+}
+
+/* ---- activation quantization ------------------------------------------------------------ */
+
+int k__act_for(int wtype) {
+    switch (wtype) {
+    case DT_Q8_0: case DT_Q4_0: return K_ACT_Q8_32;
+    case DT_Q4_K: case DT_Q6_K: return K_ACT_Q8_256;
+    default: return K_ACT_NONE;
+    }
+}
+
+void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
+    int bs = act == K_ACT_Q8_32 ? 32 : 256;
+    int8_t *qs = (int8_t *)row;
+    float *d = (float *)(row + n_in);
+    for (int64_t b = 0; b < n_in / bs; b++) {
+        const float *xb = x + b * bs;
+        float amax = 0.0f;
+        for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = db;
+        for (int i = 0; i < bs; i++) qs[b * bs + i] = (int8_t)lrintf(xb[i] * id);
+    }
+    if (act == K_ACT_Q8_256) {
+        int16_t *bsums = (int16_t *)(row + n_in + (n_in / 256) * 4);
+        for (int64_t g = 0; g < n_in / 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qs[g * 16 + i];
+            bsums[g] = (int16_t)s;
+        }
+    }
+}
+
+/* ---- the pool job ------------------------------------------------------------------------ */
+
+typedef struct {
+    k__mm_args a;
+    k__mm_fn fn;            /* kernel for a.w's type (or the F32 kernel for the generic path) */
+    int wtype;
+    int generic;            /* 1: dequantize each row with dt_dequantize, then fn on it */
+    float *rowbuf;          /* generic: [nth][rowbuf_stride] floats */
+    size_t rowbuf_stride;
+    const float *xf;        /* f32 input, for the quantize job */
+    int act;
+    int64_t chunk;
+    int64_t n_chunks;
+    atomic_long next;
+    atomic_int err;
+} mm_job;
+
+static void quantize_job(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    for (int64_t t = ith; t < j->a.n_tok; t += nth)
+        k__act_quantize_row(j->act, j->xf + t * j->a.n_in, j->a.n_in, (uint8_t *)j->a.x + t * j->a.x_row);
+}
+
+static void generic_rows(mm_job *j, int ith, int64_t o0, int64_t o1) {
+    float *buf = j->rowbuf + (size_t)ith * j->rowbuf_stride;
+    k__mm_args sub = j->a;
+    sub.w = (const uint8_t *)buf;
+    sub.w_row = (size_t)j->a.n_in * 4;
+    sub.n_out = 1;
+    for (int64_t o = o0; o < o1; o++) {
+        int rc = dt_dequantize(j->wtype, j->a.w + (size_t)o * j->a.w_row, buf, j->a.n_in);
+        if (rc) { atomic_store(&j->err, rc); return; }
+        sub.y = j->a.y + o;
+        j->fn(&sub, 0, 1);
+    }
+}
+
+static void matmul_job(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    for (;;) {
+        long c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n_chunks) break;
+        int64_t o0 = c * j->chunk, o1 = o0 + j->chunk;
+        if (o1 > j->a.n_out) o1 = j->a.n_out;
+        if (j->generic) generic_rows(j, ith, o0, o1);
+        else j->fn(&j->a, o0, o1);
+    }
+}
+
+static size_t scratch_need(int act, int generic, int64_t n_tok, int64_t n_in, int nth) {
+    size_t need = 0;
+    if (act != K_ACT_NONE) need = (size_t)n_tok * k__act_row_size(act, n_in);
+    if (generic) need = (size_t)nth * (((size_t)n_in * 4 + 63) & ~(size_t)63);
+    return need;
+}
+
+int k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in) {
+    if (!p || max_n_tok < 1 || max_n_in < 1) return CM_EINVAL;
+    size_t a = scratch_need(K_ACT_Q8_32, 0, max_n_tok, max_n_in, 1);
+    size_t b = scratch_need(K_ACT_Q8_256, 0, max_n_tok, max_n_in, 1);
+    size_t c = scratch_need(K_ACT_NONE, 1, max_n_tok, max_n_in, k_pool_size(p));
+    size_t need = a > b ? a : b;
+    if (c > need) need = c;
+    return k__pool_scratch(p, need) ? 0 : CM_ENOMEM;
+}
+
+int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
+             const float *x, int64_t n_tok, float *y) {
+    if (!p || !W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    size_t w_row = dt_row_size(wtype, n_in);
+    if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
+    int isa = k_get_isa();
+    const k__mm_fn *tab = isa_table(isa);
+    int nth = k_pool_size(p);
+
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.a = (k__mm_args){ .w = W, .w_row = w_row, .n_in = n_in, .n_out = n_out, .n_tok = n_tok,
+                        .y = y, .ldy = n_out };
+    j.wtype = wtype;
+    j.act = k__act_for(wtype);
+    j.fn = tab[wtype] ? tab[wtype] : k__mm_scalar[wtype];
+    if (!j.fn) {
+        /* generic path: the reference dequantizer must know the type; probe one block */
+        if (!dt_is_supported(wtype) || dt_block_size(wtype) > 256) return CM_EUNSUPPORTED;
+        float probe[256];
+        if (dt_dequantize(wtype, W, probe, dt_block_size(wtype)) != 0) return CM_EUNSUPPORTED;
+        j.generic = 1;
+        j.act = K_ACT_NONE;
+        j.fn = tab[DT_F32];
+    }
+
+    size_t need = scratch_need(j.act, j.generic, n_tok, n_in, nth);
+    void *scratch = NULL;
+    if (need && !(scratch = k__pool_scratch(p, need))) return CM_ENOMEM;
+    if (j.act != K_ACT_NONE) {
+        j.a.x = scratch;
+        j.a.x_row = k__act_row_size(j.act, n_in);
+        j.xf = x;
+        if (n_tok >= 2 * nth && nth > 1) k_pool_run(p, quantize_job, &j);
+        else quantize_job(&j, 0, 1);
+    } else {
+        j.a.x = (const uint8_t *)x;
+        j.a.x_row = (size_t)n_in * 4;
+    }
+    if (j.generic) {
+        j.rowbuf = scratch;
+        j.rowbuf_stride = (((size_t)n_in * 4 + 63) & ~(size_t)63) / 4;
+    }
+
+    /* Chunks of output rows, handed out dynamically (the machine may be shared); a chunk is a
+     * multiple of the kernels' row tile, and small enough that every thread gets several. */
+    int64_t tile = k__mm_chunk_rows(isa);
+    int64_t chunk = n_out / ((int64_t)nth * 4);
+    chunk = (chunk + tile - 1) / tile * tile;
+    if (chunk < tile) chunk = tile;
+    j.chunk = chunk;
+    j.n_chunks = (n_out + chunk - 1) / chunk;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.err, 0);
+    if (nth > 1 && j.n_chunks > 1) k_pool_run(p, matmul_job, &j);
+    else matmul_job(&j, 0, 1);
+    return atomic_load(&j.err);
+}
+
+/* ---- reference ----------------------------------------------------------------------------- */
+
+int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
+                 const float *x, int64_t n_tok, double *y) {
+    if (!W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    size_t w_row = dt_row_size(wtype, n_in);
+    if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
+    float *row = malloc((size_t)n_in * sizeof *row);
+    if (!row) return CM_ENOMEM;
+    for (int64_t o = 0; o < n_out; o++) {
+        int rc = dt_dequantize(wtype, (const uint8_t *)W + (size_t)o * w_row, row, n_in);
+        if (rc) { free(row); return rc; }
+        for (int64_t t = 0; t < n_tok; t++) {
+            double s = 0.0;
+            const float *xt = x + t * n_in;
+            for (int64_t i = 0; i < n_in; i++) s += (double)row[i] * (double)xt[i];
+            y[t * n_out + o] = s;
+        }
+    }
+    free(row);
+    return 0;
+}
+
+/* ---- gather ------------------------------------------------------------------------------ */
+
+int k_get_rows(const void *table, int type, int64_t n_embd, int64_t n_rows,
+               const int32_t *ids, int n, float *out) {
+    if (!table || (!ids && n) || (!out && n) || n < 0 || n_embd <= 0 || n_rows < 0) return CM_EINVAL;
+    size_t row = dt_row_size(type, n_embd);
+    if (!row) return dt_block_size(type) ? CM_EINVAL : CM_EUNSUPPORTED;
+    for (int j = 0; j < n; j++)
+        if (ids[j] < 0 || ids[j] >= n_rows) return CM_ERANGE;
+    for (int j = 0; j < n; j++) {
+        int rc = dt_dequantize(type, (const uint8_t *)table + (size_t)ids[j] * row, out + (size_t)j * n_embd, n_embd);
+        if (rc) return rc;
+    }
+    return 0;
+}
