@@ -84,8 +84,8 @@ static void fill_row(float *x, int64_t n, uint64_t seed, int init, float std) {
     uint64_t s = mix64(seed);
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = mix64(s += 0x9e3779b97f4a7c15ull);
-        double sum = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) + (double)((r >> 32) & 0xffff) + (double)(r >> 48);
-        float z = (float)((sum - 4 * 32767.5) * (1.0 / 37837.23));
+        int32_t sum = (int32_t)((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+        float z = (float)(sum - 131070) * (1.0f / 37837.23f);
         x[i] = init == INIT_NORM ? 1.0f + std * z : std * z;
     }
 }

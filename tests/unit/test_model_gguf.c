@@ -151,6 +151,11 @@ static void check_metadata(const gguf_ctx *g) {
         T_NEAR(gguf_arr_f64(v, 2), -5.0, 0);
         T_EQ_INT(gguf_arr_i64(v, 3), 0); /* out of range */
     }
+    if (gguf_get_arr(g, "a.f32", GGUF_FLOAT32, &v) == 0) {
+        T_EQ_INT(gguf_arr_i64(v, 0), 1); /* 1.5 truncates */
+        T_EQ_INT(gguf_arr_i64(v, 2), 0); /* 3.4e38 does not fit: 0, not undefined behaviour */
+        T_NEAR(gguf_arr_f64(v, 2), 3.4e38, 1e32);
+    }
     T_CHECK(gguf_get_arr(g, "a.str", GGUF_STRING, &v) == 0 && v->v.arr.n == 3 && gstr_eq(v->v.arr.strs[0], "one") &&
             gstr_eq(v->v.arr.strs[1], "") && gstr_eq(v->v.arr.strs[2], "three"));
     T_CHECK(gguf_get_arr(g, "n.u32", GGUF_ARRAY, &v) == 0 && v->v.arr.n == 3);
