@@ -1,0 +1,409 @@
+/* shm proto: encoding and bounds-checked decoding of the records that cross the rings.
+ *
+ * Wire layouts (all offsets 8-byte aligned; the ring hands out 8-byte aligned payloads):
+ *   header  {u32 type, u32 flags = 0}                                                   8 bytes
+ *   SUBMIT  header, u64 req_id, u32 tenant, i32 priority, shm_sampling (48),
+ *           u32 n_prompt, u16 n_stop, u16 n_bias                                        80 bytes
+ *           then i32 prompt[n_prompt] (padded to 8), i32 stop[n_stop] (padded to 8),
+ *           shm_logit_bias bias[n_bias]
+ *   CANCEL  header, u64 req_id                                                          16 bytes
+ *   TOKENS  header, u32 n, u32 reserved = 0, u64 step                                   24 bytes
+ *           then n entries: shm_tok (24 bytes), shm_top top[n_top] (8 bytes each)
+ *   DONE    header, shm_done                                                            56 bytes
+ *   ERROR   header, u64 req_id, i32 code, u32 msg_len, msg bytes (no NUL, padded to 8)  24+ bytes
+ *
+ * Decoders copy each fixed part into a local struct once (a buggy peer scribbling on the record
+ * cannot make a check and a use see different values) and require the length to be exact.
+ */
+#include "shm/shm.h"
+
+#include <math.h>
+#include <string.h>
+
+struct wire_hdr {
+    uint32_t type;
+    uint32_t flags;
+};
+
+struct wire_submit {
+    struct wire_hdr h;
+    uint64_t req_id;
+    uint32_t tenant;
+    int32_t  priority;
+    struct shm_sampling sp;
+    uint32_t n_prompt;
+    uint16_t n_stop;
+    uint16_t n_bias;
+};
+
+struct wire_tokens {
+    struct wire_hdr h;
+    uint32_t n;
+    uint32_t reserved;
+    uint64_t step;
+};
+
+struct wire_error {
+    struct wire_hdr h;
+    uint64_t req_id;
+    int32_t  code;
+    uint32_t msg_len;
+};
+
+_Static_assert(sizeof(struct shm_sampling) == 48, "shm_sampling wire size");
+_Static_assert(sizeof(struct wire_submit) == 80, "SUBMIT fixed part");
+_Static_assert(sizeof(struct wire_tokens) == 24, "TOKENS fixed part");
+_Static_assert(sizeof(struct shm_tok) == 24, "TOKENS entry");
+_Static_assert(sizeof(struct shm_top) == 8, "TOKENS alternative");
+_Static_assert(sizeof(struct shm_logit_bias) == 8, "logit bias entry");
+_Static_assert(sizeof(struct wire_hdr) + sizeof(struct shm_done) == SHM_DONE_SIZE, "DONE size");
+_Static_assert(sizeof(struct wire_error) == 24, "ERROR fixed part");
+
+static inline uint64_t align8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+static void put_hdr(void *buf, uint32_t type) {
+    struct wire_hdr h = { type, 0 };
+    memcpy(buf, &h, sizeof h);
+}
+
+/* Reads the header of a record of the wanted type. */
+static int get_hdr(const void *buf, size_t len, uint32_t want) {
+    struct wire_hdr h;
+    if (!buf || len < sizeof h) return CM_EFORMAT;
+    memcpy(&h, buf, sizeof h);
+    return h.type == want && h.flags == 0 ? 0 : CM_EFORMAT;
+}
+
+int shm_msg_type(const void *buf, size_t len, uint32_t *type) {
+    struct wire_hdr h;
+    if (!buf || len < sizeof h) return CM_EFORMAT;
+    memcpy(&h, buf, sizeof h);
+    if (h.type < SHM_MSG_SUBMIT || h.type >= SHM_MSG_COUNT || h.flags != 0) return CM_EFORMAT;
+    *type = h.type;
+    return 0;
+}
+
+/* ---- SUBMIT ------------------------------------------------------------------------------ */
+
+static uint64_t submit_size(uint64_t n_prompt, uint64_t n_stop, uint64_t n_bias) {
+    return sizeof(struct wire_submit) + align8(4 * n_prompt) + align8(4 * n_stop) +
+           sizeof(struct shm_logit_bias) * n_bias;
+}
+
+size_t shm_submit_size(const struct shm_submit *s) {
+    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS) return 0;
+    return (size_t)submit_size(s->n_prompt, s->n_stop, s->n_bias);
+}
+
+uint32_t shm_submit_ring_cap_for(uint32_t max_prompt) {
+    uint64_t rec = 8 + submit_size(max_prompt, SHM_MAX_STOP, SHM_MAX_LOGIT_BIAS);
+    uint64_t cap = SHM_RING_CAP_MIN;
+    while (cap / 4 < rec) {
+        cap <<= 1;
+        if (cap > SHM_RING_CAP_MAX) return 0;
+    }
+    return (uint32_t)cap;
+}
+
+static int sampling_ok(const struct shm_sampling *p) {
+    if (!isfinite(p->temperature) || !isfinite(p->top_p) || !isfinite(p->min_p) ||
+        !isfinite(p->repetition_penalty) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return 0;
+    if (p->temperature < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
+        !(p->repetition_penalty > 0) || p->top_k < 0 || p->max_tokens < 1)
+        return 0;
+    if (p->has_seed > 1 || p->logprobs > 1 || p->top_logprobs > SHM_MAX_TOP_LOGPROBS) return 0;
+    for (size_t i = 0; i < sizeof p->reserved; i++)
+        if (p->reserved[i]) return 0;
+    return 1;
+}
+
+static int ids_ok(const int32_t *ids, uint32_t n) {
+    int32_t neg = 0;
+    for (uint32_t i = 0; i < n; i++) neg |= ids[i];   /* any negative id sets the sign bit */
+    return neg >= 0;
+}
+
+static int bias_ok(const struct shm_logit_bias *b, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (b[i].token < 0 || !isfinite(b[i].bias)) return 0;
+    return 1;
+}
+
+int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t *len) {
+    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS) return CM_ETOOBIG;
+    if (s->req_id == 0 || s->n_prompt < 1 || !s->prompt || (s->n_bias && !s->bias) ||
+        !sampling_ok(&s->sp) || !ids_ok(s->prompt, s->n_prompt) || !ids_ok(s->stop, s->n_stop) ||
+        !bias_ok(s->bias, s->n_bias))
+        return CM_EINVAL;
+    uint64_t need = submit_size(s->n_prompt, s->n_stop, s->n_bias);
+    if (need > cap) return CM_ERANGE;
+    struct wire_submit w;
+    memset(&w, 0, sizeof w);
+    w.h.type = SHM_MSG_SUBMIT;
+    w.req_id = s->req_id;
+    w.tenant = s->tenant;
+    w.priority = s->priority;
+    w.sp = s->sp;
+    w.n_prompt = s->n_prompt;
+    w.n_stop = (uint16_t)s->n_stop;
+    w.n_bias = (uint16_t)s->n_bias;
+    uint8_t *p = buf;
+    memcpy(p, &w, sizeof w);
+    p += sizeof w;
+    size_t n = 4 * (size_t)s->n_prompt;
+    memcpy(p, s->prompt, n);
+    memset(p + n, 0, align8(n) - n);
+    p += align8(n);
+    n = 4 * (size_t)s->n_stop;
+    if (n) memcpy(p, s->stop, n);
+    memset(p + n, 0, align8(n) - n);
+    p += align8(n);
+    if (s->n_bias) memcpy(p, s->bias, sizeof(struct shm_logit_bias) * s->n_bias);
+    *len = (size_t)need;
+    return 0;
+}
+
+int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
+    struct wire_submit w;
+    if (get_hdr(buf, len, SHM_MSG_SUBMIT) || len < sizeof w) return CM_EFORMAT;
+    memcpy(&w, buf, sizeof w);
+    if (w.req_id == 0 || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP || w.n_bias > SHM_MAX_LOGIT_BIAS ||
+        !sampling_ok(&w.sp) || submit_size(w.n_prompt, w.n_stop, w.n_bias) != len)
+        return CM_EFORMAT;
+    const uint8_t *p = (const uint8_t *)buf + sizeof w;
+    memset(out, 0, sizeof *out);
+    out->req_id = w.req_id;
+    out->tenant = w.tenant;
+    out->priority = w.priority;
+    out->sp = w.sp;
+    out->n_prompt = w.n_prompt;
+    out->prompt = (const int32_t *)p;
+    p += align8(4 * (uint64_t)w.n_prompt);
+    out->n_stop = w.n_stop;
+    memcpy(out->stop, p, 4 * (size_t)w.n_stop);
+    p += align8(4 * (uint64_t)w.n_stop);
+    out->n_bias = w.n_bias;
+    out->bias = w.n_bias ? (const struct shm_logit_bias *)p : NULL;
+    if (!ids_ok(out->prompt, out->n_prompt) || !ids_ok(out->stop, out->n_stop) ||
+        !bias_ok(out->bias, out->n_bias))
+        return CM_EFORMAT;
+    return 0;
+}
+
+/* ---- CANCEL ------------------------------------------------------------------------------ */
+
+int shm_cancel_encode(uint64_t req_id, void *buf, size_t cap, size_t *len) {
+    if (req_id == 0) return CM_EINVAL;
+    if (cap < SHM_CANCEL_SIZE) return CM_ERANGE;
+    put_hdr(buf, SHM_MSG_CANCEL);
+    memcpy((uint8_t *)buf + 8, &req_id, 8);
+    *len = SHM_CANCEL_SIZE;
+    return 0;
+}
+
+int shm_cancel_decode(const void *buf, size_t len, uint64_t *req_id) {
+    if (get_hdr(buf, len, SHM_MSG_CANCEL) || len != SHM_CANCEL_SIZE) return CM_EFORMAT;
+    uint64_t id;
+    memcpy(&id, (const uint8_t *)buf + 8, 8);
+    if (id == 0) return CM_EFORMAT;
+    *req_id = id;
+    return 0;
+}
+
+/* ---- DONE -------------------------------------------------------------------------------- */
+
+static int done_ok(const struct shm_done *d) {
+    return d->req_id != 0 && d->finish < SHM_FINISH_COUNT && d->cached_prompt_tokens <= d->prompt_tokens;
+}
+
+int shm_done_encode(const struct shm_done *d, void *buf, size_t cap, size_t *len) {
+    if (!done_ok(d)) return CM_EINVAL;
+    if (cap < SHM_DONE_SIZE) return CM_ERANGE;
+    put_hdr(buf, SHM_MSG_DONE);
+    memcpy((uint8_t *)buf + 8, d, sizeof *d);
+    *len = SHM_DONE_SIZE;
+    return 0;
+}
+
+int shm_done_decode(const void *buf, size_t len, struct shm_done *out) {
+    if (get_hdr(buf, len, SHM_MSG_DONE) || len != SHM_DONE_SIZE) return CM_EFORMAT;
+    memcpy(out, (const uint8_t *)buf + 8, sizeof *out);
+    return done_ok(out) ? 0 : CM_EFORMAT;
+}
+
+/* ---- ERROR ------------------------------------------------------------------------------- */
+
+/* Message length after truncation to SHM_ERR_MSG_MAX, backing off so a UTF-8 sequence is not cut. */
+static size_t msg_clip(const char *msg) {
+    size_t n = msg ? strnlen(msg, SHM_ERR_MSG_MAX + 1) : 0;
+    if (n > SHM_ERR_MSG_MAX) {
+        n = SHM_ERR_MSG_MAX;
+        while (n > 0 && ((unsigned char)msg[n] & 0xC0) == 0x80) n--;
+    }
+    return n;
+}
+
+size_t shm_error_size(size_t msg_len) {
+    if (msg_len > SHM_ERR_MSG_MAX) msg_len = SHM_ERR_MSG_MAX;
+    return sizeof(struct wire_error) + (size_t)align8(msg_len);
+}
+
+int shm_error_encode(uint64_t req_id, int code, const char *msg, void *buf, size_t cap, size_t *len) {
+    if (code >= 0) return CM_EINVAL;
+    size_t n = msg_clip(msg);
+    size_t need = shm_error_size(n);
+    if (need > cap) return CM_ERANGE;
+    struct wire_error w = { { SHM_MSG_ERROR, 0 }, req_id, code, (uint32_t)n };
+    uint8_t *p = buf;
+    memcpy(p, &w, sizeof w);
+    if (n) memcpy(p + sizeof w, msg, n);
+    memset(p + sizeof w + n, 0, need - sizeof w - n);
+    *len = need;
+    return 0;
+}
+
+int shm_error_decode(const void *buf, size_t len, struct shm_error *out) {
+    struct wire_error w;
+    if (get_hdr(buf, len, SHM_MSG_ERROR) || len < sizeof w) return CM_EFORMAT;
+    memcpy(&w, buf, sizeof w);
+    if (w.code >= 0 || w.msg_len > SHM_ERR_MSG_MAX || len != sizeof w + align8(w.msg_len)) return CM_EFORMAT;
+    out->req_id = w.req_id;
+    out->code = w.code;
+    out->msg_len = w.msg_len;
+    memcpy(out->msg, (const uint8_t *)buf + sizeof w, w.msg_len);
+    out->msg[w.msg_len] = 0;
+    if (memchr(out->msg, 0, w.msg_len)) return CM_EFORMAT;   /* no NUL inside the message */
+    return 0;
+}
+
+/* ---- TOKENS ------------------------------------------------------------------------------ */
+
+size_t shm_tokens_size(uint32_t n_tok, uint32_t n_top) {
+    return sizeof(struct wire_tokens) + (size_t)n_tok * sizeof(struct shm_tok) + (size_t)n_top * sizeof(struct shm_top);
+}
+
+int shm_tokens_begin(struct shm_tokens_w *w, void *buf, size_t cap, uint64_t step) {
+    if (cap < sizeof(struct wire_tokens)) return CM_ERANGE;
+    struct wire_tokens t = { { SHM_MSG_TOKENS, 0 }, 0, 0, step };
+    memcpy(buf, &t, sizeof t);
+    w->buf = buf;
+    w->cap = cap;
+    w->len = sizeof t;
+    w->n = 0;
+    return 0;
+}
+
+static int tok_ok(const struct shm_tok *t) {
+    return t->token >= 0 && t->n_top <= SHM_MAX_TOP_LOGPROBS && !(t->flags & ~SHM_TOK_LOGPROB) &&
+           t->reserved == 0 && !((t->flags & SHM_TOK_LOGPROB) && isnan(t->logprob));
+}
+
+static int tops_ok(const struct shm_top *top, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (top[i].token < 0 || isnan(top[i].logprob)) return 0;
+    return 1;
+}
+
+int shm_tokens_add(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top) {
+    struct shm_tok e = *t;
+    e.reserved = 0;
+    if (!(e.flags & SHM_TOK_LOGPROB)) e.logprob = 0;
+    if (!tok_ok(&e) || (e.n_top && !top) || !tops_ok(top, e.n_top)) return CM_EINVAL;
+    size_t need = sizeof e + (size_t)e.n_top * sizeof *top;
+    if (need > w->cap - w->len) return CM_EFULL;
+    memcpy(w->buf + w->len, &e, sizeof e);
+    if (e.n_top) memcpy(w->buf + w->len + sizeof e, top, (size_t)e.n_top * sizeof *top);
+    w->len += need;
+    w->n++;
+    return 0;
+}
+
+size_t shm_tokens_end(struct shm_tokens_w *w) {
+    memcpy(w->buf + offsetof(struct wire_tokens, n), &w->n, sizeof w->n);
+    return w->len;
+}
+
+/* Reads the entry at rd->off into *t after bounds and sanity checks; returns its size or 0. */
+static size_t entry_at(const struct shm_tokens_r *rd, size_t off, struct shm_tok *t) {
+    if (rd->len - off < sizeof *t) return 0;
+    memcpy(t, rd->buf + off, sizeof *t);
+    size_t sz = sizeof *t + (size_t)t->n_top * sizeof(struct shm_top);
+    if (!tok_ok(t) || rd->len - off < sz) return 0;
+    if (!tops_ok((const struct shm_top *)(rd->buf + off + sizeof *t), t->n_top)) return 0;
+    return sz;
+}
+
+int shm_tokens_open(struct shm_tokens_r *rd, const void *buf, size_t len) {
+    struct wire_tokens w;
+    if (get_hdr(buf, len, SHM_MSG_TOKENS) || len < sizeof w) return CM_EFORMAT;
+    memcpy(&w, buf, sizeof w);
+    if (w.reserved != 0 || w.n > (len - sizeof w) / sizeof(struct shm_tok)) return CM_EFORMAT;
+    rd->buf = buf;
+    rd->len = len;
+    rd->off = sizeof w;
+    rd->n = w.n;
+    rd->i = 0;
+    rd->step = w.step;
+    /* Validate every entry now so that a consumer never acts on half of a corrupt record. */
+    size_t off = sizeof w;
+    struct shm_tok t;
+    for (uint32_t i = 0; i < w.n; i++) {
+        size_t sz = entry_at(rd, off, &t);
+        if (!sz) return CM_EFORMAT;
+        off += sz;
+    }
+    return off == len ? 0 : CM_EFORMAT;
+}
+
+int shm_tokens_next(struct shm_tokens_r *rd, struct shm_tok *t, const struct shm_top **top) {
+    if (rd->i >= rd->n) return CM_EEMPTY;
+    size_t sz = entry_at(rd, rd->off, t);
+    if (!sz) return CM_EFORMAT;
+    *top = t->n_top ? (const struct shm_top *)(rd->buf + rd->off + sizeof *t) : NULL;
+    rd->off += sz;
+    rd->i++;
+    return 0;
+}
+
+/* ---- ring convenience -------------------------------------------------------------------- */
+
+int shm_send_submit(struct shm_ring *r, const struct shm_submit *s) {
+    size_t need = shm_submit_size(s), len;
+    if (need == 0) return CM_ETOOBIG;
+    void *p;
+    int rc = shm_ring_reserve(r, need, &p);
+    if (rc) return rc;
+    rc = shm_submit_encode(s, p, need, &len);
+    return rc ? rc : shm_ring_commit(r, len);
+}
+
+int shm_send_cancel(struct shm_ring *r, uint64_t req_id) {
+    void *p;
+    size_t len;
+    if (req_id == 0) return CM_EINVAL;
+    int rc = shm_ring_reserve(r, SHM_CANCEL_SIZE, &p);
+    if (rc) return rc;
+    rc = shm_cancel_encode(req_id, p, SHM_CANCEL_SIZE, &len);
+    return rc ? rc : shm_ring_commit(r, len);
+}
+
+int shm_send_done(struct shm_ring *r, const struct shm_done *d) {
+    void *p;
+    size_t len;
+    if (!done_ok(d)) return CM_EINVAL;
+    int rc = shm_ring_reserve(r, SHM_DONE_SIZE, &p);
+    if (rc) return rc;
+    rc = shm_done_encode(d, p, SHM_DONE_SIZE, &len);
+    return rc ? rc : shm_ring_commit(r, len);
+}
+
+int shm_send_error(struct shm_ring *r, uint64_t req_id, int code, const char *msg) {
+    void *p;
+    size_t len, need = shm_error_size(msg_clip(msg));
+    if (code >= 0) return CM_EINVAL;
+    int rc = shm_ring_reserve(r, need, &p);
+    if (rc) return rc;
+    rc = shm_error_encode(req_id, code, msg, p, need, &len);
+    return rc ? rc : shm_ring_commit(r, len);
+}
