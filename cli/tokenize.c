@@ -55,7 +55,7 @@ static void print_quoted(const char *p, size_t n) {
 }
 
 int cli_tokenize(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *split = NULL;
     int ids_only = 0, no_bos = 0, parse_special = 0;
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "GGUF model, vocab-only GGUF, tokenizer.json or a directory holding one" },
@@ -63,6 +63,7 @@ int cli_tokenize(int argc, char **argv) {
         { "ids", 0, CM_OPT_BOOL, &ids_only, "print only the ids, space-separated, on one line" },
         { "no-bos", 0, CM_OPT_BOOL, &no_bos, "do not add BOS (nor EOS) even when the model asks for it" },
         { "parse-special", 0, CM_OPT_BOOL, &parse_special, "match special tokens' text (<|eot_id|>, <s>, ...) in the input" },
+        { "split", 0, CM_OPT_STR, &split, "encode each SEP-separated part on its own, one line of ids per part (implies --ids)" },
         { 0 },
     };
     char err[512] = "";
@@ -74,7 +75,7 @@ int cli_tokenize(int argc, char **argv) {
         if (prc && !help) fprintf(stderr, "arka tokenize: %s\n", err);
         else if (!prc && !model) fprintf(stderr, "arka tokenize: -m FILE is required\n");
         else if (!prc) fprintf(stderr, "arka tokenize: give the text once: as TEXT or with -f FILE\n");
-        fprintf(help ? stdout : stderr, "usage: arka tokenize -m FILE [--ids] [-f FILE] [--no-bos] [--parse-special] [TEXT]\n");
+        fprintf(help ? stdout : stderr, "usage: arka tokenize -m FILE [--ids] [-f FILE] [--no-bos] [--parse-special] [--split SEP] [TEXT]\n");
         cm_config_usage(opts, help ? stdout : stderr);
         return help ? 0 : 2;
     }
@@ -109,14 +110,36 @@ int cli_tokenize(int argc, char **argv) {
         return 1;
     }
     int add_bos = !no_bos && tok_add_bos(v);
-    int cap = len < 1 << 20 ? (int)len + 16 : 1 << 20, n = 0;
+    if (split && !*split) split = NULL;
+    if (split) ids_only = 1;
+    int cap = 1024, n = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    rc = ids ? tok_encode(v, text, len, add_bos, parse_special, ids, cap, &n) : CM_ENOMEM;
-    if (rc == CM_EFULL) {
-        free(ids);
-        cap = n;
-        ids = malloc((size_t)cap * sizeof *ids);
-        rc = ids ? tok_encode(v, text, len, add_bos, parse_special, ids, cap, &n) : CM_ENOMEM;
+    if (!ids) rc = CM_ENOMEM;
+    for (size_t at = 0; !rc && at <= len;) {
+        const char *end = split ? memmem(text + at, len - at, split, strlen(split)) : NULL;
+        size_t plen = end ? (size_t)(end - (text + at)) : len - at;
+        rc = tok_encode(v, text + at, plen, add_bos, parse_special, ids, cap, &n);
+        if (rc == CM_EFULL) {
+            free(ids);
+            cap = n;
+            ids = malloc((size_t)cap * sizeof *ids);
+            rc = ids ? tok_encode(v, text + at, plen, add_bos, parse_special, ids, cap, &n) : CM_ENOMEM;
+        }
+        if (rc) break;
+        for (int i = 0; i < n; i++) {
+            if (ids_only) {
+                printf(i ? " %d" : "%d", ids[i]);
+                continue;
+            }
+            size_t pl = 0;
+            const char *p = tok_piece_ref(v, ids[i], &pl);
+            printf("%6d ", ids[i]);
+            print_quoted(p ? p : "", p ? pl : 0);
+            putchar('\n');
+        }
+        if (ids_only) putchar('\n');
+        if (!end) break;
+        at += plen + strlen(split);
     }
     if (rc) {
         fprintf(stderr, "arka tokenize: %s\n", rc == CM_EUTF8 ? "the text is not valid UTF-8" : cm_err_str(rc));
@@ -125,18 +148,6 @@ int cli_tokenize(int argc, char **argv) {
         tok_free(v);
         return 1;
     }
-    for (int i = 0; i < n; i++) {
-        if (ids_only) {
-            printf(i ? " %d" : "%d", ids[i]);
-            continue;
-        }
-        size_t pl = 0;
-        const char *p = tok_piece_ref(v, ids[i], &pl);
-        printf("%6d ", ids[i]);
-        print_quoted(p ? p : "", p ? pl : 0);
-        putchar('\n');
-    }
-    if (ids_only) putchar('\n');
     free(ids);
     free(text);
     tok_free(v);

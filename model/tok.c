@@ -427,7 +427,7 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
         const uint8_t *p = (const uint8_t *)v->text.blob + v->text.off[i];
         size_t n = v->text.len[i], w = 0;
         int ty = v->type[i], bv;
-        if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) {
+        if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN || (ty == TOK_TYPE_USER_DEFINED && !v->decode_user)) {
             memcpy(d, p, n); /* special tokens decode to their text */
             w = n;
         } else if (v->algo != TOK__ALGO_BPE_BYTES && (bv = byte_token_value((const char *)p, n)) >= 0 &&

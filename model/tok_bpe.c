@@ -110,6 +110,15 @@ static int bytes_word(void *ctx, size_t a, size_t b) {
 }
 
 int tok__bpe_bytes_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, tok__out *o) {
+    if (v->bl_prefix && text[0] != ' ') {
+        /* HF ByteLevel(add_prefix_space): the fragment is encoded as if it started with a space */
+        int rc = tok__buf_reserve(s, len + 1);
+        if (rc) return rc;
+        s->buf[0] = ' ';
+        memcpy(s->buf + 1, text, len);
+        text = s->buf;
+        len++;
+    }
     bytes_ctx c = { v, s, (const uint8_t *)text, o };
     return tok__pretokenize(v->pre, (const uint8_t *)text, len, bytes_word, &c);
 }

@@ -192,6 +192,8 @@ struct tok_vocab {
 
     int prefix;        /* enum tok__prefix: '▁' (SPM/CHARS) before raw fragments */
     int sp_cut;        /* SPM/CHARS: no token has '▁' after another character than '▁': cut before such a '▁' */
+    int bl_prefix;     /* BYTES: HF ByteLevel add_prefix_space (' ' before raw fragments not starting with one) */
+    int decode_user;   /* CHARS from tokenizer.json: '▁' -> ' ' in user-defined (added) tokens too */
     int prefix_if_absent; /* HF Metaspace: no '▁' prefix when the text already starts with one */
     int escape_spaces; /* SPM/CHARS: ' ' -> '▁' */
     int ignore_merges; /* a word that is a token is emitted whole */
@@ -215,6 +217,26 @@ void tok__eog_add(tok_vocab *v, int32_t id);
 /* Maps an HF/llama.cpp pre-tokenizer name ("llama-bpe", "qwen2", ...) to enum tok__pre; -1 if unknown. */
 int  tok__pre_from_name(const char *name);
 const char *tok__pre_name(int pre);
+
+/* ---- tokenizer.json pull reader (tok_json.c) ------------------------------------------------- */
+#define TOK__JSON_DEPTH 64
+typedef struct tok__tj {
+    const char *start, *p, *end;
+    char       *err;
+    size_t      errlen;
+    int         depth, failed;
+} tok__tj;
+void tok__tj_init(tok__tj *j, const char *text, size_t len, char *err, size_t errlen);
+int  tok__tj_fail(tok__tj *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int  tok__tj_peek(tok__tj *j); /* next non-blank byte or -1 */
+int  tok__tj_str(tok__tj *j, char **buf, size_t *cap, size_t *len); /* decoded, NUL-terminated */
+int  tok__tj_num(tok__tj *j, int64_t *out);                          /* integers only */
+int  tok__tj_lit(tok__tj *j, int *out);                              /* true 1, false 0, null -1 */
+int  tok__tj_skip(tok__tj *j);
+int  tok__tj_obj_begin(tok__tj *j);
+int  tok__tj_obj_next(tok__tj *j, int first, char **key, size_t *cap, size_t *len); /* 1 member, 0 end */
+int  tok__tj_arr_begin(tok__tj *j);
+int  tok__tj_arr_next(tok__tj *j, int first); /* 1 element follows, 0 end */
 
 /* ---- encoding ---------------------------------------------------------------------------- */
 typedef struct tok__sym {
