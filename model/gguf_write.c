@@ -454,8 +454,10 @@ int gguf_w_finish(gguf_writer *w) {
     int bad = fflush(w->fp) != 0 || ferror(w->fp);
     int e = errno;
     if (w->own_fp) {
-        bad |= fclose(w->fp) != 0;
-        if (bad) e = errno;
+        if (fclose(w->fp) != 0 && !bad) {
+            bad = 1;
+            e = errno;
+        }
         w->own_fp = 0;
     }
     w->fp = NULL;

@@ -342,6 +342,20 @@ static void test_writer_errors(void) {
     free(buf);
     gguf_w_destroy(w);
 
+    /* a full disk is reported (at the latest by finish), naming the file */
+    if (access("/dev/full", W_OK) == 0) {
+        T_EQ_INT(gguf_w_create(&w), 0);
+        int64_t big[1] = { 1 << 20 };
+        T_EQ_INT(gguf_w_add_tensor(w, "big", DT_F32, 1, big), 0);
+        int rc = gguf_w_begin(w, "/dev/full");
+        float *zeros = calloc(1 << 20, sizeof *zeros);
+        if (!rc) rc = gguf_w_write(w, zeros, (size_t)4 << 20);
+        if (!rc) rc = gguf_w_finish(w);
+        T_EQ_INT(rc, CM_EIO);
+        T_CHECK(strstr(gguf_w_errmsg(w), "/dev/full") != NULL);
+        free(zeros);
+        gguf_w_destroy(w);
+    }
     T_EQ_INT(gguf_w_create(&w), 0);
     T_EQ_INT(gguf_w_begin(w, "/nonexistent-dir/x.gguf"), CM_EIO);
     T_CHECK(strstr(gguf_w_errmsg(w), "/nonexistent-dir/x.gguf") != NULL);
