@@ -81,7 +81,7 @@ typedef struct cu_state {
     float *partial;                          /* [T, n_head, n_split, hd + 2] */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
-    int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] */
+    int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
     size_t meta_ints;
     float *h_logits;                         /* pinned [R, n_vocab] */
     cu_graph graphs[N_GRAPH_BUCKETS];
@@ -94,6 +94,9 @@ static int32_t *meta_pos(cu_state *s, int32_t *base) { return base + s->lim.max_
 static int32_t *meta_seq(cu_state *s, int32_t *base) { return base + 2 * s->lim.max_tokens; }
 static int32_t *meta_rows(cu_state *s, int32_t *base) { return base + 3 * s->lim.max_tokens; }
 static int32_t *meta_bt(cu_state *s, int32_t *base) { return base + 3 * s->lim.max_tokens + s->lim.max_out; }
+static int32_t *meta_tiles(cu_state *s, int32_t *base) {
+    return meta_bt(s, base) + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks;
+}
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
@@ -195,7 +198,7 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
 
 /* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
  * producing n_out logits rows in h_logits. No synchronization, no allocation: capturable. */
-static void enqueue_forward(cu_state *s, int n_tok, int n_out) {
+static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles) {
     const mdl_config *c = &s->cfg;
     cudaStream_t st = s->stream;
     const int hd = c->head_dim;
@@ -213,8 +216,12 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out) {
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
         KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
                                   s->lim.block_size, &s->rope, st));
-        KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
-                              s->lim.block_size, scale, s->n_split, ATT_CHUNK, s->partial, st));
+        if (n_tiles)
+            KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
+                                          max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
+        else
+            KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
+                                  hd, s->lim.block_size, scale, s->n_split, ATT_CHUNK, s->partial, st));
         KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
         KC_FATAL(kc_rmsnorm(s->x, L->ffn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
         KC_FATAL(kc_matmul(&L->gu, s->h, n_tok, s->gu, 0, &s->gws, st));
@@ -250,6 +257,22 @@ static void stage_batch(cu_state *s, const ex_batch *b, int n_pad) {
     for (int i = 0; i < n_pad; i++) rows[b->n_out + i] = b->n_tokens + i;
 }
 
+/* Cuts every sequence's tokens into tiles of up to 64 queries for the prefill kernel; returns
+ * the number of tiles, or 0 when the step should use the per-token kernel (pure decode, or a
+ * head size the tiled kernel lacks). */
+static int stage_tiles(cu_state *s, const ex_batch *b) {
+    if (b->n_tokens == b->n_seqs || !kc_attention_prefill_supported(s->cfg.head_dim)) return 0;
+    int32_t *tiles = meta_tiles(s, s->h_meta);
+    int n = 0;
+    for (int q = 0; q < b->n_seqs; q++)
+        for (int j = 0; j < b->seq_len[q]; j += 64) {
+            tiles[2 * n] = b->seq_start[q] + j;
+            tiles[2 * n + 1] = b->seq_len[q] - j < 64 ? b->seq_len[q] - j : 64;
+            n++;
+        }
+    return n;
+}
+
 static int bucket_of(int n) {
     int b = 1;
     while (b < n) b <<= 1;
@@ -270,7 +293,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
     } else {
         stage_batch(s, b, 0);
-        enqueue_forward(s, b->n_tokens, b->n_out);
+        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b));
     }
     CU_FATAL(cudaStreamSynchronize(s->stream));
     *logits = s->h_logits;
@@ -340,12 +363,12 @@ static int capture_graphs(cu_state *s, char *err, size_t errlen) {
             rows[t] = t;
         }
         /* run once eagerly (cuBLAS picks its kernels), then capture */
-        enqueue_forward(s, bk, bk);
+        enqueue_forward(s, bk, bk, 0);
         cudaError_t e = cudaStreamSynchronize(s->stream);
         cudaGraph_t graph;
         if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
         if (e == cudaSuccess) {
-            enqueue_forward(s, bk, bk);
+            enqueue_forward(s, bk, bk, 0);
             e = cudaStreamEndCapture(s->stream, &graph);
         }
         if (e == cudaSuccess) {
@@ -493,7 +516,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
-        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks;
+        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T;
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)

@@ -97,6 +97,16 @@ int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache,
                  int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
                  int n_split, int chunk, float *partial, cudaStream_t s);
 
+/* Causal attention for runs of consecutive query tokens of one sequence (prefill, chunked
+ * prefill), tiled on the tensor cores. tiles: [n_tiles][2] = (first flat token, count <= 64);
+ * the tokens of a tile belong to one sequence and have consecutive positions. Same inputs and
+ * output as kc_attention otherwise. Only for head dims where kc_attention_prefill_supported(). */
+int kc_attention_prefill_supported(int hd);
+int kc_attention_prefill(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                         const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                         float scale, cudaStream_t s);
+
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);
 

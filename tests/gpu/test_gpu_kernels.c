@@ -362,6 +362,26 @@ static void test_rope_attention(cudaStream_t s) {
                 CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
                 double e = rel_err(got, ref, no);
                 T_CHECKF(rc == 0 && e < 2e-3, "attention hd=%d layout=%d n_split=%d rel_err=%.3g", hd, layout, n_split, e);
+                if (kc_attention_prefill_supported(hd)) {
+                    /* the tiled kernel over the same cache: tiles of <= 64 queries per sequence */
+                    int32_t tiles[64];
+                    int nt = 0;
+                    for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
+                        for (int j = 0; j < lens[q]; j += 64) {
+                            tiles[2 * nt] = t0 + j;
+                            tiles[2 * nt + 1] = lens[q] - j < 64 ? lens[q] - j : 64;
+                            nt++;
+                        }
+                    int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
+                    poison(dout, no * 4);
+                    rc = kc_attention_prefill(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                              1.0f / sqrtf((float)hd), s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
+                    e = rel_err(got, ref, no);
+                    T_CHECKF(rc == 0 && e < 5e-3, "prefill attention hd=%d layout=%d rel_err=%.3g", hd, layout, e);
+                    cudaFree(dtiles);
+                }
                 free(ref); free(got); free(K); free(V); free(Q); free(kc);
                 cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dpart);
                 cudaFree(dqkv); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
