@@ -4,6 +4,7 @@
 #include "backend.h"
 #include "kv.h"
 #include "../common/cm_err.h"
+#include "../common/cm_log.h"
 #include "../model/dtype.h"
 
 #include <stdio.h>
@@ -217,6 +218,9 @@ int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits) {
     char err[256];
     *logits = NULL;
     int rc = ex_batch_check(b, &e->lim, err, sizeof err);
-    if (rc) return rc;
+    if (rc) {
+        CM_LOG_WARN("engine", "batch refused", "reason=\"%s\"", err);
+        return rc;
+    }
     return e->be->forward(e->be, b, logits);
 }

@@ -1,0 +1,192 @@
+/* sampler: logits -> token, in the order documented in sampler.h. */
+#include "sampler.h"
+#include "../common/cm_err.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { float z; int32_t id; } cand;
+
+struct ex_sampler {
+    int      n_vocab;
+    float   *z;      /* [n_vocab] processed logits */
+    cand    *c;      /* [n_vocab] candidates */
+    double  *p;      /* [n_vocab] candidate probabilities */
+    int32_t *count;  /* [n_vocab] occurrences in the penalty window; all zero between calls */
+};
+
+void ex_sample_params_default(ex_sample_params *p) {
+    memset(p, 0, sizeof *p);
+    p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->penalty_last_n = 64;
+}
+
+int ex_sample_params_check(const ex_sample_params *p, int n_vocab) {
+    if (!isfinite(p->temperature) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty) ||
+        !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) || p->penalty_last_n < -1 ||
+        p->top_logprobs < 0 || p->top_logprobs > EX_MAX_LOGPROBS || p->n_bias < 0 || (p->n_bias && !p->bias))
+        return CM_EINVAL;
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || isnan(p->bias[i].bias)) return CM_EINVAL;
+    return 0;
+}
+
+int ex_sampler_create(int n_vocab, ex_sampler **out) {
+    *out = NULL;
+    if (n_vocab <= 0) return CM_EINVAL;
+    ex_sampler *s = calloc(1, sizeof *s);
+    if (!s) return CM_ENOMEM;
+    s->n_vocab = n_vocab;
+    s->z = malloc(sizeof(float) * (size_t)n_vocab);
+    s->c = malloc(sizeof(cand) * (size_t)n_vocab);
+    s->p = malloc(sizeof(double) * (size_t)n_vocab);
+    s->count = calloc((size_t)n_vocab, sizeof(int32_t));
+    if (!s->z || !s->c || !s->p || !s->count) { ex_sampler_destroy(s); return CM_ENOMEM; }
+    *out = s;
+    return 0;
+}
+
+void ex_sampler_destroy(ex_sampler *s) {
+    if (!s) return;
+    free(s->z); free(s->c); free(s->p); free(s->count);
+    free(s);
+}
+
+/* Total order: larger z first, then smaller id (ids are unique, so no two compare equal). */
+static inline int before(const cand *a, const cand *b) {
+    return a->z > b->z || (a->z == b->z && a->id < b->id);
+}
+static int cand_cmp(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+/* Moves the k first (in the order above) of c[0..n) into c[0..k), unordered. O(n) average. */
+static void select_k(cand *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand piv = c[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (before(&c[i], &piv)) i++;
+            while (before(&piv, &c[j])) j--;
+            if (i <= j) { cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+static void apply_penalties(ex_sampler *s, const ex_sample_params *p, const int32_t *prev, int n_prev) {
+    int n = p->penalty_last_n < 0 ? n_prev : (p->penalty_last_n < n_prev ? p->penalty_last_n : n_prev);
+    if (n == 0 || (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)) return;
+    const int32_t *w = prev + n_prev - n;
+    for (int i = 0; i < n; i++) s->count[w[i]]++;
+    for (int i = 0; i < n; i++) {
+        int32_t id = w[i];
+        int cnt = s->count[id];
+        if (cnt == 0) continue; /* already applied for this id */
+        float z = s->z[id];
+        if (p->repeat_penalty != 1.0f) z = z > 0 ? z / p->repeat_penalty : z * p->repeat_penalty;
+        z -= p->presence_penalty + p->frequency_penalty * (float)cnt;
+        s->z[id] = z;
+        s->count[id] = 0; /* marks done and restores the all-zero invariant */
+    }
+}
+
+static void fill_logprobs(ex_sampler *s, const ex_sample_params *p, ex_sample_out *o) {
+    const int V = s->n_vocab;
+    double inv_t = p->temperature > 0 ? 1.0 / p->temperature : 1.0;
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (s->z[i] * inv_t > mx) mx = s->z[i] * inv_t;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp(s->z[i] * inv_t - mx);
+    double lse = mx + log(sum);
+    o->logprob = (float)(s->z[o->token] * inv_t - lse);
+    /* top-N by insertion into a short sorted list (N <= 20) */
+    int n = 0, N = p->top_logprobs;
+    for (int i = 0; i < V && N > 0; i++) {
+        float lp = (float)(s->z[i] * inv_t - lse);
+        if (n == N && !(lp > o->top_logprob[n - 1])) continue;
+        int j = n < N ? n++ : n - 1;
+        while (j > 0 && lp > o->top_logprob[j - 1]) {
+            o->top_logprob[j] = o->top_logprob[j - 1];
+            o->top_id[j] = o->top_id[j - 1];
+            j--;
+        }
+        o->top_logprob[j] = lp;
+        o->top_id[j] = i;
+    }
+    o->n_top = n;
+}
+
+int ex_sampler_sample(ex_sampler *s, const ex_sample_params *p, const float *logits,
+                      const int32_t *prev, int n_prev, int64_t pos, ex_sample_out *o) {
+    const int V = s->n_vocab;
+    memset(o, 0, sizeof *o);
+    o->token = -1;
+    if (ex_sample_params_check(p, V) || n_prev < 0 || (n_prev && !prev)) return CM_EINVAL;
+    int n_win = p->penalty_last_n < 0 ? n_prev : (p->penalty_last_n < n_prev ? p->penalty_last_n : n_prev);
+    for (int i = n_prev - n_win; i < n_prev; i++)
+        if (prev[i] < 0 || prev[i] >= V) return CM_EINVAL;
+
+    memcpy(s->z, logits, sizeof(float) * (size_t)V);
+    for (int i = 0; i < p->n_bias; i++) s->z[p->bias[i].id] += p->bias[i].bias;
+    apply_penalties(s, p, prev, n_prev);
+
+    int32_t tok;
+    if (p->temperature <= 0) {
+        tok = 0;
+        for (int i = 1; i < V; i++) if (s->z[i] > s->z[tok]) tok = i;
+    } else {
+        float inv_t = 1.0f / p->temperature;
+        cand *c = s->c;
+        for (int i = 0; i < V; i++) { c[i].z = s->z[i] * inv_t; c[i].id = i; }
+        int n = V;
+        if (p->top_k > 0 && p->top_k < V) { select_k(c, V, p->top_k); n = p->top_k; }
+        else if (p->min_p > 0) {
+            /* min-p's threshold is known before sorting: p_i >= min_p * p_max  <=>
+             * z_i >= z_max + log(min_p). Dropping the rest first keeps the sort short. */
+            float mx = c[0].z;
+            for (int i = 1; i < V; i++) if (c[i].z > mx) mx = c[i].z;
+            double thr = mx + log((double)p->min_p);
+            int m = 0;
+            for (int i = 0; i < V; i++) if (c[i].z >= thr) c[m++] = c[i];
+            n = m;
+        }
+        qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        double *pr = s->p, sum = 0;
+        for (int i = 0; i < n; i++) { pr[i] = exp((double)c[i].z - (double)c[0].z); sum += pr[i]; }
+        for (int i = 0; i < n; i++) pr[i] /= sum;
+        if (p->top_p < 1.0f) {
+            double cum = 0;
+            int keep = n;
+            for (int i = 0; i < n; i++) {
+                cum += pr[i];
+                if (cum >= p->top_p) { keep = i + 1; break; }
+            }
+            n = keep;
+        }
+        if (p->min_p > 0) {
+            double thr = p->min_p * pr[0];
+            int keep = 1;
+            while (keep < n && pr[keep] >= thr) keep++;
+            n = keep;
+        }
+        double mass = 0;
+        for (int i = 0; i < n; i++) mass += pr[i];
+        double r = ex_rng_u01(p->seed, pos) * mass, cum = 0;
+        tok = c[n - 1].id;
+        for (int i = 0; i < n; i++) {
+            cum += pr[i];
+            if (cum > r) { tok = c[i].id; break; }
+        }
+    }
+    o->token = tok;
+    if (p->logprobs || p->top_logprobs) fill_logprobs(s, p, o);
+    return 0;
+}

@@ -1,0 +1,97 @@
+/* sampler: turns one sequence's logits into its next token: logit bias, repetition /
+ * presence / frequency penalties, temperature, top-k, top-p, min-p, a seeded draw, and
+ * log-probabilities. Each sequence is sampled from its own logits, its own previous tokens,
+ * its own parameters and a random number keyed by (seed, position): the result never depends
+ * on which other sequences shared the step, and a recomputed (preempted) sequence draws the
+ * same tokens again.
+ *
+ * Order of the transforms (documented because the cuda backend's device sampler must do the
+ * same):
+ *   1. z = logits + bias[id]
+ *   2. penalties over the last penalty_last_n previous tokens (each distinct token once):
+ *      repetition (llama.cpp): z > 0 ? z / r : z * r;  then z -= presence + frequency * count
+ *   3. logprobs (when asked): log-softmax of z / temperature (z itself when greedy) over the
+ *      whole vocabulary, before any truncation; top-N alternatives by that value
+ *   4. temperature <= 0: the argmax of z (lowest id on ties); done
+ *   5. z /= temperature; candidates sorted by (z desc, id asc); top-k keeps the first k;
+ *      probabilities p = softmax over the candidates (double); top-p keeps the shortest
+ *      prefix whose mass reaches top_p; min-p keeps p >= min_p * p_max
+ *   6. u = ex_rng_u01(seed, pos); pick the first candidate whose cumulative mass exceeds
+ *      u * (mass kept); the last one if rounding leaves none
+ *
+ *   ex_sampler *s; ex_sampler_create(n_vocab, &s);
+ *   ex_sample_params p; ex_sample_params_default(&p); p.temperature = 0.8f; p.seed = 42;
+ *   ex_sample_out o; ex_sampler_sample(s, &p, logits, prev, n_prev, pos, &o);
+ *   ex_sampler_destroy(s);
+ *
+ * A sampler is scratch for one thread; ex_sampler_sample allocates nothing.
+ */
+#ifndef EX_SAMPLER_H
+#define EX_SAMPLER_H
+
+#include <stdint.h>
+
+#define EX_MAX_LOGPROBS 20
+
+typedef struct ex_logit_bias { int32_t id; float bias; } ex_logit_bias;
+
+typedef struct ex_sample_params {
+    float    temperature;       /* <= 0: greedy */
+    int      top_k;             /* <= 0: off */
+    float    top_p;             /* >= 1: off */
+    float    min_p;             /* <= 0: off */
+    float    repeat_penalty;    /* 1: off (> 0) */
+    float    presence_penalty;  /* 0: off */
+    float    frequency_penalty; /* 0: off */
+    int      penalty_last_n;    /* previous tokens the penalties see: -1 all, 0 none */
+    uint64_t seed;
+    int      logprobs;          /* 1: report the sampled token's logprob */
+    int      top_logprobs;      /* 0..EX_MAX_LOGPROBS alternatives (implies logprobs) */
+    int      n_bias;
+    const ex_logit_bias *bias;  /* [n_bias], ids in [0, n_vocab); owned by the caller */
+} ex_sample_params;
+
+typedef struct ex_sample_out {
+    int32_t token;
+    float   logprob;                      /* of token (logprobs or top_logprobs set) */
+    int     n_top;                        /* alternatives filled */
+    int32_t top_id[EX_MAX_LOGPROBS];      /* by logprob desc, id asc */
+    float   top_logprob[EX_MAX_LOGPROBS];
+} ex_sample_out;
+
+/* Defaults: greedy (temperature 0), top_k 0, top_p 1, min_p 0, penalties off, last_n 64,
+ * seed 0, no logprobs, no bias. Can't fail. */
+void ex_sample_params_default(ex_sample_params *p);
+/* Checks ranges (temperature finite, top_p in (0,1], min_p in [0,1], repeat_penalty > 0,
+ * top_logprobs <= EX_MAX_LOGPROBS, bias ids in [0, n_vocab)). Returns 0 or CM_EINVAL. */
+int  ex_sample_params_check(const ex_sample_params *p, int n_vocab);
+
+/* The counter-based random number of a draw: splitmix64's finalizer applied twice,
+ *   h = mix(seed ^ mix(pos)),  u = (h >> 11) * 2^-53  in [0, 1),
+ * where mix(z) = { z += 0x9E3779B97F4A7C15; z = (z ^ z>>30) * 0xBF58476D1CE4E5B9;
+ *                  z = (z ^ z>>27) * 0x94D049BB133111EB; return z ^ z>>31; }
+ * pos is the position of the token being drawn (the sequence's length before it). */
+static inline uint64_t ex_rng_mix(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline double ex_rng_u01(uint64_t seed, int64_t pos) {
+    uint64_t h = ex_rng_mix(seed ^ ex_rng_mix((uint64_t)pos));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+typedef struct ex_sampler ex_sampler;
+
+/* Scratch for n_vocab. Returns 0, CM_EINVAL or CM_ENOMEM. */
+int  ex_sampler_create(int n_vocab, ex_sampler **out);
+void ex_sampler_destroy(ex_sampler *s); /* accepts NULL */
+
+/* Samples from logits [n_vocab] (not modified). prev: the sequence's tokens before this one
+ * (prompt included), n_prev of them; pos: the position being sampled (usually n_prev).
+ * Returns 0 or CM_EINVAL (parameters failing ex_sample_params_check, a prev id out of range). */
+int ex_sampler_sample(ex_sampler *s, const ex_sample_params *p, const float *logits,
+                      const int32_t *prev, int n_prev, int64_t pos, ex_sample_out *out);
+
+#endif

@@ -1,0 +1,323 @@
+/* sched: waiting queue + running set, chunked prefill, preemption by recompute. */
+#include "sched.h"
+#include "kv.h"
+#include "../common/cm_err.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct seq {
+    uint64_t id;
+    int32_t *toks;        /* [cap] prompt then generated tokens */
+    int      n_toks, cap; /* cap = min(n_prompt + max_tokens, n_ctx) */
+    int      n_prompt, n_gen, max_tokens;
+    int      n_cached;    /* tokens whose K/V are in the cache (the next forward starts here) */
+    ex_kv_table kv;
+    ex_sample_params sp;  /* sp.bias points at bias below */
+    ex_logit_bias *bias;
+    int32_t *stop;
+    int      n_stop, ignore_eos;
+} seq;
+
+struct ex_sched {
+    ex_engine *e;
+    ex_kv     *kv;
+    ex_limits  lim;
+    ex_sched_opts o;
+    int32_t   *eog;
+    ex_sampler *smp;
+    ex_batch_buf bb;
+    seq      **run;       /* [max_running], admission order (oldest first) */
+    int        n_run;
+    seq      **wq;        /* ring [max_waiting] */
+    int        wq_head, n_wait;
+    seq      **batch_seq; /* [max_running] sequence of each batch slot */
+    int       *batch_n;   /* [max_running] tokens it forwards this step */
+    ex_event  *pend;      /* [max_running + max_waiting] finishes waiting to be reported */
+    int        n_pend;
+    ex_sched_stats st;
+};
+
+const char *ex_finish_name(int f) {
+    static const char *const names[] = { "none", "length", "stop", "ctx", "cancel", "nokv", "error" };
+    return f >= 0 && f <= EX_FINISH_ERROR ? names[f] : "?";
+}
+
+void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
+
+static void seq_free(ex_sched *s, seq *q) {
+    if (!q) return;
+    if (q->kv.blocks) { ex_kv_table_release(s->kv, &q->kv); ex_kv_table_free(&q->kv); }
+    free(q->toks); free(q->bias); free(q->stop);
+    free(q);
+}
+
+int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
+    *out = NULL;
+    const ex_limits *L = ex_engine_limits(e);
+    ex_sched *s = calloc(1, sizeof *s);
+    if (!s) return CM_ENOMEM;
+    s->e = e;
+    s->kv = ex_engine_kv(e);
+    s->lim = *L;
+    s->o = *o;
+    if (s->o.max_running <= 0 || s->o.max_running > L->max_seqs) s->o.max_running = L->max_seqs;
+    if (s->o.max_tokens <= 0 || s->o.max_tokens > L->max_tokens) s->o.max_tokens = L->max_tokens;
+    if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
+    if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
+    int rc = CM_ENOMEM;
+    if (o->n_eog < 0 || (o->n_eog && !o->eog)) { rc = CM_EINVAL; goto fail; }
+    if (o->n_eog) {
+        if (!(s->eog = malloc(sizeof(int32_t) * (size_t)o->n_eog))) goto fail;
+        memcpy(s->eog, o->eog, sizeof(int32_t) * (size_t)o->n_eog);
+    }
+    s->o.eog = s->eog;
+    int R = s->o.max_running, W = s->o.max_waiting;
+    s->run = calloc((size_t)R, sizeof *s->run);
+    s->wq = calloc((size_t)W, sizeof *s->wq);
+    s->batch_seq = calloc((size_t)R, sizeof *s->batch_seq);
+    s->batch_n = calloc((size_t)R, sizeof *s->batch_n);
+    s->pend = calloc((size_t)(R + W), sizeof *s->pend);
+    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->pend) goto fail;
+    if ((rc = ex_sampler_create(L->n_vocab, &s->smp))) goto fail;
+    if ((rc = ex_batch_buf_init(&s->bb, L))) goto fail;
+    *out = s;
+    return 0;
+fail:
+    ex_sched_destroy(s);
+    return rc;
+}
+
+void ex_sched_destroy(ex_sched *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_run; i++) seq_free(s, s->run[i]);
+    for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
+    ex_batch_buf_free(&s->bb);
+    ex_sampler_destroy(s->smp);
+    free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->pend); free(s->eog);
+    free(s);
+}
+
+static seq *find(ex_sched *s, uint64_t id, int *where, int *idx) {
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->id == id) { *where = 0; *idx = i; return s->run[i]; }
+    for (int i = 0; i < s->n_wait; i++) {
+        seq *q = s->wq[(s->wq_head + i) % s->o.max_waiting];
+        if (q->id == id) { *where = 1; *idx = i; return q; }
+    }
+    return NULL;
+}
+
+static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.block_size - 1) / s->lim.block_size; }
+
+int ex_sched_submit(ex_sched *s, const ex_request *r) {
+    int where, idx;
+    if (!r->prompt || r->n_prompt <= 0 || r->max_tokens <= 0 || r->n_stop < 0 || (r->n_stop && !r->stop_ids))
+        return CM_EINVAL;
+    if (ex_sample_params_check(&r->sp, s->lim.n_vocab)) return CM_EINVAL;
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) return CM_EINVAL;
+    if (find(s, r->id, &where, &idx)) return CM_EINVAL;
+    if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
+    if (blocks_for(s, r->n_prompt + 1) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
+    /* pend holds one finish per sequence freed before the next step: keep live + pending
+     * within its size */
+    if (s->n_wait >= s->o.max_waiting || s->n_wait + s->n_run + s->n_pend >= s->o.max_running + s->o.max_waiting)
+        return CM_EFULL;
+
+    seq *q = calloc(1, sizeof *q);
+    if (!q) return CM_ENOMEM;
+    q->id = r->id;
+    int64_t cap = (int64_t)r->n_prompt + r->max_tokens;
+    q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
+    q->n_prompt = q->n_toks = r->n_prompt;
+    q->max_tokens = r->max_tokens;
+    q->sp = r->sp;
+    q->n_stop = r->n_stop;
+    q->ignore_eos = r->ignore_eos;
+    q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);
+    if (!q->toks) goto nomem;
+    memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    if (r->sp.n_bias) {
+        if (!(q->bias = malloc(sizeof *q->bias * (size_t)r->sp.n_bias))) goto nomem;
+        memcpy(q->bias, r->sp.bias, sizeof *q->bias * (size_t)r->sp.n_bias);
+    }
+    q->sp.bias = q->bias;
+    if (r->n_stop) {
+        if (!(q->stop = malloc(sizeof(int32_t) * (size_t)r->n_stop))) goto nomem;
+        memcpy(q->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
+    }
+    if (ex_kv_table_init(&q->kv, s->lim.max_blocks)) goto nomem;
+    s->wq[(s->wq_head + s->n_wait) % s->o.max_waiting] = q;
+    s->n_wait++;
+    return 0;
+nomem:
+    seq_free(s, q);
+    return CM_ENOMEM;
+}
+
+static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish) {
+    ex_event *ev = &s->pend[s->n_pend++];
+    memset(ev, 0, sizeof *ev);
+    ev->id = q->id;
+    ev->token = tok;
+    ev->so.token = tok;
+    ev->finish = finish;
+    ev->n_prompt = q->n_prompt;
+    ev->n_gen = q->n_gen;
+}
+
+static void run_remove(ex_sched *s, int i) {
+    memmove(s->run + i, s->run + i + 1, sizeof *s->run * (size_t)(s->n_run - i - 1));
+    s->n_run--;
+}
+
+static void wait_remove(ex_sched *s, int i) {
+    int W = s->o.max_waiting;
+    for (int k = i; k > 0; k--) s->wq[(s->wq_head + k) % W] = s->wq[(s->wq_head + k - 1) % W];
+    s->wq_head = (s->wq_head + 1) % W;
+    s->n_wait--;
+}
+
+int ex_sched_cancel(ex_sched *s, uint64_t id) {
+    int where, idx;
+    seq *q = find(s, id, &where, &idx);
+    if (!q) return CM_ENOTFOUND;
+    /* pend has room for every live sequence, so this cannot overflow */
+    push_pending(s, q, -1, EX_FINISH_CANCEL);
+    if (where == 0) run_remove(s, idx);
+    else wait_remove(s, idx);
+    seq_free(s, q);
+    return 0;
+}
+
+/* Preempts the newest running sequence: frees its blocks, requeues it at the front. */
+static void preempt_newest(ex_sched *s) {
+    seq *q = s->run[s->n_run - 1];
+    s->n_run--;
+    ex_kv_table_release(s->kv, &q->kv);
+    q->n_cached = 0;
+    int W = s->o.max_waiting;
+    if (s->n_wait < W) {
+        s->wq_head = (s->wq_head + W - 1) % W;
+        s->wq[s->wq_head] = q;
+        s->n_wait++;
+    } else {
+        /* the queue is full of newer requests: this one cannot wait; report it */
+        push_pending(s, q, -1, EX_FINISH_NOKV);
+        seq_free(s, q);
+    }
+    s->st.preemptions++;
+}
+
+static int is_stop(const ex_sched *s, const seq *q, int32_t t) {
+    if (!q->ignore_eos)
+        for (int i = 0; i < s->o.n_eog; i++) if (s->o.eog[i] == t) return 1;
+    for (int i = 0; i < q->n_stop; i++) if (q->stop[i] == t) return 1;
+    return 0;
+}
+
+int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
+    *n_ev = 0;
+    if (cap < s->o.max_running) return CM_EINVAL;
+    int n = 0;
+    /* finishes from cancels and earlier preemption failures first */
+    int take = s->n_pend < cap ? s->n_pend : cap;
+    memcpy(ev, s->pend, sizeof *ev * (size_t)take);
+    memmove(s->pend, s->pend + take, sizeof *ev * (size_t)(s->n_pend - take));
+    s->n_pend -= take;
+    n = take;
+    int room = cap - n; /* events left for this step's sequences */
+
+    ex_batch_buf_clear(&s->bb);
+    int budget = s->o.max_tokens, nb = 0, preempted = 0;
+    for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
+        seq *q = s->run[i];
+        int want = q->n_toks - q->n_cached;
+        if (want > budget) want = budget;
+        int rc;
+        while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
+            if (s->n_run == 1) break;          /* alone and still no room */
+            int self = i == s->n_run - 1;
+            preempt_newest(s);
+            preempted = 1;
+            if (self) break;
+        }
+        if (rc == CM_ENOKV && s->n_run == 1 && s->run[0] == q) {
+            /* the pool cannot hold this sequence even alone */
+            push_pending(s, q, -1, EX_FINISH_NOKV);
+            ex_kv_table_release(s->kv, &q->kv);
+            run_remove(s, i);
+            seq_free(s, q);
+            i--;
+            continue;
+        }
+        if (rc) break; /* q itself was preempted (it was the newest) */
+        s->batch_seq[nb] = q;
+        s->batch_n[nb] = want;
+        ex_batch_buf_add(&s->bb, q->toks + q->n_cached, want, q->n_cached, q->kv.blocks, q->kv.n, 0);
+        nb++;
+        budget -= want;
+    }
+    /* admissions: whole current context's blocks must be free (no admission after a preemption) */
+    while (!preempted && s->n_wait > 0 && s->n_run < s->o.max_running && budget > 0 && nb < room) {
+        seq *q = s->wq[s->wq_head];
+        if (ex_kv_table_reserve(s->kv, &q->kv, q->n_toks) != 0) break;
+        s->wq_head = (s->wq_head + 1) % s->o.max_waiting;
+        s->n_wait--;
+        s->run[s->n_run++] = q;
+        int want = q->n_toks < budget ? q->n_toks : budget;
+        s->batch_seq[nb] = q;
+        s->batch_n[nb] = want;
+        ex_batch_buf_add(&s->bb, q->toks, want, 0, q->kv.blocks, q->kv.n, 0);
+        nb++;
+        budget -= want;
+    }
+    if (nb == 0) { *n_ev = n; return 0; }
+
+    const float *logits;
+    int rc = ex_engine_forward(s->e, &s->bb.b, &logits);
+    if (rc) { *n_ev = n; return rc; }
+    s->st.steps++;
+    s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
+
+    for (int b = 0; b < nb; b++) {
+        seq *q = s->batch_seq[b];
+        q->n_cached += s->batch_n[b];
+        if (q->n_cached < q->n_toks) continue; /* prefill chunk: nothing to sample yet */
+        ex_event *e = &ev[n++];
+        memset(e, 0, sizeof *e);
+        rc = ex_sampler_sample(s->smp, &q->sp, logits + (size_t)ex_batch_last_row(&s->bb.b, b) * s->lim.n_vocab,
+                               q->toks, q->n_toks, q->n_toks, &e->so);
+        int32_t t = e->so.token;
+        e->id = q->id;
+        e->token = t;
+        e->n_prompt = q->n_prompt;
+        if (rc) { e->token = -1; e->finish = EX_FINISH_ERROR; }
+        else {
+            q->toks[q->n_toks++] = t;
+            q->n_gen++;
+            s->st.tokens_generated++;
+            if (is_stop(s, q, t)) e->finish = EX_FINISH_STOP;
+            else if (q->n_gen >= q->max_tokens) e->finish = EX_FINISH_LENGTH;
+            else if (q->n_toks >= s->lim.n_ctx) e->finish = EX_FINISH_CTX;
+        }
+        e->n_gen = q->n_gen;
+        if (e->finish) {
+            for (int i = 0; i < s->n_run; i++) if (s->run[i] == q) { run_remove(s, i); break; }
+            seq_free(s, q);
+        }
+    }
+    *n_ev = n;
+    return 0;
+}
+
+int ex_sched_busy(const ex_sched *s) { return s->n_run > 0 || s->n_wait > 0 || s->n_pend > 0; }
+
+void ex_sched_stats_get(const ex_sched *s, ex_sched_stats *st) {
+    *st = s->st;
+    st->n_waiting = s->n_wait;
+    st->n_running = s->n_run;
+    st->kv_free = ex_kv_n_free(s->kv);
+    st->kv_total = ex_kv_n_blocks(s->kv);
+}

@@ -1,0 +1,102 @@
+/* sched: continuous batching over an engine. Requests wait in a FIFO queue; each step the
+ * running sequences (oldest first) get their next tokens — one for a decoding sequence, the
+ * next chunk of the prompt for a prefilling one — within a token budget, waiting requests
+ * join while sequences, budget and KV blocks allow, one forward pass runs over the whole
+ * batch, and every sequence whose prompt is fully in the cache samples its next token.
+ *
+ * KV: a sequence is admitted only when the free pool holds blocks for its whole current
+ * context; each step it grows by a block when it needs one. When a running sequence cannot
+ * grow, the newest running sequence is preempted: its blocks are freed and it goes back to
+ * the front of the queue to be recomputed from its tokens (prompt + generated); the sampler's
+ * (seed, position) draws make it produce the same tokens again. A sequence that cannot grow
+ * while running alone finishes with EX_FINISH_NOKV.
+ *
+ * Sequences finish on max_tokens (LENGTH), an end-of-generation id or a stop id (STOP; the
+ * token is reported with the finish), the context length (CTX: prompt + generated reached
+ * n_ctx), cancel (CANCEL), or NOKV.
+ *
+ *   ex_sched *s; ex_sched_opts so; ex_sched_opts_default(&so);
+ *   ex_sched_create(engine, &so, &s);
+ *   ex_request r = { .id = 7, .prompt = ids, .n_prompt = n, .max_tokens = 100 };
+ *   ex_sample_params_default(&r.sp);
+ *   ex_sched_submit(s, &r);
+ *   ex_event ev[256]; int n_ev;
+ *   while (ex_sched_busy(s)) ex_sched_step(s, ev, 256, &n_ev);   // tokens + finishes
+ *   ex_sched_destroy(s);
+ *
+ * One thread drives a scheduler (submit, cancel, step). A step allocates nothing; submit
+ * allocates the request's own storage.
+ */
+#ifndef EX_SCHED_H
+#define EX_SCHED_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "sampler.h"
+
+enum ex_finish {
+    EX_FINISH_NONE = 0, EX_FINISH_LENGTH, EX_FINISH_STOP, EX_FINISH_CTX, EX_FINISH_CANCEL,
+    EX_FINISH_NOKV, EX_FINISH_ERROR
+};
+const char *ex_finish_name(int finish); /* "length", "stop", ... ; can't fail */
+
+typedef struct ex_request {
+    uint64_t         id;          /* unique among the scheduler's live requests */
+    const int32_t   *prompt;      /* [n_prompt] (copied) */
+    int              n_prompt;    /* >= 1 and < n_ctx */
+    int              max_tokens;  /* >= 1 */
+    ex_sample_params sp;          /* bias array copied */
+    const int32_t   *stop_ids;    /* [n_stop] extra ids that end the sequence (copied) */
+    int              n_stop;
+    int              ignore_eos;  /* 1: the scheduler's end-of-generation ids do not stop it */
+} ex_request;
+
+/* One sequence's news from a step: a new token, a finish, or both. */
+typedef struct ex_event {
+    uint64_t      id;
+    int32_t       token;      /* the new token, -1 when the event only finishes (cancel, NOKV) */
+    int           finish;     /* enum ex_finish; NONE while the sequence goes on */
+    int           n_prompt;   /* usage */
+    int           n_gen;      /* tokens generated so far, this one included */
+    ex_sample_out so;         /* so.token == token; logprobs when the request asked */
+} ex_event;
+
+typedef struct ex_sched_opts {
+    int max_running;      /* sequences in the running set; 0 = the engine's max_seqs */
+    int max_tokens;       /* token budget per step; 0 = the engine's max_tokens */
+    int max_waiting;      /* queue cap; submit beyond it returns CM_EFULL; 0 = 1024 */
+    const int32_t *eog;   /* end-of-generation ids (copied), e.g. EOS */
+    int n_eog;
+} ex_sched_opts;
+
+typedef struct ex_sched_stats {
+    int      n_waiting, n_running;
+    int      kv_free, kv_total;       /* blocks */
+    uint64_t steps, tokens_forwarded, tokens_generated, preemptions;
+} ex_sched_stats;
+
+typedef struct ex_sched ex_sched;
+
+void ex_sched_opts_default(ex_sched_opts *o);
+/* e must outlive the scheduler, which owns its KV allocator's use from now on.
+ * Returns 0, CM_EINVAL or CM_ENOMEM. */
+int  ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out);
+void ex_sched_destroy(ex_sched *s); /* accepts NULL; drops every request without events */
+
+/* Queues a request. Returns 0, CM_EINVAL (bad fields or sampling parameters, an id already
+ * live), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV (the prompt needs more KV blocks
+ * than the whole pool has), CM_EFULL (queue full), CM_ENOMEM. */
+int ex_sched_submit(ex_sched *s, const ex_request *r);
+/* Ends a request wherever it is; its CANCEL event comes with the next step. Returns 0 or
+ * CM_ENOTFOUND. */
+int ex_sched_cancel(ex_sched *s, uint64_t id);
+/* Runs one step (a forward pass when any sequence has work). Writes up to cap events
+ * (cap >= max_running; finishes of cancelled requests beyond cap wait for the next step).
+ * Returns 0 or the forward pass's error (the engine is then unusable: executor fatal path). */
+int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev);
+/* 1 while any request is queued, running or has an event pending. */
+int ex_sched_busy(const ex_sched *s);
+void ex_sched_stats_get(const ex_sched *s, ex_sched_stats *st);
+
+#endif

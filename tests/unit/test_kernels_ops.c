@@ -1,0 +1,274 @@
+/* CPU ops (RMSNorm, RoPE, SwiGLU, softmax, add) and paged attention against scalar double
+ * references on random inputs; bounds of the KV store; thread-count invariance. */
+#include "kernels/cpu/attn.h"
+#include "kernels/cpu/kcpu.h"
+#include "kernels/cpu/ops.h"
+#include "common/cm_err.h"
+#include "t.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x1234567;
+static double urand(void) { /* [0,1) */
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float frand(float a) { return (float)((urand() * 2 - 1) * a); }
+
+/* max |a-b| / max(|b|, floor) over n values */
+static double rel_err(const float *a, const double *b, int64_t n, double floor) {
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / fmax(fabs(b[i]), floor);
+        if (d > e || isnan(d)) e = isnan(d) ? INFINITY : d;
+    }
+    return e;
+}
+
+static void test_rmsnorm(void) {
+    int T = 5, n = 300;
+    float *x = malloc(sizeof(float) * T * n), *w = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * T * n);
+    double *r = malloc(sizeof(double) * T * n);
+    for (int i = 0; i < T * n; i++) x[i] = frand(3);
+    for (int i = 0; i < n; i++) w[i] = frand(2);
+    for (int i = 0; i < T * n; i++) y[i] = NAN;
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[t * n + i] * x[t * n + i];
+        double s = 1.0 / sqrt(ss / n + 1e-5);
+        for (int i = 0; i < n; i++) r[t * n + i] = x[t * n + i] * s * w[i];
+    }
+    k_rmsnorm(x, w, T, n, 1e-5f, y);
+    T_CHECKF(rel_err(y, r, T * n, 1e-3) < 1e-5, "rmsnorm rel err %g", rel_err(y, r, T * n, 1e-3));
+    k_rmsnorm(x, w, T, n, 1e-5f, x); /* in place gives the same */
+    T_CHECK(memcmp(x, y, sizeof(float) * T * n) == 0);
+    free(x); free(w); free(y); free(r);
+}
+
+/* Double reference of the rotation with the scaling written out independently. */
+static void rope_ref(const mdl_config *c, const float *x, double *y, int T, int H, int D, const int32_t *pos) {
+    int rd = c->rope_dim, half = rd / 2;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const float *v = x + (t * H + h) * D;
+            double *o = y + (t * H + h) * D;
+            for (int d = 0; d < D; d++) o[d] = v[d];
+            for (int i = 0; i < half; i++) {
+                double f = 1.0 / pow((double)c->rope_base, (2.0 * i) / rd);
+                if (c->rope_scaling == MDL_ROPE_SCALING_LINEAR) f /= c->rope_factor;
+                if (c->rope_scaling == MDL_ROPE_SCALING_LLAMA3) {
+                    double wl = 2 * M_PI / f, lo = c->rope_orig_ctx / c->rope_low_freq_factor,
+                           hi = c->rope_orig_ctx / c->rope_high_freq_factor;
+                    if (wl > lo) f = f / c->rope_factor;
+                    else if (wl >= hi) {
+                        double sm = (c->rope_orig_ctx / wl - c->rope_low_freq_factor) /
+                                    (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                        f = (1 - sm) * f / c->rope_factor + sm * f;
+                    }
+                }
+                double a = pos[t] * f, cs = cos(a), sn = sin(a);
+                int i0 = c->rope_layout == MDL_ROPE_HALF ? i : 2 * i;
+                int i1 = c->rope_layout == MDL_ROPE_HALF ? i + half : 2 * i + 1;
+                o[i0] = v[i0] * cs - v[i1] * sn;
+                o[i1] = v[i0] * sn + v[i1] * cs;
+            }
+        }
+}
+
+static void test_rope(void) {
+    int T = 7, H = 3, D = 64;
+    int32_t pos[7] = { 0, 1, 2, 17, 300, 4095, 70000 };
+    float *x = malloc(sizeof(float) * T * H * D), *y = malloc(sizeof(float) * T * H * D);
+    double *r = malloc(sizeof(double) * T * H * D);
+    for (int i = 0; i < T * H * D; i++) x[i] = frand(2);
+    struct { int layout, scaling, rope_dim; float base, factor; } cases[] = {
+        { MDL_ROPE_ADJACENT, MDL_ROPE_SCALING_NONE, 64, 10000.0f, 1 },
+        { MDL_ROPE_HALF, MDL_ROPE_SCALING_NONE, 64, 1000000.0f, 1 },
+        { MDL_ROPE_ADJACENT, MDL_ROPE_SCALING_LINEAR, 64, 10000.0f, 4 },
+        { MDL_ROPE_HALF, MDL_ROPE_SCALING_LLAMA3, 64, 500000.0f, 8 },
+        { MDL_ROPE_ADJACENT, MDL_ROPE_SCALING_LLAMA3, 64, 500000.0f, 32 },
+        { MDL_ROPE_HALF, MDL_ROPE_SCALING_NONE, 32, 10000.0f, 1 },     /* partial rotation */
+        { MDL_ROPE_ADJACENT, MDL_ROPE_SCALING_NONE, 16, 10000.0f, 1 },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        mdl_config c;
+        memset(&c, 0, sizeof c);
+        c.rope_dim = cases[k].rope_dim; c.rope_base = cases[k].base; c.rope_layout = cases[k].layout;
+        c.rope_scaling = cases[k].scaling; c.rope_factor = cases[k].factor;
+        c.rope_low_freq_factor = 1; c.rope_high_freq_factor = 4; c.rope_orig_ctx = 8192;
+        k_rope_params rp;
+        T_EQ_INT(k_rope_init(&rp, &c), 0);
+        memcpy(y, x, sizeof(float) * T * H * D);
+        k_rope(&rp, y, T, H, D, pos);
+        rope_ref(&c, x, r, T, H, D, pos);
+        double e = 0;
+        for (int i = 0; i < T * H * D; i++) e = fmax(e, fabs(y[i] - r[i]));
+        /* |x| <= 2: absolute error of a float rotation of float inputs */
+        T_CHECKF(e < 2e-6, "rope case %zu: max abs err %g", k, e);
+        if (c.rope_dim < D) { /* untouched tail */
+            int same = 1;
+            for (int t = 0; t < T * H; t++)
+                for (int d = c.rope_dim; d < D; d++) same &= y[t * D + d] == x[t * D + d];
+            T_CHECK(same);
+        }
+    }
+    mdl_config bad;
+    memset(&bad, 0, sizeof bad);
+    bad.rope_dim = 7;
+    k_rope_params rp;
+    T_EQ_INT(k_rope_init(&rp, &bad), CM_EINVAL);
+    free(x); free(y); free(r);
+}
+
+static void test_swiglu_softmax_add(void) {
+    int n = 1000;
+    float *g = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n);
+    double *r = malloc(sizeof(double) * n);
+    for (int i = 0; i < n; i++) { g[i] = frand(12); u[i] = frand(3); o[i] = NAN; }
+    for (int i = 0; i < n; i++) r[i] = g[i] / (1 + exp(-(double)g[i])) * u[i];
+    k_swiglu(g, u, n, o);
+    T_CHECKF(rel_err(o, r, n, 1e-2) < 2e-6, "swiglu %g", rel_err(o, r, n, 1e-2));
+
+    for (int i = 0; i < n; i++) o[i] = frand(30);
+    double mx = -1e300, s = 0;
+    for (int i = 0; i < n; i++) mx = fmax(mx, o[i]);
+    for (int i = 0; i < n; i++) s += exp(o[i] - mx);
+    for (int i = 0; i < n; i++) r[i] = exp(o[i] - mx) / s;
+    k_softmax(o, n);
+    T_CHECKF(rel_err(o, r, n, 1e-30) < 1e-5, "softmax %g", rel_err(o, r, n, 1e-30));
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += o[i];
+    T_NEAR(tot, 1.0, 1e-5);
+    float one = 5.0f;
+    k_softmax(&one, 1);
+    T_CHECK(one == 1.0f);
+
+    for (int i = 0; i < n; i++) { g[i] = frand(1); u[i] = frand(1); r[i] = (double)g[i] + u[i]; }
+    k_add(g, u, n);
+    T_CHECKF(rel_err(g, r, n, 1e-3) < 1e-6, "add");
+    float xb[6] = { 1, 2, 3, 4, 5, 6 }, bb[3] = { 10, 20, 30 };
+    k_add_bias(xb, bb, 2, 3);
+    T_CHECK(xb[0] == 11 && xb[2] == 33 && xb[3] == 14 && xb[5] == 36);
+    free(g); free(u); free(o); free(r);
+}
+
+/* Paged attention: 3 sequences with scattered block tables, GQA 8:2, block size 4 (many
+ * blocks per sequence), queries at mixed positions (prefill chunk + decode). */
+static void test_attention(void) {
+    enum { H = 8, HKV = 2, D = 32, BS = 4, NB = 64, S = 3 };
+    int lens[S] = { 19, 1, 37 };       /* context length after the step */
+    int n_new[S] = { 6, 1, 3 };        /* new tokens this step */
+    int T = 0;
+    for (int s = 0; s < S; s++) T += n_new[s];
+    int64_t row = HKV * D;
+    float *kp = malloc(sizeof(float) * NB * BS * row), *vp = malloc(sizeof(float) * NB * BS * row);
+    for (int64_t i = 0; i < NB * BS * row; i++) { kp[i] = NAN; vp[i] = NAN; } /* poison */
+    int32_t bt[S * 16], nblk[S];
+    /* a shuffled permutation of blocks so sequences interleave in the pool */
+    int32_t perm[NB];
+    for (int i = 0; i < NB; i++) perm[i] = i;
+    for (int i = NB - 1; i > 0; i--) { int j = (int)(urand() * (i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int used = 0;
+    for (int s = 0; s < S; s++) {
+        nblk[s] = (lens[s] + BS - 1) / BS;
+        for (int j = 0; j < nblk[s]; j++) bt[s * 16 + j] = perm[used++];
+    }
+    /* full K/V per sequence [len, HKV, D], the old part stored directly, new part via k_kv_write */
+    float *K[S], *V[S];
+    int32_t *tpos = malloc(sizeof(int32_t) * T), *tseq = malloc(sizeof(int32_t) * T);
+    float *knew = malloc(sizeof(float) * T * row), *vnew = malloc(sizeof(float) * T * row);
+    int t = 0;
+    for (int s = 0; s < S; s++) {
+        K[s] = malloc(sizeof(float) * lens[s] * row);
+        V[s] = malloc(sizeof(float) * lens[s] * row);
+        for (int i = 0; i < lens[s] * row; i++) { K[s][i] = frand(1.5f); V[s][i] = frand(1); }
+        for (int p = 0; p < lens[s]; p++) {
+            if (p < lens[s] - n_new[s]) {
+                int64_t b = bt[s * 16 + p / BS];
+                memcpy(kp + (b * BS + p % BS) * row, K[s] + p * row, sizeof(float) * row);
+                memcpy(vp + (b * BS + p % BS) * row, V[s] + p * row, sizeof(float) * row);
+            } else {
+                tpos[t] = p; tseq[t] = s;
+                memcpy(knew + t * row, K[s] + p * row, sizeof(float) * row);
+                memcpy(vnew + t * row, V[s] + p * row, sizeof(float) * row);
+                t++;
+            }
+        }
+    }
+    float *q = malloc(sizeof(float) * T * H * D), *out = malloc(sizeof(float) * T * H * D),
+          *out2 = malloc(sizeof(float) * T * H * D);
+    double *ref = malloc(sizeof(double) * T * H * D);
+    for (int i = 0; i < T * H * D; i++) { q[i] = frand(1.5f); out[i] = NAN; out2[i] = NAN; }
+    k_attn_args a = { .n_tok = T, .n_head = H, .n_head_kv = HKV, .head_dim = D, .block_size = BS,
+                      .scale = 1.0f / sqrtf(D), .q = q, .out = out, .tok_pos = tpos, .tok_seq = tseq,
+                      .block_tables = bt, .bt_stride = 16, .n_blocks = nblk, .k_pool = kp, .v_pool = vp,
+                      .n_pool_blocks = NB };
+    T_EQ_INT(k_kv_write(&a, knew, vnew), 0);
+    k_pool *p1, *p2;
+    k_pool_create(1, &p1);
+    k_pool_create(2, &p2);
+    T_EQ_INT(k_attn_paged(p2, &a), 0);
+    a.out = out2;
+    T_EQ_INT(k_attn_paged(p1, &a), 0);
+    T_CHECK(memcmp(out, out2, sizeof(float) * T * H * D) == 0); /* thread count invariance */
+    /* reference */
+    for (t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int s = tseq[t], p = tpos[t], kh = h / (H / HKV);
+            double sc[64], mx = -1e300, sum = 0;
+            for (int j = 0; j <= p; j++) {
+                double d = 0;
+                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * K[s][j * row + kh * D + i];
+                sc[j] = d / sqrt((double)D);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+            for (int i = 0; i < D; i++) {
+                double o = 0;
+                for (int j = 0; j <= p; j++) o += sc[j] * V[s][j * row + kh * D + i];
+                ref[(t * H + h) * D + i] = o / sum;
+            }
+        }
+    double e = 0;
+    for (int i = 0; i < T * H * D; i++) e = fmax(e, fabs(out[i] - ref[i]));
+    T_CHECKF(e < 1e-5, "attention max abs err %g", e);
+
+    /* the result of a token does not depend on the other tokens of the call: run sequence 2's
+     * last token alone */
+    {
+        float o1[H * D];
+        k_attn_args b = a;
+        b.n_tok = 1; b.q = q + (T - 1) * H * D; b.out = o1; b.tok_pos = tpos + T - 1; b.tok_seq = tseq + T - 1;
+        T_EQ_INT(k_attn_paged(p2, &b), 0);
+        T_CHECK(memcmp(o1, out + (T - 1) * H * D, sizeof o1) == 0);
+    }
+    /* bounds: a position beyond the block table, a block id outside the pool */
+    {
+        k_attn_args b = a;
+        int32_t badpos = lens[0] + BS * 8;
+        b.n_tok = 1; b.tok_pos = &badpos; b.tok_seq = tseq; b.out = out2;
+        T_EQ_INT(k_kv_write(&b, knew, vnew), CM_EINVAL);
+        T_EQ_INT(k_attn_paged(p2, &b), CM_EINVAL);
+        int32_t bt2[16], nb1 = 2;
+        bt2[0] = 0; bt2[1] = NB; /* second block outside */
+        int32_t pos5 = 5, s0 = 0;
+        b.block_tables = bt2; b.n_blocks = &nb1; b.tok_pos = &pos5; b.tok_seq = &s0;
+        T_EQ_INT(k_kv_write(&b, knew, vnew), CM_EINVAL);
+        T_EQ_INT(k_attn_paged(p1, &b), CM_EINVAL);
+    }
+    k_pool_destroy(p1);
+    k_pool_destroy(p2);
+    for (int s = 0; s < S; s++) { free(K[s]); free(V[s]); }
+    free(kp); free(vp); free(tpos); free(tseq); free(knew); free(vnew); free(q); free(out); free(out2); free(ref);
+}
+
+int main(void) {
+    test_rmsnorm();
+    test_rope();
+    test_swiglu_softmax_add();
+    test_attention();
+    return t_done();
+}
