@@ -177,7 +177,7 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     }
     int64_t budget = o->kv_cache_mb > 0 ? o->kv_cache_mb * (1LL << 20)
                                         : ex_kv_default_bytes((int64_t)bbytes * L.max_blocks * L.max_seqs);
-    int64_t nb = budget / (int64_t)bbytes;
+    int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
     if (nb > (1 << 30)) nb = 1 << 30;
     if (nb < 2) {
         snprintf(err, errlen, "KV cache budget of %.1f MiB is too small: one block of %d tokens needs %.2f MiB",

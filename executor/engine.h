@@ -113,6 +113,7 @@ typedef struct ex_engine_opts {
     const char *backend;    /* "cpu" (default) or "cuda" (when built) */
     int     n_threads;      /* cpu: worker threads including the caller; 0 = all cores */
     int64_t kv_cache_mb;    /* KV pool budget in MiB; 0 = ex_kv_default_bytes() */
+    int     kv_blocks;      /* > 0: exactly this many blocks (overrides kv_cache_mb; tests, tuning) */
     int     block_size;     /* tokens per KV block; 0 = 16 */
     int     n_ctx;          /* positions per sequence; 0 = the model's training context */
     int     max_tokens;     /* token budget per step; 0 = 512 */

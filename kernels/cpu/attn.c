@@ -38,6 +38,10 @@ typedef struct {
     int bad; /* set by a worker that met an uncovered position (each writes 1 only) */
 } attn_job;
 
+/* Positions are processed in chunks of K_ATTN_CHUNK whatever the block size, so the
+ * rounding of the online softmax depends on positions only, not on the cache's paging. */
+#define K_ATTN_CHUNK 64
+
 static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
     const int D = a->head_dim, BS = a->block_size;
     const int64_t row = (int64_t)a->n_head_kv * D;
@@ -45,18 +49,23 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
     const float *q = a->q + (t * a->n_head + h) * (int64_t)D;
     float *o = a->out + (t * a->n_head + h) * (int64_t)D;
     const int s = a->tok_seq[t], p = a->tok_pos[t];
-    float acc[K_ATTN_MAX_HEAD_DIM], sc[K_ATTN_MAX_BLOCK];
+    float acc[K_ATTN_MAX_HEAD_DIM], sc[K_ATTN_CHUNK];
+    const float *vrow[K_ATTN_CHUNK];
     float m = -INFINITY, l = 0.0f;
     for (int d = 0; d < D; d++) acc[d] = 0.0f;
-    for (int j0 = 0; j0 <= p; j0 += BS) {
-        int64_t b = block_of(a, s, j0);
-        if (b < 0) { *bad = 1; memset(o, 0, sizeof(float) * (size_t)D); return; }
-        int nv = p + 1 - j0 < BS ? p + 1 - j0 : BS;
-        const float *kb = a->k_pool + b * BS * row + (int64_t)kvh * D;
-        const float *vb = a->v_pool + b * BS * row + (int64_t)kvh * D;
+    for (int j0 = 0; j0 <= p; j0 += K_ATTN_CHUNK) {
+        int nv = p + 1 - j0 < K_ATTN_CHUNK ? p + 1 - j0 : K_ATTN_CHUNK;
         float mb = m;
+        int64_t b = -1;
         for (int i = 0; i < nv; i++) {
-            const float *kr = kb + i * row;
+            int pp = j0 + i;
+            if (i == 0 || pp % BS == 0) {
+                b = block_of(a, s, pp);
+                if (b < 0) { *bad = 1; memset(o, 0, sizeof(float) * (size_t)D); return; }
+            }
+            int64_t off = (b * BS + pp % BS) * row + (int64_t)kvh * D;
+            const float *kr = a->k_pool + off;
+            vrow[i] = a->v_pool + off;
             float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
             int d = 0;
             for (; d + 4 <= D; d += 4) {
@@ -69,14 +78,14 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
             if (x > mb) mb = x;
         }
         if (mb > m) {
-            float r = expf(m - mb); /* m = -inf on the first block: r = 0, acc and l are 0 */
+            float r = expf(m - mb); /* m = -inf on the first chunk: r = 0, acc and l are 0 */
             l *= r;
             for (int d = 0; d < D; d++) acc[d] *= r;
             m = mb;
         }
         for (int i = 0; i < nv; i++) {
             float w = expf(sc[i] - m);
-            const float *vr = vb + i * row;
+            const float *vr = vrow[i];
             l += w;
             for (int d = 0; d < D; d++) acc[d] += w * vr[d];
         }
@@ -98,7 +107,11 @@ static void attn_worker(void *ctx, int ith, int nth) {
 int k_attn_paged(k_pool *pool, const k_attn_args *a) {
     if (!args_ok(a)) return CM_EINVAL;
     attn_job j = { a, 0 };
-    if (pool) k_pool_run(pool, attn_worker, &j);
+    /* Waking workers costs more than a few thousand multiply-adds: small steps run inline
+     * (same result: the split never changes a (token, head) computation). */
+    int64_t work = 0;
+    for (int64_t t = 0; t < a->n_tok && work < (1 << 16); t++) work += (int64_t)(a->tok_pos[t] + 1) * a->n_head * a->head_dim;
+    if (pool && k_pool_size(pool) > 1 && work >= (1 << 16)) k_pool_run(pool, attn_worker, &j);
     else attn_worker(&j, 0, 1);
     return j.bad ? CM_EINVAL : 0;
 }

@@ -11,8 +11,9 @@
  *
  * A query token at position p attends to its own sequence's positions [0, p]; the work is
  * split over (token, head) pairs across the pool, each computed the same way whatever the
- * split (online softmax over blocks in position order, f32 accumulation), so results do not
- * depend on the thread count or on the other tokens of the batch.
+ * split (online softmax over fixed chunks of 64 positions in order, f32 accumulation), so
+ * results depend neither on the thread count, the other tokens of the batch, nor the block
+ * size or which physical blocks hold the sequence.
  * Called from the pool owner's thread; allocates nothing.
  */
 #ifndef K_ATTN_H
