@@ -27,7 +27,7 @@
 
 typedef struct ex_backend_opts {
     ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate */
-    int n_threads;   /* cpu: threads including the caller (>= 1) */
+    int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
     int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
 } ex_backend_opts;

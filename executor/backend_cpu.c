@@ -183,8 +183,14 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->base.destroy = cpu_destroy;
     b->base.impl = b;
     int rc, nt = o->n_threads;
-    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (nt <= 0) nt = 1;
+    if (nt <= 0) {
+        /* automatic: every core, but one per 16 MiB of weights at most: waking workers for
+         * matrices of a few KiB costs more than it saves */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int64_t by_size = (int64_t)(m->weight_bytes >> 24) + 1;
+        nt = (int)(cores < by_size ? cores : by_size);
+        if (nt <= 0) nt = 1;
+    }
     if ((rc = k_pool_create(nt, &b->pool))) { snprintf(err, errlen, "cpu backend: thread pool: %s", cm_err_str(rc)); goto fail; }
     if ((rc = k_rope_init(&b->rope, c))) { snprintf(err, errlen, "cpu backend: rope dimension %d not supported", c->rope_dim); goto fail; }
 

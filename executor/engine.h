@@ -111,7 +111,7 @@ int ex_batch_check(const ex_batch *b, const ex_limits *lim, char *err, size_t er
 
 typedef struct ex_engine_opts {
     const char *backend;    /* "cpu" (default) or "cuda" (when built) */
-    int     n_threads;      /* cpu: worker threads including the caller; 0 = all cores */
+    int     n_threads;      /* cpu: threads including the caller; 0 = automatic (cores, fewer for tiny models) */
     int64_t kv_cache_mb;    /* KV pool budget in MiB; 0 = ex_kv_default_bytes() */
     int     kv_blocks;      /* > 0: exactly this many blocks (overrides kv_cache_mb; tests, tuning) */
     int     block_size;     /* tokens per KV block; 0 = 16 */

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# arka generate: the greedy continuation of stories260K matches ../shared/models/README.md as
+# text, through --prompt-ids and as ids; seeded sampling repeats; stdout carries only the
+# continuation; bad input gets a one-line error and a non-zero exit, never a crash.
+set -uo pipefail
+ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
+ARKA=${ARKA_BIN:-$ROOT/build/bin/arka}
+MODELS=$ROOT/../shared/models
+M=$MODELS/stories260K.gguf
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+check() { if [ "$1" = "$2" ]; then ok; else bad "$3"; echo "  got:      $(printf %q "$1" | head -c 400)"; echo "  expected: $(printf %q "$2" | head -c 400)"; fi; }
+
+# The reference: the README's code block after "Reference:", prompt included, trailing blank
+# lines dropped.
+awk '/^Reference:/ {r=1} r && /^```/ {n++; next} r && n==1 {print}' "$MODELS/README.md" >"$TMP/ref.txt"
+REF=$(cat "$TMP/ref.txt")
+[ ${#REF} -gt 200 ] && ok || bad "could not read the reference from README.md"
+
+cd "$ROOT"
+"$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 >"$TMP/out.txt" 2>"$TMP/err.txt"
+check "$?" 0 "greedy run exit status"
+OUT="Once upon a time$(cat "$TMP/out.txt")"
+check "$OUT" "$REF" "greedy continuation differs from README.md"
+grep -q "prefill:.*tok/s.*decode: 199 tokens.*tok/s" "$TMP/err.txt" && ok || bad "stderr lacks the timing line: $(cat "$TMP/err.txt")"
+grep -q "load:" "$TMP/out.txt" && bad "timings leaked to stdout" || ok
+
+# ids, then the same ids back as a prompt
+"$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 --ids >"$TMP/ids.txt" 2>/dev/null
+check "$(wc -w <"$TMP/ids.txt" | tr -d ' ')" 200 "--ids count"
+check "$(cut -d' ' -f1-5 "$TMP/ids.txt")" "432 383 286 261 376" "--ids first ids"
+"$ARKA" generate -m "$M" --prompt-ids "1 403 407 261 378" -n 200 --temp 0 >"$TMP/out2.txt" 2>/dev/null
+check "$(cat "$TMP/out2.txt")" "$(cat "$TMP/out.txt")" "--prompt-ids gives the same text"
+# chunked prefill and other thread counts and block sizes change nothing
+"$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 --batch 2 --threads 2 --kv-block-size 4 >"$TMP/out3.txt" 2>/dev/null
+check "$(cat "$TMP/out3.txt")" "$(cat "$TMP/out.txt")" "--batch 2 --threads 2 --kv-block-size 4"
+
+# seeded sampling: same seed same text, other seed other text
+A=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 7 2>/dev/null)
+B=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 7 --threads 2 2>/dev/null)
+C=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 8 2>/dev/null)
+check "$A" "$B" "same seed, same text"
+[ "$A" != "$C" ] && ok || bad "seeds 7 and 8 gave the same text"
+D=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.7 --min-p 0.1 --repeat-penalty 1.2 --seed 3 2>/dev/null)
+[ ${#D} -gt 20 ] && ok || bad "min-p + repeat-penalty run produced nothing"
+# the context ends generation: 5 prompt tokens + 11 = 16
+"$ARKA" generate -m "$M" -p "Once upon a time" -n 50 --temp 0 --ctx 16 --ids >"$TMP/ctx.txt" 2>"$TMP/ctxerr.txt"
+check "$(wc -w <"$TMP/ctx.txt" | tr -d ' ')" 11 "--ctx 16 stops after 11 tokens"
+grep -q "finish: ctx" "$TMP/ctxerr.txt" && ok || bad "finish reason ctx: $(cat "$TMP/ctxerr.txt")"
+
+# bad input: one line on stderr, non-zero exit, no crash (exit codes > 128 are signals)
+expect_err() { # pattern, args...
+    local pat=$1; shift
+    "$ARKA" generate "$@" >"$TMP/o" 2>"$TMP/e"
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -gt 128 ]; then bad "exit $rc for: $*"; return; fi
+    [ "$(wc -l <"$TMP/e")" -le 2 ] && ok || bad "more than one error line for: $* ($(cat "$TMP/e"))"
+    grep -qi -- "$pat" "$TMP/e" && ok || bad "error for '$*' lacks '$pat': $(cat "$TMP/e")"
+    [ -s "$TMP/o" ] && bad "stdout not empty for: $*" || ok
+}
+expect_err "must be >= 1" -m "$M" -p "hi" -n 0
+expect_err "unknown" -m "$M" -p "hi" --bogus-flag 3
+expect_err "context" -m "$M" -p "Once upon a time there was a girl" --ctx 4
+expect_err "KV cache" -m "$M" -p "hi" --kv-cache-mb 1 --kv-block-size 1024
+expect_err "no model" -p "hi"
+expect_err "prompt" -m "$M"
+expect_err "token id" -m "$M" --prompt-ids "1 99999"
+expect_err "no such file\|stories-missing" -m "$TMP/stories-missing.gguf" -p "hi"
+# a model of an unsupported architecture, and one whose weight has a type without a kernel:
+# byte patches of the real file (same lengths, so every offset stays valid)
+python3 - "$M" "$TMP" <<'PY'
+import struct, sys
+src, tmp = sys.argv[1], sys.argv[2]
+b = bytearray(open(src, 'rb').read())
+a = bytearray(b)
+key = b"general.architecture"
+i = a.find(struct.pack('<Q', len(key)) + key)
+j = i + 8 + len(key) + 4 + 8          # key, value type, string length
+assert a[j:j + 5] == b"llama"
+a[j:j + 5] = b"bloom"
+open(tmp + "/arch.gguf", 'wb').write(a)
+t = bytearray(b)
+name = b"blk.0.attn_q.weight"
+i = t.find(struct.pack('<Q', len(name)) + name)
+k = i + 8 + len(name)
+nd = struct.unpack_from('<I', t, k)[0]
+k += 4 + 8 * nd
+assert struct.unpack_from('<I', t, k)[0] == 0      # F32
+struct.pack_into('<I', t, k, 26)                   # I32: same size, no matmul kernel
+open(tmp + "/type.gguf", 'wb').write(t)
+PY
+expect_err "architecture\|bloom" -m "$TMP/arch.gguf" -p "hi"
+expect_err "I32\|type" -m "$TMP/type.gguf" -p "hi"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
