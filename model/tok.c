@@ -459,11 +459,14 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
     free(d);
 
     if (v->algo == TOK__ALGO_BPE_BYTES) {
+        int missing = 0, first_missing = -1;
         for (int b = 0; b < 256; b++) {
             int l = tok__utf8_enc(tok__byte_to_cp((uint8_t)b), tmp);
             v->byte_sym[b] = tok__map_get(&v->text_map, &v->text, tmp, (size_t)l);
-            if (v->byte_sym[b] < 0) CM_LOG_WARN("tok", "byte-level vocabulary lacks a byte", "byte=0x%02x", b);
+            if (v->byte_sym[b] < 0 && !missing++) first_missing = b;
         }
+        if (missing) /* such bytes encode as <unk>, or not at all without one (as llama.cpp) */
+            CM_LOG_WARN("tok", "byte-level vocabulary lacks bytes", "missing=%d first=0x%02x", missing, first_missing);
         if ((rc = tok__map_init(&v->piece_map, (size_t)v->n))) goto done;
         /* NORMAL tokens first so that they win over special tokens with the same bytes */
         for (int pass = 0; pass < 2; pass++)

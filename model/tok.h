@@ -41,6 +41,10 @@ enum tok_type {
 int  tok_load_gguf(const gguf_ctx *g, tok_vocab **out, char *err, size_t errlen);
 /* From tokenizer.json (+ optional tokenizer_config.json, may be NULL). */
 int  tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, tok_vocab **out, char *err, size_t errlen);
+/* Same from memory: name (and config_name) label error messages; config may be NULL. The
+ * buffers are only read during the call. */
+int  tok_load_hf_mem(const char *name, const char *json, size_t json_len, const char *config_name, const char *config,
+                     size_t config_len, tok_vocab **out, char *err, size_t errlen);
 /* From a path: a GGUF file (full model or vocab-only), a tokenizer.json (its sibling
  * tokenizer_config.json is read when present) or a directory holding tokenizer.json. */
 int  tok_load_file(const char *path, tok_vocab **out, char *err, size_t errlen);

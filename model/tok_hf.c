@@ -322,18 +322,38 @@ static int32_t find_id(const tok_vocab *v, const char *s) {
 int tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, tok_vocab **out, char *err, size_t errlen) {
     if (!tokenizer_json || !out) return CM_EINVAL;
     *out = NULL;
+    char *text = NULL, *ctext = NULL;
+    size_t len = 0, clen = 0;
+    int rc = read_file(tokenizer_json, &text, &len, err, errlen);
+    if (rc) return rc;
+    if (tokenizer_config && (rc = read_file(tokenizer_config, &ctext, &clen, err, errlen))) {
+        free(text);
+        return rc;
+    }
+    rc = tok_load_hf_mem(tokenizer_json, text, len, tokenizer_config, ctext, clen, out, err, errlen);
+    free(text);
+    free(ctext);
+    return rc;
+}
+
+int tok_load_hf_mem(const char *name, const char *json, size_t json_len, const char *config_name, const char *config,
+                    size_t config_len, tok_vocab **out, char *err, size_t errlen) {
+    if (!name || (!json && json_len) || !out) return CM_EINVAL;
+    *out = NULL;
+    const char *tokenizer_json = name, *tokenizer_config = config ? (config_name ? config_name : "tokenizer_config.json") : NULL;
     hf_state h;
     memset(&h, 0, sizeof h);
     h.path = tokenizer_json;
     h.err = err;
     h.errlen = errlen;
-    char *text = NULL, *key = NULL;
-    size_t len, kcap = 0, klen;
+    const char *text = json;
+    size_t len = json_len;
+    char *key = NULL;
+    size_t kcap = 0, klen;
     tok_vocab *v = NULL;
     cm_json_doc *added = NULL, *norm = NULL, *pre = NULL, *post = NULL, *cfg = NULL;
     int32_t *n_of = NULL;
-    int rc = read_file(tokenizer_json, &text, &len, err, errlen);
-    if (rc) return rc;
+    int rc;
 
     /* top level: the model is read in place, the small parts go to cm_json */
     span s_added = { 0 }, s_norm = { 0 }, s_pre = { 0 }, s_post = { 0 };
@@ -367,12 +387,8 @@ int tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, tok_vo
         (rc = parse_span(&h, s_pre, "pre_tokenizer", &pre)) || (rc = parse_span(&h, s_post, "post_processor", &post)))
         goto done;
     if (tokenizer_config) {
-        char *ctext;
-        size_t clen;
-        if ((rc = read_file(tokenizer_config, &ctext, &clen, err, errlen))) goto done;
         char cerr[160];
-        rc = cm_json_parse(ctext, clen, &cfg, cerr, sizeof cerr);
-        free(ctext);
+        rc = cm_json_parse(config, config_len, &cfg, cerr, sizeof cerr);
         if (rc) {
             snprintf(err, errlen, "%s: %s", tokenizer_config, cerr);
             goto done;
@@ -537,7 +553,6 @@ done:
     free(h.vocab_id);
     free(h.unk_token);
     free(key);
-    free(text);
     return rc;
 }
 
