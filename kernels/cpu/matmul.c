@@ -61,12 +61,12 @@ const char *k_isa_name(int isa) {
     }
 }
 
-static const k__mm_fn *isa_table(int isa) {
-    switch (isa) {
-    case K_ISA_AVX512: return k__mm_avx512;
-    case K_ISA_AVX2: return k__mm_avx2;
-    default: return k__mm_scalar;
-    }
+/* The kernel for a weight type on an ISA: that ISA's own, else the next narrower ISA's
+ * (AVX-512 machines run the AVX2 K-quant kernels), else scalar; NULL: no direct kernel. */
+static k__mm_fn kernel_for(int isa, int wtype) {
+    if (isa >= K_ISA_AVX512 && k__mm_avx512[wtype]) return k__mm_avx512[wtype];
+    if (isa >= K_ISA_AVX2 && k__mm_avx2[wtype]) return k__mm_avx2[wtype];
+    return k__mm_scalar[wtype];
 }
 
 int k__mm_chunk_rows(int isa) {
@@ -97,7 +97,13 @@ void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
         for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = db;
-        for (int i = 0; i < bs; i++) qs[b * bs + i] = (int8_t)lrintf(xb[i] * id);
+        /* round to nearest even by the 1.5 * 2^23 trick (|v| <= 127): exact, inline, and the
+         * same as lrintf in the default rounding mode (this file is built without FMA, so the
+         * product is rounded before the add) */
+        for (int i = 0; i < bs; i++) {
+            float v = xb[i] * id;
+            qs[b * bs + i] = (int8_t)(int)((v + 12582912.0f) - 12582912.0f);
+        }
     }
     if (act == K_ACT_Q8_256) {
         int16_t *bsums = (int16_t *)(row + n_in + (n_in / 256) * 4);
@@ -181,7 +187,6 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
     size_t w_row = dt_row_size(wtype, n_in);
     if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
     int isa = k_get_isa();
-    const k__mm_fn *tab = isa_table(isa);
     int nth = k_pool_size(p);
 
     mm_job j;
@@ -190,7 +195,7 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
                         .y = y, .ldy = n_out };
     j.wtype = wtype;
     j.act = k__act_for(wtype);
-    j.fn = tab[wtype] ? tab[wtype] : k__mm_scalar[wtype];
+    j.fn = kernel_for(isa, wtype);
     if (!j.fn) {
         /* generic path: the reference dequantizer must know the type; probe one block */
         if (!dt_is_supported(wtype) || dt_block_size(wtype) > 256) return CM_EUNSUPPORTED;
@@ -198,7 +203,7 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
         if (dt_dequantize(wtype, W, probe, dt_block_size(wtype)) != 0) return CM_EUNSUPPORTED;
         j.generic = 1;
         j.act = K_ACT_NONE;
-        j.fn = tab[DT_F32];
+        j.fn = kernel_for(isa, DT_F32);
     }
 
     size_t need = scratch_need(j.act, j.generic, n_tok, n_in, nth);
