@@ -8,8 +8,11 @@
 #   tests/gpu/run.sh bench OUTDIR   llama2-7b F16/Q8_0/Q4_0 decode and prefill, batched decode,
 #                                   llama3-8b F16 decode
 #
+# Copy the data first (../shared does not travel): mkdir -p .carry/models && cp
+# ../shared/models/stories260K.gguf ../shared/models/vocab/ggml-vocab-llama-spm.gguf .carry/models/
 # Binaries: $ARKA_GPU_BIN (default build-gpu/bin: built on the CPU machine with
-# `cmake -S . -B build-gpu -DARKA_WITH_CURL=OFF && cmake --build build-gpu` and carried), or
+# `cmake -S . -B build-gpu -DARKA_WITH_CURL=OFF -DARKA_WITH_GATEWAY=OFF && cmake --build build-gpu`
+# and carried), or
 # built here when absent. Models: stories260K from .carry/models (copied from ../shared/models,
 # which does not travel), random-weight models written by `arka mkmodel` into $ARKA_GPU_MODELS.
 set -uo pipefail
@@ -21,9 +24,10 @@ cd "$ROOT"
 BIN=${ARKA_GPU_BIN:-build-gpu/bin}
 MODELS=${ARKA_GPU_MODELS:-/tmp/arka-models}
 STORIES=${ARKA_STORIES:-.carry/models/stories260K.gguf}
+VOCAB=${ARKA_VOCAB:-.carry/models/ggml-vocab-llama-spm.gguf}
 mkdir -p "$MODELS"
 if [ ! -x "$BIN/arka" ]; then
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DARKA_WITH_CURL=OFF >"$OUT/cmake.log" 2>&1 &&
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DARKA_WITH_CURL=OFF -DARKA_WITH_GATEWAY=OFF >"$OUT/cmake.log" 2>&1 &&
     cmake --build build-gpu -j"$(nproc)" >>"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   BIN=build-gpu/bin
 fi
@@ -33,7 +37,7 @@ step() { echo "== $*"; }
 
 mk() { # mk SHAPE TYPE -> path
   local f="$MODELS/$1-$2.gguf"
-  [ -f "$f" ] || "$BIN/arka" mkmodel "$1" "$f" --type "$2" --seed 1 >/dev/null 2>"$OUT/mkmodel-$1-$2.log" || { echo "mkmodel $1 $2 failed"; tail -3 "$OUT/mkmodel-$1-$2.log"; }
+  [ -f "$f" ] || "$BIN/arka" mkmodel "$1" "$f" --type "$2" --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel-$1-$2.log" || { echo "mkmodel $1 $2 failed"; tail -3 "$OUT/mkmodel-$1-$2.log"; }
   echo "$f"
 }
 
