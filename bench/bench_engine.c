@@ -10,6 +10,7 @@
  * Prints one line per figure and a JSON line last. */
 #include "common/cm_config.h"
 #include "common/cm_time.h"
+#include "executor/backend.h"
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "model/model.h"
