@@ -9,10 +9,12 @@
  *
  * Ordering: the producer writes record bytes, then store-release head; the consumer load-acquires
  * head before reading them. The consumer reads a record, then store-release tail; the producer
- * load-acquires tail before reusing that space. Wake-ups: the consumer sets `waiting`, issues a full
- * fence and checks head again before sleeping; the producer stores head, issues a full fence and
- * checks `waiting`. One of the two always sees the other's store, so a wake-up is never lost.
- * A spurious wake-up (an eventfd count left from a race) costs one extra check and is harmless.
+ * load-acquires tail before reusing that space. Wake-ups (Dekker): the consumer stores waiting = 1
+ * and then loads head, the producer stores head and then loads waiting, all four seq_cst (no
+ * separate fences: ThreadSanitizer models these). In the single total order one of the two loads
+ * comes after the other side's store, so either the consumer sees the new record and does not
+ * sleep, or the producer sees the flag and writes the eventfd: a wake-up is never lost. A spurious
+ * wake-up (an eventfd count left from a race) costs one extra check and is harmless.
  */
 #include "shm/shm.h"
 
@@ -107,19 +109,19 @@ int shm_ring_reserve(struct shm_ring *r, size_t len, void **ptr) {
     return 0;
 }
 
-int shm_ring_commit_quiet(struct shm_ring *r, size_t len) {
+static int publish(struct shm_ring *r, size_t len, memory_order mo) {
     if (r->res_pos == UINT64_MAX || len > r->res_len) return CM_EINVAL;
     put_hdr(r->data + r->res_pos, (uint32_t)len, REC_DATA);
     r->head = r->res_head + REC_HDR + align8(len);
     r->res_pos = UINT64_MAX;
     r->res_len = 0;
-    atomic_store_explicit(&r->ctl->head, r->head, memory_order_release);
+    atomic_store_explicit(&r->ctl->head, r->head, mo);
     return 0;
 }
 
-void shm_ring_notify(struct shm_ring *r) {
-    atomic_thread_fence(memory_order_seq_cst);   /* head store before the waiting load */
-    if (!atomic_load_explicit(&r->ctl->waiting, memory_order_relaxed)) return;
+/* After a seq_cst store of head: wake the consumer if it announced sleeping. */
+static void wake_if_waiting(struct shm_ring *r) {
+    if (!atomic_load_explicit(&r->ctl->waiting, memory_order_seq_cst)) return;
     /* Clear it ourselves so that a stream of commits makes one syscall per sleep, not per record. */
     if (atomic_exchange_explicit(&r->ctl->waiting, 0, memory_order_seq_cst) && r->efd >= 0) {
         uint64_t one = 1;
@@ -129,9 +131,19 @@ void shm_ring_notify(struct shm_ring *r) {
     }
 }
 
+int shm_ring_commit_quiet(struct shm_ring *r, size_t len) {
+    return publish(r, len, memory_order_release);
+}
+
+void shm_ring_notify(struct shm_ring *r) {
+    /* Re-store our own head seq_cst (we are its only writer) to order it before the flag load. */
+    atomic_store_explicit(&r->ctl->head, r->head, memory_order_seq_cst);
+    wake_if_waiting(r);
+}
+
 int shm_ring_commit(struct shm_ring *r, size_t len) {
-    int rc = shm_ring_commit_quiet(r, len);
-    if (rc == 0) shm_ring_notify(r);
+    int rc = publish(r, len, memory_order_seq_cst);
+    if (rc == 0) wake_if_waiting(r);
     return rc;
 }
 
@@ -216,9 +228,9 @@ int shm_ring_pop(struct shm_ring *r, void *buf, size_t cap, size_t *len) {
     return 0;
 }
 
-/* Records visible past our tail? Reads head with acquire (after the caller's fence). */
+/* Records visible past our tail? (seq_cst: the load half of the sleep protocol.) */
 static int has_records(struct shm_ring *r, int *corrupt) {
-    r->head_seen = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+    r->head_seen = atomic_load_explicit(&r->ctl->head, memory_order_seq_cst);
     uint64_t avail = r->head_seen - r->tail;
     *corrupt = avail > r->cap;
     return avail != 0;
@@ -226,7 +238,6 @@ static int has_records(struct shm_ring *r, int *corrupt) {
 
 int shm_ring_prepare_wait(struct shm_ring *r) {
     atomic_store_explicit(&r->ctl->waiting, 1, memory_order_seq_cst);
-    atomic_thread_fence(memory_order_seq_cst);   /* waiting store before the head load */
     int corrupt;
     if (has_records(r, &corrupt) || corrupt) {
         atomic_store_explicit(&r->ctl->waiting, 0, memory_order_relaxed);
@@ -247,22 +258,33 @@ void shm_ring_drain_efd(struct shm_ring *r) {
 }
 
 int shm_ring_wait(struct shm_ring *r, int timeout_ms) {
-    int rc = shm_ring_prepare_wait(r);
-    if (rc <= 0) return rc;                      /* records already there, or corrupt */
-    if (r->efd >= 0) {
-        struct pollfd pfd = { .fd = r->efd, .events = POLLIN };
-        if (poll(&pfd, 1, timeout_ms) > 0) shm_ring_drain_efd(r);
-    } else {
-        /* No eventfd (debug segments): sleep-poll in 1 ms steps. */
-        uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int rc = shm_ring_prepare_wait(r);
+        if (rc <= 0) return rc;                  /* records already there, or corrupt */
+        uint64_t now = now_ns();
+        if (now >= deadline) {
+            shm_ring_cancel_wait(r);
+            return CM_ETIMEOUT;
+        }
+        uint64_t left_ms = deadline == UINT64_MAX ? UINT64_MAX : (deadline - now + 999999) / 1000000;
+        if (r->efd >= 0) {
+            /* A readable eventfd may be a count left over from an earlier race (the producer saw
+             * our flag just as a timed-out wait of ours gave up): then we find no record and sleep
+             * again. EINTR also just goes round the loop. */
+            struct pollfd pfd = { .fd = r->efd, .events = POLLIN };
+            int ms = left_ms > 1000000000 ? -1 : (int)left_ms;
+            if (poll(&pfd, 1, ms) > 0) shm_ring_drain_efd(r);
+        } else {
+            /* No eventfd (debug segments): sleep-poll in 1 ms steps. */
+            sleep_us(1000);
+        }
+        shm_ring_cancel_wait(r);
         int corrupt;
-        while (!has_records(r, &corrupt) && !corrupt && now_ns() < deadline) sleep_us(1000);
+        int any = has_records(r, &corrupt);
+        if (corrupt) return CM_EFORMAT;
+        if (any) return 0;
     }
-    shm_ring_cancel_wait(r);
-    int corrupt;
-    int any = has_records(r, &corrupt);
-    if (corrupt) return CM_EFORMAT;
-    return any ? 0 : CM_ETIMEOUT;
 }
 
 uint64_t shm_ring_used(const struct shm_ring *r) {

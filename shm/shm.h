@@ -235,8 +235,9 @@ void shm_ring_cancel_wait(struct shm_ring *r);
 void shm_ring_drain_efd(struct shm_ring *r);
 
 /* Blocking wait for records: prepare, poll the eventfd (or sleep-poll in 1 ms steps without one),
- * drain, cancel. timeout_ms < 0: forever. Returns 0 when records are available, CM_ETIMEOUT when
- * none arrived in time (also possible early on a signal: callers loop), CM_EFORMAT on corruption. */
+ * drain, cancel, and again after a spurious wake-up or a signal. timeout_ms < 0: forever.
+ * Returns 0 when records are available, CM_ETIMEOUT when none arrived within timeout_ms (never
+ * earlier), CM_EFORMAT on corruption. */
 int shm_ring_wait(struct shm_ring *r, int timeout_ms);
 
 /* Bytes in use (records not yet consumed), read from shared memory; for metrics. */

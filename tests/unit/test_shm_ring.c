@@ -309,6 +309,13 @@ static void test_ring_wake(void) {
     T_EQ_INT(shm_ring_wait(&l.cons, 20), CM_ETIMEOUT);
     T_CHECK(shm_now_ns() - t0 >= 19000000ull);
     T_EQ_INT(atomic_load(&l.cons.ctl->waiting), 0);
+    /* a stale eventfd count (left by an earlier race) does not end a wait early */
+    v = 1;
+    T_CHECK(write(efd, &v, 8) == 8);
+    t0 = shm_now_ns();
+    T_EQ_INT(shm_ring_wait(&l.cons, 30), CM_ETIMEOUT);
+    T_CHECK(shm_now_ns() - t0 >= 29000000ull);
+    T_CHECK(read(efd, &v, 8) < 0 && errno == EAGAIN);           /* it was drained */
     l.cons.efd = -1;
     t0 = shm_now_ns();
     T_EQ_INT(shm_ring_wait(&l.cons, 10), CM_ETIMEOUT);
