@@ -24,7 +24,7 @@
  * Statements: for (loop.index/index0/revindex/revindex0/first/last/length/previtem/nextitem/
  * cycle, tuple targets, `for x in y if cond`, else, break/continue), if/elif/else, set (names,
  * tuples, namespace attributes, block set), macro (defaults, caller), call blocks, filter
- * blocks, do, generation. Expressions: literals (strings, ints, floats, lists, tuples, dicts),
+ * blocks, with, do, generation. Expressions: literals (strings, ints, floats, lists, tuples, dicts),
  * arithmetic, comparison, and/or/not, in/not in, ~, a if c else b, subscripts, slices (also
  * negative steps), attributes, calls, filters, tests. The filters, tests, methods and globals
  * are listed in tmpl_lib.c. Values: undefined, none, bool, int (int64), float, string (UTF-8

@@ -351,6 +351,10 @@ static int binop(tmpl__rs *r, const tnode *n, tmpl_value *a, tmpl_value *b, tmpl
         *out = tmpl__v_str(&r->a, p, s->u.s.n * (size_t)k, 0);
         return *out ? 0 : tmpl__oom(r, n);
     }
+    if (op == OP_MOD && a->type == TV_STR) { /* 'fmt %s' % value or % (tuple) */
+        if (b->type == TV_LIST && b->is_tuple) return tmpl__percent_format(r, n, a, b->u.l->v, (int)b->u.l->n, out);
+        return tmpl__percent_format(r, n, a, &b, 1, out);
+    }
     static const char *opname[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     if (!as_num(a, &x, &xi, &xint) || !as_num(b, &y, &yi, &yint))
         return tmpl__err(r, n, CM_ETEMPLATE, "unsupported operand types for %s: '%s' and '%s'", op <= OP_POW ? opname[op] : "?",
@@ -811,6 +815,14 @@ static int exec_stmt(tmpl__rs *r, tmpl__frame *f, const tnode *n) {
     case N_CONTINUE: return FLOW_CONTINUE;
     case N_DO: return eval(r, f, n->a, &v);
     case N_BLOCK: return exec_body(r, f, n->v, n->nv);
+    case N_WITH: {
+        tmpl__frame *wf = frame_new(r, f);
+        if (!wf) return tmpl__oom(r, n);
+        for (int i = 0; i < n->nnames; i++) { /* values see the outer scope, like Jinja */
+            if ((rc = eval(r, f, n->w[i], &v)) || (rc = frame_set(r, n, wf, n->names[i].p, n->names[i].n, v))) return rc;
+        }
+        return exec_body(r, wf, n->v, n->nv);
+    }
     default: return tmpl__err(r, n, CM_ETEMPLATE, "not a statement");
     }
 }

@@ -101,7 +101,7 @@ enum tn_kind {
     N_BIN, N_AND, N_OR, N_COND, N_LIST, N_TUPLE, N_DICT,
     /* statements */
     N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK, N_FILTERBLOCK,
-    N_BREAK, N_CONTINUE, N_DO, N_BLOCK /* plain body (generation) */
+    N_BREAK, N_CONTINUE, N_DO, N_BLOCK /* plain body (generation) */, N_WITH
 };
 
 enum tn_op {
@@ -180,6 +180,8 @@ int tmpl__call_builtin(tmpl__rs *r, const tnode *at, int which, tmpl__args *args
 int tmpl__builtin_id(const char *name, size_t n);
 int tmpl__test_arity(const char *name, size_t n); /* 0, 1, or -1 for unknown tests */
 int tmpl__filter_known(const char *name, size_t n);
+/* Python's fmt % values (%s %r %d %i %%). */
+int tmpl__percent_format(tmpl__rs *r, const tnode *at, tmpl_value *fmt, tmpl_value **vals, int nvals, tmpl_value **out);
 /* Calls a macro value (used by the evaluator and by filters that call back, e.g. map). */
 int tmpl__call_macro(tmpl__rs *r, const tnode *at, tmpl_value *fn, tmpl__args *args, tmpl_value **out);
 /* Attribute / item access shared by the evaluator and selectattr/map/sort. */

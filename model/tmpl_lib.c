@@ -447,7 +447,7 @@ static int select_like(tmpl__rs *r, const tnode *at, tmpl_value *v, tmpl__args *
     return 0;
 }
 
-static int do_format(tmpl__rs *r, const tnode *at, tmpl_value *fmt, tmpl_value **vals, int nvals, tmpl_value **out) {
+int tmpl__percent_format(tmpl__rs *r, const tnode *at, tmpl_value *fmt, tmpl_value **vals, int nvals, tmpl_value **out) {
     tmpl__sb sb = {.max = r->max_output};
     int rc = 0, k = 0;
     const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
@@ -588,7 +588,7 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
             }
             return ret_int(r, at, words, out);
         }
-        if (IS("format")) return do_format(r, at, s, args->pos, args->npos, out);
+        if (IS("format")) return tmpl__percent_format(r, at, s, args->pos, args->npos, out);
         if (IS("replace")) {
             tmpl_value *o = arg(args, 0, "old"), *nw = arg(args, 1, "new"), *c = arg(args, 2, "count");
             int64_t count = -1;

@@ -318,9 +318,10 @@ static int lex(lexer *L) {
             char c = s[pos], c1 = pos + 1 < end ? s[pos + 1] : 0, c2 = pos + 2 < end ? s[pos + 2] : 0;
             char cl = tag == '%' ? '%' : '}';
             int strip = c == '-' && c1 == cl && c2 == '}';
-            if ((strip || (c == cl && c1 == '}')) && (tag == '%' || depth == 0)) {
+            int keep = tag == '%' && c == '+' && c1 == '%' && c2 == '}'; /* +%}: no trim_blocks */
+            if ((strip || keep || (c == cl && c1 == '}')) && (tag == '%' || depth == 0)) {
                 if (!push(L, tag == '%' ? K_BLK_E : K_VAR_E, pos)) return CM_ENOMEM;
-                pos = after_close(L, pos + (strip ? 3 : 2), end, strip, tag == '%');
+                pos = after_close(L, pos + (strip || keep ? 3 : 2), end, strip, tag == '%' && !keep);
                 break;
             }
             if (is_alpha(c)) {
@@ -785,6 +786,7 @@ static int parse_math1(parser *P, tnode **out) {
 
 static int parse_compare(parser *P, tnode **out) {
     int rc;
+    tnode *prev_rhs = NULL;
     if ((rc = parse_math1(P, out))) return rc;
     for (;;) {
         ltok *t = cur(P);
@@ -799,8 +801,16 @@ static int parse_compare(parser *P, tnode **out) {
         else if (is_name(t, "not") && is_name(peek(P, 1), "in")) { op = OP_NOTIN; P->i++; }
         if (!op) return 0;
         P->i++;
-        tnode *r;
-        if ((rc = parse_math1(P, &r)) || (rc = bin(P, t, op, *out, r, out))) return rc;
+        tnode *r, *cmp;
+        if ((rc = parse_math1(P, &r)) || (rc = bin(P, t, op, prev_rhs ? prev_rhs : *out, r, &cmp))) return rc;
+        if (prev_rhs) { /* chained: a < b < c is (a < b) and (b < c) */
+            tnode *both;
+            if ((rc = bin(P, t, 0, *out, cmp, &both))) return rc;
+            *out = both;
+        } else {
+            *out = cmp;
+        }
+        prev_rhs = r;
     }
 }
 
@@ -1074,6 +1084,30 @@ static int parse_stmt(parser *P, tnode **out) {
     } else if (is_name(kw, "do")) {
         if (!(n = node(P, N_DO, kw))) return CM_ENOMEM;
         if ((rc = parse_tuple(P, &n->a))) return rc;
+    } else if (is_name(kw, "with")) { /* {% with a = 1, b = x %} ... {% endwith %} */
+        if (!(n = node(P, N_WITH, kw))) return CM_ENOMEM;
+        tname names[32];
+        nvec vals = {0};
+        int k = 0;
+        while (cur(P)->type == K_NAME) {
+            if (k == 32) { free(vals.v); return perr(P, cur(P), "too many names"); }
+            names[k].p = cur(P)->p;
+            names[k].n = cur(P)->n;
+            P->i++;
+            tnode *e;
+            if ((rc = expect_op(P, '=', "'='")) || (rc = parse_expr(P, 1, &e)) || (rc = nv_push(&vals, e))) { free(vals.v); return rc; }
+            k++;
+            if (!is_op(cur(P), ',')) break;
+            P->i++;
+        }
+        if ((rc = nv_done(P, &vals, &n->w, &n->nw))) return rc;
+        if (k) {
+            if (!(n->names = tmpl__alloc(P->a, (size_t)k * sizeof *names))) return CM_ENOMEM;
+            memcpy(n->names, names, (size_t)k * sizeof *names);
+        }
+        n->nnames = k;
+        static const char *const e[] = {"endwith", NULL};
+        if ((rc = end_stmt(P)) || (rc = parse_body(P, e, &which, kw, &n->v, &n->nv))) return rc;
     } else if (is_name(kw, "generation")) {
         if (!(n = node(P, N_BLOCK, kw))) return CM_ENOMEM;
         static const char *const e[] = {"endgeneration", NULL};

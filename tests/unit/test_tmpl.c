@@ -74,6 +74,8 @@ static void test_basics(void) {
       "True True True True False");
     R("{{ 1 == 1.0 }} {{ 'a' == 'a' }} {{ [1] == [1] }} {{ 'a' != 'b' }} {{ 'b' > 'a' }}", NULL, "True True True True True");
     R("{{ -3 }} {{ - 2 + 5 }} {{ -(2) }}", NULL, "-3 3 -2");
+    R("{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 1 < 5 > 2 }}", NULL, "True False True");
+    R("{{ '%s-%d' % ('a', 7) }} {{ 'x=%s' % 5 }} {{ '100%%' % () }}", NULL, "a-7 x=5 100%");
     R("{# comment #}x{# multi\nline #}y", NULL, "xy");
     R("{% raw %}{{ not evaluated }}{% endraw %}", NULL, "{{ not evaluated }}");
 }
@@ -87,6 +89,7 @@ static void test_whitespace(void) {
     R("a {% if true %}b{% endif %}", NULL, "a b"); /* not at line start: kept */
     R("{{ 'x' }}\ny", NULL, "x\ny");               /* trim_blocks does not apply to {{ }} */
     R("  {%+ if true %}x{% endif %}", NULL, "  x");
+    R("{% if true +%}\nx{% endif %}", NULL, "\nx");
     R("a\n{# c #}\nb", NULL, "a\nb");
     R("a  {#- c -#}  b", NULL, "ab");
 }
@@ -142,6 +145,7 @@ static void test_macro_call(void) {
     R("{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * (fact(n - 1) | int) }}{% endif %}{% endmacro %}{{ fact(5) }}", NULL, "120");
     R("{% filter upper %}quiet {{ 'words' }}{% endfilter %}", NULL, "QUIET WORDS");
     R("{% generation %}gen{% endgeneration %}", NULL, "gen");
+    R("{% set a = 1 %}{% with a = 2, b = a %}{{ a }}{{ b }}{% set c = 3 %}{% endwith %}{{ a }}[{{ c }}]", NULL, "211[]");
 }
 
 static void test_filters(void) {
