@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,10 +28,31 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Spin iterations (each a pause, ~10-40 ns) before sleeping: long enough to cover the gap
- * between two matmuls of a decode step, short enough not to burn a core when idle. */
-#define SPIN_WORKER 20000
-#define SPIN_CALLER 20000
+/* How long to spin before sleeping on the futex: long enough to cover the gap between two
+ * kernels of a decode step (a few microseconds), short enough not to steal a core from other
+ * work when idle. The clock is read once per SPIN_CHECK pauses. */
+#define SPIN_NS 50000
+#define SPIN_CHECK 64
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins until *w != val or the spin budget (started at *t0, 0 = not started) is spent.
+ * Returns the value seen; equal to val means: time to sleep. */
+static unsigned spin_while(atomic_uint *w, unsigned val, int *spins, uint64_t *t0) {
+    unsigned v;
+    while ((v = atomic_load_explicit(w, memory_order_acquire)) == val) {
+        cpu_relax();
+        if (++*spins % SPIN_CHECK) continue;
+        uint64_t t = now_ns();
+        if (!*t0) *t0 = t;
+        else if (t - *t0 > SPIN_NS) break;
+    }
+    return v;
+}
 
 typedef struct {
     k_pool *p;
@@ -67,14 +89,13 @@ static void *worker_main(void *arg) {
     for (;;) {
         unsigned g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_WORKER) { cpu_relax(); continue; }
+        uint64_t t0 = 0;
+        while ((g = spin_while(&p->gen, seen, &spins, &t0)) == seen) {
             /* Dekker with the caller: either it sees sleepers > 0 and wakes us, or we see the
              * new generation here (or futex_wait returns at once because gen changed). */
             atomic_fetch_add(&p->sleepers, 1);
             if (atomic_load(&p->gen) == seen) futex_wait(&p->gen, seen);
             atomic_fetch_sub(&p->sleepers, 1);
-            spins = 0;
         }
         seen = g;
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
@@ -147,14 +168,14 @@ void k_pool_run(k_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
     if (atomic_load(&p->sleepers) > 0) futex_wake(&p->gen);
     fn(ctx, 0, p->n);
     int spins = 0;
+    uint64_t t0 = 0;
     unsigned left;
     while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
-        if (++spins < SPIN_CALLER) { cpu_relax(); continue; }
+        if (spin_while(&p->pending, left, &spins, &t0) != left) continue;
         atomic_store(&p->caller_sleeping, 1);
         left = atomic_load(&p->pending);
         if (left) futex_wait(&p->pending, left);
         atomic_store(&p->caller_sleeping, 0);
-        spins = 0;
     }
 }
 

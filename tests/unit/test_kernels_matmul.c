@@ -183,10 +183,11 @@ static void check_isa(int isa) {
         int type = types[ti];
         int bs = dt_block_size(type) < 32 ? 32 : dt_block_size(type);
         /* odd multiples of the block size (float types: of 32) */
-        int64_t ins[3] = { bs * 1, bs * 3, bs * (bs == 256 ? 5 : 33) };
+        int64_t ins[3] = { bs * 1, bs * 3, bs * (bs == 256 ? 5 : 17) };
         for (int a = 0; a < 3; a++)
             for (int b = 0; b < 3; b++)
-                for (int c = 0; c < 4; c++) check_shape(type, ins[a], outs[b], toks[c]);
+                for (int c = 0; c < 4; c++)
+                    if (a < 2 || b == 2) check_shape(type, ins[a], outs[b], toks[c]);
         check_shape(type, bs * 3, 67, 64); /* more rows than one chunk per thread */
         if (dt_block_size(type) == 1) { /* float types take any n_in */
             check_shape(type, 13, 5, 3);

@@ -39,7 +39,7 @@ static void test_counts(int n) {
     T_EQ_INT(k_pool_size(p), n);
     ctr *c = calloc(1, sizeof *c);
     c->nth_expected = n;
-    const long runs = n <= 2 ? 20000 : 2000; /* more threads than this 2-core machine has: slow */
+    const long runs = n <= 2 ? 5000 : 1000; /* more threads than this 2-core machine has: slow */
     int once_each = 1;
     for (long r = 0; r < runs; r++) {
         for (int i = 0; i < n; i++) atomic_store(&c->seen[i], 0);
@@ -78,7 +78,7 @@ static void test_latency(void) {
     if (k_pool_create(2, &p)) return;
     ctr *c = calloc(1, sizeof *c);
     c->nth_expected = 2;
-    const int runs = 20000;
+    const int runs = 5000;
     uint64_t t0 = cm_time_ns();
     for (int r = 0; r < runs; r++) k_pool_run(p, count_fn, c);
     double ns = (double)(cm_time_ns() - t0) / runs;
