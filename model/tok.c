@@ -114,32 +114,120 @@ void tok__strs_free(tok__strs *s) {
     memset(s, 0, sizeof *s);
 }
 
-int tok__map_init(tok__map *m, size_t expected) {
-    size_t cap = 64;
-    while (cap < expected * 2 + 1) cap *= 2;
-    m->slots = calloc(cap, sizeof *m->slots);
-    if (!m->slots) return CM_ENOMEM;
-    m->mask = cap - 1;
+static inline void key16(const char *p, size_t n, uint64_t *k0, uint64_t *k1) {
+    uint64_t a = 0, b = 0;
+    if (n >= 8) {
+        memcpy(&a, p, 8);
+        for (size_t i = 8; i < n; i++) b |= (uint64_t)(uint8_t)p[i] << (8 * (i - 8));
+    } else {
+        for (size_t i = 0; i < n; i++) a |= (uint64_t)(uint8_t)p[i] << (8 * i);
+    }
+    *k0 = a;
+    *k1 = b;
+}
+
+static inline uint64_t hash16(uint64_t k0, uint64_t k1, size_t n) {
+    return tok__hash64(k0 * 0x9E3779B97F4A7C15ull ^ tok__hash64(k1 + n));
+}
+
+static int alloc_tables(tok__map *m, size_t small_cap, size_t big_cap) {
+    m->small = calloc(small_cap, sizeof *m->small);
+    m->slots = calloc(big_cap, sizeof *m->slots);
+    if (!m->small || !m->slots) {
+        free(m->small);
+        free(m->slots);
+        m->small = NULL;
+        m->slots = NULL;
+        return CM_ENOMEM;
+    }
+    m->smask = small_cap - 1;
+    m->mask = big_cap - 1;
+    m->n_small = m->n_big = 0;
     return 0;
 }
 
-int tok__map_put(tok__map *m, const tok__strs *s, int32_t id, int replace) {
+int tok__map_init(tok__map *m, size_t expected) {
+    size_t cap = 64;
+    while (cap < expected * 2 + 1) cap *= 2;
+    return alloc_tables(m, cap, 64);
+}
+
+static void put_small(tok__map *m, uint64_t k0, uint64_t k1, uint32_t n, int32_t id, int replace) {
+    for (uint64_t i = hash16(k0, k1, n) & m->smask;; i = (i + 1) & m->smask) {
+        tok__sslot *sl = &m->small[i];
+        if (!sl->len) {
+            sl->k0 = k0;
+            sl->k1 = k1;
+            sl->len = n;
+            sl->id = id;
+            m->n_small++;
+            return;
+        }
+        if (sl->k0 == k0 && sl->k1 == k1 && sl->len == n) {
+            if (replace) sl->id = id;
+            return;
+        }
+    }
+}
+
+static void put_big(tok__map *m, const tok__strs *s, int32_t id, int replace) {
     const char *p = s->blob + s->off[id];
     size_t n = s->len[id];
     uint64_t h = tok__hash(p, n), tag = h & 0xffffffff00000000ull;
     for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
         uint64_t v = m->slots[i];
-        if (!v) { m->slots[i] = tag | ((uint64_t)id + 1); return 0; }
+        if (!v) { m->slots[i] = tag | ((uint64_t)id + 1); m->n_big++; return; }
         uint32_t o = (uint32_t)v - 1;
         if ((v & 0xffffffff00000000ull) == tag && s->len[o] == n && !memcmp(s->blob + s->off[o], p, n)) {
             if (replace) m->slots[i] = tag | ((uint64_t)id + 1);
-            return 0;
+            return;
         }
     }
 }
 
+/* Doubles whichever table is half full (entries keep their ids). */
+static int map_grow(tok__map *m, const tok__strs *s) {
+    tok__map nm = *m;
+    size_t sc = m->smask + 1, bc = m->mask + 1;
+    if ((m->n_small + 1) * 2 > sc) sc *= 2;
+    if ((m->n_big + 1) * 2 > bc) bc *= 2;
+    if (sc == m->smask + 1 && bc == m->mask + 1) return 0;
+    if (alloc_tables(&nm, sc, bc)) return CM_ENOMEM;
+    for (uint64_t i = 0; i <= m->smask; i++)
+        if (m->small[i].len) put_small(&nm, m->small[i].k0, m->small[i].k1, m->small[i].len, m->small[i].id, 0);
+    for (uint64_t i = 0; i <= m->mask; i++)
+        if (m->slots[i]) put_big(&nm, s, (int32_t)(uint32_t)m->slots[i] - 1, 0);
+    free(m->small);
+    free(m->slots);
+    *m = nm;
+    return 0;
+}
+
+int tok__map_put(tok__map *m, const tok__strs *s, int32_t id, int replace) {
+    if (map_grow(m, s)) return CM_ENOMEM;
+    size_t n = s->len[id];
+    if (n == 0) return 0; /* empty strings are never looked up */
+    if (n <= 16) {
+        uint64_t k0, k1;
+        key16(s->blob + s->off[id], n, &k0, &k1);
+        put_small(m, k0, k1, (uint32_t)n, id, replace);
+    } else {
+        put_big(m, s, id, replace);
+    }
+    return 0;
+}
+
 int32_t tok__map_get(const tok__map *m, const tok__strs *s, const char *p, size_t n) {
-    if (!m->slots) return -1;
+    if (!m->small || n == 0) return -1;
+    if (n <= 16) {
+        uint64_t k0, k1;
+        key16(p, n, &k0, &k1);
+        for (uint64_t i = hash16(k0, k1, n) & m->smask;; i = (i + 1) & m->smask) {
+            const tok__sslot *sl = &m->small[i];
+            if (!sl->len) return -1;
+            if (sl->k0 == k0 && sl->k1 == k1 && sl->len == n) return sl->id;
+        }
+    }
     uint64_t h = tok__hash(p, n), tag = h & 0xffffffff00000000ull;
     for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
         uint64_t v = m->slots[i];
@@ -150,8 +238,9 @@ int32_t tok__map_get(const tok__map *m, const tok__strs *s, const char *p, size_
 }
 
 void tok__map_free(tok__map *m) {
+    free(m->small);
     free(m->slots);
-    m->slots = NULL;
+    memset(m, 0, sizeof *m);
 }
 
 /* ---- merges ------------------------------------------------------------------------------ */
@@ -172,19 +261,9 @@ int tok__merges_reserve(tok_vocab *v, size_t n) {
 static int32_t intern(tok_vocab *v, const char *p, size_t n) {
     int32_t id = tok__map_get(&v->text_map, &v->text, p, n);
     if (id >= 0) return id;
-    /* a merge-only string: grow the map when it gets full */
-    if ((uint64_t)(v->text.n + 1) * 2 > v->text_map.mask) {
-        tok__map nm;
-        if (tok__map_init(&nm, (size_t)v->text.n * 2 + 16)) return CM_ENOMEM;
-        for (uint64_t i = 0; i <= v->text_map.mask; i++)
-            if (v->text_map.slots[i]) tok__map_put(&nm, &v->text, (int32_t)(uint32_t)v->text_map.slots[i] - 1, 0);
-        tok__map_free(&v->text_map);
-        v->text_map = nm;
-    }
     id = tok__strs_add(&v->text, p, n);
     if (id < 0) return id;
-    tok__map_put(&v->text_map, &v->text, id, 0);
-    return id;
+    return tok__map_put(&v->text_map, &v->text, id, 0) ? CM_ENOMEM : id;
 }
 
 static int merges_insert(tok_vocab *v, int32_t ia, int32_t ib, uint32_t rank, int32_t ir) {
@@ -411,7 +490,8 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
     /* text map over the vocabulary (merge-only strings were interned as merges were added) */
     if (!v->text_map.slots) {
         if ((rc = tok__map_init(&v->text_map, (size_t)v->text.n))) return rc;
-        for (int32_t i = 0; i < v->text.n; i++) tok__map_put(&v->text_map, &v->text, i, i < v->n);
+        for (int32_t i = 0; i < v->text.n; i++)
+            if ((rc = tok__map_put(&v->text_map, &v->text, i, i < v->n))) return rc;
     }
     v->max_len = 0;
     for (int32_t i = 0; i < v->n; i++)
@@ -473,7 +553,7 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
             for (int32_t i = 0; i < v->n; i++) {
                 int normal = v->type[i] == TOK_TYPE_NORMAL;
                 if (normal != (pass == 0) || !v->piece.len[i] || !pure[i]) continue;
-                tok__map_put(&v->piece_map, &v->piece, i, 0);
+                if ((rc = tok__map_put(&v->piece_map, &v->piece, i, 0))) goto done;
             }
         v->byte_join = calloc(65536 / 8, 1);
         if (!v->byte_join) { rc = CM_ENOMEM; goto done; }
@@ -659,7 +739,8 @@ int tok_load_gguf(const gguf_ctx *g, tok_vocab **out, char *err, size_t errlen) 
     }
     rc = 0;
     if ((rc = tok__map_init(&v->text_map, n + (merges ? merges->v.arr.n / 4 : 0)))) goto fail_vocab;
-    for (int32_t i = 0; i < (int32_t)n; i++) tok__map_put(&v->text_map, &v->text, i, 1); /* llama.cpp: the last duplicate wins */
+    for (int32_t i = 0; i < (int32_t)n; i++) /* llama.cpp: the last duplicate wins */
+        if ((rc = tok__map_put(&v->text_map, &v->text, i, 1))) goto fail_vocab;
 
     char *pre = NULL;
     if (algo == TOK__ALGO_SPM) {

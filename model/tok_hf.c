@@ -468,7 +468,7 @@ int tok_load_hf_mem(const char *name, const char *json, size_t json_len, const c
     if ((rc = tok__map_init(&v->text_map, (size_t)n + h.merges.n / 8 + 16))) goto done;
     /* HF: the vocab's own entry wins over an empty hole; the first id of a duplicate stays */
     for (int32_t i = 0; i < (int32_t)n; i++)
-        if (v->text.len[i] || v->type[i] != TOK_TYPE_UNUSED) tok__map_put(&v->text_map, &v->text, i, 0);
+        if ((v->text.len[i] || v->type[i] != TOK_TYPE_UNUSED) && (rc = tok__map_put(&v->text_map, &v->text, i, 0))) goto done;
 
     if ((rc = tok__merges_reserve(v, (size_t)h.merges.n / 2 + 1))) goto done;
     for (int32_t m = 0; m + 1 < h.merges.n; m += 2) {

@@ -81,14 +81,19 @@ typedef struct tok__strs {
 int  tok__strs_add(tok__strs *s, const char *p, size_t n); /* returns the new id or CM_E* */
 void tok__strs_free(tok__strs *s);
 
-/* String -> id map over a tok__strs (open addressing; slot = hash's high 32 bits << 32 | id + 1,
- * 0 empty: a probe compares the stored hash before touching the string). */
+/* String -> id map over a tok__strs. Strings of at most 16 bytes (nearly every token and every
+ * word looked up whole) sit inline in `small`, so a probe touches one cache line; longer ones go
+ * to `slots` (hash's high 32 bits << 32 | id + 1; 0 empty), compared against the tok__strs.
+ * Both tables grow as entries are put. */
+typedef struct tok__sslot { uint64_t k0, k1; uint32_t len; int32_t id; } tok__sslot; /* len 0: empty */
 typedef struct tok__map {
-    uint64_t *slots;
-    uint64_t  mask;
+    tok__sslot *small;
+    uint64_t    smask, n_small;
+    uint64_t   *slots;
+    uint64_t    mask, n_big;
 } tok__map;
 int     tok__map_init(tok__map *m, size_t expected);
-/* Inserts id (its text taken from s); replace: a later id with the same text wins. */
+/* Inserts id (its text taken from s); replace: a later id with the same text wins. 0 or CM_ENOMEM. */
 int     tok__map_put(tok__map *m, const tok__strs *s, int32_t id, int replace);
 int32_t tok__map_get(const tok__map *m, const tok__strs *s, const char *p, size_t n);
 void    tok__map_free(tok__map *m);
