@@ -1,0 +1,488 @@
+/* test_gw_openai: OpenAI request validation (every parameter, every error body) and the shapes
+ * of the responses, streamed chunks and WebSocket events, field by field. */
+#include "gateway/openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/cm_err.h"
+#include "tests/unit/t.h"
+
+static int parse(int kind, const char *body, gw_oai_req *q, gw_oai_err *e) {
+    memset(e, 0, sizeof *e);
+    return gw_oai_parse(kind, body, strlen(body), q, e);
+}
+
+/* Expects a 400 whose error body names param (NULL: null) and code (NULL: null) and whose
+ * message contains needle. */
+static void expect_err(int kind, const char *body, const char *param, const char *code, const char *needle, int line) {
+    gw_oai_req q;
+    gw_oai_err e;
+    int r = parse(kind, body, &q, &e);
+    T_CHECKF(r == CM_EINVAL, "line %d: parse returned %d for %s", line, r, body);
+    if (r == 0) {
+        gw_oai_req_free(&q);
+        return;
+    }
+    T_CHECKF(e.status == 400, "line %d: status %d", line, e.status);
+    char *js = gw_oai_error_json(&e);
+    cJSON *j = cJSON_Parse(js);
+    cJSON *err = cJSON_GetObjectItem(j, "error");
+    T_CHECKF(cJSON_IsObject(err), "line %d: %s", line, js);
+    cJSON *msg = cJSON_GetObjectItem(err, "message"), *type = cJSON_GetObjectItem(err, "type");
+    cJSON *p = cJSON_GetObjectItem(err, "param"), *c = cJSON_GetObjectItem(err, "code");
+    T_CHECKF(cJSON_IsString(msg) && strstr(msg->valuestring, needle), "line %d: message %s (want '%s')", line, js, needle);
+    T_CHECKF(cJSON_IsString(type) && strcmp(type->valuestring, "invalid_request_error") == 0, "line %d: %s", line, js);
+    if (param) T_CHECKF(cJSON_IsString(p) && strcmp(p->valuestring, param) == 0, "line %d: param %s (want %s)", line, js, param);
+    else T_CHECKF(cJSON_IsNull(p), "line %d: param not null: %s", line, js);
+    if (code) T_CHECKF(cJSON_IsString(c) && strcmp(c->valuestring, code) == 0, "line %d: code %s (want %s)", line, js, code);
+    else T_CHECKF(cJSON_IsNull(c), "line %d: code not null: %s", line, js);
+    T_CHECKF(cJSON_GetArraySize(err) == 4, "line %d: error has %d fields", line, cJSON_GetArraySize(err));
+    cJSON_Delete(j);
+    free(js);
+}
+#define ERR_C(body, param, code, needle) expect_err(GW_OAI_COMPLETION, body, param, code, needle, __LINE__)
+#define ERR_CH(body, param, code, needle) expect_err(GW_OAI_CHAT, body, param, code, needle, __LINE__)
+
+#define CH(extra) "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" extra "}"
+#define CO(extra) "{\"model\":\"m\",\"prompt\":\"hi\"" extra "}"
+
+static void test_defaults(void) {
+    gw_oai_req q;
+    gw_oai_err e;
+    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"unknown_field\":{\"x\":[1,2]},\"temperature\":null"), &q, &e), 0);
+    T_EQ_STR(q.model, "m");
+    T_EQ_STR(q.prompt, "hi");
+    T_CHECK(q.prompt_tokens == NULL);
+    T_EQ_INT(q.max_tokens, -1);
+    T_NEAR(q.temperature, 1.0, 0);
+    T_NEAR(q.top_p, 1.0, 0);
+    T_EQ_INT(q.top_k, 0);
+    T_NEAR(q.min_p, 0, 0);
+    T_NEAR(q.presence_penalty, 0, 0);
+    T_NEAR(q.frequency_penalty, 0, 0);
+    T_NEAR(q.repetition_penalty, 1.0, 0);
+    T_EQ_INT(q.has_seed, 0);
+    T_EQ_INT(q.n_stop, 0);
+    T_EQ_INT(q.n, 1);
+    T_EQ_INT(q.logprobs, -1);
+    T_EQ_INT(q.n_logit_bias, 0);
+    T_EQ_INT(q.stream, 0);
+    T_EQ_INT(q.include_usage, 0);
+    T_CHECK(q.user == NULL);
+    gw_oai_req_free(&q);
+
+    /* every parameter given */
+    const char *full = "{\"model\":\"tiny\",\"prompt\":[[1,2,3]],\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,"
+                       "\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":-1.5,\"frequency_penalty\":2,"
+                       "\"repetition_penalty\":1.1,\"seed\":-5,\"stop\":[\"a\",\"\",\"bc\"],\"n\":3,\"logprobs\":5,"
+                       "\"logit_bias\":{\"42\":-100,\"7\":3.5},\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"user\":\"u1\",\"echo\":false,\"best_of\":3}";
+    T_EQ_INT(parse(GW_OAI_COMPLETION, full, &q, &e), 0);
+    T_EQ_STR(q.model, "tiny");
+    T_CHECK(q.prompt == NULL);
+    T_EQ_INT(q.n_prompt_tokens, 3);
+    T_EQ_INT(q.prompt_tokens[2], 3);
+    T_EQ_INT(q.max_tokens, 7);
+    T_NEAR(q.temperature, 0.5, 1e-7);
+    T_NEAR(q.top_p, 0.9, 1e-7);
+    T_EQ_INT(q.top_k, 40);
+    T_NEAR(q.min_p, 0.05, 1e-7);
+    T_NEAR(q.presence_penalty, -1.5, 0);
+    T_NEAR(q.frequency_penalty, 2, 0);
+    T_NEAR(q.repetition_penalty, 1.1, 1e-6);
+    T_EQ_INT(q.has_seed, 1);
+    T_CHECK(q.seed == (uint64_t)(int64_t)-5);
+    T_EQ_INT(q.n_stop, 2); /* the empty stop string is dropped */
+    T_EQ_STR(q.stop[1], "bc");
+    T_EQ_INT(q.n, 3);
+    T_EQ_INT(q.logprobs, 5);
+    T_EQ_INT(q.n_logit_bias, 2);
+    T_EQ_INT(q.logit_bias[0].token, 42);
+    T_NEAR(q.logit_bias[0].bias, -100, 0);
+    T_EQ_INT(q.logit_bias[1].token, 7);
+    T_NEAR(q.logit_bias[1].bias, 3.5, 0);
+    T_EQ_INT(q.stream, 1);
+    T_EQ_INT(q.include_usage, 1);
+    T_EQ_STR(q.user, "u1");
+    gw_oai_req_free(&q);
+
+    /* prompt forms */
+    T_EQ_INT(parse(GW_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"one\"]}", &q, &e), 0);
+    T_EQ_STR(q.prompt, "one");
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[5,6]}", &q, &e), 0);
+    T_EQ_INT(q.n_prompt_tokens, 2);
+    T_EQ_INT(q.prompt_tokens[0], 5);
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"\"}", &q, &e), 0);
+    T_EQ_STR(q.prompt, "");
+    gw_oai_req_free(&q);
+    /* stop as a single string; top_k -1 means off; max_completion_tokens wins */
+    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"stop\":\"\\n\",\"top_k\":-1,\"max_tokens\":5,\"max_completion_tokens\":9"), &q, &e), 0);
+    T_EQ_INT(q.n_stop, 1);
+    T_EQ_STR(q.stop[0], "\n");
+    T_EQ_INT(q.top_k, 0);
+    T_EQ_INT(q.max_tokens, 9);
+    gw_oai_req_free(&q);
+
+    /* chat: messages, parts, names, tool calls */
+    const char *chat = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"be nice\"},"
+                       "{\"role\":\"user\",\"name\":\"bob\",\"content\":[{\"type\":\"text\",\"text\":\"Hel\"},{\"type\":\"text\",\"text\":\"lo\"}]},"
+                       "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                       "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
+                       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"logprobs\":true,\"top_logprobs\":3}";
+    T_EQ_INT(parse(GW_OAI_CHAT, chat, &q, &e), 0);
+    T_EQ_INT(q.n_msgs, 4);
+    T_EQ_STR(q.msgs[0].role, "system");
+    T_EQ_STR(q.msgs[0].content, "be nice");
+    T_EQ_STR(q.msgs[1].content, "Hello");
+    T_EQ_STR(q.msgs[1].name, "bob");
+    T_CHECK(q.msgs[2].content == NULL);
+    T_CHECK(q.msgs[2].tool_calls && strstr(q.msgs[2].tool_calls, "\"arguments\":\"{}\""));
+    T_EQ_STR(q.msgs[3].tool_call_id, "c1");
+    T_CHECK(q.messages_json && q.messages_json[0] == '[');
+    T_CHECK(q.tools_json && strstr(q.tools_json, "\"name\":\"f\""));
+    T_EQ_INT(q.logprobs, 1);
+    T_EQ_INT(q.top_logprobs, 3);
+    T_EQ_INT(q.logprobs, 1);
+    gw_oai_req_free(&q);
+}
+
+static void test_errors(void) {
+    /* body */
+    ERR_C("not json", NULL, NULL, "We could not parse the JSON body");
+    ERR_C("[1,2]", NULL, NULL, "We could not parse the JSON body");
+    ERR_C("{\"model\":\"m\",\"prompt\":\"x\"", NULL, NULL, "We could not parse");
+    /* model */
+    ERR_C("{\"prompt\":\"x\"}", "model", "missing_required_parameter", "you must provide a model parameter");
+    ERR_C("{\"model\":3,\"prompt\":\"x\"}", "model", "invalid_type", "expected a string, but got a number");
+    /* prompt */
+    ERR_C("{\"model\":\"m\"}", "prompt", "missing_required_parameter", "'prompt'");
+    ERR_C("{\"model\":\"m\",\"prompt\":7}", "prompt", "invalid_type", "Invalid type for 'prompt'");
+    ERR_C("{\"model\":\"m\",\"prompt\":[]}", "prompt", "invalid_value", "empty array");
+    ERR_C("{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt", "unsupported_value", "Batched prompts");
+    ERR_C("{\"model\":\"m\",\"prompt\":[[1],[2]]}", "prompt", "unsupported_value", "Batched prompts");
+    ERR_C("{\"model\":\"m\",\"prompt\":[1,-2]}", "prompt", "invalid_value", "token ids");
+    ERR_C("{\"model\":\"m\",\"prompt\":[1,2.5]}", "prompt", "invalid_value", "token ids");
+    ERR_C("{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt", "invalid_value", "token ids");
+    ERR_C("{\"model\":\"m\",\"prompt\":[[]]}", "prompt", "invalid_value", "must not be empty");
+    ERR_C("{\"model\":\"m\",\"prompt\":[{}]}", "prompt", "invalid_type", "Invalid type");
+    /* max_tokens / max_completion_tokens */
+    ERR_C(CO(",\"max_tokens\":0"), "max_tokens", "invalid_value", "between 1 and");
+    ERR_C(CO(",\"max_tokens\":-3"), "max_tokens", "invalid_value", "but got -3");
+    ERR_C(CO(",\"max_tokens\":1.5"), "max_tokens", "invalid_type", "an integer");
+    ERR_C(CO(",\"max_tokens\":\"9\""), "max_tokens", "invalid_type", "got a string");
+    ERR_C(CO(",\"max_tokens\":1e300"), "max_tokens", "invalid_value", "between 1 and");
+    ERR_CH(CH(",\"max_completion_tokens\":0"), "max_completion_tokens", "invalid_value", "between 1 and");
+    /* temperature 0..2 */
+    ERR_C(CO(",\"temperature\":2.5"), "temperature", "invalid_value", "<= 2");
+    ERR_C(CO(",\"temperature\":-0.1"), "temperature", "invalid_value", ">= 0");
+    ERR_C(CO(",\"temperature\":\"hot\""), "temperature", "invalid_type", "expected a number, but got a string");
+    ERR_C(CO(",\"temperature\":true"), "temperature", "invalid_type", "got a boolean");
+    /* top_p (0,1] */
+    ERR_C(CO(",\"top_p\":0"), "top_p", "invalid_value", "> 0");
+    ERR_C(CO(",\"top_p\":1.01"), "top_p", "invalid_value", "<= 1");
+    ERR_C(CO(",\"top_p\":[1]"), "top_p", "invalid_type", "got an array");
+    /* top_k, min_p */
+    ERR_C(CO(",\"top_k\":-2"), "top_k", "invalid_value", "between -1 and");
+    ERR_C(CO(",\"top_k\":2.5"), "top_k", "invalid_type", "an integer");
+    ERR_C(CO(",\"min_p\":1.5"), "min_p", "invalid_value", "<= 1");
+    ERR_C(CO(",\"min_p\":-0.5"), "min_p", "invalid_value", ">= 0");
+    /* penalties */
+    ERR_C(CO(",\"presence_penalty\":2.01"), "presence_penalty", "invalid_value", "<= 2");
+    ERR_C(CO(",\"presence_penalty\":-3"), "presence_penalty", "invalid_value", ">= -2");
+    ERR_C(CO(",\"frequency_penalty\":-2.5"), "frequency_penalty", "invalid_value", ">= -2");
+    ERR_C(CO(",\"frequency_penalty\":{}"), "frequency_penalty", "invalid_type", "got an object");
+    ERR_C(CO(",\"repetition_penalty\":0"), "repetition_penalty", "invalid_value", "> 0");
+    ERR_C(CO(",\"repetition_penalty\":-1"), "repetition_penalty", "invalid_value", "> 0");
+    /* seed */
+    ERR_C(CO(",\"seed\":1.5"), "seed", "invalid_type", "an integer");
+    ERR_C(CO(",\"seed\":\"1\""), "seed", "invalid_type", "an integer");
+    ERR_C(CO(",\"seed\":1e300"), "seed", "invalid_value", "2^53");
+    /* stop */
+    ERR_C(CO(",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]"), "stop", "invalid_value", "maximum length 4");
+    ERR_C(CO(",\"stop\":5"), "stop", "invalid_type", "a string or an array of strings");
+    ERR_C(CO(",\"stop\":[\"a\",5]"), "stop", "invalid_type", "expected a string, but got a number");
+    {
+        char body[1024], longs[300];
+        memset(longs, 'x', 299);
+        longs[299] = 0;
+        snprintf(body, sizeof body, CO(",\"stop\":\"%s\""), longs);
+        ERR_C(body, "stop", "invalid_value", "at most 256 bytes");
+    }
+    /* n */
+    ERR_C(CO(",\"n\":0"), "n", "invalid_value", "between 1 and 16");
+    ERR_C(CO(",\"n\":17"), "n", "invalid_value", "between 1 and 16");
+    ERR_C(CO(",\"n\":\"2\""), "n", "invalid_type", "an integer");
+    /* logprobs: int 0..20 for completions, bool for chat; top_logprobs 0..20 with logprobs */
+    ERR_C(CO(",\"logprobs\":21"), "logprobs", "invalid_value", "between 0 and 20");
+    ERR_C(CO(",\"logprobs\":-1"), "logprobs", "invalid_value", "between 0 and 20");
+    ERR_C(CO(",\"logprobs\":true"), "logprobs", "invalid_type", "an integer");
+    ERR_CH(CH(",\"logprobs\":1"), "logprobs", "invalid_type", "a boolean");
+    ERR_CH(CH(",\"logprobs\":true,\"top_logprobs\":21"), "top_logprobs", "invalid_value", "between 0 and 20");
+    ERR_CH(CH(",\"top_logprobs\":2"), "top_logprobs", "invalid_value", "'logprobs' must be set to true");
+    ERR_CH(CH(",\"logprobs\":false,\"top_logprobs\":2"), "top_logprobs", "invalid_value", "'logprobs' must be set to true");
+    /* logit_bias */
+    ERR_C(CO(",\"logit_bias\":[1]"), "logit_bias", "invalid_type", "an object");
+    ERR_C(CO(",\"logit_bias\":{\"x\":1}"), "logit_bias", "invalid_value", "token ids");
+    ERR_C(CO(",\"logit_bias\":{\"-1\":1}"), "logit_bias", "invalid_value", "token ids");
+    ERR_C(CO(",\"logit_bias\":{\"12a\":1}"), "logit_bias", "invalid_value", "token ids");
+    ERR_C(CO(",\"logit_bias\":{\"99999999999\":1}"), "logit_bias", "invalid_value", "token ids");
+    ERR_C(CO(",\"logit_bias\":{\"5\":101}"), "logit_bias", "invalid_value", "between -100 and 100");
+    ERR_C(CO(",\"logit_bias\":{\"5\":-100.5}"), "logit_bias", "invalid_value", "between -100 and 100");
+    ERR_C(CO(",\"logit_bias\":{\"5\":\"1\"}"), "logit_bias", "invalid_type", "a number");
+    /* stream, stream_options */
+    ERR_C(CO(",\"stream\":\"yes\""), "stream", "invalid_type", "a boolean");
+    ERR_C(CO(",\"stream_options\":{\"include_usage\":true}"), "stream_options", "invalid_value", "only allowed when 'stream' is enabled");
+    ERR_C(CO(",\"stream\":true,\"stream_options\":3"), "stream_options", "invalid_type", "an object");
+    ERR_C(CO(",\"stream\":true,\"stream_options\":{\"include_usage\":1}"), "stream_options.include_usage", "invalid_type", "a boolean");
+    /* user; unsupported completions features */
+    ERR_C(CO(",\"user\":5"), "user", "invalid_type", "a string");
+    ERR_C(CO(",\"echo\":true"), "echo", "unsupported_value", "not supported");
+    ERR_C(CO(",\"suffix\":\"x\""), "suffix", "unsupported_value", "not supported");
+    ERR_C(CO(",\"best_of\":2"), "best_of", "unsupported_value", "not supported");
+    /* messages */
+    ERR_CH("{\"model\":\"m\"}", "messages", "missing_required_parameter", "'messages'");
+    ERR_CH("{\"model\":\"m\",\"messages\":{}}", "messages", "invalid_type", "an array");
+    ERR_CH("{\"model\":\"m\",\"messages\":[]}", "messages", "invalid_value", "empty array");
+    ERR_CH("{\"model\":\"m\",\"messages\":[5]}", "messages[0]", "invalid_type", "an object");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"content\":\"x\"}]}", "messages[0].role", "missing_required_parameter", "messages[0].role");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"robot\",\"content\":\"x\"}]}", "messages[1].role",
+           "invalid_value", "robot");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", "missing_required_parameter", "messages[0].content");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content", "invalid_type", "content parts");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+           "messages[0].content", "unsupported_value", "'image_url'");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", "messages[0].content", "invalid_type",
+           "Invalid type");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":1}]}", "messages[0].name", "invalid_type", "a string");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"tool_calls\":{}}]}", "messages[0].tool_calls",
+           "invalid_type", "an array");
+    ERR_CH(CH(",\"tools\":{}"), "tools", "invalid_type", "an array");
+}
+
+static void test_context_error(void) {
+    gw_oai_err e;
+    gw_oai_err_context(&e, GW_OAI_CHAT, 2048, 2000, 100);
+    T_EQ_INT(e.status, 400);
+    T_EQ_STR(e.message, "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2000 in the "
+                        "messages, 100 in the completion). Please reduce the length of the messages or completion.");
+    char *js = gw_oai_error_json(&e);
+    cJSON *j = cJSON_Parse(js), *err = cJSON_GetObjectItem(j, "error");
+    T_EQ_STR(cJSON_GetObjectItem(err, "code")->valuestring, "context_length_exceeded");
+    T_EQ_STR(cJSON_GetObjectItem(err, "param")->valuestring, "messages");
+    T_EQ_STR(cJSON_GetObjectItem(err, "type")->valuestring, "invalid_request_error");
+    cJSON_Delete(j);
+    free(js);
+    gw_oai_err_context(&e, GW_OAI_COMPLETION, 512, 500, 20);
+    T_CHECK(strstr(e.message, "maximum context length is 512 tokens") && strstr(e.message, "520 tokens"));
+    T_EQ_STR(e.param, "prompt");
+}
+
+static cJSON *J(char *s) {
+    cJSON *j = cJSON_Parse(s);
+    T_CHECKF(j != NULL, "not JSON: %s", s);
+    free(s);
+    return j;
+}
+
+static const char *S(cJSON *o, const char *k) {
+    cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "(not a string)";
+}
+
+static void test_responses(void) {
+    gw_oai_meta m = {.kind = GW_OAI_CHAT, .id = "chatcmpl-abc", .created = 1700000000, .model = "tiny", .fingerprint = "fp_x"};
+    gw_oai_top tops[2] = {{"Hi", 2, -0.1f}, {"Hey", 3, -2.5f}};
+    gw_oai_tok toks[2] = {{"Hi", 2, -0.1f, 2, tops}, {"\xC3", 1, -0.5f, 0, NULL}};
+    gw_oai_choice ch[2] = {{"Hi there", 8, GW_FINISH_STOP, toks, 2}, {"Yo", 2, GW_FINISH_LENGTH, NULL, 0}};
+    gw_oai_usage u = {.prompt_tokens = 5, .completion_tokens = 3};
+
+    cJSON *j = J(gw_oai_response_json(&m, ch, 2, &u, 1));
+    T_EQ_STR(S(j, "id"), "chatcmpl-abc");
+    T_EQ_STR(S(j, "object"), "chat.completion");
+    T_NEAR(cJSON_GetObjectItem(j, "created")->valuedouble, 1700000000, 0);
+    T_EQ_STR(S(j, "model"), "tiny");
+    T_EQ_STR(S(j, "system_fingerprint"), "fp_x");
+    cJSON *choices = cJSON_GetObjectItem(j, "choices");
+    T_EQ_INT(cJSON_GetArraySize(choices), 2);
+    cJSON *c0 = cJSON_GetArrayItem(choices, 0);
+    T_NEAR(cJSON_GetObjectItem(c0, "index")->valuedouble, 0, 0);
+    cJSON *msg = cJSON_GetObjectItem(c0, "message");
+    T_EQ_STR(S(msg, "role"), "assistant");
+    T_EQ_STR(S(msg, "content"), "Hi there");
+    T_EQ_STR(S(c0, "finish_reason"), "stop");
+    cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+    cJSON *content = cJSON_GetObjectItem(lp, "content");
+    T_EQ_INT(cJSON_GetArraySize(content), 2);
+    cJSON *t0 = cJSON_GetArrayItem(content, 0);
+    T_EQ_STR(S(t0, "token"), "Hi");
+    T_NEAR(cJSON_GetObjectItem(t0, "logprob")->valuedouble, -0.1, 1e-6);
+    T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(t0, "bytes")), 2);
+    T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(t0, "bytes"), 0)->valuedouble, 'H', 0);
+    cJSON *tl = cJSON_GetObjectItem(t0, "top_logprobs");
+    T_EQ_INT(cJSON_GetArraySize(tl), 2);
+    T_EQ_STR(S(cJSON_GetArrayItem(tl, 1), "token"), "Hey");
+    cJSON *t1 = cJSON_GetArrayItem(content, 1);
+    T_EQ_STR(S(t1, "token"), "\xEF\xBF\xBD"); /* a partial UTF-8 byte is shown as U+FFFD, its byte kept */
+    T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "bytes"), 0)->valuedouble, 0xC3, 0);
+    cJSON *c1 = cJSON_GetArrayItem(choices, 1);
+    T_EQ_STR(S(c1, "finish_reason"), "length");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c1, "logprobs")));
+    cJSON *us = cJSON_GetObjectItem(j, "usage");
+    T_NEAR(cJSON_GetObjectItem(us, "prompt_tokens")->valuedouble, 5, 0);
+    T_NEAR(cJSON_GetObjectItem(us, "completion_tokens")->valuedouble, 3, 0);
+    T_NEAR(cJSON_GetObjectItem(us, "total_tokens")->valuedouble, 8, 0);
+    cJSON_Delete(j);
+
+    /* completions, with logprobs in the legacy layout */
+    m.kind = GW_OAI_COMPLETION;
+    m.id = "cmpl-xyz";
+    m.fingerprint = NULL;
+    j = J(gw_oai_response_json(&m, ch, 1, &u, 1));
+    T_EQ_STR(S(j, "object"), "text_completion");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "system_fingerprint")));
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    T_EQ_STR(S(c0, "text"), "Hi there");
+    T_CHECK(cJSON_GetObjectItem(c0, "message") == NULL);
+    lp = cJSON_GetObjectItem(c0, "logprobs");
+    T_EQ_STR(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 0)->valuestring, "Hi");
+    T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 1)->valuedouble, -0.5, 1e-6);
+    T_NEAR(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0), "Hey")->valuedouble, -2.5, 1e-6);
+    T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 1)->valuedouble, 2, 0);
+    cJSON_Delete(j);
+
+    /* chat chunks: role chunk, content chunk, finish chunk, usage chunk */
+    m.kind = GW_OAI_CHAT;
+    m.id = "chatcmpl-s";
+    m.fingerprint = "fp_x";
+    m.include_usage = 1;
+    j = J(gw_oai_chunk_json(&m, 0, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
+    T_EQ_STR(S(j, "object"), "chat.completion.chunk");
+    T_EQ_STR(S(j, "id"), "chatcmpl-s");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *d = cJSON_GetObjectItem(c0, "delta");
+    T_EQ_STR(S(d, "role"), "assistant");
+    T_EQ_STR(S(d, "content"), "");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
+    cJSON_Delete(j);
+    j = J(gw_oai_chunk_json(&m, 1, 0, "tok\"en\n", 7, GW_FINISH_NONE, toks, 1, NULL));
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    T_NEAR(cJSON_GetObjectItem(c0, "index")->valuedouble, 1, 0);
+    d = cJSON_GetObjectItem(c0, "delta");
+    T_EQ_STR(S(d, "content"), "tok\"en\n");
+    T_CHECK(cJSON_GetObjectItem(d, "role") == NULL);
+    T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content")), 1);
+    cJSON_Delete(j);
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_LENGTH, NULL, 0, NULL));
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    d = cJSON_GetObjectItem(c0, "delta");
+    T_CHECK(cJSON_IsObject(d) && cJSON_GetArraySize(d) == 0);
+    T_EQ_STR(S(c0, "finish_reason"), "length");
+    cJSON_Delete(j);
+    j = J(gw_oai_usage_chunk_json(&m, &u));
+    T_EQ_STR(S(j, "id"), "chatcmpl-s");
+    T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    T_CHECK(cJSON_IsArray(cJSON_GetObjectItem(j, "choices")));
+    T_NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valuedouble, 8, 0);
+    cJSON_Delete(j);
+    /* without include_usage there is no usage key on chunks */
+    m.include_usage = 0;
+    j = J(gw_oai_chunk_json(&m, 0, 0, "x", 1, GW_FINISH_NONE, NULL, 0, NULL));
+    T_CHECK(cJSON_GetObjectItem(j, "usage") == NULL);
+    cJSON_Delete(j);
+
+    /* completion chunks: text and finish_reason on the same choice object */
+    m.kind = GW_OAI_COMPLETION;
+    size_t off = 10;
+    j = J(gw_oai_chunk_json(&m, 0, 0, "abc", 3, GW_FINISH_NONE, toks, 2, &off));
+    T_EQ_STR(S(j, "object"), "text_completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    T_EQ_STR(S(c0, "text"), "abc");
+    T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "text_offset"), 1)->valuedouble, 12, 0);
+    T_EQ_INT(off, 13);
+    cJSON_Delete(j);
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_STOP, NULL, 0, NULL));
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    T_EQ_STR(S(c0, "text"), "");
+    T_EQ_STR(S(c0, "finish_reason"), "stop");
+    cJSON_Delete(j);
+
+    /* SSE framing */
+    size_t n;
+    char *sse = gw_sse_data("{\"a\":1}", &n);
+    T_EQ_STR(sse, "data: {\"a\":1}\n\n");
+    T_EQ_INT(n, strlen(sse));
+    free(sse);
+    T_EQ_STR(GW_SSE_DONE, "data: [DONE]\n\n");
+
+    /* error JSON with nulls */
+    gw_oai_err e;
+    gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "boom %d", 1);
+    j = J(gw_oai_error_json(&e));
+    cJSON *er = cJSON_GetObjectItem(j, "error");
+    T_EQ_STR(S(er, "message"), "boom 1");
+    T_EQ_STR(S(er, "type"), "server_error");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(er, "param")));
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(er, "code")));
+    cJSON_Delete(j);
+
+    /* ids */
+    char id1[GW_OAI_ID_LEN], id2[GW_OAI_ID_LEN];
+    gw_oai_make_id(id1, sizeof id1, "chatcmpl-");
+    gw_oai_make_id(id2, sizeof id2, "chatcmpl-");
+    T_EQ_INT(strlen(id1), 9 + 24);
+    T_CHECK(strncmp(id1, "chatcmpl-", 9) == 0 && strcmp(id1, id2) != 0);
+
+    /* Realtime events */
+    m.kind = GW_OAI_CHAT;
+    m.id = "resp_1";
+    j = J(gw_rt_created_json("event_1", &m));
+    T_EQ_STR(S(j, "type"), "response.created");
+    T_EQ_STR(S(j, "event_id"), "event_1");
+    T_EQ_STR(S(cJSON_GetObjectItem(j, "response"), "id"), "resp_1");
+    T_EQ_STR(S(cJSON_GetObjectItem(j, "response"), "status"), "in_progress");
+    T_EQ_STR(S(cJSON_GetObjectItem(j, "response"), "object"), "realtime.response");
+    cJSON_Delete(j);
+    j = J(gw_rt_delta_json("event_2", "resp_1", 1, "hey", 3));
+    T_EQ_STR(S(j, "type"), "response.output_text.delta");
+    T_EQ_STR(S(j, "response_id"), "resp_1");
+    T_NEAR(cJSON_GetObjectItem(j, "output_index")->valuedouble, 1, 0);
+    T_NEAR(cJSON_GetObjectItem(j, "content_index")->valuedouble, 0, 0);
+    T_EQ_STR(S(j, "delta"), "hey");
+    cJSON_Delete(j);
+    j = J(gw_rt_done_json("event_3", &m, "cancelled", "client_cancelled", ch, 2, &u));
+    T_EQ_STR(S(j, "type"), "response.done");
+    cJSON *r = cJSON_GetObjectItem(j, "response");
+    T_EQ_STR(S(r, "status"), "cancelled");
+    T_EQ_STR(S(cJSON_GetObjectItem(r, "status_details"), "reason"), "client_cancelled");
+    T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(r, "output")), 2);
+    T_EQ_STR(S(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "output"), 1), "text"), "Yo");
+    T_NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "input_tokens")->valuedouble, 5, 0);
+    T_NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "output_tokens")->valuedouble, 3, 0);
+    cJSON_Delete(j);
+    gw_oai_err_set(&e, 400, "invalid_request_error", "response.temperature", "invalid_value", "bad");
+    j = J(gw_rt_error_json("event_4", &e, "client_ev"));
+    T_EQ_STR(S(j, "type"), "error");
+    er = cJSON_GetObjectItem(j, "error");
+    T_EQ_STR(S(er, "type"), "invalid_request_error");
+    T_EQ_STR(S(er, "code"), "invalid_value");
+    T_EQ_STR(S(er, "param"), "response.temperature");
+    T_EQ_STR(S(er, "event_id"), "client_ev");
+    cJSON_Delete(j);
+}
+
+int main(void) {
+    test_defaults();
+    test_errors();
+    test_context_error();
+    test_responses();
+    return t_done();
+}
