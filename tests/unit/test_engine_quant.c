@@ -24,6 +24,15 @@
 #include <unistd.h>
 
 #define NPOS 256
+/* Under the sanitizers the random-weight shapes use fewer positions (their output head is
+ * 32000 x 256 F32 per position) and skip Q4_K (mkmodel's quantizer is slow when
+ * instrumented) to stay well under a minute; stories260K keeps 256 positions. */
+#if defined(__SANITIZE_ADDRESS__)
+static int npos_tiny = 48;
+#else
+static int npos_tiny = NPOS;
+#endif
+static int npos = NPOS; /* positions of the current comparison */
 
 /* A copy of m whose matrices (and embeddings) are F32 arrays dequantized from m's blocks. */
 typedef struct { mdl_model m; void *bufs[512]; int nb; } f32_model;
@@ -67,24 +76,24 @@ static float *logits_of(const mdl_model *m, const int32_t *ids) {
     ex_engine_opts o;
     ex_engine_opts_default(&o);
     o.n_ctx = NPOS;
-    o.max_tokens = NPOS;
+    o.max_tokens = npos;
     o.max_seqs = 1;
-    o.max_out = NPOS;
+    o.max_out = npos;
     o.kv_cache_mb = 64;
     ex_engine *e;
     char err[256];
     if (ex_engine_create(m, &o, &e, err, sizeof err)) { fprintf(stderr, "%s\n", err); return NULL; }
     ex_kv_table t;
     ex_kv_table_init(&t, ex_engine_limits(e)->max_blocks);
-    ex_kv_table_reserve(ex_engine_kv(e), &t, NPOS);
+    ex_kv_table_reserve(ex_engine_kv(e), &t, npos);
     ex_batch_buf bb;
     ex_batch_buf_init(&bb, ex_engine_limits(e));
-    ex_batch_buf_add(&bb, ids, NPOS, 0, t.blocks, t.n, 1);
+    ex_batch_buf_add(&bb, ids, npos, 0, t.blocks, t.n, 1);
     const float *lg;
     float *out = NULL;
     int V = m->cfg.n_vocab;
-    if (ex_engine_forward(e, &bb.b, &lg) == 0 && (out = malloc(sizeof(float) * NPOS * (size_t)V)))
-        memcpy(out, lg, sizeof(float) * NPOS * (size_t)V);
+    if (ex_engine_forward(e, &bb.b, &lg) == 0 && (out = malloc(sizeof(float) * npos * (size_t)V)))
+        memcpy(out, lg, sizeof(float) * npos * (size_t)V);
     ex_batch_buf_free(&bb);
     ex_kv_table_release(ex_engine_kv(e), &t);
     ex_kv_table_free(&t);
@@ -102,7 +111,7 @@ static void compare(const mdl_model *q, const mdl_model *f, const int32_t *ids, 
     if (a && b) {
         int agree = 0, decisive = 0, agree_dec = 0;
         double worst = 0, mean = 0;
-        for (int p = 0; p < NPOS; p++) {
+        for (int p = 0; p < npos; p++) {
             const float *ra = a + (size_t)p * V, *rb = b + (size_t)p * V;
             double num = 0, den = 0;
             int ia = 0, ib = 0;
@@ -116,17 +125,17 @@ static void compare(const mdl_model *q, const mdl_model *f, const int32_t *ids, 
             for (int i = 0; i < V; i++) if (i != ib && rb[i] > second) second = rb[i];
             double rel = sqrt(num / (den > 0 ? den : 1)), rms = sqrt(num / V);
             worst = fmax(worst, isnan(rel) ? INFINITY : rel);
-            mean += rel / NPOS;
+            mean += rel / npos;
             agree += ia == ib;
             if (rb[ib] - second > 4 * rms) { decisive++; agree_dec += ia == ib; }
         }
         printf("%s %s: logits rel L2 err mean %.2e max %.2e (bound %.0e); top-1 agreement %d/%d raw, %d/%d decisive\n",
-               shape, type, mean, worst, max_rel, agree, NPOS, agree_dec, decisive);
+               shape, type, mean, worst, max_rel, agree, npos, agree_dec, decisive);
         T_CHECKF(worst < max_rel, "%s %s: max rel err %g", shape, type, worst);
-        if (strict) T_CHECKF(agree * 100 >= 99 * NPOS, "%s %s: top-1 agreement %d/%d", shape, type, agree, NPOS);
+        if (strict) T_CHECKF(agree * 100 >= 99 * npos, "%s %s: top-1 agreement %d/%d", shape, type, agree, npos);
         else {
-            T_CHECKF(agree * 100 >= 85 * NPOS, "%s %s: raw top-1 agreement %d/%d", shape, type, agree, NPOS);
-            T_CHECKF(decisive >= NPOS / 2, "%s %s: only %d decisive positions", shape, type, decisive);
+            T_CHECKF(agree * 100 >= 85 * npos, "%s %s: raw top-1 agreement %d/%d", shape, type, agree, npos);
+            T_CHECKF(decisive >= npos / 2, "%s %s: only %d decisive positions", shape, type, decisive);
             T_CHECKF(agree_dec * 100 >= 99 * decisive, "%s %s: decisive top-1 agreement %d/%d", shape, type, agree_dec, decisive);
         }
     }
@@ -154,6 +163,7 @@ static void check_type(const char *arka, const char *dir, const char *shape, con
     uint32_t x = 5;
     ids[0] = 1;
     for (int i = 1; i < NPOS; i++) { x = x * 1664525u + 1013904223u; ids[i] = 3 + (int32_t)((x >> 8) % (uint32_t)(V - 3)); }
+    npos = npos_tiny;
     compare(q, &f.m, ids, shape, type, max_rel, 0);
     f32_free(&f);
     mdl_free(q);
@@ -232,6 +242,7 @@ static void check_stories(const char *type_name) {
             ex_engine_destroy(e);
         }
     }
+    npos = NPOS;
     compare(&q, &f, ids, "stories260K", type_name, 5e-2, 1);
     for (int i = 0; i < nb; i++) free(bufs[i]);
     free(q.layers);
@@ -250,7 +261,12 @@ int main(void) {
     check_stories("q4_0");
     check_type(arka, dir, "tiny", "q8_0", 5e-2);
     check_type(arka, dir, "tiny", "q4_0", 5e-2);
+#if defined(__SANITIZE_ADDRESS__)
+    /* the reference Q4_K quantizer inside an instrumented mkmodel alone takes ~45 s here */
+    printf("NOTICE: tiny q4_k skipped in the sanitizer build (covered by the normal build)\n");
+#else
     check_type(arka, dir, "tiny", "q4_k", 5e-2);
+#endif
     const char *lng = getenv("ARKA_LONG_TESTS");
     if (lng && !strcmp(lng, "1")) {
         check_type(arka, dir, "small", "q8_0", 1e-1);
