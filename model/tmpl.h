@@ -32,9 +32,12 @@
  * ordered), namespace, macro.
  * Semantics follow Python Jinja as transformers configures it (tojson is json.dumps with
  * ensure_ascii=False; str() of True/None is "True"/"None"; floats print like Python repr).
- * Differences: str.upper/lower/title/capitalize change ASCII letters only; a for loop's body
- * keeps its assignments from one iteration to the next (like @huggingface/jinja); macros see
- * the variables of the scope they were defined in.
+ * Differences: str.upper/lower/title/capitalize change ASCII letters only; macros see the
+ * variables of the scope they were defined in; undefined.attr is undefined (not an error);
+ * list.append and dict.update work on lists/dicts the template made (transformers' sandbox
+ * refuses them); iterating an undefined value is empty. Where @huggingface/jinja differs from
+ * Python Jinja (it keeps a loop body's assignments across iterations, prints true/none as
+ * "true"/"", concatenates str + non-str), we follow Python.
  *
  * Errors: compile errors and render errors read "line L, column C: problem"; a template's
  * raise_exception("msg") makes tmpl_render fail with CM_ETEMPLATE and err exactly "msg".

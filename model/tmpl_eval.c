@@ -168,6 +168,7 @@ int tmpl__call_macro(tmpl__rs *r, const tnode *at, tmpl_value *fn, tmpl__args *a
     int rc = 0;
     tmpl_value *varargs = tmpl__v_list(&r->a, 0), *kwargs = tmpl__v_dict(&r->a, TV_DICT);
     if (!varargs || !kwargs) return tmpl__oom(r, at);
+    varargs->is_tuple = 1;
     for (int i = 0; i < def->nnames && !rc; i++) {
         tmpl_value *v = i < args->npos ? args->pos[i] : NULL;
         for (int k = 0; k < args->nkw && !v; k++)
@@ -730,10 +731,11 @@ static int exec_for(tmpl__rs *r, tmpl__frame *f, const tnode *n) {
     L->n = count;
     lv->type = TV_LOOP;
     lv->u.loop = L;
-    if ((rc = frame_set(r, n, lf, "loop", 4, lv))) return rc;
     for (size_t i = 0; i < count; i++) {
         L->i = i;
-        if ((rc = tmpl__step(r, n)) || (rc = bind_targets(r, lf, n, items[i]))) return rc;
+        lf->n = 0; /* every iteration starts from the outer scope (Jinja: assignments don't carry over) */
+        if ((rc = tmpl__step(r, n)) || (rc = frame_set(r, n, lf, "loop", 4, lv)) || (rc = bind_targets(r, lf, n, items[i])))
+            return rc;
         rc = exec_body(r, lf, n->v, n->nv);
         if (rc == FLOW_BREAK) break;
         if (rc < 0) return rc;

@@ -1,6 +1,6 @@
 /* tmpl_lib: the filters, tests, methods and global functions templates may call.
  *
- * Filters: abs, attr, capitalize, count, d, default, dictsort, e, escape, first, float,
+ * Filters: abs, attr, capitalize, center, count, d, default, dictsort, e, escape, first, float,
  *   forceescape, format, indent, int, items, join, last, length, list, lower, map, max, min,
  *   pprint, reject, rejectattr, replace, reverse, round, safe, select, selectattr, sort, string,
  *   sum, title, tojson, trim, unique, upper, wordcount.
@@ -138,7 +138,7 @@ static char up(char c) { return c >= 'a' && c <= 'z' ? (char)(c - 32) : c; }
 static char lo(char c) { return c >= 'A' && c <= 'Z' ? (char)(c + 32) : c; }
 static int is_alpha_c(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAP };
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAP, CASE_TITLE_WORDS };
 static int change_case(tmpl__rs *r, const tnode *at, tmpl_value *s, int how, tmpl_value **out) {
     char *p = tmpl__alloc(&r->a, s->u.s.n + 1);
     if (!p) return tmpl__oom(r, at);
@@ -149,7 +149,12 @@ static int change_case(tmpl__rs *r, const tnode *at, tmpl_value *s, int how, tmp
         case CASE_UPPER: c = up(c); break;
         case CASE_LOWER: c = lo(c); break;
         case CASE_CAP: c = i == 0 ? up(c) : lo(c); break;
-        default:
+        case CASE_TITLE_WORDS: /* Jinja's title filter: words start after whitespace, - ( { [ < */
+            c = prev_cased ? lo(c) : up(c);
+            prev_cased = !(c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '-' ||
+                           c == '(' || c == '{' || c == '[' || c == '<');
+            break;
+        default: /* str.title(): words are runs of letters */
             c = prev_cased ? lo(c) : up(c);
             prev_cased = is_alpha_c(c) || ((uint8_t)c >= 0x80 && prev_cased);
         }
@@ -348,7 +353,9 @@ int tmpl__test(tmpl__rs *r, const tnode *at, const tname *tn, tmpl_value *v, tmp
             *out = d == -1 || v->u.i % d == 0;
         } else if (IS("eq") || IS("equalto") || IS("==")) *out = tmpl__equal(v, o);
         else if (IS("ne") || IS("!=")) *out = !tmpl__equal(v, o);
-        else if (IS("sameas")) *out = v == o || (v->type == o->type && (t == TV_NONE || t == TV_UNDEF || (t == TV_BOOL && v->u.b == o->u.b)));
+        else if (IS("sameas")) /* Python 'is': singletons, and equal scalars (small ints, interned strings) */
+            *out = v == o || (v->type == o->type && (t == TV_NONE || t == TV_UNDEF || t == TV_BOOL || t == TV_STR ||
+                                                     (t == TV_INT && v->u.i >= -5 && v->u.i <= 256)) && tmpl__equal(v, o));
         else if (IS("in")) {
             *out = 0;
             if (o->type == TV_STR && t == TV_STR) *out = !v->u.s.n || memmem(o->u.s.p, o->u.s.n, v->u.s.p, v->u.s.n) != NULL;
@@ -372,7 +379,7 @@ int tmpl__test(tmpl__rs *r, const tnode *at, const tname *tn, tmpl_value *v, tmp
 
 /* ---- filters ------------------------------------------------------------------------------ */
 static const char *const filter_names[] = {
-    "abs", "attr", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float",
+    "abs", "attr", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape", "first", "float",
     "forceescape", "format", "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max",
     "min", "pprint", "reject", "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr",
     "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper", "wordcount", NULL};
@@ -560,7 +567,7 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
     if (IS("string")) return as_str(r, at, v, out);
     if (IS("pprint")) { tmpl__sb sb = {.max = r->max_output}; return ret_sb(r, at, &sb, tmpl__repr(&sb, v, 0), out); }
     if (IS("trim") || IS("upper") || IS("lower") || IS("capitalize") || IS("title") || IS("escape") || IS("e") ||
-        IS("forceescape") || IS("wordcount") || IS("replace") || IS("indent") || IS("format")) {
+        IS("forceescape") || IS("wordcount") || IS("replace") || IS("indent") || IS("format") || IS("center")) {
         tmpl_value *s;
         if (v->type == TV_UNDEF) s = tmpl__v_str(&r->a, "", 0, 0);
         else if ((rc = as_str(r, at, v, &s))) return rc;
@@ -576,7 +583,7 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
         if (IS("upper")) return change_case(r, at, s, CASE_UPPER, out);
         if (IS("lower")) return change_case(r, at, s, CASE_LOWER, out);
         if (IS("capitalize")) return change_case(r, at, s, CASE_CAP, out);
-        if (IS("title")) return change_case(r, at, s, CASE_TITLE, out);
+        if (IS("title")) return change_case(r, at, s, CASE_TITLE_WORDS, out);
         if (IS("escape") || IS("e") || IS("forceescape")) return escape_html(r, at, s, out);
         if (IS("wordcount")) {
             int64_t words = 0;
@@ -589,6 +596,21 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
             return ret_int(r, at, words, out);
         }
         if (IS("format")) return tmpl__percent_format(r, at, s, args->pos, args->npos, out);
+        if (IS("center")) { /* str.center(width): extra space goes right when odd, like Python */
+            tmpl_value *w = arg(args, 0, "width");
+            int64_t width = 80;
+            if (w && (rc = want_int(r, at, w, "center width", &width))) return rc;
+            size_t len = tmpl__cp_count(s->u.s.p, s->u.s.n);
+            if (width > 65536) width = 65536;
+            if (width <= (int64_t)len) { *out = s; return 0; }
+            size_t pad = (size_t)width - len, left = pad / 2 + (pad & (size_t)width & 1);
+            tmpl__sb sb = {.max = r->max_output};
+            rc = 0;
+            for (size_t i = 0; i < left && !rc; i++) rc = tmpl__sb_putc(&sb, ' ');
+            if (!rc) rc = tmpl__sb_put(&sb, s->u.s.p, s->u.s.n);
+            for (size_t i = left; i < pad && !rc; i++) rc = tmpl__sb_putc(&sb, ' ');
+            return ret_sb(r, at, &sb, rc, out);
+        }
         if (IS("replace")) {
             tmpl_value *o = arg(args, 0, "old"), *nw = arg(args, 1, "new"), *c = arg(args, 2, "count");
             int64_t count = -1;
@@ -611,24 +633,24 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
             sp[iv] = 0;
             if (!(ind = tmpl__v_str(&r->a, sp, (size_t)iv, 0))) return tmpl__oom(r, at);
         }
+        /* Jinja: lines = (s + "\n").splitlines(), i.e. s split on "\n"; blank lines are
+         * indented only with blank=True, the first line only with first=True */
         tmpl__sb sb = {.max = r->max_output};
         rc = 0;
+        int want_blank = blank && tmpl__truthy(blank);
+        if (first && tmpl__truthy(first)) rc = tmpl__sb_put(&sb, ind->u.s.p, ind->u.s.n);
         const char *p = s->u.s.p, *end = p + s->u.s.n;
-        int line = 0;
-        /* lines of s + "\n" split on \n, the final empty one dropped (Jinja's splitlines quirk) */
-        while (p <= end && !rc) {
+        for (int line = 0; !rc; line++) {
             const char *nl = memchr(p, '\n', (size_t)(end - p));
             size_t ln = nl ? (size_t)(nl - p) : (size_t)(end - p);
-            if (!nl && ln == 0 && line > 0) break;
-            if (line) rc = tmpl__sb_putc(&sb, '\n');
-            int indent_it = (line > 0 || (first && tmpl__truthy(first))) && (ln > 0 || (blank && tmpl__truthy(blank)));
-            if (!rc && indent_it) rc = tmpl__sb_put(&sb, ind->u.s.p, ind->u.s.n);
+            if (line) {
+                rc = tmpl__sb_putc(&sb, '\n');
+                if (!rc && (ln || want_blank)) rc = tmpl__sb_put(&sb, ind->u.s.p, ind->u.s.n);
+            }
             if (!rc) rc = tmpl__sb_put(&sb, p, ln);
-            line++;
             if (!nl) break;
             p = nl + 1;
         }
-        if (!rc && s->u.s.n && s->u.s.p[s->u.s.n - 1] == '\n') rc = tmpl__sb_putc(&sb, '\n');
         return ret_sb(r, at, &sb, rc, out);
     }
     if (IS("abs")) {
@@ -675,7 +697,14 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
         else if (v->type == TV_BOOL) x = v->u.b;
         else return ERR("round needs a number, not '%s'", tmpl__type_name(v));
         double sc = pow(10.0, (double)prec), y = x * sc;
-        if (!m || (m->type == TV_STR && TMPL_NAME_EQ(m->u.s.p, m->u.s.n, "common"))) y = round(y);
+        if (!m || (m->type == TV_STR && TMPL_NAME_EQ(m->u.s.p, m->u.s.n, "common"))) {
+            if (prec >= 0 && isfinite(x)) { /* Python round(): the exact binary value, ties to even */
+                char buf[400];
+                snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
+                return ret_float(r, at, strtod(buf, NULL), out);
+            }
+            y = nearbyint(y);
+        }
         else if (m->type == TV_STR && TMPL_NAME_EQ(m->u.s.p, m->u.s.n, "ceil")) y = ceil(y);
         else if (m->type == TV_STR && TMPL_NAME_EQ(m->u.s.p, m->u.s.n, "floor")) y = floor(y);
         else return ERR("round method must be 'common', 'ceil' or 'floor'");
@@ -925,10 +954,8 @@ static int split_str(tmpl__rs *r, const tnode *at, tmpl_value *s, tmpl_value *se
         while (i < n && is_space_cp((uint8_t)p[i])) i++;
         if (i >= n) break;
         size_t b = i;
-        if (maxsplit >= 0 && done >= maxsplit) {
-            size_t e = n;
-            while (e > b && is_space_cp((uint8_t)p[e - 1])) e--;
-            if (tmpl__list_push(&r->a, l->u.l, tmpl__v_str(&r->a, p + b, e - b, 1))) return tmpl__oom(r, at);
+        if (maxsplit >= 0 && done >= maxsplit) { /* the rest, trailing whitespace kept (Python) */
+            if (tmpl__list_push(&r->a, l->u.l, tmpl__v_str(&r->a, p + b, n - b, 1))) return tmpl__oom(r, at);
             break;
         }
         while (i < n && !is_space_cp((uint8_t)p[i])) i++;

@@ -4,6 +4,7 @@
 # cache outside the repository, renders tests/integration/data/tmpl_conversations.json with
 # them (tests/integration/tmpl_ref.mjs), then runs test_tmpl_ref, which renders the same
 # conversations with our engine and compares byte for byte. Needs node and npm (fails without).
+# Then, when python3 has jinja2, the same against Python Jinja2 (tests/integration/tmpl_ref.py).
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(pwd)}
 BUILD=${ARKA_BUILD:-$ROOT/build}
@@ -31,4 +32,17 @@ trap 'rm -f "$tmp"' EXIT
 node "$ROOT/tests/integration/tmpl_ref.mjs" "$CACHE" "$ROOT/tests/integration/data/tmpl_conversations.json" "$tmp" ||
     fail "reference rendering with @huggingface/jinja failed"
 mv -f "$tmp" "$CACHE/ref.json" || fail "cannot write $CACHE/ref.json"
-ARKA_TMPL_REF="$CACHE/ref.json" "$BUILD/bin/test_tmpl_ref"
+ARKA_TMPL_REF="$CACHE/ref.json" "$BUILD/bin/test_tmpl_ref" || exit 1
+
+# Second reference: Python Jinja2 as transformers configures it (where @huggingface/jinja and
+# Python differ, we follow Python). Optional: only when python3 has jinja2.
+if python3 -c 'import jinja2' 2>/dev/null; then
+    pyref=$(mktemp "$CACHE/pyref.XXXXXX.json") || fail "mktemp"
+    trap 'rm -f "$tmp" "$pyref"' EXIT
+    python3 "$ROOT/tests/integration/tmpl_ref.py" "$CACHE/ref.json" "$ROOT/tests/integration/data/tmpl_conversations.json" \
+        "$ROOT/tests/integration/data/tmpl_snippets.json" "$pyref" || fail "reference rendering with Python Jinja2 failed"
+    ARKA_TMPL_REF="$pyref" "$BUILD/bin/test_tmpl_ref"
+else
+    echo "SKIP: python3 has no jinja2 (apt-get install python3-jinja2): Python Jinja2 cross-check not run"
+    echo "0 passed, 0 failed"
+fi
