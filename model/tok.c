@@ -855,6 +855,81 @@ void tok__heap_pop(tok__scratch *s, tok__heap_ent *top) {
     s->heap[i] = last;
 }
 
+int tok__cache_get(tok__scratch *s, const char *p, size_t n, tok__out *o) {
+    tok__cache *c = &s->cache;
+    if (!c->slots || n > TOK__CACHE_MAXLEN) return 0;
+    uint64_t h = tok__hash(p, n);
+    for (uint32_t i = (uint32_t)h & c->mask;; i = (i + 1) & c->mask) {
+        uint32_t e = c->slots[i];
+        if (!e) return 0;
+        const tok__cache_ent *en = &c->ent[e - 1];
+        if (en->hash == h && en->text_len == n && !memcmp(c->text + en->text_off, p, n)) {
+            for (uint32_t k = 0; k < en->n_ids; k++) tok__emit(o, c->ids[en->ids_off + k]);
+            return 1;
+        }
+    }
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 1024;
+    while (nc < need) nc *= 2;
+    void *np = realloc(*p, nc * elem);
+    if (!np) return CM_ENOMEM;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+void tok__cache_put(tok__scratch *s, const char *p, size_t n, const tok__out *o, int64_t from) {
+    tok__cache *c = &s->cache;
+    int64_t k = o->n - from;
+    if (n > TOK__CACHE_MAXLEN || o->n > o->cap || k <= 0 || k > 0xffff || c->n >= TOK__CACHE_MAX) return;
+    if (!c->slots || (c->n + 1) * 2 > c->mask + 1) { /* start small (most prompts are short), double */
+        uint32_t cap = c->slots ? (c->mask + 1) * 2 : 1024;
+        uint32_t *ns = calloc(cap, sizeof *ns);
+        if (!ns) return;
+        for (uint32_t e = 0; e < c->n; e++) {
+            uint32_t j = (uint32_t)c->ent[e].hash & (cap - 1);
+            while (ns[j]) j = (j + 1) & (cap - 1);
+            ns[j] = e + 1;
+        }
+        free(c->slots);
+        c->slots = ns;
+        c->mask = cap - 1;
+    }
+    size_t ecap = c->cap;
+    if (grow((void **)&c->ent, &ecap, c->n + 1, sizeof *c->ent)) return;
+    c->cap = (uint32_t)ecap;
+    if (grow((void **)&c->text, &c->text_cap, c->text_n + n, 1) || grow((void **)&c->ids, &c->ids_cap, c->ids_n + (size_t)k, sizeof *c->ids))
+        return;
+    uint64_t h = tok__hash(p, n);
+    uint32_t i = (uint32_t)h & c->mask;
+    while (c->slots[i]) i = (i + 1) & c->mask;
+    tok__cache_ent *en = &c->ent[c->n];
+    en->hash = h;
+    en->text_off = (uint32_t)c->text_n;
+    en->text_len = (uint16_t)n;
+    en->ids_off = (uint32_t)c->ids_n;
+    en->n_ids = (uint16_t)k;
+    memcpy(c->text + c->text_n, p, n);
+    c->text_n += n;
+    memcpy(c->ids + c->ids_n, o->ids + from, (size_t)k * sizeof *c->ids);
+    c->ids_n += (size_t)k;
+    c->slots[i] = ++c->n;
+}
+
+void tok__scratch_free(tok__scratch *s) {
+    free(s->sym);
+    free(s->heap);
+    free(s->buf);
+    free(s->cache.slots);
+    free(s->cache.ent);
+    free(s->cache.text);
+    free(s->cache.ids);
+    memset(s, 0, sizeof *s);
+}
+
 static int encode_raw(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o) {
     if (!len) return 0;
     switch (v->algo) {
@@ -891,9 +966,7 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, int add_bos, in
         }
     }
     if (!rc && add_bos && v->add_eos && v->eos >= 0) tok__emit(&o, v->eos);
-    free(sc.sym);
-    free(sc.heap);
-    free(sc.buf);
+    tok__scratch_free(&sc);
     if (rc) return rc;
     if (o.n > INT_MAX) return CM_ETOOBIG;
     *n_out = (int)o.n;

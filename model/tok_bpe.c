@@ -94,6 +94,9 @@ static int bytes_word(void *ctx, size_t a, size_t b) {
         int32_t id = tok__map_get(&v->piece_map, &v->piece, (const char *)c->text + a, n);
         if (id >= 0) { tok__emit(c->o, id); return 0; }
     }
+    if (tok__cache_get(c->s, (const char *)c->text + a, n, c->o)) return 0;
+    int64_t from = c->o->n;
+    size_t a0 = a;
     while (a < b) {
         size_t e = b;
         if (b - a > BPE_CHUNK) {
@@ -106,6 +109,7 @@ static int bytes_word(void *ctx, size_t a, size_t b) {
         if (rc) return rc;
         a = e;
     }
+    tok__cache_put(c->s, (const char *)c->text + a0, n, c->o, from);
     return 0;
 }
 
@@ -191,8 +195,12 @@ static int chars_word(void *ctx, size_t a, size_t b) {
     }
     while (a < b) {
         size_t e = tok__chars_cut(v, buf, a, b);
-        int rc = chars_chunk(c, a, e);
-        if (rc) return rc;
+        if (!tok__cache_get(c->s, (const char *)buf + a, e - a, c->o)) {
+            int64_t from = c->o->n;
+            int rc = chars_chunk(c, a, e);
+            if (rc) return rc;
+            tok__cache_put(c->s, (const char *)buf + a, e - a, c->o, from);
+        }
         a = e;
     }
     return 0;

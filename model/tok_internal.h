@@ -261,12 +261,32 @@ static inline void tok__emit(tok__out *o, int32_t id) {
     o->n++;
 }
 
+/* Per-call cache of merged words: texts repeat (" the"), merging them once per call is enough.
+ * Words of at most TOK__CACHE_MAXLEN bytes, at most TOK__CACHE_MAX entries (then no more are
+ * added): bounded memory, and no state shared between calls or threads. */
+#define TOK__CACHE_MAXLEN 48
+#define TOK__CACHE_MAX (1u << 16)
+typedef struct tok__cache_ent { uint64_t hash; uint32_t text_off, ids_off; uint16_t text_len, n_ids; } tok__cache_ent;
+typedef struct tok__cache {
+    uint32_t       *slots; /* entry index + 1, 0 empty */
+    uint32_t        mask;
+    tok__cache_ent *ent;   uint32_t n, cap;
+    char           *text;  size_t text_n, text_cap;
+    int32_t        *ids;   size_t ids_n, ids_cap;
+} tok__cache;
+
 /* Per-call scratch (grown with realloc, freed at the end of tok_encode). */
 typedef struct tok__scratch {
     tok__sym      *sym;  size_t sym_cap;
     tok__heap_ent *heap; size_t heap_cap, heap_n;
     char          *buf;  size_t buf_cap;
+    tok__cache     cache;
 } tok__scratch;
+/* 1 and the cached ids emitted when text p[0..n) was merged before in this call, else 0. */
+int  tok__cache_get(tok__scratch *s, const char *p, size_t n, tok__out *o);
+/* Remembers the ids a word produced (o->ids[from..o->n)); skipped when they overflowed. */
+void tok__cache_put(tok__scratch *s, const char *p, size_t n, const tok__out *o, int64_t from);
+void tok__scratch_free(tok__scratch *s);
 int  tok__sym_reserve(tok__scratch *s, size_t n);
 int  tok__heap_push(tok__scratch *s, uint64_t key, uint32_t size, int32_t id);
 void tok__heap_pop(tok__scratch *s, tok__heap_ent *top);

@@ -140,7 +140,11 @@ int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_
     }
     for (size_t a = 0; a < w;) {
         size_t b = tok__chars_cut(v, (const uint8_t *)buf, a, w);
-        if ((rc = spm_chunk(v, s, buf, a, b, o))) return rc;
+        if (!tok__cache_get(s, buf + a, b - a, o)) {
+            int64_t from = o->n;
+            if ((rc = spm_chunk(v, s, buf, a, b, o))) return rc;
+            tok__cache_put(s, buf + a, b - a, o, from);
+        }
         a = b;
     }
     return 0;
