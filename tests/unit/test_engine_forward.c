@@ -2,6 +2,7 @@
  * the README's reference (ids and text through tok.h), batch invariance (alone vs. batched
  * with other sequences, one prefill vs. chunks vs. token by token: bitwise equal logits),
  * thread-count invariance, and refusals of bad batches. */
+#include "executor/backend.h"
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "common/cm_err.h"
@@ -193,6 +194,74 @@ static void test_batch_invariance(void) {
     ex_engine_destroy(e2);
 }
 
+/* Prefix sharing: B forks A after 37 positions (two full blocks shared by reference, the
+ * partly filled third block copied with the backend's kv_copy), then both decode different
+ * tokens in one batch; each matches the same tokens run alone, bitwise. */
+static void test_prefix_fork(void) {
+    ex_engine *e = mk_engine(1, 64, 8);
+    if (!e) return;
+    ex_kv *kv = ex_engine_kv(e);
+    ex_backend *be = ex_engine_backend(e);
+    const ex_limits *L = ex_engine_limits(e);
+    enum { P = 37, G = 10 };
+    int32_t a_ids[P + G], b_ids[P + G];
+    for (int i = 0; i < P; i++) a_ids[i] = b_ids[i] = seqA[i];
+    for (int i = 0; i < G; i++) { a_ids[P + i] = seqB[i]; b_ids[P + i] = seqC[i]; }
+    ex_batch_buf bb;
+    ex_batch_buf_init(&bb, L);
+    ex_kv_table ta, tb;
+    ex_kv_table_init(&ta, L->max_blocks);
+    ex_kv_table_init(&tb, L->max_blocks);
+    const float *lg;
+    ex_kv_table_reserve(kv, &ta, P);
+    ex_batch_buf_add(&bb, a_ids, P, 0, ta.blocks, ta.n, 0);
+    T_EQ_INT(ex_engine_forward(e, &bb.b, &lg), 0);
+    int full = P / L->block_size;
+    T_EQ_INT(ex_kv_table_share(kv, &ta, full, &tb), 0);
+    T_EQ_INT(ex_kv_block_refcount(kv, ta.blocks[0]), 2);
+    T_EQ_INT(ex_kv_table_reserve(kv, &tb, P), 0);
+    T_CHECK(tb.blocks[full] != ta.blocks[full]);
+    T_EQ_INT(be->kv_copy(be, ta.blocks[full], tb.blocks[full], P % L->block_size), 0);
+    T_EQ_INT(be->kv_copy(be, ta.blocks[full], L->n_kv_blocks, 1), CM_EINVAL);
+    float *fa = malloc(sizeof(float) * G * V), *fb = malloc(sizeof(float) * G * V);
+    for (int g = 0; g < G; g++) {
+        ex_kv_table_reserve(kv, &ta, P + g + 1);
+        ex_kv_table_reserve(kv, &tb, P + g + 1);
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add(&bb, a_ids + P + g, 1, P + g, ta.blocks, ta.n, 0);
+        ex_batch_buf_add(&bb, b_ids + P + g, 1, P + g, tb.blocks, tb.n, 0);
+        T_EQ_INT(ex_engine_forward(e, &bb.b, &lg), 0);
+        memcpy(fa + (size_t)g * V, lg, sizeof(float) * V);
+        memcpy(fb + (size_t)g * V, lg + V, sizeof(float) * V);
+    }
+    ex_kv_table_release(kv, &ta);
+    T_EQ_INT(ex_kv_block_refcount(kv, tb.blocks[0]), 1); /* B still holds the shared prefix */
+    ex_kv_table_release(kv, &tb);
+    T_EQ_INT(ex_kv_n_free(kv), L->n_kv_blocks);
+    /* alone: A's and B's whole token lists, one prefill each, all logits */
+    for (int w = 0; w < 2; w++) {
+        const int32_t *ids = w ? b_ids : a_ids;
+        ex_kv_table_reserve(kv, &ta, P + G);
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add(&bb, ids, P, 0, ta.blocks, ta.n, 0);
+        T_EQ_INT(ex_engine_forward(e, &bb.b, &lg), 0);
+        int same = 1;
+        for (int g = 0; g < G; g++) {
+            ex_batch_buf_clear(&bb);
+            ex_batch_buf_add(&bb, ids + P + g, 1, P + g, ta.blocks, ta.n, 0);
+            T_EQ_INT(ex_engine_forward(e, &bb.b, &lg), 0);
+            same &= memcmp(lg, (w ? fb : fa) + (size_t)g * V, sizeof(float) * V) == 0;
+        }
+        T_CHECKF(same, "forked sequence %c differs from its solo run", w ? 'B' : 'A');
+        ex_kv_table_release(kv, &ta);
+    }
+    free(fa); free(fb);
+    ex_kv_table_free(&ta);
+    ex_kv_table_free(&tb);
+    ex_batch_buf_free(&bb);
+    ex_engine_destroy(e);
+}
+
 static void test_refusals(void) {
     ex_engine *e = mk_engine(1, 16, 4);
     if (!e) return;
@@ -238,6 +307,7 @@ int main(void) {
     V = m->cfg.n_vocab;
     test_reference();
     test_batch_invariance();
+    test_prefix_fork();
     test_refusals();
     mdl_free(m);
     return t_done();
