@@ -20,13 +20,16 @@ void *k__pool_scratch(k_pool *p, size_t bytes);
  * 64; rows start 64-byte aligned):
  *   int8_t  qs[n_in]            values, symmetric: |q| <= 127, x ≈ d * q
  *   float   d[n_in / bs]        one scale per block of bs (32 for Q8_0-style, 256 for Q8_K-style)
- *   int16_t bsums[n_in / 16]    (bs == 256 only) sums of each 16 consecutive qs
+ *   int16_t bsums[n_in / 16]    (Q8_256 only) sums of each 16 consecutive qs
+ *   int32_t s8[n_in / 32][8]    (Q8_32S only) 8 * (sum of qs[4k .. 4k+3]) for lane k of each
+ *                               block: what unsigned Q4_0 nibbles over-count (they are q + 8)
  * The quantization of a row depends on that row only (batch invariance). */
-enum { K_ACT_NONE = 0, K_ACT_Q8_32, K_ACT_Q8_256 };
+enum { K_ACT_NONE = 0, K_ACT_Q8_32, K_ACT_Q8_256, K_ACT_Q8_32S };
 
 static inline size_t k__act_row_size(int act, int64_t n_in) {
     size_t b = 0;
     if (act == K_ACT_Q8_32) b = (size_t)n_in + (size_t)(n_in / 32) * 4;
+    else if (act == K_ACT_Q8_32S) b = (size_t)n_in + (size_t)(n_in / 32) * (4 + 32);
     else if (act == K_ACT_Q8_256) b = (size_t)n_in + (size_t)(n_in / 256) * 4 + (size_t)(n_in / 16) * 2;
     return (b + 63) & ~(size_t)63;
 }
@@ -34,6 +37,9 @@ static inline const int8_t *k__act_qs(const uint8_t *row) { return (const int8_t
 static inline const float *k__act_d(const uint8_t *row, int64_t n_in) { return (const float *)(row + n_in); }
 static inline const int16_t *k__act_bsums(const uint8_t *row, int64_t n_in) {
     return (const int16_t *)(row + n_in + (n_in / 256) * 4);
+}
+static inline const int32_t *k__act_s8(const uint8_t *row, int64_t n_in) {
+    return (const int32_t *)(row + n_in + (n_in / 32) * 4);
 }
 
 /* Which activation format a weight type's integer kernel wants (K_ACT_NONE: f32 rows). */

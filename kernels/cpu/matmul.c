@@ -81,14 +81,15 @@ int k__mm_chunk_rows(int isa) {
 
 int k__act_for(int wtype) {
     switch (wtype) {
-    case DT_Q8_0: case DT_Q4_0: return K_ACT_Q8_32;
+    case DT_Q8_0: return K_ACT_Q8_32;
+    case DT_Q4_0: return K_ACT_Q8_32S;
     case DT_Q4_K: case DT_Q6_K: return K_ACT_Q8_256;
     default: return K_ACT_NONE;
     }
 }
 
 void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
-    int bs = act == K_ACT_Q8_32 ? 32 : 256;
+    int bs = act == K_ACT_Q8_256 ? 256 : 32;
     int8_t *qs = (int8_t *)row;
     float *d = (float *)(row + n_in);
     for (int64_t b = 0; b < n_in / bs; b++) {
@@ -104,6 +105,11 @@ void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
             float v = xb[i] * id;
             qs[b * bs + i] = (int8_t)(int)((v + 12582912.0f) - 12582912.0f);
         }
+    }
+    if (act == K_ACT_Q8_32S) {
+        int32_t *s8 = (int32_t *)(row + n_in + (n_in / 32) * 4);
+        for (int64_t k = 0; k < n_in / 4; k++)
+            s8[k] = 8 * (qs[4 * k] + qs[4 * k + 1] + qs[4 * k + 2] + qs[4 * k + 3]);
     }
     if (act == K_ACT_Q8_256) {
         int16_t *bsums = (int16_t *)(row + n_in + (n_in / 256) * 4);
@@ -173,7 +179,7 @@ static size_t scratch_need(int act, int generic, int64_t n_tok, int64_t n_in, in
 
 int k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in) {
     if (!p || max_n_tok < 1 || max_n_in < 1) return CM_EINVAL;
-    size_t a = scratch_need(K_ACT_Q8_32, 0, max_n_tok, max_n_in, 1);
+    size_t a = scratch_need(K_ACT_Q8_32S, 0, max_n_tok, max_n_in, 1);
     size_t b = scratch_need(K_ACT_Q8_256, 0, max_n_tok, max_n_in, 1);
     size_t c = scratch_need(K_ACT_NONE, 1, max_n_tok, max_n_in, k_pool_size(p));
     size_t need = a > b ? a : b;

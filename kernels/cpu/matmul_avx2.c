@@ -123,25 +123,26 @@ AVX2_FN void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_
 
 /* ---- Q8_0 and Q4_0: blocks of 32 against Q8_0-style activations ------------------------ */
 
-/* Weight block b of a row as 32 signed int8 values and its scale. */
-AVX2_INLINE __m256i load_q32(int type, const uint8_t *w, int64_t b, float *d) {
+/* Weight block b of a row as 32 int8 values and its scale: signed for Q8_0, the unsigned
+ * nibbles (value + 8) for Q4_0, whose over-count is taken off with the activations' s8. */
+AVX2_INLINE __m256i load_q32(int type, const uint8_t *w, int64_t b, __m256 *d) {
     if (type == DT_Q8_0) {
         const blk_q8_0 *q = (const blk_q8_0 *)w + b;
-        *d = f16_to_f32(q->d);
+        *d = _mm256_set1_ps(f16_to_f32(q->d));
         return _mm256_loadu_si256((const __m256i *)q->qs);
     }
     const blk_q4_0 *q = (const blk_q4_0 *)w + b;
-    *d = f16_to_f32(q->d);
+    *d = _mm256_set1_ps(f16_to_f32(q->d));
     __m128i bits = _mm_loadu_si128((const __m128i *)q->qs);
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(bits, 4), bits); /* hi nibbles are elements 16..31 */
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
 AVX2_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
     const uint8_t *w[4];
     const int8_t *xq[4];
     const float *xd[4];
+    const int32_t *xs[4];
     __m256 acc[4][4];
     const int64_t n = a->n_in, nb = n / 32;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -152,6 +153,7 @@ AVX2_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t o
         const uint8_t *row = a->x + (size_t)(t0 + t) * a->x_row;
         xq[t] = k__act_qs(row);
         xd[t] = k__act_d(row, n);
+        xs[t] = type == DT_Q4_0 ? k__act_s8(row, n) : NULL;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -159,22 +161,27 @@ AVX2_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t o
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[4], wa[4];
-        float dw[4];
+        __m256 dw[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             if (type == DT_Q8_0) _mm_prefetch((const char *)(w[r] + (b + 8) * 34), _MM_HINT_T0);
             wq[r] = load_q32(type, w[r], b, &dw[r]);
-            wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            if (type == DT_Q8_0) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[t] + b * 32));
-            float dx = xd[t][b];
+            __m256 dx = _mm256_broadcast_ss(&xd[t][b]);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wq[r]));
-                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx), s, acc[r][t]);
+                __m256i p;
+                if (type == DT_Q8_0) {
+                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wq[r])), ones);
+                } else {
+                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xv), ones);
+                    p = _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)(xs[t] + b * 8)));
+                }
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(p), acc[r][t]);
             }
         }
     }
