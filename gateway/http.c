@@ -588,6 +588,7 @@ int gw_conn_upgrade(gw_req *r, const char *head, const gw_upgrade_ops *ops, void
     c->up_ops = ops;
     c->up_ud = ud;
     timer_arm(c, T_NONE);
+    uv_tcp_keepalive(&c->tcp, 1, 60); /* no idle timeout on upgraded connections: find dead peers */
     read_start(c);
     if (out) *out = c;
     return 0;
