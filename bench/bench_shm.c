@@ -11,6 +11,7 @@
  * Latency: the parent stamps CLOCK_MONOTONIC into a 64-byte record, the child takes the difference
  * on arrival; the parent waits for the child's ack and then pauses 0-50 us so that a sleeping
  * consumer is really asleep when the next record comes. Round trip = stamp to ack.
+ * Peer: the same traffic through a pair of pipes, in the same run (a quarter of the records).
  */
 #include "shm/shm.h"
 
@@ -116,6 +117,124 @@ static void get_result(struct shm_seg *s, struct result *res) {
     shm_ring_release(&s->event);
 }
 
+/* ---- peer: the same traffic through a pair of pipes (what a socket/pipe design would cost) ---- */
+
+static int read_full(int fd, void *buf, size_t n) {
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t k = read(fd, p, n);
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n) {
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Child end of the pipe peer: commands as in the shm child, records framed by their fixed size. */
+static void pipe_child(int in, int out) {
+    static uint8_t buf[65536];
+    static uint64_t lat[1 << 22];
+    struct cmd c;
+    while (read_full(in, &c, sizeof c) == 0 && c.kind != 3) {
+        struct result res = { c.n, 0, 0, 0, 0, 0 };
+        if (c.n > sizeof lat / sizeof lat[0]) c.n = sizeof lat / sizeof lat[0];
+        for (uint64_t i = 0; i < c.n; i++) {
+            if (read_full(in, buf, c.size)) _exit(1);
+            uint64_t now = shm_now_ns(), v;
+            memcpy(&v, buf, 8);
+            if (c.kind == 1) {
+                if (v != i) res.bad++;
+            } else {
+                lat[i] = now - v;
+                write_full(out, &now, 8);
+            }
+        }
+        if (c.kind == 2) {
+            qsort(lat, c.n, 8, cmp_u64);
+            res.p50_ns = lat[c.n / 2];
+            res.p99_ns = lat[c.n * 99 / 100];
+            res.max_ns = lat[c.n - 1];
+        }
+        write_full(out, &res, sizeof res);
+    }
+    _exit(0);
+}
+
+static void nap_us(long us);
+
+static void pipe_peer(uint64_t n, uint64_t samples) {
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) return;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        pipe_child(down[0], up[1]);
+    }
+    close(down[0]);
+    close(up[1]);
+    static uint8_t buf[65536];
+    const size_t sizes[] = { 16, 64, 256, 1024, 4096 };
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t sz = sizes[si];
+        uint64_t cnt = (sz >= 1024 ? n / 4 : n) / 4;   /* pipes are slower: fewer records */
+        struct cmd c = { 1, 0, cnt, sz };
+        write_full(down[1], &c, sizeof c);
+        memset(buf, 0xab, sz);
+        uint64_t t0 = shm_now_ns();
+        for (uint64_t i = 0; i < cnt; i++) {
+            memcpy(buf, &i, 8);
+            write_full(down[1], buf, sz);
+        }
+        struct result res;
+        read_full(up[0], &res, sizeof res);
+        double s = (double)(shm_now_ns() - t0) * 1e-9;
+        char name[32];
+        snprintf(name, sizeof name, "tput %zuB", sz);
+        printf("%-10s %-6s %12llu %10.2f %10.2f %10s%s\n", name, "pipe", (unsigned long long)cnt,
+               (double)cnt / s * 1e-6, (double)cnt * (double)sz / s * 1e-9, "-", res.bad ? "  BAD SEQUENCE" : "");
+        fflush(stdout);
+    }
+    static uint64_t rtt[1 << 22];
+    if (samples > sizeof rtt / sizeof rtt[0]) samples = sizeof rtt / sizeof rtt[0];
+    struct cmd c = { 2, 0, samples, 64 };
+    write_full(down[1], &c, sizeof c);
+    uint64_t rng = 0x12345;
+    for (uint64_t i = 0; i < samples; i++) {
+        uint64_t stamp = shm_now_ns(), ack;
+        memcpy(buf, &stamp, 8);
+        write_full(down[1], buf, 64);
+        read_full(up[0], &ack, 8);
+        rtt[i] = shm_now_ns() - stamp;
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        nap_us((long)((rng >> 33) % 50));
+    }
+    struct result res;
+    read_full(up[0], &res, sizeof res);
+    qsort(rtt, samples, 8, cmp_u64);
+    printf("%-10s %-6s %12llu %10.2f %10.2f %10.2f %10.2f %10.2f\n", "latency", "pipe", (unsigned long long)samples,
+           res.p50_ns * 1e-3, res.p99_ns * 1e-3, res.max_ns * 1e-3, rtt[samples / 2] * 1e-3,
+           rtt[samples * 99 / 100] * 1e-3);
+    struct cmd q = { 3, 0, 0, 0 };
+    write_full(down[1], &q, sizeof q);
+    int status;
+    waitpid(pid, &status, 0);
+    close(down[1]);
+    close(up[0]);
+}
+
 static void nap_us(long us) {
     struct timespec ts = { 0, us * 1000L };
     nanosleep(&ts, NULL);
@@ -210,5 +329,7 @@ int main(int argc, char **argv) {
     int status;
     waitpid(pid, &status, 0);
     shm_seg_close(&seg);
+    printf("peer in the same run: the same records through two pipes (read/write syscalls)\n");
+    pipe_peer(n, samples);
     return failed || !WIFEXITED(status) || WEXITSTATUS(status) ? 1 : 0;
 }
