@@ -179,75 +179,104 @@ static void quant_q8_0(const float *x, blk_q8_0 *y, int64_t nb) {
 
 /* ---- K-quants (super-blocks of 256) ------------------------------------------------------ */
 
-/* Weighted least-squares fit of x ~ scale * L + min with L in [0, nmax] and min <= 0, trying
- * nstep+1 candidate inverse scales around nmax/(max-min). Stores -min in *the_min. */
-static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
-                              uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        const float w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        *the_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_mad = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)imax(0, imin(nmax, l));
-        float diff = scale * L[i] + min - x[i];
-        diff = use_mad ? fabsf(diff) : diff * diff;
-        best_mad += weights[i] * diff;
-    }
-    if (nstep < 1) {
-        *the_min = -min;
-        return scale;
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = nearest_int(iscale * (x[i] - min));
-            l = imax(0, imin(nmax, l));
-            Laux[i] = (uint8_t)l;
-            const float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
+#define KG (QK_K / 32) /* 32-element groups in a Q4_K/Q5_K super-block */
+
+/* ggml's make_qkx2_quants (weighted least-squares fit x ~ scale * L + min, L in [0, nmax],
+ * min <= 0, trying nstep+1 inverse scales around nmax/(max-min)), for the KG groups of a
+ * super-block at once. Every group goes through exactly the scalar sequence of float operations
+ * of the original, so the results are bit-identical; running the groups in lockstep turns one
+ * long chain of dependent additions into KG independent ones, several times faster.
+ * x, w: [KG][32]; L: [KG][32]; scale, the_min (= -min): [KG]. */
+static void make_qkx2_quants_kg(int nmax, const float *x_in, const float (*w_in)[32], uint8_t *L_out, float *scale_out,
+                                float *the_min, float rmin, float rdelta, int nstep) {
+    enum { n = 32 };
+    /* transposed, [element][group], so that the inner loops over groups are contiguous */
+    float x[n][KG], w[n][KG];
+    int32_t L[n][KG], Laux[n][KG];
+    float min[KG], max[KG], sum_w[KG], sum_x[KG], iscale[KG], scale[KG], best[KG], dead_min[KG];
+    int live[KG];
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < KG; g++) {
+            x[i][g] = x_in[g * n + i];
+            w[i][g] = w_in[g][i];
         }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
+    for (int g = 0; g < KG; g++) {
+        min[g] = max[g] = x[0][g];
+        sum_w[g] = w[0][g];
+        sum_x[g] = sum_w[g] * x[0][g];
+    }
+    for (int i = 1; i < n; i++)
+        for (int g = 0; g < KG; g++) {
+            const float v = x[i][g];
+            min[g] = v < min[g] ? v : min[g];
+            max[g] = v > max[g] ? v : max[g];
+            sum_w[g] += w[i][g];
+            sum_x[g] += w[i][g] * v;
+        }
+    for (int g = 0; g < KG; g++) {
+        if (min[g] > 0) min[g] = 0;
+        live[g] = max[g] != min[g];
+        dead_min[g] = min[g];
+        if (!live[g]) max[g] = min[g] + 1; /* a constant group: computed on dummy values, then overridden */
+        iscale[g] = nmax / (max[g] - min[g]);
+        scale[g] = 1 / iscale[g];
+        best[g] = 0;
+    }
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < KG; g++) {
+            const int l = nearest_int(iscale[g] * (x[i][g] - min[g]));
+            L[i][g] = imax(0, imin(nmax, l));
+            const float diff = scale[g] * L[i][g] + min[g] - x[i][g];
+            best[g] += w[i][g] * (diff * diff);
+        }
+    for (int is = 0; is <= nstep && nstep >= 1; is++) {
+        float sum_l[KG], sum_l2[KG], sum_xl[KG], ts[KG], tm[KG], mad[KG];
+        int ok[KG];
+        for (int g = 0; g < KG; g++) {
+            iscale[g] = (rmin + rdelta * is + nmax) / (max[g] - min[g]);
+            sum_l[g] = sum_l2[g] = sum_xl[g] = mad[g] = 0;
+        }
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < KG; g++) {
+                int l = nearest_int(iscale[g] * (x[i][g] - min[g]));
+                l = imax(0, imin(nmax, l));
+                Laux[i][g] = l;
+                const float wv = w[i][g];
+                sum_l[g] += wv * l;
+                sum_l2[g] += wv * l * l;
+                sum_xl[g] += wv * l * x[i][g];
             }
-            float mad = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = use_mad ? fabsf(diff) : diff * diff;
-                mad += weights[i] * diff;
-            }
-            if (mad < best_mad) {
-                for (int i = 0; i < n; i++) L[i] = Laux[i];
-                best_mad = mad;
-                scale = this_scale;
-                min = this_min;
+        for (int g = 0; g < KG; g++) {
+            const float D = sum_w[g] * sum_l2[g] - sum_l[g] * sum_l[g];
+            ok[g] = D > 0;
+            ts[g] = tm[g] = 0;
+            if (ok[g]) {
+                ts[g] = (sum_w[g] * sum_xl[g] - sum_x[g] * sum_l[g]) / D;
+                tm[g] = (sum_l2[g] * sum_x[g] - sum_l[g] * sum_xl[g]) / D;
+                if (tm[g] > 0) {
+                    tm[g] = 0;
+                    ts[g] = sum_xl[g] / sum_l2[g];
+                }
             }
         }
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < KG; g++) {
+                const float diff = ts[g] * Laux[i][g] + tm[g] - x[i][g];
+                mad[g] += w[i][g] * (diff * diff);
+            }
+        for (int g = 0; g < KG; g++)
+            if (ok[g] && mad[g] < best[g]) {
+                for (int i = 0; i < n; i++) L[i][g] = Laux[i][g];
+                best[g] = mad[g];
+                scale[g] = ts[g];
+                min[g] = tm[g];
+            }
     }
-    *the_min = -min;
-    return scale;
+    for (int g = 0; g < KG; g++) {
+        for (int i = 0; i < n; i++) L_out[g * n + i] = live[g] ? (uint8_t)L[i][g] : 0;
+        the_min[g] = live[g] ? -min[g] : -dead_min[g];
+        scale_out[g] = live[g] ? scale[g] : 0.f;
+    }
 }
 
 static inline float qx_weight(const float *qw, int rmse_type, const float *x, int i) {
@@ -353,15 +382,16 @@ static void pack_scale_min_k4(uint8_t *scales, const float *sc, const float *mn,
  * quantization of scales and mins against the super-block's d/dmin, then final levels in L. */
 static void kquant_scales_levels(const float *x, int nmax, float rmin, int nstep, uint8_t *L, dt_f16 *yd, dt_f16 *ydmin,
                                  uint8_t *yscales) {
-    uint8_t Laux[32];
-    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    float weights[KG][32], mins[KG], scales[KG];
     float max_scale = 0, max_min = 0;
-    for (int j = 0; j < QK_K / 32; j++) {
+    for (int j = 0; j < KG; j++) {
         float sum_x2 = 0;
         for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
         const float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
+        for (int l = 0; l < 32; l++) weights[j][l] = av_x + fabsf(x[32 * j + l]);
+    }
+    make_qkx2_quants_kg(nmax, x, (const float (*)[32])weights, L, scales, mins, rmin, 0.1f, nstep);
+    for (int j = 0; j < KG; j++) {
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
