@@ -42,6 +42,33 @@ typedef struct {
  * rounding of the online softmax depends on positions only, not on the cache's paging. */
 #define K_ATTN_CHUNK 64
 
+/* 8-lane vectors (GCC vector extensions: AVX with the x86-64-v3 clone below, two SSE halves
+ * otherwise). Loads and stores go through memcpy: rows are only 4-byte aligned. */
+typedef float v8f __attribute__((vector_size(32)));
+static inline v8f ld8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+/* q·k over D (a fixed summation order for a given D: 8 lanes, then a fixed tree). */
+static inline float dot(const float *q, const float *k, int D) {
+    int d = 0;
+    float r = 0.0f;
+    if (D >= 8) {
+        v8f s = { 0 };
+        for (; d + 8 <= D; d += 8) s += ld8(q + d) * ld8(k + d);
+        r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    }
+    for (; d < D; d++) r += q[d] * k[d];
+    return r;
+}
+
+/* acc += w * v over D */
+static inline void axpy(float *acc, float w, const float *v, int D) {
+    int d = 0;
+    for (; d + 8 <= D; d += 8) st8(acc + d, ld8(acc + d) + w * ld8(v + d));
+    for (; d < D; d++) acc[d] += w * v[d];
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
 static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
     const int D = a->head_dim, BS = a->block_size;
     const int64_t row = (int64_t)a->n_head_kv * D;
@@ -64,16 +91,8 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
                 if (b < 0) { *bad = 1; memset(o, 0, sizeof(float) * (size_t)D); return; }
             }
             int64_t off = (b * BS + pp % BS) * row + (int64_t)kvh * D;
-            const float *kr = a->k_pool + off;
             vrow[i] = a->v_pool + off;
-            float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-            int d = 0;
-            for (; d + 4 <= D; d += 4) {
-                d0 += q[d] * kr[d]; d1 += q[d + 1] * kr[d + 1];
-                d2 += q[d + 2] * kr[d + 2]; d3 += q[d + 3] * kr[d + 3];
-            }
-            for (; d < D; d++) d0 += q[d] * kr[d];
-            float x = ((d0 + d1) + (d2 + d3)) * a->scale;
+            float x = dot(q, a->k_pool + off, D) * a->scale;
             sc[i] = x;
             if (x > mb) mb = x;
         }
@@ -85,9 +104,8 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
         }
         for (int i = 0; i < nv; i++) {
             float w = expf(sc[i] - m);
-            const float *vr = vrow[i];
             l += w;
-            for (int d = 0; d < D; d++) acc[d] += w * vr[d];
+            axpy(acc, w, vrow[i], D);
         }
     }
     float inv = 1.0f / l;
