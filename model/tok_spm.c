@@ -91,19 +91,23 @@ static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_
     return 0;
 }
 
-/* Where to end the chunk that starts at a: before the first '▁' that follows another
- * character when no token holds such a pair (sp_cut), and anyway at the first uncrossable
- * boundary at or after a + SPM_CHUNK; else b. */
+/* Where to end the chunk that starts at a: before the first '▁' whose left neighbour never
+ * precedes '▁' inside a token (with sp_cut, no character but '▁' does), and anyway at the first
+ * uncrossable boundary at or after a + SPM_CHUNK; else b. */
 size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b) {
-    if (v->sp_cut) {
-        for (size_t p = a + 1; p + 3 <= b && p <= a + SPM_CHUNK;) {
-            const uint8_t *q = memchr(buf + p, 0xE2, b - p);
-            if (!q) break;
-            p = (size_t)(q - buf);
-            if (p + 3 > b || p > a + SPM_CHUNK) break;
-            if (q[1] == 0x96 && q[2] == 0x81 && !(p >= a + 3 && q[-3] == 0xE2 && q[-2] == 0x96 && q[-1] == 0x81)) return p;
-            p++;
+    for (size_t p = a + 1; p + 3 <= b && p <= a + SPM_CHUNK;) {
+        const uint8_t *q = memchr(buf + p, 0xE2, b - p);
+        if (!q) break;
+        p = (size_t)(q - buf);
+        if (p + 3 > b || p > a + SPM_CHUNK) break;
+        if (q[1] == 0x96 && q[2] == 0x81 && !(p >= a + 3 && q[-3] == 0xE2 && q[-2] == 0x96 && q[-1] == 0x81)) {
+            if (v->sp_cut) return p;
+            size_t r = p - 1;
+            while (r > a && (buf[r] & 0xC0) == 0x80) r--;
+            int l;
+            if (!tok__pairset_has(&v->joins, tok__utf8_dec(buf + r, p - r, &l), 0x2581)) return p;
         }
+        p++;
     }
     if (b - a <= SPM_CHUNK) return b;
     size_t p = a + SPM_CHUNK;
