@@ -266,6 +266,53 @@ static void test_ring_corrupt(void) {
     free(l.mem);
 }
 
+/* A ring full of garbage (random bytes, random indices): the consumer returns records only
+ * inside the data area and otherwise CM_EFORMAT; open refuses impossible indices. */
+static void test_ring_garbage(void) {
+    enum { CAP = 4096 };
+    size_t sz = shm_ring_region_size(CAP);
+    uint8_t *mem = aligned_alloc(64, sz);
+    int opened = 0, records = 0, outside = 0, other = 0;
+    for (int it = 0; it < 3000; it++) {
+        T_EQ_INT(shm_ring_init(mem, CAP), 0);
+        struct shm_ring_ctl *c = (struct shm_ring_ctl *)mem;
+        uint8_t *data = mem + sizeof *c;
+        for (size_t i = 0; i < CAP; i += 8) {
+            uint64_t v = rnd();
+            if (rnd() % 4 == 0) {   /* plausible headers: small lengths, real tags */
+                uint32_t h[2] = { (uint32_t)(rnd() % 1100), rnd() % 2 ? 0x31434552u : 0x31444150u };
+                memcpy(&v, h, 8);
+            }
+            memcpy(data + i, &v, 8);
+        }
+        uint64_t tail = (rnd() % 100000) * 8;
+        uint64_t head = tail + (rnd() % 8 == 0 ? rnd() % (3 * CAP) : (rnd() % (CAP / 8 + 1)) * 8);
+        atomic_store(&c->head, head);
+        atomic_store(&c->tail, tail);
+        struct shm_ring r;
+        if (shm_ring_open(&r, mem, sz, -1) != 0) continue;
+        opened++;
+        for (int k = 0; k < 64; k++) {
+            const void *p;
+            size_t n;
+            int rc = shm_ring_peek(&r, &p, &n);
+            if (rc == 0) {
+                records++;
+                if ((const uint8_t *)p < data || (const uint8_t *)p + n > data + CAP) outside++;
+                shm_ring_release(&r);
+            } else {
+                if (rc != CM_EFORMAT && rc != CM_EEMPTY) other++;
+                break;
+            }
+            if (rnd() % 3 == 0) atomic_store(&c->head, head + (rnd() % 64) * 8);   /* a moving head */
+        }
+    }
+    T_EQ_INT(outside, 0);
+    T_EQ_INT(other, 0);
+    T_CHECK(opened > 1000 && records > 100);
+    free(mem);
+}
+
 /* The waiting flag: a producer writes the eventfd once per sleep, never per record. */
 static void test_ring_wake(void) {
     int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -367,6 +414,24 @@ static int submit_equal(const struct shm_submit *a, const struct shm_submit *b) 
            memcmp(a->prompt, b->prompt, 4 * (size_t)a->n_prompt) == 0 && a->n_stop == b->n_stop &&
            memcmp(a->stop, b->stop, 4 * (size_t)a->n_stop) == 0 && a->n_bias == b->n_bias &&
            (a->n_bias == 0 || memcmp(a->bias, b->bias, 8 * (size_t)a->n_bias) == 0);
+}
+
+static int decode_any(const void *buf, size_t len);
+
+/* Random buffers of random lengths through every decoder. */
+static void test_proto_garbage(void) {
+    static uint8_t b[4096] __attribute__((aligned(8)));
+    int decoded = 0;
+    for (int it = 0; it < 20000; it++) {
+        size_t len = rnd() % 2 ? rnd() % 64 : rnd() % sizeof b;
+        for (size_t i = 0; i < len; i++) b[i] = (uint8_t)rnd();
+        if (len >= 8) {   /* a valid type half of the time so the decoders get past the header */
+            uint32_t h[2] = { (uint32_t)(1 + rnd() % 5), 0 };
+            if (rnd() % 2) memcpy(b, h, 8);
+        }
+        if (decode_any(b, len) & ~1) decoded++;
+    }
+    T_CHECK(decoded < 200);   /* random bytes are (almost) never a valid record */
 }
 
 /* Decodes buf[0..len) copied into an exact-size heap block (ASan sees any over-read). */
@@ -920,10 +985,12 @@ int main(void) {
     test_ring_basic();
     test_ring_random();
     test_ring_corrupt();
+    test_ring_garbage();
     test_ring_wake();
     test_proto_submit();
     test_proto_others();
     test_proto_ring();
+    test_proto_garbage();
     test_seg();
     return t_done();
 }
