@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ATT_CHUNK 256       /* positions per attention split */
+#define ATT_CHUNK_DEFAULT 64 /* positions per attention split (ARKA_CUDA_ATT_CHUNK overrides) */
 #define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 */
 
 /* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
@@ -55,6 +55,11 @@ typedef struct cu_layer {
     kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd] */
 } cu_layer;
 
+enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PROF_N_CATS };
+static const char *const prof_names[PROF_N_CATS] = { "stage-in", "embed", "rmsnorm", "qkv", "rope+kv", "attention", "wo",
+                                                     "gate|up", "swiglu", "down", "head", "logits-out" };
+#define PROF_MAX_EVENTS 1024
+
 typedef struct cu_graph {
     int n_tok;                   /* bucket size */
     cudaGraphExec_t exec;
@@ -65,7 +70,7 @@ typedef struct cu_state {
     mdl_config cfg;
     ex_limits lim;
     int device, scratch_block;   /* scratch_block = lim.n_kv_blocks: where padding tokens write */
-    int n_split;                 /* attention splits: ceil(n_ctx / ATT_CHUNK) */
+    int att_chunk, n_split;      /* attention split size and count: ceil(n_ctx / att_chunk) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -86,6 +91,13 @@ typedef struct cu_state {
     float *h_logits;                         /* pinned [R, n_vocab] */
     cu_graph graphs[N_GRAPH_BUCKETS];
     int n_graphs;
+    /* ARKA_CUDA_PROFILE=1: eager steps record an event after every launch and print where the
+     * time went (the decode-step breakdown). */
+    int prof_on, prof_n, prof_n_created;
+    cudaEvent_t prof_ev[PROF_MAX_EVENTS];
+    int prof_cat[PROF_MAX_EVENTS];
+    double prof_ms[PROF_N_CATS];
+    int prof_steps;
     size_t weight_bytes;
 } cu_state;
 
@@ -196,6 +208,9 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
 
 /* ---- the forward pass --------------------------------------------------------------------- */
 
+/* Records the end of a launch of category cat (profiling only; never while capturing). */
+static void prof_mark(struct cu_state *s, int cat);
+
 /* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
  * producing n_out logits rows in h_logits. No synchronization, no allocation: capturable. */
 static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles) {
@@ -206,32 +221,76 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles) {
     int32_t *d_tok = meta_tok(s, s->d_meta), *d_pos = meta_pos(s, s->d_meta), *d_seq = meta_seq(s, s->d_meta);
     int32_t *d_rows = meta_rows(s, s->d_meta), *d_bt = meta_bt(s, s->d_meta);
     /* stage: tokens, positions, sequences and rows for this step, and every block-table row */
+    prof_mark(s, -1);
     CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    prof_mark(s, PC_STAGE);
     KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
+    prof_mark(s, PC_EMBED);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
         KC_FATAL(kc_rmsnorm(s->x, L->attn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        prof_mark(s, PC_NORM);
         KC_FATAL(kc_matmul(&L->qkv, s->h, n_tok, s->qkv, 0, &s->gws, st));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
+        prof_mark(s, PC_QKV);
         KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
                                   s->lim.block_size, &s->rope, st));
+        prof_mark(s, PC_ROPE);
         if (n_tiles)
             KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
                                           max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
         else
             KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
-                                  hd, s->lim.block_size, scale, s->n_split, ATT_CHUNK, s->partial, st));
+                                  hd, s->lim.block_size, scale, s->n_split, s->att_chunk, s->partial, st));
+        prof_mark(s, PC_ATTN);
         KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
+        prof_mark(s, PC_WO);
         KC_FATAL(kc_rmsnorm(s->x, L->ffn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        prof_mark(s, PC_NORM);
         KC_FATAL(kc_matmul(&L->gu, s->h, n_tok, s->gu, 0, &s->gws, st));
+        prof_mark(s, PC_GU);
         KC_FATAL(kc_swiglu(s->gu, s->act, n_tok, c->n_ff, st));
+        prof_mark(s, PC_ACT);
         KC_FATAL(kc_matmul(&L->down, s->act, n_tok, s->x, 1, &s->gws, st));
+        prof_mark(s, PC_DOWN);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, st));
     KC_FATAL(kc_rmsnorm(s->last, s->out_norm, s->last_n, n_out, c->n_embd, c->norm_eps, st));
     KC_FATAL(kc_matmul(&s->output, s->last_n, n_out, s->logits, 0, &s->gws, st));
+    prof_mark(s, PC_HEAD);
     CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)n_out * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+    prof_mark(s, PC_COPY);
+}
+
+static void prof_mark(cu_state *s, int cat) {
+    if (!s->prof_on) return;
+    if (cat < 0) {
+        s->prof_n = 0;
+    }
+    if (s->prof_n >= PROF_MAX_EVENTS) return;
+    s->prof_cat[s->prof_n] = cat;
+    CU_FATAL(cudaEventRecord(s->prof_ev[s->prof_n++], s->stream));
+}
+
+/* After a profiled step: adds each launch's time to its category. */
+static void prof_collect(cu_state *s) {
+    for (int i = 1; i < s->prof_n; i++) {
+        float ms = 0;
+        CU_FATAL(cudaEventElapsedTime(&ms, s->prof_ev[i - 1], s->prof_ev[i]));
+        s->prof_ms[s->prof_cat[i]] += ms;
+    }
+    s->prof_steps++;
+}
+
+static void prof_report(cu_state *s) {
+    if (!s->prof_on || !s->prof_steps) return;
+    double total = 0;
+    for (int c = 0; c < PROF_N_CATS; c++) total += s->prof_ms[c];
+    fprintf(stderr, "cuda step breakdown over %d eager steps (ms per step):", s->prof_steps);
+    for (int c = 0; c < PROF_N_CATS; c++)
+        fprintf(stderr, " %s=%.3f(%.0f%%)", prof_names[c], s->prof_ms[c] / s->prof_steps, 100 * s->prof_ms[c] / (total > 0 ? total : 1));
+    fprintf(stderr, " total=%.3f\n", total / s->prof_steps);
 }
 
 /* Fills the staging area from a batch; padding tokens (n_pad of them) point at the scratch row. */
@@ -288,7 +347,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
         for (int i = 0; i < s->n_graphs; i++)
             if (s->graphs[i].n_tok == bk) g = &s->graphs[i];
     }
-    if (g) {
+    if (g && !s->prof_on) {
         stage_batch(s, b, g->n_tok - b->n_tokens);
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
     } else {
@@ -296,6 +355,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
         enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b));
     }
     CU_FATAL(cudaStreamSynchronize(s->stream));
+    if (s->prof_on && pure_decode) prof_collect(s);
     *logits = s->h_logits;
     return 0;
 }
@@ -324,6 +384,8 @@ static void cuda_destroy(ex_backend *base) {
     if (!base) return;
     cu_state *s = base->impl;
     if (!s) return;
+    prof_report(s);
+    for (int i = 0; i < s->prof_n_created; i++) cudaEventDestroy(s->prof_ev[i]);
     for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
     if (s->layers)
         for (int l = 0; l < s->cfg.n_layer; l++) {
@@ -422,7 +484,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->lim = o->lim;
     s->device = o->device;
     s->scratch_block = s->lim.n_kv_blocks;
-    s->n_split = (s->lim.n_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    s->att_chunk = getenv("ARKA_CUDA_ATT_CHUNK") ? atoi(getenv("ARKA_CUDA_ATT_CHUNK")) : ATT_CHUNK_DEFAULT;
+    if (s->att_chunk < 16) s->att_chunk = ATT_CHUNK_DEFAULT;
+    s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
     s->qkv_dim = (c->n_head + 2 * c->n_head_kv) * c->head_dim;
     s->rope = (kc_rope){ .layout = c->rope_layout, .rope_dim = c->rope_dim, .base = c->rope_base, .scaling = c->rope_scaling,
                          .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
@@ -499,7 +563,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (dalloc(&s->x, T * c->n_embd * 4) || dalloc(&s->h, T * c->n_embd * 4) || dalloc(&s->qkv, T * s->qkv_dim * 4) ||
             dalloc(&s->q, T * nq * 4) || dalloc(&s->att, T * nq * 4) || dalloc(&s->gu, T * 2 * c->n_ff * 4) ||
             dalloc(&s->act, T * c->n_ff * 4) || dalloc(&s->last, R * c->n_embd * 4) || dalloc(&s->last_n, R * c->n_embd * 4) ||
-            dalloc(&s->logits, R * c->n_vocab * 4) || dalloc(&s->partial, T * c->n_head * s->n_split * (c->head_dim + 2) * 4))
+            dalloc(&s->logits, R * c->n_vocab * 4) || dalloc(&s->partial, (kc_attention_prefill_supported(c->head_dim) ? (size_t)s->lim.max_seqs : T) * c->n_head *
+                                            s->n_split * (c->head_dim + 2) * 4))
             goto oom;
         /* cuBLAS path: the largest quantized matrix dequantized, the widest activations as half */
         size_t wmax = 0, xmax = T * (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
@@ -528,7 +593,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     }
     CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f kv_blocks=%d seconds=%.2f", o->device,
                 prop.name, s->weight_bytes / 1073741824.0, s->lim.n_kv_blocks, cm_time_s() - t0);
-    if (!getenv("ARKA_CUDA_NO_GRAPHS") && (rc = capture_graphs(s, err, errlen))) goto fail;
+    if (getenv("ARKA_CUDA_PROFILE") && atoi(getenv("ARKA_CUDA_PROFILE")) > 0) {
+        s->prof_on = 1;
+        for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
+            if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
+    }
+    if (!getenv("ARKA_CUDA_NO_GRAPHS") && !s->prof_on && (rc = capture_graphs(s, err, errlen))) goto fail;
     *out = &s->base;
     return 0;
 oom:

@@ -36,37 +36,48 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
 
-    for (int j0 = start + warp * KPW; j0 < end; j0 += ATT_WARPS * KPW) {
-        int j = j0 + kslot;
-        bool valid = j < end;
-        float s = 0.0f;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (valid) {
-            size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
-            kv = *(const uint4 *)(k_cache + base);
-            vv = *(const uint4 *)(v_cache + base);
-        }
-        const __half2 *kh = (const __half2 *)&kv;
+    // Two key groups per iteration: their K and V loads are in flight together.
+    constexpr int STRIDE = ATT_WARPS * KPW;
+    for (int j0 = start + warp * KPW; j0 < end; j0 += 2 * STRIDE) {
+        uint4 kv[2], vv[2];
+        bool valid[2];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float2 f = __half22float2(kh[e]);
-            s = fmaf(qv[2 * e], f.x, s);
-            s = fmaf(qv[2 * e + 1], f.y, s);
+        for (int u = 0; u < 2; u++) {
+            int j = j0 + u * STRIDE + kslot;
+            valid[u] = j < end;
+            kv[u] = make_uint4(0, 0, 0, 0);
+            vv[u] = make_uint4(0, 0, 0, 0);
+            if (valid[u]) {
+                size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
+                kv[u] = *(const uint4 *)(k_cache + base);
+                vv[u] = *(const uint4 *)(v_cache + base);
+            }
         }
 #pragma unroll
-        for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (valid) {
-            float m_new = fmaxf(m, s);
-            float corr = __expf(m - m_new), w = __expf(s - m_new);
-            const __half2 *vh = (const __half2 *)&vv;
+        for (int u = 0; u < 2; u++) {
+            float s = 0.0f;
+            const __half2 *kh = (const __half2 *)&kv[u];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float2 f = __half22float2(vh[e]);
-                acc[2 * e] = acc[2 * e] * corr + w * f.x;
-                acc[2 * e + 1] = acc[2 * e + 1] * corr + w * f.y;
+                float2 f = __half22float2(kh[e]);
+                s = fmaf(qv[2 * e], f.x, s);
+                s = fmaf(qv[2 * e + 1], f.y, s);
             }
-            l = l * corr + w;
-            m = m_new;
+#pragma unroll
+            for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (valid[u]) {
+                float m_new = fmaxf(m, s);
+                float corr = __expf(m - m_new), w = __expf(s - m_new);
+                const __half2 *vh = (const __half2 *)&vv[u];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = __half22float2(vh[e]);
+                    acc[2 * e] = acc[2 * e] * corr + w * f.x;
+                    acc[2 * e + 1] = acc[2 * e + 1] * corr + w * f.y;
+                }
+                l = l * corr + w;
+                m = m_new;
+            }
         }
     }
     const int g = warp * KPW + kslot;

@@ -8,7 +8,7 @@ extern "C" {
 
 // Inverse frequency of rotary pair i (0 <= i < rope_dim/2), with linear or llama3 scaling.
 __device__ __forceinline__ float rope_freq(const kc_rope &r, int i) {
-    float freq = powf(r.base, -2.0f * (float)i / (float)r.rope_dim);
+    float freq = exp2f(-2.0f * (float)i / (float)r.rope_dim * __log2f(r.base));
     if (r.scaling == MDL_ROPE_SCALING_LINEAR) return freq / r.factor;
     if (r.scaling == MDL_ROPE_SCALING_LLAMA3) {
         const float two_pi = 6.283185307179586f;
@@ -28,45 +28,40 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
     else { *a = i; *b = i + r.rope_dim / 2; }
 }
 
+// One CTA per (token, head): q heads first, then k heads, then v heads.
 __global__ void rope_store_kernel(const float *__restrict__ qkv, float *__restrict__ q_out, __half *k_cache,
                                   __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, h = blockIdx.y;
     const int p = pos[t];
-    const float *row = qkv + (size_t)t * (n_head + 2 * n_kv) * hd;
+    const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
+    if (h >= n_head + n_kv) { // v: copied as half
+        const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size];
+        __half *dst = v_cache + (((size_t)blk * n_kv + (h - n_head - n_kv)) * block_size + p % block_size) * hd;
+        for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
+        return;
+    }
     const int half_rot = r.rope_dim / 2;
-    const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size];
-    const int off = p % block_size;
-    // rotated pairs of q and k heads
-    for (int w = threadIdx.x; w < (n_head + n_kv) * half_rot; w += blockDim.x) {
-        int h = w / half_rot, i = w % half_rot, a, b;
+    float *qd = nullptr;
+    __half *kd = nullptr;
+    if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
+    else {
+        const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size];
+        kd = k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
+    }
+    for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
+        int a, b;
         rope_pair(r, i, &a, &b);
         float s, c;
         sincosf((float)p * rope_freq(r, i), &s, &c);
-        const float *src = row + (size_t)h * hd;
         float x0 = src[a], x1 = src[b];
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
-        if (h < n_head) {
-            float *dst = q_out + ((size_t)t * n_head + h) * hd;
-            dst[a] = y0;
-            dst[b] = y1;
-        } else {
-            __half *dst = k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + off) * hd;
-            dst[a] = __float2half(y0);
-            dst[b] = __float2half(y1);
-        }
+        if (qd) { qd[a] = y0; qd[b] = y1; }
+        else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
     }
-    // dimensions past rope_dim are copied unrotated; v is copied whole
-    for (int w = threadIdx.x; w < (n_head + 2 * n_kv) * hd; w += blockDim.x) {
-        int h = w / hd, e = w % hd;
-        float v = row[(size_t)h * hd + e];
-        if (h < n_head) {
-            if (e >= r.rope_dim) q_out[((size_t)t * n_head + h) * hd + e] = v;
-        } else if (h < n_head + n_kv) {
-            if (e >= r.rope_dim) k_cache[(((size_t)blk * n_kv + (h - n_head)) * block_size + off) * hd + e] = __float2half(v);
-        } else {
-            v_cache[(((size_t)blk * n_kv + (h - n_head - n_kv)) * block_size + off) * hd + e] = __float2half(v);
-        }
+    for (int e = r.rope_dim + threadIdx.x; e < hd; e += blockDim.x) { // dimensions past rope_dim: unrotated
+        if (qd) qd[e] = src[e];
+        else kd[e] = __float2half(src[e]);
     }
 }
 
@@ -76,7 +71,8 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
     if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
-    rope_store_kernel<<<n_tok, 256, 0, s>>>(qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos, seq, block_tables,
+    dim3 grid(n_tok, n_head + 2 * n_kv);
+    rope_store_kernel<<<grid, hd >= 128 ? 64 : 32, 0, s>>>(qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos, seq, block_tables,
                                             max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();
 }
