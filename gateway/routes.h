@@ -1,0 +1,52 @@
+/* routes: the gateway's HTTP API on top of http.h, ws.h, openai.h and a gw_backend.
+ *
+ *   GET  /health               200 {"status":"ok"}, 503 {"status":"loading"} while the backend is not ready
+ *   GET  /ready                as /health, and 503 {"status":"draining"} during shutdown
+ *   GET  /v1/models            {"object":"list","data":[{id,object:"model",created,owned_by}]}
+ *   GET  /v1/models/{id}       the model, or 404
+ *   POST /v1/completions       OpenAI completions, JSON or SSE (stream: true)
+ *   POST /v1/chat/completions  OpenAI chat completions, JSON or SSE
+ *   GET  /v1/ws                WebSocket with Realtime-style events (response.create / response.cancel)
+ *   anything else              404 (unknown path) or 405 (known path, wrong method), OpenAI-style body
+ *
+ * Loop thread only. The app borrows the backend; destroy the app after the server has closed.
+ *
+ *   gw_app_cfg ac; gw_app_cfg_default(&ac); ac.backend = &be;
+ *   gw_app *app; gw_app_create(&ac, &app);
+ *   gw_http_cfg hc; gw_http_cfg_default(&hc); hc.handler = gw_app_handle; hc.ud = app;
+ *   ... gw_server_create(loop, &hc, &srv); uv_run(...);
+ *   gw_server_destroy(srv); gw_app_destroy(app);
+ */
+#ifndef GW_ROUTES_H
+#define GW_ROUTES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gateway/backend.h"
+#include "gateway/http.h"
+
+typedef struct gw_app_cfg {
+    gw_backend *backend;
+    const char *fingerprint;    /* system_fingerprint in responses (NULL: null) */
+    const char *owned_by;       /* /v1/models owned_by */
+    uint32_t    ping_ms;        /* SSE ": ping" after this long without a byte (0: never) */
+    int         ws_max_responses; /* concurrent responses per WebSocket */
+    size_t      ws_max_message; /* bytes of one WebSocket message (close 1009 beyond) */
+} gw_app_cfg;
+
+typedef struct gw_app gw_app;
+
+/* Defaults: fingerprint "fp_arka", owned_by "arka", ping every 15 s, 16 responses per socket,
+ * 8 MiB messages. Can't fail. */
+void gw_app_cfg_default(gw_app_cfg *cfg);
+/* Returns 0, CM_EINVAL (no backend), CM_ENOMEM. */
+int  gw_app_create(const gw_app_cfg *cfg, gw_app **out);
+void gw_app_destroy(gw_app *app); /* accepts NULL */
+/* The gw_handler_fn to install in gw_http_cfg (ud = the app). */
+void gw_app_handle(gw_req *req, void *app);
+
+/* Requests in flight (HTTP generations + WebSocket responses); for tests and metrics. */
+int  gw_app_active(const gw_app *app);
+
+#endif
