@@ -41,8 +41,9 @@
  *
  * Errors: compile errors and render errors read "line L, column C: problem"; a template's
  * raise_exception("msg") makes tmpl_render fail with CM_ETEMPLATE and err exactly "msg".
- * Render is bounded (tmpl_limits): output bytes, memory, evaluation steps (loop iterations and
- * expression nodes) and recursion depth; going past one is CM_ETOOBIG with a message.
+ * Render is bounded (tmpl_limits): output bytes, memory (values and captured text), evaluation
+ * steps (loop iterations, expression nodes, and work proportional to the bytes and elements
+ * operations touch), recursion depth and time; going past one is CM_ETOOBIG with a message.
  *
  * Threads: a compiled tmpl is immutable; any number of threads may render it at once. A
  * tmpl_arena and the values in it belong to one thread at a time; rendering only reads the
@@ -62,8 +63,10 @@ struct cm_json;
 typedef struct tmpl_limits {
     size_t   max_output; /* bytes of rendered text (default 64 MiB) */
     size_t   max_memory; /* bytes of values the render may create (default 256 MiB) */
-    uint64_t max_steps;  /* evaluation steps (default 50 million) */
+    uint64_t max_steps;  /* evaluation steps (default 50 million); string and list work costs
+                            one step per 64 bytes or elements it touches */
     int      max_depth;  /* nested evaluation/macro recursion (default 500) */
+    uint32_t max_ms;     /* wall-clock backstop in milliseconds (default 10000) */
 } tmpl_limits;
 
 #define TMPL_MAX_SOURCE ((size_t)1 << 24) /* 16 MiB of template source */

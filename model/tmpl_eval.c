@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/cm_err.h"
 #include "tmpl_internal.h"
@@ -63,15 +64,35 @@ int tmpl__oom(tmpl__rs *r, const tnode *at) {
 
 /* Maps a string-builder failure to an error with a message. */
 static int sb_fail(tmpl__rs *r, const tnode *at, int rc) {
-    if (rc == CM_ETOOBIG) return tmpl__err(r, at, CM_ETOOBIG, "output is larger than %zu bytes", r->max_output);
+    if (rc == CM_ETOOBIG)
+        return tmpl__err(r, at, CM_ETOOBIG, "output is larger than %zu bytes (or captured text than %zu)", r->max_output, r->a.cap);
     if (rc == CM_ENOMEM) return tmpl__err(r, at, CM_ENOMEM, "out of memory");
     return tmpl__err(r, at, rc, "%s", cm_err_str(rc));
 }
 
-int tmpl__step(tmpl__rs *r, const tnode *at) {
-    if (++r->steps > r->max_steps)
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int tmpl__charge_n(tmpl__rs *r, const tnode *at, uint64_t units) {
+    r->steps += units;
+    if (r->steps > r->max_steps)
         return tmpl__err(r, at, CM_ETOOBIG, "template ran more than %llu steps", (unsigned long long)r->max_steps);
+    if (r->steps >= r->next_clock) { /* wall-clock backstop, read every 1024 steps */
+        r->next_clock = r->steps + 1024;
+        if (mono_now() > r->deadline) return tmpl__err(r, at, CM_ETOOBIG, "template ran longer than %u ms", r->max_ms);
+    }
     return 0;
+}
+
+int tmpl__step(tmpl__rs *r, const tnode *at) { return tmpl__charge_n(r, at, 1); }
+
+int tmpl__charge(tmpl__rs *r, const tnode *at, const tmpl_value *v) {
+    size_t units = v->type == TV_STR ? v->u.s.n / 64 : v->type == TV_LIST ? v->u.l->n / 64
+                 : (v->type == TV_DICT || v->type == TV_NS) ? v->u.d->n / 64 : 0;
+    return units ? tmpl__charge_n(r, at, units) : 0;
 }
 
 /* ---- scopes ------------------------------------------------------------------------------ */
@@ -147,7 +168,7 @@ static int eval_args(tmpl__rs *r, tmpl__frame *f, const tnode *n, tmpl__args *a,
 }
 
 static int capture(tmpl__rs *r, tmpl__frame *f, const tnode *at, tnode *const *body, int nbody, tmpl_value **out) {
-    tmpl__sb sb = {.max = r->max_output};
+    tmpl__sb sb = {.max = r->max_output, .live = &r->live, .live_max = r->a.cap};
     tmpl__sb *saved = r->out;
     r->out = &sb;
     int rc = exec_body(r, f, body, nbody);
@@ -214,8 +235,10 @@ static int eval_call(tmpl__rs *r, tmpl__frame *f, const tnode *n, tmpl_value *ca
         if ((rc = eval(r, f, c->a, &obj))) return rc;
         tmpl_value *member = (obj->type == TV_DICT || obj->type == TV_NS) ? tmpl__dict_get(obj->u.d, c->name.p, c->name.n) : NULL;
         if (!(member && (member->type == TV_MACRO || member->type == TV_BUILTIN)) && tmpl__has_method(obj, c->name.p, c->name.n)) {
-            if ((rc = eval_args(r, f, n, &args, 0))) return rc;
-            return tmpl__method(r, n, obj, c->name.p, c->name.n, &args, out);
+            if ((rc = eval_args(r, f, n, &args, 0)) || (rc = tmpl__method(r, n, obj, c->name.p, c->name.n, &args, out)) ||
+                (rc = tmpl__charge(r, n, obj)))
+                return rc;
+            return tmpl__charge(r, n, *out);
         }
         if (!member) {
             if (obj->type == TV_UNDEF)
@@ -283,10 +306,12 @@ static int contains(tmpl__rs *r, const tnode *n, tmpl_value *item, tmpl_value *s
         if (item->type != TV_STR) return tmpl__err(r, n, CM_ETEMPLATE, "'in <string>' needs a string on the left, not '%s'", tmpl__type_name(item));
         *res = item->u.s.n == 0 || memmem(seq->u.s.p, seq->u.s.n, item->u.s.p, item->u.s.n) != NULL;
         return 0;
-    case TV_LIST:
+    case TV_LIST: {
+        uint64_t work = 0;
         *res = 0;
-        for (size_t i = 0; i < seq->u.l->n && !*res; i++) *res = tmpl__equal(item, seq->u.l->v[i]);
-        return 0;
+        for (size_t i = 0; i < seq->u.l->n && !*res; i++, work++) *res = tmpl__equal_w(item, seq->u.l->v[i], &work);
+        return tmpl__charge_n(r, n, work);
+    }
     case TV_DICT: case TV_NS:
         *res = item->type == TV_STR && tmpl__dict_get(seq->u.d, item->u.s.p, item->u.s.n) != NULL;
         return 0;
@@ -304,8 +329,12 @@ static int binop(tmpl__rs *r, const tnode *n, tmpl_value *a, tmpl_value *b, tmpl
     int64_t xi, yi, ri;
     int xint, yint;
     switch (op) {
-    case OP_EQ: *out = tmpl__bool(tmpl__equal(a, b)); return 0;
-    case OP_NE: *out = tmpl__bool(!tmpl__equal(a, b)); return 0;
+    case OP_EQ: case OP_NE: {
+        uint64_t work = 0;
+        int eq = tmpl__equal_w(a, b, &work);
+        *out = tmpl__bool(op == OP_EQ ? eq : !eq);
+        return tmpl__charge_n(r, n, work);
+    }
     case OP_LT: case OP_LE: case OP_GT: case OP_GE:
         if ((rc = compare(r, n, a, b, &c))) return rc;
         *out = tmpl__bool(op == OP_LT ? c < 0 : op == OP_LE ? c <= 0 : op == OP_GT ? c > 0 : c >= 0);
@@ -560,7 +589,7 @@ static int eval(tmpl__rs *r, tmpl__frame *f, const tnode *n, tmpl_value **out) {
         break;
     case N_ITEM:
         if ((rc = eval(r, f, n->a, &a)) || (rc = eval(r, f, n->b, &b))) break;
-        rc = tmpl__getitem(r, n, a, b, out);
+        if (!(rc = tmpl__getitem(r, n, a, b, out)) && a->type == TV_STR) rc = tmpl__charge(r, n, a);
         break;
     case N_SLICE: {
         tmpl_value *sv[3] = {NULL, NULL, NULL};
@@ -568,13 +597,14 @@ static int eval(tmpl__rs *r, tmpl__frame *f, const tnode *n, tmpl_value **out) {
         for (int i = 0; i < 3 && !rc; i++)
             if (n->v[i]) rc = eval(r, f, n->v[i], &sv[i]);
         if (!rc) rc = slice(r, n, a, sv, out);
+        if (!rc) rc = tmpl__charge(r, n, a);
         break;
     }
     case N_CALL: rc = eval_call(r, f, n, NULL, out); break;
     case N_FILTER: {
         tmpl__args args;
         if ((rc = eval(r, f, n->a, &a)) || (rc = eval_args(r, f, n, &args, 0))) break;
-        rc = tmpl__filter(r, n, &n->name, a, &args, out);
+        if (!(rc = tmpl__filter(r, n, &n->name, a, &args, out)) && !(rc = tmpl__charge(r, n, a))) rc = tmpl__charge(r, n, *out);
         break;
     }
     case N_TEST: {
@@ -607,7 +637,9 @@ static int eval(tmpl__rs *r, tmpl__frame *f, const tnode *n, tmpl_value **out) {
         break;
     case N_BIN:
         if ((rc = eval(r, f, n->a, &a)) || (rc = eval(r, f, n->b, &b))) break;
-        rc = binop(r, n, a, b, out);
+        if (!(rc = binop(r, n, a, b, out)) && n->op != OP_EQ && n->op != OP_NE && !(rc = tmpl__charge(r, n, a)) &&
+            !(rc = tmpl__charge(r, n, b)))
+            rc = tmpl__charge(r, n, *out);
         break;
     case N_COND:
         if ((rc = eval(r, f, n->a, &a))) break;
@@ -759,7 +791,7 @@ static int exec_stmt(tmpl__rs *r, tmpl__frame *f, const tnode *n) {
     switch (n->kind) {
     case N_TEXT: return emit(r, n, n->name.p, n->name.n);
     case N_OUT:
-        if ((rc = eval(r, f, n->a, &v))) return rc;
+        if ((rc = eval(r, f, n->a, &v)) || (rc = tmpl__charge(r, n, v))) return rc;
         if (v->type == TV_STR) return emit(r, n, v->u.s.p, v->u.s.n);
         rc = tmpl__to_str(r->out, v);
         return rc ? sb_fail(r, n, rc) : 0;
@@ -852,11 +884,14 @@ int tmpl_render(const tmpl *t, const tmpl_value *ctx, const tmpl_limits *lim, ch
     r.max_output = lim && lim->max_output ? lim->max_output : (size_t)64 << 20;
     r.max_steps = lim && lim->max_steps ? lim->max_steps : 50000000ull;
     r.max_depth = lim && lim->max_depth > 0 ? lim->max_depth : 500;
+    r.max_ms = lim && lim->max_ms ? lim->max_ms : 10000;
+    r.deadline = mono_now() + r.max_ms / 1000.0;
+    r.next_clock = 1024;
     tmpl__arena_init(&r.a, lim && lim->max_memory ? lim->max_memory : (size_t)256 << 20);
     r.ctx = ctx ? ctx->u.d : NULL;
     r.err = err;
     r.errlen = errlen;
-    tmpl__sb sb = {.max = r.max_output};
+    tmpl__sb sb = {.max = r.max_output, .live = &r.live, .live_max = r.a.cap};
     r.out = &sb;
     int rc = CM_ENOMEM;
     tmpl__frame *root = frame_new(&r, NULL);

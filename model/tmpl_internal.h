@@ -72,10 +72,15 @@ static inline tmpl_value *tmpl__bool(int b) { return b ? &tmpl__true : &tmpl__fa
 
 int  tmpl__truthy(const tmpl_value *v);
 int  tmpl__equal(const tmpl_value *a, const tmpl_value *b);
+/* The same, adding the number of elements compared to *work (nesting past 128 compares unequal). */
+int  tmpl__equal_w(const tmpl_value *a, const tmpl_value *b, uint64_t *work);
 const char *tmpl__type_name(const tmpl_value *v);
 
 /* ---- string builder (malloc'ed, capped) ------------------------------------------------- */
-typedef struct tmpl__sb { char *p; size_t n, cap, max; int over; } tmpl__sb;
+typedef struct tmpl__sb {
+    char *p; size_t n, cap, max; int over;
+    size_t *live; size_t live_max; /* optional shared budget of bytes held by all capture buffers */
+} tmpl__sb;
 int  tmpl__sb_put(tmpl__sb *b, const char *s, size_t n); /* CM_ETOOBIG past max, CM_ENOMEM */
 int  tmpl__sb_putc(tmpl__sb *b, char c);
 int  tmpl__sb_printf(tmpl__sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -143,6 +148,10 @@ typedef struct tmpl__rs {
     const tv_dict *ctx;     /* caller's variables */
     tmpl__sb   *out;        /* where text goes now */
     uint64_t    steps, max_steps;
+    uint64_t    next_clock;  /* steps at which the clock is read next */
+    double      deadline;    /* CLOCK_MONOTONIC seconds */
+    uint32_t    max_ms;
+    size_t      live;        /* bytes held by capture buffers ({% set %} blocks, macro calls) */
     int         depth, max_depth;
     size_t      max_output;
     char       *err; size_t errlen;
@@ -188,6 +197,9 @@ int tmpl__call_macro(tmpl__rs *r, const tnode *at, tmpl_value *fn, tmpl__args *a
 tmpl_value *tmpl__getattr(tmpl__rs *r, tmpl_value *obj, const char *name, size_t n);
 int tmpl__getitem(tmpl__rs *r, const tnode *at, tmpl_value *obj, tmpl_value *key, tmpl_value **out);
 int tmpl__step(tmpl__rs *r, const tnode *at);
+/* Charges work proportional to a value's size (string bytes / 64, list/dict elements / 64). */
+int tmpl__charge(tmpl__rs *r, const tnode *at, const tmpl_value *v);
+int tmpl__charge_n(tmpl__rs *r, const tnode *at, uint64_t units);
 
 #define TMPL_NAME_EQ(p_, n_, lit) ((n_) == sizeof(lit) - 1 && memcmp((p_), (lit), sizeof(lit) - 1) == 0)
 

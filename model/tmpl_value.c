@@ -284,7 +284,7 @@ int tmpl__truthy(const tmpl_value *v) {
 
 static int is_num(const tmpl_value *v) { return v->type == TV_BOOL || v->type == TV_INT || v->type == TV_FLOAT; }
 
-int tmpl__equal(const tmpl_value *a, const tmpl_value *b) {
+static int equal_d(const tmpl_value *a, const tmpl_value *b, uint64_t *work, int depth) {
     if (a == b) return 1;
     if (is_num(a) && is_num(b)) {
         if (a->type != TV_FLOAT && b->type != TV_FLOAT) {
@@ -295,20 +295,25 @@ int tmpl__equal(const tmpl_value *a, const tmpl_value *b) {
         double y = b->type == TV_FLOAT ? b->u.f : b->type == TV_BOOL ? b->u.b : (double)b->u.i;
         return x == y;
     }
-    if (a->type != b->type) return 0;
+    if (a->type != b->type || depth > 128) return 0;
     switch (a->type) {
     case TV_UNDEF: case TV_NONE: return 1;
-    case TV_STR: return a->u.s.n == b->u.s.n && memcmp(a->u.s.p, b->u.s.p, a->u.s.n) == 0;
+    case TV_STR:
+        if (work) *work += a->u.s.n / 64;
+        return a->u.s.n == b->u.s.n && memcmp(a->u.s.p, b->u.s.p, a->u.s.n) == 0;
     case TV_LIST:
         if (a->u.l->n != b->u.l->n) return 0;
-        for (size_t i = 0; i < a->u.l->n; i++)
-            if (!tmpl__equal(a->u.l->v[i], b->u.l->v[i])) return 0;
+        for (size_t i = 0; i < a->u.l->n; i++) {
+            if (work) (*work)++;
+            if (!equal_d(a->u.l->v[i], b->u.l->v[i], work, depth + 1)) return 0;
+        }
         return 1;
     case TV_DICT:
         if (a->u.d->n != b->u.d->n) return 0;
         for (size_t i = 0; i < a->u.d->n; i++) {
+            if (work) (*work)++;
             tmpl_value *o = tmpl__dict_get(b->u.d, a->u.d->e[i].k, a->u.d->e[i].kn);
-            if (!o || !tmpl__equal(a->u.d->e[i].v, o)) return 0;
+            if (!o || !equal_d(a->u.d->e[i].v, o, work, depth + 1)) return 0;
         }
         return 1;
     case TV_NS: return a->u.d == b->u.d;
@@ -317,6 +322,9 @@ int tmpl__equal(const tmpl_value *a, const tmpl_value *b) {
     default: return 0;
     }
 }
+
+int tmpl__equal(const tmpl_value *a, const tmpl_value *b) { return equal_d(a, b, NULL, 0); }
+int tmpl__equal_w(const tmpl_value *a, const tmpl_value *b, uint64_t *work) { return equal_d(a, b, work, 0); }
 
 const char *tmpl__type_name(const tmpl_value *v) {
     static const char *names[] = {"undefined", "none", "bool", "int", "float", "string", "list", "dict",
@@ -328,6 +336,7 @@ const char *tmpl__type_name(const tmpl_value *v) {
 /* ---- string builder ------------------------------------------------------------------------ */
 int tmpl__sb_put(tmpl__sb *b, const char *s, size_t n) {
     if (b->max && n > b->max - b->n) { b->over = 1; return CM_ETOOBIG; }
+    if (b->live && n > b->live_max - *b->live) { b->over = 1; return CM_ETOOBIG; }
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->n + n + 1) nc *= 2;
@@ -339,6 +348,7 @@ int tmpl__sb_put(tmpl__sb *b, const char *s, size_t n) {
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
+    if (b->live) *b->live += n;
     return 0;
 }
 
@@ -355,6 +365,7 @@ int tmpl__sb_printf(tmpl__sb *b, const char *fmt, ...) {
 }
 
 void tmpl__sb_free(tmpl__sb *b) {
+    if (b->live) *b->live -= b->n;
     free(b->p);
     b->p = NULL;
     b->n = b->cap = 0;

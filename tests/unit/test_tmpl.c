@@ -6,6 +6,7 @@
 #include "model/tmpl.h"
 #include "t.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -296,6 +297,26 @@ static void test_limits(void) {
     tmpl_limits mem = {.max_memory = 8 << 20};
     T_EQ_STR(render_lim("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
                         NULL, &mem), "ERR:TOOBIG");
+    /* work on big strings counts: a loop searching a 1 MB string a million times stops */
+    {
+        static char ctxbuf[(1 << 20) + 64];
+        int k = snprintf(ctxbuf, sizeof ctxbuf, "{\"big\":\"");
+        memset(ctxbuf + k, 'a', 1 << 20);
+        snprintf(ctxbuf + k + (1 << 20), 64, "\"}");
+        tmpl_limits few = {.max_steps = 2000000}; /* 1 MB costs 16384 steps */
+        T_EQ_STR(render_lim("{% for i in range(100000) %}{% if 'zz' in big %}{% endif %}{% endfor %}", ctxbuf, &few), "ERR:TOOBIG");
+        T_EQ_STR(render_lim("{% for i in range(100000) %}{% set x = big ~ i %}{% endfor %}", ctxbuf, &few), "ERR:TOOBIG");
+        T_EQ_STR(render_lim("{% for i in range(100000) %}{% set x = big == big ~ '' %}{% endfor %}", ctxbuf, &few), "ERR:TOOBIG");
+        T_EQ_STR(render_lim("{% for i in range(40) %}{% set x = big ~ i %}{% endfor %}ok", ctxbuf, &few), "ok");
+        /* captured text held by nested macro calls counts against the memory limit */
+        tmpl_limits m = {.max_memory = 32 << 20};
+        T_EQ_STR(render_lim("{% macro f(n) %}{{ big }}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(200) }}", ctxbuf, &m),
+                 "ERR:TOOBIG");
+        /* and the time backstop */
+        tmpl_limits t = {.max_ms = 50, .max_steps = (uint64_t)1 << 40};
+        T_EQ_STR(render_lim("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL, &t), "ERR:TOOBIG");
+        T_CHECKF(strstr(last_err, "ms"), "%s", last_err);
+    }
     /* deep nesting at compile time */
     char deep[4000];
     size_t w = 0;
