@@ -7,8 +7,8 @@
  * bound, once from medians and once from the fastest runs against the fastest bandwidth pass
  * (on a shared machine the fastest runs are the better estimate of what the code can do).
  *
- * Weights for n_tok = 1 rotate over enough copies (>= 256 MiB) that they come from DRAM as in
- * a real decode, not from the last-level cache.
+ * Weights for n_tok = 1 rotate over enough copies (>= 256 MiB and >= 3x the L3) that they
+ * come from DRAM as in a real decode, not from the last-level cache.
  *
  *   bench_matmul [threads=2] [types=f16,q8_0,q4_0,q4_k] [n_toks=1,128]
  *   ARKA_ISA=scalar|avx2|avx512 selects the path.
@@ -18,6 +18,7 @@
 #include "model/dtype.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(void) {
@@ -65,7 +66,11 @@ static const shape shapes[] = {
 /* Median seconds per k_matmul call; *min_out gets the fastest. */
 static double time_matmul(k_pool *p, int type, const shape *s, int64_t n_tok, double *gbs_out, double *min_out) {
     size_t row = dt_row_size(type, s->n_in), bytes = row * (size_t)s->n_out;
-    size_t copies = n_tok == 1 ? ((size_t)256 << 20) / bytes + 1 : 1;
+    /* rotate over >= max(256 MiB, 3 x L3) of copies so a decode reads from DRAM */
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t rot = (size_t)256 << 20;
+    if (l3 > 0 && (size_t)l3 * 3 > rot) rot = (size_t)l3 * 3;
+    size_t copies = n_tok == 1 ? rot / bytes + 1 : 1;
     if (copies > 4096) copies = 4096;
     uint8_t *w = NULL;
     if (posix_memalign((void **)&w, 64, bytes * copies)) return -1.0;

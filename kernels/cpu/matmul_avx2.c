@@ -251,6 +251,7 @@ AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256i lo[4], hi[4], sl[4], sh[4];
 #pragma GCC unroll 4
@@ -331,6 +332,7 @@ AVX2_INLINE void tile_q6K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
         for (int hf = 0; hf < 2; hf++) {
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m256i q[4], s[4];
 #pragma GCC unroll 4
