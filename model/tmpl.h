@@ -39,6 +39,14 @@
  * Python Jinja (it keeps a loop body's assignments across iterations, prints true/none as
  * "true"/"", concatenates str + non-str), we follow Python.
  *
+ * Context conventions for the gateway (what transformers and vLLM pass): messages as a list
+ * of dicts (role, content as a string or a list of {type, text} parts, tool_calls with
+ * function.arguments as the JSON *string* the client sent, tool_call_id, name, ...), with a
+ * null content turned into "" (templates concatenate content; None fails in Python too);
+ * tools only when the request has tools (leave it undefined otherwise); bos_token and
+ * eos_token as the vocabulary's text; add_generation_prompt as a bool; request extras
+ * (enable_thinking, ...) as further variables.
+ *
  * Errors: compile errors and render errors read "line L, column C: problem"; a template's
  * raise_exception("msg") makes tmpl_render fail with CM_ETEMPLATE and err exactly "msg".
  * Render is bounded (tmpl_limits): output bytes, memory (values and captured text), evaluation

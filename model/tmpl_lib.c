@@ -197,7 +197,7 @@ static int get_attr_arg(tmpl__rs *r, const tnode *at, tmpl_value *a, tmpl_value 
 }
 
 /* Sorting: Python ordering of numbers and strings (case-insensitive unless asked), stable. */
-typedef struct sort_ctx { tmpl__rs *r; const tnode *at; tmpl_value *attr; int case_sensitive, by_value, bad; } sort_ctx;
+typedef struct sort_ctx { tmpl__rs *r; const tnode *at; tmpl_value *attr; int case_sensitive, by_value, bad, depth; } sort_ctx;
 typedef struct sort_item { tmpl_value *v, *key; size_t idx; } sort_item;
 
 static int cmp_values(sort_ctx *c, tmpl_value *a, tmpl_value *b) {
@@ -222,11 +222,14 @@ static int cmp_values(sort_ctx *c, tmpl_value *a, tmpl_value *b) {
         return (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
     }
     if (a->type == TV_LIST && b->type == TV_LIST) {
+        if (c->depth > 64) { c->bad = 1; return 0; } /* cyclic or absurdly nested */
         size_t n = a->u.l->n < b->u.l->n ? a->u.l->n : b->u.l->n;
+        c->depth++;
         for (size_t i = 0; i < n; i++) {
             int k = cmp_values(c, a->u.l->v[i], b->u.l->v[i]);
-            if (k) return k;
+            if (k) { c->depth--; return k; }
         }
+        c->depth--;
         return (a->u.l->n > b->u.l->n) - (a->u.l->n < b->u.l->n);
     }
     if ((a->type == TV_NONE && b->type == TV_NONE) || (a->type == TV_UNDEF && b->type == TV_UNDEF)) return 0;
@@ -245,7 +248,7 @@ static int sorted_items(tmpl__rs *r, const tnode *at, tmpl_value **v, size_t n, 
     sort_item *it = n ? malloc(n * sizeof *it) : NULL;
     if (n && !it) return tmpl__oom(r, at);
     for (size_t i = 0; i < n; i++) { it[i].v = v[i]; it[i].key = attr ? attr_path(r, v[i], attr) : v[i]; it[i].idx = i; }
-    sort_ctx c = {r, at, attr, cs, 0, 0};
+    sort_ctx c = {r, at, attr, cs, 0, 0, 0};
     if (n > 1) qsort_r(it, n, sizeof *it, cmp_items, &c);
     if (c.bad) { free(it); return ERR("cannot sort values of different or unorderable types"); }
     tmpl_value *l = tmpl__v_list(&r->a, n);
@@ -363,7 +366,7 @@ int tmpl__test(tmpl__rs *r, const tnode *at, const tname *tn, tmpl_value *v, tmp
             else if (o->type == TV_DICT) *out = t == TV_STR && tmpl__dict_get(o->u.d, v->u.s.p, v->u.s.n) != NULL;
             else return ERR("test 'in' needs a container");
         } else {
-            sort_ctx c = {r, at, NULL, 1, 0, 0};
+            sort_ctx c = {r, at, NULL, 1, 0, 0, 0};
             int k = cmp_values(&c, v, o);
             if (c.bad || (v->type == TV_STR) != (o->type == TV_STR) || v->type == TV_LIST)
                 return ERR("cannot compare '%s' with '%s'", tmpl__type_name(v), tmpl__type_name(o));
@@ -810,7 +813,7 @@ int tmpl__filter(tmpl__rs *r, const tnode *at, const tname *fn, tmpl_value *v, t
             (rc = new_list(r, at, n, &l)))
             return rc;
         int sensitive = cs && tmpl__truthy(cs);
-        sort_ctx c = {r, at, NULL, sensitive, 0, 0};
+        sort_ctx c = {r, at, NULL, sensitive, 0, 0, 0};
         for (size_t i = 0; i < n; i++) {
             tmpl_value *ki = attr ? attr_path(r, items[i], attr) : items[i];
             int dup = 0;

@@ -6,6 +6,7 @@
 #include "model/tmpl.h"
 #include "t.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,7 @@ static void test_for(void) {
     R("{% for x in xs %}{{ loop.cycle('o', 'e') }}{% endfor %}", ctx, "oeo");
     /* assignments inside a loop stay in the loop */
     R("{% set n = 0 %}{% for x in xs %}{% set n = n + 1 %}{{ n }}{% endfor %}{{ n }}", ctx, "1110");
+    R("{{ strftime_now('%Y') | length }} {{ strftime_now('%Y-%m-%d')[4] }}", NULL, "4 -");
     R("{{ range(3) }} {{ range(1, 7, 2) }} {{ range(3, 0, -1) }} {{ range(0) }}", NULL, "[0, 1, 2] [1, 3, 5] [3, 2, 1] []");
     R("{% for x in undefinedthing %}x{% endfor %}ok", NULL, "ok");
 }
@@ -275,6 +277,17 @@ static void test_errors(void) {
     T_EQ_STR(render("{{ range(1, 2, 0) }}", NULL), "ERR:TEMPLATE");
     T_EQ_STR(render("{{ range(100000000) }}", NULL), "ERR:TOOBIG");
     T_EQ_STR(render("{{ [1, 'a'] | sort }}", NULL), "ERR:TEMPLATE");
+    /* cyclic lists (lists the template made can contain themselves): no unbounded recursion */
+    const char *cyc = "{% set a = [] %}{% set b = [] %}{% do a.append(a) %}{% do b.append(b) %}";
+    char src[512];
+    snprintf(src, sizeof src, "%s{{ a == b }}{{ a in [b] }}", cyc);
+    T_EQ_STR(render(src, NULL), "FalseFalse");
+    snprintf(src, sizeof src, "%s{{ [a, b] | sort | length }}", cyc);
+    T_EQ_STR(render(src, NULL), "ERR:TEMPLATE");
+    snprintf(src, sizeof src, "%s{{ a | tojson }}", cyc);
+    T_EQ_STR(render(src, NULL), "ERR:TEMPLATE");
+    snprintf(src, sizeof src, "%s{{ (a | string)[:6] }}", cyc);
+    T_EQ_STR(render(src, NULL), "[[[[[[");
 }
 
 static void test_limits(void) {
@@ -401,6 +414,53 @@ static void test_builtins(void) {
     T_CHECK(strstr(tmpl_builtin_names(), "phi3") != NULL);
 }
 
+/* One compiled template, several threads rendering it at once with one shared context. */
+typedef struct { const tmpl *t; const tmpl_value *ctx; const char *want; int bad; } thr_arg;
+static void *thr_render(void *p) {
+    thr_arg *a = p;
+    for (int i = 0; i < 300; i++) {
+        char *out, err[128];
+        size_t n;
+        if (tmpl_render(a->t, a->ctx, NULL, &out, &n, err, sizeof err)) { a->bad++; continue; }
+        if (strcmp(out, a->want)) a->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    const char *src = tmpl_builtin("llama3");
+    tmpl *t;
+    char err[128];
+    T_EQ_INT(tmpl_compile(src, strlen(src), &t, err, sizeof err), 0);
+    tmpl_arena *a = tmpl_arena_create();
+    tmpl_value *ctx = tmpl_dict(a), *msgs = tmpl_list(a);
+    for (int i = 0; i < 8; i++) {
+        tmpl_value *m = tmpl_dict(a);
+        tmpl_dict_set(a, m, "role", 4, tmpl_str(a, i % 2 ? "assistant" : "user", i % 2 ? 9 : 4));
+        tmpl_dict_set(a, m, "content", 7, tmpl_str(a, "  message  ", 11));
+        tmpl_list_push(a, msgs, m);
+    }
+    tmpl_dict_set(a, ctx, "messages", 8, msgs);
+    tmpl_dict_set(a, ctx, "bos_token", 9, tmpl_str(a, "<s>", 3));
+    T_EQ_INT(tmpl_dict_set(a, ctx, "add_generation_prompt", 21, tmpl_bool(a, 1)), 0);
+    char *want;
+    size_t n;
+    T_EQ_INT(tmpl_render(t, ctx, NULL, &want, &n, err, sizeof err), 0);
+    pthread_t th[4];
+    thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thr_arg){t, ctx, want, 0};
+        pthread_create(&th[i], NULL, thr_render, &args[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) { pthread_join(th[i], NULL); bad += args[i].bad; }
+    T_EQ_INT(bad, 0);
+    free(want);
+    tmpl_arena_destroy(a);
+    tmpl_free(t);
+}
+
 int main(void) {
     test_basics();
     test_whitespace();
@@ -414,5 +474,6 @@ int main(void) {
     test_limits();
     test_values_api();
     test_builtins();
+    test_threads();
     return t_done();
 }
