@@ -17,6 +17,7 @@ typedef struct seq {
     ex_logit_bias *bias;
     int32_t *stop;
     int      n_stop, ignore_eos;
+    int      in_batch;    /* scheduled in the step being built */
 } seq;
 
 struct ex_sched {
@@ -191,10 +192,11 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     return 0;
 }
 
-/* Preempts the newest running sequence: frees its blocks, requeues it at the front. */
-static void preempt_newest(ex_sched *s) {
-    seq *q = s->run[s->n_run - 1];
-    s->n_run--;
+/* Preempts running sequence i: frees its blocks, requeues it at the front of the queue to
+ * be recomputed from its tokens. */
+static void preempt(ex_sched *s, int i) {
+    seq *q = s->run[i];
+    run_remove(s, i);
     ex_kv_table_release(s->kv, &q->kv);
     q->n_cached = 0;
     int W = s->o.max_waiting;
@@ -231,33 +233,41 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
 
     ex_batch_buf_clear(&s->bb);
     int budget = s->o.max_tokens, nb = 0, preempted = 0;
-    for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
-        seq *q = s->run[i];
-        int want = q->n_toks - q->n_cached;
-        if (want > budget) want = budget;
-        int rc;
-        while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
-            if (s->n_run == 1) break;          /* alone and still no room */
-            int self = i == s->n_run - 1;
-            preempt_newest(s);
-            preempted = 1;
-            if (self) break;
+    for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
+    /* Pass 0: decoding sequences (one token each), pass 1: prefill chunks, oldest first in
+     * each, so a long prompt never delays the running decodes. A sequence that needs a block
+     * when none is free preempts the newest running sequence not already in this step's
+     * batch; when there is none, it sits this step out (or, alone, finishes NOKV). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
+            seq *q = s->run[i];
+            int want = q->n_toks - q->n_cached;
+            if (q->in_batch || (pass == 0) != (want == 1)) continue;
+            if (want > budget) want = budget;
+            int rc;
+            while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
+                int v = s->n_run - 1;
+                while (v >= 0 && (s->run[v]->in_batch || s->run[v] == q)) v--;
+                if (v < 0) break;
+                preempt(s, v);
+                preempted = 1;
+                if (v < i) i--; /* q moved down one slot */
+            }
+            if (rc == CM_ENOKV && s->n_run == 1) {
+                /* the pool cannot hold this sequence even alone */
+                push_pending(s, q, -1, EX_FINISH_NOKV);
+                run_remove(s, i);
+                seq_free(s, q);
+                break;
+            }
+            if (rc) continue; /* every other sequence is in the batch: wait for the next step */
+            q->in_batch = 1;
+            s->batch_seq[nb] = q;
+            s->batch_n[nb] = want;
+            ex_batch_buf_add(&s->bb, q->toks + q->n_cached, want, q->n_cached, q->kv.blocks, q->kv.n, 0);
+            nb++;
+            budget -= want;
         }
-        if (rc == CM_ENOKV && s->n_run == 1 && s->run[0] == q) {
-            /* the pool cannot hold this sequence even alone */
-            push_pending(s, q, -1, EX_FINISH_NOKV);
-            ex_kv_table_release(s->kv, &q->kv);
-            run_remove(s, i);
-            seq_free(s, q);
-            i--;
-            continue;
-        }
-        if (rc) break; /* q itself was preempted (it was the newest) */
-        s->batch_seq[nb] = q;
-        s->batch_n[nb] = want;
-        ex_batch_buf_add(&s->bb, q->toks + q->n_cached, want, q->n_cached, q->kv.blocks, q->kv.n, 0);
-        nb++;
-        budget -= want;
     }
     /* admissions: whole current context's blocks must be free (no admission after a preemption) */
     while (!preempted && s->n_wait > 0 && s->n_run < s->o.max_running && budget > 0 && nb < room) {
@@ -266,6 +276,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         s->wq_head = (s->wq_head + 1) % s->o.max_waiting;
         s->n_wait--;
         s->run[s->n_run++] = q;
+        q->in_batch = 1;
         int want = q->n_toks < budget ? q->n_toks : budget;
         s->batch_seq[nb] = q;
         s->batch_n[nb] = want;

@@ -1,15 +1,17 @@
 /* sched: continuous batching over an engine. Requests wait in a FIFO queue; each step the
- * running sequences (oldest first) get their next tokens — one for a decoding sequence, the
- * next chunk of the prompt for a prefilling one — within a token budget, waiting requests
- * join while sequences, budget and KV blocks allow, one forward pass runs over the whole
- * batch, and every sequence whose prompt is fully in the cache samples its next token.
+ * running sequences get their next tokens within a token budget — first every decoding
+ * sequence (one token each, oldest first), then the next prompt chunk of each prefilling one
+ * — waiting requests join while sequences, budget and KV blocks allow, one forward pass runs
+ * over the whole batch, and every sequence whose context is fully in the cache samples its
+ * next token.
  *
  * KV: a sequence is admitted only when the free pool holds blocks for its whole current
  * context; each step it grows by a block when it needs one. When a running sequence cannot
- * grow, the newest running sequence is preempted: its blocks are freed and it goes back to
- * the front of the queue to be recomputed from its tokens (prompt + generated); the sampler's
- * (seed, position) draws make it produce the same tokens again. A sequence that cannot grow
- * while running alone finishes with EX_FINISH_NOKV.
+ * grow, the newest running sequence not already in this step's batch is preempted: its
+ * blocks are freed and it goes back to the front of the queue to be recomputed from its
+ * tokens (prompt + generated); the sampler's (seed, position) draws make it produce the same
+ * tokens again. With no such victim the sequence sits the step out; alone, it finishes with
+ * EX_FINISH_NOKV. No request is admitted in a step that preempted.
  *
  * Sequences finish on max_tokens (LENGTH), an end-of-generation id or a stop id (STOP; the
  * token is reported with the finish), the context length (CTX: prompt + generated reached
