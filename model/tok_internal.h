@@ -167,6 +167,7 @@ enum tok__pre {
     TOK__PRE_FALCON,
     TOK__PRE_STARCODER,     /* starcoder, refact, command-r, smollm, codeshell, exaone, minerva */
     TOK__PRE_METASPACE,     /* HF Metaspace(split=true): words start at each '▁' */
+    TOK__PRE_DEEPSEEK3,     /* deepseek-v3 */
     TOK__PRE_COUNT
 };
 enum tok__prefix { TOK__PREFIX_NONE = 0, TOK__PREFIX_EACH, TOK__PREFIX_FIRST };

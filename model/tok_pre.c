@@ -126,6 +126,58 @@ static inline size_t m_llama3_common(const uint8_t *s, size_t p, size_t e, int m
 static size_t m_llama3(const uint8_t *s, size_t p, size_t e) { return m_llama3_common(s, p, e, 3); }
 static size_t m_qwen2(const uint8_t *s, size_t p, size_t e) { return m_llama3_common(s, p, e, 1); }
 
+static size_t run_cp(const uint8_t *s, size_t q, size_t e, int (*in)(uint32_t));
+
+/* deepseek-v3, third stage:
+ * [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * (the whitespace alternatives as in Llama 3); p where nothing matches. */
+static size_t m_deepseek3(const uint8_t *s, size_t p, size_t e) {
+    int l, l2;
+    uint8_t c = s[p];
+    int ascii_punct = (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
+    if (ascii_punct && p + 1 < e && ((s[p + 1] | 0x20) >= 'a' && (s[p + 1] | 0x20) <= 'z')) {
+        size_t q = p + 1;
+        while (q < e && (s[q] | 0x20) >= 'a' && (s[q] | 0x20) <= 'z') q++;
+        return q;
+    }
+    unsigned f = fl(s, p, e, &l);
+    if (f & (TOK__U_L | TOK__U_M)) return run_of(s, p, e, TOK__U_L | TOK__U_M);
+    if (c != '\r' && c != '\n' && !(f & (TOK__U_L | TOK__U_P | TOK__U_S)) && (fl(s, p + (size_t)l, e, &l2) & (TOK__U_L | TOK__U_M)))
+        return run_of(s, p + (size_t)l, e, TOK__U_L | TOK__U_M);
+    size_t a = p;
+    unsigned f2 = f;
+    if (c == ' ') { a = p + 1; f2 = fl(s, a, e, &l2); }
+    if (f2 & (TOK__U_P | TOK__U_S)) {
+        size_t q = run_of(s, a, e, TOK__U_P | TOK__U_S);
+        while (q < e && (s[q] == '\r' || s[q] == '\n')) q++;
+        return q;
+    }
+    if (!(f & TOK__U_WS)) return p;
+    size_t last = p, last_rn = 0, q = p;
+    int nws = 0;
+    while (q < e && (fl(s, q, e, &l2) & TOK__U_WS)) {
+        if (s[q] == '\r' || s[q] == '\n') last_rn = q + 1;
+        last = q;
+        q += (size_t)l2;
+        nws++;
+    }
+    if (last_rn) return last_rn;
+    if (nws > 1 && q < e) return last;
+    return q;
+}
+
+/* \p{N}{1,3} */
+static size_t m_digits3(const uint8_t *s, size_t p, size_t e) {
+    int l;
+    size_t q = p;
+    for (int k = 0; k < 3 && (fl(s, q, e, &l) & TOK__U_N); k++) q += (size_t)l;
+    return q;
+}
+
+/* [一-龥぀-ゟ゠-ヿ]+ */
+static int cjk_kana(uint32_t c) { return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x3040 && c <= 0x309F) || (c >= 0x30A0 && c <= 0x30FF); }
+static size_t m_cjk_kana(const uint8_t *s, size_t p, size_t e) { return run_cp(s, p, e, cjk_kana); }
+
 /* [\r\n] */
 static size_t m_crlf(const uint8_t *s, size_t p, size_t e) { return (s[p] == '\r' || s[p] == '\n') ? p + 1 : p; }
 
@@ -215,6 +267,7 @@ static const pre_def pre_defs[TOK__PRE_COUNT] = {
     [TOK__PRE_FALCON] = { "falcon", 3, { m_punct_falcon, m_gpt2, m_three_digits } },
     [TOK__PRE_STARCODER] = { "starcoder", 2, { m_digit, m_gpt2 } },
     [TOK__PRE_METASPACE] = { "metaspace", 1, { m_metaspace } },
+    [TOK__PRE_DEEPSEEK3] = { "deepseek-v3", 3, { m_digits3, m_cjk_kana, m_deepseek3 } },
 };
 
 static const struct { const char *name; int pre; } pre_names[] = {
@@ -227,6 +280,7 @@ static const struct { const char *name; int pre; } pre_names[] = {
     { "falcon", TOK__PRE_FALCON },         { "starcoder", TOK__PRE_STARCODER },  { "refact", TOK__PRE_STARCODER },
     { "command-r", TOK__PRE_STARCODER },   { "smollm", TOK__PRE_STARCODER },     { "codeshell", TOK__PRE_STARCODER },
     { "exaone", TOK__PRE_STARCODER },      { "minerva-7b", TOK__PRE_STARCODER },
+    { "deepseek-r1-qwen", TOK__PRE_QWEN2 }, { "deepseek-v3", TOK__PRE_DEEPSEEK3 },
 };
 
 int tok__pre_from_name(const char *name) {
