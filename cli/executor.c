@@ -1,0 +1,44 @@
+/* arka executor: internal; what `arka serve` spawns per device (see executor/proc.h). */
+#include "cli.h"
+#include "common/cm_config.h"
+#include "common/cm_log.h"
+#include "executor/proc.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+int cli_executor(int argc, char **argv) {
+    ex_proc_opts o;
+    ex_proc_opts_default(&o);
+    const char *backend = "cpu", *log_level = "info";
+    int64_t kv_mb = 0;
+    cm_opt opts[] = {
+        { "shm", 0, CM_OPT_STR, &o.spec, "attach spec of the shared-memory segment (from the gateway)" },
+        { "model", 'm', CM_OPT_STR, &o.model, "model file (GGUF) or safetensors directory" },
+        { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
+        { "device", 0, CM_OPT_INT, &o.engine.device, "cuda device ordinal" },
+        { "threads", 't', CM_OPT_INT, &o.engine.n_threads, "cpu threads (0 = all cores)" },
+        { "kv-cache-mb", 0, CM_OPT_I64, &kv_mb, "KV cache budget in MiB (0 = automatic)" },
+        { "ctx", 'c', CM_OPT_INT, &o.engine.n_ctx, "positions per sequence (0 = the model's)" },
+        { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = 64)" },
+        { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = 512)" },
+        { "max-waiting", 0, CM_OPT_INT, &o.max_waiting, "queued requests before the executor refuses (0 = 1024)" },
+        { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
+        { 0 },
+    };
+    char err[512];
+    int npos, lvl;
+    char **pos;
+    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos) {
+        if (strcmp(err, "help") && !npos) fprintf(stderr, "arka executor: %s\n", err);
+        else if (npos) fprintf(stderr, "arka executor: unexpected argument '%s'\n", pos[0]);
+        fprintf(stderr, "usage: arka executor --shm SPEC -m MODEL [options]   (internal: started by arka serve)\n");
+        cm_config_usage(opts, stderr);
+        return 2;
+    }
+    if (cm_log_parse_level(log_level, &lvl) == 0) cm_log_set_level(lvl);
+    o.engine.backend = backend;
+    o.engine.kv_cache_mb = kv_mb;
+    return ex_proc_run(&o);
+}
