@@ -280,7 +280,9 @@ static const struct { const char *name; int pre; } pre_names[] = {
     { "falcon", TOK__PRE_FALCON },         { "starcoder", TOK__PRE_STARCODER },  { "refact", TOK__PRE_STARCODER },
     { "command-r", TOK__PRE_STARCODER },   { "smollm", TOK__PRE_STARCODER },     { "codeshell", TOK__PRE_STARCODER },
     { "exaone", TOK__PRE_STARCODER },      { "minerva-7b", TOK__PRE_STARCODER },
-    { "deepseek-r1-qwen", TOK__PRE_QWEN2 }, { "deepseek-v3", TOK__PRE_DEEPSEEK3 },
+    { "deepseek-r1-qwen", TOK__PRE_QWEN2 }, { "deepseek-v3", TOK__PRE_DEEPSEEK3 }, { "falcon-h1", TOK__PRE_LLAMA3 },
+    { "pixtral", TOK__PRE_LLAMA3 },        { "midm-2.0", TOK__PRE_LLAMA3 },      { "lfm2", TOK__PRE_LLAMA3 },
+    { "chatglm-bpe", TOK__PRE_LLAMA3 },
 };
 
 int tok__pre_from_name(const char *name) {

@@ -176,6 +176,15 @@ static void test_bpe(void) {
     T_EQ_INT(tok_encode(v, "hello", 5, 0, 0, ids, 32, &n), 0);
     T_CHECK(n == 1 && ids[0] == 258);
     T_EQ_STR(tok_pre_name(v), "llama-bpe");
+    T_EQ_INT(tok_add_bos(v), 1);
+    tok_free(v);
+    /* dbrx shares the Llama-3 regex but not ignore_merges (llama.cpp) */
+    b = (gb){ 0 };
+    bpe_kvs(&b, "dbrx", 1);
+    T_EQ_INT(load(&b, &v, err, sizeof err), 0);
+    T_EQ_INT(tok_encode(v, "hello", 5, 0, 0, ids, 32, &n), 0);
+    T_EQ_INT(n, 3);
+    T_EQ_INT(tok_add_bos(v), 0);
     tok_free(v);
     /* unknown pre-tokenizer: a clear error */
     b = (gb){ 0 };
