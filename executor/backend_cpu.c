@@ -17,6 +17,9 @@
 typedef struct {
     float *attn_norm, *ffn_norm; /* [n_embd] f32 copies */
     float *bq, *bk, *bv;         /* f32 copies or NULL */
+    /* The file stores wq|wk|wv (and w_gate|w_up) back to back with one type: one k_matmul
+     * over the concatenated rows replaces three (two), with the same per-row results. */
+    int qkv_fused, gu_fused;
 } cpu_layer;
 
 typedef struct {
@@ -34,8 +37,10 @@ typedef struct {
     float *xn;           /* [T, n_embd] normed input / projection output */
     float *q;            /* [T, n_head * head_dim] */
     float *k, *v;        /* [T, n_head_kv * head_dim] */
+    float *qkv;          /* [T, (n_head + 2 n_head_kv) * head_dim] fused projection output */
     float *att;          /* [T, n_head * head_dim] */
-    float *g, *u;        /* [T, n_ff] */
+    float *gu;           /* [T, 2 n_ff]: fused [gate | up] rows, or gate [T, n_ff] then up [T, n_ff] */
+    float *h;            /* [T, n_ff] silu(gate) * up */
     float *xo;           /* [R, n_embd] rows whose logits are asked for */
     float *logits;       /* [R, n_vocab] */
 } cpu_be;
@@ -61,14 +66,23 @@ static void cpu_destroy(ex_backend *base) {
     }
     free(b->out_norm);
     free(b->kv);
-    free(b->x); free(b->xn); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->g); free(b->u); free(b->xo); free(b->logits);
+    free(b->x); free(b->xn); free(b->q); free(b->k); free(b->v); free(b->qkv); free(b->att);
+    free(b->gu); free(b->h); free(b->xo); free(b->logits);
     k_pool_destroy(b->pool);
     free(b);
 }
 
 static int mm(cpu_be *b, const mdl_tensor *w, const float *x, int64_t n_tok, float *y) {
     return k_matmul(b->pool, w->data, w->type, w->ne[0], w->ne[1], x, n_tok, y);
+}
+
+/* 1 when the tensors lie back to back in memory with the same type and row length. */
+static int adjacent(const mdl_tensor *const *t, int n) {
+    for (int i = 1; i < n; i++)
+        if (!t[i]->data || t[i]->type != t[0]->type || t[i]->ne[0] != t[0]->ne[0] ||
+            (const uint8_t *)t[i - 1]->data + t[i - 1]->nbytes != (const uint8_t *)t[i]->data)
+            return 0;
+    return 1;
 }
 
 static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logits) {
@@ -94,9 +108,20 @@ static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logit
         const cpu_layer *cl = &b->ly[l];
         /* attention block */
         k_rmsnorm(b->x, cl->attn_norm, T, E, c->norm_eps, b->xn);
-        if ((rc = mm(b, &L->wq, b->xn, T, b->q)) || (rc = mm(b, &L->wk, b->xn, T, b->k)) ||
-            (rc = mm(b, &L->wv, b->xn, T, b->v)))
+        if (cl->qkv_fused) {
+            const int64_t R = (H + 2 * HKV) * D;
+            rc = k_matmul(b->pool, L->wq.data, L->wq.type, E, R, b->xn, T, b->qkv);
+            if (rc) return rc;
+            for (int64_t t = 0; t < T; t++) {
+                const float *r = b->qkv + t * R;
+                memcpy(b->q + t * H * D, r, sizeof(float) * (size_t)(H * D));
+                memcpy(b->k + t * HKV * D, r + H * D, sizeof(float) * (size_t)(HKV * D));
+                memcpy(b->v + t * HKV * D, r + (H + HKV) * D, sizeof(float) * (size_t)(HKV * D));
+            }
+        } else if ((rc = mm(b, &L->wq, b->xn, T, b->q)) || (rc = mm(b, &L->wk, b->xn, T, b->k)) ||
+                   (rc = mm(b, &L->wv, b->xn, T, b->v))) {
             return rc;
+        }
         if (cl->bq) k_add_bias(b->q, cl->bq, T, H * D);
         if (cl->bk) k_add_bias(b->k, cl->bk, T, HKV * D);
         if (cl->bv) k_add_bias(b->v, cl->bv, T, HKV * D);
@@ -110,9 +135,14 @@ static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logit
         k_add(b->x, b->xn, T * E);
         /* MLP block */
         k_rmsnorm(b->x, cl->ffn_norm, T, E, c->norm_eps, b->xn);
-        if ((rc = mm(b, &L->w_gate, b->xn, T, b->g)) || (rc = mm(b, &L->w_up, b->xn, T, b->u))) return rc;
-        k_swiglu(b->g, b->u, T * F, b->g);
-        if ((rc = mm(b, &L->w_down, b->g, T, b->xn))) return rc;
+        if (cl->gu_fused) {
+            if ((rc = k_matmul(b->pool, L->w_gate.data, L->w_gate.type, E, 2 * F, b->xn, T, b->gu))) return rc;
+            for (int64_t t = 0; t < T; t++) k_swiglu(b->gu + t * 2 * F, b->gu + t * 2 * F + F, F, b->h + t * F);
+        } else {
+            if ((rc = mm(b, &L->w_gate, b->xn, T, b->gu)) || (rc = mm(b, &L->w_up, b->xn, T, b->gu + T * F))) return rc;
+            k_swiglu(b->gu, b->gu + T * F, T * F, b->h);
+        }
+        if ((rc = mm(b, &L->w_down, b->h, T, b->xn))) return rc;
         k_add(b->x, b->xn, T * E);
     }
     /* Only the rows asked for go through the output head. */
@@ -224,6 +254,9 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
         cl->bq = f32_copy(&ly->bq, QD, &rc);
         cl->bk = f32_copy(&ly->bk, KD, &rc);
         cl->bv = f32_copy(&ly->bv, KD, &rc);
+        const mdl_tensor *qkv[3] = { &ly->wq, &ly->wk, &ly->wv }, *gu[2] = { &ly->w_gate, &ly->w_up };
+        cl->qkv_fused = adjacent(qkv, 3);
+        cl->gu_fused = adjacent(gu, 2);
         if (rc || !cl->attn_norm || !cl->ffn_norm) {
             snprintf(err, errlen, "cpu backend: layer %d norm/bias weights: %s", l, cm_err_str(rc ? rc : CM_EFORMAT));
             if (!rc) rc = CM_EFORMAT;
@@ -247,12 +280,13 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->q = malloc(sizeof(float) * T * QD);
     b->k = malloc(sizeof(float) * T * KD);
     b->v = malloc(sizeof(float) * T * KD);
+    b->qkv = malloc(sizeof(float) * T * (QD + 2 * KD));
     b->att = malloc(sizeof(float) * T * QD);
-    b->g = malloc(sizeof(float) * T * c->n_ff);
-    b->u = malloc(sizeof(float) * T * c->n_ff);
+    b->gu = malloc(sizeof(float) * T * 2 * c->n_ff);
+    b->h = malloc(sizeof(float) * T * c->n_ff);
     b->xo = malloc(sizeof(float) * R * E);
     b->logits = malloc(sizeof(float) * R * c->n_vocab);
-    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->g || !b->u || !b->xo || !b->logits) goto nomem;
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->qkv || !b->att || !b->gu || !b->h || !b->xo || !b->logits) goto nomem;
     if ((rc = k_pool_reserve(b->pool, L->max_tokens, max_in))) goto nomem;
     *out = &b->base;
     return 0;
