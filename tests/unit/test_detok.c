@@ -3,6 +3,7 @@
  * the UTF-8 repair on hand-made byte sequences. */
 #include "common/cm_err.h"
 #include "model/detok.h"
+#include "model/stop.h"
 #include "model/gguf.h"
 #include "model/tok.h"
 #include "t.h"
@@ -198,8 +199,42 @@ static void test_bpe(void) {
     tok_free(v);
 }
 
+/* The gateway's streaming path: generated ids -> tok_detok -> tok_stop -> SSE chunks. */
+static void test_pipeline(void) {
+    tok_vocab *v = load(T_MODELS "vocab/ggml-vocab-llama-spm.gguf");
+    if (!v) return;
+    const char *gen = "Done \xF0\x9F\x98\x80 caf\xC3\xA9\nUser: more text";
+    int32_t ids[256];
+    int n = encode(v, gen, 0, ids, 256);
+    tok_detok d;
+    tok_stop s;
+    const char *stops[] = {"\nUser:", "###"};
+    T_EQ_INT(tok_detok_init(&d, v, TOK_DETOK_SKIP_CONTROL), 0);
+    T_EQ_INT(tok_stop_init(&s, stops, NULL, 2), 0);
+    char piece[256], out[512], all[512];
+    size_t w = 0;
+    int hit = -1, hit_at = -1, bad = 0;
+    for (int i = 0; i < n && hit < 0; i++) {
+        size_t k, m;
+        T_EQ_INT(tok_detok_push(&d, ids[i], piece, sizeof piece, &k), 0);
+        T_EQ_INT(tok_stop_feed(&s, piece, k, out, sizeof out, &m, &hit), 0);
+        if (m && !utf8_ok(out, m)) bad++;
+        memcpy(all + w, out, m);
+        w += m;
+        if (hit >= 0) hit_at = i;
+    }
+    all[w] = 0;
+    T_EQ_STR(all, " Done \xF0\x9F\x98\x80 caf\xC3\xA9");
+    T_EQ_INT(hit, 0);
+    T_EQ_INT(bad, 0);
+    /* the stop is reported on the token that completes "User:", before the rest is generated */
+    T_CHECKF(hit_at > 0 && hit_at < n - 1, "hit at %d of %d", hit_at, n);
+    tok_free(v);
+}
+
 int main(void) {
     test_utf8_repair();
+    test_pipeline();
     test_spm();
     test_bpe();
     return t_done();
