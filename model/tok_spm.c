@@ -12,26 +12,36 @@
 #include "../common/cm_err.h"
 
 #define SPM_CHUNK 1024 /* bytes before we look for a cut */
+#define SPM_SMALL 32   /* symbols up to which a chunk is merged by scanning instead of a heap */
+
+/* The token that symbols (ls, ll, lid) and (.., rl, rid) adjacent in buf form, and its rank
+ * (lower is better: ~score); 0 when they form none. */
+static inline int bigram(const tok_vocab *v, const char *buf, uint32_t ls, uint32_t ll, int32_t lid, uint32_t rl, int32_t rid,
+                         uint32_t *rank, int32_t *id) {
+    if (lid >= 0 && rid >= 0) {
+        /* both sides are tokens: the pair table has every token split into two tokens */
+        const tok__merge_slot *m = tok__merges_get(&v->merges, lid, rid);
+        if (!m) return 0;
+        *id = m->res;
+        *rank = m->rank;
+        return 1;
+    }
+    if ((int)(ll + rl) > v->max_len) return 0;
+    int32_t t = tok__map_get(&v->text_map, &v->text, buf + ls, ll + rl);
+    if (t < 0 || t >= v->n) return 0;
+    *id = t;
+    *rank = ~tok__score_key(v->score[t]);
+    return 1;
+}
 
 static int try_bigram(const tok_vocab *v, tok__scratch *s, const char *buf, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return 0;
     const tok__sym *L = &s->sym[l], *R = &s->sym[r];
-    uint32_t len = L->len + R->len, rank;
+    uint32_t rank;
     int32_t id;
-    if (L->id >= 0 && R->id >= 0) {
-        /* both sides are tokens: the pair table has every token split into two tokens */
-        const tok__merge_slot *m = tok__merges_get(&v->merges, L->id, R->id);
-        if (!m) return 0;
-        id = m->res;
-        rank = m->rank;
-    } else {
-        if ((int)len > v->max_len) return 0;
-        id = tok__map_get(&v->text_map, &v->text, buf + L->start, len);
-        if (id < 0 || id >= v->n) return 0;
-        rank = ~tok__score_key(v->score[id]);
-    }
+    if (!bigram(v, buf, L->start, L->len, L->id, R->len, R->id, &rank, &id)) return 0;
     /* highest score first, then leftmost: a min-heap on (~score, left) */
-    return tok__heap_push(s, ((uint64_t)rank << 32) | (uint32_t)l, len, id);
+    return tok__heap_push(s, ((uint64_t)rank << 32) | (uint32_t)l, L->len + R->len, id);
 }
 
 static void emit_byte(const tok_vocab *v, uint8_t b, tok__out *o) {
@@ -40,6 +50,39 @@ static void emit_byte(const tok_vocab *v, uint8_t b, tok__out *o) {
     int32_t id = tok__map_get(&v->text_map, &v->text, &c, 1);
     if (id >= 0 && id < v->n) tok__emit(o, id);
     else if (v->unk >= 0) tok__emit(o, v->unk);
+}
+
+static void emit_sym(const tok_vocab *v, const char *buf, uint32_t start, uint32_t len, int32_t id, tok__out *o) {
+    if (id >= 0 && id < v->n) {
+        tok__emit(o, id);
+    } else {
+        for (uint32_t k = 0; k < len; k++) emit_byte(v, (uint8_t)buf[start + k], o);
+    }
+}
+
+/* A short chunk (a word) without the heap: scan the few adjacent pairs for the best one. The
+ * same order as the heap: lowest rank, then leftmost. */
+static int spm_small(const tok_vocab *v, tok__scratch *s, const char *buf, int32_t n, tok__out *o) {
+    uint32_t st[SPM_SMALL], ln[SPM_SMALL], rk[SPM_SMALL];
+    int32_t id[SPM_SMALL], pid[SPM_SMALL];
+    uint8_t has[SPM_SMALL];
+    for (int32_t i = 0; i < n; i++) { st[i] = s->sym[i].start; ln[i] = s->sym[i].len; id[i] = s->sym[i].id; }
+    for (int32_t i = 0; i + 1 < n; i++) has[i] = (uint8_t)bigram(v, buf, st[i], ln[i], id[i], ln[i + 1], id[i + 1], &rk[i], &pid[i]);
+    for (;;) {
+        int32_t best = -1;
+        for (int32_t i = 0; i + 1 < n; i++)
+            if (has[i] && (best < 0 || rk[i] < rk[best])) best = i;
+        if (best < 0) break;
+        ln[best] += ln[best + 1];
+        id[best] = pid[best];
+        for (int32_t i = best + 1; i + 1 < n; i++) { st[i] = st[i + 1]; ln[i] = ln[i + 1]; id[i] = id[i + 1]; }
+        for (int32_t i = best + 1; i + 2 < n; i++) { rk[i] = rk[i + 1]; pid[i] = pid[i + 1]; has[i] = has[i + 1]; }
+        n--;
+        if (best > 0) has[best - 1] = (uint8_t)bigram(v, buf, st[best - 1], ln[best - 1], id[best - 1], ln[best], id[best], &rk[best - 1], &pid[best - 1]);
+        if (best + 1 < n) has[best] = (uint8_t)bigram(v, buf, st[best], ln[best], id[best], ln[best + 1], id[best + 1], &rk[best], &pid[best]);
+    }
+    for (int32_t i = 0; i < n; i++) emit_sym(v, buf, st[i], ln[i], id[i], o);
+    return 0;
 }
 
 static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_t a, size_t b, tok__out *o) {
@@ -61,6 +104,7 @@ static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_
         n++;
     }
     if (!n) return 0;
+    if (n <= SPM_SMALL) return spm_small(v, s, buf, n, o);
     s->sym[n - 1].next = -1;
     s->heap_n = 0;
     for (int32_t i = 1; i < n; i++)
