@@ -100,8 +100,6 @@ static tmpl_value builtin_vals[] = {
     {.type = TV_BUILTIN, .u.builtin = 0},       {.type = TV_BUILTIN, .u.builtin = B_RANGE},
     {.type = TV_BUILTIN, .u.builtin = B_NAMESPACE}, {.type = TV_BUILTIN, .u.builtin = B_RAISE},
     {.type = TV_BUILTIN, .u.builtin = B_STRFTIME},  {.type = TV_BUILTIN, .u.builtin = B_DICT},
-    {.type = TV_BUILTIN, .u.builtin = B_CYCLE},     {.type = TV_BUILTIN, .u.builtin = B_LIST},
-    {.type = TV_BUILTIN, .u.builtin = B_BOOL},
 };
 
 static tmpl_value *lookup(tmpl__rs *r, tmpl__frame *f, const char *name, size_t n) {

@@ -169,7 +169,7 @@ struct tv_loop {
 };
 struct tv_method { tmpl_value *self; const char *name; size_t n; };
 
-enum tv_builtin { B_RANGE = 1, B_NAMESPACE, B_RAISE, B_STRFTIME, B_DICT, B_CYCLE, B_LIST, B_BOOL };
+enum tv_builtin { B_RANGE = 1, B_NAMESPACE, B_RAISE, B_STRFTIME, B_DICT };
 
 /* Error helpers: record the first error ("line L, column C: msg") and return the code. */
 int tmpl__err(tmpl__rs *r, const tnode *at, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
