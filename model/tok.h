@@ -95,8 +95,10 @@ int     tok_is_eog(const tok_vocab *v, int32_t id);
  * Invalid UTF-8 policy: the whole text is refused (CM_EUTF8, nothing encoded), strict
  * RFC 3629 (no overlong forms, surrogates or code points past U+10FFFF); callers that must
  * accept arbitrary bytes replace bad sequences with U+FFFD first. NUL bytes are ordinary
- * characters. Working memory is bounded by the longest merge unit: long inputs are cut where
- * no token can span the cut (exact) and merged chunk by chunk; O(n log n) per chunk. */
+ * characters. Long inputs are cut where no token can span the cut (exact) and merged chunk
+ * by chunk, O(n log n) per chunk; a run of more than 64 KB without such a place (64 KB of one
+ * letter) is cut anyway, so time is linear and working memory bounded (a few MB) whatever the
+ * input: the only case where ids may differ from llama.cpp / HF. */
 int tok_encode(const tok_vocab *v, const char *text, size_t len, int add_bos, int parse_special,
                int32_t *ids, int cap, int *n_out);
 

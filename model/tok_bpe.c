@@ -100,7 +100,7 @@ static int bytes_word(void *ctx, size_t a, size_t b) {
     while (a < b) {
         size_t e = b;
         if (b - a > BPE_CHUNK) {
-            for (e = a + BPE_CHUNK; e < b; e++) {
+            for (e = a + BPE_CHUNK; e < b && e - a < TOK__MAX_CHUNK; e++) {
                 unsigned k = (unsigned)c->text[e - 1] << 8 | c->text[e];
                 if (!(v->byte_join[k >> 3] & (1u << (k & 7)))) break;
             }

@@ -297,6 +297,10 @@ int  tok__buf_reserve(tok__scratch *s, size_t n);
 int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);
 int tok__bpe_chars_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);
 int tok__bpe_bytes_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, tok__out *o);
+/* Longest chunk merged at once. A longer run in which no cut is exact (say, 64 KB of one
+ * letter) is cut anyway: the one case where results may differ from llama.cpp / HF, and what
+ * keeps working memory and time bounded on hostile input. */
+#define TOK__MAX_CHUNK ((size_t)64 << 10)
 /* SPM/CHARS: end of the independent chunk of buf[a..b) that starts at a. */
 size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b);
 /* Runs the ranked-merge BPE over units already in s->sym[0..n) (linked in order); emits ids. */

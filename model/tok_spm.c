@@ -137,7 +137,8 @@ static int spm_chunk(const tok_vocab *v, tok__scratch *s, const char *buf, size_
 
 /* Where to end the chunk that starts at a: before the first '▁' whose left neighbour never
  * precedes '▁' inside a token (with sp_cut, no character but '▁' does), and anyway at the first
- * uncrossable boundary at or after a + SPM_CHUNK; else b. */
+ * uncrossable boundary at or after a + SPM_CHUNK, at the latest after TOK__MAX_CHUNK bytes;
+ * else b. */
 size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b) {
     for (size_t p = a + 1; p + 3 <= b && p <= a + SPM_CHUNK;) {
         const uint8_t *q = memchr(buf + p, 0xE2, b - p);
@@ -162,6 +163,7 @@ size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b
     int l;
     uint32_t c1 = tok__utf8_dec(buf + q, b - q, &l);
     while (p < b) {
+        if (p - a >= TOK__MAX_CHUNK) return p; /* see TOK__MAX_CHUNK */
         uint32_t c2 = tok__utf8_dec(buf + p, b - p, &l);
         if (!tok__pairset_has(&v->joins, c1, c2)) return p;
         c1 = c2;
