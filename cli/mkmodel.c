@@ -244,7 +244,7 @@ static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, 
 /* ---- command -------------------------------------------------------------------------------- */
 
 static void usage(const cm_opt *opts) {
-    fprintf(stderr, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--seed N] [--threads N]\n\nshapes:\n");
+    fprintf(stderr, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--vocab-size N] [--seed N] [--threads N]\n\nshapes:\n");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         fprintf(stderr, "  %-15s dim %4d, %2d layers, %2d heads, %2d kv heads, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].dim,
                 shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
@@ -323,6 +323,7 @@ static int set_metadata(gguf_writer *w, const shape *s, int type) {
 int cli_mkmodel(int argc, char **argv) {
     const char *type_name = "f16", *vocab = DEFAULT_VOCAB;
     int64_t seed = 1;
+    int vocab_size = 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
     cm_opt opts[] = {
@@ -330,6 +331,7 @@ int cli_mkmodel(int argc, char **argv) {
         { "vocab", 0, CM_OPT_STR, &vocab, "vocab-only GGUF whose tokenizer.* keys are copied, or 'none'" },
         { "seed", 's', CM_OPT_I64, &seed, "PRNG seed (default 1)" },
         { "threads", 'j', CM_OPT_INT, &n_threads, "generation threads (default: all CPUs)" },
+        { "vocab-size", 0, CM_OPT_INT, &vocab_size, "override the shape's vocabulary size (>= the vocab file's tokens)" },
         { 0 },
     };
     char err[512];
@@ -341,15 +343,23 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     const shape *s = NULL;
+    shape custom;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         if (!strcmp(pos[0], shapes[i].name)) s = &shapes[i];
     int type = dt_from_name(type_name);
-    if (!s || type < 0 || file_type_of(type) < 0 || n_threads < 1 || n_threads > MAX_THREADS) {
+    if (!s || type < 0 || file_type_of(type) < 0 || n_threads < 1 || n_threads > MAX_THREADS || vocab_size < 0 ||
+        vocab_size > (1 << 24)) {
         if (!s) fprintf(stderr, "arka mkmodel: unknown shape '%s'\n", pos[0]);
         else if (n_threads < 1 || n_threads > MAX_THREADS) fprintf(stderr, "arka mkmodel: --threads must be 1..%d\n", MAX_THREADS);
+        else if (vocab_size < 0 || vocab_size > (1 << 24)) fprintf(stderr, "arka mkmodel: --vocab-size must be 1..%d\n", 1 << 24);
         else fprintf(stderr, "arka mkmodel: unsupported --type '%s'\n", type_name);
         usage(opts);
         return 2;
+    }
+    if (vocab_size) {
+        custom = *s;
+        custom.n_vocab = vocab_size;
+        s = &custom;
     }
     const char *out_path = pos[1];
 
