@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* The long-input cases shrink 8x under the sanitizers (kept under a minute there); the normal
  * build runs them at full size: a 1 MB single word and a 10 MB prompt. */
@@ -289,7 +290,36 @@ static void bad_input(const char *gguf) {
     tok_free(v);
 }
 
+/* 8 MB of one letter: every adjacent pair can merge, so no exact cut exists; the 64 KB chunk
+ * cap keeps the working memory small (the uncapped merge needed ~40 bytes per input byte). */
+static void hostile_memory(void) {
+#if BIG_SHIFT == 0
+    tok_vocab *v = load(T_MODELS "vocab/ggml-vocab-llama-spm.gguf");
+    if (!v) return;
+    size_t n = 8u << 20;
+    char *a = malloc(n);
+    memset(a, 'a', n);
+    int cap = (int)(n / 2);
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    memset(ids, 0, (size_t)cap * sizeof *ids); /* touch the output before measuring */
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    int got = 0;
+    double t0 = cm_time_s();
+    T_EQ_INT(tok_encode(v, a, n, 0, 0, ids, cap, &got), 0);
+    double t1 = cm_time_s();
+    getrusage(RUSAGE_SELF, &r1);
+    long grew_kb = r1.ru_maxrss - r0.ru_maxrss;
+    printf("8 MB of 'a': %d tokens in %.2f s, peak RSS grew %ld KB\n", got, t1 - t0, grew_kb);
+    T_CHECKF(grew_kb < 32 * 1024, "peak RSS grew %ld KB", grew_kb);
+    free(ids);
+    free(a);
+    tok_free(v);
+#endif
+}
+
 int main(void) {
+    hostile_memory();
     vocab_cases(T_MODELS "vocab/ggml-vocab-llama-spm.gguf", 1);
     vocab_cases(T_MODELS "vocab/ggml-vocab-gpt-2.gguf", 0);
     stories();
