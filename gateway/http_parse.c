@@ -27,6 +27,7 @@ struct gw_http_parser {
     int    err_status;
     const char *err_reason;
     int    expect_continue; /* GW_PARSE_CONTINUE still to be reported for this request */
+    int    overflow;        /* 414/431 once a limit was passed; reported at the next *_complete */
     int    keep_alive;
     size_t raw_hdr;         /* raw bytes fed while the header block was incomplete */
     size_t trailer_bytes;
@@ -51,11 +52,26 @@ static int fail(gw_http_parser *p, int status, const char *reason) {
     return HPE_USER;
 }
 
-static int hbuf_add(gw_http_parser *p, const char *at, size_t len) {
-    if (len > p->hcap - p->hlen) return -1;
+/* Limits are noted when passed and reported at the next *_complete callback: llhttp delivers
+ * spans at buffer boundaries, so failing inside a span callback would make the status depend on
+ * how the bytes were split (a grammar error later in the same span must win either way). Once
+ * over, nothing more is stored. */
+static void over(gw_http_parser *p, int status) {
+    if (!p->overflow) p->overflow = status;
+}
+
+static void hbuf_add(gw_http_parser *p, const char *at, size_t len) {
+    if (p->overflow || len > p->hcap - p->hlen) {
+        over(p, 431);
+        return;
+    }
     memcpy(p->hbuf + p->hlen, at, len);
     p->hlen += len;
-    return 0;
+}
+
+static int check_over(gw_http_parser *p) {
+    if (!p->overflow) return 0;
+    return fail(p, p->overflow, p->overflow == 414 ? "request target too long" : "request header fields too large");
 }
 
 static gw_http_parser *P(llhttp_t *ll) { return (gw_http_parser *)ll->data; }
@@ -69,16 +85,16 @@ static int on_message_begin(llhttp_t *ll) {
 static int on_url(llhttp_t *ll, const char *at, size_t len) {
     gw_http_parser *p = P(ll);
     /* The target alone over half the header budget is "URI too long". */
-    if (p->url_len + len > p->hcap / 2) return fail(p, 414, "request target too long");
-    if (hbuf_add(p, at, len)) return fail(p, 431, "request header fields too large");
+    if (p->url_len + len > p->hcap / 2) over(p, 414);
+    hbuf_add(p, at, len);
     p->url_len += (uint32_t)len;
     return 0;
 }
 
 static int on_url_complete(llhttp_t *ll) {
     gw_http_parser *p = P(ll);
-    if (hbuf_add(p, "", 1)) return fail(p, 431, "request header fields too large");
-    return 0;
+    hbuf_add(p, "", 1);
+    return check_over(p);
 }
 
 static int on_header_value_complete(llhttp_t *ll);
@@ -87,25 +103,32 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t len) {
     gw_http_parser *p = P(ll);
     if (p->phase != PH_HEADERS) { /* trailer fields of a chunked body: counted, not kept */
         p->trailer_bytes += len;
-        return p->trailer_bytes > p->max_header ? fail(p, 431, "trailer fields too large") : 0;
+        if (p->trailer_bytes > p->max_header) over(p, 431);
+        return 0;
     }
     if (!p->in_field) { /* the first span of a new field name */
         if (p->in_value && on_header_value_complete(ll)) return HPE_USER;
-        if (p->nh == GW__MAX_HEADERS) return fail(p, 431, "too many header fields");
+        if (p->nh == GW__MAX_HEADERS) {
+            over(p, 431);
+            return 0;
+        }
         p->name_off[p->nh] = (uint32_t)p->hlen;
         p->value_off[p->nh] = UINT32_MAX;
         p->nh++;
         p->in_field = 1;
     }
-    if (hbuf_add(p, at, len)) return fail(p, 431, "request header fields too large");
+    hbuf_add(p, at, len);
     return 0;
 }
 
 static int on_header_field_complete(llhttp_t *ll) {
     gw_http_parser *p = P(ll);
+    if (check_over(p)) return HPE_USER;
     if (p->phase != PH_HEADERS) return 0;
-    if (!p->in_field) return fail(p, 400, "empty header name"); /* llhttp refuses these; be safe */
-    if (hbuf_add(p, "", 1)) return fail(p, 431, "request header fields too large");
+    /* llhttp 8 lets ": value" through as a zero-length name span: refuse it */
+    if (!p->in_field || p->hlen == p->name_off[p->nh - 1]) return fail(p, 400, "empty header name");
+    hbuf_add(p, "", 1);
+    if (check_over(p)) return HPE_USER;
     p->value_off[p->nh - 1] = (uint32_t)p->hlen;
     p->in_field = 0;
     p->in_value = 1;
@@ -116,21 +139,25 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t len) {
     gw_http_parser *p = P(ll);
     if (p->phase != PH_HEADERS) {
         p->trailer_bytes += len;
-        return p->trailer_bytes > p->max_header ? fail(p, 431, "trailer fields too large") : 0;
+        if (p->trailer_bytes > p->max_header) over(p, 431);
+        return 0;
     }
+    if (p->overflow) return 0;
     if (!p->in_value) return fail(p, 400, "header value without a name");
-    if (hbuf_add(p, at, len)) return fail(p, 431, "request header fields too large");
+    hbuf_add(p, at, len);
     return 0;
 }
 
 static int on_header_value_complete(llhttp_t *ll) {
     gw_http_parser *p = P(ll);
+    if (check_over(p)) return HPE_USER;
     if (p->phase != PH_HEADERS) return 0;
     if (!p->in_value) return fail(p, 400, "header value without a name");
     /* trim trailing whitespace (llhttp already skipped the leading one) */
     size_t start = p->value_off[p->nh - 1];
     while (p->hlen > start && (p->hbuf[p->hlen - 1] == ' ' || p->hbuf[p->hlen - 1] == '\t')) p->hlen--;
-    if (hbuf_add(p, "", 1)) return fail(p, 431, "request header fields too large");
+    hbuf_add(p, "", 1);
+    if (check_over(p)) return HPE_USER;
     p->in_value = 0;
     return 0;
 }
@@ -159,6 +186,7 @@ static int split_target(gw_http_parser *p) {
 
 static int on_headers_complete(llhttp_t *ll) {
     gw_http_parser *p = P(ll);
+    if (check_over(p)) return HPE_USER;
     if (p->phase != PH_HEADERS) return fail(p, 400, "unexpected header block");
     if (p->in_field) return fail(p, 400, "header without value");
     if (p->in_value && on_header_value_complete(ll)) return HPE_USER;
@@ -210,6 +238,7 @@ static int on_body(llhttp_t *ll, const char *at, size_t len) {
 
 static int on_message_complete(llhttp_t *ll) {
     gw_http_parser *p = P(ll);
+    if (check_over(p)) return HPE_USER; /* trailers too large */
     p->phase = PH_DONE;
     p->ev = EV_MESSAGE;
     return HPE_PAUSED;
@@ -226,6 +255,7 @@ static void reset_req(gw_http_parser *p) {
     p->phase = PH_IDLE;
     p->ev = EV_NONE;
     p->expect_continue = 0;
+    p->overflow = 0;
     p->keep_alive = 0;
     p->raw_hdr = 0;
     p->trailer_bytes = 0;
@@ -302,19 +332,26 @@ int gw_http_parser_feed(gw_http_parser *p, const char *data, size_t len, size_t 
     while (off < len || again) {
         again = 0;
         int hdr_phase = p->phase == PH_IDLE || p->phase == PH_HEADERS;
-        llhttp_errno_t e = llhttp_execute(&p->ll, data + off, len - off);
+        size_t chunk = len - off;
+        /* While the header block is open, never hand llhttp more than one byte past the raw
+         * budget: the 431 then falls on the same byte however the input was split. */
+        if (hdr_phase && chunk > 2 * p->max_header - p->raw_hdr + 1) chunk = 2 * p->max_header - p->raw_hdr + 1;
+        llhttp_errno_t e = llhttp_execute(&p->ll, data + off, chunk);
         size_t n;
         if (e == HPE_OK) {
-            n = len - off;
+            n = chunk;
         } else {
             const char *pos = llhttp_get_error_pos(&p->ll);
-            n = pos && pos >= data + off && pos <= data + len ? (size_t)(pos - (data + off)) : len - off;
+            n = pos && pos >= data + off && pos <= data + off + chunk ? (size_t)(pos - (data + off)) : chunk;
         }
         if (hdr_phase) count_header_bytes(p, n);
         off += n;
         *used = off;
         if (p->phase == PH_ERROR) return GW_PARSE_ERROR;
-        if (e == HPE_OK) return GW_PARSE_MORE;
+        if (e == HPE_OK) {
+            if (off < len) continue;
+            return GW_PARSE_MORE;
+        }
         if (e == HPE_PAUSED) {
             int ev = p->ev;
             p->ev = EV_NONE;

@@ -86,6 +86,7 @@ int gw_ws_handshake_check(const gw_req *r, const char **reason) {
 /* ---- UTF-8 -------------------------------------------------------------------------------- */
 
 int gw_ws_utf8_valid(const char *s, size_t len) {
+    if (len == 0) return 1; /* s may be NULL then */
     const uint8_t *p = (const uint8_t *)s, *end = p + len;
     while (p < end) {
         uint8_t c = *p;

@@ -180,6 +180,15 @@ static void test_parser(void) {
     }
     T_CHECK(all_ok);
 
+    /* an empty text message before any buffer exists (found by fuzz_ws) */
+    gw_ws_parser_create(1 << 16, 1, &p);
+    memset(&v, 0, sizeof v);
+    n = frame(buf, 1, 0, GW_WS_TEXT, "", 0, 1);
+    T_EQ_INT(feed(p, buf, n, 0, &v), 0);
+    T_EQ_INT(v.n, 1);
+    T_EQ_INT(v.e[0].len, 0);
+    gw_ws_parser_destroy(p);
+
     /* 16-bit and 64-bit lengths */
     static char big[70000];
     memset(big, 'a', sizeof big);
