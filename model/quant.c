@@ -236,16 +236,19 @@ static void make_qkx2_quants_kg(int nmax, const float *x_in, const float (*w_in)
             iscale[g] = (rmin + rdelta * is + nmax) / (max[g] - min[g]);
             sum_l[g] = sum_l2[g] = sum_xl[g] = mad[g] = 0;
         }
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            const float *xi = x[i], *wi = w[i];
+            int32_t *li = Laux[i];
             for (int g = 0; g < KG; g++) {
-                int l = nearest_int(iscale[g] * (x[i][g] - min[g]));
+                int l = nearest_int(iscale[g] * (xi[g] - min[g]));
                 l = imax(0, imin(nmax, l));
-                Laux[i][g] = l;
-                const float wv = w[i][g];
+                li[g] = l;
+                const float wv = wi[g];
                 sum_l[g] += wv * l;
                 sum_l2[g] += wv * l * l;
-                sum_xl[g] += wv * l * x[i][g];
+                sum_xl[g] += wv * l * xi[g];
             }
+        }
         for (int g = 0; g < KG; g++) {
             const float D = sum_w[g] * sum_l2[g] - sum_l[g] * sum_l[g];
             ok[g] = D > 0;
@@ -259,11 +262,14 @@ static void make_qkx2_quants_kg(int nmax, const float *x_in, const float (*w_in)
                 }
             }
         }
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            const float *xi = x[i], *wi = w[i];
+            const int32_t *li = Laux[i];
             for (int g = 0; g < KG; g++) {
-                const float diff = ts[g] * Laux[i][g] + tm[g] - x[i][g];
-                mad[g] += w[i][g] * (diff * diff);
+                const float diff = ts[g] * li[g] + tm[g] - xi[g];
+                mad[g] += wi[g] * (diff * diff);
             }
+        }
         for (int g = 0; g < KG; g++)
             if (ok[g] && mad[g] < best[g]) {
                 for (int i = 0; i < n; i++) L[i][g] = Laux[i][g];
