@@ -218,7 +218,33 @@ static void test_metaspace(void) {
     tok_free(v);
 }
 
+/* Llama-2's older tokenizer.json: Prepend('▁') + Replace(' ' -> '▁') normalizers prepend to
+ * every segment, after special tokens too (as llama.cpp's add_space_prefix). */
+static void test_prepend(void) {
+    const char *json =
+        "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true},{\"id\":1,\"content\":\"<s>\",\"special\":true}],"
+        "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xe2\x96\x81\"},"
+        "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xe2\x96\x81\"}]},"
+        "\"pre_tokenizer\":null,\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"byte_fallback\":true,\"vocab\":{"
+        "\"<unk>\":0,\"<s>\":1,\"\xe2\x96\x81\":2,\"a\":3,\"\xe2\x96\x81" "a\":4},\"merges\":[\"\xe2\x96\x81 a\"]}}";
+    tok_vocab *v = NULL;
+    char err[256] = "";
+    int rc = tok_load_hf_mem("pp.json", json, strlen(json), NULL, NULL, 0, &v, err, sizeof err);
+    T_CHECKF(rc == 0, "%s", err);
+    if (rc) return;
+    int32_t ids[16];
+    int n;
+    T_EQ_INT(tok_encode(v, "a<s>a a", 7, 0, 1, ids, 16, &n), 0);
+    T_EQ_INT(n, 4);
+    T_CHECK(ids[0] == 4 && ids[1] == 1 && ids[2] == 4 && ids[3] == 4);
+    /* a text that starts with a space gets a second '▁' (Prepend does not look) */
+    T_EQ_INT(tok_encode(v, " a", 2, 0, 0, ids, 16, &n), 0);
+    T_CHECK(n == 2 && ids[0] == 2 && ids[1] == 4);
+    tok_free(v);
+}
+
 int main(void) {
+    test_prepend();
     test_bytelevel();
     test_unsupported();
     test_metaspace();
