@@ -476,25 +476,37 @@ static int resp_check(gw_req *r, int want) {
     return 0;
 }
 
+/* An ending call failed because the connection is gone: the request is over for the handler all
+ * the same (it may free its state now), so the abort callback must not run later. */
+static int end_failed(gw_req *r, int e) {
+    if (e != CM_ESTATE) {
+        r->abort_cb = NULL;
+        r->resp_state = GW__RESP_ENDED;
+    }
+    return e;
+}
+
 int gw_resp_send(gw_req *r, int status, const char *ctype, const char *body, size_t len, const char *extra) {
     int e = resp_check(r, GW__RESP_NONE);
-    if (e) return e;
+    if (e) return end_failed(r, e);
     gw_conn *c = r->conn;
     int keep = conn_keep_alive(c);
     size_t extra_len = extra ? strlen(extra) : 0;
     size_t cap = 512 + extra_len + (ctype ? strlen(ctype) : 0);
     int head_only = r->method == HTTP_HEAD || status == 204 || status == 304;
     struct wreq *wr = wreq_new(c, cap + (head_only ? 0 : len));
-    if (!wr) return CM_ENOMEM;
-    int hl = head_format(c, wr->data, cap, status, ctype, extra, (status == 204 || status == 304) ? -1 : (long long)len, 0, keep);
+    int hl = wr ? head_format(c, wr->data, cap, status, ctype, extra, (status == 204 || status == 304) ? -1 : (long long)len, 0, keep) : -1;
     if (hl < 0) {
+        /* the client would wait forever for an answer that cannot be built: drop it */
+        int err = wr ? CM_EINVAL : CM_ENOMEM;
         free(wr);
-        return CM_EINVAL;
+        conn_abort(c);
+        return end_failed(r, err);
     }
     if (!head_only && len) memcpy(wr->data + hl, body, len);
     wr->len = (size_t)hl + (head_only ? 0 : len);
     e = wreq_submit(c, wr);
-    if (e) return e;
+    if (e) return end_failed(r, e);
     request_done(c, keep);
     return 0;
 }
@@ -549,11 +561,15 @@ int gw_resp_stream_write(gw_req *r, const char *data, size_t len) {
 
 int gw_resp_stream_end(gw_req *r) {
     int e = resp_check(r, GW__RESP_STREAMING);
-    if (e) return e;
+    if (e) return end_failed(r, e);
     gw_conn *c = r->conn;
     if (r->chunked && r->method != HTTP_HEAD) {
         e = conn_write_copy(c, "0\r\n\r\n", 5, NULL, 0);
-        if (e) return e;
+        if (e == CM_ENET) return end_failed(r, e);
+        if (e) {
+            conn_abort(c); /* no memory for the terminator: the client must not wait for it */
+            return end_failed(r, CM_ENET);
+        }
     }
     request_done(c, r->chunked && r->keep_alive && !c->srv->draining);
     return 0;

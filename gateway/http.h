@@ -145,14 +145,19 @@ gw_server  *gw_req_server(const gw_req *r);
 /* Peer address as text ("127.0.0.1:53422"), for logs. */
 const char *gw_req_peer(const gw_req *r);
 
-/* Sets the callback that runs if the connection is lost before the response ended. */
+/* Sets the callback that runs if the connection is lost before the response ended; cb NULL
+ * detaches (do that before ending a response whose state is freed right after, so a failed final
+ * write can never leave a callback pointing at freed state). */
 void gw_req_on_abort(gw_req *r, void (*cb)(gw_req *r, void *ud), void *ud);
 
 /* ---- responses ------------------------------------------------------------------------- */
 
 /* Sends a complete response and ends the request. extra_headers: NULL or complete header lines
  * ("Name: value\r\n..."). Status text comes from the code. Returns 0, CM_ESTATE (a response was
- * already started/ended), CM_ENET (connection lost; the abort callback will run), CM_ENOMEM. */
+ * already started/ended: nothing changes), CM_ENET (connection lost), CM_ENOMEM or CM_EINVAL
+ * (response could not be built: the connection is closed). Except after
+ * CM_ESTATE, the request is over when this returns, whatever the result: the abort callback will
+ * not run, and the handler may free its state. */
 int gw_resp_send(gw_req *r, int status, const char *content_type, const char *body, size_t len,
                  const char *extra_headers);
 
@@ -165,7 +170,8 @@ int gw_resp_stream_start(gw_req *r, int status, const char *content_type, const 
  * callback will run from the loop), CM_ENOMEM. */
 int gw_resp_stream_write(gw_req *r, const char *data, size_t len);
 
-/* Ends a started stream and the request. Returns 0, CM_ESTATE, CM_ENET. */
+/* Ends a started stream and the request. Returns 0, CM_ESTATE, CM_ENET. As with gw_resp_send,
+ * the request is over afterwards (except after CM_ESTATE): no abort callback follows. */
 int gw_resp_stream_end(gw_req *r);
 
 /* Bytes queued on the connection and not yet handed to the kernel. */

@@ -279,6 +279,8 @@ static void g_done(void *ud, const gw_oai_usage *u) {
     if (u->prompt_tokens) g->usage.prompt_tokens = u->prompt_tokens;
     if (u->cached_tokens) g->usage.cached_tokens = u->cached_tokens;
     if (g->req) {
+        /* detach first: g is freed below whether or not the last write reaches the client */
+        gw_req_on_abort(g->req, NULL, NULL);
         if (g->q.stream) {
             if (g->q.include_usage) sse_json(g, gw_oai_usage_chunk_json(&g->meta, &g->usage));
             gw_resp_stream_write(g->req, GW_SSE_DONE, sizeof GW_SSE_DONE - 1);
@@ -299,6 +301,7 @@ static void g_error(void *ud, const gw_oai_err *e) {
     gen *g = ud;
     g->live = 0;
     if (g->req) {
+        gw_req_on_abort(g->req, NULL, NULL); /* g is freed below, whatever the writes do */
         if (g->q.stream && g->started) {
             /* headers are out: the failure travels as an SSE event, and the stream ends without [DONE] */
             char *js = gw_oai_error_json(e);
