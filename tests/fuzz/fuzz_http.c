@@ -7,6 +7,12 @@
  *   cmake --build build-gw-fuzz -j2 --target fuzz_http
  *   build-gw-fuzz/bin/fuzz_http -max_total_time=120 -max_len=8192
  *
+ * Without the CMake route (it needs all of arka_core to compile with clang), the target builds
+ * from the gateway sources alone:
+ *   clang -O1 -g -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -I. -I/usr/share/include/llhttp \
+ *     tests/fuzz/fuzz_http.c gateway/http_parse.c gateway/http.c gateway/openai.c gateway/ws.c \
+ *     common/cm_log.c common/cm_err.c /usr/share/llhttp/{llhttp,api,http}.c -lcjson -lcrypto -luv -o fuzz_http
+ *
  * Checked: the input parsed in one piece and in pieces of random sizes (seeded by the input)
  * gives the same requests (method, target, headers, body) and the same final error status;
  * every request respects the limits; every error status is one the server may send. */
