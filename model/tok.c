@@ -761,9 +761,9 @@ int tok_load_gguf(const gguf_ctx *g, tok_vocab **out, char *err, size_t errlen) 
             free(pre);
             goto fail_vocab;
         }
-        /* llama.cpp: the Llama-3 family looks whole words up before merging and adds BOS;
+        /* llama.cpp: the Llama-3 family (and tekken) looks whole words up before merging and adds BOS;
          * dbrx, smaug-bpe and chatglm-bpe share the regex only */
-        static const char *const l3[] = { "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2" };
+        static const char *const l3[] = { "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken" };
         for (size_t k = 0; pre && k < sizeof l3 / sizeof *l3; k++)
             if (!strcmp(pre, l3[k])) v->ignore_merges = v->add_bos = 1;
         free(pre);

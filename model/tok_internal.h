@@ -168,6 +168,8 @@ enum tok__pre {
     TOK__PRE_STARCODER,     /* starcoder, refact, command-r, smollm, codeshell, exaone, minerva */
     TOK__PRE_METASPACE,     /* HF Metaspace(split=true): words start at each '▁' */
     TOK__PRE_DEEPSEEK3,     /* deepseek-v3 */
+    TOK__PRE_GPT4O,         /* gpt-4o, llama4 */
+    TOK__PRE_TEKKEN,        /* tekken (Mistral Nemo) */
     TOK__PRE_COUNT
 };
 enum tok__prefix { TOK__PREFIX_NONE = 0, TOK__PREFIX_EACH, TOK__PREFIX_FIRST };

@@ -178,6 +178,81 @@ static size_t m_digits3(const uint8_t *s, size_t p, size_t e) {
 static int cjk_kana(uint32_t c) { return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x3040 && c <= 0x309F) || (c >= 0x30A0 && c <= 0x30FF); }
 static size_t m_cjk_kana(const uint8_t *s, size_t p, size_t e) { return run_cp(s, p, e, cjk_kana); }
 
+/* GPT-4o / Llama 4 (maxd 3, contractions) and Tekken (maxd 1, none), as llama.cpp adapts them
+ * (letter cases by ASCII only: a letter is "upper" unless in a-z, "lower" unless in A-Z):
+ * [^\r\n\p{L}\p{N}]?U*W+C?|[^\r\n\p{L}\p{N}]?U+W*C?|\p{N}{1,maxd}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * with U = (?=\p{L})[^a-z], W = (?=\p{L})[^A-Z], C = (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]). */
+static inline size_t m_gpt4o_common(const uint8_t *s, size_t p, size_t e, int maxd, int contractions) {
+    int l, l2;
+    unsigned f = fl(s, p, e, &l);
+    uint8_t c = s[p];
+    size_t q = p;
+    if (!(f & TOK__U_L) && c != '\r' && c != '\n' && !(f & TOK__U_N) && (fl(s, p + (size_t)l, e, &l2) & TOK__U_L)) q = p + (size_t)l;
+    if (fl(s, q, e, &l2) & TOK__U_L) {
+        /* the run of letters from q: U* stops at the first a-z; W+ runs from there over letters not in A-Z */
+        size_t r = q, first_lower = 0, last_wide_end = 0;
+        int have_lower = 0;
+        while (r < e) {
+            unsigned g = fl(s, r, e, &l2);
+            if (!(g & TOK__U_L)) break;
+            if (s[r] >= 'a' && s[r] <= 'z') { first_lower = r; have_lower = 1; break; }
+            if (s[r] >= 0x80) last_wide_end = r + (size_t)l2; /* a non-ASCII letter is both U and W */
+            r += (size_t)l2;
+        }
+        size_t end;
+        if (have_lower) {
+            end = first_lower;
+            while (end < e) {
+                unsigned g = fl(s, end, e, &l2);
+                if (!(g & TOK__U_L) || (s[end] >= 'A' && s[end] <= 'Z')) break;
+                end += (size_t)l2;
+            }
+        } else if (last_wide_end) {
+            end = last_wide_end; /* U* gives back up to the last letter that is also W */
+        } else {
+            end = r;             /* second alternative: U+ (all ASCII capitals), W* empty */
+        }
+        if (contractions && end < e) {
+            size_t k = contraction(s, end, e, 1);
+            if (k > end) end = k;
+        }
+        return end;
+    }
+    if (f & TOK__U_N) {
+        q = p;
+        for (int k = 0; k < maxd && q < e && (fl(s, q, e, &l2) & TOK__U_N); k++) q += (size_t)l2;
+        return q;
+    }
+    size_t a = p;
+    unsigned f2 = f;
+    if (c == ' ') { a = p + 1; f2 = fl(s, a, e, &l2); }
+    if ((f2 & IN_RANGE) && !(f2 & (TOK__U_WS | TOK__U_L | TOK__U_N))) {
+        q = a;
+        while (q < e) {
+            unsigned g = fl(s, q, e, &l2);
+            if (g & (TOK__U_WS | TOK__U_L | TOK__U_N)) break;
+            q += (size_t)l2;
+        }
+        while (q < e && (s[q] == '\r' || s[q] == '\n' || s[q] == '/')) q++;
+        return q;
+    }
+    size_t last = p, last_rn = 0;
+    int nws = 0;
+    q = p;
+    while (q < e && (fl(s, q, e, &l2) & TOK__U_WS)) {
+        if (s[q] == '\r' || s[q] == '\n') last_rn = q + 1;
+        last = q;
+        q += (size_t)l2;
+        nws++;
+    }
+    if (last_rn) return last_rn;
+    if (nws > 1 && q < e) return last;
+    if (nws > 0) return q;
+    return p + (size_t)l;
+}
+static size_t m_gpt4o(const uint8_t *s, size_t p, size_t e) { return m_gpt4o_common(s, p, e, 3, 1); }
+static size_t m_tekken(const uint8_t *s, size_t p, size_t e) { return m_gpt4o_common(s, p, e, 1, 0); }
+
 /* [\r\n] */
 static size_t m_crlf(const uint8_t *s, size_t p, size_t e) { return (s[p] == '\r' || s[p] == '\n') ? p + 1 : p; }
 
@@ -268,6 +343,8 @@ static const pre_def pre_defs[TOK__PRE_COUNT] = {
     [TOK__PRE_STARCODER] = { "starcoder", 2, { m_digit, m_gpt2 } },
     [TOK__PRE_METASPACE] = { "metaspace", 1, { m_metaspace } },
     [TOK__PRE_DEEPSEEK3] = { "deepseek-v3", 3, { m_digits3, m_cjk_kana, m_deepseek3 } },
+    [TOK__PRE_GPT4O] = { "gpt-4o", 1, { m_gpt4o } },
+    [TOK__PRE_TEKKEN] = { "tekken", 1, { m_tekken } },
 };
 
 static const struct { const char *name; int pre; } pre_names[] = {
@@ -282,7 +359,8 @@ static const struct { const char *name; int pre; } pre_names[] = {
     { "exaone", TOK__PRE_STARCODER },      { "minerva-7b", TOK__PRE_STARCODER },
     { "deepseek-r1-qwen", TOK__PRE_QWEN2 }, { "deepseek-v3", TOK__PRE_DEEPSEEK3 }, { "falcon-h1", TOK__PRE_LLAMA3 },
     { "pixtral", TOK__PRE_LLAMA3 },        { "midm-2.0", TOK__PRE_LLAMA3 },      { "lfm2", TOK__PRE_LLAMA3 },
-    { "chatglm-bpe", TOK__PRE_LLAMA3 },
+    { "chatglm-bpe", TOK__PRE_LLAMA3 },    { "gpt-4o", TOK__PRE_GPT4O },         { "llama4", TOK__PRE_GPT4O },
+    { "tekken", TOK__PRE_TEKKEN },
 };
 
 int tok__pre_from_name(const char *name) {
