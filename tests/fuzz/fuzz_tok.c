@@ -5,7 +5,8 @@
  *
  * Byte 0 of the input picks the mode, the vocabulary and the flags; the rest is the text, or
  * (mode bit 0x80) a tokenizer.json given to tok_load_hf_mem, which must load or fail cleanly;
- * what loads must encode and decode. For texts, checked:
+ * what loads must encode and decode; or (mode bit 0x40) byte 1 names a pre-tokenizer whose
+ * words must cover valid UTF-8 text exactly, in order, none empty. For texts, checked:
  *  - tok_encode returns CM_EUTF8 exactly when the text is not valid UTF-8, else 0;
  *  - a too small output buffer gives CM_EFULL, the same count and the same leading ids;
  *  - every id is in range and decodes;
@@ -15,6 +16,7 @@
 #include "common/cm_err.h"
 #include "model/gguf.h"
 #include "model/tok.h"
+#include "model/tok_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +69,15 @@ static int valid_utf8(const uint8_t *s, size_t n) {
     return 1;
 }
 
+typedef struct cover { size_t at, words; } cover;
+static int cover_word(void *ctx, size_t a, size_t b) {
+    cover *c = ctx;
+    if (a != c->at || b <= a) abort(); /* words are contiguous and never empty */
+    c->at = b;
+    c->words++;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     if (data[0] & 0x80) {
@@ -85,6 +96,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else if (!err[0]) {
             abort(); /* a failure must say why */
         }
+        return 0;
+    }
+    if (data[0] & 0x40) {
+        if (size < 2 || !valid_utf8(data + 2, size - 2)) return 0;
+        cover c = { 0, 0 };
+        int pre = 1 + data[1] % (TOK__PRE_COUNT - 1);
+        if (tok__pretokenize(pre, data + 2, size - 2, cover_word, &c) != 0 || c.at != size - 2) abort();
         return 0;
     }
     int which = data[0] & 1, parse_special = (data[0] >> 1) & 1, add_bos = (data[0] >> 2) & 1;
