@@ -621,6 +621,7 @@ int tok__vocab_finish(tok_vocab *v, char *err, size_t errlen) {
             v->ascii_id[c] = tok__map_get(&v->text_map, &v->text, &ch, 1);
         }
         v->sp_id = tok__map_get(&v->text_map, &v->text, "\xe2\x96\x81", 3);
+        if (v->algo == TOK__ALGO_SPM && (rc = tok__spm_pairs_init(v))) goto done;
         /* can a cut go before every '▁' that follows another character? */
         v->sp_cut = 1;
         for (int32_t i = 0; i < v->text.n && v->sp_cut; i++) {
@@ -671,6 +672,7 @@ void tok_free(tok_vocab *v) {
     free(v->merges.slots);
     free(v->joins.keys);
     free(v->byte_join);
+    free(v->ascii_pair);
     free(v->trie.nodes);
     free(v->eog);
     free(v);

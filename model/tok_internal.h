@@ -194,6 +194,8 @@ struct tok_vocab {
     int32_t      byte_tok[256]; /* SPM/CHARS: id of the <0xNN> token (-1 none) */
     int32_t      ascii_id[128]; /* SPM/CHARS: id of each one-byte string (-1 none) */
     int32_t      sp_id;         /* SPM/CHARS: id of "▁" */
+    struct tok__pair_hit { uint32_t rank; int32_t id; } *ascii_pair; /* SPM: [128 * 128 + 128] bigrams of two
+                                  ASCII characters, then of '▁' + ASCII (id -1: none); the common first merges */
 
     tok__trie trie;   /* special / added tokens */
     int       n_special;
@@ -295,6 +297,8 @@ int  tok__heap_push(tok__scratch *s, uint64_t key, uint32_t size, int32_t id);
 void tok__heap_pop(tok__scratch *s, tok__heap_ent *top);
 int  tok__buf_reserve(tok__scratch *s, size_t n);
 
+/* SPM: fills tok_vocab.ascii_pair (after the pair table, ascii_id and sp_id). */
+int tok__spm_pairs_init(tok_vocab *v);
 /* Raw-text fragment encoders. first: the fragment starts the text (offset 0). */
 int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);
 int tok__bpe_chars_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o);

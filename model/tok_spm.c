@@ -11,6 +11,8 @@
 #include "tok_internal.h"
 #include "../common/cm_err.h"
 
+#include <stdlib.h>
+
 #define SPM_CHUNK 1024 /* bytes before we look for a cut */
 #define SPM_SMALL 32   /* symbols up to which a chunk is merged by scanning instead of a heap */
 
@@ -18,6 +20,18 @@
  * (lower is better: ~score); 0 when they form none. */
 static inline int bigram(const tok_vocab *v, const char *buf, uint32_t ls, uint32_t ll, int32_t lid, uint32_t rl, int32_t rid,
                          uint32_t *rank, int32_t *id) {
+    if (rl == 1 && v->ascii_pair) {
+        uint8_t a = (uint8_t)buf[ls], b = (uint8_t)buf[ls + ll];
+        const struct tok__pair_hit *h = NULL;
+        if (ll == 1 && a < 128 && b < 128) h = &v->ascii_pair[a << 7 | b];
+        else if (ll == 3 && b < 128 && !memcmp(buf + ls, "\xe2\x96\x81", 3)) h = &v->ascii_pair[128 * 128 + b];
+        if (h) {
+            if (h->id < 0) return 0;
+            *rank = h->rank;
+            *id = h->id;
+            return 1;
+        }
+    }
     if (lid >= 0 && rid >= 0) {
         /* both sides are tokens: the pair table has every token split into two tokens */
         const tok__merge_slot *m = tok__merges_get(&v->merges, lid, rid);
@@ -170,6 +184,24 @@ size_t tok__chars_cut(const tok_vocab *v, const uint8_t *buf, size_t a, size_t b
         p += (size_t)l;
     }
     return b;
+}
+
+int tok__spm_pairs_init(tok_vocab *v) {
+    v->ascii_pair = malloc((128 * 128 + 128) * sizeof *v->ascii_pair);
+    if (!v->ascii_pair) return CM_ENOMEM;
+    char buf[4];
+    for (int k = 0; k < 128 * 128 + 128; k++) {
+        struct tok__pair_hit *h = &v->ascii_pair[k];
+        uint32_t ll;
+        if (k < 128 * 128) { buf[0] = (char)(k >> 7); buf[1] = (char)(k & 127); ll = 1; }
+        else { memcpy(buf, "\xe2\x96\x81", 3); buf[3] = (char)(k - 128 * 128); ll = 3; }
+        int32_t lid = ll == 1 ? v->ascii_id[(uint8_t)buf[0]] : v->sp_id, rid = v->ascii_id[(uint8_t)buf[ll]];
+        struct tok__pair_hit *save = v->ascii_pair;
+        v->ascii_pair = NULL; /* the general path fills the table */
+        if (!bigram(v, buf, 0, ll, lid, 1, rid, &h->rank, &h->id)) h->id = -1;
+        v->ascii_pair = save;
+    }
+    return 0;
 }
 
 int tok__spm_encode(const tok_vocab *v, tok__scratch *s, const char *text, size_t len, int first, tok__out *o) {
