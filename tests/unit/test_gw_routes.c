@@ -296,6 +296,11 @@ static void test_basic_routes(srv *st, int port) {
     T_EQ_STR(r.body, "{\"status\":\"ok\"}");
     T_CHECK(strstr(r.head, "Content-Type: application/json\r\n") != NULL);
     free(r.body);
+    T_EQ_INT(http(port, "HEAD", "/health", NULL, &r), 0);
+    T_EQ_INT(r.status, 200);
+    T_EQ_INT(r.len, 0);
+    T_CHECK(strstr(r.head, "Content-Length: 15\r\n") != NULL);
+    free(r.body);
     T_EQ_INT(http(port, "GET", "/ready", NULL, &r), 0);
     T_EQ_INT(r.status, 200);
     free(r.body);
@@ -468,6 +473,41 @@ static void test_chat_stream(srv *st, int port) {
         cJSON_Delete(j);
     }
     free((void *)id);
+    free(r.body);
+
+    /* n = 2 with logprobs: a role chunk per choice first, each token's logprob on its chunk, a
+     * finish chunk per choice, [DONE] */
+    T_EQ_INT(http(port, "POST", "/v1/chat/completions",
+                  "{\"model\":\"test-model\",\"stream\":true,\"n\":2,\"max_tokens\":1,\"logprobs\":true,\"top_logprobs\":2,"
+                  "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r), 0);
+    n = sse_events(r.body, ev, 64, &pings);
+    T_EQ_INT(n, 7); /* 2 roles, 2 tokens, 2 finishes, [DONE] */
+    int roles = 0, toks = 0, fins = 0;
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *j = cJSON_Parse(ev[i]);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *d = cJSON_GetObjectItem(c0, "delta");
+        int idx = (int)cJSON_GetObjectItem(c0, "index")->valuedouble;
+        if (cJSON_GetObjectItem(d, "role")) {
+            T_CHECK(i < 2 && idx == i); /* both role chunks come before any content */
+            roles++;
+        } else if (cJSON_GetObjectItem(d, "content")) {
+            char want[16];
+            snprintf(want, sizeof want, " c%dt0", idx);
+            T_EQ_STR(cJSON_GetObjectItem(d, "content")->valuestring, want);
+            cJSON *lc = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content");
+            T_EQ_INT(cJSON_GetArraySize(lc), 1);
+            T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(lc, 0), "top_logprobs")), 2);
+            toks++;
+        } else if (cJSON_IsString(cJSON_GetObjectItem(c0, "finish_reason"))) {
+            fins++;
+        }
+        cJSON_Delete(j);
+    }
+    T_EQ_INT(roles, 2);
+    T_EQ_INT(toks, 2);
+    T_EQ_INT(fins, 2);
+    T_EQ_STR(ev[n - 1], "[DONE]");
     free(r.body);
 
     /* completions stream without usage: text chunks, a finish chunk, [DONE] */
