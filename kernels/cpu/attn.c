@@ -43,18 +43,21 @@ typedef struct {
 #define K_ATTN_CHUNK 64
 
 /* 8-lane vectors (GCC vector extensions: AVX with the x86-64-v3 clone below, two SSE halves
- * otherwise). Loads and stores go through memcpy: rows are only 4-byte aligned. */
+ * otherwise). Rows are only 4-byte aligned, so loads and stores go through memcpy; no vector
+ * crosses a function boundary (that would change the ABI between the clones). */
 typedef float v8f __attribute__((vector_size(32)));
-static inline v8f ld8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
-static inline void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
 
 /* q·k over D (a fixed summation order for a given D: 8 lanes, then a fixed tree). */
 static inline float dot(const float *q, const float *k, int D) {
     int d = 0;
     float r = 0.0f;
     if (D >= 8) {
-        v8f s = { 0 };
-        for (; d + 8 <= D; d += 8) s += ld8(q + d) * ld8(k + d);
+        v8f s = { 0 }, a, b;
+        for (; d + 8 <= D; d += 8) {
+            memcpy(&a, q + d, sizeof a);
+            memcpy(&b, k + d, sizeof b);
+            s += a * b;
+        }
         r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     }
     for (; d < D; d++) r += q[d] * k[d];
@@ -64,7 +67,13 @@ static inline float dot(const float *q, const float *k, int D) {
 /* acc += w * v over D */
 static inline void axpy(float *acc, float w, const float *v, int D) {
     int d = 0;
-    for (; d + 8 <= D; d += 8) st8(acc + d, ld8(acc + d) + w * ld8(v + d));
+    for (; d + 8 <= D; d += 8) {
+        v8f a, b;
+        memcpy(&a, acc + d, sizeof a);
+        memcpy(&b, v + d, sizeof b);
+        a += w * b;
+        memcpy(acc + d, &a, sizeof a);
+    }
     for (; d < D; d++) acc[d] += w * v[d];
 }
 
