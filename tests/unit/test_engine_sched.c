@@ -245,6 +245,42 @@ static void test_finishes(void) {
     ex_sched_destroy(s);
     ex_engine_destroy(e);
 
+    /* queue cap: 2 waiting at most; ids 10.. */
+    {
+        ex_engine *e2 = mk(64, 0, 16, 64);
+        ex_sched_opts q2;
+        ex_sched_opts_default(&q2);
+        q2.max_waiting = 2;
+        q2.max_running = 1;
+        ex_sched *s2;
+        T_EQ_INT(ex_sched_create(e2, &q2, &s2), 0);
+        ex_request c = r;
+        c.max_tokens = 3;
+        c.id = 10; T_EQ_INT(ex_sched_submit(s2, &c), 0);
+        c.id = 11; T_EQ_INT(ex_sched_submit(s2, &c), 0);
+        c.id = 12; T_EQ_INT(ex_sched_submit(s2, &c), CM_EFULL);
+        ex_event e3[4];
+        int ne, done = 0;
+        T_EQ_INT(ex_sched_step(s2, e3, 4, &ne), 0);       /* 10 runs, 11 waits */
+        c.id = 12; T_EQ_INT(ex_sched_submit(s2, &c), 0);
+        T_EQ_INT(ex_sched_cancel(s2, 11), 0);              /* cancel a waiting one */
+        T_EQ_INT(ex_sched_step(s2, e3, 0, &ne), CM_EINVAL); /* cap below max_running */
+        for (int k = 0; k < 50 && ex_sched_busy(s2); k++) {
+            T_EQ_INT(ex_sched_step(s2, e3, 4, &ne), 0);
+            for (int j = 0; j < ne; j++)
+                if (e3[j].finish) {
+                    done++;
+                    T_EQ_INT(e3[j].finish, e3[j].id == 11 ? EX_FINISH_CANCEL : EX_FINISH_LENGTH);
+                }
+        }
+        T_EQ_INT(done, 3);
+        ex_sched_stats st2;
+        ex_sched_stats_get(s2, &st2);
+        T_EQ_INT(st2.kv_free, st2.kv_total);
+        ex_sched_destroy(s2);
+        ex_engine_destroy(e2);
+    }
+
     /* a pool of 3 blocks of 4: a sequence alone runs out after 12 positions */
     e = mk(64, 3, 4, 64);
     so.n_eog = 0;
