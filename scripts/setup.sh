@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config git curl ca-certificates
   libuv1-dev node-llhttp libhiredis-dev libcjson-dev libssl-dev libcurl4-openssl-dev
-  redis-server nodejs npm python3
+  redis-server python3
   clang libclang-rt-dev
 )
 
@@ -14,6 +14,11 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm (integration tests install their npm clients themselves): Debian's packages only
+# when no node/npm is on PATH. A machine with another Node.js build (NodeSource's bundles npm)
+# keeps it: Debian's npm conflicts with that nodejs and apt refuses the whole install.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 SUDO=""
