@@ -20,10 +20,23 @@ static cm_opt *find_alias(cm_opt *opts, char c) {
     return NULL;
 }
 
-/* Keeps strings from the config file alive until exit (bounded by the file's size). */
+/* Keeps strings from the config file alive until exit (bounded by the files' sizes): option
+ * destinations point at them. They hang off one chain so they stay reachable (a leak checker
+ * sees process-lifetime config, not a leak). Parsing runs on the main thread only. */
+struct kept {
+    struct kept *next;
+    char s[];
+};
+static struct kept *kept_chain;
+
 static char *keep(const char *s) {
-    char *p = strdup(s);
-    return p;
+    size_t n = strlen(s) + 1;
+    struct kept *k = malloc(sizeof *k + n);
+    if (!k) return NULL;
+    memcpy(k->s, s, n);
+    k->next = kept_chain;
+    kept_chain = k;
+    return k->s;
 }
 
 static int set_value(cm_opt *o, const char *v, char *err, size_t errlen) {
