@@ -29,8 +29,10 @@ typedef struct k_pool k_pool;
 int  k_pool_create(int n_threads, k_pool **out);
 void k_pool_destroy(k_pool *p); /* accepts NULL */
 int  k_pool_size(const k_pool *p);
-/* Runs fn(ctx, ith, nth) for ith in [0, nth) across the pool and returns when all finished.
- * Allocates nothing. */
+/* Runs fn(ctx, ith, nth) for ith in [0, nth) across the pool and returns when all finished
+ * (the caller runs ith = 0; what the workers wrote is visible on return). Allocates nothing.
+ * Not reentrant: fn must not call k_pool_run / k_matmul on the same pool. Idle workers spin
+ * ~50 us after a run, then sleep on a futex. */
 void k_pool_run(k_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 /* Preallocates the pool's matmul scratch (quantized activations, dequantized rows) for calls
  * with n_tok <= max_n_tok and n_in <= max_n_in, so later k_matmul calls allocate nothing.
