@@ -1,7 +1,6 @@
 /* arka executor: internal; what `arka serve` spawns per device (see executor/proc.h). */
 #include "cli.h"
 #include "common/cm_config.h"
-#include "common/cm_log.h"
 #include "executor/proc.h"
 
 #include <stdint.h>
@@ -11,8 +10,9 @@
 int cli_executor(int argc, char **argv) {
     ex_proc_opts o;
     ex_proc_opts_default(&o);
-    const char *backend = "cpu", *log_level = "info";
+    const char *backend = "cpu";
     int64_t kv_mb = 0;
+    /* --log-level comes with every table: cm_config_parse applies it (cm_config.h) */
     cm_opt opts[] = {
         { "shm", 0, CM_OPT_STR, &o.spec, "attach spec of the shared-memory segment (from the gateway)" },
         { "model", 'm', CM_OPT_STR, &o.model, "model file (GGUF) or safetensors directory" },
@@ -24,11 +24,10 @@ int cli_executor(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = 64)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = 512)" },
         { "max-waiting", 0, CM_OPT_INT, &o.max_waiting, "queued requests before the executor refuses (0 = 1024)" },
-        { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
         { 0 },
     };
     char err[512];
-    int npos, lvl;
+    int npos;
     char **pos;
     if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos) {
         if (strcmp(err, "help") && !npos) fprintf(stderr, "arka executor: %s\n", err);
@@ -37,7 +36,6 @@ int cli_executor(int argc, char **argv) {
         cm_config_usage(opts, stderr);
         return 2;
     }
-    if (cm_log_parse_level(log_level, &lvl) == 0) cm_log_set_level(lvl);
     o.engine.backend = backend;
     o.engine.kv_cache_mb = kv_mb;
     return ex_proc_run(&o);

@@ -1,6 +1,7 @@
 /* cm_config: defaults < file < env < CLI, one table of names. */
 #include "cm_config.h"
 #include "cm_err.h"
+#include "cm_log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -12,6 +13,21 @@ static cm_opt *find(cm_opt *opts, const char *name, size_t len) {
     for (cm_opt *o = opts; o->kind != CM_OPT_END; o++)
         if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
     return NULL;
+}
+
+/* `log-level` belongs to every command: a table that does not declare it still takes it from
+ * each source, and a value sets the process's log threshold at once (sources arrive in
+ * precedence order, so the last one wins). A table that declares its own `log-level` gets the
+ * value like any other option instead. Never written: set_value() handles it before `seen`. */
+static cm_opt log_level_opt = { "log-level", 0, CM_OPT_STR, NULL, "debug | info | warn | error | off (default info)", 0 };
+
+static int declares_log_level(cm_opt *opts) { return find(opts, log_level_opt.name, strlen(log_level_opt.name)) != NULL; }
+
+/* The table's option of that name, else the built-in log-level, else NULL. */
+static cm_opt *lookup(cm_opt *opts, const char *name, size_t len) {
+    cm_opt *o = find(opts, name, len);
+    if (!o && strlen(log_level_opt.name) == len && strncmp(log_level_opt.name, name, len) == 0) o = &log_level_opt;
+    return o;
 }
 
 static cm_opt *find_alias(cm_opt *opts, char c) {
@@ -42,6 +58,15 @@ static char *keep(const char *s) {
 static int set_value(cm_opt *o, const char *v, char *err, size_t errlen) {
     char *end = NULL;
     errno = 0;
+    if (o == &log_level_opt) {
+        int lvl;
+        if (cm_log_parse_level(v, &lvl)) {
+            snprintf(err, errlen, "invalid value '%s' for option 'log-level' (debug | info | warn | error | off)", v);
+            return CM_EINVAL;
+        }
+        cm_log_set_level(lvl);
+        return 0;
+    }
     switch (o->kind) {
     case CM_OPT_STR:
         *(const char **)o->dst = v;
@@ -82,7 +107,7 @@ bad:
 }
 
 int cm_config_set(cm_opt *opts, const char *name, const char *value, char *err, size_t errlen) {
-    cm_opt *o = find(opts, name, strlen(name));
+    cm_opt *o = lookup(opts, name, strlen(name));
     if (!o) {
         snprintf(err, errlen, "unknown option '%s'", name);
         return CM_ENOTFOUND;
@@ -129,7 +154,7 @@ static int load_file(cm_opt *opts, const char *path, char *err, size_t errlen) {
             val[vl - 1] = 0;
             val++;
         }
-        cm_opt *o = find(opts, name, strlen(name));
+        cm_opt *o = lookup(opts, name, strlen(name));
         if (!o) continue; /* the file is shared by every subcommand */
         char e2[256];
         if (set_value(o, o->kind == CM_OPT_STR ? keep(val) : val, e2, sizeof e2)) {
@@ -142,20 +167,25 @@ static int load_file(cm_opt *opts, const char *path, char *err, size_t errlen) {
     return rc;
 }
 
-static int load_env(cm_opt *opts, char *err, size_t errlen) {
-    for (cm_opt *o = opts; o->kind != CM_OPT_END; o++) {
-        char key[128] = "ARKA_";
-        size_t n = 5;
-        for (const char *p = o->name; *p && n < sizeof key - 1; p++)
-            key[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
-        key[n] = 0;
-        const char *v = getenv(key);
-        if (v && set_value(o, v, err, errlen)) {
-            size_t l = strlen(err);
-            snprintf(err + l, errlen - l, " (from env %s)", key);
-            return CM_EINVAL;
-        }
+static int load_env_one(cm_opt *o, char *err, size_t errlen) {
+    char key[128] = "ARKA_";
+    size_t n = 5;
+    for (const char *p = o->name; *p && n < sizeof key - 1; p++)
+        key[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    key[n] = 0;
+    const char *v = getenv(key);
+    if (v && set_value(o, v, err, errlen)) {
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, " (from env %s)", key);
+        return CM_EINVAL;
     }
+    return 0;
+}
+
+static int load_env(cm_opt *opts, char *err, size_t errlen) {
+    for (cm_opt *o = opts; o->kind != CM_OPT_END; o++)
+        if (load_env_one(o, err, errlen)) return CM_EINVAL;
+    if (!declares_log_level(opts)) return load_env_one(&log_level_opt, err, errlen);
     return 0;
 }
 
@@ -206,7 +236,7 @@ int cm_config_parse(cm_opt *opts, int argc, char **argv, int *npos, char ***pos,
         if (a[1] == '-') {
             const char *name = a + 2, *eq = strchr(name, '=');
             size_t len = eq ? (size_t)(eq - name) : strlen(name);
-            o = find(opts, name, len);
+            o = lookup(opts, name, len);
             if (!o && !eq && len > 3 && !strncmp(name, "no-", 3)) {
                 cm_opt *b = find(opts, name + 3, len - 3);
                 if (b && b->kind == CM_OPT_BOOL) {
@@ -245,13 +275,17 @@ int cm_config_parse(cm_opt *opts, int argc, char **argv, int *npos, char ***pos,
     return 0;
 }
 
+static void usage_line(const cm_opt *o, FILE *f) {
+    static const char *const kinds[] = { "", "STR", "INT", "INT", "NUM", "NUM", "" };
+    char head[96];
+    if (o->alias) snprintf(head, sizeof head, "-%c, --%s %s", o->alias, o->name, kinds[o->kind]);
+    else snprintf(head, sizeof head, "    --%s %s", o->name, kinds[o->kind]);
+    fprintf(f, "  %-34s %s\n", head, o->help ? o->help : "");
+}
+
 void cm_config_usage(const cm_opt *opts, void *fp) {
     FILE *f = fp;
-    static const char *const kinds[] = { "", "STR", "INT", "INT", "NUM", "NUM", "" };
-    for (const cm_opt *o = opts; o->kind != CM_OPT_END; o++) {
-        char head[96];
-        if (o->alias) snprintf(head, sizeof head, "-%c, --%s %s", o->alias, o->name, kinds[o->kind]);
-        else snprintf(head, sizeof head, "    --%s %s", o->name, kinds[o->kind]);
-        fprintf(f, "  %-34s %s\n", head, o->help ? o->help : "");
-    }
+    for (const cm_opt *o = opts; o->kind != CM_OPT_END; o++) usage_line(o, f);
+    if (!declares_log_level((cm_opt *)opts)) usage_line(&log_level_opt, f);
+    fprintf(f, "  %-34s %s\n", "    --config FILE", "config file of name = value lines (also ARKA_CONFIG)");
 }

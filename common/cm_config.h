@@ -10,6 +10,10 @@
  * Options the config file names but this command does not know are ignored (the file is
  * shared by all subcommands); unknown command-line flags are an error.
  *
+ * Every table also takes `log-level` (debug | info | warn | error | off) from all three sources
+ * without declaring it: a value sets the cm_log threshold (cm_log_set_level) as it is parsed,
+ * and cm_config_usage lists it. A table that declares `log-level` itself receives it instead.
+ *
  *   int n = 128; const char *model = NULL;
  *   cm_opt opts[] = {
  *       { "model", 'm', CM_OPT_STR, &model, "model file (GGUF or safetensors dir)" },
@@ -44,10 +48,12 @@ typedef struct cm_opt {
  * and writes one line into err. `--help` returns CM_EINVAL with err = "help". */
 int cm_config_parse(cm_opt *opts, int argc, char **argv, int *npos, char ***pos, char *err, size_t errlen);
 
-/* Applies one `name = value` assignment (used by the file parser and tests). */
+/* Applies one `name = value` assignment (used by the file parser and tests); `log-level` is
+ * accepted as above. */
 int cm_config_set(cm_opt *opts, const char *name, const char *value, char *err, size_t errlen);
 
-/* Writes "  --name, -m KIND  help" lines for the table to f (a FILE *). */
+/* Writes "  --name, -m KIND  help" lines for the table, then the built-in --log-level and
+ * --config lines, to f (a FILE *). */
 void cm_config_usage(const cm_opt *opts, void *f);
 
 #endif

@@ -87,6 +87,84 @@ static void test_config(void) {
     unlink(path);
 }
 
+/* log-level: every table takes it from file, env and CLI without declaring it. */
+static void test_config_log_level(void) {
+    char path[] = "/tmp/arka-test-conf-XXXXXX";
+    int fd = mkstemp(path);
+    T_CHECK(fd >= 0);
+    const char *text = "log-level = error\n";
+    T_CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    int threads = 0;
+    cm_opt opts[] = { { "threads", 't', CM_OPT_INT, &threads, "threads" }, { 0 } };
+    char err[256];
+    int npos;
+    char **pos;
+    unsetenv("ARKA_LOG_LEVEL");
+    unsetenv("ARKA_CONFIG");
+
+    cm_log_set_level(CM_LOG_LEVEL_INFO);
+    char *a1[] = { "x", "--log-level", "debug", "-t", "2", NULL };
+    T_EQ_INT(cm_config_parse(opts, 5, a1, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_DEBUG);
+    T_EQ_INT(threads, 2);
+    T_EQ_INT(npos, 0);
+    char *a2[] = { "x", "--log-level=warn", NULL };
+    T_EQ_INT(cm_config_parse(opts, 2, a2, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_WARN);
+
+    /* file < env < CLI */
+    cm_log_set_level(CM_LOG_LEVEL_INFO);
+    char *a3[] = { "x", "--config", path, NULL };
+    T_EQ_INT(cm_config_parse(opts, 3, a3, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_ERROR);
+    setenv("ARKA_LOG_LEVEL", "warn", 1);
+    T_EQ_INT(cm_config_parse(opts, 3, a3, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_WARN);
+    char *a4[] = { "x", "--config", path, "--log-level", "off", NULL };
+    T_EQ_INT(cm_config_parse(opts, 5, a4, &npos, &pos, err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_OFF);
+    unsetenv("ARKA_LOG_LEVEL");
+    T_EQ_INT(cm_config_set(opts, "log-level", "debug", err, sizeof err), 0);
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_DEBUG);
+
+    /* a bad value is refused from each source, naming the option (and the env variable) */
+    char *a5[] = { "x", "--log-level", "loud", NULL };
+    T_EQ_INT(cm_config_parse(opts, 3, a5, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "log-level") != NULL && strstr(err, "loud") != NULL);
+    setenv("ARKA_LOG_LEVEL", "chatty", 1);
+    char *a6[] = { "x", NULL };
+    T_EQ_INT(cm_config_parse(opts, 1, a6, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "ARKA_LOG_LEVEL") != NULL);
+    unsetenv("ARKA_LOG_LEVEL");
+    FILE *f = fopen(path, "w");
+    fputs("threads = 1\nlog-level = 3\n", f);
+    fclose(f);
+    T_EQ_INT(cm_config_parse(opts, 3, a3, &npos, &pos, err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, ":2:") != NULL && strstr(err, "log-level") != NULL);
+
+    /* usage lists it */
+    FILE *u = tmpfile();
+    T_CHECK(u != NULL);
+    cm_config_usage(opts, u);
+    rewind(u);
+    char ubuf[2048] = { 0 };
+    T_CHECK(fread(ubuf, 1, sizeof ubuf - 1, u) > 0);
+    fclose(u);
+    T_CHECK(strstr(ubuf, "--log-level") != NULL);
+    T_CHECK(strstr(ubuf, "--config") != NULL);
+
+    /* a table that declares log-level receives the value; the threshold stays */
+    cm_log_set_level(CM_LOG_LEVEL_INFO);
+    const char *own = "info";
+    cm_opt opts2[] = { { "log-level", 0, CM_OPT_STR, &own, "mine" }, { 0 } };
+    char *a7[] = { "x", "--log-level", "whatever", NULL };
+    T_EQ_INT(cm_config_parse(opts2, 3, a7, &npos, &pos, err, sizeof err), 0);
+    T_EQ_STR(own, "whatever");
+    T_EQ_INT(cm_log_get_level(), CM_LOG_LEVEL_INFO);
+    unlink(path);
+}
+
 static void test_log_and_time(void) {
     int lvl;
     T_EQ_INT(cm_log_parse_level("warn", &lvl), 0);
@@ -115,6 +193,7 @@ static void test_log_and_time(void) {
 int main(void) {
     test_err();
     test_config();
+    test_config_log_level();
     test_log_and_time();
     return t_done();
 }
