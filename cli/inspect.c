@@ -46,12 +46,14 @@ int cli_inspect(int argc, char **argv) {
     char err[512];
     int npos;
     char **pos;
-    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos != 1) {
-        if (npos != 1 && !strcmp(err, "help")) {}
-        fprintf(stderr, "%s%susage: arka inspect [--verbose] FILE\n", strcmp(err, "help") && npos == 1 ? err : "",
-                strcmp(err, "help") && npos == 1 ? "\n" : "");
-        cm_config_usage(opts, stderr);
-        return 2;
+    int prc = cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err);
+    if (prc || npos != 1) {
+        int help = prc && !strcmp(err, "help");
+        if (prc && !help) fprintf(stderr, "arka inspect: %s\n", err);
+        else if (!prc) fprintf(stderr, "arka inspect: expected exactly one FILE\n");
+        fprintf(help ? stdout : stderr, "usage: arka inspect [--verbose] FILE\n");
+        cm_config_usage(opts, help ? stdout : stderr);
+        return help ? 0 : 2;
     }
     mdl_model *m;
     if (mdl_load(pos[0], &m, err, sizeof err)) {

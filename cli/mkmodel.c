@@ -14,6 +14,7 @@
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define DEFAULT_VOCAB "../shared/models/vocab/ggml-vocab-llama-spm.gguf"
+#define DEFAULT_VOCAB "../shared/models/vocab/ggml-vocab-llama-spm.gguf" /* relative to the project root */
 #define CHUNK_BYTES (32u << 20) /* output bytes generated per parallel step */
 #define MAX_THREADS 64
 
@@ -243,13 +244,44 @@ static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, 
 
 /* ---- command -------------------------------------------------------------------------------- */
 
-static void usage(const cm_opt *opts) {
-    fprintf(stderr, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--vocab-size N] [--seed N] [--threads N]\n\nshapes:\n");
+static void usage(const cm_opt *opts, FILE *f) {
+    fprintf(f, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--vocab-size N] [--seed N] [--threads N]\n\nshapes:\n");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        fprintf(stderr, "  %-15s dim %4d, %2d layers, %2d heads, %2d kv heads, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].dim,
+        fprintf(f, "  %-15s dim %4d, %2d layers, %2d heads, %2d kv heads, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].dim,
                 shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
-    fprintf(stderr, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n\noptions:\n");
-    cm_config_usage(opts, stderr);
+    fprintf(f, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n"
+               "default vocab: ROOT/" DEFAULT_VOCAB ", ROOT = $ARKA_ROOT or two levels above the binary (build/bin/arka)\n\noptions:\n");
+    cm_config_usage(opts, f);
+}
+
+/* The default vocabulary's path, from the project root: $ARKA_ROOT, else the directory two
+ * levels above the running binary (ROOT/build/bin/arka). Returns 0 with the path in buf when
+ * the file is readable, else CM_ENOENT after one line on stderr naming the path tried. */
+static int default_vocab(char *buf, size_t n) {
+    char root[4096];
+    const char *env = getenv("ARKA_ROOT"), *from = "$ARKA_ROOT";
+    if (env && *env) {
+        snprintf(root, sizeof root, "%s", env);
+    } else {
+        ssize_t l = readlink("/proc/self/exe", root, sizeof root - 1);
+        if (l <= 0) {
+            fprintf(stderr, "arka mkmodel: cannot find the project root (/proc/self/exe unreadable): set ARKA_ROOT or pass --vocab FILE|none\n");
+            return CM_ENOENT;
+        }
+        root[l] = 0;
+        for (int up = 0; up < 3; up++) { /* arka, bin, build; "/" ends as "" */
+            char *slash = strrchr(root, '/');
+            if (slash) *slash = 0;
+        }
+        from = "the binary's location";
+    }
+    snprintf(buf, n, "%s/%s", root, DEFAULT_VOCAB);
+    if (access(buf, R_OK) != 0) {
+        fprintf(stderr, "arka mkmodel: default vocabulary %s: %s (project root from %s); set ARKA_ROOT or pass --vocab FILE|none\n",
+                buf, strerror(errno), from);
+        return CM_ENOENT;
+    }
+    return 0;
 }
 
 static void plan_add(tplan *p, int *k, const char *name, int type, int64_t ne0, int64_t ne1, int init, float std) {
@@ -321,26 +353,32 @@ static int set_metadata(gguf_writer *w, const shape *s, int type) {
 }
 
 int cli_mkmodel(int argc, char **argv) {
-    const char *type_name = "f16", *vocab = DEFAULT_VOCAB;
+    const char *type_name = "f16", *vocab = NULL;
     int64_t seed = 1;
     int vocab_size = 0;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int n_threads = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
+    int n_threads = 0;
     cm_opt opts[] = {
         { "type", 't', CM_OPT_STR, &type_name, "weight type of the matrices and embeddings (default f16)" },
-        { "vocab", 0, CM_OPT_STR, &vocab, "vocab-only GGUF whose tokenizer.* keys are copied, or 'none'" },
+        { "vocab", 0, CM_OPT_STR, &vocab, "vocab-only GGUF whose tokenizer.* keys are copied, or 'none' (default: see above)" },
         { "seed", 's', CM_OPT_I64, &seed, "PRNG seed (default 1)" },
-        { "threads", 'j', CM_OPT_INT, &n_threads, "generation threads (default: all CPUs)" },
+        { "threads", 'j', CM_OPT_INT, &n_threads, "generation threads; 0 = all CPUs (the default)" },
         { "vocab-size", 0, CM_OPT_INT, &vocab_size, "override the shape's vocabulary size (>= the vocab file's tokens)" },
         { 0 },
     };
     char err[512];
     int npos;
     char **pos;
-    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos != 2) {
-        if (strcmp(err, "help") && npos == 2) fprintf(stderr, "arka mkmodel: %s\n", err);
-        usage(opts);
-        return 2;
+    int prc = cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err);
+    if (prc || npos != 2) {
+        int help = prc && !strcmp(err, "help");
+        if (prc && !help) fprintf(stderr, "arka mkmodel: %s\n", err);
+        else if (!prc) fprintf(stderr, "arka mkmodel: expected SHAPE and OUT.gguf\n");
+        usage(opts, help ? stdout : stderr);
+        return help ? 0 : 2;
+    }
+    if (n_threads == 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
     }
     const shape *s = NULL;
     shape custom;
@@ -350,11 +388,16 @@ int cli_mkmodel(int argc, char **argv) {
     if (!s || type < 0 || file_type_of(type) < 0 || n_threads < 1 || n_threads > MAX_THREADS || vocab_size < 0 ||
         vocab_size > (1 << 24)) {
         if (!s) fprintf(stderr, "arka mkmodel: unknown shape '%s'\n", pos[0]);
-        else if (n_threads < 1 || n_threads > MAX_THREADS) fprintf(stderr, "arka mkmodel: --threads must be 1..%d\n", MAX_THREADS);
+        else if (n_threads < 1 || n_threads > MAX_THREADS) fprintf(stderr, "arka mkmodel: --threads must be 0..%d\n", MAX_THREADS);
         else if (vocab_size < 0 || vocab_size > (1 << 24)) fprintf(stderr, "arka mkmodel: --vocab-size must be 1..%d\n", 1 << 24);
         else fprintf(stderr, "arka mkmodel: unsupported --type '%s'\n", type_name);
-        usage(opts);
+        usage(opts, stderr);
         return 2;
+    }
+    char vocab_buf[4096 + sizeof DEFAULT_VOCAB];
+    if (!vocab) {
+        if (default_vocab(vocab_buf, sizeof vocab_buf)) return 1;
+        vocab = vocab_buf;
     }
     if (vocab_size) {
         custom = *s;

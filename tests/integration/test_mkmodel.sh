@@ -139,5 +139,44 @@ fi
 "$ARKA" mkmodel tiny /nonexistent-dir/z.gguf --type q8_0 2>"$TMP/mk.err"
 [ $? -eq 1 ] && grep -q "nonexistent-dir" "$TMP/mk.err" && ok || bad "unwritable path: $(cat "$TMP/mk.err")"
 
+# --threads 0 means all CPUs (the config file's default), like the other commands.
+"$ARKA" mkmodel tiny "$TMP/t0.gguf" --type q8_0 --seed 7 --threads 0 2>"$TMP/mk.err" && cmp -s "$TMP/t0.gguf" "$TMP/tiny-q8_0.gguf" \
+    && ok || bad "--threads 0: $(cat "$TMP/mk.err")"
+
+# --help is not an error (stdout, exit 0), for mkmodel and inspect alike.
+out=$("$ARKA" mkmodel --help 2>/dev/null); rc=$?
+[ $rc -eq 0 ] && grep -q "^usage: arka mkmodel" <<<"$out" && grep -q "tinyllama-1.1b" <<<"$out" && ok || bad "mkmodel --help: exit $rc"
+out=$("$ARKA" inspect --help 2>/dev/null); rc=$?
+[ $rc -eq 0 ] && grep -q "^usage: arka inspect" <<<"$out" && ok || bad "inspect --help: exit $rc"
+"$ARKA" inspect >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "inspect without FILE not a usage error"
+
+# The default vocabulary is found from the project root, not the current directory: $ARKA_ROOT,
+# else two levels above the binary's directory (ROOT/build/bin/arka). A root without it gets an
+# error naming the path tried.
+ARKA_ABS=$(realpath "$ARKA")
+if [ "$(dirname "$(dirname "$(dirname "$ARKA_ABS")")")" = "$(realpath "$ROOT")" ]; then
+    (cd "$TMP" && env -u ARKA_ROOT "$ARKA_ABS" mkmodel tiny def.gguf --type q8_0 --seed 7 2>"$TMP/mk.err") \
+        && cmp -s "$TMP/def.gguf" "$TMP/tiny-q8_0.gguf" && ok || bad "default vocab from the binary's location: $(cat "$TMP/mk.err")"
+else
+    echo "NOTICE: $ARKA is not ROOT/<build>/bin/arka: skipping the binary-location default"
+fi
+(cd "$TMP" && ARKA_ROOT="$ROOT" "$ARKA_ABS" mkmodel tiny def2.gguf --type q8_0 --seed 7 2>"$TMP/mk.err") \
+    && cmp -s "$TMP/def2.gguf" "$TMP/tiny-q8_0.gguf" && ok || bad "default vocab from ARKA_ROOT: $(cat "$TMP/mk.err")"
+ARKA_ROOT=$TMP/noroot "$ARKA" mkmodel tiny "$TMP/nr.gguf" 2>"$TMP/mk.err"
+[ $? -eq 1 ] && [ "$(wc -l <"$TMP/mk.err")" -eq 1 ] && grep -qF "$TMP/noroot/../shared/models/vocab/ggml-vocab-llama-spm.gguf" "$TMP/mk.err" \
+    && ok || bad "a root without the vocab: $(cat "$TMP/mk.err")"
+[ ! -e "$TMP/nr.gguf" ] && [ ! -e "$TMP/nr.gguf.part" ] && ok || bad "a missing default vocab left a file"
+
+# Long (ARKA_LONG_TESTS=1): the TinyLlama 1.1B shape at Q8_0 (~1.1 GiB on disk) has its shape.
+if [ "${ARKA_LONG_TESTS:-0}" = 1 ]; then
+    "$ARKA" mkmodel tinyllama-1.1b "$TMP/tl.gguf" --type q8_0 2>"$TMP/mk.err" || bad "mkmodel tinyllama-1.1b: $(cat "$TMP/mk.err")"
+    out=$("$ARKA" inspect "$TMP/tl.gguf" 2>&1)
+    for want in "dim (n_embd): 2048" "layers: 22" "heads: 32" "kv heads: 4" "ffn dim: 5632" "vocab: 32000"; do
+        grep -qxF -- "$want" <<<"$out" && ok || bad "tinyllama-1.1b: inspect lacks the line '$want'"
+    done
+    grep -qE "^  Q8_0 +156 tensors" <<<"$out" && ok || bad "tinyllama-1.1b: not 156 Q8_0 tensors: $out"
+    rm -f "$TMP/tl.gguf"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
