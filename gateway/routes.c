@@ -752,6 +752,16 @@ void gw_app_handle(gw_req *r, void *ud) {
             return;
         }
         allow = "Allow: POST\r\n";
+    } else if (strcmp(path, "/metrics") == 0 && a->cfg.metrics) {
+        if (get) {
+            size_t len = 0;
+            char *txt = a->cfg.metrics(a->cfg.metrics_ud, &len);
+            if (txt) gw_resp_send(r, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len, NULL);
+            else gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+            free(txt);
+            return;
+        }
+        allow = "Allow: GET, HEAD\r\n";
     } else if (strcmp(path, "/v1/ws") == 0) {
         if (m == HTTP_GET) {
             handle_ws(a, r);

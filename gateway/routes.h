@@ -7,6 +7,7 @@
  *   POST /v1/completions       OpenAI completions, JSON or SSE (stream: true)
  *   POST /v1/chat/completions  OpenAI chat completions, JSON or SSE
  *   GET  /v1/ws                WebSocket with Realtime-style events (response.create / response.cancel)
+ *   GET  /metrics              Prometheus text from cfg.metrics (when set)
  *   anything else              404 (unknown path) or 405 (known path, wrong method), OpenAI-style body
  *
  * Loop thread only. The app borrows the backend; destroy the app after the server has closed.
@@ -33,6 +34,9 @@ typedef struct gw_app_cfg {
     uint32_t    ping_ms;        /* SSE ": ping" after this long without a byte (0: never) */
     int         ws_max_responses; /* concurrent responses per WebSocket */
     size_t      ws_max_message; /* bytes of one WebSocket message (close 1009 beyond) */
+    /* GET /metrics: Prometheus text as a malloc'ed string (NULL: out of memory); unset: 404 */
+    char     *(*metrics)(void *ud, size_t *len);
+    void       *metrics_ud;
 } gw_app_cfg;
 
 typedef struct gw_app gw_app;

@@ -1,0 +1,61 @@
+/* arka serve: the OpenAI-compatible HTTP server (gateway/serve.h). Built only with the gateway
+ * (libuv and friends); elsewhere the command is absent from `arka --help`. */
+#ifdef ARKA_WITH_GATEWAY
+#include "cli.h"
+#include "common/cm_config.h"
+#include "common/cm_log.h"
+#include "gateway/serve.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int cli_serve(int argc, char **argv) {
+    gw_serve_opts o;
+    gw_serve_opts_default(&o);
+    const char *log_level = "info";
+    cm_opt opts[] = {
+        { "model", 'm', CM_OPT_STR, &o.model, "model file (GGUF) or Hugging Face safetensors directory" },
+        { "served-model-name", 0, CM_OPT_STR, &o.model_id, "model id clients use (default: the file name without .gguf)" },
+        { "host", 0, CM_OPT_STR, &o.host, "listen address (default 127.0.0.1)" },
+        { "port", 0, CM_OPT_INT, &o.port, "listen port (default 8080; 0 = any free port)" },
+        { "backend", 0, CM_OPT_STR, &o.backend, "cpu | cuda (default cpu)" },
+        { "devices", 0, CM_OPT_STR, &o.devices, "cuda: GPU ordinals, one executor each (default 0)" },
+        { "threads", 't', CM_OPT_INT, &o.threads, "cpu threads per executor (0 = all cores)" },
+        { "kv-cache-mb", 0, CM_OPT_I64, &o.kv_cache_mb, "KV cache budget per executor in MiB (0 = automatic)" },
+        { "ctx", 'c', CM_OPT_INT, &o.n_ctx, "positions per sequence (0 = the model's)" },
+        { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
+        { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
+        { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
+        { "max-conns", 0, CM_OPT_INT, &o.max_conns, "open HTTP connections (0 = 1024)" },
+        { "max-requests", 0, CM_OPT_INT, &o.max_requests, "requests in flight before new ones get 503 (0 = 4096)" },
+        { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
+        { 0 },
+    };
+    char err[512];
+    int npos, lvl;
+    char **pos;
+    if (cm_config_parse(opts, argc, argv, &npos, &pos, err, sizeof err) || npos) {
+        int help = !npos && strcmp(err, "help") == 0;
+        if (npos) fprintf(stderr, "arka serve: unexpected argument '%s'\n", pos[0]);
+        else if (!help) fprintf(stderr, "arka serve: %s\n", err);
+        fprintf(help ? stdout : stderr, "usage: arka serve -m MODEL [--port 8080] [--backend cpu|cuda] [--devices 0,1] [options]\n");
+        cm_config_usage(opts, help ? stdout : stderr);
+        return help ? 0 : 2;
+    }
+    if (cm_log_parse_level(log_level, &lvl)) {
+        fprintf(stderr, "arka serve: --log-level '%s': expected debug, info, warn or error\n", log_level);
+        return 2;
+    }
+    cm_log_set_level(lvl);
+    o.log_level = log_level;
+    if (o.port < 0 || o.port > 65535) {
+        fprintf(stderr, "arka serve: --port %d: expected 0..65535\n", o.port);
+        return 2;
+    }
+    if (o.threads < 0 || o.n_ctx < 0 || o.max_batch < 0 || o.max_batch_tokens < 0 || o.kv_cache_mb < 0) {
+        fprintf(stderr, "arka serve: --threads, --ctx, --max-batch, --max-batch-tokens and --kv-cache-mb must not be negative\n");
+        return 2;
+    }
+    return gw_serve_run(&o);
+}
+#endif

@@ -1,0 +1,204 @@
+/* serve: `arka serve` put together (see serve.h). */
+#include "gateway/serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm_err.h"
+#include "common/cm_log.h"
+#include "gateway/gen.h"
+#include "gateway/http.h"
+#include "gateway/routes.h"
+#include "model/chat.h"
+#include "model/model.h"
+#include "model/tok.h"
+
+void gw_serve_opts_default(gw_serve_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->backend = "cpu";
+    o->devices = "0";
+    o->log_level = "info";
+}
+
+typedef struct srv {
+    gw_gen    *gen;
+    gw_server *http;
+} srv;
+
+static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)ud)->gen, len); }
+
+static void on_http_closed(gw_server *s, void *ud) {
+    srv *v = ud;
+    (void)s;
+    CM_LOG_INFO("serve", "http closed; stopping executors", "executors=%d", 1);
+    gw_gen_stop(v->gen, NULL, NULL);
+}
+
+/* The served model id: the file or directory name without ".gguf", with characters that
+ * would need escaping in JSON or Prometheus labels replaced. */
+static void default_id(const char *path, char *out, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path;
+    for (size_t i = 0; i < n; i++)
+        if (path[i] == '/') b = path + i + 1;
+    size_t len = (size_t)(path + n - b);
+    if (len > 5 && strncmp(b + len - 5, ".gguf", 5) == 0) len -= 5;
+    if (len >= cap) len = cap - 1;
+    for (size_t i = 0; i < len; i++) out[i] = (b[i] == '"' || b[i] == '\\' || (unsigned char)b[i] < 0x20) ? '_' : b[i];
+    out[len] = 0;
+}
+
+/* "0,1,3" -> device ordinals. Returns the count or -1. */
+static int parse_devices(const char *s, int *dev, int cap) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long d = strtol(s, &end, 10);
+        if (end == s || d < 0 || d > 1023 || n == cap) return -1;
+        dev[n++] = (int)d;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+int gw_serve_run(const gw_serve_opts *o) {
+    char err[1024];
+    if (!o->model || !*o->model) {
+        fprintf(stderr, "arka serve: no model: give -m MODEL (a GGUF file or a Hugging Face directory)\n");
+        return 1;
+    }
+    int devs[GW_GEN_MAX_EXEC], n_dev = 1;
+    devs[0] = 0;
+    int cuda = strcmp(o->backend, "cuda") == 0;
+    if (!cuda && strcmp(o->backend, "cpu") != 0) {
+        fprintf(stderr, "arka serve: unknown backend '%s' (cpu or cuda)\n", o->backend);
+        return 1;
+    }
+    if (cuda && (n_dev = parse_devices(o->devices, devs, GW_GEN_MAX_EXEC)) < 1) {
+        fprintf(stderr, "arka serve: --devices '%s': expected a comma-separated list of up to %d GPU ordinals\n", o->devices,
+                GW_GEN_MAX_EXEC);
+        return 1;
+    }
+    /* what the gateway needs of the model: context length, vocabulary, chat template */
+    mdl_model *m;
+    if (mdl_load(o->model, &m, err, sizeof err)) {
+        fprintf(stderr, "arka serve: %s\n", err);
+        return 1;
+    }
+    int n_ctx = o->n_ctx > 0 ? o->n_ctx : m->cfg.n_ctx_train;
+    mdl_free(m);
+    if (n_ctx < 2) {
+        fprintf(stderr, "arka serve: context length %d is too small\n", n_ctx);
+        return 1;
+    }
+    tok_vocab *v;
+    if (tok_load_file(o->model, &v, err, sizeof err)) {
+        fprintf(stderr, "arka serve: tokenizer: %s\n", err);
+        return 1;
+    }
+    mdl_chat *chat;
+    if (mdl_chat_load(o->model, o->chat_template, v, &chat, err, sizeof err)) {
+        fprintf(stderr, "arka serve: %s\n", err);
+        tok_free(v);
+        return 1;
+    }
+    char id[256];
+    if (o->model_id && *o->model_id) snprintf(id, sizeof id, "%s", o->model_id);
+    else default_id(o->model, id, sizeof id);
+    if (!mdl_chat_ready(chat))
+        CM_LOG_WARN("serve", "no chat template: /v1/chat/completions answers 400 (use --chat-template NAME)", "model=%s", id);
+    else CM_LOG_INFO("serve", "chat template", "source=%s", mdl_chat_source(chat));
+
+    /* executors: the binary is this one */
+    static char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "arka serve: cannot find the arka binary (/proc/self/exe)\n");
+        mdl_chat_free(chat);
+        tok_free(v);
+        return 1;
+    }
+    self[sl] = 0;
+    enum { NARG = 24 };
+    static char nums[GW_GEN_MAX_EXEC][6][24];
+    static const char *args[GW_GEN_MAX_EXEC][NARG];
+    gw_gen_cfg gc;
+    gw_gen_cfg_default(&gc);
+    gc.model_id = id;
+    gc.vocab = v;
+    gc.chat = chat;
+    gc.n_ctx = n_ctx;
+    gc.exec.bin = self;
+    gc.n_exec = n_dev;
+    if (o->max_requests > 0) gc.max_requests = o->max_requests;
+    for (int k = 0; k < n_dev; k++) {
+        const char **a = args[k];
+        int i = 0;
+        snprintf(nums[k][0], 24, "%d", devs[k]);
+        snprintf(nums[k][1], 24, "%d", o->threads);
+        snprintf(nums[k][2], 24, "%lld", (long long)o->kv_cache_mb);
+        snprintf(nums[k][3], 24, "%d", n_ctx);
+        snprintf(nums[k][4], 24, "%d", o->max_batch);
+        snprintf(nums[k][5], 24, "%d", o->max_batch_tokens);
+        a[i++] = "-m", a[i++] = o->model, a[i++] = "--backend", a[i++] = o->backend;
+        if (cuda) a[i++] = "--device", a[i++] = nums[k][0];
+        a[i++] = "--threads", a[i++] = nums[k][1], a[i++] = "--kv-cache-mb", a[i++] = nums[k][2];
+        a[i++] = "--ctx", a[i++] = nums[k][3], a[i++] = "--max-batch", a[i++] = nums[k][4];
+        a[i++] = "--max-batch-tokens", a[i++] = nums[k][5], a[i++] = "--log-level", a[i++] = o->log_level;
+        a[i] = NULL;
+        gc.exec_args[k] = a;
+    }
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    srv s = { 0 };
+    int rc = gw_gen_start(&loop, &gc, &s.gen);
+    gw_app *app = NULL;
+    if (rc == 0) {
+        gw_app_cfg ac;
+        gw_app_cfg_default(&ac);
+        gw_backend be = gw_gen_backend(s.gen);
+        ac.backend = &be;
+        ac.metrics = metrics_cb;
+        ac.metrics_ud = &s;
+        if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
+        gw_http_cfg hc;
+        gw_http_cfg_default(&hc);
+        hc.host = o->host;
+        hc.port = o->port;
+        if (o->max_conns > 0) hc.max_conns = o->max_conns;
+        hc.handler = gw_app_handle;
+        hc.ud = app;
+        if (!rc && (rc = gw_server_create(&loop, &hc, &s.http)))
+            snprintf(err, sizeof err, "cannot listen on %s:%d (%s)", o->host, o->port, cm_err_str(rc));
+        if (!rc) {
+            gw_server_on_closed(s.http, on_http_closed, &s);
+            gw_server_handle_signals(s.http);
+            CM_LOG_INFO("serve", "listening", "url=http://%s:%d model=%s backend=%s executors=%d ctx=%d", o->host,
+                        gw_server_port(s.http), id, o->backend, n_dev, n_ctx);
+            fprintf(stderr, "arka serve: listening on http://%s:%d (model %s, %s backend, %d executor%s); Ctrl-C stops\n",
+                    o->host, gw_server_port(s.http), id, o->backend, n_dev, n_dev > 1 ? "s" : "");
+        }
+    } else {
+        snprintf(err, sizeof err, "cannot start the executors: %s", cm_err_str(rc));
+    }
+    if (rc) {
+        fprintf(stderr, "arka serve: %s\n", err);
+        if (s.gen) gw_gen_stop(s.gen, NULL, NULL);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    gw_server_destroy(s.http);
+    gw_app_destroy(app);
+    gw_gen_destroy(s.gen);
+    uv_loop_close(&loop);
+    mdl_chat_free(chat);
+    tok_free(v);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,39 @@
+/* serve: `arka serve` — the gateway process put together.
+ *
+ * Loads what the gateway needs of the model (vocabulary, chat template, context length; the
+ * weights stay with the executors), spawns one executor per device through gw_gen, serves the
+ * HTTP API (routes.h) with /metrics, and shuts down gracefully on SIGINT/SIGTERM: no new
+ * connections, running responses finish, then the executors drain and exit.
+ *
+ * Main thread only; runs its own libuv loop until shutdown.
+ */
+#ifndef GW_SERVE_H
+#define GW_SERVE_H
+
+#include <stdint.h>
+
+typedef struct gw_serve_opts {
+    const char *model;          /* GGUF file or Hugging Face directory */
+    const char *model_id;       /* served name (NULL: the file name without .gguf) */
+    const char *host;           /* listen address (default 127.0.0.1) */
+    int         port;           /* default 8080; 0: ephemeral (printed) */
+    const char *backend;        /* cpu | cuda */
+    const char *devices;        /* cuda: "0,1" (one executor each); cpu: ignored (one executor) */
+    int         threads;        /* cpu threads per executor (0: all cores) */
+    int64_t     kv_cache_mb;    /* per executor (0: automatic) */
+    int         n_ctx;          /* positions per sequence (0: the model's) */
+    int         max_batch;      /* sequences per step (0: executor default) */
+    int         max_batch_tokens; /* tokens per step (0: executor default) */
+    const char *chat_template;  /* built-in name replacing the model's (NULL: the model's) */
+    const char *log_level;      /* passed to the executors */
+    int         max_conns;      /* HTTP connections (0: default) */
+    int         max_requests;   /* requests in flight before 503 (0: default) */
+} gw_serve_opts;
+
+void gw_serve_opts_default(gw_serve_opts *o);
+
+/* Runs the server until shutdown. Returns the process exit code: 0 after a clean shutdown, 1
+ * when something needed at start-up failed (the reason is printed on stderr as one line). */
+int gw_serve_run(const gw_serve_opts *o);
+
+#endif

@@ -1,0 +1,230 @@
+/* chat: finding, compiling and rendering a model's chat template (see chat.h). */
+#include "chat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/cm_err.h"
+#include "common/cm_json.h"
+#include "gguf.h"
+#include "tmpl.h"
+
+#define CHAT_FILE_MAX ((size_t)64 << 20) /* tokenizer_config.json / chat_template.jinja */
+
+struct mdl_chat {
+    tmpl *t;               /* NULL: the model has none and none was named */
+    char source[64];
+    char *bos, *eos;       /* texts of the vocabulary's BOS / EOS, "" when none */
+};
+
+/* Reads a whole file (at most CHAT_FILE_MAX bytes) into a NUL-terminated buffer. CM_ENOENT when
+ * it does not exist. */
+static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open", path);
+        return CM_ENOENT;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || (size_t)st.st_size > CHAT_FILE_MAX) {
+        snprintf(err, errlen, "%s: larger than %zu MiB", path, CHAT_FILE_MAX >> 20);
+        fclose(f);
+        return CM_ETOOBIG;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return CM_ENOMEM;
+    }
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (n != (size_t)st.st_size) {
+        free(buf);
+        snprintf(err, errlen, "%s: read error", path);
+        return CM_EIO;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* chat_template from tokenizer_config.json: a string, or a list of {name, template} (the
+ * "default" entry). *src stays NULL when the file has none. */
+static int hf_config_template(const char *dir, char **src, char *err, size_t errlen) {
+    char path[4096], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    int rc = read_file(path, &text, &len, err, errlen);
+    if (rc == CM_ENOENT) return 0;
+    if (rc) return rc;
+    cm_json_doc *d;
+    char jerr[128];
+    if ((rc = cm_json_parse(text, len, &d, jerr, sizeof jerr))) {
+        snprintf(err, errlen, "%s: %s", path, jerr);
+        free(text);
+        return CM_EFORMAT;
+    }
+    const cm_json *t = cm_json_get(cm_json_root(d), "chat_template");
+    const char *s = NULL;
+    if (t && t->type == CM_JSON_STRING) s = t->str;
+    else if (t && t->type == CM_JSON_ARRAY)
+        for (size_t i = 0; i < t->n; i++) {
+            const cm_json *e = cm_json_at(t, i);
+            const char *name = NULL, *body = NULL;
+            if (cm_json_get_str(e, "name", &name) == 0 && cm_json_get_str(e, "template", &body) == 0 &&
+                strcmp(name, "default") == 0)
+                s = body;
+        }
+    if (s && !(*src = strdup(s))) rc = CM_ENOMEM;
+    cm_json_free(d);
+    free(text);
+    return rc;
+}
+
+/* The model's own template source, or *src NULL. */
+static int model_template(const char *path, char **src, char *source, size_t srclen, char *err, size_t errlen) {
+    *src = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "%s: no such file or directory", path);
+        return CM_ENOENT;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        gguf_ctx *g;
+        int rc = gguf_open(path, &g, err, errlen);
+        if (rc) return rc;
+        if (gguf_find(g, "tokenizer.chat_template")) {
+            rc = gguf_get_strdup(g, "tokenizer.chat_template", src);
+            if (rc) snprintf(err, errlen, "%s: tokenizer.chat_template is not a string", path);
+            else snprintf(source, srclen, "gguf:tokenizer.chat_template");
+        }
+        gguf_close(g);
+        return rc;
+    }
+    /* Hugging Face directory: chat_template.jinja (newer transformers) before tokenizer_config.json */
+    char p[4096];
+    size_t len;
+    snprintf(p, sizeof p, "%s/chat_template.jinja", path);
+    int rc = read_file(p, src, &len, err, errlen);
+    if (rc == 0) {
+        snprintf(source, srclen, "chat_template.jinja");
+        return 0;
+    }
+    if (rc != CM_ENOENT) return rc;
+    if ((rc = hf_config_template(path, src, err, errlen)) == 0 && *src) snprintf(source, srclen, "tokenizer_config.json");
+    return rc;
+}
+
+static char *vocab_text(const tok_vocab *v, int32_t id) {
+    const char *s = v && id >= 0 ? tok_text(v, id) : NULL;
+    return strdup(s ? s : "");
+}
+
+int mdl_chat_load(const char *path, const char *builtin, const tok_vocab *v, mdl_chat **out, char *err, size_t errlen) {
+    if (!path || !out) return CM_EINVAL;
+    *out = NULL;
+    mdl_chat *c = calloc(1, sizeof *c);
+    if (!c) return CM_ENOMEM;
+    char *src = NULL;
+    int rc = 0;
+    snprintf(c->source, sizeof c->source, "none");
+    if (builtin && *builtin) {
+        const char *b = tmpl_builtin(builtin);
+        if (!b) {
+            snprintf(err, errlen, "unknown chat template '%s' (built-in templates: %s)", builtin, tmpl_builtin_names());
+            rc = CM_EINVAL;
+            goto fail;
+        }
+        if (!(src = strdup(b))) goto oom;
+        snprintf(c->source, sizeof c->source, "builtin:%s", builtin);
+    } else if ((rc = model_template(path, &src, c->source, sizeof c->source, err, errlen))) {
+        goto fail;
+    }
+    if (src) {
+        char terr[256];
+        if ((rc = tmpl_compile(src, strlen(src), &c->t, terr, sizeof terr))) {
+            snprintf(err, errlen, "%s: chat template (%s) does not compile: %s", path, c->source, terr);
+            goto fail;
+        }
+    }
+    if (!(c->bos = vocab_text(v, v ? tok_bos(v) : -1)) || !(c->eos = vocab_text(v, v ? tok_eos(v) : -1))) goto oom;
+    free(src);
+    *out = c;
+    return 0;
+oom:
+    rc = CM_ENOMEM;
+    snprintf(err, errlen, "out of memory");
+fail:
+    free(src);
+    mdl_chat_free(c);
+    return rc;
+}
+
+void mdl_chat_free(mdl_chat *c) {
+    if (!c) return;
+    tmpl_free(c->t);
+    free(c->bos);
+    free(c->eos);
+    free(c);
+}
+
+int mdl_chat_ready(const mdl_chat *c) { return c && c->t; }
+const char *mdl_chat_source(const mdl_chat *c) { return c ? c->source : "none"; }
+
+static tmpl_value *str_or_empty(tmpl_arena *a, const char *s) { return tmpl_str(a, s ? s : "", s ? strlen(s) : 0); }
+
+/* JSON text -> value; CM_EINVAL when it does not parse. */
+static int json_value(tmpl_arena *a, const char *json, const char *what, tmpl_value **out, char *err, size_t errlen) {
+    cm_json_doc *d;
+    char jerr[128];
+    if (cm_json_parse(json, strlen(json), &d, jerr, sizeof jerr)) {
+        snprintf(err, errlen, "%s: %s", what, jerr);
+        return CM_EINVAL;
+    }
+    int rc = tmpl_from_json(a, cm_json_root(d), out);
+    cm_json_free(d);
+    return rc;
+}
+
+int mdl_chat_render(const mdl_chat *c, const mdl_chat_msg *msgs, int n, const char *tools_json, int add_generation_prompt,
+                    char **out, size_t *out_len, char *err, size_t errlen) {
+    if (!c || (!msgs && n) || n < 0 || !out || !out_len) return CM_EINVAL;
+    if (!c->t) {
+        snprintf(err, errlen, "this model has no chat template; start the server with --chat-template NAME (one of: %s)",
+                 tmpl_builtin_names());
+        return CM_ESTATE;
+    }
+    tmpl_arena *a = tmpl_arena_create();
+    if (!a) return CM_ENOMEM;
+    int rc = 0;
+    tmpl_value *ctx = tmpl_dict(a), *list = tmpl_list(a);
+    for (int i = 0; i < n && rc == 0; i++) {
+        const mdl_chat_msg *m = &msgs[i];
+        tmpl_value *d = tmpl_dict(a);
+        rc = tmpl_dict_set(a, d, "role", 4, str_or_empty(a, m->role));
+        if (!rc) rc = tmpl_dict_set(a, d, "content", 7, str_or_empty(a, m->content));
+        if (!rc && m->name) rc = tmpl_dict_set(a, d, "name", 4, str_or_empty(a, m->name));
+        if (!rc && m->tool_call_id) rc = tmpl_dict_set(a, d, "tool_call_id", 12, str_or_empty(a, m->tool_call_id));
+        if (!rc && m->tool_calls_json) {
+            tmpl_value *tc;
+            if (!(rc = json_value(a, m->tool_calls_json, "tool_calls", &tc, err, errlen)))
+                rc = tmpl_dict_set(a, d, "tool_calls", 10, tc);
+        }
+        if (!rc) rc = tmpl_list_push(a, list, d);
+    }
+    if (!rc) rc = tmpl_dict_set(a, ctx, "messages", 8, list);
+    if (!rc && tools_json) {
+        tmpl_value *tools;
+        if (!(rc = json_value(a, tools_json, "tools", &tools, err, errlen))) rc = tmpl_dict_set(a, ctx, "tools", 5, tools);
+    }
+    if (!rc) rc = tmpl_dict_set(a, ctx, "add_generation_prompt", 21, tmpl_bool(a, add_generation_prompt));
+    if (!rc) rc = tmpl_dict_set(a, ctx, "bos_token", 9, str_or_empty(a, c->bos));
+    if (!rc) rc = tmpl_dict_set(a, ctx, "eos_token", 9, str_or_empty(a, c->eos));
+    if (rc == CM_ENOMEM) snprintf(err, errlen, "out of memory");
+    if (!rc) rc = tmpl_render(c->t, ctx, NULL, out, out_len, err, errlen);
+    tmpl_arena_destroy(a);
+    return rc;
+}
