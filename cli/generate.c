@@ -15,6 +15,7 @@
 #include "model/tok.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #define TOUCH_MIN_BYTES (64ull << 20) /* files below this load without a progress bar */
+#define MAX_THREADS     1024          /* what the CPU thread pool accepts (k_pool_create) */
 
 typedef struct {
     const char *model, *prompt, *prompt_ids, *backend;
@@ -147,10 +149,19 @@ int cli_generate(int argc, char **argv) {
     if (g.prompt && g.prompt_ids) USAGE_ERR("give either -p or --prompt-ids, not both");
     if (g.n_predict < 1) USAGE_ERR("-n must be >= 1 (got %d)", g.n_predict);
     if (g.ctx < 0) USAGE_ERR("--ctx must be >= 0 (got %d)", g.ctx);
-    if (g.threads < 0) USAGE_ERR("--threads must be >= 0 (got %d)", g.threads);
+    if (g.threads < 0 || g.threads > MAX_THREADS) USAGE_ERR("--threads must be in [0, %d] (got %d)", MAX_THREADS, g.threads);
     if (g.kv_cache_mb < 0) USAGE_ERR("--kv-cache-mb must be >= 0");
     if (g.block_size < 0 || g.block_size > 1024) USAGE_ERR("--kv-block-size must be in [1, 1024]");
     if (g.batch < 1) USAGE_ERR("--batch must be >= 1");
+    /* sampling: each flag named (ex_sample_params_check below is the backstop) */
+    if (!(g.temp >= 0) || !isfinite(g.temp)) USAGE_ERR("--temp must be >= 0 (0 = greedy; got %g)", g.temp);
+    if (g.top_k < 0) USAGE_ERR("--top-k must be >= 0 (0 = off; got %d)", g.top_k);
+    if (!(g.top_p > 0 && g.top_p <= 1)) USAGE_ERR("--top-p must be in (0, 1] (got %g)", g.top_p);
+    if (!(g.min_p >= 0 && g.min_p <= 1)) USAGE_ERR("--min-p must be in [0, 1] (got %g)", g.min_p);
+    if (!(g.repeat_penalty > 0) || !isfinite(g.repeat_penalty)) USAGE_ERR("--repeat-penalty must be > 0 (got %g)", g.repeat_penalty);
+    if (g.repeat_last_n < -1) USAGE_ERR("--repeat-last-n must be >= -1 (got %d)", g.repeat_last_n);
+    if (!isfinite(g.presence_penalty)) USAGE_ERR("--presence-penalty must be finite");
+    if (!isfinite(g.frequency_penalty)) USAGE_ERR("--frequency-penalty must be finite");
 
     ex_sample_params sp;
     ex_sample_params_default(&sp);

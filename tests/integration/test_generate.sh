@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # arka generate: the greedy continuation of stories260K matches ../shared/models/README.md as
 # text, through --prompt-ids and as ids; seeded sampling repeats; stdout carries only the
-# continuation; bad input gets a one-line error and a non-zero exit, never a crash.
+# continuation; bad input gets a one-line error and a non-zero exit, never a crash; out-of-range
+# sampling and thread values name their flag; big models load with a progress bar; stdout
+# streams token by token.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 ARKA=${ARKA_BIN:-$ROOT/build/bin/arka}
@@ -94,6 +96,70 @@ open(tmp + "/type.gguf", 'wb').write(t)
 PY
 expect_err "architecture\|bloom" -m "$TMP/arch.gguf" -p "hi"
 expect_err "I32\|type" -m "$TMP/type.gguf" -p "hi"
+
+# Out-of-range sampling and thread values: exactly one line, naming the flag; usage exit 2.
+expect_flag() { # flag, args...
+    local flag=$1; shift
+    expect_err "$flag" -m "$M" -p "hi" "$@"
+    "$ARKA" generate -m "$M" -p "hi" "$@" >/dev/null 2>"$TMP/e"
+    local rc=$?
+    [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] && ok || bad "$*: exit $rc, $(wc -l <"$TMP/e") lines: $(cat "$TMP/e")"
+}
+expect_flag --temp --temp -1
+expect_flag --temp --temp nan
+expect_flag --top-p --top-p -0.5
+expect_flag --top-p --top-p 0
+expect_flag --top-p --top-p 1.01
+expect_flag --min-p --min-p 1.5
+expect_flag --min-p --min-p -0.1
+expect_flag --top-k --top-k -1
+expect_flag --repeat-penalty --repeat-penalty 0
+expect_flag --repeat-last-n --repeat-last-n -2
+expect_flag --threads --threads 9999
+expect_flag --threads --threads -1
+# the same check when the value comes from a config file or the environment
+printf 'temp = -0.5\n' >"$TMP/neg.conf"
+expect_flag --temp --config "$TMP/neg.conf"
+ARKA_MIN_P=2 expect_flag --min-p
+# the bounds themselves are fine
+"$ARKA" generate -m "$M" -p "hi" -n 2 --temp 0 --top-p 1 --min-p 1 --top-k 0 --threads 1 >/dev/null 2>"$TMP/e" \
+    && ok || bad "bounds refused: $(cat "$TMP/e")"
+
+# Weights over 64 MiB load with a progress bar on stderr (stories260K, above, without one); a
+# random `small` model (~100 MiB of weights at Q8_0) is quick to write.
+grep -q "loading \[" "$TMP/err.txt" && bad "a progress bar for a 1 MiB model" || ok
+if "$ARKA" mkmodel small "$TMP/small.gguf" --type q8_0 2>"$TMP/mk.err"; then
+    "$ARKA" generate -m "$TMP/small.gguf" --prompt-ids "1 450 4996" -n 2 --temp 0 --ids >"$TMP/o" 2>"$TMP/e"
+    check "$?" 0 "generate on the small model"
+    grep -q "loading \[#*\.*\] *[0-9]*% " "$TMP/e" && grep -q "loading \[#\{50\}\] 100% " "$TMP/e" \
+        && ok || bad "no progress bar reaching 100% for a 100 MiB model: $(head -c 300 "$TMP/e")"
+    grep -q "loading" "$TMP/o" && bad "the progress bar went to stdout" || ok
+
+    # Output streams: each token is written as it is generated. Read the first id from a FIFO,
+    # stop the generator at once, and see that most of the ids are still to come (with stdout
+    # left block-buffered, every id would arrive together at exit).
+    mkfifo "$TMP/fifo"
+    N=48
+    "$ARKA" generate -m "$TMP/small.gguf" --prompt-ids "1 450 4996" -n $N --temp 0 --ids --threads 1 >"$TMP/fifo" 2>"$TMP/se" &
+    gpid=$!
+    exec 3<"$TMP/fifo"
+    IFS= read -r -d ' ' -u 3 first
+    kill -STOP $gpid 2>/dev/null
+    early=$first
+    while IFS= read -r -t 0.3 -d ' ' -u 3 w; do early="$early $w"; done
+    n_early=$(wc -w <<<"$early")
+    kill -CONT $gpid 2>/dev/null
+    rest=$(cat <&3)
+    exec 3<&-
+    wait $gpid
+    check "$?" 0 "streamed run exit status"
+    n_all=$(wc -w <<<"$early $w $rest")
+    check "$n_all" $N "streamed run: ids in all"
+    [ "$n_early" -ge 1 ] && [ "$n_early" -lt $((N / 2)) ] && ok \
+        || bad "stdout is not streamed per token: $n_early of $N ids were out when the first arrived"
+else
+    bad "mkmodel small: $(cat "$TMP/mk.err")"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
