@@ -2,7 +2,8 @@
  * files written with every metadata type, nested arrays, versions 2 and 3 and several
  * alignments read back equal; hostile headers (built byte by byte) fail with an error that
  * names the problem; the real stories260K model truncated at every header offset and at a
- * sample of data offsets always fails cleanly (run under ASan by `make test`). */
+ * sample of data offsets always fails cleanly (run under ASan by `make test`); mistral and qwen2
+ * files written here (Q/K/V biases, tied output, rope scaling keys) give the expected mdl_config. */
 #include "t.h"
 #include "common/cm_err.h"
 #include "model/dtype.h"
@@ -762,6 +763,207 @@ static void test_mdl_on_written(void) {
     free(data);
 }
 
+/* ---- architectures: mistral and qwen2 files written here ------------------------------------ */
+
+/* A writer with a 2-layer model's hyper-parameters for arch: n_embd 32, 4 heads of 8, 2 KV
+ * heads, n_ff 64, 16 tokens. The caller adds keys, then calls load_arch(). */
+static gguf_writer *arch_writer(const char *arch) {
+    gguf_writer *w;
+    if (gguf_w_create(&w)) return NULL;
+    char key[96];
+    const struct { const char *k; uint32_t v; } u[] = {
+        { "embedding_length", 32 }, { "block_count", 2 }, { "feed_forward_length", 64 }, { "attention.head_count", 4 },
+        { "attention.head_count_kv", 2 }, { "vocab_size", 16 },
+    };
+    gguf_w_set_str(w, "general.architecture", arch);
+    for (size_t i = 0; i < sizeof u / sizeof *u; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, u[i].k);
+        gguf_w_set_u32(w, key, u[i].v);
+    }
+    return w;
+}
+
+typedef struct { char n[48]; int64_t a, b; } mtensor;
+
+static void mtensor_add(mtensor *ts, int *k, const char *name, int64_t a, int64_t b) {
+    snprintf(ts[*k].n, sizeof ts[*k].n, "%s", name);
+    ts[*k].a = a;
+    ts[*k].b = b;
+    (*k)++;
+}
+
+/* Adds the tensors (Q/K/V biases when bias_k_len > 0, with that length for K's; no
+ * output.weight when tied), writes the file into memory and builds the model. On success the
+ * model reads from *copy, which the caller frees after mdl_free. Consumes w. */
+static int load_arch(gguf_writer *w, int64_t bias_k_len, int tied, mdl_model **m, void **copy, char *err, size_t errlen) {
+    *m = NULL;
+    *copy = NULL;
+    mtensor ts[40];
+    int k = 0;
+    mtensor_add(ts, &k, "token_embd.weight", 32, 16);
+    mtensor_add(ts, &k, "output_norm.weight", 32, 1);
+    if (!tied) mtensor_add(ts, &k, "output.weight", 32, 16);
+    for (int l = 0; l < 2; l++) {
+        static const struct { const char *s; int64_t a, b; } per[] = {
+            { "attn_norm.weight", 32, 1 }, { "attn_q.weight", 32, 32 }, { "attn_k.weight", 32, 16 }, { "attn_v.weight", 32, 16 },
+            { "attn_output.weight", 32, 32 }, { "ffn_norm.weight", 32, 1 }, { "ffn_gate.weight", 32, 64 },
+            { "ffn_up.weight", 32, 64 }, { "ffn_down.weight", 64, 32 },
+        };
+        char nm[48];
+        for (size_t i = 0; i < sizeof per / sizeof *per; i++) {
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, per[i].s);
+            mtensor_add(ts, &k, nm, per[i].a, per[i].b);
+        }
+        if (bias_k_len > 0) {
+            snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l);
+            mtensor_add(ts, &k, nm, 32, 1);
+            snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l);
+            mtensor_add(ts, &k, nm, bias_k_len, 1);
+            snprintf(nm, sizeof nm, "blk.%d.attn_v.bias", l);
+            mtensor_add(ts, &k, nm, 16, 1);
+        }
+    }
+    uint64_t total = 0;
+    int rc = 0;
+    for (int i = 0; i < k && !rc; i++) {
+        int64_t ne[2] = { ts[i].a, ts[i].b };
+        rc = gguf_w_add_tensor(w, ts[i].n, ts[i].b == 1 ? DT_F32 : DT_Q8_0, ts[i].b == 1 ? 1 : 2, ne);
+        total += rc ? 0 : gguf_w_tensor_nbytes(w, i);
+    }
+    uint8_t *data = calloc(1, total);
+    char *buf = NULL;
+    size_t len = 0;
+    if (!rc) rc = data ? write_mem(w, data, total, &buf, &len) : CM_ENOMEM;
+    gguf_w_destroy(w);
+    free(data);
+    if (rc) {
+        snprintf(err, errlen, "writing the file failed (%d)", rc);
+        free(buf);
+        return rc;
+    }
+    gguf_ctx *g;
+    rc = open_copy(buf, len, &g, copy, err, errlen);
+    free(buf);
+    if (!rc && (rc = mdl_from_gguf(g, m, err, errlen))) gguf_close(g);
+    if (rc) {
+        free(*copy);
+        *copy = NULL;
+    }
+    return rc;
+}
+
+static void test_mdl_mistral(void) {
+    char err[256];
+    mdl_model *m;
+    void *copy;
+    gguf_writer *w = arch_writer("mistral");
+    gguf_w_set_u32(w, "mistral.context_length", 32768);
+    gguf_w_set_f32(w, "mistral.rope.freq_base", 1000000.0f);
+    gguf_w_set_f32(w, "mistral.attention.layer_norm_rms_epsilon", 1e-6f);
+    int rc = load_arch(w, 0, 0, &m, &copy, err, sizeof err);
+    T_CHECKF(rc == 0, "mistral: %s", err);
+    if (rc == 0) {
+        const mdl_config *c = &m->cfg;
+        T_EQ_INT(c->arch, MDL_ARCH_MISTRAL);
+        T_EQ_STR(c->arch_name, "mistral");
+        T_EQ_INT(c->n_layer, 2);
+        T_EQ_INT(c->n_head, 4);
+        T_EQ_INT(c->n_head_kv, 2);
+        T_EQ_INT(c->head_dim, 8);
+        T_EQ_INT(c->rope_dim, 8);
+        T_EQ_INT(c->n_ctx_train, 32768);
+        T_NEAR(c->rope_base, 1e6, 0);
+        T_NEAR(c->norm_eps, 1e-6, 1e-12);
+        T_EQ_INT(c->rope_layout, MDL_ROPE_ADJACENT); /* llama.cpp permutes mistral's Q/K like llama's */
+        T_EQ_INT(c->rope_scaling, MDL_ROPE_SCALING_NONE);
+        T_NEAR(c->rope_factor, 1, 0);
+        T_EQ_INT(c->has_qkv_bias, 0);
+        T_EQ_INT(c->tied_output, 0);
+        T_CHECK(m->output.data != NULL && m->output.data != m->tok_embd.data);
+        T_CHECK(m->layers[1].bq.data == NULL && m->layers[1].bk.data == NULL && m->layers[1].bv.data == NULL);
+        mdl_free(m);
+        free(copy);
+    }
+    /* older files: linear scaling as rope.scale_linear */
+    w = arch_writer("mistral");
+    gguf_w_set_f32(w, "mistral.rope.scale_linear", 4.0f);
+    rc = load_arch(w, 0, 0, &m, &copy, err, sizeof err);
+    T_CHECKF(rc == 0, "mistral scale_linear: %s", err);
+    if (rc == 0) {
+        T_EQ_INT(m->cfg.rope_scaling, MDL_ROPE_SCALING_LINEAR);
+        T_NEAR(m->cfg.rope_factor, 4, 0);
+        mdl_free(m);
+        free(copy);
+    }
+}
+
+static void test_mdl_qwen2(void) {
+    char err[256];
+    mdl_model *m;
+    void *copy;
+    /* Q/K/V biases, tied output, llama3-style scaling keys */
+    gguf_writer *w = arch_writer("qwen2");
+    gguf_w_set_f32(w, "qwen2.rope.freq_base", 500000.0f);
+    gguf_w_set_str(w, "qwen2.rope.scaling.type", "llama3");
+    gguf_w_set_f32(w, "qwen2.rope.scaling.factor", 8.0f);
+    gguf_w_set_u32(w, "qwen2.rope.scaling.original_context_length", 4096);
+    int rc = load_arch(w, 16, 1, &m, &copy, err, sizeof err);
+    T_CHECKF(rc == 0, "qwen2: %s", err);
+    if (rc == 0) {
+        const mdl_config *c = &m->cfg;
+        T_EQ_INT(c->arch, MDL_ARCH_QWEN2);
+        T_EQ_STR(c->arch_name, "qwen2");
+        T_EQ_INT(c->rope_layout, MDL_ROPE_HALF); /* qwen2 GGUFs keep HF's unpermuted Q/K */
+        T_NEAR(c->rope_base, 500000, 0);
+        T_EQ_INT(c->rope_scaling, MDL_ROPE_SCALING_LLAMA3);
+        T_NEAR(c->rope_factor, 8, 0);
+        T_EQ_INT(c->rope_orig_ctx, 4096);
+        T_NEAR(c->rope_low_freq_factor, 1, 0);
+        T_NEAR(c->rope_high_freq_factor, 4, 0);
+        T_EQ_INT(c->has_qkv_bias, 1);
+        T_EQ_INT(c->tied_output, 1);
+        T_CHECK(m->output.data != NULL && m->output.data == m->tok_embd.data);
+        T_EQ_INT(m->output.ne[0], 32);
+        T_EQ_INT(m->output.ne[1], 16);
+        for (int l = 0; l < 2; l++) {
+            T_CHECK(m->layers[l].bq.data && m->layers[l].bk.data && m->layers[l].bv.data);
+            T_EQ_INT(m->layers[l].bq.ne[0], 32);
+            T_EQ_INT(m->layers[l].bk.ne[0], 16);
+            T_EQ_INT(m->layers[l].bv.ne[0], 16);
+            T_EQ_INT(m->layers[l].bk.type, DT_F32);
+        }
+        mdl_free(m);
+        free(copy);
+    }
+    /* linear scaling through the scaling keys; no biases, separate output */
+    w = arch_writer("qwen2");
+    gguf_w_set_str(w, "qwen2.rope.scaling.type", "linear");
+    gguf_w_set_f32(w, "qwen2.rope.scaling.factor", 2.0f);
+    rc = load_arch(w, 0, 0, &m, &copy, err, sizeof err);
+    T_CHECKF(rc == 0, "qwen2 linear: %s", err);
+    if (rc == 0) {
+        T_EQ_INT(m->cfg.rope_scaling, MDL_ROPE_SCALING_LINEAR);
+        T_NEAR(m->cfg.rope_factor, 2, 0);
+        T_EQ_INT(m->cfg.rope_layout, MDL_ROPE_HALF);
+        T_EQ_INT(m->cfg.has_qkv_bias, 0);
+        T_EQ_INT(m->cfg.tied_output, 0);
+        mdl_free(m);
+        free(copy);
+    }
+    /* a K bias of Q's length (32, not n_head_kv * head_dim = 16) is refused, naming it */
+    rc = load_arch(arch_writer("qwen2"), 32, 1, &m, &copy, err, sizeof err);
+    T_EQ_INT(rc, CM_EFORMAT);
+    T_CHECKF(strstr(err, "blk.0.attn_k.bias") != NULL, "%s", err);
+    if (rc == 0) { mdl_free(m); free(copy); }
+    /* a scaling type we do not implement is refused, not ignored */
+    w = arch_writer("qwen2");
+    gguf_w_set_str(w, "qwen2.rope.scaling.type", "yarn");
+    rc = load_arch(w, 16, 1, &m, &copy, err, sizeof err);
+    T_EQ_INT(rc, CM_EUNSUPPORTED);
+    T_CHECKF(strstr(err, "yarn") != NULL, "%s", err);
+    if (rc == 0) { mdl_free(m); free(copy); }
+}
+
 int main(void) {
     for (uint32_t v = 2; v <= 3; v++) roundtrip(v, 0, 0);
     const uint32_t aligns[] = { 1, 8, 32, 64, 4096 };
@@ -772,5 +974,7 @@ int main(void) {
     test_hostile();
     test_truncation();
     test_mdl_on_written();
+    test_mdl_mistral();
+    test_mdl_qwen2();
     return t_done();
 }
