@@ -3,6 +3,7 @@
 # libggml-base.so comes from the npm package @node-llama-cpp/linux-x64 (installed into a cache
 # outside the repository); tests/integration/quant_vs_ggml.c loads it with dlopen and compares
 # quantize_row_*_ref / dequantize_row_* with dt_quantize / dt_dequantize for every type.
+# Skips (exit 77, "SKIP", reported as skipped by ctest) off Linux x86_64 or without npm.
 set -euo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-ggml
@@ -10,13 +11,11 @@ PKG=@node-llama-cpp/linux-x64@3.22.1
 
 if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     echo "SKIP: the prebuilt ggml used as reference is for Linux x86_64 only"
-    echo "0 passed, 0 failed"
-    exit 0
+    exit 77
 fi
 if ! command -v npm >/dev/null; then
     echo "SKIP: npm is not installed; cannot fetch the ggml reference library"
-    echo "0 passed, 0 failed"
-    exit 0
+    exit 77
 fi
 LIB=$CACHE/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so
 if [ ! -f "$LIB" ]; then

