@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake pkg-config git curl ca-certificates
   libuv1-dev node-llhttp libhiredis-dev libcjson-dev libssl-dev libcurl4-openssl-dev
   redis-server python3
+  python3-jinja2  # tests/integration/test_tmpl_real.sh: the Python Jinja2 cross-check of chat templates
   clang libclang-rt-dev
 )
 
