@@ -136,6 +136,8 @@ out:
 
 int cli_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
-    fprintf(stderr, "usage: arka bench decode -m MODEL [--threads N] [--prompt N] [--gen N] [--reps N] [--bw-gbs GB/s]\n");
+    if (argc >= 2 && !strcmp(argv[1], "serve")) return cli_bench_serve(argc - 1, argv + 1);
+    fprintf(stderr, "usage: arka bench decode -m MODEL [--threads N] [--prompt N] [--gen N] [--reps N] [--bw-gbs GB/s]\n"
+                    "       arka bench serve --url URL --requests N [--rate R] [--prompt-len L] [--max-tokens M] [options]\n");
     return 2;
 }

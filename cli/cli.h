@@ -16,4 +16,7 @@ CLI_CMD(cli_serve);
 CLI_CMD(cli_executor);
 CLI_CMD(cli_keys);
 
+/* `arka bench serve` (cli/bench_serve.c), dispatched by cli_bench; always built. */
+int cli_bench_serve(int argc, char **argv);
+
 #endif
