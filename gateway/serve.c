@@ -27,6 +27,7 @@ void gw_serve_opts_default(gw_serve_opts *o) {
 typedef struct srv {
     gw_gen    *gen;
     gw_server *http;
+    gw_backend be;   /* the app keeps a pointer to it: lives as long as the loop */
 } srv;
 
 static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)ud)->gen, len); }
@@ -34,7 +35,7 @@ static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)u
 static void on_http_closed(gw_server *s, void *ud) {
     srv *v = ud;
     (void)s;
-    CM_LOG_INFO("serve", "http closed; stopping executors", "executors=%d", 1);
+    CM_LOG_INFO("serve", "http closed; stopping executors", "in_flight=%d", gw_gen_inflight(v->gen));
     gw_gen_stop(v->gen, NULL, NULL);
 }
 
@@ -164,8 +165,8 @@ int gw_serve_run(const gw_serve_opts *o) {
     if (rc == 0) {
         gw_app_cfg ac;
         gw_app_cfg_default(&ac);
-        gw_backend be = gw_gen_backend(s.gen);
-        ac.backend = &be;
+        s.be = gw_gen_backend(s.gen);
+        ac.backend = &s.be;
         ac.metrics = metrics_cb;
         ac.metrics_ud = &s;
         if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));

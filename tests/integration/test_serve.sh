@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# arka serve end to end, real processes on loopback: the gateway with its CPU executor on
+# stories260K. curl for every endpoint and error (the reference greedy continuation exactly,
+# SSE framing, stop strings, context length, 404/405, bad JSON and values), a client that
+# disconnects mid-stream frees its sequence (seen on /metrics), an executor killed mid-stream
+# fails that stream with an SSE error and is restarted, chat on a model without a template is a
+# 400 naming --chat-template, `arka bench serve` against the server, then the official `openai`
+# and `ws` npm clients (tests/integration/serve_clients.mjs, installed into a cache outside the
+# repository). Prints "N passed, N failed" last.
+set -uo pipefail
+ROOT=${ARKA_ROOT:-$(pwd)}
+BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
+MODEL=$ROOT/../shared/models/stories260K.gguf
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-serve
+PKGS="openai@4.104.0 ws@8.18.3"
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+[ -x "$BIN" ] || { echo "FAIL: $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
+[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
+command -v curl >/dev/null || { echo "FAIL: curl missing"; echo "0 passed, 1 failed"; exit 1; }
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+# start NAME ARGS...: starts a server on a free port; sets URL; waits for /health 200 (30 s)
+start() {
+    local name=$1; shift
+    "$BIN" serve -m "$MODEL" --port 0 --threads 1 --log-level warn "$@" >"$TMP/$name.log" 2>&1 &
+    SPID=$!
+    PIDS+=("$SPID")
+    URL=""
+    for _ in $(seq 300); do
+        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" | head -1)
+        [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0
+        kill -0 "$SPID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server $name did not come up:"; cat "$TMP/$name.log"
+    return 1
+}
+# req METHOD PATH [BODY]: sets CODE and BODY (response)
+req() {
+    if [ $# -ge 3 ]; then CODE=$(curl -s -o "$TMP/body" -w '%{http_code}' -X "$1" "$URL$2" -H 'Content-Type: application/json' --data-binary "$3")
+    else CODE=$(curl -s -o "$TMP/body" -w '%{http_code}' -X "$1" "$URL$2"); fi
+    BODY=$(cat "$TMP/body")
+}
+jget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {"d": d}))' "$TMP/body" "$1" 2>/dev/null; }
+metric() { curl -s "$URL/metrics" | awk -v n="arka:$1" '$1 ~ "^"n"[{ ]" || $1 == n {print $2; exit}'; }
+
+start main --chat-template chatml || { echo "0 passed, 1 failed"; exit 1; }
+SERVER=$SPID
+
+# ---- endpoints ----
+req GET /health; check '[ "$CODE" = 200 ] && [ "$BODY" = "{\"status\":\"ok\"}" ]' "/health: $CODE $BODY"
+req GET /ready; check '[ "$CODE" = 200 ]' "/ready: $CODE"
+CODE=$(curl -s -o /dev/null -w '%{http_code}' -I "$URL/health"); check '[ "$CODE" = 200 ]' "HEAD /health: $CODE"
+req GET /v1/models; check '[ "$CODE" = 200 ] && [ "$(jget "d[\"data\"][0][\"id\"]")" = stories260K ]' "/v1/models: $BODY"
+req GET /v1/models/stories260K; check '[ "$CODE" = 200 ]' "/v1/models/stories260K: $CODE"
+req GET /v1/models/other; check '[ "$CODE" = 404 ]' "/v1/models/other: $CODE"
+req GET /metrics; check '[ "$CODE" = 200 ] && grep -q "^arka:num_requests_running{model_name=\"stories260K\"} 0" "$TMP/body"' "/metrics: $CODE"
+
+# ---- the reference continuation (../shared/models/README.md), 200 greedy tokens ----
+python3 - "$ROOT/../shared/models/README.md" >"$TMP/ref.txt" <<'EOF'
+import sys
+t = open(sys.argv[1]).read()
+blk = t.split("Reference:", 1)[1].split("```", 2)[1]
+sys.stdout.write(blk.split("\n", 1)[1])
+EOF
+req POST /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":200,"temperature":0}'
+python3 -c 'import json,sys; print("Once upon a time" + json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' "$TMP/body" >"$TMP/got.txt"
+check 'python3 -c "import sys; a=open(sys.argv[1]).read().rstrip(\"\n\"); b=open(sys.argv[2]).read().rstrip(\"\n\"); sys.exit(a != b)" "$TMP/ref.txt" "$TMP/got.txt"' \
+    "200 greedy tokens differ from the reference: $(head -c 300 "$TMP/got.txt")"
+check '[ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 200 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = length ]' "usage/finish: $BODY"
+
+# ---- SSE framing ----
+curl -sN "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":6,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$TMP/sse"
+check 'python3 - "$TMP/sse" <<EOF
+import json, sys
+raw = open(sys.argv[1]).read()
+events = raw.split("\n\n")
+assert events[-1] == "", "stream must end with a blank line"
+ev = [e for e in events[:-1]]
+assert all(e.startswith("data: ") and "\n" not in e for e in ev), "data lines only"
+assert ev[-1] == "data: [DONE]"
+chunks = [json.loads(e[6:]) for e in ev[:-1]]
+assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+EOF' "SSE framing: $(head -c 400 "$TMP/sse")"
+
+# ---- stop strings, logit bias, n ----
+req POST /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":[" girl"]}'
+check '[ "$(jget "d[\"choices\"][0][\"text\"]")" = ", there was a little" ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = stop ]' "stop: $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":3,"temperature":0,"n":3}'
+check '[ "$(jget "len(d[\"choices\"])")" = 3 ] && [ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 9 ]' "n=3: $BODY"
+
+# ---- errors ----
+req POST /v1/completions '{"model":"nope","prompt":"x"}'
+check '[ "$CODE" = 404 ] && [ "$(jget "d[\"error\"][\"code\"]")" = model_not_found ]' "unknown model: $CODE $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":"x",'
+check '[ "$CODE" = 400 ] && [ "$(jget "d[\"error\"][\"type\"]")" = invalid_request_error ]' "bad JSON: $CODE $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":"x","temperature":-1}'
+check '[ "$CODE" = 400 ] && [ "$(jget "d[\"error\"][\"param\"]")" = temperature ]' "temperature -1: $CODE $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":"x","max_tokens":4000}'
+check '[ "$CODE" = 400 ] && [ "$(jget "d[\"error\"][\"code\"]")" = context_length_exceeded ]' "context: $CODE $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":[1,2,99999]}'
+check '[ "$CODE" = 400 ]' "token id out of vocabulary: $CODE $BODY"
+req POST /v1/completions '{"model":"stories260K","prompt":""}'
+check '[ "$CODE" = 200 ] || [ "$CODE" = 400 ]' "empty prompt (BOS only or refused): $CODE"
+req GET /v1/completions; check '[ "$CODE" = 405 ]' "GET /v1/completions: $CODE"
+req GET /v1/nothing; check '[ "$CODE" = 404 ]' "unknown path: $CODE"
+CODE=$(curl -sN -o "$TMP/sse400" -w '%{http_code}' "$URL/v1/completions" -d '{"model":"stories260K","prompt":"x","max_tokens":4000,"stream":true}')
+check '[ "$CODE" = 400 ] && ! grep -q "^data:" "$TMP/sse400"' "stream with a context error: status before any stream byte ($CODE)"
+
+# ---- a client that disconnects mid-stream frees its sequence ----
+g0=$(metric generation_tokens_total)
+# 8 choices of 2000 tokens: seconds of work, cut after 0.5 s
+curl -sN --max-time 0.5 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":2000,"temperature":0,"n":8,"stream":true}' >"$TMP/cut" 2>/dev/null
+freed=0
+for _ in $(seq 100); do
+    [ "$(metric num_requests_running)" = 0 ] && [ "$(metric gateway_requests_in_flight)" = 0 ] && { freed=1; break; }
+    sleep 0.1
+done
+g1=$(metric generation_tokens_total); sleep 0.5; g2=$(metric generation_tokens_total)
+check '[ $freed = 1 ] && [ "$g1" = "$g2" ] && [ $((g1 - g0)) -lt 16000 ] && grep -q "^data: {" "$TMP/cut"' \
+    "disconnect: freed=$freed generated $((g1 - g0)) then $((g2 - g1)) more"
+
+# ---- an executor killed mid-stream: the stream ends with an SSE error, the executor restarts ----
+EXEC=$(pgrep -P "$SERVER" -f "arka executor" | head -1)
+curl -sN --max-time 20 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":2000,"temperature":0,"n":8,"stream":true}' >"$TMP/crash" &
+CPID=$!
+for _ in $(seq 50); do grep -q '^data: {' "$TMP/crash" 2>/dev/null && break; sleep 0.05; done
+[ -n "$EXEC" ] && kill -9 "$EXEC"
+wait $CPID
+check 'grep -q "^data: {\"error\"" "$TMP/crash" && ! grep -q "finish_reason\":\"length" "$TMP/crash"' "killed executor: $(tail -c 300 "$TMP/crash")"
+up=0
+for _ in $(seq 200); do [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && { up=1; break; }; sleep 0.1; done
+req POST /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"temperature":0}'
+check '[ $up = 1 ] && [ "$CODE" = 200 ] && [ "$(metric executor_restarts_total)" = 1 ]' "after the restart: up=$up $CODE restarts=$(metric executor_restarts_total)"
+
+# ---- arka bench serve against the real server ----
+"$BIN" bench serve --url "$URL" --requests 12 --rate 0 --prompt-len 16 --max-tokens 16 --concurrency 6 --json "$TMP/bench.json" >"$TMP/bench.txt" 2>&1
+check 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); c=d.get(\"completed\", d.get(\"summary\",{}).get(\"completed\")); sys.exit(0 if c==12 else 1)" "$TMP/bench.json"' \
+    "bench serve: $(tail -5 "$TMP/bench.txt")"
+
+# ---- chat on a model without a chat template ----
+start notmpl || bad "second server did not start"
+req POST /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}]}'
+check '[ "$CODE" = 400 ] && grep -q -- "--chat-template" "$TMP/body"' "chat without a template: $CODE $BODY"
+kill "$SPID"; wait "$SPID" 2>/dev/null
+URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/main.log" | head -1)
+
+# ---- bad start-up: one-line errors, non-zero exit ----
+"$BIN" serve -m /nonexistent.gguf --port 0 >"$TMP/e1" 2>&1; rc=$?
+check '[ $rc != 0 ] && grep -q "nonexistent.gguf" "$TMP/e1"' "missing model: rc=$rc $(cat "$TMP/e1")"
+"$BIN" serve -m "$MODEL" --chat-template nosuch --port 0 >"$TMP/e2" 2>&1; rc=$?
+check '[ $rc != 0 ] && grep -q "chatml" "$TMP/e2"' "unknown --chat-template: rc=$rc $(cat "$TMP/e2")"
+
+# ---- official clients (npm openai, ws) ----
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    mkdir -p "$CACHE"
+    if [ ! -f "$CACHE/node_modules/openai/package.json" ] || [ ! -f "$CACHE/node_modules/ws/package.json" ]; then
+        exec 9>"$CACHE/.install.lock"; flock 9
+        [ -f "$CACHE/node_modules/openai/package.json" ] && [ -f "$CACHE/node_modules/ws/package.json" ] ||
+            npm install --prefix "$CACHE" --no-audit --no-fund --silent $PKGS >"$CACHE/npm-install.log" 2>&1 ||
+            { cat "$CACHE/npm-install.log"; bad "npm install $PKGS failed"; }
+        exec 9>&-
+    fi
+    if [ -f "$CACHE/node_modules/openai/package.json" ]; then
+        node "$ROOT/tests/integration/serve_clients.mjs" "$CACHE" "$URL" stories260K >"$TMP/node.txt" 2>&1
+        cat "$TMP/node.txt" | grep -v "passed, .* failed"
+        np=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$TMP/node.txt"); nf=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$TMP/node.txt")
+        if [ -n "$np" ]; then pass=$((pass + np)); fail=$((fail + nf)); else bad "serve_clients.mjs: $(tail -5 "$TMP/node.txt")"; fi
+    fi
+else
+    bad "node/npm missing: the openai and ws client checks need them (scripts/setup.sh installs them)"
+fi
+
+# ---- graceful shutdown ----
+kill -TERM "$SERVER"
+for _ in $(seq 100); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+wait "$SERVER"; rc=$?
+check '[ $rc = 0 ] && ! pgrep -f "arka executor.*stories260K" >/dev/null' "SIGTERM: exit $rc, executors gone"
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
