@@ -252,6 +252,7 @@ static int publish(proc *p, int n_ev) {
         }
         send_retry(p, send_done_fn, &d);
         shm_stat_add(&p->seg.stats->requests_finished_total, 1);
+        shm_stat_add(&p->seg.stats->prompt_tokens_total, (uint64_t)ev->n_prompt); /* once per request, at its end */
     }
     return 0;
 }

@@ -74,6 +74,7 @@ python3 -c 'import json,sys; print("Once upon a time" + json.load(open(sys.argv[
 check 'python3 -c "import sys; a=open(sys.argv[1]).read().rstrip(\"\n\"); b=open(sys.argv[2]).read().rstrip(\"\n\"); sys.exit(a != b)" "$TMP/ref.txt" "$TMP/got.txt"' \
     "200 greedy tokens differ from the reference: $(head -c 300 "$TMP/got.txt")"
 check '[ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 200 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = length ]' "usage/finish: $BODY"
+check '[ "$(metric prompt_tokens_total)" -ge 5 ] && [ "$(metric generation_tokens_total)" -ge 200 ]' "metrics count tokens: prompt $(metric prompt_tokens_total) generated $(metric generation_tokens_total)"
 
 # ---- SSE framing ----
 curl -sN "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":6,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$TMP/sse"
