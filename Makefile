@@ -1,5 +1,5 @@
 # ArkaTensor: the two commands a newcomer needs.
-#   make run   set up, build, and serve the default model
+#   make run   set up, build, and serve the default model (OpenAI-compatible API on :8080)
 #   make test  set up, build (normal + sanitizer builds), and run every test through ctest
 # Everything else is an implementation detail of those two.
 
@@ -7,13 +7,26 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 MODEL      ?= ../shared/models/stories260K.gguf
-PROMPT     ?= Once upon a time
+# Where the default model comes from when $(MODEL) is absent (llama2.c's stories260K as ggml-org
+# publishes it), and the checksum it must have.
+MODEL_URL  ?= https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf
+MODEL_SHA  ?= 270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d
+CACHE_DIR  ?= $(or $(ARKA_CACHE_DIR),$(HOME)/.cache/arka)
+PORT       ?= 8080
+# stories260K ships no chat template: chatml lets /v1/chat/completions work on it. For a model
+# with its own template, run with SERVE_ARGS= (or other `arka serve` flags).
+SERVE_ARGS ?= --chat-template chatml
 CMAKE_ARGS ?=
 
 .PHONY: run test setup build build-asan test-fast clean
 
 run: setup build
-	$(BUILD)/bin/arka generate -m $(MODEL) -p "$(PROMPT)" -n 200 --temp 0
+	@m="$(MODEL)"; \
+	if [ ! -f "$$m" ]; then \
+	  m="$(CACHE_DIR)/models/$$(basename "$(MODEL_URL)")"; \
+	  [ -f "$$m" ] || $(BUILD)/bin/arka pull "$(MODEL_URL)" -o "$(CACHE_DIR)/models" --sha256 $(MODEL_SHA) || exit 1; \
+	fi; \
+	exec $(BUILD)/bin/arka serve -m "$$m" --port $(PORT) $(SERVE_ARGS)
 
 test: setup build build-asan
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)

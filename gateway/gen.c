@@ -442,9 +442,12 @@ static void ex_state(gw_exec *x, void *ud, int up, const char *why) {
         CM_LOG_INFO("gen", "executor ready", "executor=%d", e->idx);
         return;
     }
-    e->restarts++;
     e->n_cancels = 0;
-    CM_LOG_WARN("gen", "executor down", "executor=%d why=\"%s\" requests=%d", e->idx, why ? why : "", e->n_reqs);
+    if (e->stopped) CM_LOG_INFO("gen", "executor stopped", "executor=%d requests=%d", e->idx, e->n_reqs);
+    else {
+        e->restarts++;
+        CM_LOG_WARN("gen", "executor down", "executor=%d why=\"%s\" requests=%d", e->idx, why ? why : "", e->n_reqs);
+    }
     while (e->list)
         req_fail(e->list, 500, "server_error", "executor_failed",
                  "The executor serving this request failed (%s); retry the request.", why ? why : "exited");
