@@ -122,7 +122,8 @@ g0=$(metric generation_tokens_total)
 curl -sN --max-time 0.5 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":2000,"temperature":0,"n":8,"stream":true}' >"$TMP/cut" 2>/dev/null
 freed=0
 for _ in $(seq 100); do
-    [ "$(metric num_requests_running)" = 0 ] && [ "$(metric gateway_requests_in_flight)" = 0 ] && { freed=1; break; }
+    [ "$(metric num_requests_running)" = 0 ] && [ "$(metric gateway_requests_in_flight)" = 0 ] &&
+        [ "$(metric kv_cache_usage_perc)" = 0.000000 ] && { freed=1; break; }
     sleep 0.1
 done
 g1=$(metric generation_tokens_total); sleep 0.5; g2=$(metric generation_tokens_total)
