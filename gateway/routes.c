@@ -15,9 +15,21 @@
 #include "gateway/openai.h"
 #include "gateway/ws.h"
 
+/* A quota claim waiting for the backend's final usage (cfg.backend_final_usage). */
+typedef struct pend {
+    uint64_t bid;
+    uint64_t since;           /* loop ms when the request was submitted */
+    gw_auth_ticket t;
+    struct pend *prev, *next;
+} pend;
+
+/* Claims whose backend never reported are settled with their reservation after this long. */
+#define PEND_STALE_MS (30u * 60u * 1000u)
+
 struct gw_app {
     gw_app_cfg cfg;
     int active;
+    pend *pend_head, *pend_tail;  /* oldest first */
 };
 
 void gw_app_cfg_default(gw_app_cfg *cfg) {
@@ -39,7 +51,57 @@ int gw_app_create(const gw_app_cfg *cfg, gw_app **out) {
     return 0;
 }
 
-void gw_app_destroy(gw_app *app) { free(app); }
+static void pend_unlink(gw_app *a, pend *p) {
+    if (p->prev) p->prev->next = p->next;
+    else a->pend_head = p->next;
+    if (p->next) p->next->prev = p->prev;
+    else a->pend_tail = p->prev;
+}
+
+void gw_app_destroy(gw_app *app) {
+    if (!app) return;
+    while (app->pend_head) { /* the backend is gone: charge what was reserved */
+        pend *p = app->pend_head;
+        pend_unlink(app, p);
+        gw_auth_settle(app->cfg.auth, &p->t, p->t.reserved);
+        free(p);
+    }
+    free(app);
+}
+
+void gw_app_usage_final(gw_app *a, uint64_t bid, const gw_oai_usage *u) {
+    for (pend *p = a->pend_head; p; p = p->next)
+        if (p->bid == bid) {
+            pend_unlink(a, p);
+            gw_auth_settle(a->cfg.auth, &p->t, (int64_t)u->prompt_tokens + u->completion_tokens);
+            free(p);
+            return;
+        }
+}
+
+/* Hands a live claim over to the pending list (settled by gw_app_usage_final). Returns 0, or
+ * CM_ENOMEM (the caller keeps the claim). */
+static int pend_add(gw_app *a, uint64_t bid, uint64_t now, gw_auth_ticket *t) {
+    while (a->pend_head && now - a->pend_head->since > PEND_STALE_MS) {
+        pend *o = a->pend_head;
+        CM_LOG_WARN("gw", "no final usage from the backend; settling the reservation", "backend_id=%llu",
+                    (unsigned long long)o->bid);
+        pend_unlink(a, o);
+        gw_auth_settle(a->cfg.auth, &o->t, o->t.reserved);
+        free(o);
+    }
+    pend *p = calloc(1, sizeof *p);
+    if (!p) return CM_ENOMEM;
+    p->bid = bid;
+    p->since = now;
+    p->t = *t;
+    t->live = 0;
+    p->prev = a->pend_tail;
+    if (a->pend_tail) a->pend_tail->next = p;
+    else a->pend_head = p;
+    a->pend_tail = p;
+    return 0;
+}
 int gw_app_active(const gw_app *app) { return app->active; }
 
 static const gw_backend_ops *OPS(gw_app *a) { return a->cfg.backend->ops; }
@@ -185,7 +247,15 @@ typedef struct gen {
     uv_timer_t  ping;
     int         ping_init;
     uint64_t    last_write;
+    /* auth (cfg.auth set) */
+    int         admitting;  /* waiting for the admission callback */
+    int         gone;       /* the client left while admitting */
+    gw_auth_ticket ticket;  /* live while this request holds a quota claim */
+    int64_t     seen_tokens; /* completion tokens seen (estimate for failures and cancels) */
+    char        hdrs[640];  /* x-request-id and x-ratelimit-* lines for every response ("" without auth) */
 } gen;
+
+static const char *HDRS(const gen *g) { return g->hdrs[0] ? g->hdrs : NULL; }
 
 static void gen_closed(uv_handle_t *h) {
     gen *g = h->data;
@@ -194,6 +264,8 @@ static void gen_closed(uv_handle_t *h) {
 
 static void gen_free(gen *g) {
     g->app->active--;
+    if (g->ticket.live) /* done: on_done's usage; failed or cancelled: what was seen */
+        gw_auth_settle(g->app->cfg.auth, &g->ticket, (int64_t)g->usage.prompt_tokens + g->seen_tokens);
     acc_free(g->ch, g->q.n); /* before the request is freed: it knows n */
     gw_oai_req_free(&g->q);
     free(g->toff);
@@ -235,7 +307,9 @@ static void g_start(void *ud, int prompt_tokens, int cached_tokens) {
     g->usage.prompt_tokens = prompt_tokens;
     g->usage.cached_tokens = cached_tokens;
     if (!g->q.stream || !g->req) return;
-    gw_resp_stream_start(g->req, 200, "text/event-stream", "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+    char h[sizeof g->hdrs + 64];
+    snprintf(h, sizeof h, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s", g->hdrs);
+    gw_resp_stream_start(g->req, 200, "text/event-stream", h);
     g->last_write = uv_now(gw_req_loop(g->req));
     if (g->q.kind == GW_OAI_CHAT)
         for (int i = 0; i < g->q.n; i++) sse_json(g, gw_oai_chunk_json(&g->meta, i, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
@@ -249,6 +323,7 @@ static void g_start(void *ud, int prompt_tokens, int cached_tokens) {
 static void g_text(void *ud, int index, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
     gen *g = ud;
     if (index < 0 || index >= g->q.n) return;
+    g->seen_tokens += toks && n_toks > 0 ? n_toks : len > 0;
     int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
     if (!want_lp) toks = NULL;
     if (!g->q.stream) {
@@ -278,6 +353,7 @@ static void g_done(void *ud, const gw_oai_usage *u) {
     g->usage.completion_tokens = u->completion_tokens;
     if (u->prompt_tokens) g->usage.prompt_tokens = u->prompt_tokens;
     if (u->cached_tokens) g->usage.cached_tokens = u->cached_tokens;
+    g->seen_tokens = u->completion_tokens;
     if (g->req) {
         /* detach first: g is freed below whether or not the last write reaches the client */
         gw_req_on_abort(g->req, NULL, NULL);
@@ -288,8 +364,8 @@ static void g_done(void *ud, const gw_oai_usage *u) {
         } else {
             int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
             char *js = acc_build(g->ch, g->q.n, want_lp, build_response, g);
-            if (js) send_json(g->req, 200, js, NULL);
-            else gw_resp_send(g->req, 500, "text/plain", "out of memory\n", 14, NULL);
+            if (js) send_json(g->req, 200, js, HDRS(g));
+            else gw_resp_send(g->req, 500, "text/plain", "out of memory\n", 14, HDRS(g));
             free(js);
         }
     }
@@ -309,7 +385,7 @@ static void g_error(void *ud, const gw_oai_err *e) {
             free(js);
             gw_resp_stream_end(g->req);
         } else {
-            send_err(g->req, e, NULL);
+            send_err(g->req, e, HDRS(g));
         }
     }
     g->req = NULL;
@@ -322,6 +398,10 @@ static void g_abort(gw_req *r, void *ud) {
     gen *g = ud;
     CM_LOG_DEBUG("gw", "client left; cancelling", "id=%s", g->id);
     g->req = NULL;
+    if (g->admitting) { /* the admission callback frees g */
+        g->gone = 1;
+        return;
+    }
     if (g->live) OPS(g->app)->cancel(IMPL(g->app), g->bid);
     g->live = 0;
     gen_free(g);
@@ -348,47 +428,156 @@ static int check_ready(gw_app *a, gw_req *r, gw_oai_err *e) {
     return 0;
 }
 
+/* The key after "Bearer " in Authorization, or NULL. */
+static const char *bearer_of(gw_req *r) {
+    const char *h = gw_req_header(r, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
+    return h;
+}
+
+/* "12.345s": the x-ratelimit-reset-* format. */
+static void fmt_reset(char *out, size_t cap, int64_t ms) {
+    if (ms < 0) ms = 0;
+    if (ms % 1000) snprintf(out, cap, "%lld.%03llds", (long long)(ms / 1000), (long long)(ms % 1000));
+    else snprintf(out, cap, "%llds", (long long)(ms / 1000));
+}
+
+/* Header lines for an admission result: x-request-id, x-ratelimit-* (limited dimensions only),
+ * and for refusals Retry-After and x-should-retry. */
+static void auth_headers(char *out, size_t cap, const char *rid, const gw_auth_result *res) {
+    size_t n = (size_t)snprintf(out, cap, "x-request-id: %s\r\n", rid);
+    char reset[32];
+    if (res && res->lim_req && n < cap) {
+        fmt_reset(reset, sizeof reset, res->reset_req_ms);
+        n += (size_t)snprintf(out + n, cap - n,
+                              "x-ratelimit-limit-requests: %lld\r\nx-ratelimit-remaining-requests: %lld\r\n"
+                              "x-ratelimit-reset-requests: %s\r\n",
+                              (long long)res->lim_req, (long long)res->rem_req, reset);
+    }
+    if (res && res->lim_tok && n < cap) {
+        fmt_reset(reset, sizeof reset, res->reset_tok_ms);
+        n += (size_t)snprintf(out + n, cap - n,
+                              "x-ratelimit-limit-tokens: %lld\r\nx-ratelimit-remaining-tokens: %lld\r\n"
+                              "x-ratelimit-reset-tokens: %s\r\n",
+                              (long long)res->lim_tok, (long long)res->rem_tok, reset);
+    }
+    if (res && res->status && n < cap) {
+        n += (size_t)snprintf(out + n, cap - n, "x-should-retry: %s\r\n", res->should_retry ? "true" : "false");
+        if (res->retry_after_s > 0 && n < cap)
+            snprintf(out + n, cap - n, "Retry-After: %lld\r\n", (long long)res->retry_after_s);
+    }
+}
+
+/* Appends a header line to g->hdrs when it fits. */
+static void hdr_add(gen *g, const char *line) {
+    size_t n = strlen(g->hdrs);
+    if (n + strlen(line) < sizeof g->hdrs) strcpy(g->hdrs + n, line);
+}
+
+static void gen_submit(gen *g) {
+    gw_app *a = g->app;
+    gw_oai_err e;
+    if (OPS(a)->submit(IMPL(a), &g->q, &http_sink, g, &g->bid, &e)) {
+        gw_req_on_abort(g->req, NULL, NULL);
+        if (e.status == 503 || e.status == 429) hdr_add(g, "Retry-After: 1\r\n");
+        send_err(g->req, &e, g->hdrs[0] || e.status == 503 || e.status == 429 ? g->hdrs : NULL);
+        gen_free(g); /* settles the claim with 0 tokens */
+        return;
+    }
+    g->live = 1;
+    if (g->ticket.live && a->cfg.backend_final_usage && pend_add(a, g->bid, uv_now(gw_req_loop(g->req)), &g->ticket))
+        CM_LOG_WARN("gw", "out of memory: this request's quota is settled by the gateway's estimate", "id=%s", g->id);
+    gw_req_on_abort(g->req, g_abort, g);
+}
+
+static void on_admit(void *ud, const gw_auth_result *res) {
+    gen *g = ud;
+    g->admitting = 0;
+    if (res->status == 0) g->ticket = res->ticket;
+    if (g->gone) { /* the client left while Redis answered */
+        gen_free(g);
+        return;
+    }
+    char rid[GW_OAI_ID_LEN + 16];
+    const char *p = strstr(g->hdrs, "x-request-id: ");
+    snprintf(rid, sizeof rid, "%.*s", p ? (int)strcspn(p + 14, "\r") : 0, p ? p + 14 : "");
+    auth_headers(g->hdrs, sizeof g->hdrs, rid, res);
+    if (res->status) {
+        gw_req_on_abort(g->req, NULL, NULL);
+        gw_oai_err e;
+        gw_oai_err_set(&e, res->status, res->type, NULL, res->code, "%s", res->msg);
+        send_err(g->req, &e, g->hdrs);
+        g->req = NULL;
+        gen_free(g);
+        return;
+    }
+    gen_submit(g);
+}
+
 static void handle_generate(gw_app *a, gw_req *r, int kind) {
     gw_oai_err e;
+    char hdrs[256] = "";
+    const char *bearer = NULL;
+    if (a->cfg.auth) {
+        char rid[GW_OAI_ID_LEN];
+        gw_oai_make_id(rid, sizeof rid, "req_");
+        auth_headers(hdrs, sizeof hdrs, rid, NULL);
+        bearer = bearer_of(r);
+        if (!bearer || !gw_key_well_formed(bearer, strlen(bearer))) {
+            gw_auth_result res = {0};
+            gw_oai_err_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "%s",
+                           bearer ? "Incorrect API key provided. Keys look like 'ak-' followed by 48 hex digits."
+                                  : "You didn't provide an API key. Send 'Authorization: Bearer ak-...'.");
+            res.status = 401;
+            auth_headers(hdrs, sizeof hdrs, rid, &res);
+            send_err(r, &e, hdrs);
+            return;
+        }
+    }
     if (check_ready(a, r, &e)) {
-        send_err(r, &e, "Retry-After: 1\r\n");
+        char h[sizeof hdrs + 32];
+        snprintf(h, sizeof h, "Retry-After: 1\r\n%s", hdrs);
+        send_err(r, &e, h);
         return;
     }
     gen *g = calloc(1, sizeof *g);
     if (!g) {
         gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        send_err(r, &e, NULL);
+        send_err(r, &e, hdrs[0] ? hdrs : NULL);
         return;
     }
     size_t blen;
     const char *body = gw_req_body(r, &blen);
     if (gw_oai_parse(kind, body, blen, &g->q, &e) || check_model(a, g->q.model, &e)) {
-        send_err(r, &e, NULL);
+        send_err(r, &e, hdrs[0] ? hdrs : NULL);
         gw_oai_req_free(&g->q);
         free(g);
         return;
     }
     g->app = a;
     g->req = r;
+    memcpy(g->hdrs, hdrs, sizeof hdrs);
     a->active++;
     g->ch = calloc((size_t)g->q.n, sizeof *g->ch);
     g->toff = calloc((size_t)g->q.n, sizeof *g->toff);
     g->model = strdup(g->q.model);
     if (!g->ch || !g->toff || !g->model) {
         gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        send_err(r, &e, NULL);
+        send_err(r, &e, HDRS(g));
         gen_free(g);
         return;
     }
     gw_oai_make_id(g->id, sizeof g->id, kind == GW_OAI_CHAT ? "chatcmpl-" : "cmpl-");
     g->meta = (gw_oai_meta){kind, g->id, (int64_t)time(NULL), g->model, a->cfg.fingerprint, g->q.include_usage};
-    if (OPS(a)->submit(IMPL(a), &g->q, &http_sink, g, &g->bid, &e)) {
-        send_err(r, &e, e.status == 503 || e.status == 429 ? "Retry-After: 1\r\n" : NULL);
-        gen_free(g);
+    if (!a->cfg.auth) {
+        gen_submit(g);
         return;
     }
-    g->live = 1;
+    g->admitting = 1;
     gw_req_on_abort(r, g_abort, g);
+    gw_auth_admit(a->cfg.auth, bearer, g->q.model, gw_auth_reserve(a->cfg.auth, blen, g->q.max_tokens, g->q.n), on_admit, g);
 }
 
 /* ---- WebSocket responses (Realtime-style events) ------------------------------------------ */
@@ -396,7 +585,12 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
 typedef struct rt_sock rt_sock;
 
 typedef struct rt_resp {
-    rt_sock    *s;
+    rt_sock    *s;          /* NULL once the socket closed while admission was pending */
+    gw_app     *app;
+    int         admitting;
+    gw_auth_ticket ticket;
+    int64_t     seen_tokens;
+    char        client_ev[64];
     struct rt_resp *prev, *next;
     gw_oai_req  q;
     gw_oai_meta meta;
@@ -410,6 +604,7 @@ typedef struct rt_resp {
 struct rt_sock {
     gw_app  *app;
     gw_ws   *ws;
+    char     bearer[GW_KEY_BUF]; /* the key of the upgrade request (auth on) */
     rt_resp *list;
     int      n;
 };
@@ -425,13 +620,21 @@ static void rt_error(rt_sock *s, const gw_oai_err *e, const char *client_event_i
     rt_send(s, gw_rt_error_json(ev, e, client_event_id));
 }
 
-static void rt_free(rt_resp *r) {
+static void rt_unlink(rt_resp *r) {
     rt_sock *s = r->s;
     if (r->prev) r->prev->next = r->next;
     else s->list = r->next;
     if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
     s->n--;
-    s->app->active--;
+    r->s = NULL;
+}
+
+static void rt_free(rt_resp *r) {
+    if (r->s) rt_unlink(r);
+    r->app->active--;
+    if (r->ticket.live)
+        gw_auth_settle(r->app->cfg.auth, &r->ticket, (int64_t)r->usage.prompt_tokens + r->seen_tokens);
     acc_free(r->ch, r->q.n);
     gw_oai_req_free(&r->q);
     free(r->model);
@@ -453,7 +656,8 @@ static char *build_done(void *ctx, const gw_oai_choice *ch, int n) {
 static void rt_done(rt_resp *r, const char *status, const char *reason) {
     done_ctx d = {r, status, reason};
     rt_send(r->s, acc_build(r->ch, r->q.n, 0, build_done, &d));
-    rt_free(r);
+    if (r->admitting) rt_unlink(r); /* the admission callback frees it */
+    else rt_free(r);
 }
 
 static void rt_start(void *ud, int prompt_tokens, int cached_tokens) {
@@ -465,6 +669,7 @@ static void rt_start(void *ud, int prompt_tokens, int cached_tokens) {
 static void rt_text(void *ud, int index, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
     rt_resp *r = ud;
     if (index < 0 || index >= r->q.n) return;
+    r->seen_tokens += toks && n_toks > 0 ? n_toks : len > 0;
     acc_add(&r->ch[index], text, len, NULL, 0, 0);
     if (!len) return;
     char ev[GW_OAI_ID_LEN];
@@ -481,6 +686,7 @@ static void rt_done_cb(void *ud, const gw_oai_usage *u) {
     rt_resp *r = ud;
     r->usage.completion_tokens = u->completion_tokens;
     if (u->prompt_tokens) r->usage.prompt_tokens = u->prompt_tokens;
+    r->seen_tokens = u->completion_tokens;
     int cut = 0;
     for (int i = 0; i < r->q.n; i++) cut |= r->ch[i].finish == GW_FINISH_LENGTH;
     if (cut) rt_done(r, "incomplete", "max_output_tokens");
@@ -494,6 +700,41 @@ static void rt_error_cb(void *ud, const gw_oai_err *e) {
 }
 
 static const gw_gen_sink rt_sink = {rt_start, rt_text, rt_finish, rt_done_cb, rt_error_cb};
+
+static void rt_submit(rt_resp *r) {
+    rt_sock *s = r->s;
+    gw_app *a = r->app;
+    gw_oai_err e;
+    const char *client_ev = r->client_ev[0] ? r->client_ev : NULL;
+    if (OPS(a)->submit(IMPL(a), &r->q, &rt_sink, r, &r->bid, &e)) {
+        rt_error(s, &e, client_ev);
+        rt_free(r);
+        return;
+    }
+    if (r->ticket.live && a->cfg.backend_final_usage && s->ws && pend_add(a, r->bid, uv_now(gw_ws_loop(s->ws)), &r->ticket))
+        CM_LOG_WARN("gw", "out of memory: this response's quota is settled by the gateway's estimate", "id=%s", r->id);
+    char ev[GW_OAI_ID_LEN];
+    gw_oai_make_id(ev, sizeof ev, "event_");
+    rt_send(s, gw_rt_created_json(ev, &r->meta));
+}
+
+static void rt_on_admit(void *ud, const gw_auth_result *res) {
+    rt_resp *r = ud;
+    r->admitting = 0;
+    if (res->status == 0) r->ticket = res->ticket;
+    if (!r->s) { /* the socket closed meanwhile */
+        rt_free(r);
+        return;
+    }
+    if (res->status) {
+        gw_oai_err e;
+        gw_oai_err_set(&e, res->status, res->type, NULL, res->code, "%s", res->msg);
+        rt_error(r->s, &e, r->client_ev[0] ? r->client_ev : NULL);
+        rt_free(r);
+        return;
+    }
+    rt_submit(r);
+}
 
 static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
     gw_app *a = s->app;
@@ -527,6 +768,7 @@ static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream");
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
     char *text = cJSON_PrintUnformatted(body);
+    size_t len = text ? strlen(text) : 0;
     rt_resp *r = calloc(1, sizeof *r);
     if (!text || !r) {
         free(text);
@@ -560,6 +802,8 @@ static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
         return;
     }
     r->s = s;
+    r->app = a;
+    snprintf(r->client_ev, sizeof r->client_ev, "%s", client_ev ? client_ev : "");
     gw_oai_make_id(r->id, sizeof r->id, "resp_");
     r->meta = (gw_oai_meta){GW_OAI_CHAT, r->id, (int64_t)time(NULL), r->model, a->cfg.fingerprint, 0};
     r->next = s->list;
@@ -567,14 +811,13 @@ static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
     s->list = r;
     s->n++;
     a->active++;
-    if (OPS(a)->submit(IMPL(a), &r->q, &rt_sink, r, &r->bid, &e)) {
-        rt_error(s, &e, client_ev);
-        rt_free(r);
+    if (!a->cfg.auth) {
+        rt_submit(r);
         return;
     }
-    char ev[GW_OAI_ID_LEN];
-    gw_oai_make_id(ev, sizeof ev, "event_");
-    rt_send(s, gw_rt_created_json(ev, &r->meta));
+    r->admitting = 1;
+    gw_auth_admit(a->cfg.auth, s->bearer, r->q.model, gw_auth_reserve(a->cfg.auth, len, r->q.max_tokens, r->q.n),
+                  rt_on_admit, r);
 }
 
 static void rt_cancel(rt_sock *s, cJSON *msg, const char *client_ev) {
@@ -629,8 +872,13 @@ static void rt_on_close(gw_ws *ws, void *ud) {
     rt_sock *s = ud;
     s->ws = NULL;
     while (s->list) {
-        OPS(s->app)->cancel(IMPL(s->app), s->list->bid);
-        rt_free(s->list);
+        rt_resp *r = s->list;
+        if (r->admitting) { /* its admission callback frees it */
+            rt_unlink(r);
+            continue;
+        }
+        OPS(s->app)->cancel(IMPL(s->app), r->bid);
+        rt_free(r);
     }
     free(s);
 }
@@ -644,6 +892,18 @@ static void handle_ws(gw_app *a, gw_req *r) {
         return;
     }
     s->app = a;
+    if (a->cfg.auth) { /* the key is checked here for its shape, and per response.create against the store */
+        const char *b = bearer_of(r);
+        if (!b || !gw_key_well_formed(b, strlen(b))) {
+            gw_oai_err e;
+            gw_oai_err_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "%s",
+                           b ? "Incorrect API key provided." : "You didn't provide an API key. Send 'Authorization: Bearer ak-...'.");
+            send_err(r, &e, "x-should-retry: false\r\n");
+            free(s);
+            return;
+        }
+        snprintf(s->bearer, sizeof s->bearer, "%s", b);
+    }
     if (gw_ws_upgrade(r, a->cfg.ws_max_message, &rt_ops, s, &s->ws)) free(s); /* answered already */
 }
 

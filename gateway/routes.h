@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gateway/auth.h"
 #include "gateway/backend.h"
 #include "gateway/http.h"
 
@@ -37,6 +38,14 @@ typedef struct gw_app_cfg {
     /* GET /metrics: Prometheus text as a malloc'ed string (NULL: out of memory); unset: 404 */
     char     *(*metrics)(void *ud, size_t *len);
     void       *metrics_ud;
+    /* Admission (API keys and quotas) in front of POST /v1/completions, /v1/chat/completions and
+     * WebSocket response.create; borrowed, outlives the app. NULL: no auth, no rate-limit headers. */
+    gw_auth    *auth;
+    /* Set when the backend calls gw_app_usage_final() for every request it accepted: quotas are
+     * then settled with the backend's exact usage, also for cancelled and failed requests. Unset:
+     * routes settle at the request's end with on_done's usage, or, after a failure or a cancel,
+     * with the prompt tokens plus the tokens seen so far (an estimate). */
+    int         backend_final_usage;
 } gw_app_cfg;
 
 typedef struct gw_app gw_app;
@@ -49,6 +58,12 @@ int  gw_app_create(const gw_app_cfg *cfg, gw_app **out);
 void gw_app_destroy(gw_app *app); /* accepts NULL */
 /* The gw_handler_fn to install in gw_http_cfg (ud = the app). */
 void gw_app_handle(gw_req *req, void *app);
+
+/* Final usage of backend request id (the id submit returned), from the backend, exactly once per
+ * accepted request: after its last sink callback or after cancel(id), once the sequence has
+ * stopped. Settles that request's quota claim with prompt + completion tokens. Unknown ids
+ * (auth off, or already settled) are ignored. Loop thread; the app must still exist. */
+void gw_app_usage_final(gw_app *app, uint64_t backend_id, const gw_oai_usage *u);
 
 /* Requests in flight (HTTP generations + WebSocket responses); for tests and metrics. */
 int  gw_app_active(const gw_app *app);

@@ -1,0 +1,727 @@
+/* test_gw_auth: API keys, the keys file, the secret, the in-process quota store with a fake clock,
+ * and admission in front of the generate routes over loopback HTTP (a fake backend in this file). */
+#include "gateway/auth.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/cm_err.h"
+#include "common/cm_log.h"
+#include "gateway/routes.h"
+#include "tests/unit/t.h"
+
+static const uint8_t SECRET[] = "0123456789abcdef-test-secret";
+#define SECRET_LEN (sizeof SECRET - 1)
+
+/* 2026-11-23 12:00:30 UTC: mid-minute, mid-day */
+static _Atomic int64_t fake_now = 1795435230000LL;
+static int64_t fake_clock(void *ud) { return atomic_load(&fake_now); }
+
+static char dir[256];
+
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
+
+/* Creates a key with the given limits in the keys file; returns its text in key and id in id. */
+static void mk_key(const char *file, const char *tenant, const char *models, int64_t rpm, int64_t tpm, int64_t conc,
+                   int64_t daily, char key[GW_KEY_BUF], char id[GW_KEY_ID_BUF]) {
+    gw_key k = {0};
+    T_CHECK(gw_key_generate(key) == 0);
+    gw_key_hash(SECRET, SECRET_LEN, key, strlen(key), k.hash, k.id);
+    snprintf(k.tenant, sizeof k.tenant, "%s", tenant);
+    snprintf(k.models, sizeof k.models, "%s", models);
+    k.rpm = rpm, k.tpm = tpm, k.concurrency = conc, k.daily_tokens = daily, k.enabled = 1, k.created = 1;
+    T_CHECK(gw_keyfile_append(file, &k) == 0);
+    memcpy(id, k.id, GW_KEY_ID_BUF);
+}
+
+/* ---- keys, HMAC, keys file, secret ------------------------------------------------------ */
+
+static void test_keys(void) {
+    char a[GW_KEY_BUF], b[GW_KEY_BUF];
+    T_CHECK(gw_key_generate(a) == 0 && gw_key_generate(b) == 0);
+    T_EQ_INT(strlen(a), 51);
+    T_CHECK(strncmp(a, "ak-", 3) == 0);
+    T_CHECK(strcmp(a, b) != 0);
+    T_CHECK(gw_key_well_formed(a, strlen(a)));
+    T_CHECK(!gw_key_well_formed(a, strlen(a) - 1));
+    T_CHECK(!gw_key_well_formed("sk-0123", 7));
+    char up[GW_KEY_BUF];
+    memcpy(up, a, sizeof up);
+    up[10] = 'G';
+    T_CHECK(!gw_key_well_formed(up, strlen(up)));
+
+    /* RFC 4231 test case 2 */
+    uint8_t h[32];
+    char id[GW_KEY_ID_BUF];
+    const char *data = "what do ya want for nothing?";
+    gw_key_hash((const uint8_t *)"Jefe", 4, data, strlen(data), h, id);
+    static const uint8_t want[32] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24, 0x26, 0x08, 0x95, 0x75, 0xc7,
+                                     0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27, 0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+    T_CHECK(memcmp(h, want, 32) == 0);
+    T_EQ_STR(id, "5bdcc146bf60");
+
+    gw_key k = {0};
+    strcpy(k.models, "m1,m2");
+    T_CHECK(gw_key_allows(&k, "m1") && gw_key_allows(&k, "m2") && !gw_key_allows(&k, "m") && !gw_key_allows(&k, "m12"));
+    strcpy(k.models, "*");
+    T_CHECK(gw_key_allows(&k, "anything"));
+    T_CHECK(gw_tenant_valid("acme-1.x_y") && !gw_tenant_valid("") && !gw_tenant_valid("a b") && !gw_tenant_valid("a=b"));
+}
+
+static void test_keyfile(void) {
+    char f[512], key1[GW_KEY_BUF], key2[GW_KEY_BUF], id1[GW_KEY_ID_BUF], id2[GW_KEY_ID_BUF], err[512];
+    path_in(f, sizeof f, "kf.conf");
+    mk_key(f, "acme", "*", 60, 1000, 4, 0, key1, id1);
+    mk_key(f, "beta", "m1,m2", 1, 2, 3, 4, key2, id2);
+    struct stat st;
+    T_CHECK(stat(f, &st) == 0 && (st.st_mode & 0777) == 0600);
+    gw_key *ks;
+    int n;
+    T_CHECK(gw_keyfile_load(f, &ks, &n, err, sizeof err) == 0);
+    T_EQ_INT(n, 2);
+    if (n == 2) {
+        T_EQ_STR(ks[0].tenant, "acme");
+        T_EQ_STR(ks[0].id, id1);
+        T_EQ_INT(ks[0].rpm, 60);
+        T_EQ_INT(ks[0].tpm, 1000);
+        T_EQ_INT(ks[1].concurrency, 3);
+        T_EQ_INT(ks[1].daily_tokens, 4);
+        T_EQ_STR(ks[1].models, "m1,m2");
+        T_CHECK(ks[0].enabled && ks[1].enabled);
+        uint8_t h[32];
+        gw_key_hash(SECRET, SECRET_LEN, key2, strlen(key2), h, NULL);
+        T_CHECK(memcmp(h, ks[1].hash, 32) == 0);
+    }
+    free(ks);
+    /* the key text itself is nowhere in the file */
+    FILE *fp = fopen(f, "r");
+    char buf[8192];
+    size_t got = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[got] = 0;
+    T_CHECK(!strstr(buf, key1 + 3) && !strstr(buf, key2 + 3));
+
+    T_CHECK(gw_keyfile_set_enabled(f, id2, 0) == 0);
+    T_CHECK(gw_keyfile_set_enabled(f, "000000000000", 0) == CM_ENOTFOUND);
+    T_CHECK(gw_keyfile_load(f, &ks, &n, err, sizeof err) == 0);
+    T_CHECK(n == 2 && ks[0].enabled && !ks[1].enabled && ks[1].rpm == 1);
+    free(ks);
+
+    char bad[512];
+    path_in(bad, sizeof bad, "bad.conf");
+    fp = fopen(bad, "w");
+    fprintf(fp, "# comment\n\nhash=%064d tenant=x rpm=-1\n", 0);
+    fclose(fp);
+    T_CHECK(gw_keyfile_load(bad, &ks, &n, err, sizeof err) == CM_EFORMAT);
+    T_CHECK(strstr(err, "bad.conf:3:") != NULL);
+    fp = fopen(bad, "w");
+    fprintf(fp, "hash=%064d\n", 0);
+    fclose(fp);
+    T_CHECK(gw_keyfile_load(bad, &ks, &n, err, sizeof err) == CM_EFORMAT);
+    char none[512];
+    path_in(none, sizeof none, "missing.conf");
+    T_CHECK(gw_keyfile_load(none, &ks, &n, err, sizeof err) == 0 && n == 0);
+}
+
+static void test_secret(void) {
+    char f[512], sf[600], err[512];
+    uint8_t s1[256], s2[256];
+    size_t l1, l2;
+    path_in(f, sizeof f, "sec.conf");
+    snprintf(sf, sizeof sf, "%s.secret", f);
+    T_CHECK(gw_auth_secret_load(NULL, f, 0, s1, sizeof s1, &l1, err, sizeof err) == CM_ENOENT);
+    T_CHECK(gw_auth_secret_load(NULL, f, 1, s1, sizeof s1, &l1, err, sizeof err) == 0);
+    T_EQ_INT(l1, 64);
+    struct stat st;
+    T_CHECK(stat(sf, &st) == 0 && (st.st_mode & 0777) == 0600);
+    T_CHECK(gw_auth_secret_load(NULL, f, 1, s2, sizeof s2, &l2, err, sizeof err) == 0);
+    T_CHECK(l1 == l2 && memcmp(s1, s2, l1) == 0); /* created once, then read back */
+    chmod(sf, 0644);
+    T_CHECK(gw_auth_secret_load(NULL, f, 0, s2, sizeof s2, &l2, err, sizeof err) == CM_EINVAL);
+    T_CHECK(strstr(err, "chmod 600") != NULL);
+    T_CHECK(gw_auth_secret_load("short", f, 0, s2, sizeof s2, &l2, err, sizeof err) == CM_EINVAL);
+    T_CHECK(gw_auth_secret_load("a-long-enough-secret", NULL, 0, s2, sizeof s2, &l2, err, sizeof err) == 0 && l2 == 20);
+    T_CHECK(gw_auth_secret_load(NULL, NULL, 0, s2, sizeof s2, &l2, err, sizeof err) == CM_EINVAL);
+}
+
+/* ---- the in-process store with a fake clock ---------------------------------------------- */
+
+typedef struct got {
+    int n;
+    gw_auth_result r;
+} got;
+
+static void on_res(void *ud, const gw_auth_result *r) {
+    got *g = ud;
+    g->n++;
+    g->r = *r;
+}
+
+static gw_auth_result admit(gw_auth *a, const char *key, const char *model, int64_t reserve) {
+    got g = {0};
+    gw_auth_admit(a, key, model, reserve, on_res, &g);
+    T_EQ_INT(g.n, 1); /* synchronous, exactly once */
+    return g.r;
+}
+
+static gw_auth *mk_auth(const char *file) {
+    gw_auth_cfg c;
+    gw_auth_cfg_default(&c);
+    c.keys_file = file;
+    c.secret = SECRET;
+    c.secret_len = SECRET_LEN;
+    c.clock = fake_clock;
+    gw_auth *a = NULL;
+    T_CHECK(gw_auth_create(NULL, &c, &a) == 0);
+    return a;
+}
+
+static void test_store(void) {
+    char f[512];
+    path_in(f, sizeof f, "store.conf");
+    char kr[GW_KEY_BUF], kt[GW_KEY_BUF], kc[GW_KEY_BUF], kd[GW_KEY_BUF], km[GW_KEY_BUF];
+    char ir[GW_KEY_ID_BUF], it[GW_KEY_ID_BUF], ic[GW_KEY_ID_BUF], id_[GW_KEY_ID_BUF], im[GW_KEY_ID_BUF];
+    mk_key(f, "rpm", "*", 3, 0, 0, 0, kr, ir);
+    mk_key(f, "tpm", "*", 0, 100, 0, 0, kt, it);
+    mk_key(f, "conc", "*", 0, 0, 2, 0, kc, ic);
+    mk_key(f, "daily", "*", 0, 0, 0, 100, kd, id_);
+    mk_key(f, "models", "m1,m2", 0, 0, 0, 0, km, im);
+    gw_auth *a = mk_auth(f);
+    if (!a) return;
+    gw_auth_result r;
+
+    /* 401: missing, malformed, unknown */
+    r = admit(a, NULL, "m1", 1);
+    T_EQ_INT(r.status, 401);
+    T_EQ_STR(r.code, "invalid_api_key");
+    r = admit(a, "nope", "m1", 1);
+    T_EQ_INT(r.status, 401);
+    char unknown[GW_KEY_BUF];
+    gw_key_generate(unknown);
+    r = admit(a, unknown, "m1", 1);
+    T_EQ_INT(r.status, 401);
+    T_EQ_INT(r.should_retry, 0);
+
+    /* 403 */
+    r = admit(a, km, "m3", 1);
+    T_EQ_INT(r.status, 403);
+    T_EQ_STR(r.code, "model_not_allowed");
+    r = admit(a, km, "m2", 1);
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 1);
+
+    /* requests per minute: exactly 3, then 429 until the next minute */
+    gw_auth_ticket tk[8];
+    for (int i = 0; i < 3; i++) {
+        r = admit(a, kr, "x", 1);
+        T_EQ_INT(r.status, 0);
+        T_EQ_INT(r.lim_req, 3);
+        T_EQ_INT(r.rem_req, 2 - i);
+        T_EQ_INT(r.reset_req_ms, 30000);
+        T_EQ_INT(r.lim_tok, 0);
+        tk[i] = r.ticket;
+    }
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 429);
+    T_EQ_STR(r.code, "rate_limit_exceeded");
+    T_EQ_INT(r.should_retry, 1);
+    T_EQ_INT(r.retry_after_s, 30);
+    T_EQ_INT(r.rem_req, 0);
+    for (int i = 0; i < 3; i++) gw_auth_settle(a, &tk[i], 1); /* settling frees no request slot */
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 429);
+    atomic_fetch_add(&fake_now, 29999);
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 429);
+    T_EQ_INT(r.retry_after_s, 1);
+    atomic_fetch_add(&fake_now, 1); /* next minute */
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 0);
+    T_EQ_INT(r.rem_req, 2);
+    T_EQ_INT(r.reset_req_ms, 60000);
+    gw_auth_settle(a, &r.ticket, 1);
+
+    /* tokens per minute: reservations, then settlement to the real usage */
+    int64_t rm, tm, inf, td;
+    r = admit(a, kt, "x", 40);
+    T_EQ_INT(r.status, 0);
+    T_EQ_INT(r.rem_tok, 60);
+    tk[0] = r.ticket;
+    r = admit(a, kt, "x", 40);
+    T_EQ_INT(r.status, 0);
+    tk[1] = r.ticket;
+    r = admit(a, kt, "x", 40);
+    T_EQ_INT(r.status, 429);
+    T_EQ_STR(r.type, "tokens");
+    T_EQ_INT(r.should_retry, 1);
+    gw_auth_settle(a, &tk[0], 10);
+    T_CHECK(gw_auth_key_state(a, it, &rm, &tm, &inf, &td) == 0);
+    T_EQ_INT(tm, 50);
+    T_EQ_INT(inf, 1);
+    T_EQ_INT(rm, 2);
+    gw_auth_settle(a, &tk[0], 10); /* a second settle is a no-op */
+    gw_auth_settle(a, &tk[0], 1000);
+    T_CHECK(gw_auth_key_state(a, it, &rm, &tm, &inf, &td) == 0);
+    T_EQ_INT(tm, 50);
+    T_EQ_INT(inf, 1);
+    r = admit(a, kt, "x", 50);
+    T_EQ_INT(r.status, 0);
+    T_EQ_INT(r.rem_tok, 0);
+    tk[2] = r.ticket;
+    r = admit(a, kt, "x", 1);
+    T_EQ_INT(r.status, 429);
+    r = admit(a, kt, "x", 101); /* can never fit */
+    T_EQ_INT(r.status, 429);
+    T_EQ_STR(r.code, "request_too_large");
+    T_EQ_INT(r.should_retry, 0);
+    gw_auth_settle(a, &tk[1], 60); /* over the reservation: charged */
+    gw_auth_settle(a, &tk[2], 0);
+    T_CHECK(gw_auth_key_state(a, it, &rm, &tm, &inf, &td) == 0);
+    T_EQ_INT(tm, 70);
+    T_EQ_INT(inf, 0);
+    T_EQ_INT(td, 70);
+
+    /* concurrency */
+    r = admit(a, kc, "x", 1);
+    tk[0] = r.ticket;
+    T_EQ_INT(r.status, 0);
+    r = admit(a, kc, "x", 1);
+    tk[1] = r.ticket;
+    T_EQ_INT(r.status, 0);
+    r = admit(a, kc, "x", 1);
+    T_EQ_INT(r.status, 429);
+    T_EQ_STR(r.code, "concurrency_limit_exceeded");
+    T_EQ_INT(r.should_retry, 1);
+    T_CHECK(r.retry_after_s >= 1);
+    gw_auth_settle(a, &tk[0], 1);
+    r = admit(a, kc, "x", 1);
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 1);
+    gw_auth_settle(a, &tk[1], 1);
+    T_CHECK(gw_auth_key_state(a, ic, NULL, NULL, &inf, NULL) == 0 && inf == 0);
+
+    /* daily budget: spent means no retry (until tomorrow) */
+    r = admit(a, kd, "x", 60);
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 60);
+    r = admit(a, kd, "x", 50);
+    T_EQ_INT(r.status, 429);
+    T_EQ_STR(r.code, "insufficient_quota");
+    T_EQ_INT(r.should_retry, 0);
+    int64_t now = atomic_load(&fake_now);
+    T_EQ_INT(r.retry_after_s, ((now / 86400000 + 1) * 86400000 - now + 999) / 1000);
+    r = admit(a, kd, "x", 40);
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 40);
+    r = admit(a, kd, "x", 1);
+    T_EQ_INT(r.status, 429);
+    T_EQ_INT(r.should_retry, 0);
+
+    /* daily usage survives a restart (the usage file), counters per minute do not need to */
+    gw_auth_destroy(a);
+    a = mk_auth(f);
+    if (!a) return;
+    T_CHECK(gw_auth_key_state(a, id_, NULL, NULL, NULL, &td) == 0);
+    T_EQ_INT(td, 100);
+    r = admit(a, kd, "x", 1);
+    T_EQ_INT(r.status, 429);
+    gw_key_usage *u;
+    int nu;
+    T_CHECK(gw_usage_load(f, &u, &nu) == 0);
+    int seen = 0;
+    for (int i = 0; i < nu; i++)
+        if (!strcmp(u[i].id, id_)) seen = u[i].tokens == 100 && u[i].requests == 2;
+    T_CHECK(seen);
+    free(u);
+    atomic_fetch_add(&fake_now, 86400000); /* tomorrow */
+    r = admit(a, kd, "x", 1);
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 1);
+
+    /* revocation through the file: picked up within reload_ms */
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 0);
+    tk[0] = r.ticket;
+    T_CHECK(gw_keyfile_set_enabled(f, ir, 0) == 0);
+    atomic_fetch_add(&fake_now, 1000);
+    r = admit(a, kr, "x", 1);
+    T_EQ_INT(r.status, 401);
+    T_EQ_STR(r.code, "invalid_api_key");
+    r = admit(a, kt, "x", 1); /* the others stay */
+    T_EQ_INT(r.status, 0);
+    gw_auth_settle(a, &r.ticket, 1);
+    gw_auth_settle(a, &tk[0], 1); /* a claim of a revoked key settles fine */
+    T_CHECK(gw_auth_key_state(a, ir, NULL, NULL, &inf, NULL) == 0 && inf == 0);
+
+    /* reservation: body bytes / 2 + n * max_tokens (or the default) */
+    T_EQ_INT(gw_auth_reserve(a, 100, 10, 2), 70);
+    T_EQ_INT(gw_auth_reserve(a, 101, -1, 1), 50 + 1024);
+
+    gw_auth_stats st;
+    gw_auth_stats_get(a, &st);
+    T_CHECK(st.admitted > 0 && st.refused > 0 && st.fallback_admits == 0);
+    gw_auth_destroy(a);
+}
+
+/* ---- admission in the routes, over HTTP -------------------------------------------------- */
+
+/* Fake backend: prompt tokens = prompt bytes; one token " t" per 1 ms step up to max_tokens;
+ * prompt "hold" never finishes. With final usage, reports usage to the app on end and cancel. */
+typedef struct job {
+    uv_timer_t t;
+    struct fb *b;
+    uint64_t id;
+    const gw_gen_sink *sink;
+    void *ud;
+    int prompt, max, step, hold;
+    struct job *next;
+} job;
+
+typedef struct fb {
+    uv_loop_t *loop;
+    gw_app *app;
+    int final_usage;
+    uint64_t next_id;
+    job *jobs;
+} fb;
+
+static void job_closed(uv_handle_t *h) { free(h->data); }
+
+static void job_end(job *j) {
+    job **pp = &j->b->jobs;
+    while (*pp && *pp != j) pp = &(*pp)->next;
+    if (*pp) *pp = j->next;
+    uv_timer_stop(&j->t);
+    uv_close((uv_handle_t *)&j->t, job_closed);
+}
+
+static void job_tick(uv_timer_t *t) {
+    job *j = t->data;
+    if (j->step == 0) j->sink->on_start(j->ud, j->prompt, 0);
+    if (j->step < j->max) {
+        j->step++;
+        j->sink->on_text(j->ud, 0, " t", 2, NULL, 0);
+        uv_timer_start(&j->t, job_tick, j->hold ? 60000 : 1, 0);
+        return;
+    }
+    j->sink->on_finish(j->ud, 0, GW_FINISH_LENGTH);
+    gw_oai_usage u = {j->prompt, j->step, 0};
+    fb *b = j->b;
+    uint64_t id = j->id;
+    job_end(j);
+    j->sink->on_done(j->ud, &u);
+    /* the real usage is what the backend says: here one more prompt token than it told the sink */
+    if (b->final_usage) gw_app_usage_final(b->app, id, &(gw_oai_usage){u.prompt_tokens + 1, u.completion_tokens, 0});
+}
+
+static int fb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, void *ud, uint64_t *id, gw_oai_err *e) {
+    fb *b = impl;
+    job *j = calloc(1, sizeof *j);
+    j->b = b;
+    j->id = ++b->next_id;
+    j->sink = sink;
+    j->ud = ud;
+    j->prompt = q->prompt ? (int)strlen(q->prompt) : 1;
+    j->max = q->max_tokens > 0 ? q->max_tokens : 4;
+    j->hold = q->prompt && !strcmp(q->prompt, "hold");
+    uv_timer_init(b->loop, &j->t);
+    j->t.data = j;
+    j->next = b->jobs;
+    b->jobs = j;
+    uv_timer_start(&j->t, job_tick, 1, 0);
+    *id = j->id;
+    return 0;
+}
+
+static void fb_cancel(void *impl, uint64_t id) {
+    fb *b = impl;
+    for (job *j = b->jobs; j; j = j->next)
+        if (j->id == id) {
+            gw_oai_usage u = {j->prompt, j->step, 0};
+            job_end(j);
+            if (b->final_usage) gw_app_usage_final(b->app, id, &u);
+            return;
+        }
+}
+
+static int fb_ready(void *impl) { return 1; }
+static const char *fb_model(void *impl) { return "m1"; }
+static const gw_backend_ops fb_ops = {fb_submit, fb_cancel, fb_ready, fb_model};
+
+typedef struct srv {
+    pthread_t th;
+    uv_loop_t loop;
+    gw_server *s;
+    gw_app *app;
+    gw_auth *auth;
+    fb be;
+    gw_backend backend;
+    const char *keys_file;
+    int final_usage;
+    atomic_int ready;
+} srv;
+
+static void *srv_main(void *arg) {
+    srv *st = arg;
+    uv_loop_init(&st->loop);
+    st->be.loop = &st->loop;
+    st->be.final_usage = st->final_usage;
+    st->backend = (gw_backend){&fb_ops, &st->be};
+    gw_auth_cfg c;
+    gw_auth_cfg_default(&c);
+    c.keys_file = st->keys_file;
+    c.secret = SECRET;
+    c.secret_len = SECRET_LEN;
+    c.clock = fake_clock;
+    gw_app_cfg ac;
+    gw_app_cfg_default(&ac);
+    ac.backend = &st->backend;
+    ac.backend_final_usage = st->final_usage;
+    gw_http_cfg hc;
+    gw_http_cfg_default(&hc);
+    hc.port = 0;
+    hc.handler = gw_app_handle;
+    if (gw_auth_create(&st->loop, &c, &st->auth) || (ac.auth = st->auth, gw_app_create(&ac, &st->app)) ||
+        (hc.ud = st->app, st->be.app = st->app, gw_server_create(&st->loop, &hc, &st->s))) {
+        atomic_store(&st->ready, -1);
+        return NULL;
+    }
+    atomic_store(&st->ready, 1);
+    uv_run(&st->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static int srv_start(srv *st) {
+    pthread_create(&st->th, NULL, srv_main, st);
+    while (!atomic_load(&st->ready)) usleep(1000);
+    return atomic_load(&st->ready) == 1 ? gw_server_port(st->s) : -1;
+}
+
+static void srv_stop(srv *st) {
+    if (st->s) gw_server_stop_async(st->s);
+    pthread_join(st->th, NULL);
+    gw_server_destroy(st->s);
+    gw_app_destroy(st->app);
+    gw_auth_destroy(st->auth);
+    uv_loop_close(&st->loop);
+}
+
+typedef struct resp {
+    int status;
+    char head[4096];
+    char body[8192];
+} resp;
+
+static int connect_port(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Sends a POST with an optional key; with out == NULL returns the open socket without reading. */
+static int post(int port, const char *path, const char *key, const char *body, resp *out) {
+    int fd = connect_port(port);
+    if (fd < 0) return -1;
+    char req[8192];
+    char auth[128] = "";
+    if (key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
+    int n = snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%sContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", path, auth, strlen(body), body);
+    send(fd, req, (size_t)n, MSG_NOSIGNAL);
+    if (!out) return fd;
+    memset(out, 0, sizeof *out);
+    char buf[16384];
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0) got += (size_t)r;
+    close(fd);
+    buf[got] = 0;
+    char *end = strstr(buf, "\r\n\r\n");
+    if (!end) return -1;
+    snprintf(out->head, sizeof out->head, "%.*s", (int)(end - buf + 2), buf);
+    snprintf(out->body, sizeof out->body, "%s", end + 4);
+    out->status = atoi(buf + 9);
+    return out->status;
+}
+
+/* Value of a response header (case-insensitive name) into v; 1 when present. */
+static int hdr(const resp *r, const char *name, char *v, size_t cap) {
+    size_t nl = strlen(name);
+    for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
+        if (strncasecmp(p + 2, name, nl) == 0 && p[2 + nl] == ':') {
+            const char *s = p + 3 + nl;
+            while (*s == ' ') s++;
+            snprintf(v, cap, "%.*s", (int)strcspn(s, "\r"), s);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int hdr_int(const resp *r, const char *name) {
+    char v[64];
+    return hdr(r, name, v, sizeof v) ? atoi(v) : -1;
+}
+
+static int wait_inflight(gw_auth *a, const char *id, int64_t want) {
+    int64_t inf = -1;
+    for (int i = 0; i < 500; i++) {
+        gw_auth_key_state(a, id, NULL, NULL, &inf, NULL);
+        if (inf == want) return 1;
+        usleep(2000);
+    }
+    return 0;
+}
+
+static void test_routes(int final_usage) {
+    char f[512];
+    path_in(f, sizeof f, final_usage ? "routes_final.conf" : "routes.conf");
+    char k1[GW_KEY_BUF], k2[GW_KEY_BUF], i1[GW_KEY_ID_BUF], i2[GW_KEY_ID_BUF];
+    mk_key(f, "acme", "m1", 3, 1000, 1, 0, k1, i1);
+    mk_key(f, "other", "m2", 0, 0, 0, 0, k2, i2);
+    srv st = {0};
+    st.keys_file = f;
+    st.final_usage = final_usage;
+    int port = srv_start(&st);
+    T_CHECK(port > 0);
+    if (port <= 0) return;
+    resp r;
+    char v[256];
+    const char *body = "{\"model\":\"m1\",\"prompt\":\"hello\",\"max_tokens\":3}"; /* 46 bytes: reserve 23 + 3 */
+
+    /* 401 without a key, with a bad one, with an unknown one; no request reaches the backend */
+    T_EQ_INT(post(port, "/v1/completions", NULL, body, &r), 401);
+    T_CHECK(strstr(r.body, "\"code\":\"invalid_api_key\"") != NULL);
+    T_CHECK(hdr(&r, "x-request-id", v, sizeof v) && strncmp(v, "req_", 4) == 0);
+    T_CHECK(hdr(&r, "x-should-retry", v, sizeof v) && !strcmp(v, "false"));
+    T_EQ_INT(post(port, "/v1/completions", "sk-wrong", body, &r), 401);
+    char unknown[GW_KEY_BUF];
+    gw_key_generate(unknown);
+    T_EQ_INT(post(port, "/v1/chat/completions", unknown, "{\"model\":\"m1\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r), 401);
+    T_CHECK(strstr(r.body, "invalid_api_key") != NULL);
+    T_EQ_INT(st.be.next_id, 0);
+
+    /* 403: the key may not use m1 */
+    T_EQ_INT(post(port, "/v1/completions", k2, body, &r), 403);
+    T_CHECK(strstr(r.body, "model_not_allowed") != NULL);
+
+    /* 200 with the rate-limit headers; usage settled exactly */
+    T_EQ_INT(post(port, "/v1/completions", k1, body, &r), 200);
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-limit-requests"), 3);
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-remaining-requests"), 2);
+    T_CHECK(hdr(&r, "x-ratelimit-reset-requests", v, sizeof v) && v[strlen(v) - 1] == 's');
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-limit-tokens"), 1000);
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-remaining-tokens"), 1000 - 26);
+    T_CHECK(hdr(&r, "x-ratelimit-reset-tokens", v, sizeof v));
+    T_CHECK(hdr(&r, "x-request-id", v, sizeof v));
+    T_CHECK(strstr(r.body, "\"completion_tokens\":3") != NULL);
+    T_CHECK(wait_inflight(st.auth, i1, 0));
+    int64_t tm = -1, td = -1;
+    gw_auth_key_state(st.auth, i1, NULL, &tm, NULL, &td);
+    int64_t used1 = 5 + 3 + (final_usage ? 1 : 0); /* prompt "hello" + 3 tokens (+1: the backend's final word) */
+    T_EQ_INT(tm, used1);
+    T_EQ_INT(td, used1);
+
+    /* streaming carries the headers too */
+    const char *sbody = "{\"model\":\"m1\",\"prompt\":\"hello\",\"max_tokens\":2,\"stream\":true}";
+    T_EQ_INT(post(port, "/v1/completions", k1, sbody, &r), 200);
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-remaining-requests"), 1);
+    T_CHECK(strstr(r.head, "text/event-stream") != NULL);
+    T_CHECK(wait_inflight(st.auth, i1, 0));
+    int64_t used2 = 5 + 2 + (final_usage ? 1 : 0);
+    gw_auth_key_state(st.auth, i1, NULL, &tm, NULL, NULL);
+    T_EQ_INT(tm, used1 + used2);
+
+    /* concurrency 1: a held request blocks a second one; the client leaving settles what was seen */
+    int held = post(port, "/v1/completions", k1, "{\"model\":\"m1\",\"prompt\":\"hold\",\"max_tokens\":5}", NULL);
+    T_CHECK(held >= 0);
+    T_CHECK(wait_inflight(st.auth, i1, 1));
+    usleep(20000); /* the first token has been produced */
+    T_EQ_INT(post(port, "/v1/completions", k1, body, &r), 429);
+    T_CHECK(strstr(r.body, "concurrency_limit_exceeded") != NULL);
+    T_CHECK(hdr(&r, "x-should-retry", v, sizeof v) && !strcmp(v, "true"));
+    T_CHECK(hdr_int(&r, "Retry-After") >= 1);
+    close(held);
+    T_CHECK(wait_inflight(st.auth, i1, 0));
+    gw_auth_key_state(st.auth, i1, NULL, &tm, NULL, NULL);
+    T_EQ_INT(tm, used1 + used2 + 4 + 1); /* prompt "hold" + the one token it produced */
+
+    /* requests per minute: the third was the held one; the fourth is refused with Retry-After */
+    T_EQ_INT(post(port, "/v1/completions", k1, body, &r), 429);
+    T_CHECK(strstr(r.body, "rate_limit_exceeded") != NULL);
+    T_EQ_INT(hdr_int(&r, "x-ratelimit-remaining-requests"), 0);
+    T_EQ_INT(hdr_int(&r, "Retry-After"), 60 - (int)((atomic_load(&fake_now) % 60000) / 1000));
+    T_CHECK(hdr(&r, "x-should-retry", v, sizeof v) && !strcmp(v, "true"));
+    T_CHECK(hdr(&r, "x-request-id", v, sizeof v));
+    srv_stop(&st);
+}
+
+/* Without an auth hook the routes answer as before: no key needed, no rate-limit headers. */
+static void test_routes_off(void) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    fb be = {.loop = &loop};
+    gw_backend backend = {&fb_ops, &be};
+    gw_app_cfg ac;
+    gw_app_cfg_default(&ac);
+    ac.backend = &backend;
+    gw_app *app;
+    T_CHECK(gw_app_create(&ac, &app) == 0);
+    gw_http_cfg hc;
+    gw_http_cfg_default(&hc);
+    hc.port = 0;
+    hc.handler = gw_app_handle;
+    hc.ud = app;
+    gw_server *s;
+    T_CHECK(gw_server_create(&loop, &hc, &s) == 0);
+    int port = gw_server_port(s);
+    int fd = post(port, "/v1/completions", NULL, "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":2}", NULL);
+    for (int i = 0; i < 200; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+    char buf[8192];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, MSG_DONTWAIT);
+    close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    T_CHECK(strncmp(buf, "HTTP/1.1 200", 12) == 0);
+    T_CHECK(strstr(buf, "x-ratelimit") == NULL && strstr(buf, "x-request-id") == NULL);
+    gw_server_shutdown(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    gw_server_destroy(s);
+    gw_app_destroy(app);
+    uv_loop_close(&loop);
+}
+
+int main(void) {
+    cm_log_set_level(CM_LOG_LEVEL_WARN);
+    snprintf(dir, sizeof dir, "/tmp/arka_test_auth.XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_keys();
+    test_keyfile();
+    test_secret();
+    test_store();
+    test_routes(0);
+    test_routes(1);
+    test_routes_off();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    return t_done();
+}
