@@ -42,6 +42,7 @@ typedef struct proc {
     int ev_cap;
     int32_t eog[4];
     int n_eog;
+    uint64_t last_forwarded;   /* scheduler's tokens_forwarded at the last stats update */
     ex_logit_bias bias[SHM_MAX_LOGIT_BIAS];
     uint64_t step_no;
     uint64_t seed_ctr;
@@ -260,6 +261,8 @@ static int publish(proc *p, int n_ev) {
 static void update_stats(proc *p, int n_ev, uint64_t step_us) {
     ex_sched_stats st;
     ex_sched_stats_get(p->s, &st);
+    uint64_t fwd = st.tokens_forwarded - p->last_forwarded; /* tokens this step ran (prefill + decode) */
+    p->last_forwarded = st.tokens_forwarded;
     struct shm_stats *S = p->seg.stats;
     shm_stat_set(&S->requests_running, (uint64_t)st.n_running);
     shm_stat_set(&S->requests_waiting, (uint64_t)st.n_waiting);
@@ -271,6 +274,7 @@ static void update_stats(proc *p, int n_ev, uint64_t step_us) {
     if (step_us) {
         shm_hist_observe(&S->step_time_us, step_us);
         shm_hist_observe(&S->batch_size, (uint64_t)n_ev);
+        shm_hist_observe(&S->batch_tokens, fwd);
     }
 }
 

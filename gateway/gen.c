@@ -2,6 +2,7 @@
 #include "gateway/gen.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -878,6 +879,31 @@ char *gw_gen_metrics(gw_gen *g, size_t *len) {
     for (int k = 0; k < g->n_ex; k++)
         mb_printf(&b, "arka:executor_restarts_total{model_name=\"%s\",executor=\"%d\"} %llu\n", m, k,
                   (unsigned long long)g->ex[k].restarts);
+    /* the executors' own histograms (shared memory), per executor */
+    static const struct { const char *name, *help; size_t off; double scale; } H[] = {
+        { "engine_step_seconds", "Wall time of one engine step.", offsetof(struct shm_stats, step_time_us), 1e-6 },
+        { "engine_batch_size", "Sequences in one engine step.", offsetof(struct shm_stats, batch_size), 1 },
+        { "engine_batch_tokens", "Tokens (prefill + decode) in one engine step.", offsetof(struct shm_stats, batch_tokens), 1 },
+    };
+    for (size_t h = 0; h < sizeof H / sizeof *H; h++) {
+        metric_head(&b, H[h].name, "histogram", H[h].help);
+        for (int k = 0; k < g->n_ex; k++) {
+            struct shm_seg *seg = gw_exec_seg(g->ex[k].x);
+            if (!seg || !seg->stats) continue;
+            struct shm_hist_snap sn;
+            shm_hist_read((const struct shm_hist *)((const char *)seg->stats + H[h].off), &sn);
+            for (uint32_t i = 0; i < sn.n; i++) {
+                if (sn.le[i] == UINT64_MAX)
+                    mb_printf(&b, "arka:%s_bucket{model_name=\"%s\",executor=\"%d\",le=\"+Inf\"} %llu\n", H[h].name, m, k,
+                              (unsigned long long)sn.cum[i]);
+                else
+                    mb_printf(&b, "arka:%s_bucket{model_name=\"%s\",executor=\"%d\",le=\"%g\"} %llu\n", H[h].name, m, k,
+                              (double)sn.le[i] * H[h].scale, (unsigned long long)sn.cum[i]);
+            }
+            mb_printf(&b, "arka:%s_sum{model_name=\"%s\",executor=\"%d\"} %g\n", H[h].name, m, k, (double)sn.sum * H[h].scale);
+            mb_printf(&b, "arka:%s_count{model_name=\"%s\",executor=\"%d\"} %llu\n", H[h].name, m, k, (unsigned long long)sn.count);
+        }
+    }
     if (b.oom) {
         free(b.p);
         return NULL;
