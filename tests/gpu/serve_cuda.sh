@@ -67,8 +67,29 @@ M=/tmp/arka-models/llama2-7b-f16.gguf
 mkdir -p /tmp/arka-models
 [ -f $M ] || "$BIN" mkmodel llama2-7b $M --type f16 --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel.log" || { echo "mkmodel failed"; fail=1; }
 if start big -m $M --backend cuda --devices 0 --served-model-name llama2-7b --max-batch 128 --max-batch-tokens 4096; then
+    steps() { # mean engine step and batch since the last call, from /metrics
+        curl -s "$URL/metrics" >"$OUT/metrics-$1.txt"
+        python3 - "$OUT/metrics-$1.txt" ${2:+"$OUT/metrics-$2.txt"} <<'PY'
+import re, sys
+def read(f):
+    v = {}
+    for l in open(f):
+        m = re.match(r'arka:(engine_\w+?)_(sum|count)\{[^}]*\} (\S+)', l)
+        if m: v[m[1] + '_' + m[2]] = float(m[3])
+    return v
+v = read(sys.argv[1])
+if len(sys.argv) > 2:  # since the previous snapshot
+    p = read(sys.argv[2])
+    v = {k: v[k] - p.get(k, 0) for k in v}
+n = v.get('engine_step_seconds_count', 0) or 1
+print("engine steps %d: mean step %.2f ms, mean batch %.1f sequences, %.1f tokens" % (n, 1e3 * v.get('engine_step_seconds_sum', 0) / n,
+      v.get('engine_batch_size_sum', 0) / n, v.get('engine_batch_tokens_sum', 0) / n))
+PY
+    }
     "$BIN" bench serve --url "$URL" --requests 8 --rate inf --concurrency 1 --prompt-len 512 --max-tokens 128 --seed 1 --json "$OUT/b1.json" 2>&1 | tail -9
+    steps b1
     "$BIN" bench serve --url "$URL" --requests 256 --rate inf --concurrency 128 --prompt-len 128 --max-tokens 128 --seed 2 --json "$OUT/b128.json" 2>&1 | tail -9
+    steps b128 b1
     curl -s "$URL/metrics" | grep -E '^arka:(generation_tokens_total|num_preemptions_total)'
 fi
 echo "serve_cuda.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
