@@ -81,42 +81,62 @@ int k__mm_chunk_rows(int isa) {
 
 int k__act_for(int wtype) {
     switch (wtype) {
-    case DT_Q8_0: return K_ACT_Q8_32;
-    case DT_Q4_0: return K_ACT_Q8_32S;
-    case DT_Q4_K: case DT_Q6_K: return K_ACT_Q8_256;
+    case DT_Q8_0: return K_ACT_32_W8;
+    case DT_Q4_0: return K_ACT_32_W4;
+    case DT_Q4_K: case DT_Q6_K: return K_ACT_256;
     default: return K_ACT_NONE;
     }
 }
 
+/* Round to nearest even by the 1.5 * 2^23 trick (|v| <= 2^22): exact, inline, and the same as
+ * lrintf in the default rounding mode (this file is compiled without FMA, so no product is
+ * contracted into the add). */
+static inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+/* One block of bs values: the two levels (see kcpu_internal.h) and the block's d. */
+static float quantize_block(const float *x, int bs, int8_t *qh, int8_t *ql) {
+    float amax = 0.0f;
+    for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < bs; i++) {
+        float v = x[i] * id, h = round_even(v);
+        float l = round_even((v - h) * 256.0f); /* v - h is exact; |l| <= 128 */
+        qh[i] = (int8_t)(int)h;
+        ql[i] = (int8_t)(int)fminf(fmaxf(l, -127.0f), 127.0f);
+    }
+    return amax / 127.0f;
+}
+
 void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
-    int bs = act == K_ACT_Q8_256 ? 256 : 32;
-    int8_t *qs = (int8_t *)row;
-    float *d = (float *)(row + n_in);
-    for (int64_t b = 0; b < n_in / bs; b++) {
-        const float *xb = x + b * bs;
-        float amax = 0.0f;
-        for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = db;
-        /* round to nearest even by the 1.5 * 2^23 trick (|v| <= 127): exact, inline, and the
-         * same as lrintf in the default rounding mode (this file is built without FMA, so the
-         * product is rounded before the add) */
-        for (int i = 0; i < bs; i++) {
-            float v = xb[i] * id;
-            qs[b * bs + i] = (int8_t)(int)((v + 12582912.0f) - 12582912.0f);
-        }
-    }
-    if (act == K_ACT_Q8_32S) {
-        int32_t *s8 = (int32_t *)(row + n_in + (n_in / 32) * 4);
-        for (int64_t k = 0; k < n_in / 4; k++)
-            s8[k] = 8 * (qs[4 * k] + qs[4 * k + 1] + qs[4 * k + 2] + qs[4 * k + 3]);
-    }
-    if (act == K_ACT_Q8_256) {
-        int16_t *bsums = (int16_t *)(row + n_in + (n_in / 256) * 4);
+    const int64_t nq = k__act_nq(act, n_in);
+    int8_t *qh = (int8_t *)row, *ql = (int8_t *)row + nq;
+    float *d = (float *)(row + 2 * nq);
+    if (act == K_ACT_256) {
+        int16_t *bh = (int16_t *)(row + 2 * nq + (nq / 256) * 4), *bl = bh + nq / 16;
+        for (int64_t b = 0; b < n_in / 256; b++) d[b] = quantize_block(x + b * 256, 256, qh + b * 256, ql + b * 256);
         for (int64_t g = 0; g < n_in / 16; g++) {
+            int sh = 0, sl = 0;
+            for (int i = 0; i < 16; i++) { sh += qh[g * 16 + i]; sl += ql[g * 16 + i]; }
+            bh[g] = (int16_t)sh;
+            bl[g] = (int16_t)sl;
+        }
+        return;
+    }
+    const int c = act == K_ACT_32_W8 ? 128 : 8;
+    int32_t *k = (int32_t *)(row + 2 * nq + nq / 2);
+    for (int64_t b = 0; b < nq / 32; b++) {
+        int8_t h[32] = { 0 }, l[32] = { 0 };
+        float db = b < n_in / 32 ? quantize_block(x + b * 32, 32, h, l) / 256.0f : 0.0f;
+        for (int e = 0; e < 32; e++) {
+            int64_t p = k__act_pos(b, e);
+            qh[p] = h[e];
+            ql[p] = l[e];
+        }
+        for (int j = 0; j < 4; j++) {
             int s = 0;
-            for (int i = 0; i < 16; i++) s += qs[g * 16 + i];
-            bsums[g] = (int16_t)s;
+            for (int i = 4 * j; i < 4 * j + 4; i++) s += 256 * (h[i] + h[i + 16]) + l[i] + l[i + 16];
+            d[4 * b + j] = db;
+            k[4 * b + j] = -c * s;
         }
     }
 }
@@ -132,6 +152,7 @@ typedef struct {
     size_t rowbuf_stride;
     const float *xf;        /* f32 input, for the quantize job */
     int act;
+    k__act_fn quant;        /* the ISA's activation quantizer */
     int64_t chunk;
     int64_t n_chunks;
     atomic_long next;
@@ -141,7 +162,7 @@ typedef struct {
 static void quantize_job(void *ctx, int ith, int nth) {
     mm_job *j = ctx;
     for (int64_t t = ith; t < j->a.n_tok; t += nth)
-        k__act_quantize_row(j->act, j->xf + t * j->a.n_in, j->a.n_in, (uint8_t *)j->a.x + t * j->a.x_row);
+        j->quant(j->act, j->xf + t * j->a.n_in, j->a.n_in, (uint8_t *)j->a.x + t * j->a.x_row);
 }
 
 static void generic_rows(mm_job *j, int ith, int64_t o0, int64_t o1) {
@@ -179,8 +200,8 @@ static size_t scratch_need(int act, int generic, int64_t n_tok, int64_t n_in, in
 
 int k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in) {
     if (!p || max_n_tok < 1 || max_n_in < 1) return CM_EINVAL;
-    size_t a = scratch_need(K_ACT_Q8_32S, 0, max_n_tok, max_n_in, 1);
-    size_t b = scratch_need(K_ACT_Q8_256, 0, max_n_tok, max_n_in, 1);
+    size_t a = scratch_need(K_ACT_32_W8, 0, max_n_tok, max_n_in, 1);
+    size_t b = scratch_need(K_ACT_256, 0, max_n_tok, max_n_in, 1);
     size_t c = scratch_need(K_ACT_NONE, 1, max_n_tok, max_n_in, k_pool_size(p));
     size_t need = a > b ? a : b;
     if (c > need) need = c;
@@ -201,6 +222,7 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
                         .y = y, .ldy = n_out };
     j.wtype = wtype;
     j.act = k__act_for(wtype);
+    j.quant = isa >= K_ISA_AVX512 && k__act_quantize_avx512 ? k__act_quantize_avx512 : k__act_quantize_row;
     j.fn = kernel_for(isa, wtype);
     if (!j.fn) {
         /* generic path: the reference dequantizer must know the type; probe one block */

@@ -7,9 +7,10 @@
  * share its tile (batch invariance). Decode (n_tok == 1) uses R = 4; prefill R = 2, T <= 4..6
  * so each weight block is loaded and unpacked once per tile of tokens.
  *
- * Quantized weights: x was quantized by matmul.c to int8 (Q8_0-style per 32 for Q8_0/Q4_0,
- * per 256 with 16-sums for Q4_K/Q6_K). Integer dot products use maddubs (u8 x s8 -> s16
- * pairs) then madd (-> s32); for signed weights the sign is moved onto x (sign trick).
+ * Quantized weights: x was quantized by matmul.c to two int8 levels (per 32 in group order
+ * for Q8_0/Q4_0, per 256 with 16-sums for Q4_K/Q6_K; kcpu_internal.h). Integer dot products
+ * use maddubs (u8 x s8 -> s16 pairs) then madd (-> s32), once per level; for signed weights
+ * the sign is moved onto x (sign trick).
  */
 #include "kcpu_internal.h"
 
@@ -121,67 +122,89 @@ AVX2_FN void mm_f32(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F
 AVX2_FN void mm_f16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F16, a, o0, o1); }
 AVX2_FN void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_BF16, a, o0, o1); }
 
-/* ---- Q8_0 and Q4_0: blocks of 32 against Q8_0-style activations ------------------------ */
+/* ---- Q8_0 and Q4_0: blocks of 32 against two-level activations in group order ---------- */
 
-/* Weight block b of a row as 32 int8 values and its scale: signed for Q8_0, the unsigned
- * nibbles (value + 8) for Q4_0, whose over-count is taken off with the activations' s8. */
-AVX2_INLINE __m256i load_q32(int type, const uint8_t *w, int64_t b, __m256 *d) {
+/* Elements 0..15 (*w1) and 16..31 (*w2) of block b in the low half and of block b + 1 in the
+ * high half (both == b for one block in the low half: xmm use): signed for Q8_0, the unsigned
+ * nibbles (value + 8) for Q4_0, whose over-count the activations' k takes off. */
+AVX2_INLINE void load_q32x2(int type, const uint8_t *w, int64_t b, int64_t b1, __m256i *w1, __m256i *w2) {
     if (type == DT_Q8_0) {
-        const blk_q8_0 *q = (const blk_q8_0 *)w + b;
-        *d = _mm256_set1_ps(f16_to_f32(q->d));
-        return _mm256_loadu_si256((const __m256i *)q->qs);
+        const blk_q8_0 *q = (const blk_q8_0 *)w;
+        *w1 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)q[b1].qs), _mm_loadu_si128((const __m128i *)q[b].qs));
+        *w2 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(q[b1].qs + 16)),
+                               _mm_loadu_si128((const __m128i *)(q[b].qs + 16)));
+        return;
     }
-    const blk_q4_0 *q = (const blk_q4_0 *)w + b;
-    *d = _mm256_set1_ps(f16_to_f32(q->d));
-    __m128i bits = _mm_loadu_si128((const __m128i *)q->qs);
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(bits, 4), bits); /* hi nibbles are elements 16..31 */
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    const blk_q4_0 *q = (const blk_q4_0 *)w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i bits = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)q[b1].qs), _mm_loadu_si128((const __m128i *)q[b].qs));
+    *w1 = _mm256_and_si256(bits, m4);
+    *w2 = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+}
+
+/* Integer sums of one level: lane 4 i + j gets lane j of block i (8 values). */
+AVX2_INLINE __m256i dot_q32(int type, __m256i w1, __m256i w2, __m256i a1, __m256i a2, __m256i x1, __m256i x2) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == DT_Q8_0) /* sign moved onto x: |w| * ±x fits maddubs' int16 pairs */
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x1, w1)), ones),
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(a2, _mm256_sign_epi8(x2, w2)), ones));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w1, x1), _mm256_maddubs_epi16(w2, x2)), ones);
 }
 
 AVX2_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
     const uint8_t *w[4];
-    const int8_t *xq[4];
+    const int8_t *xh[4], *xl[4];
     const float *xd[4];
-    const int32_t *xs[4];
+    const int32_t *xk[4];
     __m256 acc[4][4];
-    const int64_t n = a->n_in, nb = n / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t n = a->n_in, nb = n / 32, nq = k__act_n32(n);
+    const int bsz = type == DT_Q8_0 ? (int)sizeof(blk_q8_0) : (int)sizeof(blk_q4_0);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) w[r] = a->w + (size_t)(o + r) * a->w_row;
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const uint8_t *row = a->x + (size_t)(t0 + t) * a->x_row;
-        xq[t] = k__act_qs(row);
-        xd[t] = k__act_d(row, n);
-        xs[t] = type == DT_Q4_0 ? k__act_s8(row, n) : NULL;
+        xh[t] = k__act_qh(row);
+        xl[t] = k__act_ql(row, nq);
+        xd[t] = k__act_d(row, nq);
+        xk[t] = k__act_k(row, nq);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[4], wa[4];
+    /* two blocks per step: halves at p (elements 0..15) and p + 64 (16..31) of their group.
+     * A last odd block pairs with itself: the activations past n_in / 32 are zeros. */
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int64_t b1 = b + 1 < nb ? b + 1 : b, p = 128 * (b / 4) + 32 * ((b % 4) / 2);
+        __m256i w1[4], w2[4], a1[4], a2[4];
         __m256 dw[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if (type == DT_Q8_0) _mm_prefetch((const char *)(w[r] + (b + 8) * 34), _MM_HINT_T0);
-            wq[r] = load_q32(type, w[r], b, &dw[r]);
-            if (type == DT_Q8_0) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            _mm_prefetch((const char *)(w[r] + (b + 8) * bsz), _MM_HINT_T0);
+            load_q32x2(type, w[r], b, b1, &w1[r], &w2[r]);
+            if (type == DT_Q8_0) {
+                a1[r] = _mm256_sign_epi8(w1[r], w1[r]);
+                a2[r] = _mm256_sign_epi8(w2[r], w2[r]);
+            }
+            const dt_f16 *d0 = (const dt_f16 *)(w[r] + b * bsz), *d1 = (const dt_f16 *)(w[r] + b1 * bsz);
+            dw[r] = _mm256_set_m128(_mm_set1_ps(f16_to_f32(*d1)), _mm_set1_ps(f16_to_f32(*d0)));
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[t] + b * 32));
-            __m256 dx = _mm256_broadcast_ss(&xd[t][b]);
+            __m256i x1h = _mm256_loadu_si256((const __m256i *)(xh[t] + p));
+            __m256i x2h = _mm256_loadu_si256((const __m256i *)(xh[t] + p + 64));
+            __m256i x1l = _mm256_loadu_si256((const __m256i *)(xl[t] + p));
+            __m256i x2l = _mm256_loadu_si256((const __m256i *)(xl[t] + p + 64));
+            __m256 dx = _mm256_loadu_ps(xd[t] + 4 * b);
+            __m256i k = _mm256_loadu_si256((const __m256i *)(xk[t] + 4 * b));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256i p;
-                if (type == DT_Q8_0) {
-                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wq[r])), ones);
-                } else {
-                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xv), ones);
-                    p = _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)(xs[t] + b * 8)));
-                }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(p), acc[r][t]);
+                __m256i hi = dot_q32(type, w1[r], w2[r], a1[r], a2[r], x1h, x2h);
+                __m256i lo = dot_q32(type, w1[r], w2[r], a1[r], a2[r], x1l, x2l);
+                __m256i s = _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo);
+                if (type == DT_Q4_0) s = _mm256_add_epi32(s, k);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(s), acc[r][t]);
             }
         }
     }
@@ -220,9 +243,9 @@ AVX2_INLINE void q4k_header(const blk_q4_K *q, q4k_hdr *h) {
 
 AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
     const blk_q4_K *w[4];
-    const int8_t *xq[4];
+    const int8_t *xh[4], *xl[4];
     const float *xd[4];
-    const int16_t *xs[4];
+    const int16_t *bh[4], *bl[4];
     __m256 acc[4][4];
     const int64_t n = a->n_in, nb = n / 256;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -231,9 +254,11 @@ AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const uint8_t *row = a->x + (size_t)(t0 + t) * a->x_row;
-        xq[t] = k__act_qs(row);
+        xh[t] = k__act_qh(row);
+        xl[t] = k__act_ql(row, n);
         xd[t] = k__act_d(row, n);
-        xs[t] = k__act_bsums(row, n);
+        bh[t] = k__act_bsums(row, n);
+        bl[t] = bh[t] + n / 16;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -241,6 +266,7 @@ AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         q4k_hdr h[4];
+        /* 256 sum(w qh) + sum(w ql) per lane: at most 256 * 3.9e6 + 3.9e6 < 2^31 */
         __m256i sumi[4][4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -264,26 +290,32 @@ AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
             }
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                const int8_t *xb = xq[t] + b * 256 + 64 * j;
-                __m256i xl = _mm256_loadu_si256((const __m256i *)xb);
-                __m256i xh = _mm256_loadu_si256((const __m256i *)(xb + 32));
+                const int64_t i = b * 256 + 64 * j;
+                __m256i x0h = _mm256_loadu_si256((const __m256i *)(xh[t] + i));
+                __m256i x1h = _mm256_loadu_si256((const __m256i *)(xh[t] + i + 32));
+                __m256i x0l = _mm256_loadu_si256((const __m256i *)(xl[t] + i));
+                __m256i x1l = _mm256_loadu_si256((const __m256i *)(xl[t] + i + 32));
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
-                    __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], xl), sl[r]);
-                    __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], xh), sh[r]);
-                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_add_epi32(pl, ph));
+                    __m256i ph = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], x0h), sl[r]),
+                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], x1h), sh[r]));
+                    __m256i pl = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], x0l), sl[r]),
+                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], x1l), sh[r]));
+                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_add_epi32(_mm256_slli_epi32(ph, 8), pl));
                 }
             }
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(xs[t] + b * 16));
-            float dx = xd[t][b];
+            __m256i sbh = _mm256_loadu_si256((const __m256i *)(bh[t] + b * 16));
+            __m256i sbl = _mm256_loadu_si256((const __m256i *)(bl[t] + b * 16));
+            float dx = xd[t][b] * (1.0f / 256.0f);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256 sm = _mm256_cvtepi32_ps(_mm256_madd_epi16(h[r].mins, bs));
+                __m256i m = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(h[r].mins, sbh), 8),
+                                             _mm256_madd_epi16(h[r].mins, sbl));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(h[r].d * dx), _mm256_cvtepi32_ps(sumi[r][t]), acc[r][t]);
-                acc[r][t] = _mm256_fnmadd_ps(_mm256_set1_ps(h[r].dmin * dx), sm, acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_set1_ps(h[r].dmin * dx), _mm256_cvtepi32_ps(m), acc[r][t]);
             }
         }
     }
@@ -297,9 +329,9 @@ AVX2_INLINE void tile_q4K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
 
 AVX2_INLINE void tile_q6K(int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
     const blk_q6_K *w[4];
-    const int8_t *xq[4];
+    const int8_t *xh[4], *xl[4];
     const float *xd[4];
-    const int16_t *xs[4];
+    const int16_t *bh[4], *bl[4];
     __m256 acc[4][4];
     const int64_t n = a->n_in, nb = n / 256;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
@@ -308,16 +340,19 @@ AVX2_INLINE void tile_q6K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const uint8_t *row = a->x + (size_t)(t0 + t) * a->x_row;
-        xq[t] = k__act_qs(row);
+        xh[t] = k__act_qh(row);
+        xl[t] = k__act_ql(row, n);
         xd[t] = k__act_d(row, n);
-        xs[t] = k__act_bsums(row, n);
+        bh[t] = k__act_bsums(row, n);
+        bl[t] = bh[t] + n / 16;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sumi[4][4], sc16[4];
+        /* the levels apart: 8-bit scales let 256 x the high sum overflow int32 */
+        __m256i sumh[4][4], suml[4][4], sc16[4];
         float d[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -330,7 +365,7 @@ AVX2_INLINE void tile_q6K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-            for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+            for (int t = 0; t < T; t++) sumh[r][t] = suml[r][t] = _mm256_setzero_si256();
         for (int hf = 0; hf < 2; hf++) {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
@@ -351,22 +386,30 @@ AVX2_INLINE void tile_q6K(int R, int T, const k__mm_args *a, int64_t o, int64_t 
                 }
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[t] + b * 256 + 128 * hf + 32 * k));
+                    const int64_t i = b * 256 + 128 * hf + 32 * k;
+                    __m256i vh = _mm256_loadu_si256((const __m256i *)(xh[t] + i));
+                    __m256i vl = _mm256_loadu_si256((const __m256i *)(xl[t] + i));
 #pragma GCC unroll 4
-                    for (int r = 0; r < R; r++)
-                        sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), s[r]));
+                    for (int r = 0; r < R; r++) {
+                        sumh[r][t] = _mm256_add_epi32(sumh[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], vh), s[r]));
+                        suml[r][t] = _mm256_add_epi32(suml[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], vl), s[r]));
+                    }
                 }
             }
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(xs[t] + b * 16));
+            __m256i sbh = _mm256_loadu_si256((const __m256i *)(bh[t] + b * 16));
+            __m256i sbl = _mm256_loadu_si256((const __m256i *)(bl[t] + b * 16));
             float dx = xd[t][b];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 /* values are stored +32: subtract 32 * sum_g sc_g * bsum_g */
-                __m256i c = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bs), 5);
-                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][t], c));
+                __m256i ch = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], sbh), 5);
+                __m256i cl = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], sbl), 5);
+                __m256 sh = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumh[r][t], ch));
+                __m256 sl = _mm256_cvtepi32_ps(_mm256_sub_epi32(suml[r][t], cl));
+                __m256 s = _mm256_fmadd_ps(sl, _mm256_set1_ps(1.0f / 256.0f), sh);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * dx), s, acc[r][t]);
             }
         }

@@ -6,19 +6,28 @@
  * accumulator per (t, o) with an operation sequence independent of R and T.
  *   float types: 16 lanes, FMA; F16 through vcvtph2ps, BF16 by a 16-bit shift (exact; rounding
  *     x to bf16 for vdpbf16ps would cost ~3 significant digits);
- *   Q8_0 / Q4_0: per block of 32, vpdpbusd (u8 x s8 -> s32, 256-bit VL form) with the sign
- *     moved onto x, then one FMA with the block's scale.
+ *   Q8_0 / Q4_0: per group of 4 blocks (128 weights), two permutes gather the blocks' values
+ *     into two 512-bit vectors (elements 0..15 and 16..31 of each block) made unsigned (Q8_0:
+ *     + 128; Q4_0 nibbles are value + 8), and a third their 4 scales; per token and level of
+ *     the activations (kcpu_internal.h) two vpdpbusd (u8 x s8 -> s32) give 16 lanes, 4 per
+ *     block, complete sums with the activations' k added; then one int->float conversion, one
+ *     multiply by the scales and one FMA serve all 4 blocks.
  */
 #include "kcpu_internal.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
+#include <string.h>
 
 #define TGT "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 #define AVX512_FN static __attribute__((target(TGT)))
 #define AVX512_INLINE static inline __attribute__((always_inline, target(TGT)))
 
 #define ROW_GROUP 16
+/* Q8_0 / Q4_0 decode (one token) reads one row at a time, a single sequential stream per
+ * thread (four rows interleaved left ~30 % of the read bandwidth unused: bench/RESULTS.md,
+ * "Engine (CPU)"), and prefetches this many bytes ahead of it. */
+#define PREFETCH_AHEAD 2048
 
 AVX512_INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -82,121 +91,265 @@ AVX512_INLINE void tile_float(int type, int R, int T, const k__mm_args *a, int64
         }
 }
 
-/* ---- Q8_0 and Q4_0 ------------------------------------------------------------------------- */
+/* ---- Q8_0 and Q4_0: groups of 4 blocks against two-level activations -------------------- */
 
-AVX512_INLINE __m256i load_q32(int type, const uint8_t *w, int64_t b, float *d) {
+/* Word indices that gather a group's values and scales from two 64-byte loads: Q8_0 (blocks
+ * of 34 bytes: 136 per group) from bytes 0..127 (elements 0..15 of each block) and 8..135
+ * (16..31); Q4_0 (18 bytes: 72 per group) from bytes 0..63 and 8..71. Words of the first
+ * load are 0..31, of the second 32..63. The scales land 4 times each (lanes 4 i .. 4 i + 3). */
+#define W8_LO(i, k) (17 * (i) + 1 + (k))
+#define W8_HI(i, k) (17 * (i) + 5 + (k))
+#define W4_Q(i, k) (9 * (i) + 1 + (k) < 32 ? 9 * (i) + 1 + (k) : 9 * (i) + 1 + (k) + 28)
+#define IDX8(F, i) F(i, 0), F(i, 1), F(i, 2), F(i, 3), F(i, 4), F(i, 5), F(i, 6), F(i, 7)
+#define IDX32(F) IDX8(F, 0), IDX8(F, 1), IDX8(F, 2), IDX8(F, 3)
+static const uint16_t idx_w8_lo[32] __attribute__((aligned(64))) = { IDX32(W8_LO) };
+static const uint16_t idx_w8_hi[32] __attribute__((aligned(64))) = { IDX32(W8_HI) };
+static const uint16_t idx_w4[32] __attribute__((aligned(64))) = { IDX32(W4_Q) };
+static const uint16_t idx_d8[32] __attribute__((aligned(64))) = { 0, 0, 0, 0, 17, 17, 17, 17, 34, 34, 34, 34, 51, 51, 51, 51 };
+static const uint16_t idx_d4[32] __attribute__((aligned(64))) = { 0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27 };
+
+/* One group's weights, as vpdpbusd's unsigned operand: *w1 elements 0..15 of the 4 blocks
+ * (bytes 16 i .. 16 i + 15 for block i), *w2 elements 16..31; Q8_0 values + 128, Q4_0 nibbles
+ * (value + 8). *dw: the blocks' scales, lanes 4 i .. 4 i + 3 for block i. */
+AVX512_INLINE void load_group(int type, const uint8_t *g, __m512i *w1, __m512i *w2, __m512 *dw) {
+    __m512i a = _mm512_loadu_si512(g);
     if (type == DT_Q8_0) {
-        const blk_q8_0 *q = (const blk_q8_0 *)w + b;
-        *d = _cvtsh_ss(q->d);
-        return _mm256_loadu_si256((const __m256i *)q->qs);
+        __m512i b = _mm512_loadu_si512(g + 64), c = _mm512_loadu_si512(g + 8), e = _mm512_loadu_si512(g + 72);
+        const __m512i sign = _mm512_set1_epi8((char)0x80);
+        *w1 = _mm512_xor_si512(_mm512_permutex2var_epi16(a, _mm512_load_si512(idx_w8_lo), b), sign);
+        *w2 = _mm512_xor_si512(_mm512_permutex2var_epi16(c, _mm512_load_si512(idx_w8_hi), e), sign);
+        *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(idx_d8), b)));
+        return;
     }
-    const blk_q4_0 *q = (const blk_q4_0 *)w + b;
-    *d = _cvtsh_ss(q->d);
-    __m128i bits = _mm_loadu_si128((const __m128i *)q->qs);
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(bits, 4), bits);
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i b = _mm512_loadu_si512(g + 8);
+    __m512i v = _mm512_permutex2var_epi16(a, _mm512_load_si512(idx_w4), b);
+    *w1 = _mm512_and_si512(v, m4);
+    *w2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(idx_d4), a)));
 }
 
 AVX512_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
     const uint8_t *w[4];
-    const int8_t *xq[6];  /* T <= 4 is used; sized like tile_float's so every instantiation is valid */
-    const float *xd[6];
-    __m256 acc[4][6];
-    const int64_t n = a->n_in, nb = n / 32;
+    const int8_t *xh[4], *xl[4];
+    const float *xd[4];
+    const int32_t *xk[4];
+    __m512 acc[4][4];
+    const int64_t n = a->n_in, nb = n / 32, nq = k__act_n32(n), ng = nb / 4;
+    const int gsz = type == DT_Q8_0 ? 4 * (int)sizeof(blk_q8_0) : 4 * (int)sizeof(blk_q4_0);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) w[r] = a->w + (size_t)(o + r) * a->w_row;
-#pragma GCC unroll 6
+#pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const uint8_t *row = a->x + (size_t)(t0 + t) * a->x_row;
-        xq[t] = k__act_qs(row);
-        xd[t] = k__act_d(row, n);
+        xh[t] = k__act_qh(row);
+        xl[t] = k__act_ql(row, nq);
+        xd[t] = k__act_d(row, nq);
+        xk[t] = k__act_k(row, nq);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[4], wa[4];
-        float dw[4];
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    /* a last group of 1..3 blocks is copied into zeroed storage: the missing blocks have zero
+     * scales and zero activations, and add exactly 0 */
+    uint8_t tail[4][4 * sizeof(blk_q8_0)];
+    for (int64_t g = 0; g < (nb + 3) / 4; g++) {
+        __m512i w1[4], w2[4];
+        __m512 dw[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            wq[r] = load_q32(type, w[r], b, &dw[r]);
-            wa[r] = _mm256_abs_epi8(wq[r]);
+            const uint8_t *pg = w[r] + g * gsz;
+            if (g == ng) {
+                memset(tail[r], 0, sizeof tail[r]);
+                memcpy(tail[r], pg, (size_t)(nb - 4 * ng) * (size_t)(gsz / 4));
+                pg = tail[r];
+            } else if (T == 1) {
+                _mm_prefetch((const char *)pg + PREFETCH_AHEAD, _MM_HINT_T0);
+                _mm_prefetch((const char *)pg + PREFETCH_AHEAD + 64, _MM_HINT_T0);
+                if (type == DT_Q8_0) _mm_prefetch((const char *)pg + PREFETCH_AHEAD + 128, _MM_HINT_T0);
+            }
+            load_group(type, pg, &w1[r], &w2[r], &dw[r]);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[t] + b * 32));
-            float dx = xd[t][b];
+            const int64_t p = 128 * g;
+            __m512i x1h = _mm512_loadu_si512(xh[t] + p), x2h = _mm512_loadu_si512(xh[t] + p + 64);
+            __m512i x1l = _mm512_loadu_si512(xl[t] + p), x2l = _mm512_loadu_si512(xl[t] + p + 64);
+            __m512i k = _mm512_loadu_si512(xk[t] + 16 * g);
+            __m512 dx = _mm512_loadu_ps(xd[t] + 16 * g);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa[r], _mm256_sign_epi8(xv, wq[r]));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx), _mm256_cvtepi32_ps(p), acc[r][t]);
+                __m512i hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w1[r], x1h), w2[r], x2h);
+                __m512i lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(k, w1[r], x1l), w2[r], x2l);
+                __m512i s = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[r][t]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) a->y[(t0 + t) * a->ldy + o + r] = hsum8(acc[r][t]);
+        for (int t = 0; t < T; t++) a->y[(t0 + t) * a->ldy + o + r] = hsum16(acc[r][t]);
+}
+
+/* ---- activation quantization: bitwise the same as k__act_quantize_row (the same IEEE
+ * operations in the same order) --------------------------------------------------------------- */
+
+/* Both levels of 16 values as int32. x * id through the explicit-rounding form: the compiler
+ * must not contract it into an FMA with the subtraction (the scalar version rounds it). */
+AVX512_INLINE __m512i two_levels(__m512 x, __m512 id, __m512i *lo) {
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512 v = _mm512_mul_round_ps(x, id, rn), h = _mm512_roundscale_ps(v, rn);
+    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(256.0f)), rn);
+    l = _mm512_min_ps(_mm512_max_ps(l, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    *lo = _mm512_cvtps_epi32(l);
+    return _mm512_cvtps_epi32(h);
+}
+
+AVX512_INLINE float amax_of(const float *x, int n16) {
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < n16; i++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * i)));
+    return _mm512_reduce_max_ps(m);
+}
+
+AVX512_FN void quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
+    const int64_t nq = k__act_nq(act, n_in);
+    int8_t *qh = (int8_t *)row, *ql = (int8_t *)row + nq;
+    float *d = (float *)(row + 2 * nq);
+    if (act == K_ACT_256) {
+        int16_t *bh = (int16_t *)(row + 2 * nq + (nq / 256) * 4), *bl = bh + nq / 16;
+        for (int64_t b = 0; b < n_in / 256; b++) {
+            float amax = amax_of(x + 256 * b, 16);
+            __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            d[b] = amax / 127.0f;
+            for (int i = 0; i < 16; i++) {
+                __m512i l, h = two_levels(_mm512_loadu_ps(x + 256 * b + 16 * i), id, &l);
+                _mm_storeu_si128((__m128i *)(qh + 256 * b + 16 * i), _mm512_cvtepi32_epi8(h));
+                _mm_storeu_si128((__m128i *)(ql + 256 * b + 16 * i), _mm512_cvtepi32_epi8(l));
+                bh[16 * b + i] = (int16_t)_mm512_reduce_add_epi32(h);
+                bl[16 * b + i] = (int16_t)_mm512_reduce_add_epi32(l);
+            }
+        }
+        return;
+    }
+    const int64_t nb = n_in / 32;
+    int32_t *k = (int32_t *)(row + 2 * nq + nq / 2);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const int shift = act == K_ACT_32_W8 ? 7 : 3; /* c = 128 or 8 */
+    for (int64_t g = 0; g < nq / 128; g++) {
+        int8_t *gh = qh + 128 * g, *gl = ql + 128 * g;
+        for (int i = 0; i < 4; i++) {
+            const int64_t b = 4 * g + i;
+            __m128i h0 = _mm_setzero_si128(), h1 = h0, l0 = h0, l1 = h0;
+            float db = 0.0f;
+            if (b < nb) {
+                float amax = amax_of(x + 32 * b, 2);
+                __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+                db = amax / 127.0f / 256.0f;
+                __m512i l, h = two_levels(_mm512_loadu_ps(x + 32 * b), id, &l);
+                h0 = _mm512_cvtepi32_epi8(h);
+                l0 = _mm512_cvtepi32_epi8(l);
+                h = two_levels(_mm512_loadu_ps(x + 32 * b + 16), id, &l);
+                h1 = _mm512_cvtepi32_epi8(h);
+                l1 = _mm512_cvtepi32_epi8(l);
+            }
+            _mm_storeu_si128((__m128i *)(gh + 16 * i), h0);
+            _mm_storeu_si128((__m128i *)(gh + 64 + 16 * i), h1);
+            _mm_storeu_si128((__m128i *)(gl + 16 * i), l0);
+            _mm_storeu_si128((__m128i *)(gl + 64 + 16 * i), l1);
+            _mm_storeu_ps(d + 16 * g + 4 * i, _mm_set1_ps(db));
+        }
+        /* lane 4 i + j: the 8 values of lane j of block i, as the kernels' dot products see them */
+        __m512i sh = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(gh)),
+                                         ones, _mm512_loadu_si512(gh + 64));
+        __m512i sl = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(gl)),
+                                         ones, _mm512_loadu_si512(gl + 64));
+        __m512i s = _mm512_add_epi32(_mm512_slli_epi32(sh, 8), sl);
+        _mm512_storeu_si512(k + 16 * g, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, shift)));
+    }
 }
 
 /* ---- drivers ------------------------------------------------------------------------------- */
 
-AVX512_INLINE void tile(int type, int R, int T, const k__mm_args *a, int64_t o, int64_t t0) {
-    if (type == DT_Q8_0 || type == DT_Q4_0) tile_q32(type, R, T, a, o, t0);
-    else tile_float(type, R, T, a, o, t0);
-}
-
-/* T_MAX tokens per tile: 6 for float types (R = 4: 24 accumulators of 32 registers), 4 for
- * the integer kernels. Decode (one token) uses R = 4, prefill R = 4 then single rows. */
-AVX512_INLINE void mm_any(int type, const k__mm_args *a, int64_t o0, int64_t o1) {
-    const int tmax = (type == DT_Q8_0 || type == DT_Q4_0) ? 4 : 6;
+/* Float types: up to 6 tokens per tile (R = 4: 24 accumulators of 32 registers). Decode (one
+ * token) uses R = 4, prefill R = 4 then single rows. */
+AVX512_INLINE void mm_float(int type, const k__mm_args *a, int64_t o0, int64_t o1) {
     for (int64_t g = o0; g < o1; g += ROW_GROUP) {
         int64_t g1 = g + ROW_GROUP < o1 ? g + ROW_GROUP : o1;
-        for (int64_t t0 = 0; t0 < a->n_tok; t0 += tmax) {
-            int64_t nt = a->n_tok - t0 < tmax ? a->n_tok - t0 : tmax;
+        for (int64_t t0 = 0; t0 < a->n_tok; t0 += 6) {
+            int64_t nt = a->n_tok - t0 < 6 ? a->n_tok - t0 : 6;
             int64_t o = g;
             switch (nt) {
             case 1:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 1, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 1, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 1, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 1, a, o, t0);
                 break;
             case 2:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 2, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 2, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 2, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 2, a, o, t0);
                 break;
             case 3:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 3, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 3, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 3, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 3, a, o, t0);
                 break;
             case 4:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 4, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 4, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 4, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 4, a, o, t0);
                 break;
             case 5:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 5, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 5, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 5, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 5, a, o, t0);
                 break;
             default:
-                for (; o + 4 <= g1; o += 4) tile(type, 4, 6, a, o, t0);
-                for (; o < g1; o++) tile(type, 1, 6, a, o, t0);
+                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 6, a, o, t0);
+                for (; o < g1; o++) tile_float(type, 1, 6, a, o, t0);
                 break;
             }
         }
     }
 }
 
-AVX512_FN void mm_f32(const k__mm_args *a, int64_t o0, int64_t o1) { mm_any(DT_F32, a, o0, o1); }
-AVX512_FN void mm_f16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_any(DT_F16, a, o0, o1); }
-AVX512_FN void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_any(DT_BF16, a, o0, o1); }
-AVX512_FN void mm_q8_0(const k__mm_args *a, int64_t o0, int64_t o1) { mm_any(DT_Q8_0, a, o0, o1); }
-AVX512_FN void mm_q4_0(const k__mm_args *a, int64_t o0, int64_t o1) { mm_any(DT_Q4_0, a, o0, o1); }
+/* Q8_0 / Q4_0: up to 4 tokens per tile. Decode uses R = 1, prefill R = 4 then single rows. */
+AVX512_INLINE void mm_q32(int type, const k__mm_args *a, int64_t o0, int64_t o1) {
+    for (int64_t g = o0; g < o1; g += ROW_GROUP) {
+        int64_t g1 = g + ROW_GROUP < o1 ? g + ROW_GROUP : o1;
+        for (int64_t t0 = 0; t0 < a->n_tok; t0 += 4) {
+            int64_t nt = a->n_tok - t0 < 4 ? a->n_tok - t0 : 4;
+            int64_t o = g;
+            switch (nt) {
+            case 1:
+                for (; o < g1; o++) tile_q32(type, 1, 1, a, o, t0);
+                break;
+            case 2:
+                for (; o + 4 <= g1; o += 4) tile_q32(type, 4, 2, a, o, t0);
+                for (; o < g1; o++) tile_q32(type, 1, 2, a, o, t0);
+                break;
+            case 3:
+                for (; o + 4 <= g1; o += 4) tile_q32(type, 4, 3, a, o, t0);
+                for (; o < g1; o++) tile_q32(type, 1, 3, a, o, t0);
+                break;
+            default:
+                for (; o + 4 <= g1; o += 4) tile_q32(type, 4, 4, a, o, t0);
+                for (; o < g1; o++) tile_q32(type, 1, 4, a, o, t0);
+                break;
+            }
+        }
+    }
+}
+
+AVX512_FN void mm_f32(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F32, a, o0, o1); }
+AVX512_FN void mm_f16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F16, a, o0, o1); }
+AVX512_FN void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_BF16, a, o0, o1); }
+AVX512_FN void mm_q8_0(const k__mm_args *a, int64_t o0, int64_t o1) { mm_q32(DT_Q8_0, a, o0, o1); }
+AVX512_FN void mm_q4_0(const k__mm_args *a, int64_t o0, int64_t o1) { mm_q32(DT_Q4_0, a, o0, o1); }
 
 const k__mm_fn k__mm_avx512[DT_COUNT] = {
     [DT_F32] = mm_f32, [DT_F16] = mm_f16, [DT_BF16] = mm_bf16, [DT_Q8_0] = mm_q8_0, [DT_Q4_0] = mm_q4_0,
 };
+const k__act_fn k__act_quantize_avx512 = quantize_row;
 
 #else
 const k__mm_fn k__mm_avx512[DT_COUNT] = { 0 };
+const k__act_fn k__act_quantize_avx512 = 0;
 #endif

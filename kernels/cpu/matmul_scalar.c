@@ -1,7 +1,8 @@
 /* matmul_scalar: portable matmul kernels (the fallback on every CPU, and what the SIMD paths
  * are tested against through k_matmul_ref). Float types accumulate in 8 interleaved float
  * lanes (as the SIMD paths do); quantized types take integer dot products per block against
- * the activations quantized by matmul.c, then accumulate block results in float.
+ * both levels of the activations quantized by matmul.c (kcpu_internal.h), then accumulate
+ * block results in float.
  * Every (t, o) is one call of a dot function: invariant to n_tok, row range and thread.
  */
 #include "kcpu_internal.h"
@@ -38,33 +39,48 @@ static float dot_bf16(const void *wv, const uint8_t *xv, int64_t n) {
     return sum8(l);
 }
 
+/* Q8_0 / Q4_0 against two-level activations in group order: per block the exact integer
+ * S = 256 sum(w qh) + sum(w ql), then one float product with both scales. */
 static float dot_q8_0(const void *wv, const uint8_t *xr, int64_t n) {
     const blk_q8_0 *w = wv;
-    const int8_t *xq = k__act_qs(xr);
-    const float *xd = k__act_d(xr, n);
+    const int64_t nq = k__act_n32(n);
+    const int8_t *qh = k__act_qh(xr), *ql = k__act_ql(xr, nq);
+    const float *xd = k__act_d(xr, nq);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
-        int s = 0;
-        for (int i = 0; i < 32; i++) s += w[b].qs[i] * xq[b * 32 + i];
-        acc += dt_f16_to_f32(w[b].d) * xd[b] * (float)s;
+        int sh = 0, sl = 0;
+        for (int e = 0; e < 32; e++) {
+            int64_t p = k__act_pos(b, e);
+            sh += w[b].qs[e] * qh[p];
+            sl += w[b].qs[e] * ql[p];
+        }
+        acc += dt_f16_to_f32(w[b].d) * xd[4 * b] * (float)(256 * sh + sl);
     }
     return acc;
 }
 
 static float dot_q4_0(const void *wv, const uint8_t *xr, int64_t n) {
     const blk_q4_0 *w = wv;
-    const int8_t *xq = k__act_qs(xr);
-    const float *xd = k__act_d(xr, n);
+    const int64_t nq = k__act_n32(n);
+    const int8_t *qh = k__act_qh(xr), *ql = k__act_ql(xr, nq);
+    const float *xd = k__act_d(xr, nq);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
-        const int8_t *x = xq + b * 32;
-        int s = 0;
-        for (int i = 0; i < 16; i++)
-            s += ((w[b].qs[i] & 0xf) - 8) * x[i] + ((w[b].qs[i] >> 4) - 8) * x[i + 16];
-        acc += dt_f16_to_f32(w[b].d) * xd[b] * (float)s;
+        int sh = 0, sl = 0;
+        for (int e = 0; e < 32; e++) {
+            int v = (e < 16 ? w[b].qs[e] & 0xf : w[b].qs[e - 16] >> 4) - 8;
+            int64_t p = k__act_pos(b, e);
+            sh += v * qh[p];
+            sl += v * ql[p];
+        }
+        acc += dt_f16_to_f32(w[b].d) * xd[4 * b] * (float)(256 * sh + sl);
     }
     return acc;
 }
+
+/* K-quants: the two levels' integer sums stay apart (256 x the high one could overflow int32
+ * with 6-bit sub-block scales) and meet in float: s = hi + lo / 256. */
+static float two_level(int hi, int lo) { return (float)hi + (float)lo * (1.0f / 256.0f); }
 
 /* 6-bit scale and min j (0..7) of a Q4_K/Q5_K super-block */
 static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
@@ -79,35 +95,39 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 
 static float dot_q4_K(const void *wv, const uint8_t *xr, int64_t n) {
     const blk_q4_K *w = wv;
-    const int8_t *xq = k__act_qs(xr);
     const float *xd = k__act_d(xr, n);
-    const int16_t *bs = k__act_bsums(xr, n);
+    const int16_t *bh = k__act_bsums(xr, n), *bl = bh + n / 16;
     float acc = 0.0f;
     for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *x = xq + b * 256;
-        int sumi = 0, summ = 0;
+        const int8_t *xh = k__act_qh(xr) + b * 256, *xl = k__act_ql(xr, n) + b * 256;
+        int sih = 0, sil = 0, smh = 0, sml = 0;
         for (int j = 0; j < 8; j++) {
             int sc, m;
             scale_min_k4(j, w[b].scales, &sc, &m);
             const uint8_t *q = w[b].qs + (j / 2) * 32;
-            int shift = (j & 1) * 4, s = 0;
-            for (int l = 0; l < 32; l++) s += ((q[l] >> shift) & 0xf) * x[j * 32 + l];
-            sumi += sc * s;
-            summ += m * (bs[b * 16 + 2 * j] + bs[b * 16 + 2 * j + 1]);
+            int shift = (j & 1) * 4, sh = 0, sl = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xf;
+                sh += v * xh[j * 32 + l];
+                sl += v * xl[j * 32 + l];
+            }
+            sih += sc * sh;
+            sil += sc * sl;
+            smh += m * (bh[b * 16 + 2 * j] + bh[b * 16 + 2 * j + 1]);
+            sml += m * (bl[b * 16 + 2 * j] + bl[b * 16 + 2 * j + 1]);
         }
         float d = dt_f16_to_f32(w[b].d) * xd[b], dmin = dt_f16_to_f32(w[b].dmin) * xd[b];
-        acc += d * (float)sumi - dmin * (float)summ;
+        acc += d * two_level(sih, sil) - dmin * two_level(smh, sml);
     }
     return acc;
 }
 
 static float dot_q6_K(const void *wv, const uint8_t *xr, int64_t n) {
     const blk_q6_K *w = wv;
-    const int8_t *xq = k__act_qs(xr);
     const float *xd = k__act_d(xr, n);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *x = xq + b * 256;
+        const int8_t *xh = k__act_qh(xr) + b * 256, *xl = k__act_ql(xr, n) + b * 256;
         int8_t q[256];
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
@@ -119,13 +139,17 @@ static float dot_q6_K(const void *wv, const uint8_t *xr, int64_t n) {
                 o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
             }
         }
-        int sumi = 0;
+        int sih = 0, sil = 0;
         for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int l = 0; l < 16; l++) s += q[g * 16 + l] * x[g * 16 + l];
-            sumi += w[b].scales[g] * s;
+            int sh = 0, sl = 0;
+            for (int l = 0; l < 16; l++) {
+                sh += q[g * 16 + l] * xh[g * 16 + l];
+                sl += q[g * 16 + l] * xl[g * 16 + l];
+            }
+            sih += w[b].scales[g] * sh;
+            sil += w[b].scales[g] * sl;
         }
-        acc += dt_f16_to_f32(w[b].d) * xd[b] * (float)sumi;
+        acc += dt_f16_to_f32(w[b].d) * xd[b] * two_level(sih, sil);
     }
     return acc;
 }
