@@ -1,16 +1,15 @@
 /* Quantized weights through the CPU backend against the same weights dequantized to F32 (the
- * differences left are the kernels' 8-bit activation quantization and summation order), over
- * 256 positions:
- * - `arka mkmodel tiny` at Q8_0, Q4_0, Q4_K (random weights): per-position relative L2 error
- *   of the logits below 5 %, and top-1 agreement >= 99 % over the positions whose F32 top-1
- *   leads the runner-up by more than 4x the position's RMS logit difference (random models
- *   have near-ties: the raw agreement, printed, is ~95 % because a 0.6 % error per matmul
- *   from 8-bit activations flips ties; the raw figure must still be >= 85 %);
- * - the trained stories260K with its matrices requantized in memory to Q8_0 and Q4_0 (every
- *   matrix whose rows are a multiple of 32): raw top-1 agreement >= 99 % over 256 positions
- *   of its greedy text, relative error below 5 %.
- * ARKA_LONG_TESTS=1 adds the `small` shape (12 layers). The mkmodel files are written by the
- * arka binary (ARKA_BIN, set by ctest) into a temporary directory. */
+ * differences left are the kernels' activation quantization, two int8 levels per value, and
+ * summation order), over 256 positions, every comparison strict:
+ * - logits: per-position relative L2 error below 1e-3 (measured ~1.3e-4 for Q8_0/Q4_0 and
+ *   ~1.9e-4 for Q4_K on `small`; with 8-bit activations it was ~3e-2);
+ * - raw top-1 agreement >= 99 % over all positions, and >= 99 % over the positions whose F32
+ *   top-1 leads the runner-up by more than 4x the position's RMS logit difference (at least
+ *   half of them must be such "decisive" positions; random models have near-ties).
+ * Models: `arka mkmodel tiny` and `small` (12 layers) at Q8_0, Q4_0, Q4_K (random weights;
+ * small Q4_K only with ARKA_LONG_TESTS=1), and the trained stories260K with its matrices requantized in memory to Q8_0 and Q4_0 (every
+ * matrix whose rows are a multiple of 32), on 256 positions of its greedy text. The mkmodel
+ * files are written by the arka binary (ARKA_BIN, set by ctest) into a temporary directory. */
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "common/cm_err.h"
@@ -21,12 +20,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NPOS 256
+#define MAX_REL 1e-3
 /* Under the sanitizers the random-weight shapes use fewer positions (their output head is
- * 32000 x 256 F32 per position) and skip Q4_K (mkmodel's quantizer is slow when
- * instrumented) to stay well under a minute; stories260K keeps 256 positions. */
+ * 32000 x 256 F32 per position) and skip Q4_K (mkmodel's quantizer is slow when instrumented)
+ * and `small`, to stay well under a minute; stories260K keeps 256 positions. */
 #if defined(__SANITIZE_ADDRESS__)
 static int npos_tiny = 48;
 #else
@@ -101,10 +102,8 @@ static float *logits_of(const mdl_model *m, const int32_t *ids) {
     return out;
 }
 
-/* Runs both models over ids and checks the agreement (see the header). strict: raw top-1
- * agreement must reach 99 %. */
-static void compare(const mdl_model *q, const mdl_model *f, const int32_t *ids, const char *shape, const char *type,
-                    double max_rel, int strict) {
+/* Runs both models over ids and checks the agreement (see the header). */
+static void compare(const mdl_model *q, const mdl_model *f, const int32_t *ids, const char *shape, const char *type) {
     int V = q->cfg.n_vocab;
     float *a = logits_of(q, ids), *b = logits_of(f, ids);
     T_CHECK(a && b);
@@ -130,20 +129,24 @@ static void compare(const mdl_model *q, const mdl_model *f, const int32_t *ids, 
             if (rb[ib] - second > 4 * rms) { decisive++; agree_dec += ia == ib; }
         }
         printf("%s %s: logits rel L2 err mean %.2e max %.2e (bound %.0e); top-1 agreement %d/%d raw, %d/%d decisive\n",
-               shape, type, mean, worst, max_rel, agree, npos, agree_dec, decisive);
-        T_CHECKF(worst < max_rel, "%s %s: max rel err %g", shape, type, worst);
-        if (strict) T_CHECKF(agree * 100 >= 99 * npos, "%s %s: top-1 agreement %d/%d", shape, type, agree, npos);
-        else {
-            T_CHECKF(agree * 100 >= 85 * npos, "%s %s: raw top-1 agreement %d/%d", shape, type, agree, npos);
-            T_CHECKF(decisive >= npos / 2, "%s %s: only %d decisive positions", shape, type, decisive);
-            T_CHECKF(agree_dec * 100 >= 99 * decisive, "%s %s: decisive top-1 agreement %d/%d", shape, type, agree_dec, decisive);
-        }
+               shape, type, mean, worst, MAX_REL, agree, npos, agree_dec, decisive);
+        T_CHECKF(worst < MAX_REL, "%s %s: max rel err %g", shape, type, worst);
+        T_CHECKF(agree * 100 >= 99 * npos, "%s %s: raw top-1 agreement %d/%d", shape, type, agree, npos);
+        T_CHECKF(decisive >= npos / 2, "%s %s: only %d decisive positions", shape, type, decisive);
+        T_CHECKF(agree_dec * 100 >= 99 * decisive, "%s %s: decisive top-1 agreement %d/%d", shape, type, agree_dec, decisive);
     }
     free(a);
     free(b);
 }
 
-static void check_type(const char *arka, const char *dir, const char *shape, const char *type, double max_rel) {
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void check_type(const char *arka, const char *dir, const char *shape, const char *type) {
+    double t0 = now_s();
     char path[512], cmd[1400];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, shape, type);
     snprintf(cmd, sizeof cmd, "'%s' mkmodel %s '%s' --type %s --seed 11 >/dev/null 2>&1", arka, shape, path, type);
@@ -164,10 +167,11 @@ static void check_type(const char *arka, const char *dir, const char *shape, con
     ids[0] = 1;
     for (int i = 1; i < NPOS; i++) { x = x * 1664525u + 1013904223u; ids[i] = 3 + (int32_t)((x >> 8) % (uint32_t)(V - 3)); }
     npos = npos_tiny;
-    compare(q, &f.m, ids, shape, type, max_rel, 0);
+    compare(q, &f.m, ids, shape, type);
     f32_free(&f);
     mdl_free(q);
     unlink(path);
+    printf("%s %s: %.1f s\n", shape, type, now_s() - t0);
 }
 
 /* stories260K with its eligible matrices quantized to `type` (quantized copy) and the same
@@ -243,7 +247,7 @@ static void check_stories(const char *type_name) {
         }
     }
     npos = NPOS;
-    compare(&q, &f, ids, "stories260K", type_name, 5e-2, 1);
+    compare(&q, &f, ids, "stories260K", type_name);
     for (int i = 0; i < nb; i++) free(bufs[i]);
     free(q.layers);
     free(f.layers);
@@ -253,26 +257,26 @@ static void check_stories(const char *type_name) {
 int main(void) {
     const char *arka = getenv("ARKA_BIN");
     if (!arka) arka = "build/bin/arka";
+    const char *lng = getenv("ARKA_LONG_TESTS");
+    int long_tests = lng && !strcmp(lng, "1");
     char dir[] = "/tmp/arka_quant_XXXXXX";
     if (!mkdtemp(dir)) { T_CHECK(0); return t_done(); }
-    /* bounds: Q8_0 weights are exact after dequantization, so only the 8-bit activations
-     * differ; Q4_0/Q4_K use the same 8-bit activations (Q8_K blocks for Q4_K). */
     check_stories("q8_0");
     check_stories("q4_0");
-    check_type(arka, dir, "tiny", "q8_0", 5e-2);
-    check_type(arka, dir, "tiny", "q4_0", 5e-2);
+    check_type(arka, dir, "tiny", "q8_0");
+    check_type(arka, dir, "tiny", "q4_0");
 #if defined(__SANITIZE_ADDRESS__)
     /* the reference Q4_K quantizer inside an instrumented mkmodel alone takes ~45 s here */
-    printf("NOTICE: tiny q4_k skipped in the sanitizer build (covered by the normal build)\n");
+    printf("NOTICE: tiny q4_k and small skipped in the sanitizer build (covered by the normal build)\n");
+    (void)long_tests;
 #else
-    check_type(arka, dir, "tiny", "q4_k", 5e-2);
+    check_type(arka, dir, "tiny", "q4_k");
+    /* ~2 s each; small Q4_K takes ~4 s (half of it mkmodel's Q4_K quantizer) */
+    check_type(arka, dir, "small", "q8_0");
+    check_type(arka, dir, "small", "q4_0");
+    if (long_tests) check_type(arka, dir, "small", "q4_k");
+    else printf("NOTICE: small q4_k runs with ARKA_LONG_TESTS=1\n");
 #endif
-    const char *lng = getenv("ARKA_LONG_TESTS");
-    if (lng && !strcmp(lng, "1")) {
-        check_type(arka, dir, "small", "q8_0", 1e-1);
-        check_type(arka, dir, "small", "q4_0", 1e-1);
-        check_type(arka, dir, "small", "q4_k", 1e-1);
-    }
     rmdir(dir);
     return t_done();
 }
