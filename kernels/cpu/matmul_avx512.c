@@ -24,9 +24,9 @@
 #define AVX512_INLINE static inline __attribute__((always_inline, target(TGT)))
 
 #define ROW_GROUP 16
-/* Q8_0 / Q4_0 decode (one token) reads one row at a time, a single sequential stream per
- * thread (four rows interleaved left ~30 % of the read bandwidth unused: bench/RESULTS.md,
- * "Engine (CPU)"), and prefetches this many bytes ahead of it. */
+/* Decode (one token) reads one row at a time, a single sequential stream per thread (four
+ * rows interleaved left ~30 % of the read bandwidth unused: bench/RESULTS.md, "Engine (CPU)"),
+ * and prefetches this many bytes ahead of it. */
 #define PREFETCH_AHEAD 2048
 
 AVX512_INLINE float hsum8(__m256 v) {
@@ -70,10 +70,14 @@ AVX512_INLINE void tile_float(int type, int R, int T, const k__mm_args *a, int64
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     const int64_t n = a->n_in, n16 = n & ~(int64_t)15;
+    const int esz = type == DT_F32 ? 4 : 2;
     for (int64_t i = 0; i < n16; i += 16) {
         __m512 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load_w16(type, w[r], i);
+        for (int r = 0; r < R; r++) {
+            if (T == 1 && !(i & (64 / esz - 1))) _mm_prefetch((const char *)w[r] + i * esz + PREFETCH_AHEAD, _MM_HINT_T0);
+            wv[r] = load_w16(type, w[r], i);
+        }
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_loadu_ps(x[t] + i);
@@ -273,7 +277,7 @@ AVX512_FN void quantize_row(int act, const float *x, int64_t n_in, uint8_t *row)
 /* ---- drivers ------------------------------------------------------------------------------- */
 
 /* Float types: up to 6 tokens per tile (R = 4: 24 accumulators of 32 registers). Decode (one
- * token) uses R = 4, prefill R = 4 then single rows. */
+ * token) uses R = 1, prefill R = 4 then single rows. */
 AVX512_INLINE void mm_float(int type, const k__mm_args *a, int64_t o0, int64_t o1) {
     for (int64_t g = o0; g < o1; g += ROW_GROUP) {
         int64_t g1 = g + ROW_GROUP < o1 ? g + ROW_GROUP : o1;
@@ -282,7 +286,6 @@ AVX512_INLINE void mm_float(int type, const k__mm_args *a, int64_t o0, int64_t o
             int64_t o = g;
             switch (nt) {
             case 1:
-                for (; o + 4 <= g1; o += 4) tile_float(type, 4, 1, a, o, t0);
                 for (; o < g1; o++) tile_float(type, 1, 1, a, o, t0);
                 break;
             case 2:
