@@ -38,6 +38,8 @@
 #include "shm/shm.h"
 
 #define GW_MET_PREFIX      "arka:"
+/* Content-Type of a GET /metrics response carrying gw_met_render()'s text. */
+#define GW_MET_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define GW_MET_LABELS_MAX  3      /* variable labels per family (the constant label comes on top) */
 #define GW_MET_SERIES_MAX  1024   /* distinct label sets per family; then the "other" set */
 #define GW_MET_FAMILIES_MAX 64
