@@ -203,9 +203,11 @@ AVX512_INLINE void tile_q32(int type, int R, int T, const k__mm_args *a, int64_t
 /* Both levels of 16 values as int32. x * id through the explicit-rounding form: the compiler
  * must not contract it into an FMA with the subtraction (the scalar version rounds it). */
 AVX512_INLINE __m512i two_levels(__m512 x, __m512 id, __m512i *lo) {
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512 v = _mm512_mul_round_ps(x, id, rn), h = _mm512_roundscale_ps(v, rn);
-    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(256.0f)), rn);
+    /* the rounding mode is an immediate: a macro, not a variable (-O0 builds refuse a variable) */
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    __m512 v = _mm512_mul_round_ps(x, id, RN), h = _mm512_roundscale_ps(v, RN);
+    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(256.0f)), RN);
+#undef RN
     l = _mm512_min_ps(_mm512_max_ps(l, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
     *lo = _mm512_cvtps_epi32(l);
     return _mm512_cvtps_epi32(h);
