@@ -668,6 +668,10 @@ int gw_auth_create(uv_loop_t *loop, const gw_auth_cfg *c, gw_auth **out) {
     return 0;
 }
 
+void gw_auth_shutdown(gw_auth *a) {
+    if (a && a->redis) gw__redis_shutdown(a);
+}
+
 void gw_auth_destroy(gw_auth *a) {
     if (!a) return;
     gw__redis_close(a);
@@ -702,7 +706,7 @@ void gw_auth_settle(gw_auth *a, gw_auth_ticket *t, int64_t used) {
     t->live = 0;
     if (used < 0) used = 0;
     a->stats.settles++;
-    if (a->redis && !t->fallback) gw__redis_settle(a, t, used);
+    if (a->redis) gw__redis_settle(a, t, used);
     else gw__local_settle(a, t, used);
 }
 

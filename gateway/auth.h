@@ -121,6 +121,7 @@ typedef struct gw_auth_ticket {
     int64_t reserved;         /* tokens reserved */
     int     live;             /* 1 until settled */
     int     fallback;         /* admitted by the local limiter while Redis was unavailable */
+    char    lease[48];        /* Redis: the concurrency lease (and settle-once marker) */
 } gw_auth_ticket;
 
 typedef struct gw_auth_result {
@@ -144,7 +145,13 @@ void gw_auth_cfg_default(gw_auth_cfg *c);
 /* Loads the keys (in-process store) or connects to Redis (redis_url set). Returns 0, CM_EINVAL
  * (no secret, bad URL), CM_EFORMAT (keys file), CM_EIO, CM_ENOMEM, CM_EUNSUPPORTED (no hiredis). */
 int  gw_auth_create(uv_loop_t *loop, const gw_auth_cfg *c, gw_auth **out);
-/* Pending admissions are answered 503 first. Accepts NULL. */
+/* Closes the Redis connection and timer (pending admissions are answered 503, later ones are
+ * limited locally); their handles close when the loop runs next. Call it while the loop still
+ * runs (e.g. when the HTTP server has closed) so that uv_run can return. Idempotent; a no-op for
+ * the in-process store. */
+void gw_auth_shutdown(gw_auth *a);
+/* Frees the store (after gw_auth_shutdown and a loop run, or for the in-process store at any
+ * time); writes the usage file. Accepts NULL. */
 void gw_auth_destroy(gw_auth *a);
 
 /* Tokens to reserve for a request of body_len bytes asking n choices of max_tokens (-1: not given). */
@@ -168,6 +175,13 @@ typedef struct gw_auth_stats {
 } gw_auth_stats;
 /* Counters for /metrics. Can't fail. */
 void gw_auth_stats_get(const gw_auth *a, gw_auth_stats *st);
+
+/* Redis key management (blocking; for `arka keys --redis` and tests). Return 0, CM_EIO (with
+ * err), CM_ENOTFOUND, CM_ENOMEM, CM_EUNSUPPORTED (built without hiredis). */
+int  gw_redis_key_put(const char *url, const gw_key *k, char *err, size_t errlen);
+/* Every key (and, when usage is not NULL, today's usage of each, same order). free() both. */
+int  gw_redis_keys_list(const char *url, gw_key **keys, int *n, gw_key_usage **usage, char *err, size_t errlen);
+int  gw_redis_key_set_enabled(const char *url, const char *id, int enabled, char *err, size_t errlen);
 
 /* Current counters of one key in the in-process store (for tests and `arka keys usage`): 0 and
  * the values, or CM_ENOTFOUND. */
