@@ -4,8 +4,9 @@
  * Every kernel computes tiles of R output rows x T tokens. Each (t, o) owns one accumulator
  * whose sequence of operations (8 float lanes, blocks in order, one fixed horizontal sum) is
  * the same for every R and T, so a row's result does not depend on n_tok or on which rows
- * share its tile (batch invariance). Decode (n_tok == 1) uses R = 4; prefill R = 2, T <= 4..6
- * so each weight block is loaded and unpacked once per tile of tokens.
+ * share its tile (batch invariance). Decode (n_tok == 1) uses R = 4 for float types and R = 1
+ * for quantized ones; prefill R = 2, T <= 4..6 so each weight block is loaded and unpacked
+ * once per tile of tokens.
  *
  * Quantized weights: x was quantized by matmul.c to two int8 levels (per 32 in group order
  * for Q8_0/Q4_0, per 256 with 16-sums for Q4_K/Q6_K; kcpu_internal.h). Integer dot products
@@ -435,8 +436,7 @@ AVX2_INLINE void mm_quant(int type, const k__mm_args *a, int64_t o0, int64_t o1)
             int64_t nt = a->n_tok - t0 < 4 ? a->n_tok - t0 : 4;
             int64_t o = g;
             switch (nt) {
-            case 1:
-                for (; o + 4 <= g1; o += 4) tile_q(type, 4, 1, a, o, t0);
+            case 1: /* one row at a time: one sequential stream per thread (see matmul_avx512.c) */
                 for (; o < g1; o++) tile_q(type, 1, 1, a, o, t0);
                 break;
             case 2:
