@@ -9,6 +9,7 @@
 
 #include "common/cm_err.h"
 #include "common/cm_log.h"
+#include "gateway/metrics.h"
 #include "model/detok.h"
 #include "model/stop.h"
 #include "shm/shm.h"
@@ -24,6 +25,7 @@ typedef struct choice {
     uint32_t next_seq;     /* the sequence number the next token must carry */
     int      finished;     /* on_finish was called */
     int      completion;   /* tokens received */
+    uint64_t t_first, t_last; /* uv_hrtime of the first / latest token (0: none yet) */
     tok_detok dt;
     tok_stop  st;
 } choice;
@@ -64,6 +66,8 @@ typedef struct greq {
     int          wrc;
     gw_oai_err   werr;
     int          cached;
+    uint64_t     t_submit;          /* uv_hrtime at submit */
+    int          counted;           /* the failure/abort went into the metrics */
     choice       ch[];
 } greq;
 
@@ -94,9 +98,8 @@ struct gw_gen {
     void     (*on_stopped)(gw_gen *g, void *ud);
     void      *stop_ud;
     int        n_stopped;
-    /* gateway-side counters for /metrics */
-    uint64_t   n_finished[3];       /* by finish reason: stop, length, error/abort */
-    uint64_t   n_rejected;
+    gw_met    *met;                 /* /metrics registry */
+    int        n_preparing;         /* in the threadpool */
 };
 
 /* ---- request table ------------------------------------------------------------------------- */
@@ -178,6 +181,19 @@ static int gone(greq *r) {
 
 static void send_cancel(gen_ex *e, uint64_t rid);
 
+static double secs(uint64_t a, uint64_t b) { return a && b >= a ? (double)(b - a) * 1e-9 : -1.0; }
+
+/* Metrics for every choice not finished yet (reason "error" or "abort"), once per request. */
+static void count_unfinished(greq *r, const char *reason) {
+    if (r->counted) return;
+    r->counted = 1;
+    uint64_t now = uv_hrtime();
+    for (int i = 0; i < r->n; i++)
+        if (!r->ch[i].finished)
+            gw_met_request_done(r->g->met, NULL, reason, (uint64_t)r->n_ids, (uint64_t)r->ch[i].completion,
+                                secs(r->t_submit, r->ch[i].t_first), secs(r->t_submit, now), -1.0);
+}
+
 /* Fails the whole request: CANCELs for its open choices, on_error, end. */
 static void req_fail(greq *r, int status, const char *type, const char *code, const char *fmt, ...) {
     gw_oai_err e;
@@ -190,7 +206,7 @@ static void req_fail(greq *r, int status, const char *type, const char *code, co
     if (r->ex)
         for (int i = 0; i < r->n_sent; i++)
             if (!r->ch[i].finished) send_cancel(r->ex, r->id << RID_SHIFT | (uint64_t)i);
-    r->g->n_finished[2]++;
+    count_unfinished(r, "error");
     EMIT(r, on_error(r->ud, &e));
     if (lookup(r->g, r->id) == r) req_end(r);
     else gone(r);
@@ -292,7 +308,8 @@ static void finish_choice(greq *r, int i, int finish) {
     if (c->finished) return;
     c->finished = 1;
     r->n_open--;
-    r->g->n_finished[finish == GW_FINISH_LENGTH ? 1 : 0]++;
+    gw_met_request_done(r->g->met, NULL, finish == GW_FINISH_LENGTH ? "length" : "stop", (uint64_t)r->n_ids,
+                        (uint64_t)c->completion, secs(r->t_submit, c->t_first), secs(r->t_submit, uv_hrtime()), -1.0);
     EMIT(r, on_finish(r->ud, i, finish));
     if (gone(r) || r->n_open) return;
     gw_oai_usage u = { r->n_ids, 0, r->cached };
@@ -334,6 +351,10 @@ static void on_token(gw_gen *g, const struct shm_tok *t, const struct shm_top *t
     }
     c->next_seq++;
     c->completion++;
+    uint64_t now = uv_hrtime();
+    if (!c->t_first) c->t_first = now;
+    else gw_met_itl(g->met, (double)(now - c->t_last) * 1e-9);
+    c->t_last = now;
     char txt[4096];
     size_t n = 0;
     if (tok_detok_push(&c->dt, t->token, txt, sizeof txt, &n)) n = 0; /* out of range or oversized piece: no text */
@@ -447,6 +468,7 @@ static void ex_state(gw_exec *x, void *ud, int up, const char *why) {
     if (e->stopped) CM_LOG_INFO("gen", "executor stopped", "executor=%d requests=%d", e->idx, e->n_reqs);
     else {
         e->restarts++;
+        gw_met_executor_restart(e->g->met, e->idx);
         CM_LOG_WARN("gen", "executor down", "executor=%d why=\"%s\" requests=%d", e->idx, why ? why : "", e->n_reqs);
     }
     while (e->list)
@@ -505,6 +527,7 @@ static void work_prepare(uv_work_t *w) {
 static void work_done(uv_work_t *w, int status) {
     greq *r = w->data;
     gw_gen *g = r->g;
+    g->n_preparing--;
     if (r->cancelled) { /* cancelled while in the threadpool: nothing more to say */
         req_free(r);
         return;
@@ -555,7 +578,7 @@ static void work_done(uv_work_t *w, int status) {
     gone(r);
     return;
 fail:
-    g->n_finished[2]++;
+    count_unfinished(r, "error");
     EMIT(r, on_error(r->ud, &e));
     if (lookup(g, r->id) == r) req_end(r);
     else gone(r);
@@ -571,7 +594,6 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
         return CM_ESTATE;
     }
     if (g->inflight >= g->cfg.max_requests) {
-        g->n_rejected++;
         gw_oai_err_set(e, 503, "server_error", NULL, "overloaded", "The server has %d requests in flight; retry shortly.",
                        g->inflight);
         return CM_EFULL;
@@ -673,9 +695,12 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     r->hnext = g->buckets[r->id % BUCKETS];
     g->buckets[r->id % BUCKETS] = r;
     g->inflight++;
+    g->n_preparing++;
+    r->t_submit = uv_hrtime();
     if (uv_queue_work(g->loop, &r->work, work_prepare, work_done)) {
         table_remove(g, r);
         g->inflight--;
+        g->n_preparing--;
         req_free(r);
         gw_oai_err_set(e, 500, "server_error", NULL, NULL, "cannot queue the request");
         return CM_EIO;
@@ -701,7 +726,7 @@ static void be_cancel(void *impl, uint64_t id) {
     if (r->ex)
         for (int i = 0; i < r->n_sent; i++)
             if (!r->ch[i].finished) send_cancel(r->ex, r->id << RID_SHIFT | (uint64_t)i);
-    g->n_finished[2]++;
+    count_unfinished(r, "abort");
     req_end(r);
 }
 
@@ -731,6 +756,11 @@ int gw_gen_start(uv_loop_t *loop, const gw_gen_cfg *cfg, gw_gen **out) {
     }
     g->loop = loop;
     g->cfg = *cfg;
+    if (gw_met_create(cfg->model_id, cfg->n_ctx, &g->met)) {
+        free(g->model_id);
+        free(g);
+        return CM_ENOMEM;
+    }
     uv_timer_init(loop, &g->retry);
     g->retry.data = g;
     for (int k = 0; k < cfg->n_exec; k++) {
@@ -790,6 +820,7 @@ void gw_gen_destroy(gw_gen *g) {
             req_free(r);
         }
     for (int k = 0; k < g->n_ex; k++) gw_exec_destroy(g->ex[k].x);
+    gw_met_destroy(g->met);
     free(g->model_id);
     free(g);
 }
@@ -798,116 +829,17 @@ int gw_gen_inflight(const gw_gen *g) { return g ? g->inflight : 0; }
 
 /* ---- metrics --------------------------------------------------------------------------------- */
 
-typedef struct mbuf {
-    char  *p;
-    size_t n, cap;
-    int    oom;
-} mbuf;
-
-static void mb_printf(mbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = 1;
-            return;
-        }
-        if ((size_t)k < b->cap - b->n) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)k + 256;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
-
-static void metric_head(mbuf *b, const char *name, const char *type, const char *help) {
-    mb_printf(b, "# HELP arka:%s %s\n# TYPE arka:%s %s\n", name, help, name, type);
-}
-
 char *gw_gen_metrics(gw_gen *g, size_t *len) {
-    mbuf b = { malloc(4096), 0, 4096, 0 };
-    if (!b.p) return NULL;
-    const char *m = g->model_id;
-    uint64_t running = 0, waiting = 0, used = 0, total = 0, prompt = 0, gen = 0, preempt = 0, steps = 0;
+    uint64_t queued = (uint64_t)g->n_preparing;
     for (int k = 0; k < g->n_ex; k++) {
-        struct shm_seg *seg = gw_exec_seg(g->ex[k].x);
-        if (!seg || !seg->stats) continue;
-        struct shm_stats *s = seg->stats;
-        running += shm_stat_get(&s->requests_running);
-        waiting += shm_stat_get(&s->requests_waiting);
-        used += shm_stat_get(&s->kv_blocks_used);
-        total += shm_stat_get(&s->kv_blocks_total);
-        prompt += shm_stat_get(&s->prompt_tokens_total);
-        gen += shm_stat_get(&s->generation_tokens_total);
-        preempt += shm_stat_get(&s->preemptions_total);
-        steps += shm_stat_get(&s->steps_total);
+        gen_ex *e = &g->ex[k];
+        for (greq *r = e->bl_head; r; r = r->qnext) queued++;
+        struct shm_seg *seg = gw_exec_seg(e->x);
+        if (seg && seg->stats) gw_met_executor(g->met, k, seg->stats);
     }
-    metric_head(&b, "num_requests_running", "gauge", "Sequences in the executors' running batches.");
-    mb_printf(&b, "arka:num_requests_running{model_name=\"%s\"} %llu\n", m, (unsigned long long)running);
-    metric_head(&b, "num_requests_waiting", "gauge", "Sequences admitted by the executors and waiting to run.");
-    mb_printf(&b, "arka:num_requests_waiting{model_name=\"%s\"} %llu\n", m, (unsigned long long)waiting);
-    metric_head(&b, "kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use (1 = full).");
-    mb_printf(&b, "arka:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", m, total ? (double)used / (double)total : 0.0);
-    metric_head(&b, "prompt_tokens_total", "counter", "Prompt tokens prefilled.");
-    mb_printf(&b, "arka:prompt_tokens_total{model_name=\"%s\"} %llu\n", m, (unsigned long long)prompt);
-    metric_head(&b, "generation_tokens_total", "counter", "Tokens generated.");
-    mb_printf(&b, "arka:generation_tokens_total{model_name=\"%s\"} %llu\n", m, (unsigned long long)gen);
-    metric_head(&b, "num_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
-    mb_printf(&b, "arka:num_preemptions_total{model_name=\"%s\"} %llu\n", m, (unsigned long long)preempt);
-    metric_head(&b, "engine_steps_total", "counter", "Engine steps run by the executors.");
-    mb_printf(&b, "arka:engine_steps_total{model_name=\"%s\"} %llu\n", m, (unsigned long long)steps);
-    metric_head(&b, "request_success_total", "counter", "Choices finished, by finish reason.");
-    mb_printf(&b, "arka:request_success_total{model_name=\"%s\",finished_reason=\"stop\"} %llu\n", m,
-              (unsigned long long)g->n_finished[0]);
-    mb_printf(&b, "arka:request_success_total{model_name=\"%s\",finished_reason=\"length\"} %llu\n", m,
-              (unsigned long long)g->n_finished[1]);
-    metric_head(&b, "request_failure_total", "counter", "Requests that failed or were cancelled.");
-    mb_printf(&b, "arka:request_failure_total{model_name=\"%s\"} %llu\n", m, (unsigned long long)g->n_finished[2]);
-    metric_head(&b, "gateway_requests_in_flight", "gauge", "Requests the gateway holds (preparing, queued or running).");
-    mb_printf(&b, "arka:gateway_requests_in_flight{model_name=\"%s\"} %d\n", m, g->inflight);
-    metric_head(&b, "executor_restarts_total", "counter", "Executor failures (each followed by a restart).");
-    for (int k = 0; k < g->n_ex; k++)
-        mb_printf(&b, "arka:executor_restarts_total{model_name=\"%s\",executor=\"%d\"} %llu\n", m, k,
-                  (unsigned long long)g->ex[k].restarts);
-    /* the executors' own histograms (shared memory), per executor */
-    static const struct { const char *name, *help; size_t off; double scale; } H[] = {
-        { "engine_step_seconds", "Wall time of one engine step.", offsetof(struct shm_stats, step_time_us), 1e-6 },
-        { "engine_batch_size", "Sequences in one engine step.", offsetof(struct shm_stats, batch_size), 1 },
-        { "engine_batch_tokens", "Tokens (prefill + decode) in one engine step.", offsetof(struct shm_stats, batch_tokens), 1 },
-    };
-    for (size_t h = 0; h < sizeof H / sizeof *H; h++) {
-        metric_head(&b, H[h].name, "histogram", H[h].help);
-        for (int k = 0; k < g->n_ex; k++) {
-            struct shm_seg *seg = gw_exec_seg(g->ex[k].x);
-            if (!seg || !seg->stats) continue;
-            struct shm_hist_snap sn;
-            shm_hist_read((const struct shm_hist *)((const char *)seg->stats + H[h].off), &sn);
-            for (uint32_t i = 0; i < sn.n; i++) {
-                if (sn.le[i] == UINT64_MAX)
-                    mb_printf(&b, "arka:%s_bucket{model_name=\"%s\",executor=\"%d\",le=\"+Inf\"} %llu\n", H[h].name, m, k,
-                              (unsigned long long)sn.cum[i]);
-                else
-                    mb_printf(&b, "arka:%s_bucket{model_name=\"%s\",executor=\"%d\",le=\"%g\"} %llu\n", H[h].name, m, k,
-                              (double)sn.le[i] * H[h].scale, (unsigned long long)sn.cum[i]);
-            }
-            mb_printf(&b, "arka:%s_sum{model_name=\"%s\",executor=\"%d\"} %g\n", H[h].name, m, k, (double)sn.sum * H[h].scale);
-            mb_printf(&b, "arka:%s_count{model_name=\"%s\",executor=\"%d\"} %llu\n", H[h].name, m, k, (unsigned long long)sn.count);
-        }
-    }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    *len = b.n;
-    return b.p;
+    gw_met_set_queued(g->met, queued);
+    gw_met_set_inflight(g->met, (uint64_t)g->inflight);
+    return gw_met_render(g->met, len);
 }
+
+gw_met *gw_gen_met(gw_gen *g) { return g ? g->met : NULL; }

@@ -61,9 +61,12 @@ gw_backend gw_gen_backend(gw_gen *g);
 void gw_gen_stop(gw_gen *g, void (*on_stopped)(gw_gen *g, void *ud), void *ud);
 void gw_gen_destroy(gw_gen *g); /* after on_stopped; accepts NULL */
 
-/* Prometheus text (vLLM's names with the prefix arka: and a model_name label) of the gateway's
- * request counters and every executor's stats block. Returns a malloc'ed string or NULL. */
+/* Prometheus text (gateway/metrics.h: vLLM's names with the prefix arka: and a model_name label)
+ * of the gateway's request metrics and every executor's stats block. Returns a malloc'ed
+ * string or NULL. */
 char *gw_gen_metrics(gw_gen *g, size_t *len);
+/* The registry, for the HTTP and auth layers' own counters (gw_met_http, ...). */
+struct gw_met *gw_gen_met(gw_gen *g);
 
 /* Requests in flight (tokenizing, queued or running); for tests and logs. */
 int gw_gen_inflight(const gw_gen *g);

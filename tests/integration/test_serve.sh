@@ -76,6 +76,18 @@ check 'python3 -c "import sys; a=open(sys.argv[1]).read().rstrip(\"\n\"); b=open
 check '[ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 200 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = length ]' "usage/finish: $BODY"
 check '[ "$(metric prompt_tokens_total)" -ge 5 ] && [ "$(metric generation_tokens_total)" -ge 200 ]' "metrics count tokens: prompt $(metric prompt_tokens_total) generated $(metric generation_tokens_total)"
 
+# ---- a live scrape passes promtool (vLLM-style `prefix:` names draw one lint each, the only
+# finding tolerated: promtool's linter flags every colon, which Prometheus itself allows) ----
+if command -v promtool >/dev/null; then
+    curl -s "$URL/metrics" >"$TMP/scrape"
+    promtool check metrics <"$TMP/scrape" >"$TMP/promtool" 2>&1
+    grep -v "metric names should not contain ':'" "$TMP/promtool" >"$TMP/promtool.rest"
+    check '[ ! -s "$TMP/promtool.rest" ] && grep -q "^arka:time_to_first_token_seconds_bucket" "$TMP/scrape"' \
+        "promtool check metrics: $(head -5 "$TMP/promtool.rest")"
+else
+    bad "promtool missing (scripts/setup.sh installs Debian's prometheus package)"
+fi
+
 # ---- SSE framing ----
 curl -sN "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":6,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$TMP/sse"
 check 'python3 - "$TMP/sse" <<EOF
@@ -123,7 +135,7 @@ curl -sN --max-time 0.5 "$URL/v1/completions" -d '{"model":"stories260K","prompt
 freed=0
 for _ in $(seq 100); do
     [ "$(metric num_requests_running)" = 0 ] && [ "$(metric gateway_requests_in_flight)" = 0 ] &&
-        [ "$(metric kv_cache_usage_perc)" = 0.000000 ] && { freed=1; break; }
+        python3 -c "import sys; sys.exit(float(sys.argv[1]) != 0)" "$(metric kv_cache_usage_perc)" && { freed=1; break; }
     sleep 0.1
 done
 g1=$(metric generation_tokens_total); sleep 0.5; g2=$(metric generation_tokens_total)
@@ -182,9 +194,12 @@ else
 fi
 
 # ---- graceful shutdown ----
+EXECS=$(pgrep -P "$SERVER" | tr '\n' ' ')
 kill -TERM "$SERVER"
 for _ in $(seq 100); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
 wait "$SERVER"; rc=$?
-check '[ $rc = 0 ] && ! pgrep -f "arka executor.*stories260K" >/dev/null' "SIGTERM: exit $rc, executors gone"
+left=""
+for p in $EXECS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+check '[ $rc = 0 ] && [ -n "$EXECS" ] && [ -z "$left" ]' "SIGTERM: exit $rc, executors ($EXECS) still running: $left"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
