@@ -13,10 +13,12 @@
 #include <time.h>
 
 static void usage(FILE *f, const cm_opt *opts) {
-    fprintf(f, "usage: arka keys create --tenant T [--rpm N] [--tpm N] [--concurrency N] [--daily-tokens N] [--models a,b] --keys-file F\n"
-               "       arka keys list --keys-file F\n"
-               "       arka keys revoke ID|KEY --keys-file F\n"
-               "       arka keys usage --keys-file F\n"
+    fprintf(f, "usage: arka keys create --tenant T [--rpm N] [--tpm N] [--concurrency N] [--daily-tokens N] [--models a,b] STORE\n"
+               "       arka keys list STORE\n"
+               "       arka keys revoke ID|KEY STORE\n"
+               "       arka keys usage STORE\n"
+               "STORE: --keys-file F (the in-process store's file), or --redis redis://HOST:PORT[/DB] with\n"
+               "--auth-secret S (the secret every gateway sharing that Redis is started with)\n"
                "\n"
                "create prints the new key once; only its HMAC-SHA256 is stored. 0 means unlimited for\n"
                "--rpm, --tpm, --concurrency and --daily-tokens. The secret comes from --auth-secret\n"
@@ -39,7 +41,7 @@ static const char *lim(int64_t v, char *buf, size_t cap) {
     return buf;
 }
 
-static int cmd_create(const char *file, const char *secret_opt, const char *tenant, const char *models, int64_t rpm,
+static int cmd_create(const char *file, const char *redis, const char *secret_opt, const char *tenant, const char *models, int64_t rpm,
                       int64_t tpm, int64_t conc, int64_t daily) {
     if (!gw_tenant_valid(tenant)) {
         fprintf(stderr, "arka keys: --tenant '%s': expected 1..63 of [A-Za-z0-9._-]\n", tenant ? tenant : "");
@@ -63,7 +65,7 @@ static int cmd_create(const char *file, const char *secret_opt, const char *tena
     uint8_t secret[256];
     size_t slen;
     char err[512];
-    if (gw_auth_secret_load(secret_opt, file, 1, secret, sizeof secret, &slen, err, sizeof err)) {
+    if (gw_auth_secret_load(secret_opt, file, !redis, secret, sizeof secret, &slen, err, sizeof err)) {
         fprintf(stderr, "arka keys: %s\n", err);
         return 1;
     }
@@ -73,21 +75,23 @@ static int cmd_create(const char *file, const char *secret_opt, const char *tena
         return 1;
     }
     gw_key_hash(secret, slen, key, strlen(key), k.hash, k.id);
-    int rc = gw_keyfile_append(file, &k);
+    int rc = redis ? gw_redis_key_put(redis, &k, err, sizeof err) : gw_keyfile_append(file, &k);
     if (rc) {
-        fprintf(stderr, "arka keys: cannot write %s: %s\n", file, cm_err_str(rc));
+        if (redis) fprintf(stderr, "arka keys: %s\n", err);
+        else fprintf(stderr, "arka keys: cannot write %s: %s\n", file, cm_err_str(rc));
         return 1;
     }
     printf("%s\n", key);
-    fprintf(stderr, "arka keys: created key %s for tenant %s in %s (the key is shown only this once)\n", k.id, k.tenant, file);
+    fprintf(stderr, "arka keys: created key %s for tenant %s in %s (the key is shown only this once)\n", k.id, k.tenant,
+            redis ? redis : file);
     return 0;
 }
 
-static int cmd_list(const char *file) {
+static int cmd_list(const char *file, const char *redis) {
     gw_key *ks;
     int n;
     char err[512], a[32], b[32], c[32], d[32], t[32];
-    if (gw_keyfile_load(file, &ks, &n, err, sizeof err)) {
+    if (redis ? gw_redis_keys_list(redis, &ks, &n, NULL, err, sizeof err) : gw_keyfile_load(file, &ks, &n, err, sizeof err)) {
         fprintf(stderr, "arka keys: %s\n", err);
         return 1;
     }
@@ -101,7 +105,7 @@ static int cmd_list(const char *file) {
     return 0;
 }
 
-static int cmd_revoke(const char *file, const char *secret_opt, const char *what) {
+static int cmd_revoke(const char *file, const char *redis, const char *secret_opt, const char *what) {
     char id[65];
     if (gw_key_well_formed(what, strlen(what))) { /* the key itself: find it by its hash */
         uint8_t secret[256], h[32];
@@ -120,9 +124,14 @@ static int cmd_revoke(const char *file, const char *secret_opt, const char *what
         }
         snprintf(id, sizeof id, "%s", what);
     }
-    int rc = gw_keyfile_set_enabled(file, id, 0);
+    char err[512];
+    int rc = redis ? gw_redis_key_set_enabled(redis, id, 0, err, sizeof err) : gw_keyfile_set_enabled(file, id, 0);
     if (rc == CM_ENOTFOUND) {
-        fprintf(stderr, "arka keys: no key %s in %s\n", id, file);
+        fprintf(stderr, "arka keys: no key %s in %s\n", id, redis ? redis : file);
+        return 1;
+    }
+    if (rc && redis) {
+        fprintf(stderr, "arka keys: %s\n", err);
         return 1;
     }
     if (rc) {
@@ -133,16 +142,21 @@ static int cmd_revoke(const char *file, const char *secret_opt, const char *what
     return 0;
 }
 
-static int cmd_usage(const char *file) {
+static int cmd_usage(const char *file, const char *redis) {
     gw_key *ks;
     gw_key_usage *u;
     int n, nu;
     char err[512], b[32];
-    if (gw_keyfile_load(file, &ks, &n, err, sizeof err)) {
+    if (redis) {
+        if (gw_redis_keys_list(redis, &ks, &n, &u, err, sizeof err)) {
+            fprintf(stderr, "arka keys: %s\n", err);
+            return 1;
+        }
+        nu = n;
+    } else if (gw_keyfile_load(file, &ks, &n, err, sizeof err)) {
         fprintf(stderr, "arka keys: %s\n", err);
         return 1;
-    }
-    if (gw_usage_load(file, &u, &nu)) {
+    } else if (gw_usage_load(file, &u, &nu)) {
         fprintf(stderr, "arka keys: cannot read %s.usage\n", file);
         free(ks);
         return 1;
@@ -162,10 +176,11 @@ static int cmd_usage(const char *file) {
 }
 
 int cli_keys(int argc, char **argv) {
-    const char *file = NULL, *secret = NULL, *tenant = NULL, *models = "*";
+    const char *file = NULL, *redis = NULL, *secret = NULL, *tenant = NULL, *models = "*";
     int64_t rpm = 60, tpm = 100000, conc = 8, daily = 0;
     cm_opt opts[] = {
         { "keys-file", 0, CM_OPT_STR, &file, "the keys file (one key per line, hashes only; see config/keys.conf)" },
+        { "redis", 0, CM_OPT_STR, &redis, "redis://HOST:PORT[/DB]: keys in Redis (shared by gateways) instead of a file" },
         { "auth-secret", 0, CM_OPT_STR, &secret, "HMAC secret (default: the file KEYS_FILE.secret, created 0600)" },
         { "tenant", 0, CM_OPT_STR, &tenant, "create: tenant name" },
         { "models", 0, CM_OPT_STR, &models, "create: models the key may use, comma-separated (default * = all)" },
@@ -189,8 +204,14 @@ int cli_keys(int argc, char **argv) {
         return 2;
     }
     const char *cmd = pos[0];
-    if (!file || !*file) {
-        fprintf(stderr, "arka keys: no keys file: give --keys-file F (or ARKA_KEYS_FILE, or keys-file in the config)\n");
+    if (redis && !*redis) redis = NULL;
+    if (file && !*file) file = NULL;
+    if (!file && !redis) {
+        fprintf(stderr, "arka keys: no key store: give --keys-file F or --redis URL (or ARKA_KEYS_FILE / ARKA_REDIS, or the config)\n");
+        return 2;
+    }
+    if (file && redis) {
+        fprintf(stderr, "arka keys: --keys-file and --redis name two stores; give one\n");
         return 2;
     }
     int want = !strcmp(cmd, "revoke") ? 2 : 1;
@@ -198,10 +219,10 @@ int cli_keys(int argc, char **argv) {
         fprintf(stderr, "arka keys %s: %s\n", cmd, npos < want ? "which key? give its id" : "unexpected argument");
         return 2;
     }
-    if (!strcmp(cmd, "create")) return cmd_create(file, secret, tenant, models, rpm, tpm, conc, daily);
-    if (!strcmp(cmd, "list")) return cmd_list(file);
-    if (!strcmp(cmd, "revoke")) return cmd_revoke(file, secret, pos[1]);
-    if (!strcmp(cmd, "usage")) return cmd_usage(file);
+    if (!strcmp(cmd, "create")) return cmd_create(file, redis, secret, tenant, models, rpm, tpm, conc, daily);
+    if (!strcmp(cmd, "list")) return cmd_list(file, redis);
+    if (!strcmp(cmd, "revoke")) return cmd_revoke(file, redis, secret, pos[1]);
+    if (!strcmp(cmd, "usage")) return cmd_usage(file, redis);
     fprintf(stderr, "arka keys: unknown subcommand '%s' (create, list, revoke, usage)\n", cmd);
     return 2;
 }

@@ -70,5 +70,34 @@ grep '^# hash=' "$ROOT/config/keys.conf" | sed 's/^# //' >"$TMP/example.conf"
 check '[ $? -eq 0 ]'
 "$ARKA" keys list --keys-file "$ROOT/config/keys.conf" >/dev/null; check '[ $? -eq 0 ]'
 
+# the same commands against Redis (a redis-server on a free loopback port), when installed
+if command -v redis-server >/dev/null 2>&1; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$TMP" >/dev/null 2>&1 &
+    rpid=$!
+    for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    R=redis://127.0.0.1:$port/3
+    S=a-shared-secret-for-redis-keys
+    rk=$("$ARKA" keys create --tenant acme --rpm 7 --models m1 --redis "$R" --auth-secret "$S" 2>/dev/null)
+    check '[[ "$rk" =~ ^ak-[0-9a-f]{48}$ ]]'
+    rh=$(printf '%s' "$rk" | openssl dgst -sha256 -hmac "$S" -r | cut -d' ' -f1)
+    check '[ "$(redis-cli -p "$port" -n 3 get "arka:keyidx:$rh")" = "acme ${rh:0:12}" ]'
+    check '[ "$(redis-cli -p "$port" -n 3 hget "arka:{acme}:key:${rh:0:12}" rpm)" = 7 ]'
+    check '[ -z "$(redis-cli -p "$port" -n 3 --scan | xargs -r -n1 redis-cli -p "$port" -n 3 dump 2>/dev/null | grep -a "${rk#ak-}")" ]'
+    "$ARKA" keys list --redis "$R" >"$TMP/rlist"
+    check 'grep -qE "^${rh:0:12} +acme +yes +7 " "$TMP/rlist"' "$(cat "$TMP/rlist")"
+    redis-cli -p "$port" -n 3 hset "arka:{acme}:k:${rh:0:12}:d:$today" tok 321 req 4 >/dev/null
+    "$ARKA" keys usage --redis "$R" >"$TMP/rusage"
+    check 'grep -qE "^${rh:0:12} +acme +321 +4 " "$TMP/rusage"' "$(cat "$TMP/rusage")"
+    "$ARKA" keys revoke "$rk" --redis "$R" --auth-secret "$S" 2>/dev/null
+    check '[ "$(redis-cli -p "$port" -n 3 hget "arka:{acme}:key:${rh:0:12}" enabled)" = 0 ]'
+    "$ARKA" keys create --tenant x --redis "$R" >/dev/null 2>"$TMP/e"; check '[ $? -eq 1 ] && grep -q auth-secret "$TMP/e"'
+    "$ARKA" keys list --redis "$R" --keys-file "$K" >/dev/null 2>&1; check '[ $? -eq 2 ]'
+    "$ARKA" keys list --redis redis://127.0.0.1:1 >/dev/null 2>"$TMP/e"; check '[ $? -eq 1 ] && grep -q "cannot connect" "$TMP/e"'
+    kill "$rpid"; wait "$rpid" 2>/dev/null
+else
+    echo "redis-server not installed: Redis part skipped"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
