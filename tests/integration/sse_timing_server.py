@@ -108,15 +108,23 @@ class Handler(BaseHTTPRequestHandler):
         with srv.lock:
             srv.inflight += 1
             inflight = srv.inflight
+        self.counted = True
         self.record("t=%.6f n=%d status=200 words=%d max_tokens=%d inflight=%d prompt=%s" % (t_read, n, len(words), m, inflight, digest))
         try:
             self.stream(t_read, n, m, len(words))
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            with srv.lock:
-                srv.inflight -= 1
+            self.leave()
             self.close_connection = True
+
+    def leave(self):
+        # Out of the in-flight count before the bytes that end the stream: the client may send
+        # its next request as soon as it has them, and must not be seen overlapping this one.
+        if getattr(self, "counted", False):
+            self.counted = False
+            with self.server.lock:
+                self.server.inflight -= 1
 
     def stream(self, t0, n, m, words):
         srv = self.server
@@ -137,6 +145,7 @@ class Handler(BaseHTTPRequestHandler):
             if delay > 0:
                 time.sleep(delay)
             if srv.error_every and n % srv.error_every == 0 and k == 2:
+                self.leave()
                 self.write(b"data: " + json.dumps({"error": {"message": "injected stream error %d" % n}}).encode() + b"\n\n")
                 self.end_stream()
                 return
@@ -147,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         self.write(line[:len(line) // 2])
         time.sleep(0.005)
         self.write(line[len(line) // 2:])
+        self.leave()
         self.write(b"data: [DONE]\n\n")
         self.end_stream()
 
