@@ -16,7 +16,9 @@
  * the marker, so it is retried after a reconnect. Live leases are renewed every lease_ms / 3.
  *
  * Redis down or slow (no answer within OP_TIMEOUT_MS): a key seen in the last KEY_CACHE_MS is
- * admitted by the local limiter (auth.c) with its cached limits, counted in fallback_admits; an
+ * admitted by the local limiter (auth.c) with its cached limits, starting from the counts Redis
+ * last reported to this gateway (each gateway limits on its own meanwhile), counted in
+ * fallback_admits; an
  * unknown key gets 401 with x-should-retry: true. With fail_closed, 503 instead. A late reply
  * that admitted is undone (settled with 0 tokens). Reconnects back off from 100 ms to 5 s.
  */
@@ -366,6 +368,9 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
                 snprintf(c->k.models, sizeof c->k.models, "%s", rp->element[9]->str);
             c->known = 1;
             c->seen = now;
+            /* the fallback starts from Redis's counts, not from zero (its own in-flight count stays) */
+            c->s.minute = o->minute, c->s.req_m = v[5], c->s.tok_m = v[6];
+            c->s.day = o->day, c->s.tok_d = v[7];
         }
         /* the limiter's answer, from Redis's counters (a copy: nothing local is charged) */
         gw_key k;

@@ -543,6 +543,9 @@ int main(void) {
     T_EQ_INT(oks, 10);
     long long fb1 = metric(0, "fallback") + metric(1, "fallback");
     T_CHECKF(fb1 >= fb0 + 10, "fallback %lld -> %lld", fb0, fb1);
+    /* the fallback starts from Redis's counts: kday's budget, spent in Redis, stays spent */
+    T_EQ_INT(post(gw_port[0], kday.key, body, &r), 429);
+    T_CHECK(strstr(r.body, "insufficient_quota") != NULL);
     /* an unknown key cannot be checked: 401, still no 5xx */
     T_EQ_INT(post(gw_port[0], unknown, body, &r), 401);
 
