@@ -14,6 +14,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "gateway/routes.h"
@@ -579,6 +581,78 @@ static int hdr_int(const resp *r, const char *name) {
     return hdr(r, name, v, sizeof v) ? atoi(v) : -1;
 }
 
+/* ---- WebSocket client bits ---- */
+
+static void ws_send(int fd, const char *text) {
+    static const uint8_t key[4] = {1, 2, 3, 4};
+    uint8_t out[4096];
+    size_t len = strlen(text), o = 0;
+    out[o++] = 0x81;
+    if (len < 126) out[o++] = 0x80 | (uint8_t)len;
+    else out[o++] = 0x80 | 126, out[o++] = (uint8_t)(len >> 8), out[o++] = (uint8_t)len;
+    memcpy(out + o, key, 4);
+    o += 4;
+    for (size_t i = 0; i < len; i++) out[o + i] = (uint8_t)text[i] ^ key[i & 3];
+    send(fd, out, o + len, MSG_NOSIGNAL);
+}
+
+static int recv_n(int fd, void *b, size_t n) {
+    char *p = b;
+    while (n) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static cJSON *ws_event(int fd) {
+    uint8_t h[2];
+    if (recv_n(fd, h, 2)) return NULL;
+    size_t n = h[1] & 0x7F;
+    if (n == 126) {
+        uint8_t e[2];
+        if (recv_n(fd, e, 2)) return NULL;
+        n = (size_t)e[0] << 8 | e[1];
+    }
+    char *p = malloc(n + 1);
+    if (recv_n(fd, p, n)) {
+        free(p);
+        return NULL;
+    }
+    p[n] = 0;
+    cJSON *j = (h[0] & 0x0F) == 1 ? cJSON_Parse(p) : NULL;
+    free(p);
+    return j;
+}
+
+static const char *type_of(cJSON *j) {
+    cJSON *t = cJSON_GetObjectItem(j, "type");
+    return cJSON_IsString(t) ? t->valuestring : "(none)";
+}
+
+/* Opens /v1/ws with key (or none); returns the socket after a 101, or -status. */
+static int ws_open(int port, const char *key) {
+    int fd = connect_port(port);
+    char hs[512], auth[128] = "";
+    if (key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
+    int n = snprintf(hs, sizeof hs, "GET /v1/ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n%s"
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", auth);
+    send(fd, hs, (size_t)n, MSG_NOSIGNAL);
+    char head[1024];
+    size_t hn = 0;
+    while (hn < sizeof head - 1 && recv(fd, head + hn, 1, 0) == 1) {
+        hn++;
+        if (hn >= 4 && memcmp(head + hn - 4, "\r\n\r\n", 4) == 0) break;
+    }
+    head[hn] = 0;
+    int status = hn > 12 ? atoi(head + 9) : -1;
+    if (status == 101) return fd;
+    close(fd);
+    return -status;
+}
+
 static int wait_inflight(gw_auth *a, const char *id, int64_t want) {
     int64_t inf = -1;
     for (int i = 0; i < 500; i++) {
@@ -595,6 +669,8 @@ static void test_routes(int final_usage) {
     char k1[GW_KEY_BUF], k2[GW_KEY_BUF], i1[GW_KEY_ID_BUF], i2[GW_KEY_ID_BUF];
     mk_key(f, "acme", "m1", 3, 1000, 1, 0, k1, i1);
     mk_key(f, "other", "m2", 0, 0, 0, 0, k2, i2);
+    char kw[GW_KEY_BUF], iw[GW_KEY_ID_BUF];
+    mk_key(f, "ws", "m1", 1, 0, 0, 0, kw, iw);
     srv st = {0};
     st.keys_file = f;
     st.final_usage = final_usage;
@@ -669,6 +745,37 @@ static void test_routes(int final_usage) {
     T_EQ_INT(hdr_int(&r, "Retry-After"), 60 - (int)((atomic_load(&fake_now) % 60000) / 1000));
     T_CHECK(hdr(&r, "x-should-retry", v, sizeof v) && !strcmp(v, "true"));
     T_CHECK(hdr(&r, "x-request-id", v, sizeof v));
+
+    /* WebSocket: the upgrade needs a key; each response.create is admitted (rpm 1 here) */
+    T_EQ_INT(ws_open(port, NULL), -401);
+    T_EQ_INT(ws_open(port, "ak-nope"), -401);
+    int ws = ws_open(port, kw);
+    T_CHECK(ws >= 0);
+    if (ws >= 0) {
+        ws_send(ws, "{\"type\":\"response.create\",\"response\":{\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}");
+        cJSON *j = ws_event(ws);
+        T_EQ_STR(type_of(j), "response.created");
+        cJSON_Delete(j);
+        int done = 0;
+        for (int i = 0; i < 10 && !done; i++) {
+            j = ws_event(ws);
+            done = j && !strcmp(type_of(j), "response.done");
+            cJSON_Delete(j);
+        }
+        T_CHECK(done);
+        ws_send(ws, "{\"type\":\"response.create\",\"event_id\":\"e2\",\"response\":{\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}");
+        j = ws_event(ws);
+        T_EQ_STR(type_of(j), "error");
+        cJSON *err = cJSON_GetObjectItem(j, "error");
+        cJSON *code = cJSON_GetObjectItem(err, "code");
+        T_CHECK(cJSON_IsString(code) && !strcmp(code->valuestring, "rate_limit_exceeded"));
+        cJSON_Delete(j);
+        close(ws);
+        T_CHECK(wait_inflight(st.auth, iw, 0));
+        int64_t wd = -1;
+        gw_auth_key_state(st.auth, iw, NULL, NULL, NULL, &wd);
+        T_EQ_INT(wd, 1 + 2 + (final_usage ? 1 : 0)); /* chat: one prompt token in the fake backend + 2 */
+    }
     srv_stop(&st);
 }
 
