@@ -530,6 +530,35 @@ int main(void) {
     free(ks);
     free(us);
 
+    /* Redis slow (stopped): a client that leaves while its admission waits frees everything; the
+     * fallback answers the others within the timeout; the late grant from Redis is undone */
+    {
+        char lk[160];
+        snprintf(lk, sizeof lk, "arka:{%s}:k:%s:lease", kconc.k.tenant, kconc.k.id);
+        long long before = day_tokens(&kconc);
+        kill(redis_pid, SIGSTOP);
+        int fd = connect_port(gw_port[0]); /* sends a request and leaves before any answer */
+        char req[512];
+        int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\n"
+                         "Content-Length: %zu\r\n\r\n%s", kconc.key, strlen(body), body);
+        send(fd, req, (size_t)n, MSG_NOSIGNAL);
+        usleep(20000);
+        close(fd);
+        fd = -1;
+        struct timeval t0, t1;
+        gettimeofday(&t0, NULL);
+        T_EQ_INT(post(gw_port[1], kfall.key, body, &r), 200);
+        gettimeofday(&t1, NULL);
+        long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_usec - t0.tv_usec) / 1000;
+        T_CHECKF(ms < 2000, "fallback took %ld ms", ms);
+        if (fd >= 0) close(fd);
+        usleep(100000);
+        kill(redis_pid, SIGCONT);
+        usleep(500000);
+        T_EQ_INT(redis_int("ZCARD %s", lk, NULL), 0);
+        T_EQ_INT(day_tokens(&kconc), before);
+    }
+
     /* Redis killed: known keys keep being served (no 5xx), counted as fallback admissions */
     long long fb0 = metric(0, "fallback") + metric(1, "fallback");
     redis_kill();
