@@ -432,6 +432,7 @@ void gw__limit_admit(const gw_key *k, gw__kstate *s, int64_t now, const char *mo
     r->lim_tok = k->tpm;
     r->rem_tok = k->tpm ? (k->tpm > s->tok_m ? k->tpm - s->tok_m : 0) : 0;
     r->reset_req_ms = r->reset_tok_ms = reset_ms;
+    memcpy(r->tenant, k->tenant, sizeof r->tenant);
     if (!k->enabled) {
         gw__auth_refuse(r, 401, "invalid_request_error", "invalid_api_key", 0, 0, "This API key has been revoked.");
         return;
@@ -472,6 +473,7 @@ void gw__limit_admit(const gw_key *k, gw__kstate *s, int64_t now, const char *mo
     }
     s->req_m++;
     s->tok_m += reserve;
+    memcpy(r->tenant, k->tenant, sizeof r->tenant);
     s->req_d++;
     s->tok_d += reserve;
     s->inflight++;
@@ -629,6 +631,8 @@ void gw__local_settle(gw_auth *a, const gw_auth_ticket *t, int64_t used) {
 
 /* ---- gw_auth -------------------------------------------------------------------------------- */
 
+static gw_auth_tenant_stats *tenant_slot(gw_auth *a, const char *tenant);
+
 void gw_auth_cfg_default(gw_auth_cfg *c) {
     memset(c, 0, sizeof *c);
     c->reserve_default = 1024;
@@ -680,6 +684,8 @@ void gw_auth_destroy(gw_auth *a) {
     free(a->keys);
     free(a->state);
     free(a->keys_path);
+    for (int i = 0; i < a->n_tenants; i++) free((char *)a->tenants[i].tenant);
+    free(a->tenants);
     free(a);
 }
 
@@ -696,8 +702,7 @@ void gw_auth_admit(gw_auth *a, const char *bearer, const char *model, int64_t re
     gw_auth_result r;
     memset(&r, 0, sizeof r);
     gw__local_admit(a, bearer, model, reserve, &r);
-    if (r.status) a->stats.refused++;
-    else a->stats.admitted++;
+    gw__auth_count(a, &r);
     cb(ud, &r);
 }
 
@@ -706,11 +711,48 @@ void gw_auth_settle(gw_auth *a, gw_auth_ticket *t, int64_t used) {
     t->live = 0;
     if (used < 0) used = 0;
     a->stats.settles++;
+    gw_auth_tenant_stats *ts = tenant_slot(a, t->tenant);
+    if (ts) ts->tokens += (uint64_t)used;
     if (a->redis) gw__redis_settle(a, t, used);
     else gw__local_settle(a, t, used);
 }
 
 void gw_auth_stats_get(const gw_auth *a, gw_auth_stats *st) { *st = a->stats; }
+
+static gw_auth_tenant_stats *tenant_slot(gw_auth *a, const char *tenant) {
+    if (!tenant || !tenant[0]) return NULL;
+    for (int i = 0; i < a->n_tenants; i++)
+        if (strcmp(a->tenants[i].tenant, tenant) == 0) return &a->tenants[i];
+    if (a->n_tenants >= GW_AUTH_TENANTS_MAX - 1) { /* the last slot is "_other" */
+        tenant = "_other";
+        for (int i = 0; i < a->n_tenants; i++)
+            if (strcmp(a->tenants[i].tenant, tenant) == 0) return &a->tenants[i];
+    }
+    if (a->n_tenants % 16 == 0) {
+        gw_auth_tenant_stats *nt = realloc(a->tenants, (size_t)(a->n_tenants + 16) * sizeof *nt);
+        if (!nt) return NULL;
+        a->tenants = nt;
+    }
+    char *name = strdup(tenant);
+    if (!name) return NULL;
+    gw_auth_tenant_stats *t = &a->tenants[a->n_tenants++];
+    memset(t, 0, sizeof *t);
+    t->tenant = name;
+    return t;
+}
+
+void gw__auth_count(gw_auth *a, const gw_auth_result *r) {
+    if (r->status) a->stats.refused++;
+    else a->stats.admitted++;
+    gw_auth_tenant_stats *t = tenant_slot(a, r->tenant);
+    if (!t) return;
+    if (r->status) t->refused++;
+    else t->admitted++;
+}
+
+void gw_auth_tenants(const gw_auth *a, void (*fn)(void *ud, const gw_auth_tenant_stats *t), void *ud) {
+    for (int i = 0; i < a->n_tenants; i++) fn(ud, &a->tenants[i]);
+}
 
 int gw_auth_key_state(gw_auth *a, const char *id, int64_t *req_minute, int64_t *tok_minute, int64_t *inflight,
                       int64_t *tok_day) {

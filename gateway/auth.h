@@ -129,6 +129,7 @@ typedef struct gw_auth_result {
     char    type[32];         /* OpenAI error type ("invalid_request_error", ...) */
     char    code[40];         /* "invalid_api_key", "model_not_allowed", "rate_limit_exceeded", ... */
     char    msg[200];
+    char    tenant[GW_TENANT_MAX]; /* the key's tenant when the key was recognised ("" for 401 unknown) */
     int     should_retry;     /* x-should-retry */
     int64_t retry_after_s;    /* Retry-After (429/503) */
     /* rate-limit headers; limit 0: that dimension is unlimited (its headers are left out) */
@@ -175,6 +176,18 @@ typedef struct gw_auth_stats {
 } gw_auth_stats;
 /* Counters for /metrics. Can't fail. */
 void gw_auth_stats_get(const gw_auth *a, gw_auth_stats *st);
+
+/* Per-tenant counters for /metrics (labels carry the tenant name, never a key). Tenants beyond
+ * GW_AUTH_TENANTS_MAX are counted under "_other". */
+#define GW_AUTH_TENANTS_MAX 1024
+typedef struct gw_auth_tenant_stats {
+    const char *tenant;
+    uint64_t admitted;        /* requests admitted */
+    uint64_t refused;         /* refused for this tenant's key: revoked, model, limits, budget */
+    uint64_t tokens;          /* tokens settled (prompt + completion) */
+} gw_auth_tenant_stats;
+/* Calls fn once per tenant seen so far (loop thread). Can't fail. */
+void gw_auth_tenants(const gw_auth *a, void (*fn)(void *ud, const gw_auth_tenant_stats *t), void *ud);
 
 /* Redis key management (blocking; for `arka keys --redis` and tests). Return 0, CM_EIO (with
  * err), CM_ENOTFOUND, CM_ENOMEM, CM_EUNSUPPORTED (built without hiredis). */

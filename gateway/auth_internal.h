@@ -31,10 +31,14 @@ struct gw_auth {
     int         usage_dirty;
     int64_t     usage_flushed;
     gw_auth_stats stats;
+    gw_auth_tenant_stats *tenants;  /* [n_tenants]; tenant strings owned */
+    int         n_tenants;
     struct gw__redis *redis;        /* NULL: in-process store */
 };
 
 int64_t gw__auth_now(const gw_auth *a);
+/* Counts an answered admission (global and per tenant). */
+void    gw__auth_count(gw_auth *a, const gw_auth_result *r);
 void    gw__auth_refuse(gw_auth_result *r, int status, const char *type, const char *code, int retry, int64_t after_s,
                         const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 void    gw__refuse_key(gw_auth_result *r);

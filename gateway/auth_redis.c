@@ -237,8 +237,7 @@ static void op_unlink(gw__redis *r, rop *o) {
 static void answer(rop *o, gw_auth_result *res) {
     gw_auth *a = o->r->a;
     o->answered = 1;
-    if (res->status) a->stats.refused++;
-    else a->stats.admitted++;
+    gw__auth_count(a, res);
     o->cb(o->ud, res);
 }
 

@@ -187,6 +187,20 @@ static gw_auth *mk_auth(const char *file) {
     return a;
 }
 
+typedef struct tcount {
+    int n, keyish;
+    long long tpm_admitted, tpm_tokens, rpm_refused, daily_refused;
+} tcount;
+
+static void count_tenant(void *ud, const gw_auth_tenant_stats *t) {
+    tcount *c = ud;
+    c->n++;
+    if (strncmp(t->tenant, "ak-", 3) == 0) c->keyish = 1;
+    if (!strcmp(t->tenant, "tpm")) c->tpm_admitted = (long long)t->admitted, c->tpm_tokens = (long long)t->tokens;
+    if (!strcmp(t->tenant, "rpm")) c->rpm_refused = (long long)t->refused;
+    if (!strcmp(t->tenant, "daily")) c->daily_refused = (long long)t->refused;
+}
+
 static void test_store(void) {
     char f[512];
     path_in(f, sizeof f, "store.conf");
@@ -371,6 +385,14 @@ static void test_store(void) {
     gw_auth_stats st;
     gw_auth_stats_get(a, &st);
     T_CHECK(st.admitted > 0 && st.refused > 0 && st.fallback_admits == 0);
+    /* per tenant (this instance, since the restart): "tpm" admitted once and settled 1 token */
+    tcount tc = {0};
+    gw_auth_tenants(a, count_tenant, &tc);
+    T_EQ_INT(tc.tpm_admitted, 1);
+    T_EQ_INT(tc.tpm_tokens, 1);
+    T_EQ_INT(tc.rpm_refused, 1); /* the revoked key: its tenant is known */
+    T_EQ_INT(tc.daily_refused, 1);
+    T_CHECK(tc.n >= 3 && !tc.keyish);
     gw_auth_destroy(a);
 }
 
