@@ -26,7 +26,8 @@
 #include <string.h>
 
 #define ATT_CHUNK_DEFAULT 64 /* positions per attention split (ARKA_CUDA_ATT_CHUNK overrides) */
-#define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 */
+#define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 tokens */
+#define N_SPLIT_BUCKETS 12  /* attention splits 2, 4, 8, ... up to n_split (the context's) */
 
 /* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
 #define CU_FATAL(call)                                                                                   \
@@ -62,6 +63,7 @@ static const char *const prof_names[PROF_N_CATS] = { "stage-in", "embed", "rmsno
 
 typedef struct cu_graph {
     int n_tok;                   /* bucket size */
+    int n_split;                 /* attention splits launched (covers positions < n_split * att_chunk) */
     cudaGraphExec_t exec;
 } cu_graph;
 
@@ -89,7 +91,7 @@ typedef struct cu_state {
     int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
     size_t meta_ints;
     float *h_logits;                         /* pinned [R, n_vocab] */
-    cu_graph graphs[N_GRAPH_BUCKETS];
+    cu_graph graphs[N_GRAPH_BUCKETS * N_SPLIT_BUCKETS];
     int n_graphs;
     /* ARKA_CUDA_PROFILE=1: eager steps record an event after every launch and print where the
      * time went (the decode-step breakdown). */
@@ -213,7 +215,7 @@ static void prof_mark(struct cu_state *s, int cat);
 
 /* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
  * producing n_out logits rows in h_logits. No synchronization, no allocation: capturable. */
-static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles) {
+static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int n_split) {
     const mdl_config *c = &s->cfg;
     cudaStream_t st = s->stream;
     const int hd = c->head_dim;
@@ -242,7 +244,7 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles) {
                                           max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
         else
             KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
-                                  hd, s->lim.block_size, scale, s->n_split, s->att_chunk, s->partial, st));
+                                  hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial, st));
         prof_mark(s, PC_ATTN);
         KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_WO);
@@ -338,21 +340,37 @@ static int bucket_of(int n) {
     return b;
 }
 
+/* Attention splits a step launches: enough for its longest context (the split-K kernel's work
+ * and its merge follow the positions, so a launch of more splits gives the same numbers), at
+ * least 2 whenever the model's context needs split-K at all, so the per-token path never
+ * changes with the batch. */
+static int splits_for(const cu_state *s, const ex_batch *b) {
+    if (s->n_split <= 1) return 1;
+    int max_pos = 0;
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->pos[i] > max_pos) max_pos = b->pos[i];
+    int need = max_pos / s->att_chunk + 1;
+    if (need < 2) need = 2;
+    return need < s->n_split ? need : s->n_split;
+}
+
 static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
     cu_state *s = base->impl;
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
+    int n_split = splits_for(s, b);
     cu_graph *g = NULL;
-    if (pure_decode) {
+    if (pure_decode) { /* the graph of the token bucket with the fewest splits that cover the step */
         int bk = bucket_of(b->n_tokens);
         for (int i = 0; i < s->n_graphs; i++)
-            if (s->graphs[i].n_tok == bk) g = &s->graphs[i];
+            if (s->graphs[i].n_tok == bk && s->graphs[i].n_split >= n_split && (!g || s->graphs[i].n_split < g->n_split))
+                g = &s->graphs[i];
     }
     if (g && !s->prof_on) {
         stage_batch(s, b, g->n_tok - b->n_tokens);
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
     } else {
         stage_batch(s, b, 0);
-        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b));
+        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split);
     }
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
@@ -424,28 +442,34 @@ static int capture_graphs(cu_state *s, char *err, size_t errlen) {
             seq[t] = s->lim.max_seqs;
             rows[t] = t;
         }
-        /* run once eagerly (cuBLAS picks its kernels), then capture */
-        enqueue_forward(s, bk, bk, 0);
-        cudaError_t e = cudaStreamSynchronize(s->stream);
-        cudaGraph_t graph;
-        if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
-        if (e == cudaSuccess) {
-            enqueue_forward(s, bk, bk, 0);
-            e = cudaStreamEndCapture(s->stream, &graph);
+        /* split buckets 2, 4, 8, ... and the context's own count last (1 when split-K is off) */
+        for (int sp = s->n_split <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < s->n_split ? sp * 2 : s->n_split, j++) {
+            /* run once eagerly (cuBLAS picks its kernels), then capture */
+            enqueue_forward(s, bk, bk, 0, sp);
+            cudaError_t e = cudaStreamSynchronize(s->stream);
+            cudaGraph_t graph;
+            if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+            if (e == cudaSuccess) {
+                enqueue_forward(s, bk, bk, 0, sp);
+                e = cudaStreamEndCapture(s->stream, &graph);
+            }
+            if (e == cudaSuccess) {
+                e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
+                cudaGraphDestroy(graph);
+            }
+            if (e != cudaSuccess) {
+                snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
+                         cudaGetErrorString(e));
+                return CM_ECUDA;
+            }
+            s->graphs[s->n_graphs].n_tok = bk;
+            s->graphs[s->n_graphs++].n_split = sp;
+            if (sp >= s->n_split) break;
         }
-        if (e == cudaSuccess) {
-            e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
-            cudaGraphDestroy(graph);
-        }
-        if (e != cudaSuccess) {
-            snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens failed: %s", bk, cudaGetErrorString(e));
-            return CM_ECUDA;
-        }
-        s->graphs[s->n_graphs++].n_tok = bk;
     }
     memset(s->h_meta, 0, s->meta_ints * sizeof(int32_t));
-    CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d seconds=%.2f", s->n_graphs,
-                s->n_graphs ? s->graphs[s->n_graphs - 1].n_tok : 0, cm_time_s() - t0);
+    CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f", s->n_graphs,
+                s->n_graphs ? s->graphs[s->n_graphs - 1].n_tok : 0, s->n_split, cm_time_s() - t0);
     return 0;
 }
 

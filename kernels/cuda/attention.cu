@@ -26,6 +26,10 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
     const int p = pos[t];
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
     const int start = split * chunk, end = min(start + chunk, p + 1);
+    // A split past this token's position holds no key: the merge reads only the splits below
+    // pos / chunk + 1, so nothing is written (launching more splits than a sequence needs costs
+    // one CTA start each, and the result does not depend on how many were launched).
+    if (n_split > 1 && start > p) return;
 
     float qv[8];
     const float *qh = q + ((size_t)t * n_head + h) * HD + sub * 8;
@@ -106,16 +110,17 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
     }
 }
 
-__global__ void attn_merge_kernel(const float *__restrict__ partial, float *__restrict__ out, int n_head, int hd,
-                                  int n_split) {
+__global__ void attn_merge_kernel(const float *__restrict__ partial, float *__restrict__ out, const int32_t *__restrict__ pos,
+                                  int n_head, int hd, int n_split, int chunk) {
     const int t = blockIdx.x, h = blockIdx.y;
     const float *pp = partial + ((size_t)t * n_head + h) * n_split * (hd + 2);
+    const int n_valid = min(n_split, pos[t] / chunk + 1); // the splits that hold keys of this token
     float M = -INFINITY;
-    for (int i = 0; i < n_split; i++) M = fmaxf(M, pp[i * (hd + 2)]);
+    for (int i = 0; i < n_valid; i++) M = fmaxf(M, pp[i * (hd + 2)]);
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float L = 0.0f, O = 0.0f;
         if (M > -INFINITY)
-            for (int i = 0; i < n_split; i++) {
+            for (int i = 0; i < n_valid; i++) {
                 const float *pi = pp + i * (hd + 2);
                 float c = __expf(pi[0] - M);
                 L += pi[1] * c;
@@ -153,7 +158,7 @@ extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_hal
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && n_split > 1) {
         dim3 grid(n_tok, n_head);
-        attn_merge_kernel<<<grid, hd < 32 ? 32 : hd, 0, s>>>(partial, out, n_head, hd, n_split);
+        attn_merge_kernel<<<grid, hd < 32 ? 32 : hd, 0, s>>>(partial, out, pos, n_head, hd, n_split, chunk);
     }
     KC_LAUNCH_CHECK();
 }

@@ -5,7 +5,7 @@
 #   2. `arka mkmodel llama2-7b` F16 served on the GPU: `arka bench serve` at batch 1 and with 128
 #      concurrent streams, JSON reports in OUTDIR.
 # The GPU host has none of the gateway's Debian libraries: libuv and cJSON come from Debian's
-# .deb files carried in .carry/debs (`apt-get download libuv1 libcjson1`), unpacked here. The
+# .deb files carried in .carry/debs (`apt-get download libuv1 libcjson1 libhiredis0.14`), unpacked here. The
 # binary: $ARKA_SERVE_BIN (default build-gpusrv/bin/arka, built on the CPU machine with
 # `cmake -S . -B build-gpusrv -DARKA_WITH_CURL=OFF && cmake --build build-gpusrv --target arka`).
 # Usage: tests/gpu/serve_cuda.sh OUTDIR
@@ -66,7 +66,7 @@ echo "== llama2-7b F16 served on the GPU"
 M=/tmp/arka-models/llama2-7b-f16.gguf
 mkdir -p /tmp/arka-models
 [ -f $M ] || "$BIN" mkmodel llama2-7b $M --type f16 --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel.log" || { echo "mkmodel failed"; fail=1; }
-if start big -m $M --backend cuda --devices 0 --served-model-name llama2-7b --max-batch 128 --max-batch-tokens 4096; then
+if start big -m $M --backend cuda --devices 0 --served-model-name llama2-7b --max-batch 128 --max-batch-tokens 4096 ${ARKA_SERVE_CTX:+--ctx $ARKA_SERVE_CTX}; then
     steps() { # mean engine step and batch since the last call, from /metrics
         curl -s "$URL/metrics" >"$OUT/metrics-$1.txt"
         python3 - "$OUT/metrics-$1.txt" ${2:+"$OUT/metrics-$2.txt"} <<'PY'
@@ -74,16 +74,16 @@ import re, sys
 def read(f):
     v = {}
     for l in open(f):
-        m = re.match(r'arka:(engine_\w+?)_(sum|count)\{[^}]*\} (\S+)', l)
+        m = re.match(r'arka:(step_time_seconds|batch_size|batch_tokens)_(sum|count)\{[^}]*\} (\S+)', l)
         if m: v[m[1] + '_' + m[2]] = float(m[3])
     return v
 v = read(sys.argv[1])
 if len(sys.argv) > 2:  # since the previous snapshot
     p = read(sys.argv[2])
     v = {k: v[k] - p.get(k, 0) for k in v}
-n = v.get('engine_step_seconds_count', 0) or 1
-print("engine steps %d: mean step %.2f ms, mean batch %.1f sequences, %.1f tokens" % (n, 1e3 * v.get('engine_step_seconds_sum', 0) / n,
-      v.get('engine_batch_size_sum', 0) / n, v.get('engine_batch_tokens_sum', 0) / n))
+n = v.get('step_time_seconds_count', 0) or 1
+print("engine steps %d: mean step %.2f ms, mean batch %.1f sequences, %.1f tokens" % (n, 1e3 * v.get('step_time_seconds_sum', 0) / n,
+      v.get('batch_size_sum', 0) / n, v.get('batch_tokens_sum', 0) / n))
 PY
     }
     "$BIN" bench serve --url "$URL" --requests 8 --rate inf --concurrency 1 --prompt-len 512 --max-tokens 128 --seed 1 --json "$OUT/b1.json" 2>&1 | tail -9
