@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "common/cm_err.h"
+#include "common/cm_file.h"
 #include "common/cm_json.h"
 #include "gguf.h"
 #include "tmpl.h"
@@ -19,36 +20,8 @@ struct mdl_chat {
     char *bos, *eos;       /* texts of the vocabulary's BOS / EOS, "" when none */
 };
 
-/* Reads a whole file (at most CHAT_FILE_MAX bytes) into a NUL-terminated buffer. CM_ENOENT when
- * it does not exist. */
 static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open", path);
-        return CM_ENOENT;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || (size_t)st.st_size > CHAT_FILE_MAX) {
-        snprintf(err, errlen, "%s: larger than %zu MiB", path, CHAT_FILE_MAX >> 20);
-        fclose(f);
-        return CM_ETOOBIG;
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        fclose(f);
-        return CM_ENOMEM;
-    }
-    size_t n = fread(buf, 1, (size_t)st.st_size, f);
-    fclose(f);
-    if (n != (size_t)st.st_size) {
-        free(buf);
-        snprintf(err, errlen, "%s: read error", path);
-        return CM_EIO;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    return cm_file_read(path, CHAT_FILE_MAX, out, len, err, errlen);
 }
 
 /* chat_template from tokenizer_config.json: a string, or a list of {name, template} (the

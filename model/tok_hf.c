@@ -14,6 +14,7 @@
  * Anything else is a clear CM_EUNSUPPORTED error naming the construct. */
 #include "tok_internal.h"
 #include "../common/cm_err.h"
+#include "../common/cm_file.h"
 #include "../common/cm_json.h"
 #include "../common/cm_log.h"
 
@@ -62,31 +63,7 @@ static int hf_fail(hf_state *h, int rc, const char *fmt, ...) {
 }
 
 static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open", path);
-        return CM_ENOENT;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > HF_MAX_FILE) {
-        fclose(f);
-        snprintf(err, errlen, "%s: not a regular file of at most %zu MB", path, HF_MAX_FILE >> 20);
-        return CM_ETOOBIG;
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) { fclose(f); return CM_ENOMEM; }
-    if (fread(buf, 1, n, f) != n) {
-        fclose(f);
-        free(buf);
-        snprintf(err, errlen, "%s: read error", path);
-        return CM_EIO;
-    }
-    fclose(f);
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    return cm_file_read(path, HF_MAX_FILE, out, len, err, errlen);
 }
 
 /* ---- model ------------------------------------------------------------------------------ */
