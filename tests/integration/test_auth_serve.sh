@@ -23,6 +23,7 @@ trap cleanup EXIT
 # start NAME ARGS...: a server on a free port; sets URL and SPID; waits for /health 200 (30 s)
 start() {
     local name=$1; shift
+    : >"$TMP/$name.log"
     "$BIN" serve -m "$MODEL" --port 0 --threads 1 "$@" >"$TMP/$name.log" 2>&1 &
     SPID=$!
     PIDS+=("$SPID")
