@@ -611,6 +611,7 @@ void gw__refuse_key(gw_auth_result *r) {
 void gw__local_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_result *r) {
     int64_t now = gw__auth_now(a);
     if (a->cfg.keys_file) local_maybe_reload(a, now);
+    if (a->usage_dirty && now - a->usage_flushed >= 1000) usage_flush(a, now);
     const gw_key *k;
     gw__kstate *s;
     if (gw__local_lookup(a, bearer, &k, &s) < 0) {
