@@ -7,6 +7,15 @@
  * (Redis limits again). Prints "skipped" and passes when redis-server is not installed. */
 #include "gateway/auth.h"
 
+#include <stdio.h>
+
+#ifndef ARKA_WITH_HIREDIS
+int main(void) {
+    printf("skipped: built without hiredis\n0 passed, 0 failed\n");
+    return 0;
+}
+#else
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -611,3 +620,4 @@ int main(void) {
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
     return t_done();
 }
+#endif
