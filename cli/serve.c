@@ -28,6 +28,11 @@ int cli_serve(int argc, char **argv) {
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
         { "max-conns", 0, CM_OPT_INT, &o.max_conns, "open HTTP connections (0 = 1024)" },
         { "max-requests", 0, CM_OPT_INT, &o.max_requests, "requests in flight before new ones get 503 (0 = 4096)" },
+        { "keys-file", 0, CM_OPT_STR, &o.keys_file, "API keys file (in-process key store; see config/keys.conf, arka keys); turns auth on" },
+        { "redis", 0, CM_OPT_STR, &o.redis, "redis://HOST:PORT[/DB]: key store and quotas shared by gateways; turns auth on" },
+        { "auth-secret", 0, CM_OPT_STR, &o.auth_secret, "HMAC secret for API keys (default: the file KEYS_FILE.secret)" },
+        { "no-auth", 0, CM_OPT_BOOL, &o.no_auth, "serve without API keys, also beyond loopback" },
+        { "redis-fail-closed", 0, CM_OPT_BOOL, &o.redis_fail_closed, "Redis unavailable: answer 503 instead of limiting locally" },
         { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
         { 0 },
     };
@@ -38,7 +43,8 @@ int cli_serve(int argc, char **argv) {
         int help = !npos && strcmp(err, "help") == 0;
         if (npos) fprintf(stderr, "arka serve: unexpected argument '%s'\n", pos[0]);
         else if (!help) fprintf(stderr, "arka serve: %s\n", err);
-        fprintf(help ? stdout : stderr, "usage: arka serve -m MODEL [--port 8080] [--backend cpu|cuda] [--devices 0,1] [options]\n");
+        fprintf(help ? stdout : stderr, "usage: arka serve -m MODEL [--port 8080] [--backend cpu|cuda] [--devices 0,1] [options]\n"
+                "API keys: on with --keys-file or --redis, and always beyond loopback (--no-auth turns them off)\n");
         cm_config_usage(opts, help ? stdout : stderr);
         return help ? 0 : 2;
     }

@@ -8,6 +8,7 @@
 
 #include "common/cm_err.h"
 #include "common/cm_log.h"
+#include "gateway/auth.h"
 #include "gateway/gen.h"
 #include "gateway/http.h"
 #include "gateway/routes.h"
@@ -28,6 +29,7 @@ typedef struct srv {
     gw_gen    *gen;
     gw_server *http;
     gw_backend be;   /* the app keeps a pointer to it: lives as long as the loop */
+    gw_auth   *auth; /* NULL: auth off */
 } srv;
 
 static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)ud)->gen, len); }
@@ -36,6 +38,7 @@ static void on_http_closed(gw_server *s, void *ud) {
     srv *v = ud;
     (void)s;
     CM_LOG_INFO("serve", "http closed; stopping executors", "in_flight=%d", gw_gen_inflight(v->gen));
+    gw_auth_shutdown(v->auth); /* Redis connection and timer: uv_run can then return */
     gw_gen_stop(v->gen, NULL, NULL);
 }
 
@@ -52,6 +55,39 @@ static void default_id(const char *path, char *out, size_t cap) {
     if (len >= cap) len = cap - 1;
     for (size_t i = 0; i < len; i++) out[i] = (b[i] == '"' || b[i] == '\\' || (unsigned char)b[i] < 0x20) ? '_' : b[i];
     out[len] = 0;
+}
+
+/* 1 when host is a loopback address (127.0.0.0/8, ::1, localhost). */
+static int is_loopback(const char *host) {
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 || strcmp(host, "localhost") == 0 ||
+           strcmp(host, "[::1]") == 0;
+}
+
+/* The auth on/off rules (serve.h). Returns 0 with *on set, or 1 after printing why not. */
+static int auth_decide(const gw_serve_opts *o, int *on) {
+    int store = (o->keys_file && *o->keys_file) || (o->redis && *o->redis);
+    *on = 0;
+    if (o->no_auth) {
+        if (store) CM_LOG_WARN("serve", "auth off (--no-auth): the key store is not used", "host=%s", o->host);
+        if (!is_loopback(o->host))
+            CM_LOG_WARN("serve", "auth off (--no-auth) on an address beyond loopback: anyone who can connect may generate",
+                        "host=%s", o->host);
+        else CM_LOG_INFO("serve", "auth off (--no-auth)", "host=%s", o->host);
+        return 0;
+    }
+    if (store) {
+        *on = 1;
+        return 0;
+    }
+    if (!is_loopback(o->host)) {
+        fprintf(stderr, "arka serve: --host %s listens beyond loopback, so API keys are required: give --keys-file FILE "
+                        "(see `arka keys create`) or --redis redis://HOST:PORT, or --no-auth to serve without keys\n",
+                o->host);
+        return 1;
+    }
+    CM_LOG_INFO("serve", "auth off: loopback address and no key store (--keys-file or --redis turns it on)", "host=%s",
+                o->host);
+    return 0;
 }
 
 /* "0,1,3" -> device ordinals. Returns the count or -1. */
@@ -85,6 +121,15 @@ int gw_serve_run(const gw_serve_opts *o) {
     if (cuda && (n_dev = parse_devices(o->devices, devs, GW_GEN_MAX_EXEC)) < 1) {
         fprintf(stderr, "arka serve: --devices '%s': expected a comma-separated list of up to %d GPU ordinals\n", o->devices,
                 GW_GEN_MAX_EXEC);
+        return 1;
+    }
+    int auth_on;
+    if (auth_decide(o, &auth_on)) return 1;
+    uint8_t secret[256];
+    size_t secret_len = 0;
+    if (auth_on && gw_auth_secret_load(o->auth_secret, o->keys_file, o->keys_file && *o->keys_file, secret, sizeof secret,
+                                       &secret_len, err, sizeof err)) {
+        fprintf(stderr, "arka serve: %s\n", err);
         return 1;
     }
     /* what the gateway needs of the model: context length, vocabulary, chat template */
@@ -160,7 +205,26 @@ int gw_serve_run(const gw_serve_opts *o) {
     uv_loop_t loop;
     uv_loop_init(&loop);
     srv s = { 0 };
-    int rc = gw_gen_start(&loop, &gc, &s.gen);
+    int rc = 0;
+    if (auth_on) {
+        gw_auth_cfg auc;
+        gw_auth_cfg_default(&auc);
+        auc.keys_file = o->keys_file && *o->keys_file ? o->keys_file : NULL;
+        auc.redis_url = o->redis && *o->redis ? o->redis : NULL;
+        auc.secret = secret;
+        auc.secret_len = secret_len;
+        auc.fail_closed = o->redis_fail_closed;
+        if ((rc = gw_auth_create(&loop, &auc, &s.auth))) {
+            fprintf(stderr, "arka serve: cannot open the key store (%s%s): %s\n", auc.redis_url ? auc.redis_url : auc.keys_file,
+                    rc == CM_EUNSUPPORTED ? ", this build has no hiredis" : "", cm_err_str(rc));
+            uv_loop_close(&loop);
+            mdl_chat_free(chat);
+            tok_free(v);
+            return 1;
+        }
+        CM_LOG_INFO("serve", "auth on", "store=%s", auc.redis_url ? auc.redis_url : auc.keys_file);
+    }
+    rc = gw_gen_start(&loop, &gc, &s.gen);
     gw_app *app = NULL;
     if (rc == 0) {
         gw_app_cfg ac;
@@ -169,6 +233,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         ac.backend = &s.be;
         ac.metrics = metrics_cb;
         ac.metrics_ud = &s;
+        ac.auth = s.auth;
         if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
         gw_http_cfg hc;
         gw_http_cfg_default(&hc);
@@ -192,11 +257,14 @@ int gw_serve_run(const gw_serve_opts *o) {
     }
     if (rc) {
         fprintf(stderr, "arka serve: %s\n", err);
+        gw_auth_shutdown(s.auth);
         if (s.gen) gw_gen_stop(s.gen, NULL, NULL);
     }
     uv_run(&loop, UV_RUN_DEFAULT);
     gw_server_destroy(s.http);
     gw_app_destroy(app);
+    gw_auth_destroy(s.auth);
+    uv_run(&loop, UV_RUN_NOWAIT); /* handles closed by the last destroys */
     gw_gen_destroy(s.gen);
     uv_loop_close(&loop);
     mdl_chat_free(chat);

@@ -28,6 +28,14 @@ typedef struct gw_serve_opts {
     const char *log_level;      /* passed to the executors */
     int         max_conns;      /* HTTP connections (0: default) */
     int         max_requests;   /* requests in flight before 503 (0: default) */
+    /* API keys and quotas (gateway/auth.h). Auth is on when a key store is configured (keys_file
+     * or redis) and whenever host is not a loopback address; off on loopback without a store;
+     * no_auth forces it off. Beyond loopback with no store and no no_auth, the server refuses to start. */
+    const char *keys_file;      /* in-process store: the keys file */
+    const char *redis;          /* redis://HOST:PORT[/DB]: the shared store */
+    const char *auth_secret;    /* HMAC secret (NULL: keys_file + ".secret") */
+    int         no_auth;
+    int         redis_fail_closed; /* Redis unavailable: 503 instead of the local fallback */
 } gw_serve_opts;
 
 void gw_serve_opts_default(gw_serve_opts *o);
