@@ -68,6 +68,8 @@ typedef struct greq {
     int          cached;
     uint64_t     t_submit;          /* uv_hrtime at submit */
     int          counted;           /* the failure/abort went into the metrics */
+    int          settled;           /* the final usage went to the usage hook */
+    int          reached;           /* SUBMITs went to an executor (the prompt is billed) */
     choice       ch[];
 } greq;
 
@@ -99,6 +101,8 @@ struct gw_gen {
     void      *stop_ud;
     int        n_stopped;
     gw_met    *met;                 /* /metrics registry */
+    void     (*final_fn)(void *ud, uint64_t id, const gw_oai_usage *u); /* usage hook (quotas) */
+    void      *final_ud;
     int        n_preparing;         /* in the threadpool */
 };
 
@@ -194,6 +198,17 @@ static void count_unfinished(greq *r, const char *reason) {
                                 secs(r->t_submit, r->ch[i].t_first), secs(r->t_submit, now), -1.0);
 }
 
+/* The request's final usage, once, to the usage hook: the prompt when it reached an executor,
+ * and every token received (all of which went to the client, or would have). */
+static void settle(greq *r) {
+    if (r->settled) return;
+    r->settled = 1;
+    if (!r->g->final_fn) return;
+    gw_oai_usage u = { r->reached ? r->n_ids : 0, 0, r->cached };
+    for (int i = 0; i < r->n; i++) u.completion_tokens += r->ch[i].completion;
+    r->g->final_fn(r->g->final_ud, r->id, &u);
+}
+
 /* Fails the whole request: CANCELs for its open choices, on_error, end. */
 static void req_fail(greq *r, int status, const char *type, const char *code, const char *fmt, ...) {
     gw_oai_err e;
@@ -208,6 +223,7 @@ static void req_fail(greq *r, int status, const char *type, const char *code, co
             if (!r->ch[i].finished) send_cancel(r->ex, r->id << RID_SHIFT | (uint64_t)i);
     count_unfinished(r, "error");
     EMIT(r, on_error(r->ud, &e));
+    settle(r);
     if (lookup(r->g, r->id) == r) req_end(r);
     else gone(r);
 }
@@ -260,6 +276,7 @@ static int send_submits(greq *r) {
             return rc;
         }
         r->n_sent++;
+        r->reached = 1;
     }
     r->state = R_RUNNING;
     return 0;
@@ -315,6 +332,7 @@ static void finish_choice(greq *r, int i, int finish) {
     gw_oai_usage u = { r->n_ids, 0, r->cached };
     for (int k = 0; k < r->n; k++) u.completion_tokens += r->ch[k].completion;
     EMIT(r, on_done(r->ud, &u));
+    settle(r);
     if (lookup(r->g, r->id) == r) req_end(r);
     else gone(r);
 }
@@ -580,6 +598,7 @@ static void work_done(uv_work_t *w, int status) {
 fail:
     count_unfinished(r, "error");
     EMIT(r, on_error(r->ud, &e));
+    settle(r);
     if (lookup(g, r->id) == r) req_end(r);
     else gone(r);
 }
@@ -721,12 +740,14 @@ static void be_cancel(void *impl, uint64_t id) {
         table_remove(g, r);
         g->inflight--;
         r->cancelled = 1;
+        settle(r);
         return;
     }
     if (r->ex)
         for (int i = 0; i < r->n_sent; i++)
             if (!r->ch[i].finished) send_cancel(r->ex, r->id << RID_SHIFT | (uint64_t)i);
     count_unfinished(r, "abort");
+    settle(r); /* what was delivered; the executor stops the sequence on the CANCEL */
     req_end(r);
 }
 
@@ -843,3 +864,8 @@ char *gw_gen_metrics(gw_gen *g, size_t *len) {
 }
 
 gw_met *gw_gen_met(gw_gen *g) { return g ? g->met : NULL; }
+
+void gw_gen_set_usage_final(gw_gen *g, void (*fn)(void *ud, uint64_t id, const gw_oai_usage *u), void *ud) {
+    g->final_fn = fn;
+    g->final_ud = ud;
+}

@@ -65,6 +65,10 @@ void gw_gen_destroy(gw_gen *g); /* after on_stopped; accepts NULL */
  * of the gateway's request metrics and every executor's stats block. Returns a malloc'ed
  * string or NULL. */
 char *gw_gen_metrics(gw_gen *g, size_t *len);
+/* Final usage hook (routes' gw_app_usage_final, for quota settlement): called exactly once for
+ * every id submit accepted, after that request's last sink callback, or inside cancel(id) with
+ * the tokens delivered so far. The prompt counts only when the request reached an executor. */
+void gw_gen_set_usage_final(gw_gen *g, void (*fn)(void *ud, uint64_t id, const gw_oai_usage *u), void *ud);
 /* The registry, for the HTTP and auth layers' own counters (gw_met_http, ...). */
 struct gw_met *gw_gen_met(gw_gen *g);
 

@@ -33,6 +33,7 @@ typedef struct srv {
 } srv;
 
 static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)ud)->gen, len); }
+static void usage_final_cb(void *ud, uint64_t id, const gw_oai_usage *u) { gw_app_usage_final(ud, id, u); }
 
 static void on_http_closed(gw_server *s, void *ud) {
     srv *v = ud;
@@ -234,7 +235,9 @@ int gw_serve_run(const gw_serve_opts *o) {
         ac.metrics = metrics_cb;
         ac.metrics_ud = &s;
         ac.auth = s.auth;
+        ac.backend_final_usage = 1; /* gen reports every request's exact final usage */
         if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
+        else gw_gen_set_usage_final(s.gen, usage_final_cb, app);
         gw_http_cfg hc;
         gw_http_cfg_default(&hc);
         hc.host = o->host;
