@@ -458,6 +458,10 @@ static int conn_keep_alive(gw_conn *c) { return c->req->keep_alive && !c->srv->d
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
+static void note_response(gw_conn *c, gw_req *r, int status) {
+    if (c->srv->cfg.on_response) c->srv->cfg.on_response(c->srv->cfg.ud, r->path ? r->path : "", status);
+}
+
 static int head_format(gw_conn *c, char *dst, size_t cap, int status, const char *ctype, const char *extra,
                        long long clen, int chunked, int keep) {
     char lenline[64] = "";
@@ -505,6 +509,7 @@ int gw_resp_send(gw_req *r, int status, const char *ctype, const char *body, siz
     }
     if (!head_only && len) memcpy(wr->data + hl, body, len);
     wr->len = (size_t)hl + (head_only ? 0 : len);
+    note_response(c, r, status);
     e = wreq_submit(c, wr);
     if (e) return end_failed(r, e);
     request_done(c, keep);
@@ -526,6 +531,7 @@ int gw_resp_stream_start(gw_req *r, int status, const char *ctype, const char *e
         return CM_EINVAL;
     }
     wr->len = (size_t)hl;
+    note_response(c, r, status);
     r->resp_state = GW__RESP_STREAMING;
     r->keep_alive = keep;
     return wreq_submit(c, wr);
@@ -597,6 +603,7 @@ int gw_conn_upgrade(gw_req *r, const char *head, const gw_upgrade_ops *ops, void
     if (!c->in_process) return CM_ESTATE; /* only from inside the handler callback */
     e = conn_write_copy(c, head, strlen(head), NULL, 0);
     if (e) return e;
+    note_response(c, r, 101);
     r->resp_state = GW__RESP_ENDED;
     r->abort_cb = NULL;
     c->in_flight = 0;

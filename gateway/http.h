@@ -71,6 +71,10 @@ typedef struct gw_http_cfg {
     uint32_t    drain_timeout_ms; /* graceful shutdown: force-close after this */
     gw_handler_fn handler;
     void       *ud;              /* passed to handler */
+    /* Optional: called as each response head to a request is written (status 101 for an
+     * upgrade; not for the server's own protocol-error answers), with the request's path; for
+     * metrics. Loop thread; must not touch the request. */
+    void      (*on_response)(void *ud, const char *path, int status);
 } gw_http_cfg;
 
 /* Defaults: 127.0.0.1:8080, backlog 511, 1024 connections, 16 KiB headers, 8 MiB bodies,

@@ -709,3 +709,14 @@ void gw_met_redis_error(gw_met *m) {
 void gw_met_fallback_admission(gw_met *m) {
     if (m && m->fallback) gw_met_add(m->fallback, NULL, 1);
 }
+void gw_met_auth_totals(gw_met *m, uint64_t redis_errors, uint64_t fallback_admissions) {
+    if (!m) return;
+    if (m->redis_err) gw_met_set(m->redis_err, NULL, (double)redis_errors);
+    if (m->fallback) gw_met_set(m->fallback, NULL, (double)fallback_admissions);
+}
+void gw_met_tenant_usage(gw_met *m, const char *tenant, uint64_t prompt_tokens, uint64_t gen_tokens) {
+    if (!m || !tenant || !*tenant) return;
+    gw_met_add(m->t_requests, &tenant, 1);
+    gw_met_add(m->t_prompt, &tenant, (double)prompt_tokens);
+    gw_met_add(m->t_gen, &tenant, (double)gen_tokens);
+}

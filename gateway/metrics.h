@@ -140,5 +140,12 @@ void gw_met_set_inflight(gw_met *m, uint64_t n);
  * fallback_admissions_total (a request admitted by the local limiter because Redis was down). */
 void gw_met_redis_error(gw_met *m);
 void gw_met_fallback_admission(gw_met *m);
+/* The same two counters mirrored from the quota store's own totals (use one way or the other). */
+void gw_met_auth_totals(gw_met *m, uint64_t redis_errors, uint64_t fallback_admissions);
+
+/* One request of tenant settled with its final usage: tenant_requests_total += 1 and the tenant's
+ * prompt / generation token counters (without the model-wide success counters, which
+ * gw_met_request_done keeps). tenant: the name, never a key; NULL or "": nothing. */
+void gw_met_tenant_usage(gw_met *m, const char *tenant, uint64_t prompt_tokens, uint64_t gen_tokens);
 
 #endif

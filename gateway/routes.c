@@ -1,6 +1,7 @@
 /* routes: the OpenAI-compatible API: routing, generation requests over HTTP (JSON and SSE) and
  * over WebSocket (Realtime-style events), all through a gw_backend. */
 #include "gateway/routes.h"
+#include "gateway/metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,7 @@ void gw_app_usage_final(gw_app *a, uint64_t bid, const gw_oai_usage *u) {
         if (p->bid == bid) {
             pend_unlink(a, p);
             gw_auth_settle(a->cfg.auth, &p->t, (int64_t)u->prompt_tokens + u->completion_tokens);
+            gw_met_tenant_usage(a->cfg.met, p->t.tenant, (uint64_t)u->prompt_tokens, (uint64_t)u->completion_tokens);
             free(p);
             return;
         }
@@ -264,8 +266,10 @@ static void gen_closed(uv_handle_t *h) {
 
 static void gen_free(gen *g) {
     g->app->active--;
-    if (g->ticket.live) /* done: on_done's usage; failed or cancelled: what was seen */
+    if (g->ticket.live) { /* done: on_done's usage; failed or cancelled: what was seen */
         gw_auth_settle(g->app->cfg.auth, &g->ticket, (int64_t)g->usage.prompt_tokens + g->seen_tokens);
+        gw_met_tenant_usage(g->app->cfg.met, g->ticket.tenant, (uint64_t)g->usage.prompt_tokens, (uint64_t)g->seen_tokens);
+    }
     acc_free(g->ch, g->q.n); /* before the request is freed: it knows n */
     gw_oai_req_free(&g->q);
     free(g->toff);
@@ -633,8 +637,10 @@ static void rt_unlink(rt_resp *r) {
 static void rt_free(rt_resp *r) {
     if (r->s) rt_unlink(r);
     r->app->active--;
-    if (r->ticket.live)
+    if (r->ticket.live) {
         gw_auth_settle(r->app->cfg.auth, &r->ticket, (int64_t)r->usage.prompt_tokens + r->seen_tokens);
+        gw_met_tenant_usage(r->app->cfg.met, r->ticket.tenant, (uint64_t)r->usage.prompt_tokens, (uint64_t)r->seen_tokens);
+    }
     acc_free(r->ch, r->q.n);
     gw_oai_req_free(&r->q);
     free(r->model);
@@ -969,6 +975,21 @@ static int pct_decode(const char *src, char *dst, size_t cap) {
     }
     dst[o] = 0;
     return 0;
+}
+
+/* The route pattern of a path, for metrics labels (never the raw path: ids stay out). */
+static const char *route_of(const char *path) {
+    static const char *const exact[] = { "/health", "/ready", "/metrics", "/v1/models", "/v1/completions",
+                                         "/v1/chat/completions", "/v1/ws" };
+    for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
+        if (strcmp(path, exact[i]) == 0) return exact[i];
+    if (strncmp(path, "/v1/models/", 11) == 0) return "/v1/models/{id}";
+    return "other";
+}
+
+void gw_app_on_response(void *ud, const char *path, int status) {
+    gw_app *a = ud;
+    gw_met_http(a->cfg.met, route_of(path ? path : ""), status);
 }
 
 void gw_app_handle(gw_req *r, void *ud) {

@@ -46,6 +46,8 @@ typedef struct gw_app_cfg {
      * routes settle at the request's end with on_done's usage, or, after a failure or a cancel,
      * with the prompt tokens plus the tokens seen so far (an estimate). */
     int         backend_final_usage;
+    /* Metrics registry for per-tenant usage and HTTP counters (gw_app_on_response); NULL: none. */
+    struct gw_met *met;
 } gw_app_cfg;
 
 typedef struct gw_app gw_app;
@@ -64,6 +66,10 @@ void gw_app_handle(gw_req *req, void *app);
  * stopped. Settles that request's quota claim with prompt + completion tokens. Unknown ids
  * (auth off, or already settled) are ignored. Loop thread; the app must still exist. */
 void gw_app_usage_final(gw_app *app, uint64_t backend_id, const gw_oai_usage *u);
+
+/* gw_http_cfg.on_response for this app (ud = the app): http_requests_total{route,status}, with
+ * the route pattern ("/v1/models/{id}", "other"), never the raw path. */
+void gw_app_on_response(void *app, const char *path, int status);
 
 /* Requests in flight (HTTP generations + WebSocket responses); for tests and metrics. */
 int  gw_app_active(const gw_app *app);

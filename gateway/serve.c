@@ -11,6 +11,7 @@
 #include "gateway/auth.h"
 #include "gateway/gen.h"
 #include "gateway/http.h"
+#include "gateway/metrics.h"
 #include "gateway/routes.h"
 #include "model/chat.h"
 #include "model/model.h"
@@ -32,7 +33,15 @@ typedef struct srv {
     gw_auth   *auth; /* NULL: auth off */
 } srv;
 
-static char *metrics_cb(void *ud, size_t *len) { return gw_gen_metrics(((srv *)ud)->gen, len); }
+static char *metrics_cb(void *ud, size_t *len) {
+    srv *v = ud;
+    if (v->auth) {
+        gw_auth_stats st;
+        gw_auth_stats_get(v->auth, &st);
+        gw_met_auth_totals(gw_gen_met(v->gen), st.redis_errors, st.fallback_admits);
+    }
+    return gw_gen_metrics(v->gen, len);
+}
 static void usage_final_cb(void *ud, uint64_t id, const gw_oai_usage *u) { gw_app_usage_final(ud, id, u); }
 
 static void on_http_closed(gw_server *s, void *ud) {
@@ -235,6 +244,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         ac.metrics = metrics_cb;
         ac.metrics_ud = &s;
         ac.auth = s.auth;
+        ac.met = gw_gen_met(s.gen);
         ac.backend_final_usage = 1; /* gen reports every request's exact final usage */
         if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
         else gw_gen_set_usage_final(s.gen, usage_final_cb, app);
@@ -244,6 +254,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         hc.port = o->port;
         if (o->max_conns > 0) hc.max_conns = o->max_conns;
         hc.handler = gw_app_handle;
+        hc.on_response = gw_app_on_response;
         hc.ud = app;
         if (!rc && (rc = gw_server_create(&loop, &hc, &s.http)))
             snprintf(err, sizeof err, "cannot listen on %s:%d (%s)", o->host, o->port, cm_err_str(rc));

@@ -84,6 +84,25 @@ post "$FURL" "$k3"; check '[ "$CODE" = 200 ]' "new key: $CODE"
 "$BIN" keys revoke "$k3" --keys-file "$K" 2>/dev/null
 sleep 1.2
 post "$FURL" "$k3"; check '[ "$CODE" = 401 ]' "revoked key: $CODE"
+# /metrics: per-tenant counters (names, never keys) and HTTP statuses by route pattern
+curl -s "$FURL/metrics" >"$TMP/metrics"
+mval() { python3 - "$TMP/metrics" "$1" <<'PY'
+import re, sys
+want = dict(re.findall(r'(\w+)="([^"]*)"', sys.argv[2].split("{", 1)[1])) if "{" in sys.argv[2] else {}
+name = sys.argv[2].split("{", 1)[0]
+for l in open(sys.argv[1]):
+    m = re.match(r'(\S+?)(?:\{(.*)\})? (\S+)$', l.strip())
+    if m and m[1] == name and all(dict(re.findall(r'(\w+)="([^"]*)"', m[2] or "")).get(k) == v for k, v in want.items()):
+        print(float(m[3])); break
+else:
+    print("none")
+PY
+}
+check '[ "$(mval "arka:tenant_requests_total{tenant=\"acme\"}")" = 3.0 ] && [ "$(mval "arka:tenant_prompt_tokens_total{tenant=\"acme\"}")" = 15.0 ] && [ "$(mval "arka:tenant_generation_tokens_total{tenant=\"acme\"}")" = 20.0 ]' \
+    "tenant metrics: $(grep tenant_ "$TMP/metrics" | grep -v '^#' | head -6)"
+check '! grep -q "ak-" "$TMP/metrics"' "a key in /metrics"
+check '[ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"401\"}")" = 3.0 ] && [ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"429\"}")" = 1.0 ]' \
+    "http metrics: $(grep http_requests_total "$TMP/metrics" | grep -v '^#')"
 kill -TERM "$FPID"; wait "$FPID"; rc=$?; check '[ $rc -eq 0 ]'
 # usage: 3 requests of prompt 5 + completion 8 / 4 tokens ("Once upon a time" is 5 tokens with BOS)
 "$BIN" keys usage --keys-file "$K" >"$TMP/usage"

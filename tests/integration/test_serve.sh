@@ -88,6 +88,10 @@ else
     bad "promtool missing (scripts/setup.sh installs Debian's prometheus package)"
 fi
 
+curl -s "$URL/metrics" >"$TMP/scrape2"
+check 'grep -q "^arka:http_requests_total{model_name=\"stories260K\",route=\"/v1/completions\",status=\"200\"} [1-9]" "$TMP/scrape2" && grep -q "route=\"/v1/models/{id}\",status=\"404\"" "$TMP/scrape2"' \
+    "http_requests_total: $(grep '^arka:http_requests_total' "$TMP/scrape2" | head -5)"
+
 # ---- SSE framing ----
 curl -sN "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":6,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$TMP/sse"
 check 'python3 - "$TMP/sse" <<EOF
