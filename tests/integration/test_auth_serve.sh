@@ -62,6 +62,8 @@ kill "$SPID"; wait "$SPID"
 K=$TMP/keys.conf
 k1=$("$BIN" keys create --tenant acme --rpm 3 --tpm 5000 --keys-file "$K" 2>/dev/null)
 k2=$("$BIN" keys create --tenant other --models other-model --keys-file "$K" 2>/dev/null)
+kc=$("$BIN" keys create --tenant solo --concurrency 1 --keys-file "$K" 2>/dev/null)
+kd=$("$BIN" keys create --tenant frugal --daily-tokens 100 --keys-file "$K" 2>/dev/null)
 start file --keys-file "$K" || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
 FURL=$URL; FPID=$SPID
 check 'grep -q "auth on" "$TMP/file.log"'
@@ -103,6 +105,23 @@ check '[ "$(mval "arka:tenant_requests_total{tenant=\"acme\"}")" = 3.0 ] && [ "$
 check '! grep -q "ak-" "$TMP/metrics"' "a key in /metrics"
 check '[ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"401\"}")" = 3.0 ] && [ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"429\"}")" = 1.0 ]' \
     "http metrics: $(grep http_requests_total "$TMP/metrics" | grep -v '^#')"
+# the official openai client: a 429 that says retry is retried, a 401 and a spent budget are not
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-serve
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    mkdir -p "$CACHE"
+    if [ ! -f "$CACHE/node_modules/openai/package.json" ]; then
+        exec 9>"$CACHE/.install.lock"; flock 9
+        [ -f "$CACHE/node_modules/openai/package.json" ] ||
+            npm install --prefix "$CACHE" --no-audit --no-fund --silent openai@4.104.0 ws@8.18.3 >"$CACHE/npm-install.log" 2>&1
+        exec 9>&-
+    fi
+    node "$ROOT/tests/integration/auth_clients.mjs" "$CACHE" "$FURL" "$kc" "$kd" >"$TMP/node.txt" 2>&1
+    grep -v "passed, .* failed" "$TMP/node.txt" | head -40
+    np=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$TMP/node.txt"); nf=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$TMP/node.txt")
+    if [ -n "$np" ]; then pass=$((pass + np)); fail=$((fail + nf)); else fail=$((fail + 1)); echo "FAIL auth_clients.mjs did not finish"; fi
+else
+    fail=$((fail + 1)); echo "FAIL node/npm missing (scripts/setup.sh installs them)"
+fi
 kill -TERM "$FPID"; wait "$FPID"; rc=$?; check '[ $rc -eq 0 ]'
 # usage: 3 requests of prompt 5 + completion 8 / 4 tokens ("Once upon a time" is 5 tokens with BOS)
 "$BIN" keys usage --keys-file "$K" >"$TMP/usage"
