@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Scratch owned by the pool, 64-byte aligned, at least `bytes` long. Grows (reallocates,
  * contents lost) only when a larger size is asked for; NULL when that allocation fails.
@@ -64,6 +65,20 @@ static inline const int16_t *k__act_bsums(const uint8_t *row, int64_t nq) {
 /* Offset of element e (0..31) of block b in a 32-block row's group order. */
 static inline int64_t k__act_pos(int64_t b, int e) {
     return 128 * (b / 4) + 16 * (b % 4) + (e < 16 ? e : 48 + e);
+}
+
+/* The 8 six-bit scales (out[0..7]) and mins (out[8..15]) of a Q4_K super-block from its 12
+ * packed bytes. */
+static inline void k__q4k_scales(const uint8_t *q, uint8_t out[16]) {
+    uint32_t u[4];
+    memcpy(u, q, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t t = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = t;
+    u[0] &= m1;
+    memcpy(out, u, 16);
 }
 
 /* Which activation format a weight type's integer kernel wants (K_ACT_NONE: f32 rows). */

@@ -224,14 +224,8 @@ typedef struct {
 } q4k_hdr;
 
 AVX2_INLINE void q4k_header(const blk_q4_K *q, q4k_hdr *h) {
-    uint32_t u[4];
-    memcpy(u, q->scales, 12);
-    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
-    uint32_t t = u[1] & m1;
-    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
-    u[2] = t;
-    u[0] &= m1;
+    uint8_t u[16];
+    k__q4k_scales(q->scales, u);
     /* bytes 0..7: scales, 8..15: mins */
     __m128i sm = _mm_loadu_si128((const __m128i *)u);
     __m128i sc = _mm_cvtepu8_epi16(sm);
