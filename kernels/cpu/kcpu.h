@@ -3,10 +3,12 @@
  * SwiGLU, softmax) and attention over the paged KV cache live beside these in kernels/cpu/
  * with their own headers.
  *
- * ISA: AVX-512 (F+BW+VL+VNNI; float types, Q8_0, Q4_0; other types use the AVX2 kernels there),
- * AVX2+FMA+F16C and portable scalar paths, chosen at run time from cpuid (override with
- * k_set_isa / env ARKA_ISA=scalar|avx2|avx512 for tests). Results are bitwise reproducible for
- * a given ISA; different ISAs differ in the last bits (float summation order).
+ * ISA: AVX-512 (F+BW+VL+VNNI; float types, Q8_0, Q4_0, Q4_K; other types use the AVX2
+ * kernels there), AVX2+FMA+F16C and portable scalar paths, chosen at run time from cpuid
+ * (override with k_set_isa / env ARKA_ISA=scalar|avx2|avx512 for tests). Results are bitwise
+ * reproducible for a given ISA; different ISAs differ in the last bits (float summation order).
+ * Quantized types take the activations as two int8 levels per value (~16 significant bits;
+ * kcpu_internal.h).
  *
  *   k_pool *pool; k_pool_create(2, &pool);
  *   k_matmul(pool, w->data, w->type, n_in, n_out, x, n_tok, y);   // y = x · Wᵀ

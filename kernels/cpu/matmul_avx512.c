@@ -1,6 +1,6 @@
 /* matmul_avx512: AVX-512 (F, BW, VL, VNNI) matmul kernels, compiled per function with target
  * attributes and chosen at run time by matmul.c when cpuid reports the features. Types without
- * an entry here (Q4_K, Q6_K) run the AVX2 kernels on such machines.
+ * an entry here (Q6_K) run the AVX2 kernels on such machines.
  *
  * Same structure and invariance rule as matmul_avx2.c: tiles of R rows x T tokens, one
  * accumulator per (t, o) with an operation sequence independent of R and T.
@@ -11,7 +11,8 @@
  *     + 128; Q4_0 nibbles are value + 8), and a third their 4 scales; per token and level of
  *     the activations (kcpu_internal.h) two vpdpbusd (u8 x s8 -> s32) give 16 lanes, 4 per
  *     block, complete sums with the activations' k added; then one int->float conversion, one
- *     multiply by the scales and one FMA serve all 4 blocks.
+ *     multiply by the scales and one FMA serve all 4 blocks;
+ *   Q4_K: see tile_q4K.
  */
 #include "kcpu_internal.h"
 
