@@ -20,23 +20,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-# start NAME ARGS...: a server on a free port; sets URL and SPID; waits for /health 200 (30 s)
-start() {
-    local name=$1; shift
-    : >"$TMP/$name.log"
-    "$BIN" serve -m "$MODEL" --port 0 --threads 1 "$@" >"$TMP/$name.log" 2>&1 &
-    SPID=$!
-    PIDS+=("$SPID")
-    URL=""
-    for _ in $(seq 300); do
-        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" | head -1)
-        [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0
-        kill -0 "$SPID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server $name did not come up:"; cat "$TMP/$name.log"
-    return 1
-}
+. "$ROOT/tests/integration/serve_lib.sh"
 B='{"model":"stories260K","prompt":"Once upon a time","max_tokens":8}'
 # post URL KEY [BODY]: sets CODE; headers in $TMP/h, body in $TMP/b
 post() {
@@ -106,22 +90,8 @@ check '! grep -q "ak-" "$TMP/metrics"' "a key in /metrics"
 check '[ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"401\"}")" = 3.0 ] && [ "$(mval "arka:http_requests_total{route=\"/v1/completions\",status=\"429\"}")" = 1.0 ]' \
     "http metrics: $(grep http_requests_total "$TMP/metrics" | grep -v '^#')"
 # the official openai client: a 429 that says retry is retried, a 401 and a spent budget are not
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-serve
-if command -v node >/dev/null && command -v npm >/dev/null; then
-    mkdir -p "$CACHE"
-    if [ ! -f "$CACHE/node_modules/openai/package.json" ]; then
-        exec 9>"$CACHE/.install.lock"; flock 9
-        [ -f "$CACHE/node_modules/openai/package.json" ] ||
-            npm install --prefix "$CACHE" --no-audit --no-fund --silent openai@4.104.0 ws@8.18.3 >"$CACHE/npm-install.log" 2>&1
-        exec 9>&-
-    fi
-    node "$ROOT/tests/integration/auth_clients.mjs" "$CACHE" "$FURL" "$kc" "$kd" >"$TMP/node.txt" 2>&1
-    grep -v "passed, .* failed" "$TMP/node.txt" | head -40
-    np=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$TMP/node.txt"); nf=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$TMP/node.txt")
-    if [ -n "$np" ]; then pass=$((pass + np)); fail=$((fail + nf)); else fail=$((fail + 1)); echo "FAIL auth_clients.mjs did not finish"; fi
-else
-    fail=$((fail + 1)); echo "FAIL node/npm missing (scripts/setup.sh installs them)"
-fi
+if npm_clients; then node_checks "$ROOT/tests/integration/auth_clients.mjs" "$NPM_CACHE" "$FURL" "$kc" "$kd"
+else fail=$((fail + 1)); fi
 kill -TERM "$FPID"; wait "$FPID"; rc=$?; check '[ $rc -eq 0 ]'
 # usage: 3 requests of prompt 5 + completion 8 / 4 tokens ("Once upon a time" is 5 tokens with BOS)
 "$BIN" keys usage --keys-file "$K" >"$TMP/usage"

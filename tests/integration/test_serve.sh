@@ -11,8 +11,6 @@ set -uo pipefail
 ROOT=${ARKA_ROOT:-$(pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
 MODEL=$ROOT/../shared/models/stories260K.gguf
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-serve
-PKGS="openai@4.104.0 ws@8.18.3"
 pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
@@ -25,22 +23,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-# start NAME ARGS...: starts a server on a free port; sets URL; waits for /health 200 (30 s)
-start() {
-    local name=$1; shift
-    "$BIN" serve -m "$MODEL" --port 0 --threads 1 --log-level warn "$@" >"$TMP/$name.log" 2>&1 &
-    SPID=$!
-    PIDS+=("$SPID")
-    URL=""
-    for _ in $(seq 300); do
-        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" | head -1)
-        [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0
-        kill -0 "$SPID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server $name did not come up:"; cat "$TMP/$name.log"
-    return 1
-}
+. "$ROOT/tests/integration/serve_lib.sh"
 # req METHOD PATH [BODY]: sets CODE and BODY (response)
 req() {
     if [ $# -ge 3 ]; then CODE=$(curl -s -o "$TMP/body" -w '%{http_code}' -X "$1" "$URL$2" -H 'Content-Type: application/json' --data-binary "$3")
@@ -50,7 +33,7 @@ req() {
 jget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {"d": d}))' "$TMP/body" "$1" 2>/dev/null; }
 metric() { curl -s "$URL/metrics" | awk -v n="arka:$1" '$1 ~ "^"n"[{ ]" || $1 == n {print $2; exit}'; }
 
-start main --chat-template chatml || { echo "0 passed, 1 failed"; exit 1; }
+start main --log-level warn --chat-template chatml || { echo "0 passed, 1 failed"; exit 1; }
 SERVER=$SPID
 
 # ---- endpoints ----
@@ -165,7 +148,7 @@ check 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); c=d.get(\"co
     "bench serve: $(tail -5 "$TMP/bench.txt")"
 
 # ---- chat on a model without a chat template ----
-start notmpl || bad "second server did not start"
+start notmpl --log-level warn || bad "second server did not start"
 req POST /v1/chat/completions '{"model":"stories260K","messages":[{"role":"user","content":"Hi"}]}'
 check '[ "$CODE" = 400 ] && grep -q -- "--chat-template" "$TMP/body"' "chat without a template: $CODE $BODY"
 kill "$SPID"; wait "$SPID" 2>/dev/null
@@ -178,24 +161,8 @@ check '[ $rc != 0 ] && grep -q "nonexistent.gguf" "$TMP/e1"' "missing model: rc=
 check '[ $rc != 0 ] && grep -q "chatml" "$TMP/e2"' "unknown --chat-template: rc=$rc $(cat "$TMP/e2")"
 
 # ---- official clients (npm openai, ws) ----
-if command -v node >/dev/null && command -v npm >/dev/null; then
-    mkdir -p "$CACHE"
-    if [ ! -f "$CACHE/node_modules/openai/package.json" ] || [ ! -f "$CACHE/node_modules/ws/package.json" ]; then
-        exec 9>"$CACHE/.install.lock"; flock 9
-        [ -f "$CACHE/node_modules/openai/package.json" ] && [ -f "$CACHE/node_modules/ws/package.json" ] ||
-            npm install --prefix "$CACHE" --no-audit --no-fund --silent $PKGS >"$CACHE/npm-install.log" 2>&1 ||
-            { cat "$CACHE/npm-install.log"; bad "npm install $PKGS failed"; }
-        exec 9>&-
-    fi
-    if [ -f "$CACHE/node_modules/openai/package.json" ]; then
-        node "$ROOT/tests/integration/serve_clients.mjs" "$CACHE" "$URL" stories260K >"$TMP/node.txt" 2>&1
-        cat "$TMP/node.txt" | grep -v "passed, .* failed"
-        np=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$TMP/node.txt"); nf=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$TMP/node.txt")
-        if [ -n "$np" ]; then pass=$((pass + np)); fail=$((fail + nf)); else bad "serve_clients.mjs: $(tail -5 "$TMP/node.txt")"; fi
-    fi
-else
-    bad "node/npm missing: the openai and ws client checks need them (scripts/setup.sh installs them)"
-fi
+if npm_clients; then node_checks "$ROOT/tests/integration/serve_clients.mjs" "$NPM_CACHE" "$URL" stories260K
+else bad "the openai and ws npm clients could not be installed"; fi
 
 # ---- graceful shutdown ----
 EXECS=$(pgrep -P "$SERVER" | tr '\n' ' ')
