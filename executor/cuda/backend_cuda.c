@@ -86,6 +86,7 @@ typedef struct cu_state {
     float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
     float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
     float *partial;                          /* [T, n_head, n_split, hd + 2] */
+    kc_xq xq_h, xq_a;                        /* h and act quantized by their producers for the integer GEMVs */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
     int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
@@ -114,32 +115,35 @@ static int32_t *meta_tiles(cu_state *s, int32_t *base) {
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
-static int gpu_type_ok(int type) {
-    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0;
-}
-
-/* Uploads the row-concatenation of parts (same type and n_in) as one kc_weight. */
+/* Uploads the row-concatenation of parts (same n_in) as one kc_weight. Parts keep their type
+ * when the GPU kernels read it and all parts share it; otherwise (a type without GPU kernels
+ * such as Q6_K, or fused parts of different types, as in Q4_K_M files) every part is converted
+ * to F16 on the way (exact for the 8-bit and smaller formats up to f16 rounding; more memory
+ * and bandwidth, logged). */
 static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, char *err, size_t errlen) {
-    int type = parts[0]->type, n_in = (int)parts[0]->ne[0], n_out = 0;
+    int type = parts[0]->type, n_in = (int)parts[0]->ne[0], n_out = 0, same = 1;
     for (int i = 0; i < n_parts; i++) {
         const mdl_tensor *t = parts[i];
-        if (!gpu_type_ok(t->type)) {
-            snprintf(err, errlen, "cuda backend: tensor '%s' has type %s, which has no GPU kernel yet (F32, F16, BF16, Q8_0, Q4_0)",
-                     t->name, dt_name(t->type) ? dt_name(t->type) : "?");
+        if (t->ne[0] != n_in) {
+            snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in width and cannot be fused", parts[0]->name, t->name);
             return CM_EUNSUPPORTED;
         }
-        if (t->type != type || t->ne[0] != n_in) {
-            snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in type or width and cannot be fused",
-                     parts[0]->name, t->name);
-            return CM_EUNSUPPORTED;
-        }
+        same &= t->type == type;
         n_out += (int)t->ne[1];
     }
     size_t data_bytes, d_bytes;
-    int rc = kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
-    if (rc) {
-        snprintf(err, errlen, "cuda backend: tensor '%s': row width %d does not fit type %s", parts[0]->name, n_in, dt_name(type));
-        return rc;
+    int convert = !same || !kc_weight_type_ok(type) || kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes) != 0;
+    if (convert) {
+        for (int i = 0; i < n_parts; i++)
+            if (!dt_is_supported(parts[i]->type)) {
+                snprintf(err, errlen, "cuda backend: tensor '%s' has type %s, which cannot be read", parts[i]->name,
+                         dt_name(parts[i]->type) ? dt_name(parts[i]->type) : "?");
+                return CM_EUNSUPPORTED;
+            }
+        CM_LOG_INFO("cuda", "weights converted to F16 (no GPU kernel for their type or mixed types)", "tensor=%s type=%s",
+                    parts[0]->name, dt_name(type) ? dt_name(type) : "?");
+        type = DT_F16;
+        kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
     }
     w->type = type;
     w->n_in = n_in;
@@ -154,17 +158,29 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
     size_t off_data = 0, off_d = 0;
     for (int i = 0; i < n_parts; i++) {
         const mdl_tensor *t = parts[i];
-        size_t pd, ps;
+        size_t pd, ps, nel = (size_t)n_in * (size_t)t->ne[1];
         kc_weight_sizes(type, n_in, (int)t->ne[1], &pd, &ps);
         void *hq = malloc(pd ? pd : 1);
         kc_half *hs = ps ? malloc(ps) : NULL;
-        if (!hq || (ps && !hs)) {
+        float *hf = convert ? malloc(nel * sizeof(float)) : NULL;
+        if (!hq || (ps && !hs) || (convert && !hf)) {
             free(hq);
             free(hs);
+            free(hf);
             snprintf(err, errlen, "cuda backend: out of host memory staging '%s'", t->name);
             return CM_ENOMEM;
         }
-        kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+        if (convert) {
+            int crc = dt_dequantize(t->type, t->data, hf, (int64_t)nel);
+            if (!crc) crc = dt_quantize(DT_F16, hf, hq, (int64_t)nel);
+            free(hf);
+            if (crc) {
+                free(hq);
+                free(hs);
+                snprintf(err, errlen, "cuda backend: converting '%s' (%s) to F16 failed", t->name, dt_name(t->type));
+                return CM_EUNSUPPORTED;
+            }
+        } else kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
         cudaError_t e = cudaMemcpy((char *)w->data + off_data, hq, pd, cudaMemcpyHostToDevice);
         if (e == cudaSuccess && ps) e = cudaMemcpy((char *)w->d + off_d, hs, ps, cudaMemcpyHostToDevice);
         free(hq);
@@ -231,9 +247,9 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     const float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        KC_FATAL(kc_rmsnorm(s->x, L->attn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
-        KC_FATAL(kc_matmul(&L->qkv, s->h, n_tok, s->qkv, 0, &s->gws, st));
+        KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, st));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
         prof_mark(s, PC_QKV);
         KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
@@ -248,18 +264,18 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
         prof_mark(s, PC_ATTN);
         KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_WO);
-        KC_FATAL(kc_rmsnorm(s->x, L->ffn_norm, s->h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
-        KC_FATAL(kc_matmul(&L->gu, s->h, n_tok, s->gu, 0, &s->gws, st));
+        KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
         prof_mark(s, PC_GU);
-        KC_FATAL(kc_swiglu(s->gu, s->act, n_tok, c->n_ff, st));
+        KC_FATAL(kc_swiglu_xq(s->gu, s->act, &s->xq_a, n_tok, c->n_ff, st));
         prof_mark(s, PC_ACT);
-        KC_FATAL(kc_matmul(&L->down, s->act, n_tok, s->x, 1, &s->gws, st));
+        KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_DOWN);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, st));
-    KC_FATAL(kc_rmsnorm(s->last, s->out_norm, s->last_n, n_out, c->n_embd, c->norm_eps, st));
-    KC_FATAL(kc_matmul(&s->output, s->last_n, n_out, s->logits, 0, &s->gws, st));
+    KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, st));
+    KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, st));
     prof_mark(s, PC_HEAD);
     CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)n_out * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
     prof_mark(s, PC_COPY);
@@ -422,7 +438,7 @@ static void cuda_destroy(ex_backend *base) {
     cudaFree(s->out_norm);
     cudaFree(s->kv_pool);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
-                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws };
+                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->gws.xq.qh };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
@@ -521,6 +537,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->base.kv_copy = cuda_kv_copy;
     s->base.destroy = cuda_destroy;
     s->base.impl = s;
+    kc_set_pdl(!getenv("ARKA_CUDA_NO_PDL"));
     int rc = CM_ENOMEM;
     double t0 = cm_time_s();
 
@@ -605,6 +622,25 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
+        /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
+        {
+            int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;
+            int widest = (int)nq > c->n_ff ? (int)nq : c->n_ff;
+            if (c->n_embd > widest) widest = c->n_embd;
+            kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->gws.xq };
+            int ns[] = { c->n_embd, c->n_ff, widest };
+            for (int i = 0; i < 3; i++) {
+                size_t n = (size_t)ct * ns[i];
+                int8_t *buf;
+                if (dalloc(&buf, 2 * n + n / 32 * 8 + 16)) goto oom;
+                qs[i]->qh = buf;
+                qs[i]->ql = buf + n;
+                qs[i]->m = (int32_t *)(buf + ((2 * n + 15) & ~(size_t)15));
+                qs[i]->cap_tok = ct;
+                qs[i]->cap_n = ns[i];
+                qs[i]->n = 0;
+            }
+        }
         s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T;
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||

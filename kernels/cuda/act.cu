@@ -6,6 +6,8 @@ extern "C" {
 }
 
 __global__ void swiglu_kernel(const float *__restrict__ gu, float *__restrict__ out, int n_ff, size_t n) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     size_t t = i / n_ff, j = i % n_ff;
@@ -13,14 +15,46 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, float *__restrict__ 
     out[i] = g / (1.0f + __expf(-g)) * u;
 }
 
-extern "C" int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s) {
+// Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq).
+__global__ void swiglu_xq_kernel(const float *__restrict__ gu, float *__restrict__ out, int n_ff, int8_t *qh, int8_t *ql,
+                                 int32_t *qm) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const size_t t = blockIdx.y;
+    const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    const bool ok = j < n_ff;
+    float4 o = make_float4(0, 0, 0, 0);
+    if (ok) {
+        float4 g = *(const float4 *)(gu + t * 2 * n_ff + j), u = *(const float4 *)(gu + t * 2 * n_ff + n_ff + j);
+        o = make_float4(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y,
+                        g.z / (1.0f + __expf(-g.z)) * u.z, g.w / (1.0f + __expf(-g.w)) * u.w);
+        *(float4 *)(out + t * n_ff + j) = o;
+    }
+    kc_xq_block4(o, ok, qh, ql, qm, t * n_ff + j);
+}
+
+extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
     if (!gu || !out || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
-    size_t n = (size_t)n_tok * n_ff;
-    swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(gu, out, n_ff, n);
+    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n;
+    if (xq) xq->n = quant ? n_ff : 0;
+    if (quant) {
+        const int threads = 256;
+        dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
+        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->qh, xq->ql, xq->m);
+    } else {
+        size_t n = (size_t)n_tok * n_ff;
+        kc_launch(swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);
+    }
     KC_LAUNCH_CHECK();
 }
 
+extern "C" int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s) {
+    return kc_swiglu_xq(gu, out, NULL, n_tok, n_ff, s);
+}
+
 __global__ void add_bias_kernel(float *y, const float *b, int n, size_t total) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) y[i] += b[i % n];
 }
@@ -28,6 +62,6 @@ __global__ void add_bias_kernel(float *y, const float *b, int n, size_t total) {
 extern "C" int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s) {
     if (!y || !bias || n_tok <= 0 || n <= 0) return CM_EINVAL;
     size_t total = (size_t)n_tok * n;
-    add_bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(y, bias, n, total);
+    kc_launch(add_bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, y, bias, n, total);
     KC_LAUNCH_CHECK();
 }

@@ -19,6 +19,8 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
     __shared__ float sm_acc[ATT_WARPS * KPW][HD];
 
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK, kslot = lane / LPK;
@@ -112,6 +114,8 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
 
 __global__ void attn_merge_kernel(const float *__restrict__ partial, float *__restrict__ out, const int32_t *__restrict__ pos,
                                   int n_head, int hd, int n_split, int chunk) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *pp = partial + ((size_t)t * n_head + h) * n_split * (hd + 2);
     const int n_valid = min(n_split, pos[t] / chunk + 1); // the splits that hold keys of this token
@@ -135,8 +139,8 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, float *ou
                    const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int bs,
                    float scale, int n_split, int chunk, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
-    attn_kernel<HD><<<grid, ATT_WARPS * 32, 0, s>>>(q, (const __half *)k, (const __half *)v, out, partial, pos, seq, bt,
-                                                    max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
+    kc_launch(attn_kernel<HD>, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, out, partial, pos, seq,
+              bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
 }
 
 extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
@@ -158,7 +162,8 @@ extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_hal
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && n_split > 1) {
         dim3 grid(n_tok, n_head);
-        attn_merge_kernel<<<grid, hd < 32 ? 32 : hd, 0, s>>>(partial, out, pos, n_head, hd, n_split, chunk);
+        kc_launch(attn_merge_kernel, grid, dim3(hd < 32 ? 32 : hd), 0, s, (const float *)partial, out, pos, n_head, hd, n_split,
+                  chunk);
     }
     KC_LAUNCH_CHECK();
 }

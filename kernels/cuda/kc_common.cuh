@@ -47,5 +47,77 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
     return kc_warp_sum(v);
 }
 
+// ---- programmatic dependent launch (Hopper) ---------------------------------------------------
+// Kernels of the forward pass are launched with kc_launch, which sets
+// cudaLaunchAttributeProgrammaticStreamSerialization: the next kernel's CTAs may start while
+// this kernel drains, and run whatever does not depend on earlier kernels (a GEMV's first
+// weight loads) before kc_pdl_wait(). Rules for every kernel launched with kc_launch:
+//   - call kc_pdl_wait() in every thread before reading anything an earlier kernel of the
+//     stream wrote and before writing anything (an earlier kernel may still read it);
+//   - before the wait, touch only memory nothing in the stream writes (weights).
+// kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
+// exited. Both are no-ops when the kernel was launched without the attribute.
+__device__ __forceinline__ void kc_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kc_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether kc_launch sets the attribute (kc_set_pdl; on by default).
+extern "C" int kc_pdl_on(void);
+
+template <typename... KArgs, typename... Args>
+static inline void kc_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = kc_pdl_on() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+// ---- two-level int8 activations (kc_xq, see kcuda.h) ----------------------------------------
+// The block of 32 values held by 8 consecutive lanes (4 values each, lanes 8g..8g+7 of the
+// warp; the whole warp must call this together, `store` false for lanes past the row) is
+// quantized and written at element e (the index of v.x in the [n_tok][n] arrays; the block's
+// pair at e / 32 in m). Same arithmetic as the CPU backend's quantize_block (no contraction).
+__device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, int8_t *ql, int32_t *m, size_t e) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float f[4] = { v.x, v.y, v.z, v.w };
+    int h[4], l[4], sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float q = __fmul_rn(f[k], id), hf = rintf(q);
+        float lf = rintf(__fmul_rn(__fsub_rn(q, hf), 256.0f));
+        h[k] = (int)hf;
+        l[k] = (int)fminf(fmaxf(lf, -127.0f), 127.0f);
+        sum += 256 * h[k] + l[k];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if (!store) return;
+    *(char4 *)(qh + e) = make_char4((signed char)h[0], (signed char)h[1], (signed char)h[2], (signed char)h[3]);
+    *(char4 *)(ql + e) = make_char4((signed char)l[0], (signed char)l[1], (signed char)l[2], (signed char)l[3]);
+    if ((threadIdx.x & 7) == 0) {
+        int2 p = make_int2(__float_as_int(__fdiv_rn(__fdiv_rn(amax, 127.0f), 256.0f)), sum);
+        *(int2 *)(m + e / 32 * 2) = p;
+    }
+}

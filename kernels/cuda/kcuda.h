@@ -27,13 +27,39 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  * F32: data = [n_out][n_in] floats. F16: [n_out][n_in] halves. BF16: [n_out][n_in] bf16.
  * Q8_0 / Q4_0: repacked at upload so vector loads are aligned: qs = [n_out][n_in] int8
  * (Q8_0) or [n_out][n_in/2] nibble bytes in GGUF order (Q4_0), and d = [n_out][n_in/32]
- * half scales. */
+ * half scales. Q4_K: qs = [n_out][n_in/2] (each super-block's 128 nibble bytes in GGUF
+ * order), d = [n_out][n_in/256] 16-byte heads {half d, half dmin, 12 bytes of 6-bit scales
+ * and mins}. */
 typedef struct kc_weight {
-    int      type;     /* enum dt_type: DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 */
+    int      type;     /* enum dt_type: DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K */
     int      n_in, n_out;
     void    *data;     /* F16/BF16 elements, or qs for quantized types */
-    kc_half *d;        /* quantized types: scales */
+    kc_half *d;        /* quantized types: scales (Q4_K: the 16-byte heads) */
 } kc_weight;
+
+/* Whether the GPU kernels read this weight type as it is (others are converted at upload). */
+int kc_weight_type_ok(int type);
+
+/* Programmatic dependent launch of the forward-pass kernels (Hopper): on by default;
+ * kc_set_pdl(0) launches them plainly (A/B measurements, older GPUs). Set before capturing. */
+void kc_set_pdl(int on);
+int  kc_pdl_on(void);
+
+/* Activations quantized for the integer GEMVs (quantized weights, up to KC_GEMV_MAX_TOK
+ * tokens): per block of 32 values x ~ d (qh + ql / 256) with qh = round(x / d),
+ * ql = round(256 (x / d - qh)) clamped to +-127 and d = amax / 127 (about 16 significant
+ * bits, the CPU backend's two-level scheme). qh, ql: [n_tok][n] int8; m: [n_tok][n / 32] pairs
+ * {d / 256 as float bits, S = sum of 256 qh + ql}, so a block's dot product with integer
+ * weights w is (d / 256) * (256 sum(w qh) + sum(w ql)), exact in int32. The buffers hold
+ * up to cap_tok tokens of cap_n values; n is the row length of what was last written. */
+typedef struct kc_xq {
+    int8_t  *qh, *ql;
+    int32_t *m;
+    int      cap_tok, cap_n, n;
+} kc_xq;
+
+/* Quantizes x [n_tok, n] (n % 32 == 0, n_tok <= xq->cap_tok, n <= xq->cap_n) into xq. */
+int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaStream_t s);
 
 /* Repacks n_rows rows of GGUF blocks (host memory, `type`) into the kc_weight layout in
  * host buffers qs_out / d_out (sized by kc_weight_sizes). F32/F16/BF16 are copied as they are. */
@@ -43,8 +69,11 @@ int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_o
 /* x[t][:] = row ids[t] of table (n_vocab rows of n_embd elements of table->type) as f32. */
 int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cudaStream_t s);
 
-/* RMSNorm: y[t] = x[t] / rms(x[t]) * w. x, y: [n_tok, n] f32 (may not alias), w: [n] f32. */
+/* RMSNorm: y[t] = x[t] / rms(x[t]) * w. x, y: [n_tok, n] f32 (may not alias), w: [n] f32.
+ * With xq (may be NULL): when n_tok <= xq->cap_tok and n % 32 == 0, y is also written
+ * quantized into xq (as kc_quantize_x would), else xq->n is set to 0 (nothing written). */
 int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
+int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s);
 
 /* Workspace for the cuBLAS path of kc_matmul (allocated once by the backend). */
 typedef struct kc_gemm_ws {
@@ -52,6 +81,7 @@ typedef struct kc_gemm_ws {
     kc_half *w_half;      /* dequantized weight tile: max n_in * n_out halves */
     kc_half *x_half;      /* activations as half: max n_tok * n_in */
     size_t   w_cap, x_cap; /* capacities in halves */
+    kc_xq    xq;          /* scratch for quantizing activations of quantized GEMVs (cap_tok may be 0) */
 } kc_gemm_ws;
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
@@ -61,9 +91,18 @@ typedef struct kc_gemm_ws {
 #define KC_GEMV_MAX_TOK 8
 int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
               const kc_gemm_ws *ws, cudaStream_t s);
+/* The same, for quantized weights taking their activations already quantized when xq holds
+ * them (xq->n == W->n_in and n_tok <= KC_GEMV_MAX_TOK): the producer (kc_rmsnorm_xq,
+ * kc_swiglu_xq) wrote them, saving the quantization launch. Q8_0/Q4_0/Q4_K GEMVs run on
+ * integer dot products (dp4a) against these two-level activations; without xq, kc_matmul
+ * quantizes x into ws->xq first. x is still read by the cuBLAS path. */
+int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
+                 const kc_gemm_ws *ws, cudaStream_t s);
 
 /* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
+/* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). */
+int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s);
 
 /* y[t][j] += bias[j]. y: [n_tok, n] f32. */
 int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s);

@@ -3,6 +3,8 @@
 #include "kc_common.cuh"
 
 #include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "kcuda.h"
@@ -27,9 +29,22 @@ extern "C" int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes
         *data_bytes = n / 2;
         *d_bytes = n / 32 * 2;
         return 0;
+    case DT_Q4_K:
+        if (n_in % 256) return CM_EINVAL;
+        *data_bytes = n / 2;
+        *d_bytes = n / 256 * 16;
+        return 0;
     default: return CM_EUNSUPPORTED;
     }
 }
+
+extern "C" int kc_weight_type_ok(int type) {
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K;
+}
+
+static int g_pdl = 1;
+extern "C" void kc_set_pdl(int on) { g_pdl = on != 0; }
+extern "C" int kc_pdl_on(void) { return g_pdl; }
 
 extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out) {
     size_t n = (size_t)n_in * (size_t)n_rows;
@@ -51,6 +66,17 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
         for (size_t i = 0; i < n / 32; i++) {
             d_out[i] = b[i].d;
             memcpy(qs + i * 16, b[i].qs, 16);
+        }
+        return 0;
+    }
+    case DT_Q4_K: {
+        const blk_q4_K *b = (const blk_q4_K *)src;
+        uint8_t *qs = (uint8_t *)qs_out, *head = (uint8_t *)d_out;
+        for (size_t i = 0; i < n / 256; i++) {
+            memcpy(head + i * 16, &b[i].d, 2);
+            memcpy(head + i * 16 + 2, &b[i].dmin, 2);
+            memcpy(head + i * 16 + 4, b[i].scales, 12);
+            memcpy(qs + i * 128, b[i].qs, 128);
         }
         return 0;
     }
@@ -188,9 +214,13 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
             float *__restrict__ y, int n_in, int n_out, int accumulate) {
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
+    kc_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
-    if (row0 >= n_out) return;
+    if (row0 >= n_out) {
+        kc_pdl_wait();
+        return;
+    }
     const int nchunks = n_in / EPC;
     const size_t row_bytes = (size_t)nchunks * 16;
     const int row_scales = n_in / 32;
@@ -204,23 +234,28 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     for (int r = 0; r < R; r++) wrow[r] = (const uint4 *)(W + (size_t)min(row0 + r, n_out - 1) * row_bytes);
 
     // U chunks per row in flight before any arithmetic; the order in which chunks are added to
-    // a row's accumulator is the same whatever R, U and NT are (c ascending per lane).
+    // a row's accumulator is the same whatever R, U and NT are (c ascending per lane). The
+    // first U are loaded before waiting for the activations (programmatic launch).
     int c = lane;
+    uint4 w[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
+    kc_pdl_wait();
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
-        uint4 w[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) w[u][r] = __ldg(wrow[r] + c + 32 * u);
-#pragma unroll
-        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+            for (int r = 0; r < R; r++)
+                if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
     }
-    for (; c < nchunks; c += 32) {
-        uint4 w0[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) w0[r] = __ldg(wrow[r] + c);
-        gemv_step<TYPE, NT, R>(w0, x, n_in, c, d, row0, n_out, row_scales, acc);
-    }
+    for (int u = 0; u < U; u++)
+        if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -260,7 +295,8 @@ template <int TYPE, int NT, int R, int U>
 static void launch_gemv_r(const kc_weight *W, const float *x, float *y, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
-    gemv_kernel<TYPE, NT, R, U><<<grid, block, 0, s>>>((const uint8_t *)W->data, W->d, x, y, W->n_in, W->n_out, acc);
+    kc_launch(gemv_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d, x, y, W->n_in,
+              W->n_out, acc);
 }
 
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
@@ -283,18 +319,294 @@ static void launch_gemv(const kc_weight *W, const float *x, int n_tok, float *y,
     }
 }
 
+// ---- integer GEMV: quantized weights against two-level int8 activations (kc_xq) -------------
+// A lane's unit of work is a chunk of EPC elements: one Q8_0 / Q4_0 block, or two Q4_K
+// sub-blocks (a quarter super-block), NV 16-byte weight loads. Per block of 32 the dot
+// product is exact in int32, I = 256 sum(w qh) + sum(w ql) (dp4a), and becomes a float once:
+// d_w (d_x / 256) I for Q8_0, with I - 8 S for Q4_0's offset nibbles, d sc I - dmin m S per
+// Q4_K sub-block. About a fifth of the instructions of the f32 path per weight, so these
+// kernels stay bound by memory. The summation order of a (token, row) is fixed by the row
+// length alone, as in the f32 GEMV.
+
+template <int TYPE> struct qchunk;
+
+template <> struct qchunk<DT_Q8_0> {
+    static constexpr int EPC = 32, NV = 2;
+    typedef uint32_t scale_t; // the block's half d
+    __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
+        return __ldg((const uint16_t *)sc + row * nchunks + c);
+    }
+    __device__ static float dot(const uint4 *w, scale_t sc, const int *xh, const int *xl, const int2 *xm) {
+        const int *wi = (const int *)w;
+        int ih = 0, il = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            ih = __dp4a(wi[k], xh[k], ih);
+            il = __dp4a(wi[k], xl[k], il);
+        }
+        return kc_h2f((uint16_t)sc) * __int_as_float(xm[0].x) * (float)(ih * 256 + il);
+    }
+};
+
+template <> struct qchunk<DT_Q4_0> {
+    static constexpr int EPC = 32, NV = 1;
+    typedef uint32_t scale_t;
+    __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
+        return __ldg((const uint16_t *)sc + row * nchunks + c);
+    }
+    // byte j of the block holds element j (low nibble) and j + 16 (high nibble)
+    __device__ static float dot(const uint4 *w, scale_t sc, const int *xh, const int *xl, const int2 *xm) {
+        const uint32_t u[4] = { w[0].x, w[0].y, w[0].z, w[0].w };
+        int ih = 0, il = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            ih = __dp4a(lo, xh[k], ih);
+            ih = __dp4a(hi, xh[k + 4], ih);
+            il = __dp4a(lo, xl[k], il);
+            il = __dp4a(hi, xl[k + 4], il);
+        }
+        return kc_h2f((uint16_t)sc) * __int_as_float(xm[0].x) * (float)(ih * 256 + il - 8 * xm[0].y);
+    }
+};
+
+template <> struct qchunk<DT_Q4_K> {
+    static constexpr int EPC = 64, NV = 2;
+    typedef uint4 scale_t; // the super-block's head: d | dmin << 16, then the 12 scale bytes
+    __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
+        return __ldg((const uint4 *)sc + row * (nchunks / 4) + c / 4);
+    }
+    // scale and min of sub-block is (0..7), ggml's get_scale_min_k4 on the 12 bytes y|z|w
+    __device__ static void scale_min(const uint4 &h, int is, float &sc, float &mn) {
+        const int sh = 8 * (is & 3);
+        const uint32_t by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
+        uint32_t s, m;
+        if (is < 4) { s = by & 63; m = bz & 63; }
+        else { s = (bw & 0xF) | ((by >> 6) << 4); m = (bw >> 4) | ((bz >> 6) << 4); }
+        sc = (float)s;
+        mn = (float)m;
+    }
+    // chunk c is quarter j = c % 4 of its super-block: 32 bytes whose low nibbles are sub-block
+    // 2j (elements in order) and high nibbles sub-block 2j + 1
+    __device__ static float dot_c(const uint4 *w, const uint4 &h, int c, const int *xh, const int *xl, const int2 *xm) {
+        const uint32_t *u = (const uint32_t *)w;
+        int ha = 0, la = 0, hb = 0, lb = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            ha = __dp4a(lo, xh[k], ha);
+            la = __dp4a(lo, xl[k], la);
+            hb = __dp4a(hi, xh[k + 8], hb);
+            lb = __dp4a(hi, xl[k + 8], lb);
+        }
+        const int j = c & 3;
+        float sa, ma, sb, mb;
+        scale_min(h, 2 * j, sa, ma);
+        scale_min(h, 2 * j + 1, sb, mb);
+        const float d = kc_h2f((uint16_t)(h.x & 0xFFFF)), dmin = kc_h2f((uint16_t)(h.x >> 16));
+        const float ra = d * sa * (float)(ha * 256 + la) - dmin * ma * (float)xm[0].y;
+        const float rb = d * sb * (float)(hb * 256 + lb) - dmin * mb * (float)xm[1].y;
+        return __int_as_float(xm[0].x) * ra + __int_as_float(xm[1].x) * rb;
+    }
+};
+
+template <int TYPE> __device__ __forceinline__ float qdot(const uint4 *w, const typename qchunk<TYPE>::scale_t &sc, int c,
+                                                         const int *xh, const int *xl, const int2 *xm) {
+    if constexpr (TYPE == DT_Q4_K) return qchunk<TYPE>::dot_c(w, sc, c, xh, xl, xm);
+    else return qchunk<TYPE>::dot(w, sc, xh, xl, xm);
+}
+
+template <int TYPE, int NT, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *__restrict__ xqh,
+             const int8_t *__restrict__ xql, const int2 *__restrict__ xm, float *__restrict__ y, int n_in, int n_out,
+             int accumulate) {
+    typedef qchunk<TYPE> C;
+    constexpr int EPC = C::EPC, NV = C::NV;
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) {
+        kc_pdl_wait();
+        return;
+    }
+    const int nchunks = n_in / EPC, nblk = n_in / 32;
+    size_t rows[R];
+    const uint4 *wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        rows[r] = (size_t)min(row0 + r, n_out - 1);
+        wrow[r] = (const uint4 *)(W + rows[r] * (size_t)nchunks * NV * 16);
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+
+    uint4 w[U][R][NV], wn[U][R][NV];
+    typename C::scale_t s[U][R], sn[U][R];
+    // The first U chunks of every row are loaded before waiting for the activations: with
+    // programmatic launch they stream while the previous kernel finishes.
+    int c = lane;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int cc = c + 32 * u;
+        if (cc < nchunks)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int v = 0; v < NV; v++) w[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
+                s[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
+            }
+    }
+    kc_pdl_wait();
+    for (; c < nchunks; c += 32 * U) {
+        // the next U chunks are in flight while these are multiplied
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + 32 * (U + u);
+            if (cc < nchunks)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+#pragma unroll
+                    for (int v = 0; v < NV; v++) wn[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
+                    sn[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
+                }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + 32 * u;
+            if (cc >= nchunks) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int xh[EPC / 4], xl[EPC / 4];
+                int2 xb[EPC / 32];
+                const int4 *ph = (const int4 *)(xqh + (size_t)t * n_in + (size_t)cc * EPC);
+                const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
+#pragma unroll
+                for (int k = 0; k < EPC / 16; k++) {
+                    int4 a = __ldg(ph + k), b = __ldg(pl + k);
+                    xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
+                    xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
+                }
+#pragma unroll
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldg(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
+                s[u][r] = sn[u][r];
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = kc_warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < n_out) {
+                float *dst = y + (size_t)t * n_out + row0 + r;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
+template <int TYPE, int NT, int R, int U>
+static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+    const int rows_per_block = GEMV_WARPS * R;
+    dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
+    kc_launch(gemvq_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
+              (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
+}
+
+// ARKA_CUDA_GEMVQ=R,U overrides rows per warp and chunks in flight for one token (tuning).
+static int gemvq_cfg(void) {
+    static int cfg = -1;
+    if (cfg < 0) {
+        const char *e = getenv("ARKA_CUDA_GEMVQ");
+        int r = 0, u = 0;
+        cfg = e && sscanf(e, "%d,%d", &r, &u) == 2 ? r * 10 + u : 0;
+    }
+    return cfg;
+}
+
+template <int TYPE>
+static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
+    switch (n_tok) {
+    case 1:
+        switch (gemvq_cfg()) {
+        case 11: launch_gemvq_r<TYPE, 1, 1, 1>(W, xq, y, acc, s); return;
+        case 12: launch_gemvq_r<TYPE, 1, 1, 2>(W, xq, y, acc, s); return;
+        case 14: launch_gemvq_r<TYPE, 1, 1, 4>(W, xq, y, acc, s); return;
+        case 21: launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s); return;
+        case 22: launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s); return;
+        case 41: launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s); return;
+        case 42: launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s); return;
+        default: break;
+        }
+        // measured on an H100 (bench/RESULTS.md): Q4_0 2 rows x 1 chunk, Q8_0 and Q4_K 4 x 1
+        if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+        break;
+    case 2: launch_gemvq_r<TYPE, 2, 1, 2>(W, xq, y, acc, s); break;
+    case 3: launch_gemvq_r<TYPE, 3, 1, 2>(W, xq, y, acc, s); break;
+    case 4: launch_gemvq_r<TYPE, 4, 1, 2>(W, xq, y, acc, s); break;
+    case 5: launch_gemvq_r<TYPE, 5, 1, 1>(W, xq, y, acc, s); break;
+    case 6: launch_gemvq_r<TYPE, 6, 1, 1>(W, xq, y, acc, s); break;
+    case 7: launch_gemvq_r<TYPE, 7, 1, 1>(W, xq, y, acc, s); break;
+    case 8: launch_gemvq_r<TYPE, 8, 1, 1>(W, xq, y, acc, s); break;
+    }
+}
+
+// ---- activation quantization ---------------------------------------------------------------
+
+__global__ void quantize_x_kernel(const float *__restrict__ x, int n, int8_t *qh, int8_t *ql, int32_t *m) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int n4 = n / 4;
+    const size_t row = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x; // float4 index in the row
+    const bool ok = i < n4;
+    float4 v = ok ? ((const float4 *)(x + row * n))[i] : make_float4(0, 0, 0, 0);
+    kc_xq_block4(v, ok, qh, ql, m, row * n + (size_t)i * 4);
+}
+
+extern "C" int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaStream_t s) {
+    if (!x || !xq || n_tok <= 0 || n <= 0 || n % 32 || n_tok > xq->cap_tok || n > xq->cap_n) return CM_EINVAL;
+    const int n4 = n / 4, threads = 256;
+    dim3 grid((n4 + threads - 1) / threads, n_tok);
+    kc_launch(quantize_x_kernel, grid, dim3(threads), 0, s, x, n, xq->qh, xq->ql, xq->m);
+    xq->n = n;
+    KC_LAUNCH_CHECK();
+}
+
 // ---- dequantize to half (for the cuBLAS path) ---------------------------------------------------
 
 __global__ void dequant_half_kernel(const uint8_t *qs, const kc_half *d, int type, size_t n, __half *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (; i < n; i += stride) {
-        float s = kc_h2f(d[i / 32]), v;
-        if (type == DT_Q8_0) v = s * (float)((const int8_t *)qs)[i];
-        else {
+        float v;
+        if (type == DT_Q8_0) v = kc_h2f(d[i / 32]) * (float)((const int8_t *)qs)[i];
+        else if (type == DT_Q4_0) {
             size_t blk = i / 32, j = i % 32;
             uint8_t b = qs[blk * 16 + (j & 15)];
-            v = s * (float)((int)(j < 16 ? (b & 15) : (b >> 4)) - 8);
+            v = kc_h2f(d[i / 32]) * (float)((int)(j < 16 ? (b & 15) : (b >> 4)) - 8);
+        } else { // Q4_K: super-block i / 256, quarter (i % 256) / 64, sub-block and nibble
+            size_t sb = i / 256;
+            int e = (int)(i % 256), j = e / 64, k = e % 64;
+            uint4 h = ((const uint4 *)d)[sb];
+            float sc, mn;
+            qchunk<DT_Q4_K>::scale_min(h, 2 * j + (k >= 32), sc, mn);
+            uint8_t b = qs[sb * 128 + j * 32 + (k & 31)];
+            int q = k < 32 ? (b & 15) : (b >> 4);
+            v = kc_h2f((uint16_t)(h.x & 0xFFFF)) * sc * (float)q - kc_h2f((uint16_t)(h.x >> 16)) * mn;
         }
         out[i] = __float2half(v);
     }
@@ -318,11 +630,46 @@ static int cublas_ok(cublasStatus_t st, int line) {
     return CM_ECUDA;
 }
 
+// ARKA_CUDA_GEMV_F32=1: Q8_0 / Q4_0 GEMVs take f32 activations and convert the weights to
+// floats (the previous kernels; kept for A/B measurements and as a numerical cross-check).
+static bool gemv_f32_forced(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("ARKA_CUDA_GEMV_F32") && atoi(getenv("ARKA_CUDA_GEMV_F32")) > 0;
+    return v;
+}
+
+static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
+
 extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
                          const kc_gemm_ws *ws, cudaStream_t s) {
+    return kc_matmul_xq(W, x, NULL, n_tok, y, accumulate, ws, s);
+}
+
+extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
+                            const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
+    if (n_tok <= KC_GEMV_MAX_TOK && W->type != DT_Q4_K && gemv_f32_forced()) { /* A/B: the f32 path */
+        if (W->type == DT_Q8_0) launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s);
+        else if (W->type == DT_Q4_0) launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s);
+        if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
+    }
+    if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
+        if (!xq || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
+            if (!ws || ws->xq.cap_tok < n_tok || ws->xq.cap_n < W->n_in) return CM_EINVAL;
+            kc_xq *wq = (kc_xq *)&ws->xq; /* scratch: the workspace's buffers, not its shape */
+            int rc = kc_quantize_x(x, n_tok, W->n_in, wq, s);
+            if (rc) return rc;
+            xq = wq;
+        }
+        switch (W->type) {
+        case DT_Q8_0: launch_gemvq<DT_Q8_0>(W, xq, n_tok, y, accumulate, s); break;
+        case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, accumulate, s); break;
+        default: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, accumulate, s); break;
+        }
+        KC_LAUNCH_CHECK();
+    }
     if (n_tok <= KC_GEMV_MAX_TOK) {
-        int vec = W->type == DT_F32 ? 4 : W->type == DT_Q8_0 || W->type == DT_Q4_0 ? 32 : 8;
+        int vec = W->type == DT_F32 ? 4 : 8;
         if (W->n_in % vec) {
             if (W->type != DT_F32 && W->type != DT_F16 && W->type != DT_BF16) return CM_EINVAL;
             dim3 grid((W->n_out + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
@@ -333,8 +680,6 @@ extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y
         case DT_F32: launch_gemv<DT_F32>(W, x, n_tok, y, accumulate, s); break;
         case DT_F16: launch_gemv<DT_F16>(W, x, n_tok, y, accumulate, s); break;
         case DT_BF16: launch_gemv<DT_BF16>(W, x, n_tok, y, accumulate, s); break;
-        case DT_Q8_0: launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s); break;
-        case DT_Q4_0: launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s); break;
         default: return CM_EUNSUPPORTED;
         }
         KC_LAUNCH_CHECK();

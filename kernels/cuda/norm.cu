@@ -6,10 +6,13 @@ extern "C" {
 }
 
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
-template <int NV>
+// With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq).
+template <int NV, bool QUANT>
 __global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const float *__restrict__ w, float *__restrict__ y, int n,
-                                   float eps) {
+                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm) {
     __shared__ float red[32];
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
     float4 *yr = (float4 *)(y + (size_t)blockIdx.x * n);
     const float4 *wv = (const float4 *)w;
@@ -28,10 +31,13 @@ __global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const float *__r
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
+        float4 o = make_float4(0, 0, 0, 0);
         if (i < n4) {
             float4 g = wv[i];
-            yr[i] = make_float4(v[k].x * r * g.x, v[k].y * r * g.y, v[k].z * r * g.z, v[k].w * r * g.w);
+            o = make_float4(v[k].x * r * g.x, v[k].y * r * g.y, v[k].z * r * g.z, v[k].w * r * g.w);
+            yr[i] = o;
         }
+        if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, (size_t)blockIdx.x * n + (size_t)i * 4);
     }
 }
 
@@ -39,6 +45,8 @@ __global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const float *__r
 __global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, float *__restrict__ y, int n,
                                float eps) {
     __shared__ float red[32];
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -48,18 +56,33 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restr
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
-extern "C" int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s) {
+template <bool QUANT>
+static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
+    int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32;
+    int nv = (n4 + threads - 1) / threads;
+    int8_t *qh = QUANT ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
+    int32_t *qm = QUANT ? xq->m : nullptr;
+    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
+    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
+    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
+    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
+}
+
+extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
     if (!x || !w || !y || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
+    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n;
+    if (xq) xq->n = quant ? n : 0;
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {
-        int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32;
-        int nv = (n4 + threads - 1) / threads;
-        if (nv <= 1) rmsnorm_vec_kernel<1><<<n_tok, threads, 0, s>>>(x, w, y, n, eps);
-        else if (nv <= 2) rmsnorm_vec_kernel<2><<<n_tok, threads, 0, s>>>(x, w, y, n, eps);
-        else if (nv <= 4) rmsnorm_vec_kernel<4><<<n_tok, threads, 0, s>>>(x, w, y, n, eps);
-        else rmsnorm_vec_kernel<8><<<n_tok, threads, 0, s>>>(x, w, y, n, eps);
+        if (quant) launch_vec<true>(x, w, y, xq, n_tok, n, eps, s);
+        else launch_vec<false>(x, w, y, xq, n_tok, n, eps, s);
     } else {
+        if (quant) xq->n = 0; /* only the vector kernel quantizes */
         int threads = n >= 256 ? 256 : ((n + 31) / 32) * 32;
-        rmsnorm_kernel<<<n_tok, threads, 0, s>>>(x, w, y, n, eps);
+        kc_launch(rmsnorm_kernel, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps);
     }
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s) {
+    return kc_rmsnorm_xq(x, w, y, NULL, n_tok, n, eps, s);
 }

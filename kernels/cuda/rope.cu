@@ -32,6 +32,8 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
 __global__ void rope_store_kernel(const float *__restrict__ qkv, float *__restrict__ q_out, __half *k_cache,
                                   __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const int p = pos[t];
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
@@ -72,7 +74,7 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
     dim3 grid(n_tok, n_head + 2 * n_kv);
-    rope_store_kernel<<<grid, hd >= 128 ? 64 : 32, 0, s>>>(qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos, seq, block_tables,
-                                            max_blocks, n_head, n_kv, hd, block_size, *rope);
+    kc_launch(rope_store_kernel, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos,
+              seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();
 }

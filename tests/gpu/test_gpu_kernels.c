@@ -65,12 +65,13 @@ static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out
 }
 
 static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
-    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
-    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 } };
-    const int ntoks[] = { 1, 3, 8, 9, 64 };
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 11008, 64 } };
+    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 64 };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int type = types[ti], n_in = shapes[si][0], n_out = shapes[si][1];
+            if (n_in % dt_block_size(type)) continue; /* Q4_K rows are whole super-blocks */
             size_t nw = (size_t)n_in * n_out;
             float *wf = malloc(nw * 4);
             for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f;
@@ -82,6 +83,11 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             ws.x_cap = (size_t)64 * n_in;
             CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
             CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+            ws.xq.cap_tok = KC_GEMV_MAX_TOK;
+            ws.xq.cap_n = n_in;
+            CK(cudaMalloc((void **)&ws.xq.qh, (size_t)KC_GEMV_MAX_TOK * n_in));
+            CK(cudaMalloc((void **)&ws.xq.ql, (size_t)KC_GEMV_MAX_TOK * n_in));
+            CK(cudaMalloc((void **)&ws.xq.m, (size_t)KC_GEMV_MAX_TOK * n_in / 32 * 8 + 8));
             for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
                 int nt = ntoks[ni];
                 float *x = malloc((size_t)nt * n_in * 4), *y = malloc((size_t)nt * n_out * 4);
@@ -95,7 +101,8 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(y, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 double e = rel_err(y, ref, (size_t)nt * n_out);
-                /* GEMV: f32 math (F16: half2 products within a 16-byte chunk, ~5e-4). cuBLAS: f16 operands, ~1e-3. */
+                /* GEMV: f32 math (F16: half2 products within a 16-byte chunk, ~5e-4; quantized types:
+                 * two-level int8 activations, ~2e-5). cuBLAS: f16 operands, ~1e-3. */
                 double tol = nt <= KC_GEMV_MAX_TOK ? (type == DT_F32 ? 1e-5 : type == DT_F16 ? 2e-3 : 1e-4) : 5e-3;
                 T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
                          n_out, nt, rc, e, tol);
@@ -138,6 +145,9 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             cudaFree(w.d);
             cudaFree(ws.w_half);
             cudaFree(ws.x_half);
+            cudaFree(ws.xq.qh);
+            cudaFree(ws.xq.ql);
+            cudaFree(ws.xq.m);
             free(wf);
             free(blocks);
         }
@@ -208,9 +218,9 @@ static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
         free(ref);
     }
     /* embedding rows of every table type, including an out-of-range id (NaN row, no fault) */
-    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
-    for (int ti = 0; ti < 5; ti++) {
-        int n_embd = 96, n_vocab = 50;
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    for (int ti = 0; ti < 6; ti++) {
+        int n_embd = 256, n_vocab = 50;
         float *tf = malloc((size_t)n_embd * n_vocab * 4);
         for (int i = 0; i < n_embd * n_vocab; i++) tf[i] = frand();
         void *blocks = malloc(dt_row_size(types[ti], n_embd) * n_vocab);
@@ -218,7 +228,7 @@ static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
         kc_weight w = upload_weight(types[ti], blocks, n_embd, n_vocab);
         int32_t ids[4] = { 0, 49, 17, 50 };
         int32_t *dids = dev_upload(ids, sizeof ids);
-        float *dx, x[4 * 96], ref[96];
+        float *dx, x[4 * 256], ref[256];
         CK(cudaMalloc((void **)&dx, sizeof x));
         poison(dx, sizeof x);
         int rc = kc_embed(&w, dids, 4, dx, s);
@@ -389,6 +399,126 @@ static void test_rope_attention(cudaStream_t s) {
             }
 }
 
+/* Two-level int8 activations: kc_quantize_x decodes to within d/256 of x with S the block's
+ * integer sum; RMSNorm and SwiGLU write bit-identical blocks when they quantize their outputs;
+ * a GEMV fed by the producer's blocks equals one that quantizes itself. */
+static kc_xq xq_alloc(int cap_tok, int cap_n) {
+    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n };
+    CK(cudaMalloc((void **)&q.qh, (size_t)cap_tok * cap_n));
+    CK(cudaMalloc((void **)&q.ql, (size_t)cap_tok * cap_n));
+    CK(cudaMalloc((void **)&q.m, (size_t)cap_tok * cap_n / 32 * 8 + 8));
+    return q;
+}
+static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); }
+static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
+    size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
+    int8_t *h1 = malloc(nb), *h2 = malloc(nb);
+    int32_t *m1 = malloc(nm * 4), *m2 = malloc(nm * 4);
+    CK(cudaMemcpy(h1, a->qh, nb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2, b->qh, nb, cudaMemcpyDeviceToHost));
+    int ok = memcmp(h1, h2, nb) == 0;
+    CK(cudaMemcpy(h1, a->ql, nb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2, b->ql, nb, cudaMemcpyDeviceToHost));
+    ok &= memcmp(h1, h2, nb) == 0;
+    CK(cudaMemcpy(m1, a->m, nm * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(m2, b->m, nm * 4, cudaMemcpyDeviceToHost));
+    ok &= memcmp(m1, m2, nm * 4) == 0;
+    free(h1); free(h2); free(m1); free(m2);
+    return ok;
+}
+
+static void test_xq(cublasHandle_t cb, cudaStream_t s) {
+    const int ns[] = { 32, 96, 4096, 11008 };
+    for (int si = 0; si < 4; si++) {
+        int n = ns[si], nt = 5;
+        size_t N = (size_t)nt * n;
+        float *x = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) x[i] = frand() * (i % 97 == 0 ? 40.0f : 2.0f);
+        for (int i = 0; i < 32; i++) x[64 < N ? 64 + i : i] = 0.0f; /* an all-zero block */
+        float *dx = dev_upload(x, N * 4);
+        kc_xq q = xq_alloc(8, n), q2 = xq_alloc(8, n);
+        CK(cudaMemset(q.qh, 0x55, N));
+        int rc = kc_quantize_x(dx, nt, n, &q, s);
+        CK(cudaStreamSynchronize(s));
+        int8_t *qh = malloc(N), *ql = malloc(N);
+        int32_t *m = malloc(N / 32 * 8);
+        CK(cudaMemcpy(qh, q.qh, N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(ql, q.ql, N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(m, q.m, N / 32 * 8, cudaMemcpyDeviceToHost));
+        int ok = rc == 0 && q.n == n;
+        double worst = 0;
+        for (size_t b = 0; b < N / 32; b++) {
+            float d256;
+            memcpy(&d256, &m[2 * b], 4);
+            float amax = 0;
+            int S = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+            for (int i = 0; i < 32; i++) {
+                double v = (double)d256 * (256.0 * qh[b * 32 + i] + ql[b * 32 + i]);
+                double err = fabs(v - x[b * 32 + i]) / (amax > 0 ? amax / 127.0 : 1);
+                if (err > worst) worst = err;
+                S += 256 * qh[b * 32 + i] + ql[b * 32 + i];
+            }
+            ok &= S == m[2 * b + 1];
+        }
+        /* |x/d - qh| <= 1/2, so ql = round(256 (x/d - qh)) is off by at most 1/2 / 256, or 1 / 256 where
+         * +-128 is clamped to +-127 */
+        T_CHECKF(ok && worst <= 1.0 / 256 + 1e-6, "quantize_x n=%d rc=%d max error %.3g d (bound 1/256)", n, rc, worst);
+
+        /* rmsnorm_xq: same blocks as rmsnorm + quantize_x */
+        float *w = malloc((size_t)n * 4);
+        for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
+        float *dw = dev_upload(w, (size_t)n * 4), *dy, *dy2;
+        CK(cudaMalloc((void **)&dy, N * 4));
+        CK(cudaMalloc((void **)&dy2, N * 4));
+        rc = kc_rmsnorm_xq(dx, dw, dy, &q, nt, n, 1e-5f, s);
+        rc |= kc_rmsnorm(dx, dw, dy2, nt, n, 1e-5f, s);
+        rc |= kc_quantize_x(dy2, nt, n, &q2, s);
+        CK(cudaStreamSynchronize(s));
+        T_CHECKF(rc == 0 && q.n == n && xq_equal(&q, &q2, nt, n), "rmsnorm_xq blocks n=%d", n);
+
+        /* swiglu_xq over [nt, 2n] */
+        float *gu = malloc(N * 2 * 4);
+        for (size_t i = 0; i < 2 * N; i++) gu[i] = frand() * 4;
+        float *dgu = dev_upload(gu, 2 * N * 4);
+        rc = kc_swiglu_xq(dgu, dy, &q, nt, n, s);
+        rc |= kc_swiglu(dgu, dy2, nt, n, s);
+        rc |= kc_quantize_x(dy2, nt, n, &q2, s);
+        CK(cudaStreamSynchronize(s));
+        float *y1 = malloc(N * 4), *y2 = malloc(N * 4);
+        CK(cudaMemcpy(y1, dy, N * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(y2, dy2, N * 4, cudaMemcpyDeviceToHost));
+        T_CHECKF(rc == 0 && memcmp(y1, y2, N * 4) == 0 && xq_equal(&q, &q2, nt, n), "swiglu_xq output and blocks n=%d", n);
+
+        /* a Q4_K / Q8_0 GEMV fed by the producer's blocks = one quantizing itself */
+        if (n % 256 == 0) {
+            int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K }, n_out = 200;
+            for (int ti = 0; ti < 3; ti++) {
+                float *wf = malloc((size_t)n * n_out * 4);
+                for (size_t i = 0; i < (size_t)n * n_out; i++) wf[i] = frand() * 0.1f;
+                void *blocks = malloc(dt_row_size(types[ti], n) * n_out);
+                dt_quantize(types[ti], wf, blocks, (int64_t)n * n_out);
+                kc_weight W = upload_weight(types[ti], blocks, n, n_out);
+                kc_gemm_ws ws = { .cublas = cb, .xq = xq_alloc(8, n) };
+                float *da, *db;
+                CK(cudaMalloc((void **)&da, (size_t)nt * n_out * 4));
+                CK(cudaMalloc((void **)&db, (size_t)nt * n_out * 4));
+                rc = kc_matmul_xq(&W, dy, &q, nt, da, 0, &ws, s);
+                rc |= kc_matmul(&W, dy, nt, db, 0, &ws, s);
+                float *ha = malloc((size_t)nt * n_out * 4), *hb = malloc((size_t)nt * n_out * 4);
+                CK(cudaMemcpy(ha, da, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hb, db, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(rc == 0 && memcmp(ha, hb, (size_t)nt * n_out * 4) == 0, "%s GEMV from producer blocks n=%d",
+                         dt_name(types[ti]), n);
+                free(ha); free(hb); cudaFree(da); cudaFree(db); xq_free(&ws.xq);
+                cudaFree(W.data); cudaFree(W.d); free(blocks); free(wf);
+            }
+        }
+        free(y1); free(y2); free(gu); cudaFree(dgu); free(w); cudaFree(dw); cudaFree(dy); cudaFree(dy2);
+        free(qh); free(ql); free(m); xq_free(&q); xq_free(&q2); cudaFree(dx); free(x);
+    }
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -401,6 +531,7 @@ int main(void) {
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, s);
     test_matmul(cb, s);
+    test_xq(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     cublasDestroy(cb);

@@ -1,0 +1,115 @@
+/* gpu_bench_gemv: one-token GEMV time per weight type at llama2-7b shapes, against the bytes it
+ * must read (weights + scales) over the copy bandwidth. Each matrix is timed over >= 200
+ * launches between two events (back to back, as in a decode step), rotating over enough
+ * copies of it that they do not stay in the 50 MB L2. Random weights.
+ * usage: gpu_bench_gemv [TYPE...]   (f16 q8_0 q4_0 q4_k; default all)
+ * Environment knobs it is meant to compare: ARKA_CUDA_GEMVQ=R,U, ARKA_CUDA_GEMV_F32=1. */
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+int main(int argc, char **argv) {
+    const char *names[] = { "f16", "q8_0", "q4_0", "q4_k" };
+    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const struct { const char *name; int n_in, n_out; } shapes[] = {
+        { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 }, { "head", 4096, 32000 },
+    };
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    kc_set_pdl(!getenv("ARKA_CUDA_NO_PDL"));
+    kc_gemm_ws ws = { 0 };
+    ws.xq.cap_tok = 1;
+    ws.xq.cap_n = 11008;
+    CK(cudaMalloc((void **)&ws.xq.qh, 11008));
+    CK(cudaMalloc((void **)&ws.xq.ql, 11008));
+    CK(cudaMalloc((void **)&ws.xq.m, 11008 / 32 * 8));
+    float *dx, *dy;
+    CK(cudaMalloc((void **)&dx, 11008 * 4));
+    CK(cudaMalloc((void **)&dy, 32000 * 4));
+    float hx[11008];
+    for (int i = 0; i < 11008; i++) hx[i] = frand();
+    CK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("%-6s %-8s %12s %10s %10s %8s\n", "type", "matrix", "MB", "us", "GB/s", "of 3.0TB/s");
+    for (int ti = 0; ti < 4; ti++) {
+        int want = argc < 2;
+        for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
+        if (!want) continue;
+        double tot_us = 0, tot_mb = 0;
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
+            if (n_in % dt_block_size(type)) continue;
+            size_t n = (size_t)n_in * n_out;
+            float *wf = malloc(n * 4);
+            for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
+            void *blocks = malloc(dt_row_size(type, n_in) * n_out);
+            dt_quantize(type, wf, blocks, (int64_t)n);
+            free(wf);
+            size_t db, sb;
+            kc_weight_sizes(type, n_in, n_out, &db, &sb);
+            void *hq = malloc(db);
+            kc_half *hs = sb ? malloc(sb) : NULL;
+            kc_weight_repack(type, blocks, n_in, n_out, hq, hs);
+            free(blocks);
+            /* enough copies that one pass over them overflows the 50 MB L2, as 32 layers do */
+            int nc = (int)(400e6 / (db + sb)) + 1;
+            if (nc > 32) nc = 32;
+            kc_weight w[32];
+            for (int k = 0; k < nc; k++) {
+                w[k] = (kc_weight){ .type = type, .n_in = n_in, .n_out = n_out };
+                CK(cudaMalloc(&w[k].data, db));
+                CK(cudaMemcpy(w[k].data, hq, db, cudaMemcpyHostToDevice));
+                if (sb) {
+                    CK(cudaMalloc((void **)&w[k].d, sb));
+                    CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
+                }
+            }
+            free(hq);
+            free(hs);
+            /* producer-quantized activations, as in the forward pass */
+            if (type != DT_F16) kc_quantize_x(dx, 1, n_in, &ws.xq, s);
+            for (int i = 0; i < 20; i++) kc_matmul_xq(&w[i % nc], dx, &ws.xq, 1, dy, 0, &ws, s);
+            const int iters = 8 * nc > 200 ? 8 * nc : 200;
+            CK(cudaEventRecord(e0, s));
+            for (int i = 0; i < iters; i++) kc_matmul_xq(&w[i % nc], dx, &ws.xq, 1, dy, 0, &ws, s);
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            double us = ms * 1000.0 / iters, mb = (db + sb) / 1e6;
+            printf("%-6s %-8s %12.1f %10.2f %10.0f %7.0f%%\n", names[ti], shapes[si].name, mb, us, mb / us * 1e3,
+                   mb / us * 1e3 / 3000.0 * 100);
+            if (si < 4) { tot_us += us * 32; tot_mb += mb * 32; }
+            else { tot_us += us; tot_mb += mb; }
+            for (int k = 0; k < nc; k++) {
+                cudaFree(w[k].data);
+                cudaFree(w[k].d);
+            }
+        }
+        printf("%-6s %-8s %12.1f %10.2f %10.0f %7.0f%%   (32 layers + head: one decode step's GEMVs)\n", names[ti], "total",
+               tot_mb, tot_us, tot_mb / tot_us * 1e3, tot_mb / tot_us * 1e3 / 3000.0 * 100);
+    }
+    return 0;
+}
