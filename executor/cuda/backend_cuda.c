@@ -5,6 +5,11 @@
  * (to hand the logits to the host). Pure decode steps replay CUDA graphs captured at create
  * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block).
  *
+ * Memory: unless the engine asks for an exact number of blocks, the KV pool is allocated last
+ * and takes what mem_fraction x the device's memory leaves after what was in use at start-up
+ * and what the weights, activations and workspaces took (ex_kv_fit_blocks), between one
+ * sequence of n_ctx positions and max_seqs of them.
+ *
  * Numerics: activations f32, weights in their own type, matmul accumulation f32 (GEMV) or
  * cuBLAS with f16 operands and f32 accumulation (steps of more than KC_GEMV_MAX_TOK tokens),
  * K/V stored as half, attention in f32 with a fixed 256-position split so a token's result
@@ -12,6 +17,7 @@
  */
 #include "executor/backend.h"
 #include "executor/engine.h"
+#include "executor/kv.h"
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
@@ -28,6 +34,7 @@
 #define ATT_CHUNK_DEFAULT 64 /* positions per attention split (ARKA_CUDA_ATT_CHUNK overrides) */
 #define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 tokens */
 #define N_SPLIT_BUCKETS 12  /* attention splits 2, 4, 8, ... up to n_split (the context's) */
+#define GIB 1073741824.0
 
 /* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
 #define CU_FATAL(call)                                                                                   \
@@ -116,6 +123,38 @@ static int32_t *meta_tiles(cu_state *s, int32_t *base) {
 
 static int gpu_type_ok(int type) {
     return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0;
+}
+
+/* Device bytes upload_rows / upload_f32 will take for parts (as_f32: upload_f32). Parts of
+ * a type without a kernel count 0: the upload reports them. */
+static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int as_f32) {
+    size_t n = 0, data_bytes = 0, d_bytes = 0;
+    int n_out = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n += (size_t)parts[i]->ne[0] * parts[i]->ne[1];
+        n_out += (int)parts[i]->ne[1];
+    }
+    if (as_f32) return n * 4;
+    if (!gpu_type_ok(parts[0]->type) || kc_weight_sizes(parts[0]->type, (int)parts[0]->ne[0], n_out, &data_bytes, &d_bytes))
+        return 0;
+    return data_bytes + d_bytes;
+}
+
+/* Device bytes of every weight as ex_backend_cuda_create uploads them. */
+static size_t weights_need(const mdl_model *m) {
+    const mdl_config *c = &m->cfg;
+    const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output }, *on[] = { &m->out_norm };
+    size_t n = upload_need(emb, 1, 0) + upload_need(on, 1, 1) + (c->tied_output ? 0 : upload_need(outp, 1, 0));
+    for (int l = 0; l < c->n_layer; l++) {
+        const mdl_layer *ly = &m->layers[l];
+        const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
+                         *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
+                         *bias[] = { &ly->bq, &ly->bk, &ly->bv };
+        n += upload_need(qkv, 3, 0) + upload_need(wo, 1, 0) + upload_need(gu, 2, 0) + upload_need(dn, 1, 0) +
+             upload_need(an, 1, 1) + upload_need(fn, 1, 1);
+        if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, 1);
+    }
+    return n;
 }
 
 /* Uploads the row-concatenation of parts (same type and n_in) as one kc_weight. */
@@ -478,6 +517,59 @@ static int dalloc(void *pp, size_t bytes) {
     return cudaMalloc((void **)pp, bytes ? bytes : 1) != cudaSuccess;
 }
 
+/* Sizes and allocates the KV pool, after everything else (see the top of the file). free0 and
+ * total: the device's free and total memory when the backend started. Sets s->lim.n_kv_blocks
+ * when the engine left it 0. Returns 0, CM_ENOKV (the fraction leaves less than one sequence
+ * of n_ctx) or CM_ENOMEM (the pool does not fit), with the numbers and the flag to change in err. */
+static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cudaDeviceProp *prop, size_t free0, size_t total,
+                         char *err, size_t errlen) {
+    const mdl_config *c = &s->cfg;
+    const ex_limits *L = &s->lim;
+    size_t per_block = (size_t)c->n_head_kv * L->block_size * c->head_dim;   /* halves per block, one layer's K or V */
+    size_t bbytes = per_block * 2 * 2 * (size_t)c->n_layer;                  /* one block: K and V of every layer */
+    size_t free1 = 0;
+    cudaMemGetInfo(&free1, &total);
+    int64_t used = (int64_t)free0 - (int64_t)free1;  /* weights, activations, workspaces */
+    int64_t budget = 0;
+    int64_t fit = ex_kv_fit_blocks((int64_t)total, (int64_t)free0, used, o->mem_fraction, (int64_t)bbytes, 1, &budget);
+    int capped = 0, exact = L->n_kv_blocks > 0;
+    if (!exact) {
+        /* floor: one sequence of n_ctx positions (a smaller pool could never hold a full
+         * request); cap: every sequence at full context (no prefix cache keeps freed blocks,
+         * so more could never be used) */
+        int64_t min = L->max_blocks > 2 ? L->max_blocks : 2, cap = (int64_t)L->max_seqs * L->max_blocks;
+        if (fit < min) {
+            snprintf(err, errlen, "cuda backend: --gpu-memory-fraction %g of device %d (%s, %.2f GiB) leaves %.3f GiB for the KV pool "
+                     "after %.2f GiB in use at start-up and %.2f GiB of weights, activations and workspaces; one sequence "
+                     "of %d positions (--ctx) needs %lld blocks = %.3f GiB: raise --gpu-memory-fraction or lower --ctx",
+                     o->mem_fraction, o->device, prop->name, total / GIB, budget / GIB, (total - free0) / GIB, used / GIB, L->n_ctx,
+                     (long long)min, min * (double)bbytes / GIB);
+            return CM_ENOKV;
+        }
+        capped = fit > cap;
+        s->lim.n_kv_blocks = (int)(capped ? cap : fit > (1 << 30) ? (1 << 30) : fit);
+    }
+    size_t bytes = (size_t)(L->n_kv_blocks + 1) * bbytes;
+    if (bytes > free1 || cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear the allocation error */
+        snprintf(err, errlen, "cuda backend: the KV pool of %d blocks needs %.2f GiB, %.2f GiB free on device %d (%s) after %.2f GiB "
+                 "of weights, activations and workspaces%s", L->n_kv_blocks, bytes / GIB, free1 / GIB, o->device, prop->name, used / GIB,
+                 exact ? ": lower --kv-cache-mb (0 sizes it from --gpu-memory-fraction)" : "");
+        return CM_ENOMEM;
+    }
+    cudaMemset(s->kv_pool, 0, bytes);
+    for (int l = 0; l < c->n_layer; l++) {
+        s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1);
+        s->layers[l].v = s->layers[l].k + per_block * (L->n_kv_blocks + 1);
+    }
+    CM_LOG_INFO("cuda", "KV pool", "device=%d sizing=%s fraction=%.2f total_gib=%.2f in_use_at_start_gib=%.2f weights_gib=%.2f "
+                "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d", o->device,
+                exact ? "exact" : "fraction", o->mem_fraction, total / GIB, (total - free0) / GIB, s->weight_bytes / GIB,
+                (used - (int64_t)s->weight_bytes) / GIB, budget / GIB, bytes / GIB, L->n_kv_blocks,
+                (long long)L->n_kv_blocks * L->block_size, capped);
+    return 0;
+}
+
 int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out, char *err, size_t errlen) {
     *out = NULL;
     int n_dev = 0;
@@ -507,7 +599,6 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->cfg = *c;
     s->lim = o->lim;
     s->device = o->device;
-    s->scratch_block = s->lim.n_kv_blocks;
     s->att_chunk = getenv("ARKA_CUDA_ATT_CHUNK") ? atoi(getenv("ARKA_CUDA_ATT_CHUNK")) : ATT_CHUNK_DEFAULT;
     if (s->att_chunk < 16) s->att_chunk = ATT_CHUNK_DEFAULT;
     s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
@@ -531,6 +622,20 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         goto fail;
     }
     cublasSetStream(s->cublas, s->stream);
+    /* what is in use now (other processes, this process's CUDA context) is not ours to budget */
+    size_t free0 = 0, total = 0;
+    if (cudaMemGetInfo(&free0, &total) != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend: cannot read the memory of device %d", o->device);
+        rc = CM_ECUDA;
+        goto fail;
+    }
+    size_t need = weights_need(m);
+    if (need > free0) {
+        snprintf(err, errlen, "cuda backend: the weights need %.2f GiB, %.2f GiB free on device %d (%s)", need / GIB,
+                 free0 / GIB, o->device, prop.name);
+        rc = CM_ENOMEM;
+        goto fail;
+    }
     const size_t cublas_ws_bytes = 32u << 20;
     if (dalloc(&s->cublas_ws, cublas_ws_bytes)) goto oom;
     cublasSetWorkspace(s->cublas, s->cublas_ws, cublas_ws_bytes);
@@ -559,25 +664,6 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
-        }
-    }
-
-    /* KV pool: n_kv_blocks + 1 (the scratch block padding tokens write to) per layer */
-    {
-        size_t per_layer = (size_t)(s->lim.n_kv_blocks + 1) * c->n_head_kv * s->lim.block_size * c->head_dim;
-        size_t bytes = per_layer * 2 * 2 * (size_t)c->n_layer;
-        if (cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
-            size_t fr = 0, tot = 0;
-            cudaMemGetInfo(&fr, &tot);
-            snprintf(err, errlen, "cuda backend: the KV pool needs %.2f GiB, %.2f GiB free on device %d after %.2f GiB of weights",
-                     bytes / 1073741824.0, fr / 1073741824.0, o->device, s->weight_bytes / 1073741824.0);
-            rc = CM_ENOMEM;
-            goto fail;
-        }
-        cudaMemset(s->kv_pool, 0, bytes);
-        for (int l = 0; l < c->n_layer; l++) {
-            s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_layer;
-            s->layers[l].v = s->layers[l].k + per_layer;
         }
     }
 
@@ -611,12 +697,20 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
             goto oom;
         memset(s->h_meta, 0, s->meta_ints * 4);
+    }
+    CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f seconds=%.2f", o->device, prop.name,
+                s->weight_bytes / GIB, cm_time_s() - t0);
+
+    /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */
+    if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;
+    s->scratch_block = s->lim.n_kv_blocks;
+    s->base.n_kv_blocks = s->lim.n_kv_blocks;
+    {
+        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
         int32_t *bt = meta_bt(s, s->h_meta);
         for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
-        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
     }
-    CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f kv_blocks=%d seconds=%.2f", o->device,
-                prop.name, s->weight_bytes / 1073741824.0, s->lim.n_kv_blocks, cm_time_s() - t0);
+
     if (getenv("ARKA_CUDA_PROFILE") && atoi(getenv("ARKA_CUDA_PROFILE")) > 0) {
         s->prof_on = 1;
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
