@@ -3,7 +3,8 @@
  * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
  * create time for the engine's limits. A forward pass allocates nothing and synchronizes once
  * (to hand the logits to the host). Pure decode steps replay CUDA graphs captured at create
- * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block).
+ * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block),
+ * smallest first, for as long as the capture budget lasts.
  *
  * Memory: unless the engine asks for an exact number of blocks, the KV pool is allocated last
  * and takes what mem_fraction x the device's memory leaves after what was in use at start-up
@@ -470,9 +471,14 @@ static void cuda_destroy(ex_backend *base) {
     free(s);
 }
 
-/* Captures the decode graph of each bucket size up to max_seqs (and max_tokens). */
-static int capture_graphs(cu_state *s, char *err, size_t errlen) {
+/* Captures decode graphs, smallest first: token buckets 1, 2, 4, ... up to max_seqs (and
+ * max_tokens, max_out), each with its attention-split buckets, until budget_s seconds have
+ * passed (checked before each capture, so the last one may end a little past it). A step
+ * whose bucket was left out runs eagerly: cuda_forward looks its graph up and runs without
+ * one when there is none. */
+static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen) {
     double t0 = cm_time_s();
+    int n_planned = 0, skip_tok = 0, skip_split = 0;
     /* Stage a harmless batch: every token a padding token on the scratch row. */
     int32_t *seq = meta_seq(s, s->h_meta), *rows = meta_rows(s, s->h_meta);
     for (int bk = 1, i = 0; i < N_GRAPH_BUCKETS && bk <= s->lim.max_seqs && bk <= s->lim.max_tokens && bk <= s->lim.max_out;
@@ -483,32 +489,43 @@ static int capture_graphs(cu_state *s, char *err, size_t errlen) {
         }
         /* split buckets 2, 4, 8, ... and the context's own count last (1 when split-K is off) */
         for (int sp = s->n_split <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < s->n_split ? sp * 2 : s->n_split, j++) {
-            /* run once eagerly (cuBLAS picks its kernels), then capture */
-            enqueue_forward(s, bk, bk, 0, sp);
-            cudaError_t e = cudaStreamSynchronize(s->stream);
-            cudaGraph_t graph;
-            if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
-            if (e == cudaSuccess) {
+            n_planned++;
+            if (!skip_tok && cm_time_s() - t0 >= budget_s) skip_tok = bk, skip_split = sp;
+            if (!skip_tok) {
+                /* run once eagerly (cuBLAS picks its kernels), then capture */
                 enqueue_forward(s, bk, bk, 0, sp);
-                e = cudaStreamEndCapture(s->stream, &graph);
+                cudaError_t e = cudaStreamSynchronize(s->stream);
+                cudaGraph_t graph;
+                if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+                if (e == cudaSuccess) {
+                    enqueue_forward(s, bk, bk, 0, sp);
+                    e = cudaStreamEndCapture(s->stream, &graph);
+                }
+                if (e == cudaSuccess) {
+                    e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
+                    cudaGraphDestroy(graph);
+                }
+                if (e != cudaSuccess) {
+                    snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
+                             cudaGetErrorString(e));
+                    return CM_ECUDA;
+                }
+                s->graphs[s->n_graphs].n_tok = bk;
+                s->graphs[s->n_graphs++].n_split = sp;
             }
-            if (e == cudaSuccess) {
-                e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
-                cudaGraphDestroy(graph);
-            }
-            if (e != cudaSuccess) {
-                snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
-                         cudaGetErrorString(e));
-                return CM_ECUDA;
-            }
-            s->graphs[s->n_graphs].n_tok = bk;
-            s->graphs[s->n_graphs++].n_split = sp;
             if (sp >= s->n_split) break;
         }
     }
     memset(s->h_meta, 0, s->meta_ints * sizeof(int32_t));
-    CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f", s->n_graphs,
-                s->n_graphs ? s->graphs[s->n_graphs - 1].n_tok : 0, s->n_split, cm_time_s() - t0);
+    const cu_graph *last = s->n_graphs ? &s->graphs[s->n_graphs - 1] : NULL;
+    if (!skip_tok)
+        CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f budget_s=%g", s->n_graphs,
+                    last ? last->n_tok : 0, s->n_split, cm_time_s() - t0, budget_s);
+    else
+        CM_LOG_WARN("cuda", "decode graph budget spent: the buckets left run eagerly (raise --cuda-graph-budget-s)",
+                    "graphs=%d planned=%d skipped=%d last_tokens=%d last_splits=%d first_skipped_tokens=%d "
+                    "first_skipped_splits=%d seconds=%.2f budget_s=%g", s->n_graphs, n_planned, n_planned - s->n_graphs,
+                    last ? last->n_tok : 0, last ? last->n_split : 0, skip_tok, skip_split, cm_time_s() - t0, budget_s);
     return 0;
 }
 
@@ -716,7 +733,10 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
             if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
     }
-    if (!getenv("ARKA_CUDA_NO_GRAPHS") && !s->prof_on && (rc = capture_graphs(s, err, errlen))) goto fail;
+    const char *no_graphs = getenv("ARKA_CUDA_NO_GRAPHS") ? "ARKA_CUDA_NO_GRAPHS" : s->prof_on ? "ARKA_CUDA_PROFILE"
+                            : !(o->graph_budget_s > 0) ? "--cuda-graph-budget-s 0" : NULL;
+    if (no_graphs) CM_LOG_INFO("cuda", "decode graphs off: every step runs eagerly", "reason=\"%s\"", no_graphs);
+    else if ((rc = capture_graphs(s, o->graph_budget_s, err, errlen))) goto fail;
     *out = &s->base;
     return 0;
 oom:
