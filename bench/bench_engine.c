@@ -2,7 +2,10 @@
  *
  *   bench_engine -m MODEL [--backend cpu|cuda] [--prompt 512] [--gen 128] [--batch 1]
  *                [--bw-gbs 3000] [--threads N] [--reps 3]
+ *                [--gpu-memory-fraction F] [--cuda-graph-budget-s 60]
  *
+ * The KV pool holds exactly what the --batch sequences need, unless --gpu-memory-fraction is
+ * given: then the cuda backend sizes it from free device memory as the server does.
  * Prefill: one sequence of --prompt tokens in one step (median of --reps).
  * Decode: --batch sequences, each prefilled with --prompt tokens, then --gen decode steps of
  * one token per sequence; reports the median step time, generated tok/s, and for batch 1 the
@@ -32,7 +35,7 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu";
     int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3;
-    double bw = 3000;
+    double bw = 3000, mem_fraction = 0, graph_budget_s = 60;
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file" },
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
@@ -42,6 +45,8 @@ int main(int argc, char **argv) {
         { "threads", 0, CM_OPT_INT, &threads, "cpu threads (0 = all)" },
         { "reps", 0, CM_OPT_INT, &reps, "prefill repetitions" },
         { "bw-gbs", 0, CM_OPT_F64, &bw, "memory bandwidth in GB/s for the roofline" },
+        { "gpu-memory-fraction", 0, CM_OPT_F64, &mem_fraction, "cuda: size the KV pool from this share of device memory (0 = what the batch needs)" },
+        { "cuda-graph-budget-s", 0, CM_OPT_F64, &graph_budget_s, "cuda: seconds for capturing decode graphs; 0 = none" },
         { 0 },
     };
     char err[512];
@@ -67,6 +72,11 @@ int main(int argc, char **argv) {
     int64_t kv_need = (int64_t)ex_kv_block_bytes(c, 16, ex_backend_default_kv_type(backend)) * batch *
                       ((o.n_ctx + 15) / 16 + 1);
     o.kv_cache_mb = kv_need / 1048576 + 16;
+    o.cuda_graph_budget_s = graph_budget_s;
+    if (mem_fraction != 0) {
+        o.gpu_mem_fraction = mem_fraction;   /* the engine refuses values outside (0, 1] */
+        if (!strcmp(backend, "cuda")) o.kv_cache_mb = 0;
+    }
     ex_engine *e;
     if (ex_engine_create(m, &o, &e, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     double t_load = cm_time_s() - t0;

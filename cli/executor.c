@@ -19,7 +19,11 @@ int cli_executor(int argc, char **argv) {
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
         { "device", 0, CM_OPT_INT, &o.engine.device, "cuda device ordinal" },
         { "threads", 't', CM_OPT_INT, &o.engine.n_threads, "cpu threads (0 = all cores)" },
-        { "kv-cache-mb", 0, CM_OPT_I64, &kv_mb, "KV cache budget in MiB (0 = automatic)" },
+        { "kv-cache-mb", 0, CM_OPT_I64, &kv_mb, "KV cache budget in MiB (0 = automatic: cuda from --gpu-memory-fraction)" },
+        { "gpu-memory-fraction", 0, CM_OPT_F64, &o.engine.gpu_mem_fraction,
+          "cuda: share of device memory to fill, weights included; the KV pool gets the rest (default 0.90)" },
+        { "cuda-graph-budget-s", 0, CM_OPT_F64, &o.engine.cuda_graph_budget_s,
+          "cuda: seconds for capturing decode graphs at start-up; 0 = none (default 60)" },
         { "ctx", 'c', CM_OPT_INT, &o.engine.n_ctx, "positions per sequence (0 = the model's)" },
         { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = 64)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = 512)" },
@@ -36,6 +40,7 @@ int cli_executor(int argc, char **argv) {
         cm_config_usage(opts, stderr);
         return 2;
     }
+    if (cli_check_cuda_opts("executor", o.engine.gpu_mem_fraction, o.engine.cuda_graph_budget_s)) return 2;
     o.engine.backend = backend;
     o.engine.kv_cache_mb = kv_mb;
     return ex_proc_run(&o);

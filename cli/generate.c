@@ -31,6 +31,7 @@ typedef struct {
     float   temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int     repeat_last_n;
     int64_t seed, kv_cache_mb;
+    double  gpu_mem_fraction, cuda_graph_budget_s;
 } gen_opts;
 
 static void usage(const cm_opt *opts) {
@@ -110,7 +111,8 @@ static int parse_ids(const char *s, int n_vocab, int32_t **out, int *n_out, char
 
 int cli_generate(int argc, char **argv) {
     gen_opts g = { .n_predict = 128, .top_k = 40, .temp = 0.8f, .top_p = 0.95f, .min_p = 0.05f,
-                   .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = -1, .backend = "cpu", .batch = 512 };
+                   .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = -1, .backend = "cpu", .batch = 512,
+                   .gpu_mem_fraction = 0.90, .cuda_graph_budget_s = 60 };
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &g.model, "model file (GGUF) or safetensors directory" },
         { "prompt", 'p', CM_OPT_STR, &g.prompt, "prompt text" },
@@ -126,7 +128,12 @@ int cli_generate(int argc, char **argv) {
         { "frequency-penalty", 0, CM_OPT_F32, &g.frequency_penalty, "frequency penalty (default 0)" },
         { "seed", 0, CM_OPT_I64, &g.seed, "sampling seed; -1 = random (printed)" },
         { "threads", 't', CM_OPT_INT, &g.threads, "CPU threads; 0 = all cores" },
-        { "kv-cache-mb", 0, CM_OPT_I64, &g.kv_cache_mb, "KV cache budget in MiB; 0 = what the sequence needs" },
+        { "kv-cache-mb", 0, CM_OPT_I64, &g.kv_cache_mb,
+          "KV cache budget in MiB; 0 = cpu: what the sequence needs, cuda: from --gpu-memory-fraction (one --ctx sequence)" },
+        { "gpu-memory-fraction", 0, CM_OPT_F64, &g.gpu_mem_fraction,
+          "cuda: share of device memory to fill, weights included; the KV pool gets the rest (default 0.90)" },
+        { "cuda-graph-budget-s", 0, CM_OPT_F64, &g.cuda_graph_budget_s,
+          "cuda: seconds for capturing decode graphs at start-up; 0 = none (default 60)" },
         { "kv-block-size", 0, CM_OPT_INT, &g.block_size, "tokens per KV block (default 16)" },
         { "ctx", 'c', CM_OPT_INT, &g.ctx, "context length; 0 = the model's training context" },
         { "batch", 'b', CM_OPT_INT, &g.batch, "tokens per forward pass (prefill chunk; default 512)" },
@@ -151,6 +158,7 @@ int cli_generate(int argc, char **argv) {
     if (g.ctx < 0) USAGE_ERR("--ctx must be >= 0 (got %d)", g.ctx);
     if (g.threads < 0 || g.threads > MAX_THREADS) USAGE_ERR("--threads must be in [0, %d] (got %d)", MAX_THREADS, g.threads);
     if (g.kv_cache_mb < 0) USAGE_ERR("--kv-cache-mb must be >= 0");
+    if (cli_check_cuda_opts("generate", g.gpu_mem_fraction, g.cuda_graph_budget_s)) return 2;
     if (g.block_size < 0 || g.block_size > 1024) USAGE_ERR("--kv-block-size must be in [1, 1024]");
     if (g.batch < 1) USAGE_ERR("--batch must be >= 1");
     /* sampling: each flag named (ex_sample_params_check below is the backstop) */
@@ -240,6 +248,8 @@ int cli_generate(int argc, char **argv) {
     eo.backend = g.backend;
     eo.n_threads = g.threads;
     eo.kv_cache_mb = g.kv_cache_mb;
+    eo.gpu_mem_fraction = g.gpu_mem_fraction;
+    eo.cuda_graph_budget_s = g.cuda_graph_budget_s;
     eo.block_size = g.block_size;
     eo.n_ctx = n_ctx;
     eo.max_tokens = g.batch;
@@ -247,8 +257,9 @@ int cli_generate(int argc, char **argv) {
     eo.max_out = 1;
     int bs = g.block_size > 0 ? g.block_size : 16;
     int64_t need_blocks = (want_pos + bs - 1) / bs;
-    if (g.kv_cache_mb == 0) {
-        /* exactly what this sequence needs, within the default budget */
+    if (g.kv_cache_mb == 0 && strcmp(g.backend, "cuda")) {
+        /* exactly what this sequence needs, within the default budget (cuda sizes its pool from
+         * --gpu-memory-fraction: one sequence of --ctx, max_seqs being 1) */
         int kvt = ex_backend_default_kv_type(g.backend);
         size_t bb = kvt >= 0 ? ex_kv_block_bytes(c, bs, kvt) : 0;
         if (bb) {

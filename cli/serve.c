@@ -21,7 +21,11 @@ int cli_serve(int argc, char **argv) {
         { "backend", 0, CM_OPT_STR, &o.backend, "cpu | cuda (default cpu)" },
         { "devices", 0, CM_OPT_STR, &o.devices, "cuda: GPU ordinals, one executor each (default 0)" },
         { "threads", 't', CM_OPT_INT, &o.threads, "cpu threads per executor (0 = all cores)" },
-        { "kv-cache-mb", 0, CM_OPT_I64, &o.kv_cache_mb, "KV cache budget per executor in MiB (0 = automatic)" },
+        { "kv-cache-mb", 0, CM_OPT_I64, &o.kv_cache_mb, "KV cache budget per executor in MiB (0 = automatic: cuda from --gpu-memory-fraction)" },
+        { "gpu-memory-fraction", 0, CM_OPT_F64, &o.gpu_mem_fraction,
+          "cuda: share of each GPU's memory an executor fills, weights included; the KV pool gets the rest (default 0.90)" },
+        { "cuda-graph-budget-s", 0, CM_OPT_F64, &o.cuda_graph_budget_s,
+          "cuda: seconds each executor spends capturing decode graphs at start-up; 0 = none (default 60)" },
         { "ctx", 'c', CM_OPT_INT, &o.n_ctx, "positions per sequence (0 = the model's)" },
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
@@ -62,6 +66,7 @@ int cli_serve(int argc, char **argv) {
         fprintf(stderr, "arka serve: --threads, --ctx, --max-batch, --max-batch-tokens and --kv-cache-mb must not be negative\n");
         return 2;
     }
+    if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;
     return gw_serve_run(&o);
 }
 #endif

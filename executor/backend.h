@@ -26,15 +26,25 @@
 #include "engine.h"
 
 typedef struct ex_backend_opts {
-    ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate */
+    ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate, exactly;
+                      * 0: the backend sizes the pool from its device memory (cuda only, below) */
     int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
     int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
+    /* cuda, lim.n_kv_blocks == 0: the pool takes what is left of mem_fraction x the device's
+     * memory after the weights, activations and workspaces (ex_kv_fit_blocks), at least one
+     * sequence of n_ctx positions (max(2, lim.max_blocks) blocks, else CM_ENOKV) and at most
+     * what every sequence at full context can use (lim.max_seqs x lim.max_blocks blocks). */
+    double mem_fraction;   /* in (0, 1] */
+    /* cuda: seconds for capturing decode graphs at start-up; the buckets not captured when it
+     * runs out run eagerly. 0 = no graphs. */
+    double graph_budget_s;
 } ex_backend_opts;
 
 struct ex_backend {
     const char *name;   /* "cpu", "cuda" */
     int kv_type;        /* element type actually used for K and V */
+    int n_kv_blocks;    /* blocks in the KV pool it allocated (the engine's ex_kv hands out these) */
     /* One forward pass over a batch that passed ex_batch_check against this backend's limits.
      * *logits: host memory [batch->n_out, n_vocab], owned by the backend, valid until the
      * next call. Returns 0 or a negative CM_E* code; allocates nothing. */
@@ -55,7 +65,9 @@ typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o
  * CM_EINVAL; writes one line into err. */
 int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                           char *err, size_t errlen);
-/* The CUDA backend: defined by executor/cuda/ when built, NULL otherwise. */
+/* The CUDA backend: defined by executor/cuda/ when built, NULL otherwise. Besides the codes
+ * above, CM_ENOMEM when the weights or an explicit pool do not fit the free device memory and
+ * CM_ENOKV when mem_fraction leaves less than the smallest pool, each with the numbers in err. */
 int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                            char *err, size_t errlen) __attribute__((weak));
 

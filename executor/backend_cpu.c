@@ -193,6 +193,10 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
         snprintf(err, errlen, "cpu backend: KV cache type %s not supported (F32 only)", dt_name(o->kv_type) ? dt_name(o->kv_type) : "?");
         return CM_EUNSUPPORTED;
     }
+    if (L->n_kv_blocks <= 0) {
+        snprintf(err, errlen, "cpu backend: the KV pool needs an explicit size (%d blocks)", L->n_kv_blocks);
+        return CM_EINVAL;
+    }
     if (c->arch != MDL_ARCH_LLAMA && c->arch != MDL_ARCH_MISTRAL && c->arch != MDL_ARCH_QWEN2) {
         snprintf(err, errlen, "cpu backend: architecture '%s' is not supported", c->arch_name);
         return CM_EUNSUPPORTED;
@@ -208,6 +212,7 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->lim = *L;
     b->base.name = "cpu";
     b->base.kv_type = DT_F32;
+    b->base.n_kv_blocks = L->n_kv_blocks;
     b->base.forward = cpu_forward;
     b->base.kv_copy = cpu_kv_copy;
     b->base.destroy = cpu_destroy;

@@ -147,6 +147,8 @@ void ex_engine_opts_default(ex_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
     o->kv_type = -1;
+    o->gpu_mem_fraction = 0.90;
+    o->cuda_graph_budget_s = 60;
 }
 
 int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **out, char *err, size_t errlen) {
@@ -166,6 +168,14 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
                  L.block_size, L.n_ctx, L.max_tokens, L.max_seqs);
         return CM_EINVAL;
     }
+    if (!(o->gpu_mem_fraction > 0 && o->gpu_mem_fraction <= 1)) {
+        snprintf(err, errlen, "--gpu-memory-fraction %g is outside (0, 1]", o->gpu_mem_fraction);
+        return CM_EINVAL;
+    }
+    if (!(o->cuda_graph_budget_s >= 0)) {
+        snprintf(err, errlen, "--cuda-graph-budget-s %g must be >= 0 (0 = no graphs)", o->cuda_graph_budget_s);
+        return CM_EINVAL;
+    }
     if (L.max_out > L.max_tokens) L.max_out = L.max_tokens;
     L.max_blocks = (L.n_ctx + L.block_size - 1) / L.block_size;
 
@@ -175,26 +185,34 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
         snprintf(err, errlen, "engine: unsupported KV element type %d for backend '%s'", kv_type, bname);
         return CM_EUNSUPPORTED;
     }
-    int64_t budget = o->kv_cache_mb > 0 ? o->kv_cache_mb * (1LL << 20)
-                                        : ex_kv_default_bytes((int64_t)bbytes * L.max_blocks * L.max_seqs);
-    int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
-    if (nb > (1 << 30)) nb = 1 << 30;
-    if (nb < 2) {
-        snprintf(err, errlen, "KV cache budget of %.1f MiB is too small: one block of %d tokens needs %.2f MiB",
-                 budget / 1048576.0, L.block_size, bbytes / 1048576.0);
-        return CM_ENOKV;
+    /* The pool's size: explicit (kv_blocks, kv_cache_mb), or automatic: the cuda backend sizes
+     * it from free device memory (n_kv_blocks 0 here), the cpu one gets a share of host memory. */
+    int from_device = !strcmp(bname, "cuda") && o->kv_blocks <= 0 && o->kv_cache_mb <= 0;
+    if (!from_device) {
+        int64_t budget = o->kv_cache_mb > 0 ? o->kv_cache_mb * (1LL << 20)
+                                            : ex_kv_default_bytes((int64_t)bbytes * L.max_blocks * L.max_seqs);
+        int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
+        if (nb > (1 << 30)) nb = 1 << 30;
+        if (nb < 2) {
+            snprintf(err, errlen, "KV cache budget of %.1f MiB is too small: one block of %d tokens needs %.2f MiB",
+                     budget / 1048576.0, L.block_size, bbytes / 1048576.0);
+            return CM_ENOKV;
+        }
+        L.n_kv_blocks = (int)nb;
     }
-    L.n_kv_blocks = (int)nb;
 
     ex_engine *e = calloc(1, sizeof *e);
     if (!e) return CM_ENOMEM;
     e->m = m;
-    e->lim = L;
-    int rc = ex_kv_create(L.n_kv_blocks, L.block_size, &e->kv);
-    if (rc) { snprintf(err, errlen, "engine: %s", cm_err_str(rc)); goto fail; }
-    ex_backend_opts bo = { .lim = L, .n_threads = o->n_threads, .device = o->device, .kv_type = kv_type };
-    rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
+    ex_backend_opts bo = { .lim = L, .n_threads = o->n_threads, .device = o->device, .kv_type = kv_type,
+                           .mem_fraction = o->gpu_mem_fraction, .graph_budget_s = o->cuda_graph_budget_s };
+    int rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
     if (rc) goto fail;
+    /* the allocator after the backend: on cuda only the backend knows how many blocks fit */
+    L.n_kv_blocks = e->be->n_kv_blocks;
+    e->lim = L;
+    rc = ex_kv_create(L.n_kv_blocks, L.block_size, &e->kv);
+    if (rc) { snprintf(err, errlen, "engine: KV block allocator for %d blocks: %s", L.n_kv_blocks, cm_err_str(rc)); goto fail; }
     *out = e;
     return 0;
 fail:

@@ -112,8 +112,13 @@ int ex_batch_check(const ex_batch *b, const ex_limits *lim, char *err, size_t er
 typedef struct ex_engine_opts {
     const char *backend;    /* "cpu" (default) or "cuda" (when built) */
     int     n_threads;      /* cpu: threads including the caller; 0 = automatic (cores, fewer for tiny models) */
-    int64_t kv_cache_mb;    /* KV pool budget in MiB; 0 = ex_kv_default_bytes() */
+    int64_t kv_cache_mb;    /* KV pool budget in MiB, exactly; 0 = automatic: cpu ex_kv_default_bytes(),
+                             * cuda what gpu_mem_fraction leaves (backend.h, ex_backend_opts) */
     int     kv_blocks;      /* > 0: exactly this many blocks (overrides kv_cache_mb; tests, tuning) */
+    double  gpu_mem_fraction; /* cuda: share of the device's memory this process may fill, weights
+                             * included, in (0, 1]; default 0.90 */
+    double  cuda_graph_budget_s; /* cuda: seconds for capturing decode graphs at start-up; 0 = no
+                             * graphs; default 60 */
     int     block_size;     /* tokens per KV block; 0 = 16 */
     int     n_ctx;          /* positions per sequence; 0 = the model's training context */
     int     max_tokens;     /* token budget per step; 0 = 512 */
@@ -125,13 +130,17 @@ typedef struct ex_engine_opts {
 
 typedef struct ex_engine ex_engine;
 
-/* Fills the defaults above (all zero = automatic). Can't fail. */
+/* Fills the defaults above (zero = automatic, except the two cuda defaults). Can't fail. */
 void ex_engine_opts_default(ex_engine_opts *o);
 
-/* Creates the backend for model m (which must outlive the engine) and the KV pool. On error
- * returns CM_EUNSUPPORTED (architecture, tensor type or backend), CM_ENOKV (the KV budget
- * holds fewer than 2 blocks), CM_ENOMEM, CM_EINVAL, and writes one line into err. Whether
- * the pool can hold a given request is the scheduler's (or the caller's) check. */
+/* Creates the backend for model m (which must outlive the engine), then the KV block
+ * allocator for the pool the backend allocated (its size is known only then on cuda, where
+ * it comes from gpu_mem_fraction unless kv_cache_mb or kv_blocks is given). On error returns
+ * CM_EUNSUPPORTED (architecture, tensor type or backend), CM_ENOKV (the KV budget holds fewer
+ * than 2 blocks; cuda sized from the fraction: fewer than one sequence of n_ctx), CM_ENOMEM
+ * (cuda: weights or an explicit pool larger than the free device memory), CM_EINVAL (limits,
+ * gpu_mem_fraction outside (0, 1], a negative graph budget), and writes one line into err.
+ * Whether the pool can hold a given request is the scheduler's (or the caller's) check. */
 int  ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **out, char *err, size_t errlen);
 void ex_engine_destroy(ex_engine *e); /* accepts NULL */
 

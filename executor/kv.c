@@ -37,6 +37,15 @@ int64_t ex_kv_default_bytes(int64_t want) {
     return b;
 }
 
+int64_t ex_kv_fit_blocks(int64_t total, int64_t free_at_start, int64_t used, double fraction, int64_t block_bytes,
+                         int reserved, int64_t *budget_out) {
+    int64_t budget = (int64_t)(fraction * (double)total) - (total - free_at_start) - used;
+    if (budget_out) *budget_out = budget;
+    if (budget <= 0 || block_bytes <= 0) return 0;
+    int64_t n = budget / block_bytes - reserved;
+    return n < 0 ? 0 : n;
+}
+
 int ex_kv_create(int n_blocks, int block_size, ex_kv **out) {
     *out = NULL;
     if (n_blocks <= 0 || block_size <= 0) return CM_EINVAL;

@@ -31,6 +31,20 @@ size_t ex_kv_block_bytes(const mdl_config *c, int block_size, int kv_type);
  * 1 GiB when unreadable), at most `want` bytes (what the configured sequences could use)
  * and at most 16 GiB. Can't fail. */
 int64_t ex_kv_default_bytes(int64_t want);
+/* Blocks a device's memory budget holds: how the cuda backend sizes its pool when no explicit
+ * size is given (like vLLM's gpu_memory_utilization). All sizes in bytes:
+ *
+ *   budget   = fraction * total - (total - free_at_start) - used
+ *   n_blocks = floor(budget / block_bytes) - reserved          (0 when negative)
+ *
+ * total: the device's memory; free_at_start: free when the backend started (the rest belongs
+ * to other processes and this process's CUDA context); used: what the backend took since
+ * (weights, activations, workspaces: the drop in free memory). reserved: blocks the backend
+ * allocates beside the pool (cuda: one scratch block). The caller applies its own floor and
+ * cap. *budget_out (may be NULL) gets the budget, negative when the fraction is spent before
+ * the pool. Can't fail. */
+int64_t ex_kv_fit_blocks(int64_t total, int64_t free_at_start, int64_t used, double fraction, int64_t block_bytes,
+                         int reserved, int64_t *budget_out);
 
 /* Creates the allocator for n_blocks blocks (all free). Returns 0, CM_EINVAL or CM_ENOMEM. */
 int  ex_kv_create(int n_blocks, int block_size, ex_kv **out);

@@ -24,6 +24,8 @@ void gw_serve_opts_default(gw_serve_opts *o) {
     o->backend = "cpu";
     o->devices = "0";
     o->log_level = "info";
+    o->gpu_mem_fraction = 0.90;
+    o->cuda_graph_budget_s = 60;
 }
 
 typedef struct srv {
@@ -182,8 +184,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         return 1;
     }
     self[sl] = 0;
-    enum { NARG = 24 };
-    static char nums[GW_GEN_MAX_EXEC][6][24];
+    enum { NARG = 28 };
+    static char nums[GW_GEN_MAX_EXEC][8][24];
     static const char *args[GW_GEN_MAX_EXEC][NARG];
     gw_gen_cfg gc;
     gw_gen_cfg_default(&gc);
@@ -203,11 +205,14 @@ int gw_serve_run(const gw_serve_opts *o) {
         snprintf(nums[k][3], 24, "%d", n_ctx);
         snprintf(nums[k][4], 24, "%d", o->max_batch);
         snprintf(nums[k][5], 24, "%d", o->max_batch_tokens);
+        snprintf(nums[k][6], 24, "%.9g", o->gpu_mem_fraction);
+        snprintf(nums[k][7], 24, "%.9g", o->cuda_graph_budget_s);
         a[i++] = "-m", a[i++] = o->model, a[i++] = "--backend", a[i++] = o->backend;
         if (cuda) a[i++] = "--device", a[i++] = nums[k][0];
         a[i++] = "--threads", a[i++] = nums[k][1], a[i++] = "--kv-cache-mb", a[i++] = nums[k][2];
         a[i++] = "--ctx", a[i++] = nums[k][3], a[i++] = "--max-batch", a[i++] = nums[k][4];
         a[i++] = "--max-batch-tokens", a[i++] = nums[k][5], a[i++] = "--log-level", a[i++] = o->log_level;
+        a[i++] = "--gpu-memory-fraction", a[i++] = nums[k][6], a[i++] = "--cuda-graph-budget-s", a[i++] = nums[k][7];
         a[i] = NULL;
         gc.exec_args[k] = a;
     }

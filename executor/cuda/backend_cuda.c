@@ -3,7 +3,13 @@
  * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
  * create time for the engine's limits. A forward pass allocates nothing and synchronizes once
  * (to hand the logits to the host). Pure decode steps replay CUDA graphs captured at create
- * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block).
+ * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block),
+ * smallest first, for as long as the capture budget lasts.
+ *
+ * Memory: unless the engine asks for an exact number of blocks, the KV pool is allocated last
+ * and takes what mem_fraction x the device's memory leaves after what was in use at start-up
+ * and what the weights, activations and workspaces took (ex_kv_fit_blocks), between one
+ * sequence of n_ctx positions and max_seqs of them.
  *
  * Numerics: activations f32, weights in their own type, matmul accumulation f32 (GEMV) or
  * cuBLAS with f16 operands and f32 accumulation (steps of more than KC_GEMV_MAX_TOK tokens),
@@ -12,6 +18,7 @@
  */
 #include "executor/backend.h"
 #include "executor/engine.h"
+#include "executor/kv.h"
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
@@ -28,6 +35,7 @@
 #define ATT_CHUNK_DEFAULT 64 /* positions per attention split (ARKA_CUDA_ATT_CHUNK overrides) */
 #define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 tokens */
 #define N_SPLIT_BUCKETS 12  /* attention splits 2, 4, 8, ... up to n_split (the context's) */
+#define GIB 1073741824.0
 
 /* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
 #define CU_FATAL(call)                                                                                   \
@@ -115,6 +123,47 @@ static int32_t *meta_tiles(cu_state *s, int32_t *base) {
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
+/* The type parts are uploaded as: their own when the GPU kernels read it, all parts share it
+ * and the row width fits it; F16 otherwise (see upload_rows). */
+static int upload_type(const mdl_tensor *const *parts, int n_parts, int n_out) {
+    int type = parts[0]->type, same = 1;
+    size_t data_bytes, d_bytes;
+    for (int i = 0; i < n_parts; i++) same &= parts[i]->type == type;
+    if (same && kc_weight_type_ok(type) && kc_weight_sizes(type, (int)parts[0]->ne[0], n_out, &data_bytes, &d_bytes) == 0)
+        return type;
+    return DT_F16;
+}
+
+/* Device bytes upload_rows / upload_f32 will take for parts (as_f32: upload_f32). */
+static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int as_f32) {
+    size_t n = 0, data_bytes = 0, d_bytes = 0;
+    int n_out = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n += (size_t)parts[i]->ne[0] * parts[i]->ne[1];
+        n_out += (int)parts[i]->ne[1];
+    }
+    if (as_f32) return n * 4;
+    if (kc_weight_sizes(upload_type(parts, n_parts, n_out), (int)parts[0]->ne[0], n_out, &data_bytes, &d_bytes)) return 0;
+    return data_bytes + d_bytes;
+}
+
+/* Device bytes of every weight as ex_backend_cuda_create uploads them. */
+static size_t weights_need(const mdl_model *m) {
+    const mdl_config *c = &m->cfg;
+    const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output }, *on[] = { &m->out_norm };
+    size_t n = upload_need(emb, 1, 0) + upload_need(on, 1, 1) + (c->tied_output ? 0 : upload_need(outp, 1, 0));
+    for (int l = 0; l < c->n_layer; l++) {
+        const mdl_layer *ly = &m->layers[l];
+        const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
+                         *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
+                         *bias[] = { &ly->bq, &ly->bk, &ly->bv };
+        n += upload_need(qkv, 3, 0) + upload_need(wo, 1, 0) + upload_need(gu, 2, 0) + upload_need(dn, 1, 0) +
+             upload_need(an, 1, 1) + upload_need(fn, 1, 1);
+        if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, 1);
+    }
+    return n;
+}
+
 /* Uploads the row-concatenation of parts (same n_in) as one kc_weight. Parts keep their type
  * when the GPU kernels read it and all parts share it; otherwise (a type without GPU kernels
  * such as Q6_K, or fused parts of different types, as in Q4_K_M files) every part is converted
@@ -132,7 +181,8 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
         n_out += (int)t->ne[1];
     }
     size_t data_bytes, d_bytes;
-    int convert = !same || !kc_weight_type_ok(type) || kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes) != 0;
+    int convert = upload_type(parts, n_parts, n_out) != type || !same;
+    if (!convert) kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
     if (convert) {
         for (int i = 0; i < n_parts; i++)
             if (!dt_is_supported(parts[i]->type)) {
@@ -447,9 +497,14 @@ static void cuda_destroy(ex_backend *base) {
     free(s);
 }
 
-/* Captures the decode graph of each bucket size up to max_seqs (and max_tokens). */
-static int capture_graphs(cu_state *s, char *err, size_t errlen) {
+/* Captures decode graphs, smallest first: token buckets 1, 2, 4, ... up to max_seqs (and
+ * max_tokens, max_out), each with its attention-split buckets, until budget_s seconds have
+ * passed (checked before each capture, so the last one may end a little past it). A step
+ * whose bucket was left out runs eagerly: cuda_forward looks its graph up and runs without
+ * one when there is none. */
+static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen) {
     double t0 = cm_time_s();
+    int n_planned = 0, skip_tok = 0, skip_split = 0;
     /* Stage a harmless batch: every token a padding token on the scratch row. */
     int32_t *seq = meta_seq(s, s->h_meta), *rows = meta_rows(s, s->h_meta);
     for (int bk = 1, i = 0; i < N_GRAPH_BUCKETS && bk <= s->lim.max_seqs && bk <= s->lim.max_tokens && bk <= s->lim.max_out;
@@ -460,38 +515,102 @@ static int capture_graphs(cu_state *s, char *err, size_t errlen) {
         }
         /* split buckets 2, 4, 8, ... and the context's own count last (1 when split-K is off) */
         for (int sp = s->n_split <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < s->n_split ? sp * 2 : s->n_split, j++) {
-            /* run once eagerly (cuBLAS picks its kernels), then capture */
-            enqueue_forward(s, bk, bk, 0, sp);
-            cudaError_t e = cudaStreamSynchronize(s->stream);
-            cudaGraph_t graph;
-            if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
-            if (e == cudaSuccess) {
+            n_planned++;
+            if (!skip_tok && cm_time_s() - t0 >= budget_s) skip_tok = bk, skip_split = sp;
+            if (!skip_tok) {
+                /* run once eagerly (cuBLAS picks its kernels), then capture */
                 enqueue_forward(s, bk, bk, 0, sp);
-                e = cudaStreamEndCapture(s->stream, &graph);
+                cudaError_t e = cudaStreamSynchronize(s->stream);
+                cudaGraph_t graph;
+                if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+                if (e == cudaSuccess) {
+                    enqueue_forward(s, bk, bk, 0, sp);
+                    e = cudaStreamEndCapture(s->stream, &graph);
+                }
+                if (e == cudaSuccess) {
+                    e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
+                    cudaGraphDestroy(graph);
+                }
+                if (e != cudaSuccess) {
+                    snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
+                             cudaGetErrorString(e));
+                    return CM_ECUDA;
+                }
+                s->graphs[s->n_graphs].n_tok = bk;
+                s->graphs[s->n_graphs++].n_split = sp;
             }
-            if (e == cudaSuccess) {
-                e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
-                cudaGraphDestroy(graph);
-            }
-            if (e != cudaSuccess) {
-                snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
-                         cudaGetErrorString(e));
-                return CM_ECUDA;
-            }
-            s->graphs[s->n_graphs].n_tok = bk;
-            s->graphs[s->n_graphs++].n_split = sp;
             if (sp >= s->n_split) break;
         }
     }
     memset(s->h_meta, 0, s->meta_ints * sizeof(int32_t));
-    CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f", s->n_graphs,
-                s->n_graphs ? s->graphs[s->n_graphs - 1].n_tok : 0, s->n_split, cm_time_s() - t0);
+    const cu_graph *last = s->n_graphs ? &s->graphs[s->n_graphs - 1] : NULL;
+    if (!skip_tok)
+        CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f budget_s=%g", s->n_graphs,
+                    last ? last->n_tok : 0, s->n_split, cm_time_s() - t0, budget_s);
+    else
+        CM_LOG_WARN("cuda", "decode graph budget spent: the buckets left run eagerly (raise --cuda-graph-budget-s)",
+                    "graphs=%d planned=%d skipped=%d last_tokens=%d last_splits=%d first_skipped_tokens=%d "
+                    "first_skipped_splits=%d seconds=%.2f budget_s=%g", s->n_graphs, n_planned, n_planned - s->n_graphs,
+                    last ? last->n_tok : 0, last ? last->n_split : 0, skip_tok, skip_split, cm_time_s() - t0, budget_s);
     return 0;
 }
 
 /* cudaMalloc of at least one byte; returns nonzero on failure. */
 static int dalloc(void *pp, size_t bytes) {
     return cudaMalloc((void **)pp, bytes ? bytes : 1) != cudaSuccess;
+}
+
+/* Sizes and allocates the KV pool, after everything else (see the top of the file). free0 and
+ * total: the device's free and total memory when the backend started. Sets s->lim.n_kv_blocks
+ * when the engine left it 0. Returns 0, CM_ENOKV (the fraction leaves less than one sequence
+ * of n_ctx) or CM_ENOMEM (the pool does not fit), with the numbers and the flag to change in err. */
+static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cudaDeviceProp *prop, size_t free0, size_t total,
+                         char *err, size_t errlen) {
+    const mdl_config *c = &s->cfg;
+    const ex_limits *L = &s->lim;
+    size_t per_block = (size_t)c->n_head_kv * L->block_size * c->head_dim;   /* halves per block, one layer's K or V */
+    size_t bbytes = per_block * 2 * 2 * (size_t)c->n_layer;                  /* one block: K and V of every layer */
+    size_t free1 = 0;
+    cudaMemGetInfo(&free1, &total);
+    int64_t used = (int64_t)free0 - (int64_t)free1;  /* weights, activations, workspaces */
+    int64_t budget = 0;
+    int64_t fit = ex_kv_fit_blocks((int64_t)total, (int64_t)free0, used, o->mem_fraction, (int64_t)bbytes, 1, &budget);
+    int capped = 0, exact = L->n_kv_blocks > 0;
+    if (!exact) {
+        /* floor: one sequence of n_ctx positions (a smaller pool could never hold a full
+         * request); cap: every sequence at full context (no prefix cache keeps freed blocks,
+         * so more could never be used) */
+        int64_t min = L->max_blocks > 2 ? L->max_blocks : 2, cap = (int64_t)L->max_seqs * L->max_blocks;
+        if (fit < min) {
+            snprintf(err, errlen, "cuda backend: --gpu-memory-fraction %g of device %d (%s, %.2f GiB) leaves %.3f GiB for the KV pool "
+                     "after %.2f GiB in use at start-up and %.2f GiB of weights, activations and workspaces; one sequence "
+                     "of %d positions (--ctx) needs %lld blocks = %.3f GiB: raise --gpu-memory-fraction or lower --ctx",
+                     o->mem_fraction, o->device, prop->name, total / GIB, budget / GIB, (total - free0) / GIB, used / GIB, L->n_ctx,
+                     (long long)min, min * (double)bbytes / GIB);
+            return CM_ENOKV;
+        }
+        capped = fit > cap;
+        s->lim.n_kv_blocks = (int)(capped ? cap : fit > (1 << 30) ? (1 << 30) : fit);
+    }
+    size_t bytes = (size_t)(L->n_kv_blocks + 1) * bbytes;
+    if (bytes > free1 || cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear the allocation error */
+        snprintf(err, errlen, "cuda backend: the KV pool of %d blocks needs %.2f GiB, %.2f GiB free on device %d (%s) after %.2f GiB "
+                 "of weights, activations and workspaces%s", L->n_kv_blocks, bytes / GIB, free1 / GIB, o->device, prop->name, used / GIB,
+                 exact ? ": lower --kv-cache-mb (0 sizes it from --gpu-memory-fraction)" : "");
+        return CM_ENOMEM;
+    }
+    cudaMemset(s->kv_pool, 0, bytes);
+    for (int l = 0; l < c->n_layer; l++) {
+        s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1);
+        s->layers[l].v = s->layers[l].k + per_block * (L->n_kv_blocks + 1);
+    }
+    CM_LOG_INFO("cuda", "KV pool", "device=%d sizing=%s fraction=%.2f total_gib=%.2f in_use_at_start_gib=%.2f weights_gib=%.2f "
+                "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d", o->device,
+                exact ? "exact" : "fraction", o->mem_fraction, total / GIB, (total - free0) / GIB, s->weight_bytes / GIB,
+                (used - (int64_t)s->weight_bytes) / GIB, budget / GIB, bytes / GIB, L->n_kv_blocks,
+                (long long)L->n_kv_blocks * L->block_size, capped);
+    return 0;
 }
 
 int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out, char *err, size_t errlen) {
@@ -523,7 +642,6 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->cfg = *c;
     s->lim = o->lim;
     s->device = o->device;
-    s->scratch_block = s->lim.n_kv_blocks;
     s->att_chunk = getenv("ARKA_CUDA_ATT_CHUNK") ? atoi(getenv("ARKA_CUDA_ATT_CHUNK")) : ATT_CHUNK_DEFAULT;
     if (s->att_chunk < 16) s->att_chunk = ATT_CHUNK_DEFAULT;
     s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
@@ -548,6 +666,20 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         goto fail;
     }
     cublasSetStream(s->cublas, s->stream);
+    /* what is in use now (other processes, this process's CUDA context) is not ours to budget */
+    size_t free0 = 0, total = 0;
+    if (cudaMemGetInfo(&free0, &total) != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend: cannot read the memory of device %d", o->device);
+        rc = CM_ECUDA;
+        goto fail;
+    }
+    size_t need = weights_need(m);
+    if (need > free0) {
+        snprintf(err, errlen, "cuda backend: the weights need %.2f GiB, %.2f GiB free on device %d (%s)", need / GIB,
+                 free0 / GIB, o->device, prop.name);
+        rc = CM_ENOMEM;
+        goto fail;
+    }
     const size_t cublas_ws_bytes = 32u << 20;
     if (dalloc(&s->cublas_ws, cublas_ws_bytes)) goto oom;
     cublasSetWorkspace(s->cublas, s->cublas_ws, cublas_ws_bytes);
@@ -576,25 +708,6 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
-        }
-    }
-
-    /* KV pool: n_kv_blocks + 1 (the scratch block padding tokens write to) per layer */
-    {
-        size_t per_layer = (size_t)(s->lim.n_kv_blocks + 1) * c->n_head_kv * s->lim.block_size * c->head_dim;
-        size_t bytes = per_layer * 2 * 2 * (size_t)c->n_layer;
-        if (cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
-            size_t fr = 0, tot = 0;
-            cudaMemGetInfo(&fr, &tot);
-            snprintf(err, errlen, "cuda backend: the KV pool needs %.2f GiB, %.2f GiB free on device %d after %.2f GiB of weights",
-                     bytes / 1073741824.0, fr / 1073741824.0, o->device, s->weight_bytes / 1073741824.0);
-            rc = CM_ENOMEM;
-            goto fail;
-        }
-        cudaMemset(s->kv_pool, 0, bytes);
-        for (int l = 0; l < c->n_layer; l++) {
-            s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_layer;
-            s->layers[l].v = s->layers[l].k + per_layer;
         }
     }
 
@@ -647,18 +760,29 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
             goto oom;
         memset(s->h_meta, 0, s->meta_ints * 4);
+    }
+    CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f seconds=%.2f", o->device, prop.name,
+                s->weight_bytes / GIB, cm_time_s() - t0);
+
+    /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */
+    if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;
+    s->scratch_block = s->lim.n_kv_blocks;
+    s->base.n_kv_blocks = s->lim.n_kv_blocks;
+    {
+        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
         int32_t *bt = meta_bt(s, s->h_meta);
         for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
-        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
     }
-    CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f kv_blocks=%d seconds=%.2f", o->device,
-                prop.name, s->weight_bytes / 1073741824.0, s->lim.n_kv_blocks, cm_time_s() - t0);
+
     if (getenv("ARKA_CUDA_PROFILE") && atoi(getenv("ARKA_CUDA_PROFILE")) > 0) {
         s->prof_on = 1;
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
             if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
     }
-    if (!getenv("ARKA_CUDA_NO_GRAPHS") && !s->prof_on && (rc = capture_graphs(s, err, errlen))) goto fail;
+    const char *no_graphs = getenv("ARKA_CUDA_NO_GRAPHS") ? "ARKA_CUDA_NO_GRAPHS" : s->prof_on ? "ARKA_CUDA_PROFILE"
+                            : !(o->graph_budget_s > 0) ? "--cuda-graph-budget-s 0" : NULL;
+    if (no_graphs) CM_LOG_INFO("cuda", "decode graphs off: every step runs eagerly", "reason=\"%s\"", no_graphs);
+    else if ((rc = capture_graphs(s, o->graph_budget_s, err, errlen))) goto fail;
     *out = &s->base;
     return 0;
 oom:

@@ -4,7 +4,9 @@
 #
 #   tests/gpu/run.sh check OUTDIR   kernels vs CPU references, end-to-end cuda vs cpu (stories260K
 #                                   greedy text, random F16/Q8_0 logits), batch invariance, HF
-#                                   transformers cross-check, compute-sanitizer memcheck
+#                                   transformers cross-check, KV pool sizing from
+#                                   --gpu-memory-fraction and its start-up errors, the graph
+#                                   capture budget, compute-sanitizer memcheck
 #   tests/gpu/run.sh bench OUTDIR   llama2-7b F16/Q8_0/Q4_0 decode and prefill, batched decode,
 #                                   llama3-8b F16 decode
 #
@@ -57,6 +59,40 @@ if [ "$MODE" = check ]; then
     "$BIN/gpu_dump_logits" "$m" cpu "$OUT/ids.txt" "/tmp/$b-cpu.f32" 2>>"$OUT/dump.log" &&
     python3 tests/gpu/hf_compare.py "$m" "$OUT/ids.txt" "/tmp/$b-cuda.f32" "/tmp/$b-cpu.f32" 2>&1 | grep -v Warning | tee -a "$OUT/hf.log" || fail=1
   done
+  step "KV pool from --gpu-memory-fraction, start-up errors, graph capture budget (stories260K, arka generate)"
+  G=("$BIN/arka" generate -m "$STORIES" --backend cuda -p "Once upon a time" -n 24 --temp 0 --ids)
+  # (a) fraction 0.5: the pool line, its budget = 0.5 x total - in use at start - weights - workspaces
+  # (to the logged 2 decimals), the pool within it, and at least one 2048-position sequence
+  "${G[@]}" --gpu-memory-fraction 0.5 >"$OUT/frac-05.out" 2>"$OUT/frac-05.log"; rc=$?
+  line=$(grep 'msg="KV pool"' "$OUT/frac-05.log")
+  echo "fraction 0.5 (rc=$rc): ${line#*msg=}"
+  kv=() ; for k in fraction total_gib in_use_at_start_gib weights_gib workspaces_gib budget_gib kv_gib blocks; do
+    kv+=("$(sed -n "s/.* $k=\([^ ]*\).*/\1/p" <<<"$line")"); done
+  if [ $rc = 0 ] && [ "$(wc -w <"$OUT/frac-05.out")" = 24 ] && grep -q "sizing=fraction fraction=0.50 " <<<"$line" &&
+     awk -v f="${kv[0]}" -v t="${kv[1]}" -v u="${kv[2]}" -v w="${kv[3]}" -v a="${kv[4]}" -v b="${kv[5]}" -v k="${kv[6]}" -v n="${kv[7]}" \
+       'BEGIN { d = f * t - u - w - a - b; exit !(d < 0.05 && d > -0.05 && k <= b + 0.001 && n >= 128) }'; then :
+  else echo "FAIL: --gpu-memory-fraction 0.5: no consistent KV pool line"; tail -5 "$OUT/frac-05.log"; fail=1; fi
+  # (b) a fraction spent before the pool: one clear start-up error, a clean non-zero exit
+  "${G[@]}" --gpu-memory-fraction 0.0001 >"$OUT/frac-tiny.out" 2>"$OUT/frac-tiny.log"; rc=$?
+  echo "fraction 0.0001 (rc=$rc): $(grep -v '^ts=' "$OUT/frac-tiny.log" | head -2)"
+  if [ $rc != 0 ] && [ $rc -lt 128 ] && grep -q "gpu-memory-fraction 0.0001 .*leaves .*GiB for the KV pool.*raise --gpu-memory-fraction or lower --ctx" "$OUT/frac-tiny.log" &&
+     ! grep -q 'msg="KV pool"' "$OUT/frac-tiny.log" && [ ! -s "$OUT/frac-tiny.out" ]; then :
+  else echo "FAIL: --gpu-memory-fraction 0.0001 did not fail at start-up with the expected error"; fail=1; fi
+  # (c) an exact pool larger than the device: needed vs free GiB, the flag to change
+  "${G[@]}" --kv-cache-mb 10000000 >"$OUT/kv-huge.out" 2>"$OUT/kv-huge.log"; rc=$?
+  echo "kv-cache-mb 10000000 (rc=$rc): $(grep -v '^ts=' "$OUT/kv-huge.log" | head -2)"
+  if [ $rc != 0 ] && [ $rc -lt 128 ] && grep -q "the KV pool of [0-9]* blocks needs [0-9.]* GiB, [0-9.]* GiB free on device .*lower --kv-cache-mb" "$OUT/kv-huge.log"; then :
+  else echo "FAIL: --kv-cache-mb 10000000 did not fail at start-up with the expected error"; fail=1; fi
+  # (d) graphs: all captured by default; none with budget 0; a budget spent at once leaves every
+  # bucket to the eager path; the tokens are the same every way
+  "${G[@]}" --cuda-graph-budget-s 0 >"$OUT/graphs-0.out" 2>"$OUT/graphs-0.log"
+  "${G[@]}" --cuda-graph-budget-s 0.000001 >"$OUT/graphs-tiny.out" 2>"$OUT/graphs-tiny.log"
+  grep -h "decode graph" "$OUT/frac-05.log" "$OUT/graphs-0.log" "$OUT/graphs-tiny.log" | sed 's/^ts=[^ ]* //'
+  if grep -q 'msg="decode graphs captured" graphs=[1-9]' "$OUT/frac-05.log" &&
+     grep -q 'msg="decode graphs off.*reason="--cuda-graph-budget-s 0"' "$OUT/graphs-0.log" &&
+     grep -q 'msg="decode graph budget spent.*skipped=[1-9]' "$OUT/graphs-tiny.log" &&
+     [ -s "$OUT/frac-05.out" ] && cmp -s "$OUT/frac-05.out" "$OUT/graphs-0.out" && cmp -s "$OUT/frac-05.out" "$OUT/graphs-tiny.out"; then :
+  else echo "FAIL: --cuda-graph-budget-s: graphs not captured/skipped as asked, or the tokens differ"; fail=1; fi
   step "compute-sanitizer memcheck (stories260K end to end)"
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_gpu_e2e" "$STORIES" >"$OUT/memcheck.log" 2>&1
   rc=$?; tail -3 "$OUT/memcheck.log"; [ $rc = 0 ] || { echo "memcheck rc=$rc"; fail=1; }

@@ -6,10 +6,12 @@
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "common/cm_err.h"
+#include "model/dtype.h"
 #include "model/model.h"
 #include "model/tok.h"
 #include "t.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -295,6 +297,34 @@ static void test_refusals(void) {
     o.backend = "tpu";
     T_EQ_INT(ex_engine_create(m, &o, &x, err, sizeof err), CM_EUNSUPPORTED);
     T_CHECK(x == NULL);
+    /* the cuda options are checked on every backend and name their flag */
+    ex_engine_opts_default(&o);
+    T_CHECK(o.gpu_mem_fraction == 0.90 && o.cuda_graph_budget_s == 60);
+    const double bad_frac[] = { 0, -0.5, 1.01, NAN };
+    for (int i = 0; i < 4; i++) {
+        o.gpu_mem_fraction = bad_frac[i];
+        T_EQ_INT(ex_engine_create(m, &o, &x, err, sizeof err), CM_EINVAL);
+        T_CHECKF(strstr(err, "--gpu-memory-fraction") != NULL, "%s", err);
+    }
+    o.gpu_mem_fraction = 1;
+    o.cuda_graph_budget_s = -1;
+    T_EQ_INT(ex_engine_create(m, &o, &x, err, sizeof err), CM_EINVAL);
+    T_CHECKF(strstr(err, "--cuda-graph-budget-s") != NULL, "%s", err);
+    /* the cpu pool is sized before the backend, as it always was; the allocator holds the same */
+    o.cuda_graph_budget_s = 0;
+    o.kv_blocks = 7;
+    T_EQ_INT(ex_engine_create(m, &o, &x, err, sizeof err), 0);
+    T_EQ_INT(ex_engine_limits(x)->n_kv_blocks, 7);
+    T_EQ_INT(ex_kv_n_blocks(ex_engine_kv(x)), 7);
+    T_EQ_INT(ex_engine_backend(x)->n_kv_blocks, 7);
+    ex_engine_destroy(x);
+    /* a backend asked to size its own pool must be able to: the cpu one cannot */
+    ex_backend_opts bo = { .lim = { .max_tokens = 4, .max_seqs = 1, .max_out = 1, .max_blocks = 4, .n_ctx = 64,
+                                    .block_size = 16, .n_kv_blocks = 0, .n_vocab = V },
+                           .kv_type = DT_F32, .mem_fraction = 0.9 };
+    ex_backend *be = NULL;
+    T_EQ_INT(ex_backend_create("cpu", m, &bo, &be, err, sizeof err), CM_EINVAL);
+    T_CHECK(be == NULL);
 }
 
 int main(void) {

@@ -92,6 +92,25 @@ static void test_budget(void) {
     T_CHECK(ex_kv_default_bytes(1LL << 50) > 0);
 }
 
+/* The cuda backend's pool sizing from --gpu-memory-fraction (arithmetic only; the GPU host
+ * checks the backend that calls it, tests/gpu/run.sh). */
+static void test_fit(void) {
+    const int64_t G = 1LL << 30, M = 1LL << 20;
+    int64_t budget = 0;
+    /* 80 GiB device, 2 GiB in use before us, 14 GiB of weights and workspaces, F = 0.9:
+     * 72 - 2 - 14 = 56 GiB; 2 MiB blocks less the scratch block */
+    T_EQ_INT(ex_kv_fit_blocks(80 * G, 78 * G, 14 * G, 0.9, 2 * M, 1, &budget), 56 * 512 - 1);
+    T_EQ_INT(budget, 56 * G);
+    /* rounded down to whole blocks */
+    T_EQ_INT(ex_kv_fit_blocks(80 * G, 80 * G, 0, 0.5, 3 * M, 0, NULL), (40 * G) / (3 * M));
+    /* a fraction spent before the pool: negative budget, no blocks */
+    T_EQ_INT(ex_kv_fit_blocks(80 * G, 79 * G, 1 * G, 0.0001, 2 * M, 1, &budget), 0);
+    T_CHECK(budget < 0);
+    /* room for the scratch block only */
+    T_EQ_INT(ex_kv_fit_blocks(10 * M, 10 * M, 8 * M, 1.0, 2 * M, 1, NULL), 0);
+    T_EQ_INT(ex_kv_fit_blocks(10 * M, 10 * M, 0, 1.0, 0, 1, NULL), 0);
+}
+
 static void test_batch(void) {
     ex_limits L = { .max_tokens = 8, .max_seqs = 2, .max_out = 6, .max_blocks = 4, .n_ctx = 16,
                     .block_size = 4, .n_kv_blocks = 10, .n_vocab = 100 };
@@ -136,6 +155,7 @@ int main(void) {
     test_alloc();
     test_tables();
     test_budget();
+    test_fit();
     test_batch();
     return t_done();
 }
