@@ -94,7 +94,8 @@ typedef struct cu_state {
     float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
     float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
     float *partial;                          /* [T, n_head, n_split, hd + 2] */
-    kc_xq xq_h, xq_a;                        /* h and act quantized by their producers for the integer GEMVs */
+    kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
+    int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
     int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
@@ -309,10 +310,12 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
             KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
                                           max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
         else
-            KC_FATAL(kc_attention(s->q, L->k, L->v, s->att, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
-                                  hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial, st));
+            KC_FATAL(kc_attention_ex(s->q, L->k, L->v, s->att, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
+                                     c->n_head_kv, hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial,
+                                     s->att_counters, st));
         prof_mark(s, PC_ATTN);
-        KC_FATAL(kc_matmul(&L->wo, s->att, n_tok, s->x, 1, &s->gws, st));
+        if (n_tiles) s->xq_o.n = 0; /* the tiled kernel does not quantize */
+        KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_WO);
         KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
@@ -488,7 +491,7 @@ static void cuda_destroy(ex_backend *base) {
     cudaFree(s->out_norm);
     cudaFree(s->kv_pool);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
-                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->gws.xq.qh };
+                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->att_counters };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
@@ -740,9 +743,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;
             int widest = (int)nq > c->n_ff ? (int)nq : c->n_ff;
             if (c->n_embd > widest) widest = c->n_embd;
-            kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->gws.xq };
-            int ns[] = { c->n_embd, c->n_ff, widest };
-            for (int i = 0; i < 3; i++) {
+            kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->xq_o, &s->gws.xq };
+            int ns[] = { c->n_embd, c->n_ff, (int)nq, widest };
+            for (int i = 0; i < 4; i++) {
                 size_t n = (size_t)ct * ns[i];
                 int8_t *buf;
                 if (dalloc(&buf, 2 * n + n / 32 * 8 + 16)) goto oom;
@@ -753,6 +756,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 qs[i]->cap_n = ns[i];
                 qs[i]->n = 0;
             }
+            if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
+                cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
+                goto oom;
         }
         s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T;
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;

@@ -5,7 +5,7 @@ extern "C" {
 #include "kcuda.h"
 }
 
-__global__ void swiglu_kernel(const float *__restrict__ gu, float *__restrict__ out, int n_ff, size_t n) {
+__global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
     kc_pdl_trigger();
     kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -16,7 +16,7 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, float *__restrict__ 
 }
 
 // Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq).
-__global__ void swiglu_xq_kernel(const float *__restrict__ gu, float *__restrict__ out, int n_ff, int8_t *qh, int8_t *ql,
+__global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql,
                                  int32_t *qm) {
     kc_pdl_trigger();
     kc_pdl_wait();

@@ -1,5 +1,6 @@
-// attention: causal GQA attention over the paged KV cache (flash-decoding: split-K partials
-// merged by a second kernel). One CTA per (query token, head, split).
+// attention: causal GQA attention over the paged KV cache (flash-decoding: split-K partials,
+// merged by the last split's CTA of each (token, head), or by a second kernel when no counters
+// are given). One CTA per (query token, head, split).
 #include "kc_common.cuh"
 
 extern "C" {
@@ -8,16 +9,50 @@ extern "C" {
 
 #define ATT_WARPS 4
 
+// The finished output of one (token, head): element e written to out, and when xq is given
+// (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV. Threads loop over e in steps
+// of blockDim.x (a multiple of 32), so a warp's 32 values are always one block.
+struct att_emit {
+    float *out;
+    int8_t *qh, *ql;
+    int32_t *qm;
+};
+
+template <int HD>
+__device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
+    em.out[row + e] = v;
+    if (em.qh && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, row + e);
+}
+
+// Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`.
+template <int HD>
+__device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size_t row) {
+    float M = -INFINITY;
+    for (int i = 0; i < n_valid; i++) M = fmaxf(M, __ldcg(pp + i * (HD + 2)));
+    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float L = 0.0f, O = 0.0f;
+        if (M > -INFINITY)
+            for (int i = 0; i < n_valid; i++) {
+                const float *pi = pp + i * (HD + 2);
+                float c = __expf(__ldcg(pi) - M);
+                L += __ldcg(pi + 1) * c;
+                O += __ldcg(pi + 2 + e) * c;
+            }
+        att_finish<HD>(em, row, e, L > 0.0f ? O / L : 0.0f);
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, const __half *__restrict__ v_cache,
-            float *__restrict__ out, float *__restrict__ partial, const int32_t *__restrict__ pos,
-            const int32_t *__restrict__ seq, const int32_t *__restrict__ block_tables, int max_blocks, int n_head,
-            int n_kv, int block_size, float scale, int n_split, int chunk) {
-    constexpr int LPK = HD / 8;  // lanes per key: each lane owns 8 consecutive dims
+attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
+            const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
+            int block_size, float scale, int n_split, int chunk) {
+    constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
+    constexpr int G = HD >= 128 ? 8 : 4; // key groups whose loads are in flight together
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
     __shared__ float sm_acc[ATT_WARPS * KPW][HD];
+    __shared__ int sm_last;
 
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -28,13 +63,14 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
     const int p = pos[t];
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
     const int start = split * chunk, end = min(start + chunk, p + 1);
+    const size_t row = ((size_t)t * n_head + h) * HD;
     // A split past this token's position holds no key: the merge reads only the splits below
     // pos / chunk + 1, so nothing is written (launching more splits than a sequence needs costs
     // one CTA start each, and the result does not depend on how many were launched).
     if (n_split > 1 && start > p) return;
 
     float qv[8];
-    const float *qh = q + ((size_t)t * n_head + h) * HD + sub * 8;
+    const float *qh = q + row + sub * 8;
 #pragma unroll
     for (int e = 0; e < 8; e++) qv[e] = qh[e] * scale;
 
@@ -42,25 +78,26 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
 
-    // Two key groups per iteration: their K and V loads are in flight together.
+    // G key groups per iteration: their K and V loads are in flight together. Keys are taken
+    // in the same order (ascending per slot) whatever G is.
     constexpr int STRIDE = ATT_WARPS * KPW;
-    for (int j0 = start + warp * KPW; j0 < end; j0 += 2 * STRIDE) {
-        uint4 kv[2], vv[2];
-        bool valid[2];
+    for (int j0 = start + warp * KPW; j0 < end; j0 += G * STRIDE) {
+        uint4 kv[G], vv[G];
+        bool valid[G];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < G; u++) {
             int j = j0 + u * STRIDE + kslot;
             valid[u] = j < end;
             kv[u] = make_uint4(0, 0, 0, 0);
             vv[u] = make_uint4(0, 0, 0, 0);
             if (valid[u]) {
                 size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
-                kv[u] = *(const uint4 *)(k_cache + base);
-                vv[u] = *(const uint4 *)(v_cache + base);
+                kv[u] = __ldcg((const uint4 *)(k_cache + base));
+                vv[u] = __ldcg((const uint4 *)(v_cache + base));
             }
         }
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < G; u++) {
             float s = 0.0f;
             const __half2 *kh = (const __half2 *)&kv[u];
 #pragma unroll
@@ -92,6 +129,7 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
     for (int e = 0; e < 8; e++) sm_acc[g][sub * 8 + e] = acc[e];
     __syncthreads();
 
+    float *pp = partial + ((size_t)t * n_head + h) * n_split * (HD + 2);
     for (int e = threadIdx.x; e < HD; e += blockDim.x) {
         float M = -INFINITY;
         for (int i = 0; i < ATT_WARPS * KPW; i++) M = fmaxf(M, sm_m[i]);
@@ -103,67 +141,86 @@ attn_kernel(const float *__restrict__ q, const __half *__restrict__ k_cache, con
                 O += sm_acc[i][e] * c;
             }
         if (n_split == 1) {
-            out[((size_t)t * n_head + h) * HD + e] = L > 0.0f ? O / L : 0.0f;
+            att_finish<HD>(em, row, e, L > 0.0f ? O / L : 0.0f);
         } else {
-            float *pp = partial + (((size_t)t * n_head + h) * n_split + split) * (HD + 2);
-            if (e == 0) { pp[0] = M; pp[1] = L; }
-            pp[2 + e] = O;
+            float *ps = pp + split * (HD + 2);
+            if (e == 0) { ps[0] = M; ps[1] = L; }
+            ps[2 + e] = O;
         }
     }
-}
-
-__global__ void attn_merge_kernel(const float *__restrict__ partial, float *__restrict__ out, const int32_t *__restrict__ pos,
-                                  int n_head, int hd, int n_split, int chunk) {
-    kc_pdl_trigger();
-    kc_pdl_wait();
-    const int t = blockIdx.x, h = blockIdx.y;
-    const float *pp = partial + ((size_t)t * n_head + h) * n_split * (hd + 2);
-    const int n_valid = min(n_split, pos[t] / chunk + 1); // the splits that hold keys of this token
-    float M = -INFINITY;
-    for (int i = 0; i < n_valid; i++) M = fmaxf(M, pp[i * (hd + 2)]);
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-        float L = 0.0f, O = 0.0f;
-        if (M > -INFINITY)
-            for (int i = 0; i < n_valid; i++) {
-                const float *pi = pp + i * (hd + 2);
-                float c = __expf(pi[0] - M);
-                L += pi[1] * c;
-                O += pi[2 + e] * c;
-            }
-        out[((size_t)t * n_head + h) * hd + e] = L > 0.0f ? O / L : 0.0f;
+    if (n_split == 1 || !counters) return;
+    // The last split of (t, h) to finish merges them all (in split order: the result does not
+    // depend on which CTA was last) and resets the counter for the next launch.
+    __threadfence();
+    __syncthreads();
+    const int n_valid = min(n_split, p / chunk + 1);
+    if (threadIdx.x == 0) {
+        int *cnt = counters + (size_t)t * n_head + h;
+        int done = atomicAdd(cnt, 1) + 1;
+        sm_last = done == n_valid;
+        if (sm_last) *cnt = 0;
     }
+    __syncthreads();
+    if (!sm_last) return;
+    __threadfence();
+    att_merge<HD>(pp, n_valid, em, row);
 }
 
 template <int HD>
-static void launch(const float *q, const kc_half *k, const kc_half *v, float *out, float *partial, const int32_t *pos,
-                   const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int bs,
-                   float scale, int n_split, int chunk, cudaStream_t s) {
+__global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float *pp = partial + ((size_t)t * n_head + h) * n_split * (HD + 2);
+    const int n_valid = min(n_split, pos[t] / chunk + 1); // the splits that hold keys of this token
+    att_merge<HD>(pp, n_valid, em, ((size_t)t * n_head + h) * HD);
+}
+
+template <int HD>
+static void launch(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, float *partial, int *counters,
+                   const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
+                   int bs, float scale, int n_split, int chunk, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
-    kc_launch(attn_kernel<HD>, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, out, partial, pos, seq,
-              bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
+    kc_launch(attn_kernel<HD>, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
+              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
+    if (n_split > 1 && !counters)
+        kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
+                  n_head, n_split, chunk);
 }
 
 extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                             int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
                             float *partial, cudaStream_t s) {
+    return kc_attention_ex(q, k_cache, v_cache, out, NULL, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
+                           block_size, scale, n_split, chunk, partial, NULL, s);
+}
+
+extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                               int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
+                               float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
         n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
+    const int nq = n_head * hd;
+    const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n;
+    if (xq) xq->n = quant ? nq : 0;
+    att_emit em = { out, quant ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr };
+#define ATT_CASE(H)                                                                                                        \
+    case H:                                                                                                                \
+        launch<H>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \
+                  block_size, scale, n_split, chunk, s);                                                                   \
+        break;
     switch (hd) {
-    case 8: launch<8>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
-    case 16: launch<16>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
-    case 32: launch<32>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
-    case 64: launch<64>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
-    case 128: launch<128>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
-    case 256: launch<256>(q, k_cache, v_cache, out, partial, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, block_size, scale, n_split, chunk, s); break;
+        ATT_CASE(8)
+        ATT_CASE(16)
+        ATT_CASE(32)
+        ATT_CASE(64)
+        ATT_CASE(128)
+        ATT_CASE(256)
     default: return CM_EUNSUPPORTED;
     }
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && n_split > 1) {
-        dim3 grid(n_tok, n_head);
-        kc_launch(attn_merge_kernel, grid, dim3(hd < 32 ? 32 : hd), 0, s, (const float *)partial, out, pos, n_head, hd, n_split,
-                  chunk);
-    }
+#undef ATT_CASE
     KC_LAUNCH_CHECK();
 }

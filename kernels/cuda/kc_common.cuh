@@ -54,7 +54,11 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
 // weight loads) before kc_pdl_wait(). Rules for every kernel launched with kc_launch:
 //   - call kc_pdl_wait() in every thread before reading anything an earlier kernel of the
 //     stream wrote and before writing anything (an earlier kernel may still read it);
-//   - before the wait, touch only memory nothing in the stream writes (weights).
+//   - before the wait, touch only memory nothing in the stream writes (weights);
+//   - never read what an earlier kernel wrote through the read-only path (__ldg, or const
+//     __restrict__ pointers the compiler may turn into it): the kernel's lifetime overlaps
+//     the writes, so a line cached there could be stale. Loads of such data are
+//     ld.global.cg (L2 only; the CUDA library is compiled with -dlcm=cg), weights use __ldg.
 // kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
 // exited. Both are no-ops when the kernel was launched without the attribute.
 __device__ __forceinline__ void kc_pdl_wait() {
@@ -120,4 +124,22 @@ __device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, i
         int2 p = make_int2(__float_as_int(__fdiv_rn(__fdiv_rn(amax, 127.0f), 256.0f)), sum);
         *(int2 *)(m + e / 32 * 2) = p;
     }
+}
+
+// One value per lane, the warp's 32 lanes one block (element e of lane 0 is the block's first):
+// the same quantization as kc_xq_block4. The whole warp calls it.
+__device__ __forceinline__ void kc_xq_block1(float v, int8_t *qh, int8_t *ql, int32_t *m, size_t e) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float q = __fmul_rn(v, id), hf = rintf(q);
+    float lf = rintf(__fmul_rn(__fsub_rn(q, hf), 256.0f));
+    int h = (int)hf, l = (int)fminf(fmaxf(lf, -127.0f), 127.0f), sum = 256 * h + l;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qh[e] = (int8_t)h;
+    ql[e] = (int8_t)l;
+    if ((threadIdx.x & 31) == 0)
+        *(int2 *)(m + e / 32 * 2) = make_int2(__float_as_int(__fdiv_rn(__fdiv_rn(amax, 127.0f), 256.0f)), sum);
 }

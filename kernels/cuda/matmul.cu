@@ -186,7 +186,7 @@ template <> struct wchunk<DT_Q4_0> {
 
 // One chunk of R rows: loads the NT tokens' activations for chunk c once and accumulates.
 template <int TYPE, int NT, int R>
-__device__ __forceinline__ void gemv_step(const uint4 *w, const float *__restrict__ x, int n_in, int c,
+__device__ __forceinline__ void gemv_step(const uint4 *w, const float *x, int n_in, int c,
                                           const kc_half *__restrict__ d, int row0, int n_out, int row_scales,
                                           float (*acc)[NT]) {
     typedef wchunk<TYPE> C;
@@ -197,7 +197,7 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const float *__restric
         const float4 *p = (const float4 *)(x + (size_t)t * n_in + (size_t)c * EPC);
 #pragma unroll
         for (int k = 0; k < EPC / 4; k++) {
-            float4 v = __ldg(p + k);
+            float4 v = __ldcg(p + k); // written by the previous kernel: not the read-only path
             xs[t][4 * k] = v.x; xs[t][4 * k + 1] = v.y; xs[t][4 * k + 2] = v.z; xs[t][4 * k + 3] = v.w;
         }
     }
@@ -210,8 +210,8 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const float *__restric
 
 template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const float *__restrict__ x,
-            float *__restrict__ y, int n_in, int n_out, int accumulate) {
+gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const float *x, float *y, int n_in, int n_out,
+            int accumulate) {
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
     kc_pdl_trigger();
@@ -418,9 +418,8 @@ template <int TYPE> __device__ __forceinline__ float qdot(const uint4 *w, const 
 
 template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *__restrict__ xqh,
-             const int8_t *__restrict__ xql, const int2 *__restrict__ xm, float *__restrict__ y, int n_in, int n_out,
-             int accumulate) {
+gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
+             const int2 *xm, float *y, int n_in, int n_out, int accumulate) {
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
     kc_pdl_trigger();
@@ -486,12 +485,12 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
 #pragma unroll
                 for (int k = 0; k < EPC / 16; k++) {
-                    int4 a = __ldg(ph + k), b = __ldg(pl + k);
+                    int4 a = __ldcg(ph + k), b = __ldcg(pl + k); // activations: not the read-only path
                     xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
                     xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
                 }
 #pragma unroll
-                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldg(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldcg(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb);
             }
@@ -566,7 +565,7 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
 
 // ---- activation quantization ---------------------------------------------------------------
 
-__global__ void quantize_x_kernel(const float *__restrict__ x, int n, int8_t *qh, int8_t *ql, int32_t *m) {
+__global__ void quantize_x_kernel(const float *x, int n, int8_t *qh, int8_t *ql, int32_t *m) {
     kc_pdl_trigger();
     kc_pdl_wait();
     const int n4 = n / 4;

@@ -8,7 +8,7 @@ extern "C" {
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq).
 template <int NV, bool QUANT>
-__global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const float *__restrict__ w, float *__restrict__ y, int n,
+__global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                    float eps, int8_t *qh, int8_t *ql, int32_t *qm) {
     __shared__ float red[32];
     kc_pdl_trigger();
@@ -42,7 +42,7 @@ __global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const float *__r
 }
 
 // Any n (tiny models): strided scalar loop.
-__global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, float *__restrict__ y, int n,
+__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                float eps) {
     __shared__ float red[32];
     kc_pdl_trigger();

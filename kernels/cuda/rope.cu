@@ -29,7 +29,7 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
 }
 
 // One CTA per (token, head): q heads first, then k heads, then v heads.
-__global__ void rope_store_kernel(const float *__restrict__ qkv, float *__restrict__ q_out, __half *k_cache,
+__global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cache,
                                   __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
     kc_pdl_trigger();

@@ -274,6 +274,34 @@ static float h2f(uint16_t h) { return dt_f16_to_f32(h); }
 
 /* Several sequences with random block tables; rope+store all their tokens, then attention for
  * every token, against a dense double reference. */
+/* Two-level int8 activations: kc_quantize_x decodes to within d/256 of x with S the block's
+ * integer sum; RMSNorm and SwiGLU write bit-identical blocks when they quantize their outputs;
+ * a GEMV fed by the producer's blocks equals one that quantizes itself. */
+static kc_xq xq_alloc(int cap_tok, int cap_n) {
+    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n };
+    CK(cudaMalloc((void **)&q.qh, (size_t)cap_tok * cap_n));
+    CK(cudaMalloc((void **)&q.ql, (size_t)cap_tok * cap_n));
+    CK(cudaMalloc((void **)&q.m, (size_t)cap_tok * cap_n / 32 * 8 + 8));
+    return q;
+}
+static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); }
+static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
+    size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
+    int8_t *h1 = malloc(nb), *h2 = malloc(nb);
+    int32_t *m1 = malloc(nm * 4), *m2 = malloc(nm * 4);
+    CK(cudaMemcpy(h1, a->qh, nb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2, b->qh, nb, cudaMemcpyDeviceToHost));
+    int ok = memcmp(h1, h2, nb) == 0;
+    CK(cudaMemcpy(h1, a->ql, nb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2, b->ql, nb, cudaMemcpyDeviceToHost));
+    ok &= memcmp(h1, h2, nb) == 0;
+    CK(cudaMemcpy(m1, a->m, nm * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(m2, b->m, nm * 4, cudaMemcpyDeviceToHost));
+    ok &= memcmp(m1, m2, nm * 4) == 0;
+    free(h1); free(h2); free(m1); free(m2);
+    return ok;
+}
+
 static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128 };
     for (int hi = 0; hi < 3; hi++)
@@ -372,6 +400,40 @@ static void test_rope_attention(cudaStream_t s) {
                 CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
                 double e = rel_err(got, ref, no);
                 T_CHECKF(rc == 0 && e < 2e-3, "attention hd=%d layout=%d n_split=%d rel_err=%.3g", hd, layout, n_split, e);
+                {
+                    /* merge by the last split's CTA, output also quantized: the same output bits, the
+                     * blocks kc_quantize_x makes of it, counters left at zero (run twice) */
+                    int nq = n_head * hd, *dcnt, cnt_ok = 1;
+                    CK(cudaMalloc((void **)&dcnt, (size_t)n_tok * n_head * 4));
+                    CK(cudaMemset(dcnt, 0, (size_t)n_tok * n_head * 4));
+                    kc_xq xa = xq_alloc(n_tok, nq), xb = xq_alloc(n_tok, nq);
+                    float *dout2, *got2 = malloc(no * 4);
+                    CK(cudaMalloc((void **)&dout2, no * 4));
+                    int rc2 = 0;
+                    for (int rep = 0; rep < 2; rep++) {
+                        poison(dout2, no * 4);
+                        rc2 |= kc_attention_ex(dq, dk, dv, dout2, &xa, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                               1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, s);
+                        CK(cudaStreamSynchronize(s));
+                    }
+                    int *cnt = malloc((size_t)n_tok * n_head * 4);
+                    CK(cudaMemcpy(cnt, dcnt, (size_t)n_tok * n_head * 4, cudaMemcpyDeviceToHost));
+                    for (int i = 0; i < n_tok * n_head; i++) cnt_ok &= cnt[i] == 0;
+                    CK(cudaMemcpy(got2, dout2, no * 4, cudaMemcpyDeviceToHost));
+                    int same = rc2 == 0 && memcmp(got, got2, no * 4) == 0 && cnt_ok;
+                    if (hd % 32 == 0) {
+                        rc2 |= kc_quantize_x(dout, n_tok, nq, &xb, s);
+                        CK(cudaStreamSynchronize(s));
+                        same &= xa.n == nq && xq_equal(&xa, &xb, n_tok, nq);
+                    } else same &= xa.n == 0;
+                    T_CHECKF(same, "attention merged by the last split, quantized output: hd=%d n_split=%d", hd, n_split);
+                    free(cnt);
+                    free(got2);
+                    cudaFree(dout2);
+                    cudaFree(dcnt);
+                    xq_free(&xa);
+                    xq_free(&xb);
+                }
                 if (kc_attention_prefill_supported(hd)) {
                     /* the tiled kernel over the same cache: tiles of <= 64 queries per sequence */
                     int32_t tiles[64];
@@ -397,34 +459,6 @@ static void test_rope_attention(cudaStream_t s) {
                 cudaFree(dqkv); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
                 free(qkv); free(pos); free(seq); free(bt);
             }
-}
-
-/* Two-level int8 activations: kc_quantize_x decodes to within d/256 of x with S the block's
- * integer sum; RMSNorm and SwiGLU write bit-identical blocks when they quantize their outputs;
- * a GEMV fed by the producer's blocks equals one that quantizes itself. */
-static kc_xq xq_alloc(int cap_tok, int cap_n) {
-    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n };
-    CK(cudaMalloc((void **)&q.qh, (size_t)cap_tok * cap_n));
-    CK(cudaMalloc((void **)&q.ql, (size_t)cap_tok * cap_n));
-    CK(cudaMalloc((void **)&q.m, (size_t)cap_tok * cap_n / 32 * 8 + 8));
-    return q;
-}
-static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); }
-static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
-    size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
-    int8_t *h1 = malloc(nb), *h2 = malloc(nb);
-    int32_t *m1 = malloc(nm * 4), *m2 = malloc(nm * 4);
-    CK(cudaMemcpy(h1, a->qh, nb, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h2, b->qh, nb, cudaMemcpyDeviceToHost));
-    int ok = memcmp(h1, h2, nb) == 0;
-    CK(cudaMemcpy(h1, a->ql, nb, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h2, b->ql, nb, cudaMemcpyDeviceToHost));
-    ok &= memcmp(h1, h2, nb) == 0;
-    CK(cudaMemcpy(m1, a->m, nm * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(m2, b->m, nm * 4, cudaMemcpyDeviceToHost));
-    ok &= memcmp(m1, m2, nm * 4) == 0;
-    free(h1); free(h2); free(m1); free(m2);
-    return ok;
 }
 
 static void test_xq(cublasHandle_t cb, cudaStream_t s) {
