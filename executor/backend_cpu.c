@@ -209,6 +209,7 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->base.name = "cpu";
     b->base.kv_type = DT_F32;
     b->base.forward = cpu_forward;
+    b->base.forward_sample = NULL; /* the engine samples on the host */
     b->base.kv_copy = cpu_kv_copy;
     b->base.destroy = cpu_destroy;
     b->base.impl = b;
