@@ -27,6 +27,9 @@
  *   ex_batch_buf bb; ex_batch_buf_init(&bb, ex_engine_limits(e));
  *   ex_batch_buf_add(&bb, ids, n, 0, table, n_blocks, 0);     // one sequence, prefill
  *   const float *logits; ex_engine_forward(e, &bb.b, &logits); // [n_out, n_vocab]
+ *   // or forward + sampling in one call (on the device when the backend can):
+ *   ex_sample_row r = { .row = 0, .sp = &params, .prev = ids, .n_prev = n, .pos = n };
+ *   ex_sample_out o; ex_engine_forward_sample(e, &bb.b, &r, 1, &o);
  *   ex_batch_buf_free(&bb); ex_engine_destroy(e);
  *
  * Threads: an engine is driven by one thread at a time (the executor's step thread); the
