@@ -1,7 +1,7 @@
 /* bench_engine: prefill and decode speed of a backend through the engine's step API.
  *
  *   bench_engine -m MODEL [--backend cpu|cuda] [--prompt 512] [--gen 128] [--batch 1]
- *                [--bw-gbs 3000] [--threads N] [--reps 3]
+ *                [--bw-gbs 3000] [--threads N] [--reps 3] [--sample]
  *                [--gpu-memory-fraction F] [--cuda-graph-budget-s 60]
  *
  * The KV pool holds exactly what the --batch sequences need, unless --gpu-memory-fraction is
@@ -10,6 +10,8 @@
  * Decode: --batch sequences, each prefilled with --prompt tokens, then --gen decode steps of
  * one token per sequence; reports the median step time, generated tok/s, and for batch 1 the
  * fraction of the bandwidth bound (weight bytes + KV bytes read per step over --bw-gbs).
+ * --sample: decode steps also sample every sequence (T=0.8, top_p=0.95, seeded) through
+ * ex_engine_forward_sample, on the device for cuda; the step time then includes sampling.
  * Prints one line per figure and a JSON line last. */
 #include "common/cm_config.h"
 #include "common/cm_time.h"
@@ -34,7 +36,7 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu";
-    int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3;
+    int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3, sample = 0;
     double bw = 3000, mem_fraction = 0, graph_budget_s = 60;
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file" },
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
         { "bw-gbs", 0, CM_OPT_F64, &bw, "memory bandwidth in GB/s for the roofline" },
         { "gpu-memory-fraction", 0, CM_OPT_F64, &mem_fraction, "cuda: size the KV pool from this share of device memory (0 = what the batch needs)" },
         { "cuda-graph-budget-s", 0, CM_OPT_F64, &graph_budget_s, "cuda: seconds for capturing decode graphs; 0 = none" },
+        { "sample", 0, CM_OPT_BOOL, &sample, "decode steps sample (T=0.8, top_p=0.95) through ex_engine_forward_sample" },
         { 0 },
     };
     char err[512];
@@ -113,6 +116,13 @@ int main(int argc, char **argv) {
         ex_engine_forward(e, &bb.b, &logits);
     }
     double *st = malloc(sizeof(double) * (size_t)gen);
+    ex_sample_params sp;
+    ex_sample_params_default(&sp);
+    sp.temperature = 0.8f;
+    sp.top_p = 0.95f;
+    sp.seed = 1;
+    ex_sample_row *rows = calloc((size_t)batch, sizeof *rows);
+    ex_sample_out *so = calloc((size_t)batch, sizeof *so);
     double dec0 = cm_time_s();
     for (int g = 0; g < gen; g++) {
         ex_batch_buf_clear(&bb);
@@ -120,8 +130,11 @@ int main(int argc, char **argv) {
             int32_t tok = (int32_t)((g * 31 + s * 7) % c->n_vocab);
             ex_batch_buf_add(&bb, &tok, 1, prompt + g, t[s].blocks, t[s].n, 0);
         }
+        for (int s = 0; s < batch; s++) /* the prompt stands in for each sequence's tokens */
+            rows[s] = (ex_sample_row){ .row = s, .sp = &sp, .prev = ids, .n_prev = prompt, .pos = prompt + g };
         double a = cm_time_s();
-        if (ex_engine_forward(e, &bb.b, &logits)) { fprintf(stderr, "forward failed\n"); return 1; }
+        int rc = sample ? ex_engine_forward_sample(e, &bb.b, rows, batch, so) : ex_engine_forward(e, &bb.b, &logits);
+        if (rc) { fprintf(stderr, "forward failed\n"); return 1; }
         st[g] = cm_time_s() - a;
     }
     double dec_total = cm_time_s() - dec0;
@@ -131,19 +144,21 @@ int main(int argc, char **argv) {
     double bound = bw * 1e9 / bytes; /* steps per second the bandwidth allows */
     printf("model %s backend %s: load %.2f s, weights %.2f GiB\n", model, backend, t_load, m->weight_bytes / 1073741824.0);
     printf("prefill %d tokens: %.1f ms, %.0f tok/s\n", prompt, prefill_s * 1e3, prompt / prefill_s);
-    printf("decode batch %d: median step %.3f ms, %.1f tok/s per sequence, %.0f generated tok/s (wall %.0f)\n", batch,
-           step * 1e3, 1 / step, batch / step, batch * gen / dec_total);
+    printf("decode batch %d%s: median step %.3f ms, %.1f tok/s per sequence, %.0f generated tok/s (wall %.0f)\n", batch,
+           sample ? " with sampling (T=0.8, top_p=0.95)" : "", step * 1e3, 1 / step, batch / step, batch * gen / dec_total);
     printf("roofline (%.0f GB/s, %.2f GB read per step): %.1f steps/s; achieved %.1f%%\n", bw, bytes / 1e9, bound,
            100.0 / step / bound);
-    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"prompt\":%d,\"gen\":%d,\"batch\":%d,\"prefill_tok_s\":%.1f,"
+    printf("{\"model\":\"%s\",\"backend\":\"%s\",\"prompt\":%d,\"gen\":%d,\"batch\":%d,\"sample\":%d,\"prefill_tok_s\":%.1f,"
            "\"decode_step_ms\":%.4f,\"decode_tok_s\":%.1f,\"roofline_frac\":%.4f}\n",
-           model, backend, prompt, gen, batch, prompt / prefill_s, step * 1e3, batch / step, 1 / step / bound);
+           model, backend, prompt, gen, batch, sample, prompt / prefill_s, step * 1e3, batch / step, 1 / step / bound);
     for (int s = 0; s < batch; s++) {
         ex_kv_table_release(kv, &t[s]);
         ex_kv_table_free(&t[s]);
     }
     free(t);
     free(st);
+    free(rows);
+    free(so);
     free(pt);
     free(ids);
     ex_batch_buf_free(&bb);

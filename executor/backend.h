@@ -5,7 +5,8 @@
  * What a backend owns: its copy or mapping of the weights, the KV storage (n_kv_blocks
  * physical blocks laid out as it likes; the block ids in a batch index it), scratch sized for
  * the limits, and the host logits buffer it returns. What it does not own: which blocks
- * belong to which sequence (executor/kv.h) or sampling (executor/sampler.h).
+ * belong to which sequence (executor/kv.h) or the sampling rules (executor/sampler.h), which
+ * a backend may run on its own device (forward_sample) but must not change.
  *
  *   ex_backend_opts o = { .lim = lim, .n_threads = 2, .kv_type = DT_F32 };
  *   ex_backend *b;
@@ -49,6 +50,13 @@ struct ex_backend {
      * *logits: host memory [batch->n_out, n_vocab], owned by the backend, valid until the
      * next call. Returns 0 or a negative CM_E* code; allocates nothing. */
     int  (*forward)(ex_backend *b, const ex_batch *batch, const float **logits);
+    /* Optional (NULL: the engine samples on the host): one forward pass over a batch, then
+     * samples rows (indices checked by the engine) where the logits are, into out; a row the
+     * sampler refuses gets token -1. May refuse the whole step with CM_EUNSUPPORTED before
+     * doing any work (a row beyond what it can sample): the engine then runs forward and
+     * samples on the host. Returns 0 or a negative CM_E* code; allocates nothing. */
+    int  (*forward_sample)(ex_backend *b, const ex_batch *batch, const ex_sample_row *rows, int n_rows,
+                           ex_sample_out *out);
     /* Copies positions [0, n_tok) of physical block src into block dst, every layer (copy on
      * write of a shared prefix block). Returns 0 or CM_EINVAL. */
     int  (*kv_copy)(ex_backend *b, int32_t src, int32_t dst, int n_tok);

@@ -214,6 +214,7 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->base.kv_type = DT_F32;
     b->base.n_kv_blocks = L->n_kv_blocks;
     b->base.forward = cpu_forward;
+    b->base.forward_sample = NULL; /* the engine samples on the host */
     b->base.kv_copy = cpu_kv_copy;
     b->base.destroy = cpu_destroy;
     b->base.impl = b;

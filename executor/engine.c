@@ -16,6 +16,7 @@ struct ex_engine {
     ex_limits   lim;
     ex_kv      *kv;
     ex_backend *be;
+    ex_sampler *smp;  /* host sampling (backends without forward_sample, and their refusals) */
 };
 
 /* ---- batches ------------------------------------------------------------------------- */
@@ -213,6 +214,8 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     e->lim = L;
     rc = ex_kv_create(L.n_kv_blocks, L.block_size, &e->kv);
     if (rc) { snprintf(err, errlen, "engine: KV block allocator for %d blocks: %s", L.n_kv_blocks, cm_err_str(rc)); goto fail; }
+    rc = ex_sampler_create(L.n_vocab, &e->smp);
+    if (rc) { snprintf(err, errlen, "engine: sampler: %s", cm_err_str(rc)); goto fail; }
     *out = e;
     return 0;
 fail:
@@ -223,6 +226,7 @@ fail:
 void ex_engine_destroy(ex_engine *e) {
     if (!e) return;
     if (e->be) e->be->destroy(e->be);
+    ex_sampler_destroy(e->smp);
     ex_kv_destroy(e->kv);
     free(e);
 }
@@ -241,4 +245,33 @@ int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits) {
         return rc;
     }
     return e->be->forward(e->be, b, logits);
+}
+
+int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_row *rows, int n_rows, ex_sample_out *out) {
+    char err[256];
+    int rc = ex_batch_check(b, &e->lim, err, sizeof err);
+    if (!rc && (n_rows < 0 || (n_rows && (!rows || !out)))) {
+        snprintf(err, sizeof err, "%d rows to sample", n_rows);
+        rc = CM_EINVAL;
+    }
+    for (int r = 0; r < n_rows && !rc; r++)
+        if (rows[r].row < 0 || rows[r].row >= b->n_out || !rows[r].sp) {
+            snprintf(err, sizeof err, "sample row %d: logits row %d of %d%s", r, rows[r].row, b->n_out,
+                     rows[r].sp ? "" : ", no parameters");
+            rc = CM_EINVAL;
+        }
+    if (rc) {
+        CM_LOG_WARN("engine", "batch refused", "reason=\"%s\"", err);
+        return rc;
+    }
+    if (e->be->forward_sample) {
+        rc = e->be->forward_sample(e->be, b, rows, n_rows, out);
+        if (rc != CM_EUNSUPPORTED) return rc;
+    }
+    const float *logits;
+    if ((rc = e->be->forward(e->be, b, &logits))) return rc;
+    for (int r = 0; r < n_rows; r++) /* a refusal leaves out[r].token = -1 */
+        ex_sampler_sample(e->smp, rows[r].sp, logits + (size_t)rows[r].row * e->lim.n_vocab, rows[r].prev,
+                          rows[r].n_prev, rows[r].pos, &out[r]);
+    return 0;
 }

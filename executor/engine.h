@@ -27,6 +27,9 @@
  *   ex_batch_buf bb; ex_batch_buf_init(&bb, ex_engine_limits(e));
  *   ex_batch_buf_add(&bb, ids, n, 0, table, n_blocks, 0);     // one sequence, prefill
  *   const float *logits; ex_engine_forward(e, &bb.b, &logits); // [n_out, n_vocab]
+ *   // or forward + sampling in one call (on the device when the backend can):
+ *   ex_sample_row r = { .row = 0, .sp = &params, .prev = ids, .n_prev = n, .pos = n };
+ *   ex_sample_out o; ex_engine_forward_sample(e, &bb.b, &r, 1, &o);
  *   ex_batch_buf_free(&bb); ex_engine_destroy(e);
  *
  * Threads: an engine is driven by one thread at a time (the executor's step thread); the
@@ -40,6 +43,7 @@
 #include <stdint.h>
 
 #include "../model/model.h"
+#include "sampler.h"
 
 typedef struct ex_kv ex_kv;            /* executor/kv.h: the block allocator */
 typedef struct ex_backend ex_backend;  /* executor/backend.h */
@@ -153,5 +157,26 @@ const mdl_model *ex_engine_model(const ex_engine *e);
  * the engine, valid until the next forward or destroy. Returns 0, CM_EINVAL (the batch
  * failed ex_batch_check), or a backend error. */
 int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits);
+
+/* One token to sample after a forward pass: from logits row `row` of the batch (e.g.
+ * ex_batch_last_row), with the sequence's parameters and previous tokens, exactly as
+ * ex_sampler_sample(s, sp, logits + row * n_vocab, prev, n_prev, pos, out) would. */
+typedef struct ex_sample_row {
+    int                     row;    /* [0, b->n_out) */
+    const ex_sample_params *sp;
+    const int32_t          *prev;   /* [n_prev] the sequence's tokens before this one */
+    int                     n_prev;
+    int64_t                 pos;    /* position being sampled (usually n_prev) */
+} ex_sample_row;
+
+/* Runs one forward pass and samples rows[0..n_rows) into out[0..n_rows): the logits stay
+ * where they were computed when the backend can sample there (cuda: only the tokens and
+ * logprobs cross to the host), else forward + ex_sampler_sample on the host. Both give the
+ * CPU sampler's tokens (the device's exceptions: executor/cuda/cuda_sample.h). A row whose
+ * parameters or previous tokens the sampler refuses gets out.token = -1 (the others are
+ * sampled). n_rows may be 0 (a step of prefill chunks only). Returns 0, CM_EINVAL (the batch
+ * failed ex_batch_check, a row index outside the batch or without parameters), or a backend
+ * error. Allocates nothing. */
+int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_row *rows, int n_rows, ex_sample_out *out);
 
 #endif

@@ -26,7 +26,6 @@ struct ex_sched {
     ex_limits  lim;
     ex_sched_opts o;
     int32_t   *eog;
-    ex_sampler *smp;
     ex_batch_buf bb;
     seq      **run;       /* [max_running], admission order (oldest first) */
     int        n_run;
@@ -34,6 +33,8 @@ struct ex_sched {
     int        wq_head, n_wait;
     seq      **batch_seq; /* [max_running] sequence of each batch slot */
     int       *batch_n;   /* [max_running] tokens it forwards this step */
+    ex_sample_row *srow;  /* [max_running] the step's sampling rows (sequences whose context is complete) */
+    ex_sample_out *sout;  /* [max_running] their results */
     ex_event  *pend;      /* [max_running + max_waiting] finishes waiting to be reported */
     int        n_pend;
     ex_sched_stats st;
@@ -78,9 +79,10 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     s->wq = calloc((size_t)W, sizeof *s->wq);
     s->batch_seq = calloc((size_t)R, sizeof *s->batch_seq);
     s->batch_n = calloc((size_t)R, sizeof *s->batch_n);
+    s->srow = calloc((size_t)R, sizeof *s->srow);
+    s->sout = calloc((size_t)R, sizeof *s->sout);
     s->pend = calloc((size_t)(R + W), sizeof *s->pend);
-    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->pend) goto fail;
-    if ((rc = ex_sampler_create(L->n_vocab, &s->smp))) goto fail;
+    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->srow || !s->sout || !s->pend) goto fail;
     if ((rc = ex_batch_buf_init(&s->bb, L))) goto fail;
     *out = s;
     return 0;
@@ -94,8 +96,8 @@ void ex_sched_destroy(ex_sched *s) {
     for (int i = 0; i < s->n_run; i++) seq_free(s, s->run[i]);
     for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
     ex_batch_buf_free(&s->bb);
-    ex_sampler_destroy(s->smp);
-    free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->pend); free(s->eog);
+    free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout); free(s->pend);
+    free(s->eog);
     free(s);
 }
 
@@ -286,25 +288,32 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     }
     if (nb == 0) { *n_ev = n; return 0; }
 
-    const float *logits;
-    int rc = ex_engine_forward(s->e, &s->bb.b, &logits);
+    /* every sequence whose whole context is in the cache after this step samples its next
+     * token from its last logits row (a prefill chunk that leaves some prompt has nothing yet) */
+    int n_rows = 0;
+    for (int b = 0; b < nb; b++) {
+        seq *q = s->batch_seq[b];
+        if (q->n_cached + s->batch_n[b] < q->n_toks) continue;
+        s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
+                                             .n_prev = q->n_toks, .pos = q->n_toks };
+    }
+    int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0, r = 0; b < nb; b++) {
         seq *q = s->batch_seq[b];
         q->n_cached += s->batch_n[b];
         if (q->n_cached < q->n_toks) continue; /* prefill chunk: nothing to sample yet */
         ex_event *e = &ev[n++];
         memset(e, 0, sizeof *e);
-        rc = ex_sampler_sample(s->smp, &q->sp, logits + (size_t)ex_batch_last_row(&s->bb.b, b) * s->lim.n_vocab,
-                               q->toks, q->n_toks, q->n_toks, &e->so);
+        e->so = s->sout[r++];
         int32_t t = e->so.token;
         e->id = q->id;
         e->token = t;
         e->n_prompt = q->n_prompt;
-        if (rc) { e->token = -1; e->finish = EX_FINISH_ERROR; }
+        if (t < 0) { e->token = -1; e->finish = EX_FINISH_ERROR; }
         else {
             q->toks[q->n_toks++] = t;
             q->n_gen++;

@@ -1,10 +1,13 @@
 /* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0 and
  * Q4_0 kept quantized, repacked for aligned loads), Q|K|V and gate|up fused into one matrix
  * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
- * create time for the engine's limits. A forward pass allocates nothing and synchronizes once
- * (to hand the logits to the host). Pure decode steps replay CUDA graphs captured at create
- * time for a ladder of batch sizes (padding with dummy tokens that write to a scratch block),
- * smallest first, for as long as the capture budget lasts.
+ * create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
+ * to hand the logits to the host (forward), or only the sampled tokens and their logprobs
+ * (forward_sample: the sampler runs on the device, kernels/cuda/sample.cu, rows packed by
+ * cuda_sample.c). Pure decode steps replay CUDA graphs captured at create time for a ladder
+ * of batch sizes (padding with dummy tokens that write to a scratch block), smallest first,
+ * for as long as the capture budget lasts; the graphs end at the logits, so both paths replay
+ * the same ones.
  *
  * Memory: unless the engine asks for an exact number of blocks, the KV pool is allocated last
  * and takes what mem_fraction x the device's memory leaves after what was in use at start-up
@@ -17,6 +20,7 @@
  * does not depend on the batch it shares.
  */
 #include "executor/backend.h"
+#include "executor/cuda/cuda_sample.h"
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "common/cm_err.h"
@@ -64,9 +68,10 @@ typedef struct cu_layer {
     kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd] */
 } cu_layer;
 
-enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PROF_N_CATS };
+enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PC_SAMPLE,
+       PROF_N_CATS };
 static const char *const prof_names[PROF_N_CATS] = { "stage-in", "embed", "rmsnorm", "qkv", "rope+kv", "attention", "wo",
-                                                     "gate|up", "swiglu", "down", "head", "logits-out" };
+                                                     "gate|up", "swiglu", "down", "head", "logits-out", "sample" };
 #define PROF_MAX_EVENTS 1024
 
 typedef struct cu_graph {
@@ -101,6 +106,12 @@ typedef struct cu_state {
     int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
     size_t meta_ints;
     float *h_logits;                         /* pinned [R, n_vocab] */
+    /* device sampling: the packed rows (pinned staging + device copy, kc_sample_pool_bytes(R)),
+     * the results [R], and the stager's scratch */
+    void *h_samp, *d_samp;
+    kc_sample_out *h_sout, *d_sout;
+    uint8_t *samp_mark;                      /* [R] */
+    int *samp_slot;                          /* [R] */
     cu_graph graphs[N_GRAPH_BUCKETS * N_SPLIT_BUCKETS];
     int n_graphs;
     /* ARKA_CUDA_PROFILE=1: eager steps record an event after every launch and print where the
@@ -281,7 +292,8 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
 static void prof_mark(struct cu_state *s, int cat);
 
 /* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
- * producing n_out logits rows in h_logits. No synchronization, no allocation: capturable. */
+ * producing n_out logits rows in s->logits (device). No synchronization, no allocation:
+ * capturable. */
 static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int n_split) {
     const mdl_config *c = &s->cfg;
     cudaStream_t st = s->stream;
@@ -330,8 +342,6 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, st));
     KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, st));
     prof_mark(s, PC_HEAD);
-    CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)n_out * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
-    prof_mark(s, PC_COPY);
 }
 
 static void prof_mark(cu_state *s, int cat) {
@@ -423,8 +433,9 @@ static int splits_for(const cu_state *s, const ex_batch *b) {
     return need < s->n_split ? need : s->n_split;
 }
 
-static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
-    cu_state *s = base->impl;
+/* Enqueues the forward pass of a checked batch (a decode graph when one fits, else eager),
+ * leaving its logits rows in s->logits. Returns whether it was a pure decode step. */
+static int launch_forward(cu_state *s, const ex_batch *b) {
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
     int n_split = splits_for(s, b);
     cu_graph *g = NULL;
@@ -441,9 +452,47 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
         stage_batch(s, b, 0);
         enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split);
     }
+    return pure_decode;
+}
+
+static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
+    cu_state *s = base->impl;
+    int pure_decode = launch_forward(s, b);
+    CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)b->n_out * s->cfg.n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                             s->stream));
+    prof_mark(s, PC_COPY);
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
     *logits = s->h_logits;
+    return 0;
+}
+
+/* Forward, then the sampler on the device: the packed rows go up in one copy, kc_sample
+ * rewrites their logits rows in place and only the per-row results come back. Rows beyond
+ * the device sampler's limits make the step CM_EUNSUPPORTED before anything runs. */
+static int cuda_forward_sample(ex_backend *base, const ex_batch *b, const ex_sample_row *rows, int n_rows, ex_sample_out *out) {
+    cu_state *s = base->impl;
+    int n_dev;
+    size_t bytes;
+    int rc = ex__cuda_sample_stage(s->h_samp, s->lim.max_out, s->cfg.n_vocab, b->n_out, rows, n_rows, s->samp_mark,
+                                   s->samp_slot, &n_dev, &bytes);
+    if (rc) return rc;
+    int pure_decode = launch_forward(s, b);
+    if (n_dev) {
+        CU_FATAL(cudaMemcpyAsync(s->d_samp, s->h_samp, bytes, cudaMemcpyHostToDevice, s->stream));
+        KC_FATAL(kc_sample(s->logits, s->cfg.n_vocab, s->cfg.n_vocab, s->d_samp, n_dev, s->d_sout, s->stream));
+        CU_FATAL(cudaMemcpyAsync(s->h_sout, s->d_sout, (size_t)n_dev * sizeof *s->h_sout, cudaMemcpyDeviceToHost, s->stream));
+    }
+    prof_mark(s, PC_SAMPLE);
+    CU_FATAL(cudaStreamSynchronize(s->stream));
+    if (s->prof_on && pure_decode) prof_collect(s);
+    for (int r = 0; r < n_rows; r++) {
+        if (s->samp_slot[r] >= 0) ex__cuda_sample_out(&s->h_sout[s->samp_slot[r]], &out[r]);
+        else {
+            memset(&out[r], 0, sizeof out[r]);
+            out[r].token = -1;
+        }
+    }
     return 0;
 }
 
@@ -491,10 +540,15 @@ static void cuda_destroy(ex_backend *base) {
     cudaFree(s->out_norm);
     cudaFree(s->kv_pool);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
-                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->att_counters };
+                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh,
+                     s->att_counters, s->d_samp, s->d_sout };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
+    cudaFreeHost(s->h_samp);
+    cudaFreeHost(s->h_sout);
+    free(s->samp_mark);
+    free(s->samp_slot);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -655,6 +709,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->base.name = "cuda";
     s->base.kv_type = DT_F16;
     s->base.forward = cuda_forward;
+    s->base.forward_sample = cuda_forward_sample;
     s->base.kv_copy = cuda_kv_copy;
     s->base.destroy = cuda_destroy;
     s->base.impl = s;
@@ -764,6 +819,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
+            goto oom;
+        size_t pool = kc_sample_pool_bytes(s->lim.max_out);
+        if (dalloc(&s->d_samp, pool) || dalloc(&s->d_sout, R * sizeof(kc_sample_out)) ||
+            cudaMallocHost(&s->h_samp, pool) != cudaSuccess || cudaMallocHost((void **)&s->h_sout, R * sizeof(kc_sample_out)) != cudaSuccess ||
+            !(s->samp_mark = malloc(R)) || !(s->samp_slot = malloc(R * sizeof(int))))
             goto oom;
         memset(s->h_meta, 0, s->meta_ints * 4);
     }

@@ -158,6 +158,55 @@ int kc_attention_prefill(const float *q, const kc_half *k_cache, const kc_half *
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);
 
+/* ---- sampling (sample.cu) -------------------------------------------------------------------
+ * kc_sample reproduces the executor's CPU sampler (executor/sampler.h, same transforms in the
+ * same order, same float/double operations) for n_rows logits rows at once, one CTA per row.
+ * Per-row parameters, logit-bias lists and penalty windows arrive in one pool the host packs
+ * (executor/cuda/cuda_sample.c): kc_sample_row headers at the start, then 32-bit words the
+ * rows point into. Results: one kc_sample_out per row. */
+#define KC_SAMPLE_MAX_TOP    20   /* top logprob alternatives (= EX_MAX_LOGPROBS) */
+#define KC_SAMPLE_MAX_WINDOW 4096 /* penalty window tokens a row may bring */
+#define KC_SAMPLE_MAX_BIAS   1024 /* logit-bias entries a row may bring */
+
+typedef struct kc_sample_row {
+    int32_t  logits_row;        /* row of the logits matrix to sample from (rows distinct) */
+    int32_t  top_k;             /* <= 0 or >= n_vocab: off */
+    float    temperature;       /* <= 0: greedy */
+    float    top_p, min_p;      /* 1: off / 0: off */
+    float    repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t  logprobs;          /* report the token's logprob */
+    int32_t  top_logprobs;      /* 0..KC_SAMPLE_MAX_TOP alternatives */
+    int32_t  n_bias, bias_off;  /* n_bias (id, bias bits) word pairs at pool word bias_off */
+    int32_t  n_win, win_off;    /* penalty window: n_win token ids at pool word win_off (0: penalties off) */
+    uint64_t seed;
+    int64_t  pos;               /* the draw is u = ex_rng_u01(seed, pos) */
+} kc_sample_row;
+
+typedef struct kc_sample_out {
+    int32_t token;
+    float   logprob;
+    int32_t n_top;
+    int32_t top_id[KC_SAMPLE_MAX_TOP];     /* by logprob desc, id asc */
+    float   top_logprob[KC_SAMPLE_MAX_TOP];
+} kc_sample_out;
+
+/* Bytes of a pool for up to max_rows rows at the caps above: max_rows headers, then words. */
+size_t kc_sample_pool_bytes(int max_rows);
+/* Word index where a pool of max_rows headers starts its words. */
+size_t kc_sample_pool_words_start(int max_rows);
+
+/* Samples n_rows rows: row r of the pool reads logits + pool_row.logits_row * ld ([n_vocab]
+ * f32) and writes out[r]. The logits rows it reads are overwritten with the processed values
+ * (bias and penalties applied), so each row must name a different logits row. pool: device
+ * copy of a pool the host packed (ids and offsets are trusted: pack it with the executor's
+ * stager). 512 threads and 48 KiB of dynamic shared memory per row; no allocation, no sync. */
+int kc_sample(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out, cudaStream_t s);
+
+/* The same algorithm run by one host thread on host memory (tests only: it compares the device
+ * sampler's selection logic with the CPU sampler without a GPU). Allocates scratch per call.
+ * Returns 0, CM_EINVAL or CM_ENOMEM. */
+int kc_sample_host(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out);
+
 /* dst[r][:] = src[rows[r]][:] for f32 rows of n elements (gathers each sequence's last token). */
 int kc_gather_rows_f32(const float *src, const int32_t *rows, int n_rows, int n, float *dst, cudaStream_t s);
 

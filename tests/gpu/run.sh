@@ -2,13 +2,14 @@
 # GPU-host checks and benchmarks in one go (the GPU machine has nvcc, cmake, PyTorch and
 # transformers, but none of our Debian libraries: only the executor side is used here).
 #
-#   tests/gpu/run.sh check OUTDIR   kernels vs CPU references, end-to-end cuda vs cpu (stories260K
-#                                   greedy text, random F16/Q8_0 logits), batch invariance, HF
-#                                   transformers cross-check, KV pool sizing from
-#                                   --gpu-memory-fraction and its start-up errors, the graph
-#                                   capture budget, compute-sanitizer memcheck
-#   tests/gpu/run.sh bench OUTDIR   llama2-7b F16/Q8_0/Q4_0 decode and prefill, batched decode,
-#                                   llama3-8b F16 decode
+#   tests/gpu/run.sh check OUTDIR   kernels vs CPU references, the device sampler vs the CPU sampler,
+#                                   end-to-end cuda vs cpu (stories260K greedy text, random F16/Q8_0
+#                                   logits), batch invariance, HF transformers cross-check, KV pool
+#                                   sizing from --gpu-memory-fraction and its start-up errors, the
+#                                   graph capture budget, compute-sanitizer memcheck (and racecheck
+#                                   of the sampler)
+#   tests/gpu/run.sh bench OUTDIR   llama2-7b F16/Q8_0/Q4_0 decode and prefill, batched decode (also
+#                                   with device sampling), llama3-8b F16 decode
 #
 # Copy the data first (../shared does not travel): mkdir -p .carry/models && cp
 # ../shared/models/stories260K.gguf ../shared/models/vocab/ggml-vocab-llama-spm.gguf .carry/models/
@@ -47,6 +48,10 @@ if [ "$MODE" = check ]; then
   step "kernels vs references"
   "$BIN/test_gpu_kernels" >"$OUT/kernels.log" 2>&1 || fail=1
   tail -1 "$OUT/kernels.log"; grep FAIL "$OUT/kernels.log" | head -5
+  step "device sampler vs CPU sampler (tokens, logprobs, backend path, timing)"
+  "$BIN/test_gpu_sample" "$STORIES" >"$OUT/sample.log" 2>&1 || fail=1
+  grep -E '^(device|host emulation|backend path|kc_sample|test_gpu_sample)' "$OUT/sample.log"
+  grep -E 'FAIL|differs' "$OUT/sample.log" | head -5
   SF16=$(mk small f16); SQ8=$(mk small q8_0)
   step "end to end: cuda vs cpu"
   "$BIN/test_gpu_e2e" "$STORIES" "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1 || fail=1
@@ -96,6 +101,11 @@ if [ "$MODE" = check ]; then
   step "compute-sanitizer memcheck (stories260K end to end)"
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_gpu_e2e" "$STORIES" >"$OUT/memcheck.log" 2>&1
   rc=$?; tail -3 "$OUT/memcheck.log"; [ $rc = 0 ] || { echo "memcheck rc=$rc"; fail=1; }
+  step "compute-sanitizer memcheck + racecheck (device sampler, V=257)"
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_gpu_sample" --quick >"$OUT/sample-$tool.log" 2>&1
+    rc=$?; tail -2 "$OUT/sample-$tool.log"; [ $rc = 0 ] || { echo "sample $tool rc=$rc"; fail=1; }
+  done
 fi
 
 if [ "$MODE" = bench ]; then
@@ -107,6 +117,8 @@ if [ "$MODE" = bench ]; then
   f="$MODELS/llama2-7b-f16.gguf"
   step "llama2-7b f16: 128 sequences of 128 + 128"
   "$BIN/bench_engine" -m "$f" --backend cuda --prompt 128 --gen 128 --batch 128 2>"$OUT/bench-7b-b128.err" | tee "$OUT/bench-7b-b128.txt"
+  step "llama2-7b f16: the same, every decode step sampling on the device (T=0.8, top_p=0.95)"
+  "$BIN/bench_engine" -m "$f" --backend cuda --prompt 128 --gen 128 --batch 128 --sample 2>"$OUT/bench-7b-b128-sample.err" | tee "$OUT/bench-7b-b128-sample.txt"
   rm -f "$MODELS"/llama2-7b-q*.gguf
   f=$(mk llama3-8b f16)
   step "llama3-8b f16: decode batch 1"
