@@ -723,6 +723,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         rc = CM_ECUDA;
         goto fail;
     }
+    {
+        int arch = 0;
+        if (!kc_code_for_device(&arch)) {
+            snprintf(err, errlen, "cuda backend: this build has no GPU code for device %d (%s, compute capability %d.%d): "
+                     "rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d", o->device, prop.name, prop.major, prop.minor, prop.major,
+                     prop.minor);
+            rc = CM_EUNSUPPORTED;
+            goto fail;
+        }
+    }
     cublasSetStream(s->cublas, s->stream);
     /* what is in use now (other processes, this process's CUDA context) is not ours to budget */
     size_t free0 = 0, total = 0;

@@ -43,6 +43,9 @@ int kc_weight_type_ok(int type);
 /* Programmatic dependent launch of the forward-pass kernels (Hopper): on by default;
  * kc_set_pdl(0) launches them plainly (A/B measurements, older GPUs). Set before capturing. */
 void kc_set_pdl(int on);
+/* Whether this build has GPU code the current device can run (*arch: the SASS version used,
+ * e.g. 90; 0 when none). */
+int  kc_code_for_device(int *arch);
 int  kc_pdl_on(void);
 
 /* Activations quantized for the integer GEMVs (quantized weights, up to KC_GEMV_MAX_TOK

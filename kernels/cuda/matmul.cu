@@ -42,9 +42,26 @@ extern "C" int kc_weight_type_ok(int type) {
     return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K;
 }
 
-static int g_pdl = 1;
-extern "C" void kc_set_pdl(int on) { g_pdl = on != 0; }
-extern "C" int kc_pdl_on(void) { return g_pdl; }
+// PDL needs the kernels' griddepcontrol instructions, which exist only in code built for
+// sm_90 or newer: code JIT-compiled from older PTX would start early and never wait.
+static int g_pdl = -1;
+__global__ void pdl_probe_kernel() { kc_pdl_wait(); }
+static int pdl_capable(void) {
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, pdl_probe_kernel) == cudaSuccess && a.ptxVersion >= 90 && a.binaryVersion >= 90;
+}
+extern "C" void kc_set_pdl(int on) { g_pdl = on && pdl_capable(); }
+extern "C" int kc_code_for_device(int *arch) {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, pdl_probe_kernel);
+    *arch = e == cudaSuccess ? a.binaryVersion : 0;
+    if (e != cudaSuccess) cudaGetLastError(); /* clear it: the caller reports */
+    return e == cudaSuccess;
+}
+extern "C" int kc_pdl_on(void) {
+    if (g_pdl < 0) g_pdl = pdl_capable();
+    return g_pdl;
+}
 
 extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out) {
     size_t n = (size_t)n_in * (size_t)n_rows;
