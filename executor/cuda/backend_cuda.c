@@ -813,10 +813,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             for (int i = 0; i < 4; i++) {
                 size_t n = (size_t)ct * ns[i];
                 int8_t *buf;
-                if (dalloc(&buf, 2 * n + n / 32 * 8 + 16)) goto oom;
+                size_t off_m = (2 * n + 15) & ~(size_t)15, off_h = (off_m + n / 32 * 8 + 15) & ~(size_t)15;
+                if (dalloc(&buf, off_h + 2 * n)) goto oom;
                 qs[i]->qh = buf;
                 qs[i]->ql = buf + n;
-                qs[i]->m = (int32_t *)(buf + ((2 * n + 15) & ~(size_t)15));
+                qs[i]->m = (int32_t *)(buf + off_m);
+                qs[i]->xh = (kc_half *)(buf + off_h);
                 qs[i]->cap_tok = ct;
                 qs[i]->cap_n = ns[i];
                 qs[i]->n = 0;

@@ -17,7 +17,7 @@ __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
 
 // Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq).
 __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql,
-                                 int32_t *qm) {
+                                 int32_t *qm, __half *xh) {
     kc_pdl_trigger();
     kc_pdl_wait();
     const size_t t = blockIdx.y;
@@ -30,7 +30,7 @@ __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *
                         g.z / (1.0f + __expf(-g.z)) * u.z, g.w / (1.0f + __expf(-g.w)) * u.w);
         *(float4 *)(out + t * n_ff + j) = o;
     }
-    kc_xq_block4(o, ok, qh, ql, qm, t * n_ff + j);
+    kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
 }
 
 extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
@@ -40,7 +40,7 @@ extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, i
     if (quant) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->qh, xq->ql, xq->m);
+        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->qh, xq->ql, xq->m, (__half *)xq->xh);
     } else {
         size_t n = (size_t)n_tok * n_ff;
         kc_launch(swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);

@@ -3,6 +3,8 @@
 // are given). One CTA per (query token, head, split).
 #include "kc_common.cuh"
 
+#include <stdlib.h>
+
 extern "C" {
 #include "kcuda.h"
 }
@@ -16,12 +18,13 @@ struct att_emit {
     float *out;
     int8_t *qh, *ql;
     int32_t *qm;
+    __half *xh;
 };
 
 template <int HD>
 __device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
     em.out[row + e] = v;
-    if (em.qh && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, row + e);
+    if (em.qh && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e);
 }
 
 // Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`.
@@ -42,14 +45,13 @@ __device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size
     }
 }
 
-template <int HD>
+template <int HD, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
             int block_size, float scale, int n_split, int chunk) {
     constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
-    constexpr int G = HD >= 128 ? 8 : 4; // key groups whose loads are in flight together
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
     __shared__ float sm_acc[ATT_WARPS * KPW][HD];
     __shared__ int sm_last;
@@ -181,7 +183,12 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, const att
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
                    int bs, float scale, int n_split, int chunk, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
-    kc_launch(attn_kernel<HD>, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
+    // key groups whose loads are in flight together (ARKA_CUDA_ATT_G=2|4|8 overrides; tuning)
+    static int g_env = -1;
+    if (g_env < 0) g_env = getenv("ARKA_CUDA_ATT_G") ? atoi(getenv("ARKA_CUDA_ATT_G")) : 0;
+    const int G = g_env == 2 || g_env == 4 || g_env == 8 ? g_env : HD >= 128 ? 8 : 4;
+    auto kern = G == 2 ? attn_kernel<HD, 2> : G == 4 ? attn_kernel<HD, 4> : attn_kernel<HD, 8>;
+    kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
               pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
     if (n_split > 1 && !counters)
         kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
@@ -206,7 +213,8 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
     const int nq = n_head * hd;
     const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n;
     if (xq) xq->n = quant ? nq : 0;
-    att_emit em = { out, quant ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr };
+    att_emit em = { out, quant ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
+                    quant ? (__half *)xq->xh : nullptr };
 #define ATT_CASE(H)                                                                                                        \
     case H:                                                                                                                \
         launch<H>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \

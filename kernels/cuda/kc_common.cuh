@@ -56,9 +56,9 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
 //     stream wrote and before writing anything (an earlier kernel may still read it);
 //   - before the wait, touch only memory nothing in the stream writes (weights);
 //   - never read what an earlier kernel wrote through the read-only path (__ldg, or const
-//     __restrict__ pointers the compiler may turn into it): the kernel's lifetime overlaps
-//     the writes, so a line cached there could be stale. Loads of such data are
-//     ld.global.cg (L2 only; the CUDA library is compiled with -dlcm=cg), weights use __ldg.
+//     __restrict__ pointers the compiler may turn into it): that path requires the data to
+//     stay unchanged for the kernel's lifetime, which now overlaps the writes. Such data is
+//     read with ordinary loads (made visible by the wait); weights use __ldg.
 // kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
 // exited. Both are no-ops when the kernel was launched without the attribute.
 __device__ __forceinline__ void kc_pdl_wait() {
@@ -98,7 +98,8 @@ __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((u
 // warp; the whole warp must call this together, `store` false for lanes past the row) is
 // quantized and written at element e (the index of v.x in the [n_tok][n] arrays; the block's
 // pair at e / 32 in m). Same arithmetic as the CPU backend's quantize_block (no contraction).
-__device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, int8_t *ql, int32_t *m, size_t e) {
+// xh (may be NULL): the values also stored as half, for the F16 GEMV.
+__device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, int8_t *ql, int32_t *m, __half *xh, size_t e) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
@@ -118,6 +119,11 @@ __device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, i
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
     if (!store) return;
+    if (xh) {
+        __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+        uint2 u = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+        *(uint2 *)(xh + e) = u;
+    }
     *(char4 *)(qh + e) = make_char4((signed char)h[0], (signed char)h[1], (signed char)h[2], (signed char)h[3]);
     *(char4 *)(ql + e) = make_char4((signed char)l[0], (signed char)l[1], (signed char)l[2], (signed char)l[3]);
     if ((threadIdx.x & 7) == 0) {
@@ -128,7 +134,8 @@ __device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, i
 
 // One value per lane, the warp's 32 lanes one block (element e of lane 0 is the block's first):
 // the same quantization as kc_xq_block4. The whole warp calls it.
-__device__ __forceinline__ void kc_xq_block1(float v, int8_t *qh, int8_t *ql, int32_t *m, size_t e) {
+__device__ __forceinline__ void kc_xq_block1(float v, int8_t *qh, int8_t *ql, int32_t *m, __half *xh, size_t e) {
+    if (xh) xh[e] = __float2half_rn(v);
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));

@@ -58,6 +58,7 @@ int  kc_pdl_on(void);
 typedef struct kc_xq {
     int8_t  *qh, *ql;
     int32_t *m;
+    kc_half *xh;     /* may be NULL: the same values as half [n_tok][n], read by the F16 GEMV */
     int      cap_tok, cap_n, n;
 } kc_xq;
 

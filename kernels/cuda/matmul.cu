@@ -214,7 +214,7 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const float *x, int n_
         const float4 *p = (const float4 *)(x + (size_t)t * n_in + (size_t)c * EPC);
 #pragma unroll
         for (int k = 0; k < EPC / 4; k++) {
-            float4 v = __ldcg(p + k); // written by the previous kernel: not the read-only path
+            float4 v = __ldca(p + k); // written by the previous kernel: not the read-only path
             xs[t][4 * k] = v.x; xs[t][4 * k + 1] = v.y; xs[t][4 * k + 2] = v.z; xs[t][4 * k + 3] = v.w;
         }
     }
@@ -334,6 +334,110 @@ static void launch_gemv(const kc_weight *W, const float *x, int n_tok, float *y,
     case 7: launch_gemv_r<TYPE, 7, 1, 2>(W, x, y, acc, s); break;
     case 8: launch_gemv_r<TYPE, 8, 1, 2>(W, x, y, acc, s); break;
     }
+}
+
+// ---- F16 GEMV on half activations -------------------------------------------------------------
+// F16 weights against activations their producer already rounded to half (kc_xq.xh): the same
+// products and sums as gemv_kernel<DT_F16> (which rounds x to half per chunk), without every
+// warp converting the same activations again. Bitwise the same results.
+template <int NT, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_f16h_kernel(const uint8_t *__restrict__ W, const __half *xh, float *y, int n_in, int n_out, int accumulate) {
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) {
+        kc_pdl_wait();
+        return;
+    }
+    const int nchunks = n_in / 8;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    const uint4 *wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wrow[r] = (const uint4 *)(W + (size_t)min(row0 + r, n_out - 1) * (size_t)nchunks * 16);
+    auto step = [&](const uint4 *wu, int cc) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            uint4 xv = __ldca((const uint4 *)(xh + (size_t)t * n_in + (size_t)cc * 8));
+            const __half2 *x2 = (const __half2 *)&xv;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const __half2 *h = (const __half2 *)&wu[r];
+                __half2 p = __hmul2(h[0], x2[0]);
+                p = __hfma2(h[1], x2[1], p);
+                p = __hfma2(h[2], x2[2], p);
+                p = __hfma2(h[3], x2[3], p);
+                float2 f = __half22float2(p);
+                acc[r][t] += f.x + f.y;
+            }
+        }
+    };
+    int c = lane;
+    uint4 w[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
+    kc_pdl_wait();
+    for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) step(w[u], c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (c + 32 * u < nchunks) step(w[u], c + 32 * u);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = kc_warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < n_out) {
+                float *dst = y + (size_t)t * n_out + row0 + r;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
+template <int NT, int R, int U>
+static void launch_gemv_f16h_r(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+    const int rows_per_block = GEMV_WARPS * R;
+    dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
+    kc_launch(gemv_f16h_kernel<NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const __half *)xq->xh, y, W->n_in,
+              W->n_out, acc);
+}
+
+// The same rows per warp and chunks in flight as launch_gemv<DT_F16>.
+static void launch_gemv_f16h(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
+    const bool narrow = W->n_out <= 8192;
+    switch (n_tok) {
+    case 1:
+        if (narrow) launch_gemv_f16h_r<1, 2, 4>(W, xq, y, acc, s);
+        else launch_gemv_f16h_r<1, 2, 2>(W, xq, y, acc, s);
+        break;
+    case 2: launch_gemv_f16h_r<2, 2, 2>(W, xq, y, acc, s); break;
+    case 3: launch_gemv_f16h_r<3, 2, 2>(W, xq, y, acc, s); break;
+    case 4: launch_gemv_f16h_r<4, 2, 2>(W, xq, y, acc, s); break;
+    case 5: launch_gemv_f16h_r<5, 1, 2>(W, xq, y, acc, s); break;
+    case 6: launch_gemv_f16h_r<6, 1, 2>(W, xq, y, acc, s); break;
+    case 7: launch_gemv_f16h_r<7, 1, 2>(W, xq, y, acc, s); break;
+    case 8: launch_gemv_f16h_r<8, 1, 2>(W, xq, y, acc, s); break;
+    }
+}
+
+static bool f16h_off(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("ARKA_CUDA_F16_XH") && atoi(getenv("ARKA_CUDA_F16_XH")) == 0;
+    return v;
 }
 
 // ---- integer GEMV: quantized weights against two-level int8 activations (kc_xq) -------------
@@ -502,12 +606,12 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
 #pragma unroll
                 for (int k = 0; k < EPC / 16; k++) {
-                    int4 a = __ldcg(ph + k), b = __ldcg(pl + k); // activations: not the read-only path
+                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
                     xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
                     xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
                 }
 #pragma unroll
-                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldcg(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb);
             }
@@ -566,8 +670,8 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
         case 42: launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s); return;
         default: break;
         }
-        // measured on an H100 (bench/RESULTS.md): Q4_0 2 rows x 1 chunk, Q8_0 and Q4_K 4 x 1
-        if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
+        // measured on an H100 (bench/RESULTS.md, gpu_bench_gemv): Q4_0 2 rows x 2 chunks, Q8_0 and Q4_K 4 x 1
+        if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
         else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
         break;
     case 2: launch_gemvq_r<TYPE, 2, 1, 2>(W, xq, y, acc, s); break;
@@ -582,7 +686,7 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
 
 // ---- activation quantization ---------------------------------------------------------------
 
-__global__ void quantize_x_kernel(const float *x, int n, int8_t *qh, int8_t *ql, int32_t *m) {
+__global__ void quantize_x_kernel(const float *x, int n, int8_t *qh, int8_t *ql, int32_t *m, __half *xh) {
     kc_pdl_trigger();
     kc_pdl_wait();
     const int n4 = n / 4;
@@ -590,14 +694,14 @@ __global__ void quantize_x_kernel(const float *x, int n, int8_t *qh, int8_t *ql,
     const int i = blockIdx.x * blockDim.x + threadIdx.x; // float4 index in the row
     const bool ok = i < n4;
     float4 v = ok ? ((const float4 *)(x + row * n))[i] : make_float4(0, 0, 0, 0);
-    kc_xq_block4(v, ok, qh, ql, m, row * n + (size_t)i * 4);
+    kc_xq_block4(v, ok, qh, ql, m, xh, row * n + (size_t)i * 4);
 }
 
 extern "C" int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaStream_t s) {
     if (!x || !xq || n_tok <= 0 || n <= 0 || n % 32 || n_tok > xq->cap_tok || n > xq->cap_n) return CM_EINVAL;
     const int n4 = n / 4, threads = 256;
     dim3 grid((n4 + threads - 1) / threads, n_tok);
-    kc_launch(quantize_x_kernel, grid, dim3(threads), 0, s, x, n, xq->qh, xq->ql, xq->m);
+    kc_launch(quantize_x_kernel, grid, dim3(threads), 0, s, x, n, xq->qh, xq->ql, xq->m, (__half *)xq->xh);
     xq->n = n;
     KC_LAUNCH_CHECK();
 }
@@ -682,6 +786,11 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, accumulate, s); break;
         default: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, accumulate, s); break;
         }
+        KC_LAUNCH_CHECK();
+    }
+    if (n_tok <= KC_GEMV_MAX_TOK && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in && n_tok <= xq->cap_tok &&
+        W->n_in % 8 == 0 && !f16h_off()) {
+        launch_gemv_f16h(W, xq, n_tok, y, accumulate, s);
         KC_LAUNCH_CHECK();
     }
     if (n_tok <= KC_GEMV_MAX_TOK) {

@@ -9,7 +9,7 @@ extern "C" {
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq).
 template <int NV, bool QUANT>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
-                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm) {
+                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
     __shared__ float red[32];
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -37,7 +37,7 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
             o = make_float4(v[k].x * r * g.x, v[k].y * r * g.y, v[k].z * r * g.z, v[k].w * r * g.w);
             yr[i] = o;
         }
-        if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, (size_t)blockIdx.x * n + (size_t)i * 4);
+        if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
     }
 }
 
@@ -62,10 +62,11 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int nv = (n4 + threads - 1) / threads;
     int8_t *qh = QUANT ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
-    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
-    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
-    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
-    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm);
+    __half *xh = QUANT ? (__half *)xq->xh : nullptr;
+    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {

@@ -282,9 +282,10 @@ static kc_xq xq_alloc(int cap_tok, int cap_n) {
     CK(cudaMalloc((void **)&q.qh, (size_t)cap_tok * cap_n));
     CK(cudaMalloc((void **)&q.ql, (size_t)cap_tok * cap_n));
     CK(cudaMalloc((void **)&q.m, (size_t)cap_tok * cap_n / 32 * 8 + 8));
+    CK(cudaMalloc((void **)&q.xh, (size_t)cap_tok * cap_n * 2));
     return q;
 }
-static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); }
+static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
 static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
     size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
     int8_t *h1 = malloc(nb), *h2 = malloc(nb);
@@ -524,10 +525,11 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         CK(cudaMemcpy(y2, dy2, N * 4, cudaMemcpyDeviceToHost));
         T_CHECKF(rc == 0 && memcmp(y1, y2, N * 4) == 0 && xq_equal(&q, &q2, nt, n), "swiglu_xq output and blocks n=%d", n);
 
-        /* a Q4_K / Q8_0 GEMV fed by the producer's blocks = one quantizing itself */
+        /* a quantized GEMV fed by the producer's blocks = one quantizing itself; an F16 GEMV on the
+         * producer's half copy = one converting f32 activations itself */
         if (n % 256 == 0) {
-            int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K }, n_out = 200;
-            for (int ti = 0; ti < 3; ti++) {
+            int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_F16 }, n_out = 200;
+            for (int ti = 0; ti < 4; ti++) {
                 float *wf = malloc((size_t)n * n_out * 4);
                 for (size_t i = 0; i < (size_t)n * n_out; i++) wf[i] = frand() * 0.1f;
                 void *blocks = malloc(dt_row_size(types[ti], n) * n_out);
