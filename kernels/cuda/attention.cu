@@ -183,10 +183,14 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, const att
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
                    int bs, float scale, int n_split, int chunk, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
-    // key groups whose loads are in flight together (ARKA_CUDA_ATT_G=2|4|8 overrides; tuning)
+    // Key groups whose loads are in flight together: many for a few tokens (the step is one
+    // round trip per split), 2 for large batches, where the grid alone keeps memory busy and
+    // fewer registers keep more CTAs resident (llama2-7b, 128 sequences: 12.8 ms per step with
+    // 2, 14.7 with 8; bench/RESULTS.md). The order keys are taken in is the same for every G.
+    // ARKA_CUDA_ATT_G=2|4|8 overrides (tuning).
     static int g_env = -1;
     if (g_env < 0) g_env = getenv("ARKA_CUDA_ATT_G") ? atoi(getenv("ARKA_CUDA_ATT_G")) : 0;
-    const int G = g_env == 2 || g_env == 4 || g_env == 8 ? g_env : HD >= 128 ? 8 : 4;
+    const int G = g_env == 2 || g_env == 4 || g_env == 8 ? g_env : n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
     auto kern = G == 2 ? attn_kernel<HD, 2> : G == 4 ? attn_kernel<HD, 4> : attn_kernel<HD, 8>;
     kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
               pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
