@@ -122,7 +122,13 @@ typedef struct cu_state {
     double prof_ms[PROF_N_CATS];
     int prof_steps;
     size_t weight_bytes;
+    /* ARKA_CUDA_LEAVE_OUT=norm,rope,attn,swiglu,gemv: timing experiments only (the outputs are
+     * wrong): the named stages are not launched, so a step's time without them measures what
+     * they cost inside the CUDA graph, where per-launch events cannot look. */
+    unsigned leave_out;
 } cu_state;
+
+enum { LO_NORM = 1, LO_ROPE = 2, LO_ATTN = 4, LO_SWIGLU = 8, LO_GEMV = 16 };
 
 static int32_t *meta_tok(cu_state *s, int32_t *base) { return base; }
 static int32_t *meta_pos(cu_state *s, int32_t *base) { return base + s->lim.max_tokens; }
@@ -310,32 +316,32 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     const float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
-        KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, st));
+        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, st));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
         prof_mark(s, PC_QKV);
-        KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
+        if (!(s->leave_out & LO_ROPE)) KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
                                   s->lim.block_size, &s->rope, st));
         prof_mark(s, PC_ROPE);
         if (n_tiles)
             KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
                                           max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
-        else
+        else if (!(s->leave_out & LO_ATTN))
             KC_FATAL(kc_attention_ex(s->q, L->k, L->v, s->att, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
                                      c->n_head_kv, hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial,
                                      s->att_counters, st));
         prof_mark(s, PC_ATTN);
         if (n_tiles) s->xq_o.n = 0; /* the tiled kernel does not quantize */
-        KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
+        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_WO);
-        KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
-        KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
+        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
         prof_mark(s, PC_GU);
-        KC_FATAL(kc_swiglu_xq(s->gu, s->act, &s->xq_a, n_tok, c->n_ff, st));
+        if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, s->act, &s->xq_a, n_tok, c->n_ff, st));
         prof_mark(s, PC_ACT);
-        KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
+        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_DOWN);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, st));
@@ -852,6 +858,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
     }
 
+    if (getenv("ARKA_CUDA_LEAVE_OUT")) {
+        const char *lo = getenv("ARKA_CUDA_LEAVE_OUT");
+        s->leave_out = (strstr(lo, "norm") ? LO_NORM : 0) | (strstr(lo, "rope") ? LO_ROPE : 0) | (strstr(lo, "attn") ? LO_ATTN : 0) |
+                       (strstr(lo, "swiglu") ? LO_SWIGLU : 0) | (strstr(lo, "gemv") ? LO_GEMV : 0);
+        CM_LOG_WARN("cuda", "timing experiment: stages left out, outputs are wrong", "leave_out=\"%s\"", lo);
+    }
     if (getenv("ARKA_CUDA_PROFILE") && atoi(getenv("ARKA_CUDA_PROFILE")) > 0) {
         s->prof_on = 1;
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
