@@ -143,17 +143,26 @@ template <> struct wchunk<DT_BF16> {
 
 template <> struct wchunk<DT_F16> {
     static constexpr int EPC = 8;
-    template <int NT> __device__ static void dot(uint4 w, const kc_half *, int, const float (*x)[8], float *acc) {
+    // activations already half (the producer's copy, kc_xq.xh, or converted just before)
+    template <int NT> __device__ static void dot_h(uint4 w, const __half2 (*x)[4], float *acc) {
         const __half2 *h = (const __half2 *)&w;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            __half2 p = __hmul2(h[0], __floats2half2_rn(x[t][0], x[t][1]));
-            p = __hfma2(h[1], __floats2half2_rn(x[t][2], x[t][3]), p);
-            p = __hfma2(h[2], __floats2half2_rn(x[t][4], x[t][5]), p);
-            p = __hfma2(h[3], __floats2half2_rn(x[t][6], x[t][7]), p);
+            __half2 p = __hmul2(h[0], x[t][0]);
+            p = __hfma2(h[1], x[t][1], p);
+            p = __hfma2(h[2], x[t][2], p);
+            p = __hfma2(h[3], x[t][3], p);
             float2 f = __half22float2(p);
             acc[t] += f.x + f.y;
         }
+    }
+    template <int NT> __device__ static void dot(uint4 w, const kc_half *, int, const float (*x)[8], float *acc) {
+        __half2 xh[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) xh[t][k] = __floats2half2_rn(x[t][2 * k], x[t][2 * k + 1]);
+        dot_h<NT>(w, xh, acc);
     }
 };
 
@@ -201,13 +210,44 @@ template <> struct wchunk<DT_Q4_0> {
 
 #define GEMV_WARPS 4
 
+// The warp's R x NT sums to y (lane 0), added to what is there when accumulating (residual).
+template <int R, int NT>
+__device__ __forceinline__ void gemv_store(float (*acc)[NT], float *y, int row0, int n_out, int lane, int accumulate) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = kc_warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < n_out) {
+                float *dst = y + (size_t)t * n_out + row0 + r;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
 // One chunk of R rows: loads the NT tokens' activations for chunk c once and accumulates.
-template <int TYPE, int NT, int R>
-__device__ __forceinline__ void gemv_step(const uint4 *w, const float *x, int n_in, int c,
+// XH (F16 weights only): x is the producer's half copy of the activations (kc_xq.xh), the
+// same values the f32 path rounds to half per chunk, so the sums are bitwise the same and no
+// warp converts them again.
+template <int TYPE, int NT, int R, bool XH>
+__device__ __forceinline__ void gemv_step(const uint4 *w, const void *xv, int n_in, int c,
                                           const kc_half *__restrict__ d, int row0, int n_out, int row_scales,
                                           float (*acc)[NT]) {
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
+    if constexpr (XH) {
+        static_assert(TYPE == DT_F16, "half activations are for F16 weights");
+        __half2 xs[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            uint4 v = __ldca((const uint4 *)((const __half *)xv + (size_t)t * n_in + (size_t)c * 8));
+            memcpy(xs[t], &v, 16);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) C::template dot_h<NT>(w[r], xs, acc[r]);
+        return;
+    }
+    const float *x = (const float *)xv;
     float xs[NT][EPC];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -225,9 +265,9 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const float *x, int n_
     }
 }
 
-template <int TYPE, int NT, int R, int U>
+template <int TYPE, int NT, int R, int U, bool XH>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const float *x, float *y, int n_in, int n_out,
+gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const void *x, float *y, int n_in, int n_out,
             int accumulate) {
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
@@ -263,7 +303,7 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     kc_pdl_wait();
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
 #pragma unroll
-        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -272,17 +312,8 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
-        if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = kc_warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) {
-                float *dst = y + (size_t)t * n_out + row0 + r;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
+        if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+    gemv_store<R, NT>(acc, y, row0, n_out, lane, accumulate);
 }
 
 // Rows whose length is not a multiple of the vector width (tiny models): one element at a time.
@@ -308,129 +339,31 @@ __global__ void gemv_scalar_kernel(const void *W, int type, const float *x, floa
 }
 
 // Rows per warp: more rows share each activation load; fewer keep more warps in flight.
-template <int TYPE, int NT, int R, int U>
-static void launch_gemv_r(const kc_weight *W, const float *x, float *y, int acc, cudaStream_t s) {
+template <int TYPE, int NT, int R, int U, bool XH>
+static void launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
-    kc_launch(gemv_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d, x, y, W->n_in,
-              W->n_out, acc);
+    kc_launch(gemv_kernel<TYPE, NT, R, U, XH>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d, x, y,
+              W->n_in, W->n_out, acc);
 }
 
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
-template <int TYPE>
-static void launch_gemv(const kc_weight *W, const float *x, int n_tok, float *y, int acc, cudaStream_t s) {
+template <int TYPE, bool XH = false>
+static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, int acc, cudaStream_t s) {
     constexpr int R1 = TYPE == DT_Q4_0 ? 4 : 2;
     const bool narrow = W->n_out <= 8192;
     switch (n_tok) {
     case 1:
-        if (narrow) launch_gemv_r<TYPE, 1, R1, 4>(W, x, y, acc, s);
-        else launch_gemv_r<TYPE, 1, R1, 2>(W, x, y, acc, s);
+        if (narrow) launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s);
+        else launch_gemv_r<TYPE, 1, R1, 2, XH>(W, x, y, acc, s);
         break;
-    case 2: launch_gemv_r<TYPE, 2, 2, 2>(W, x, y, acc, s); break;
-    case 3: launch_gemv_r<TYPE, 3, 2, 2>(W, x, y, acc, s); break;
-    case 4: launch_gemv_r<TYPE, 4, 2, 2>(W, x, y, acc, s); break;
-    case 5: launch_gemv_r<TYPE, 5, 1, 2>(W, x, y, acc, s); break;
-    case 6: launch_gemv_r<TYPE, 6, 1, 2>(W, x, y, acc, s); break;
-    case 7: launch_gemv_r<TYPE, 7, 1, 2>(W, x, y, acc, s); break;
-    case 8: launch_gemv_r<TYPE, 8, 1, 2>(W, x, y, acc, s); break;
-    }
-}
-
-// ---- F16 GEMV on half activations -------------------------------------------------------------
-// F16 weights against activations their producer already rounded to half (kc_xq.xh): the same
-// products and sums as gemv_kernel<DT_F16> (which rounds x to half per chunk), without every
-// warp converting the same activations again. Bitwise the same results.
-template <int NT, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_f16h_kernel(const uint8_t *__restrict__ W, const __half *xh, float *y, int n_in, int n_out, int accumulate) {
-    kc_pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
-    if (row0 >= n_out) {
-        kc_pdl_wait();
-        return;
-    }
-    const int nchunks = n_in / 8;
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    const uint4 *wrow[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) wrow[r] = (const uint4 *)(W + (size_t)min(row0 + r, n_out - 1) * (size_t)nchunks * 16);
-    auto step = [&](const uint4 *wu, int cc) {
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            uint4 xv = __ldca((const uint4 *)(xh + (size_t)t * n_in + (size_t)cc * 8));
-            const __half2 *x2 = (const __half2 *)&xv;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const __half2 *h = (const __half2 *)&wu[r];
-                __half2 p = __hmul2(h[0], x2[0]);
-                p = __hfma2(h[1], x2[1], p);
-                p = __hfma2(h[2], x2[2], p);
-                p = __hfma2(h[3], x2[3], p);
-                float2 f = __half22float2(p);
-                acc[r][t] += f.x + f.y;
-            }
-        }
-    };
-    int c = lane;
-    uint4 w[U][R];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
-    kc_pdl_wait();
-    for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
-#pragma unroll
-        for (int u = 0; u < U; u++) step(w[u], c + 32 * u);
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        if (c + 32 * u < nchunks) step(w[u], c + 32 * u);
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = kc_warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) {
-                float *dst = y + (size_t)t * n_out + row0 + r;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
-}
-
-template <int NT, int R, int U>
-static void launch_gemv_f16h_r(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
-    const int rows_per_block = GEMV_WARPS * R;
-    dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
-    kc_launch(gemv_f16h_kernel<NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const __half *)xq->xh, y, W->n_in,
-              W->n_out, acc);
-}
-
-// The same rows per warp and chunks in flight as launch_gemv<DT_F16>.
-static void launch_gemv_f16h(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
-    const bool narrow = W->n_out <= 8192;
-    switch (n_tok) {
-    case 1:
-        if (narrow) launch_gemv_f16h_r<1, 2, 4>(W, xq, y, acc, s);
-        else launch_gemv_f16h_r<1, 2, 2>(W, xq, y, acc, s);
-        break;
-    case 2: launch_gemv_f16h_r<2, 2, 2>(W, xq, y, acc, s); break;
-    case 3: launch_gemv_f16h_r<3, 2, 2>(W, xq, y, acc, s); break;
-    case 4: launch_gemv_f16h_r<4, 2, 2>(W, xq, y, acc, s); break;
-    case 5: launch_gemv_f16h_r<5, 1, 2>(W, xq, y, acc, s); break;
-    case 6: launch_gemv_f16h_r<6, 1, 2>(W, xq, y, acc, s); break;
-    case 7: launch_gemv_f16h_r<7, 1, 2>(W, xq, y, acc, s); break;
-    case 8: launch_gemv_f16h_r<8, 1, 2>(W, xq, y, acc, s); break;
+    case 2: launch_gemv_r<TYPE, 2, 2, 2, XH>(W, x, y, acc, s); break;
+    case 3: launch_gemv_r<TYPE, 3, 2, 2, XH>(W, x, y, acc, s); break;
+    case 4: launch_gemv_r<TYPE, 4, 2, 2, XH>(W, x, y, acc, s); break;
+    case 5: launch_gemv_r<TYPE, 5, 1, 2, XH>(W, x, y, acc, s); break;
+    case 6: launch_gemv_r<TYPE, 6, 1, 2, XH>(W, x, y, acc, s); break;
+    case 7: launch_gemv_r<TYPE, 7, 1, 2, XH>(W, x, y, acc, s); break;
+    case 8: launch_gemv_r<TYPE, 8, 1, 2, XH>(W, x, y, acc, s); break;
     }
 }
 
@@ -625,16 +558,7 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 s[u][r] = sn[u][r];
             }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = kc_warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) {
-                float *dst = y + (size_t)t * n_out + row0 + r;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
+    gemv_store<R, NT>(acc, y, row0, n_out, lane, accumulate);
 }
 
 template <int TYPE, int NT, int R, int U>
@@ -790,7 +714,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     }
     if (n_tok <= KC_GEMV_MAX_TOK && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in && n_tok <= xq->cap_tok &&
         W->n_in % 8 == 0 && !f16h_off()) {
-        launch_gemv_f16h(W, xq, n_tok, y, accumulate, s);
+        launch_gemv<DT_F16, true>(W, xq->xh, n_tok, y, accumulate, s);
         KC_LAUNCH_CHECK();
     }
     if (n_tok <= KC_GEMV_MAX_TOK) {

@@ -13,14 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "gpu_ck.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {

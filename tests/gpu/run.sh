@@ -8,8 +8,9 @@
 #                                   sizing from --gpu-memory-fraction and its start-up errors, the
 #                                   graph capture budget, compute-sanitizer memcheck (and racecheck
 #                                   of the sampler)
-#   tests/gpu/run.sh bench OUTDIR   llama2-7b F16/Q8_0/Q4_0 decode and prefill, batched decode (also
-#                                   with device sampling), llama3-8b F16 decode
+#   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, llama2-7b F16/Q8_0/Q4_0/Q4_K
+#                                   decode and prefill with the in-graph cost of each stage, batched
+#                                   decode (also with device sampling), llama3-8b F16 decode
 #
 # Copy the data first (../shared does not travel): mkdir -p .carry/models && cp
 # ../shared/models/stories260K.gguf ../shared/models/vocab/ggml-vocab-llama-spm.gguf .carry/models/
@@ -109,10 +110,17 @@ if [ "$MODE" = check ]; then
 fi
 
 if [ "$MODE" = bench ]; then
-  for ty in f16 q8_0 q4_0; do
+  step "one-token GEMVs at llama2-7b shapes against bandwidth"
+  "$BIN/gpu_bench_gemv" 2>&1 | grep -v '^ts=' | tee "$OUT/gemv.txt"
+  for ty in f16 q8_0 q4_0 q4_k; do
     f=$(mk llama2-7b $ty)
     step "llama2-7b $ty: prefill 512, decode 128 (batch 1)"
     "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 128 --batch 1 2>"$OUT/bench-7b-$ty.err" | tee "$OUT/bench-7b-$ty.txt"
+    # in-graph cost of the stages around the GEMVs: the step without each (outputs wrong, timing only)
+    for lo in norm rope attn swiglu gemv; do
+      echo "without $lo: $(ARKA_CUDA_LEAVE_OUT=$lo "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 64 --batch 1 2>/dev/null | grep 'decode batch')"
+    done
+    [ $ty = f16 ] || rm -f "$f"
   done
   f="$MODELS/llama2-7b-f16.gguf"
   step "llama2-7b f16: 128 sequences of 128 + 128"

@@ -14,14 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "gpu_ck.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* uniform in [-1, 1) */

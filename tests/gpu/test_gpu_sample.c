@@ -28,14 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "gpu_ck.h"
 
 #define MAXR 128    /* rows per launch */
 #define NPREV 200   /* previous tokens of every row */
