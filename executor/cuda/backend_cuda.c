@@ -298,9 +298,9 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
 static void prof_mark(struct cu_state *s, int cat);
 
 /* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
- * producing n_out logits rows in s->logits (device). No synchronization, no allocation:
- * capturable. */
-static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int n_split) {
+ * producing n_out logits rows in s->logits (device). kv_ready: a pure decode step (one new
+ * token per sequence; see kc_attention_ex). No synchronization, no allocation: capturable. */
+static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int n_split, int kv_ready) {
     const mdl_config *c = &s->cfg;
     cudaStream_t st = s->stream;
     const int hd = c->head_dim;
@@ -330,7 +330,7 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
         else if (!(s->leave_out & LO_ATTN))
             KC_FATAL(kc_attention_ex(s->q, L->k, L->v, s->att, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
                                      c->n_head_kv, hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial,
-                                     s->att_counters, st));
+                                     s->att_counters, kv_ready, st));
         prof_mark(s, PC_ATTN);
         if (n_tiles) s->xq_o.n = 0; /* the tiled kernel does not quantize */
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
@@ -456,7 +456,8 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
     } else {
         stage_batch(s, b, 0);
-        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split);
+        /* kv_ready: each sequence brings one token, so every key below it is from earlier steps */
+        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split, b->n_tokens == b->n_seqs);
     }
     return pure_decode;
 }
@@ -582,12 +583,12 @@ static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen
             if (!skip_tok && cm_time_s() - t0 >= budget_s) skip_tok = bk, skip_split = sp;
             if (!skip_tok) {
                 /* run once eagerly (cuBLAS picks its kernels), then capture */
-                enqueue_forward(s, bk, bk, 0, sp);
+                enqueue_forward(s, bk, bk, 0, sp, 1);
                 cudaError_t e = cudaStreamSynchronize(s->stream);
                 cudaGraph_t graph;
                 if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
                 if (e == cudaSuccess) {
-                    enqueue_forward(s, bk, bk, 0, sp);
+                    enqueue_forward(s, bk, bk, 0, sp, 1);
                     e = cudaStreamEndCapture(s->stream, &graph);
                 }
                 if (e == cudaSuccess) {

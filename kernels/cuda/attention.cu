@@ -49,7 +49,7 @@ template <int HD, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-            int block_size, float scale, int n_split, int chunk) {
+            int block_size, float scale, int n_split, int chunk, int kv_ready) {
     constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
@@ -57,7 +57,11 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
     __shared__ int sm_last;
 
     kc_pdl_trigger();
-    kc_pdl_wait();
+    // pos, seq and the block tables were staged before the step's first kernel, so they can be
+    // read before the wait. With kv_ready (a pure decode step: each token is its sequence's only
+    // new one) every key below a token's own position was written by earlier steps, so the
+    // first key groups are loaded before the wait too, overlapping the kernels before this one;
+    // only q and the token's own key (written by the RoPE kernel just before) wait.
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK, kslot = lane / LPK;
@@ -69,7 +73,47 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
     // A split past this token's position holds no key: the merge reads only the splits below
     // pos / chunk + 1, so nothing is written (launching more splits than a sequence needs costs
     // one CTA start each, and the result does not depend on how many were launched).
-    if (n_split > 1 && start > p) return;
+    if (n_split > 1 && start > p) {
+        kc_pdl_wait();
+        return;
+    }
+
+    // G key groups per iteration: their K and V loads are in flight together. Keys are taken
+    // in the same order (ascending per slot) whatever G is.
+    constexpr int STRIDE = ATT_WARPS * KPW;
+    uint4 kv[G], vv[G];
+    bool valid[G];
+    // loads the G groups from j0 (all of them, or only the keys below p: `old_only`)
+    auto load = [&](int j0, bool old_only) {
+#pragma unroll
+        for (int u = 0; u < G; u++) {
+            int j = j0 + u * STRIDE + kslot;
+            valid[u] = j < end;
+            kv[u] = make_uint4(0, 0, 0, 0);
+            vv[u] = make_uint4(0, 0, 0, 0);
+            if (!old_only || j < p) {
+                if (valid[u]) {
+                    size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
+                    kv[u] = __ldcg((const uint4 *)(k_cache + base));
+                    vv[u] = __ldcg((const uint4 *)(v_cache + base));
+                }
+            }
+        }
+    };
+    const int j_first = start + warp * KPW;
+    if (kv_ready && j_first < end) load(j_first, true);
+    kc_pdl_wait();
+    if (kv_ready && j_first < end) { // the token's own key, written by the kernel before
+#pragma unroll
+        for (int u = 0; u < G; u++) {
+            int j = j_first + u * STRIDE + kslot;
+            if (j == p) {
+                size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
+                kv[u] = __ldcg((const uint4 *)(k_cache + base));
+                vv[u] = __ldcg((const uint4 *)(v_cache + base));
+            }
+        }
+    }
 
     float qv[8];
     const float *qh = q + row + sub * 8;
@@ -80,24 +124,8 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
 
-    // G key groups per iteration: their K and V loads are in flight together. Keys are taken
-    // in the same order (ascending per slot) whatever G is.
-    constexpr int STRIDE = ATT_WARPS * KPW;
-    for (int j0 = start + warp * KPW; j0 < end; j0 += G * STRIDE) {
-        uint4 kv[G], vv[G];
-        bool valid[G];
-#pragma unroll
-        for (int u = 0; u < G; u++) {
-            int j = j0 + u * STRIDE + kslot;
-            valid[u] = j < end;
-            kv[u] = make_uint4(0, 0, 0, 0);
-            vv[u] = make_uint4(0, 0, 0, 0);
-            if (valid[u]) {
-                size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
-                kv[u] = __ldcg((const uint4 *)(k_cache + base));
-                vv[u] = __ldcg((const uint4 *)(v_cache + base));
-            }
-        }
+    for (int j0 = j_first; j0 < end; j0 += G * STRIDE) {
+        if (!kv_ready || j0 != j_first) load(j0, false);
 #pragma unroll
         for (int u = 0; u < G; u++) {
             float s = 0.0f;
@@ -181,7 +209,7 @@ __global__ void attn_merge_kernel(const float *partial, att_emit em, const int32
 template <int HD>
 static void launch(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, float *partial, int *counters,
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
-                   int bs, float scale, int n_split, int chunk, cudaStream_t s) {
+                   int bs, float scale, int n_split, int chunk, int kv_ready, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
     // Key groups whose loads are in flight together: many for a few tokens (the step is one
     // round trip per split), 2 for large batches, where the grid alone keeps memory busy and
@@ -193,7 +221,7 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, const att
     const int G = g_env == 2 || g_env == 4 || g_env == 8 ? g_env : n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
     auto kern = G == 2 ? attn_kernel<HD, 2> : G == 4 ? attn_kernel<HD, 4> : attn_kernel<HD, 8>;
     kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
-              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk);
+              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready);
     if (n_split > 1 && !counters)
         kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
                   n_head, n_split, chunk);
@@ -204,13 +232,13 @@ extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_hal
                             int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
                             float *partial, cudaStream_t s) {
     return kc_attention_ex(q, k_cache, v_cache, out, NULL, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
-                           block_size, scale, n_split, chunk, partial, NULL, s);
+                           block_size, scale, n_split, chunk, partial, NULL, 0, s);
 }
 
 extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
                                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                                int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
-                               float *partial, int *counters, cudaStream_t s) {
+                               float *partial, int *counters, int kv_ready, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
         n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
@@ -222,7 +250,7 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
 #define ATT_CASE(H)                                                                                                        \
     case H:                                                                                                                \
         launch<H>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \
-                  block_size, scale, n_split, chunk, s);                                                                   \
+                  block_size, scale, n_split, chunk, kv_ready, s);                                                         \
         break;
     switch (hd) {
         ATT_CASE(8)

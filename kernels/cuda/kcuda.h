@@ -143,11 +143,13 @@ int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache,
 /* The same, with the split merge done by the last CTA of each (token, head) to finish (counters:
  * [n_tok * n_head] ints, zero before the first call and left zero; NULL = a separate merge
  * kernel) and, when xq is given (hd % 32 == 0, n_tok <= xq->cap_tok), the output also written
- * as two-level int8 blocks for the wo GEMV (else xq->n = 0). */
+ * as two-level int8 blocks for the wo GEMV (else xq->n = 0). kv_ready = 1 promises that every
+ * key below each token's own position was written before the kernels now in the stream (a pure
+ * decode step); those keys are then loaded before the kernel waits for its predecessors. */
 int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
                     const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                     int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
-                    int n_split, int chunk, float *partial, int *counters, cudaStream_t s);
+                    int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
 
 /* Causal attention for runs of consecutive query tokens of one sequence (prefill, chunked
  * prefill), tiled on the tensor cores. tiles: [n_tiles][2] = (first flat token, count <= 64);

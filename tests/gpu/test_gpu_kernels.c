@@ -407,7 +407,7 @@ static void test_rope_attention(cudaStream_t s) {
                     for (int rep = 0; rep < 2; rep++) {
                         poison(dout2, no * 4);
                         rc2 |= kc_attention_ex(dq, dk, dv, dout2, &xa, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
-                                               1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, s);
+                                               1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
                         CK(cudaStreamSynchronize(s));
                     }
                     int *cnt = malloc((size_t)n_tok * n_head * 4);
@@ -421,6 +421,35 @@ static void test_rope_attention(cudaStream_t s) {
                         same &= xa.n == nq && xq_equal(&xa, &xb, n_tok, nq);
                     } else same &= xa.n == 0;
                     T_CHECKF(same, "attention merged by the last split, quantized output: hd=%d n_split=%d", hd, n_split);
+                    {
+                        /* a decode step: each sequence's last token alone over the cache written above,
+                         * with kv_ready (older keys loaded before the wait) = the same bits as above */
+                        int32_t dpos3[3], dseq3[3], last[3];
+                        for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++) {
+                            last[q] = t0 + lens[q] - 1;
+                            dpos3[q] = pos[last[q]];
+                            dseq3[q] = seq[last[q]];
+                        }
+                        float *dq3, *dout3, *got3 = malloc((size_t)3 * nq * 4);
+                        CK(cudaMalloc((void **)&dq3, (size_t)3 * nq * 4));
+                        CK(cudaMalloc((void **)&dout3, (size_t)3 * nq * 4));
+                        for (int q = 0; q < 3; q++)
+                            CK(cudaMemcpy(dq3 + (size_t)q * nq, dq + (size_t)last[q] * nq, (size_t)nq * 4, cudaMemcpyDeviceToDevice));
+                        int32_t *dp3 = dev_upload(dpos3, sizeof dpos3), *ds3 = dev_upload(dseq3, sizeof dseq3);
+                        poison(dout3, (size_t)3 * nq * 4);
+                        int rc3 = kc_attention_ex(dq3, dk, dv, dout3, NULL, dp3, ds3, dbt, max_blocks, 3, n_head, n_kv, hd, bs,
+                                                  1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 1, s);
+                        CK(cudaStreamSynchronize(s));
+                        CK(cudaMemcpy(got3, dout3, (size_t)3 * nq * 4, cudaMemcpyDeviceToHost));
+                        int ok3 = rc3 == 0;
+                        for (int q = 0; q < 3; q++) ok3 &= memcmp(got3 + (size_t)q * nq, got + (size_t)last[q] * nq, (size_t)nq * 4) == 0;
+                        T_CHECKF(ok3, "attention decode step with kv_ready = the full run: hd=%d n_split=%d", hd, n_split);
+                        cudaFree(dq3);
+                        cudaFree(dout3);
+                        cudaFree(dp3);
+                        cudaFree(ds3);
+                        free(got3);
+                    }
                     free(cnt);
                     free(got2);
                     cudaFree(dout2);
