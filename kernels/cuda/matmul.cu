@@ -569,32 +569,12 @@ static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ac
               (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
 }
 
-// ARKA_CUDA_GEMVQ=R,U overrides rows per warp and chunks in flight for one token (tuning).
-static int gemvq_cfg(void) {
-    static int cfg = -1;
-    if (cfg < 0) {
-        const char *e = getenv("ARKA_CUDA_GEMVQ");
-        int r = 0, u = 0;
-        cfg = e && sscanf(e, "%d,%d", &r, &u) == 2 ? r * 10 + u : 0;
-    }
-    return cfg;
-}
-
 template <int TYPE>
 static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
     switch (n_tok) {
     case 1:
-        switch (gemvq_cfg()) {
-        case 11: launch_gemvq_r<TYPE, 1, 1, 1>(W, xq, y, acc, s); return;
-        case 12: launch_gemvq_r<TYPE, 1, 1, 2>(W, xq, y, acc, s); return;
-        case 14: launch_gemvq_r<TYPE, 1, 1, 4>(W, xq, y, acc, s); return;
-        case 21: launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s); return;
-        case 22: launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s); return;
-        case 41: launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s); return;
-        case 42: launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s); return;
-        default: break;
-        }
-        // measured on an H100 (bench/RESULTS.md, gpu_bench_gemv): Q4_0 2 rows x 2 chunks, Q8_0 and Q4_K 4 x 1
+        // rows per warp x chunks in flight, chosen on an H100 from 1x1, 1x2, 1x4, 2x1, 2x2, 4x1, 4x2
+        // (bench/RESULTS.md, gpu_bench_gemv): Q4_0 2 x 2, Q8_0 and Q4_K 4 x 1
         if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
         else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
         break;

@@ -3,7 +3,7 @@
  * launches between two events (back to back, as in a decode step), rotating over enough
  * copies of it that they do not stay in the 50 MB L2. Random weights.
  * usage: gpu_bench_gemv [TYPE...]   (f16 q8_0 q4_0 q4_k; default all)
- * Environment knobs it is meant to compare: ARKA_CUDA_GEMVQ=R,U, ARKA_CUDA_GEMV_F32=1. */
+ * Environment knobs it can compare: ARKA_CUDA_GEMV_F32=1, ARKA_CUDA_NO_PDL=1. */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
