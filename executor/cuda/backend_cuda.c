@@ -126,6 +126,14 @@ typedef struct cu_state {
      * wrong): the named stages are not launched, so a step's time without them measures what
      * they cost inside the CUDA graph, where per-launch events cannot look. */
     unsigned leave_out;
+    /* the layers' norms write only the quantized blocks (and the half copy only when an F16
+     * matrix reads it) in steps of up to KC_GEMV_MAX_TOK tokens: their GEMVs read nothing else */
+    int norm_blocks_only;
+    /* ARKA_CUDA_GRAPH_TIMING=1: device time of each graph replay (events around the launch),
+     * reported at exit: a decode step's wall time minus this is the host's share. */
+    int gt_on, gt_pending, gt_n;
+    cudaEvent_t gt_ev[2];
+    double gt_ms;
 } cu_state;
 
 enum { LO_NORM = 1, LO_ROPE = 2, LO_ATTN = 4, LO_SWIGLU = 8, LO_GEMV = 16 };
@@ -314,9 +322,10 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
     prof_mark(s, PC_EMBED);
     const float scale = 1.0f / sqrtf((float)hd);
+    float *hy = s->norm_blocks_only && n_tok <= KC_GEMV_MAX_TOK ? NULL : s->h; /* the norms' f32 output */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, st));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
@@ -335,7 +344,7 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
         if (n_tiles) s->xq_o.n = 0; /* the tiled kernel does not quantize */
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_WO);
-        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
         prof_mark(s, PC_GU);
@@ -453,13 +462,25 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
     }
     if (g && !s->prof_on) {
         stage_batch(s, b, g->n_tok - b->n_tokens);
+        if (s->gt_on) CU_FATAL(cudaEventRecord(s->gt_ev[0], s->stream));
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
+        if (s->gt_on) CU_FATAL(cudaEventRecord(s->gt_ev[1], s->stream));
+        s->gt_pending = s->gt_on;
     } else {
         stage_batch(s, b, 0);
         /* kv_ready: each sequence brings one token, so every key below it is from earlier steps */
         enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split, b->n_tokens == b->n_seqs);
     }
     return pure_decode;
+}
+
+static void graph_timing_collect(cu_state *s) {
+    if (!s->gt_pending) return;
+    float ms = 0;
+    CU_FATAL(cudaEventElapsedTime(&ms, s->gt_ev[0], s->gt_ev[1]));
+    s->gt_ms += ms;
+    s->gt_n++;
+    s->gt_pending = 0;
 }
 
 static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
@@ -470,6 +491,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
     prof_mark(s, PC_COPY);
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
+    graph_timing_collect(s);
     *logits = s->h_logits;
     return 0;
 }
@@ -493,6 +515,7 @@ static int cuda_forward_sample(ex_backend *base, const ex_batch *b, const ex_sam
     prof_mark(s, PC_SAMPLE);
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
+    graph_timing_collect(s);
     for (int r = 0; r < n_rows; r++) {
         if (s->samp_slot[r] >= 0) ex__cuda_sample_out(&s->h_sout[s->samp_slot[r]], &out[r]);
         else {
@@ -528,6 +551,11 @@ static void cuda_destroy(ex_backend *base) {
     cu_state *s = base->impl;
     if (!s) return;
     prof_report(s);
+    if (s->gt_on) {
+        if (s->gt_n) fprintf(stderr, "cuda graph replays: %d, device time %.4f ms per replay\n", s->gt_n, s->gt_ms / s->gt_n);
+        cudaEventDestroy(s->gt_ev[0]);
+        cudaEventDestroy(s->gt_ev[1]);
+    }
     for (int i = 0; i < s->prof_n_created; i++) cudaEventDestroy(s->prof_ev[i]);
     for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
     if (s->layers)
@@ -869,6 +897,32 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->prof_on = 1;
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
             if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
+    }
+    {
+        /* what the layers' norms must write, and which half copies are read: ARKA_CUDA_NORM_FULL=1
+         * keeps every output (A/B measurements) */
+        const int full = getenv("ARKA_CUDA_NORM_FULL") && atoi(getenv("ARKA_CUDA_NORM_FULL")) > 0;
+        int reads_x = c->n_embd % 32 != 0 || full;
+        int f16_reader = s->output.type == DT_F16;
+        for (int l = 0; l < c->n_layer; l++) {
+            const cu_layer *L = &s->layers[l];
+            reads_x |= kc_matmul_reads_x(&L->qkv, 1) || kc_matmul_reads_x(&L->gu, 1);
+            f16_reader |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
+        }
+        s->norm_blocks_only = !reads_x;
+        /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
+        if (s->norm_blocks_only && !f16_reader) s->xq_h.xh = NULL;
+        int f16_wo = 0, f16_down = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            f16_wo |= s->layers[l].wo.type == DT_F16;
+            f16_down |= s->layers[l].down.type == DT_F16;
+        }
+        if (!f16_wo && !full) s->xq_o.xh = NULL;
+        if (!f16_down && !full) s->xq_a.xh = NULL;
+    }
+    if (getenv("ARKA_CUDA_GRAPH_TIMING") && atoi(getenv("ARKA_CUDA_GRAPH_TIMING")) > 0) {
+        if (cudaEventCreate(&s->gt_ev[0]) != cudaSuccess || cudaEventCreate(&s->gt_ev[1]) != cudaSuccess) goto oom;
+        s->gt_on = 1;
     }
     const char *no_graphs = getenv("ARKA_CUDA_NO_GRAPHS") ? "ARKA_CUDA_NO_GRAPHS" : s->prof_on ? "ARKA_CUDA_PROFILE"
                             : !(o->graph_budget_s > 0) ? "--cuda-graph-budget-s 0" : NULL;

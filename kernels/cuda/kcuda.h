@@ -75,7 +75,9 @@ int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cu
 
 /* RMSNorm: y[t] = x[t] / rms(x[t]) * w. x, y: [n_tok, n] f32 (may not alias), w: [n] f32.
  * With xq (may be NULL): when n_tok <= xq->cap_tok and n % 32 == 0, y is also written
- * quantized into xq (as kc_quantize_x would), else xq->n is set to 0 (nothing written). */
+ * quantized into xq (as kc_quantize_x would), else xq->n is set to 0 (nothing written).
+ * y may be NULL when the row is quantized (n % 32 == 0, n <= 32768): only xq is written, for
+ * GEMVs that read nothing else (kc_matmul_reads_x); CM_EINVAL when it would not be. */
 int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
 int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s);
 
@@ -93,6 +95,9 @@ typedef struct kc_gemm_ws {
  * kernels (every weight type); above, cuBLAS with f16 operands and f32 accumulation
  * (quantized weights dequantized into ws->w_half first; F32 weights use SGEMM). */
 #define KC_GEMV_MAX_TOK 8
+/* Whether kc_matmul_xq of W for n_tok tokens reads x itself, given activations quantized for
+ * it in xq: 0 for the integer GEMVs and the F16 GEMV on the half copy. */
+int kc_matmul_reads_x(const kc_weight *W, int n_tok);
 int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
               const kc_gemm_ws *ws, cudaStream_t s);
 /* The same, for quantized weights taking their activations already quantized when xq holds

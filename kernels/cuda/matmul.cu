@@ -664,6 +664,12 @@ static bool gemv_f32_forced(void) {
 
 static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
 
+extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
+    if (n_tok > KC_GEMV_MAX_TOK) return 1;
+    if (is_quant(W->type)) return W->type != DT_Q4_K && gemv_f32_forced();
+    return !(W->type == DT_F16 && W->n_in % 32 == 0 && !f16h_off());
+}
+
 extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
                          const kc_gemm_ws *ws, cudaStream_t s) {
     return kc_matmul_xq(W, x, NULL, n_tok, y, accumulate, ws, s);

@@ -737,7 +737,15 @@ extern "C" size_t kc_sample_pool_bytes(int max_rows) {
 extern "C" int kc_sample(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out, cudaStream_t s) {
     if (!logits || !pool || !out || n_rows < 0 || n_vocab <= 0 || ld < n_vocab) return CM_EINVAL;
     if (n_rows == 0) return 0;
-    cudaError_t e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_HIST_BYTES);
+    /* the shared-memory limit is set once per device (an attribute of the function in that
+     * device's context), not on every step */
+    static unsigned char attr_set[64];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && (dev < 0 || dev >= 64 || !attr_set[dev])) {
+        e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_HIST_BYTES);
+        if (e == cudaSuccess && dev >= 0 && dev < 64) attr_set[dev] = 1;
+    }
     if (e != cudaSuccess) {
         cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel attribute failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e),
                      __FILE__, __LINE__);

@@ -2,6 +2,7 @@
  * type, GEMV and cuBLAS paths), embedding, RMSNorm, SwiGLU, RoPE + paged KV store, paged
  * attention (with and without split-K), argmax. Outputs are poisoned (NaN) before each launch.
  * Runs on a GPU host only (tests/gpu/run.sh). */
+#include "common/cm_err.h"
 #include "kernels/cpu/kcpu.h"
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
@@ -533,6 +534,12 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         rc |= kc_quantize_x(dy2, nt, n, &q2, s);
         CK(cudaStreamSynchronize(s));
         T_CHECKF(rc == 0 && q.n == n && xq_equal(&q, &q2, nt, n), "rmsnorm_xq blocks n=%d", n);
+        /* without the f32 output: the same blocks, and y NULL refused when nothing is quantized */
+        CK(cudaMemset(q2.qh, 0x55, N));
+        rc = kc_rmsnorm_xq(dx, dw, NULL, &q2, nt, n, 1e-5f, s);
+        CK(cudaStreamSynchronize(s));
+        T_CHECKF(rc == 0 && q2.n == n && xq_equal(&q, &q2, nt, n) && kc_rmsnorm_xq(dx, dw, NULL, NULL, nt, n, 1e-5f, s) == CM_EINVAL,
+                 "rmsnorm_xq blocks only n=%d", n);
 
         /* swiglu_xq over [nt, 2n] */
         float *gu = malloc(N * 2 * 4);
