@@ -130,7 +130,9 @@ typedef struct kc_rope {
  * at each token's position, writes q (rotated) as f32 into q_out [n_tok, n_head*hd], and writes
  * rotated k and v as half into the paged cache of this layer:
  * cache layout [n_blocks][n_kv][block_size][hd] for K and for V.
- * slot of token t: block_tables[seq[t] * max_blocks + pos[t] / block_size], pos[t] % block_size. */
+ * slot of token t: block_tables[seq[t] * max_blocks + pos[t] / block_size], pos[t] % block_size.
+ * pos, seq and block_tables are read before the programmatic wait (kc_launch): they must not be
+ * written by the kernel launched just before this one (the backend stages them by copy). */
 int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache,
                      const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                      int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s);

@@ -6,17 +6,25 @@ extern "C" {
 }
 
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
-// With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq).
+// With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
+// weights are loaded before the programmatic wait: read after the reduction they added a memory
+// round trip to every norm between two GEMVs.
 template <int NV, bool QUANT>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                    float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
     __shared__ float red[32];
     kc_pdl_trigger();
+    const float4 *wv = (const float4 *)w;
+    const int n4 = n / 4;
+    float4 g[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        g[k] = i < n4 ? __ldg(wv + i) : make_float4(0, 0, 0, 0);
+    }
     kc_pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
     float4 *yr = y ? (float4 *)(y + (size_t)blockIdx.x * n) : nullptr; // NULL: only the blocks
-    const float4 *wv = (const float4 *)w;
-    const int n4 = n / 4;
     float4 v[NV];
     float ss = 0.0f;
 #pragma unroll
@@ -33,8 +41,7 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         int i = threadIdx.x + k * blockDim.x;
         float4 o = make_float4(0, 0, 0, 0);
         if (i < n4) {
-            float4 g = wv[i];
-            o = make_float4(v[k].x * r * g.x, v[k].y * r * g.y, v[k].z * r * g.z, v[k].w * r * g.w);
+            o = make_float4(v[k].x * r * g[k].x, v[k].y * r * g[k].y, v[k].z * r * g[k].z, v[k].w * r * g[k].w);
             if (yr) yr[i] = o;
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);

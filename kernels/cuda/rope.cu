@@ -28,34 +28,36 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
     else { *a = i; *b = i + r.rope_dim / 2; }
 }
 
-// One CTA per (token, head): q heads first, then k heads, then v heads.
+// One CTA per (token, head): q heads first, then k heads, then v heads. pos, seq and the block
+// tables are staged before the step's first kernel (never written by the kernel before this
+// one), so the position, the cache slot and the first pair's angle are worked out before the
+// programmatic wait; only the QKV values wait.
 __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cache,
                                   __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
     kc_pdl_trigger();
-    kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const int p = pos[t];
+    const int blk = h >= n_head ? block_tables[(size_t)seq[t] * max_blocks + p / block_size] : 0;
+    const int half_rot = r.rope_dim / 2, i0 = threadIdx.x;
+    float s0 = 0.0f, c0 = 0.0f;
+    if (h < n_head + n_kv && i0 < half_rot) sincosf((float)p * rope_freq(r, i0), &s0, &c0);
+    kc_pdl_wait();
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
     if (h >= n_head + n_kv) { // v: copied as half
-        const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size];
         __half *dst = v_cache + (((size_t)blk * n_kv + (h - n_head - n_kv)) * block_size + p % block_size) * hd;
         for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
         return;
     }
-    const int half_rot = r.rope_dim / 2;
     float *qd = nullptr;
     __half *kd = nullptr;
     if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
-    else {
-        const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size];
-        kd = k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
-    }
+    else kd = k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
     for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
         int a, b;
         rope_pair(r, i, &a, &b);
-        float s, c;
-        sincosf((float)p * rope_freq(r, i), &s, &c);
+        float s = s0, c = c0;
+        if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
         float x0 = src[a], x1 = src[b];
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         if (qd) { qd[a] = y0; qd[b] = y1; }
