@@ -210,9 +210,22 @@ template <> struct wchunk<DT_Q4_0> {
 
 #define GEMV_WARPS 4
 
-// The warp's R x NT sums to y (lane 0), added to what is there when accumulating (residual).
+// When accumulating (the residual), lane 0 loads what y holds right after the programmatic
+// wait, so the add at the end does not wait for a memory round trip on the kernel's tail.
 template <int R, int NT>
-__device__ __forceinline__ void gemv_store(float (*acc)[NT], float *y, int row0, int n_out, int lane, int accumulate) {
+__device__ __forceinline__ void gemv_load_residual(float (*res)[NT], const float *y, int row0, int n_out, int lane,
+                                                   int accumulate) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            res[r][t] = accumulate && lane == 0 && row0 + r < n_out ? y[(size_t)t * n_out + row0 + r] : 0.0f;
+}
+
+// The warp's R x NT sums to y (lane 0), added to the residual loaded before when accumulating.
+template <int R, int NT>
+__device__ __forceinline__ void gemv_store(float (*acc)[NT], const float (*res)[NT], float *y, int row0, int n_out, int lane,
+                                           int accumulate) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -220,7 +233,7 @@ __device__ __forceinline__ void gemv_store(float (*acc)[NT], float *y, int row0,
             float v = kc_warp_sum(acc[r][t]);
             if (lane == 0 && row0 + r < n_out) {
                 float *dst = y + (size_t)t * n_out + row0 + r;
-                *dst = accumulate ? *dst + v : v;
+                *dst = accumulate ? res[r][t] + v : v;
             }
         }
 }
@@ -301,6 +314,8 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
         for (int r = 0; r < R; r++)
             if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
     kc_pdl_wait();
+    float res[R][NT];
+    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
@@ -313,7 +328,7 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-    gemv_store<R, NT>(acc, y, row0, n_out, lane, accumulate);
+    gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
 }
 
 // Rows whose length is not a multiple of the vector width (tiny models): one element at a time.
@@ -514,6 +529,8 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
             }
     }
     kc_pdl_wait();
+    float res[R][NT];
+    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
     for (; c < nchunks; c += 32 * U) {
         // the next U chunks are in flight while these are multiplied
 #pragma unroll
@@ -558,7 +575,7 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 s[u][r] = sn[u][r];
             }
     }
-    gemv_store<R, NT>(acc, y, row0, n_out, lane, accumulate);
+    gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
 }
 
 template <int TYPE, int NT, int R, int U>
