@@ -317,13 +317,30 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     float res[R][NT];
     gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
+        if constexpr (U >= 4) {
+            // narrow matrices (few warps per SM): the next U chunks are in flight while these
+            // are multiplied; wide ones keep their registers for occupancy instead
+            uint4 wn[U][R];
 #pragma unroll
-        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+            for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int u = 0; u < U; u++)
+                for (int r = 0; r < R; r++)
+                    if (c + 32 * (U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+            for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) w[u][r] = wn[u][r];
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+        }
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
