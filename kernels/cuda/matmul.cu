@@ -303,44 +303,33 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
 #pragma unroll
     for (int r = 0; r < R; r++) wrow[r] = (const uint4 *)(W + (size_t)min(row0 + r, n_out - 1) * row_bytes);
 
-    // U chunks per row in flight before any arithmetic; the order in which chunks are added to
-    // a row's accumulator is the same whatever R, U and NT are (c ascending per lane). The
-    // first U are loaded before waiting for the activations (programmatic launch).
+    // Two batches of U chunks per row are in flight: both are loaded before waiting for the
+    // activations (programmatic launch: they stream while the previous kernel finishes), and
+    // each iteration multiplies one batch while the next is arriving, then issues the one
+    // after. The order in which chunks are added to a row's accumulator is the same whatever
+    // R, U and NT are (c ascending per lane).
     int c = lane;
-    uint4 w[U][R];
+    uint4 w[U][R], wn[U][R];
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
             if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
+            if (c + 32 * (U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+        }
     kc_pdl_wait();
     float res[R][NT];
     gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
-        if constexpr (U >= 4) {
-            // narrow matrices (few warps per SM): the next U chunks are in flight while these
-            // are multiplied; wide ones keep their registers for occupancy instead
-            uint4 wn[U][R];
 #pragma unroll
-            for (int u = 0; u < U; u++)
+        for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
 #pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (c + 32 * (U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+        for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++) w[u][r] = wn[u][r];
-        } else {
-#pragma unroll
-            for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (c + 32 * (U + u) < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
-        }
+            for (int r = 0; r < R; r++) {
+                w[u][r] = wn[u][r];
+                if (c + 32 * (2 * U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (2 * U + u));
+            }
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
