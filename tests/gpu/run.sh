@@ -9,7 +9,8 @@
 #                                   graph capture budget, compute-sanitizer memcheck (and racecheck
 #                                   of the sampler)
 #   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, llama2-7b F16/Q8_0/Q4_0/Q4_K
-#                                   decode and prefill with the in-graph cost of each stage, batched
+#                                   decode (with the device time per graph replay) and prefill with
+#                                   the in-graph cost of each stage, batched
 #                                   decode (also with device sampling), llama3-8b F16 decode
 #
 # Copy the data first (../shared does not travel): mkdir -p .carry/models && cp
@@ -115,7 +116,8 @@ if [ "$MODE" = bench ]; then
   for ty in f16 q8_0 q4_0 q4_k; do
     f=$(mk llama2-7b $ty)
     step "llama2-7b $ty: prefill 512, decode 128 (batch 1)"
-    "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 128 --batch 1 2>"$OUT/bench-7b-$ty.err" | tee "$OUT/bench-7b-$ty.txt"
+    ARKA_CUDA_GRAPH_TIMING=1 "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 128 --batch 1 2>"$OUT/bench-7b-$ty.err" | tee "$OUT/bench-7b-$ty.txt"
+    grep 'graph replays' "$OUT/bench-7b-$ty.err" # device time per step: the rest of the wall time is the host's
     # in-graph cost of the stages around the GEMVs: the step without each (outputs wrong, timing only)
     for lo in norm rope attn swiglu gemv; do
       echo "without $lo: $(ARKA_CUDA_LEAVE_OUT=$lo "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 64 --batch 1 2>/dev/null | grep 'decode batch')"
