@@ -129,6 +129,8 @@ typedef struct cu_state {
     /* the layers' norms write only the quantized blocks (and the half copy only when an F16
      * matrix reads it) in steps of up to KC_GEMV_MAX_TOK tokens: their GEMVs read nothing else */
     int norm_blocks_only;
+    /* the same for the attention output (read only by wo) and SwiGLU's (only by down) */
+    int att_blocks_only, act_blocks_only;
     /* ARKA_CUDA_GRAPH_TIMING=1: device time of each graph replay (events around the launch),
      * reported at exit: a decode step's wall time minus this is the host's share. */
     int gt_on, gt_pending, gt_n;
@@ -322,7 +324,10 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
     prof_mark(s, PC_EMBED);
     const float scale = 1.0f / sqrtf((float)hd);
-    float *hy = s->norm_blocks_only && n_tok <= KC_GEMV_MAX_TOK ? NULL : s->h; /* the norms' f32 output */
+    const int small = n_tok <= KC_GEMV_MAX_TOK;
+    float *hy = s->norm_blocks_only && small ? NULL : s->h;   /* the norms' f32 output */
+    float *ay = s->att_blocks_only && small ? NULL : s->att;  /* decode attention's */
+    float *gy = s->act_blocks_only && small ? NULL : s->act;  /* SwiGLU's */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
         if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
@@ -337,7 +342,7 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
             KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
                                           max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
         else if (!(s->leave_out & LO_ATTN))
-            KC_FATAL(kc_attention_ex(s->q, L->k, L->v, s->att, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
+            KC_FATAL(kc_attention_ex(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
                                      c->n_head_kv, hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial,
                                      s->att_counters, kv_ready, st));
         prof_mark(s, PC_ATTN);
@@ -348,7 +353,7 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
         prof_mark(s, PC_NORM);
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
         prof_mark(s, PC_GU);
-        if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, s->act, &s->xq_a, n_tok, c->n_ff, st));
+        if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, st));
         prof_mark(s, PC_ACT);
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_DOWN);
@@ -899,8 +904,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
     }
     {
-        /* what the layers' norms must write, and which half copies are read: ARKA_CUDA_NORM_FULL=1
-         * keeps every output (A/B measurements) */
+        /* what the layers' norms, attention and SwiGLU must write in GEMV-sized steps, and which
+         * half copies are read: ARKA_CUDA_NORM_FULL=1 keeps every output (A/B measurements) */
         const int full = getenv("ARKA_CUDA_NORM_FULL") && atoi(getenv("ARKA_CUDA_NORM_FULL")) > 0;
         int reads_x = c->n_embd % 32 != 0 || full;
         int f16_reader = s->output.type == DT_F16;
@@ -910,6 +915,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             f16_reader |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
         }
         s->norm_blocks_only = !reads_x;
+        int wo_reads = full || c->head_dim % 32 != 0, down_reads = full || c->n_ff % 32 != 0; /* quantized only then */
+        for (int l = 0; l < c->n_layer; l++) {
+            wo_reads |= kc_matmul_reads_x(&s->layers[l].wo, 1);
+            down_reads |= kc_matmul_reads_x(&s->layers[l].down, 1);
+        }
+        s->att_blocks_only = !wo_reads;
+        s->act_blocks_only = !down_reads;
         /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
         if (s->norm_blocks_only && !f16_reader) s->xq_h.xh = NULL;
         int f16_wo = 0, f16_down = 0;

@@ -15,7 +15,8 @@ __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
     out[i] = g / (1.0f + __expf(-g)) * u;
 }
 
-// Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq).
+// Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq);
+// out may be NULL (only the blocks).
 __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql,
                                  int32_t *qm, __half *xh) {
     kc_pdl_trigger();
@@ -28,14 +29,15 @@ __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *
         float4 g = *(const float4 *)(gu + t * 2 * n_ff + j), u = *(const float4 *)(gu + t * 2 * n_ff + n_ff + j);
         o = make_float4(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y,
                         g.z / (1.0f + __expf(-g.z)) * u.z, g.w / (1.0f + __expf(-g.w)) * u.w);
-        *(float4 *)(out + t * n_ff + j) = o;
+        if (out) *(float4 *)(out + t * n_ff + j) = o;
     }
     kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
 }
 
 extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
-    if (!gu || !out || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
+    if (!gu || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
     const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n;
+    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n_ff : 0;
     if (quant) {
         const int threads = 256;

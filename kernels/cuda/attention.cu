@@ -23,7 +23,7 @@ struct att_emit {
 
 template <int HD>
 __device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
-    em.out[row + e] = v;
+    if (em.out) em.out[row + e] = v; // NULL: only the blocks
     if (em.qh && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e);
 }
 
@@ -239,11 +239,12 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
                                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                                int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
                                float *partial, int *counters, int kv_ready, cudaStream_t s) {
-    if (!q || !k_cache || !v_cache || !out || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
+    if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
         n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
     const int nq = n_head * hd;
     const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n;
+    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? nq : 0;
     att_emit em = { out, quant ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
                     quant ? (__half *)xq->xh : nullptr };

@@ -111,6 +111,7 @@ int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok,
 /* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
 /* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). */
+/* out may be NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
 int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s);
 
 /* y[t][j] += bias[j]. y: [n_tok, n] f32. */
@@ -152,7 +153,8 @@ int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache,
  * kernel) and, when xq is given (hd % 32 == 0, n_tok <= xq->cap_tok), the output also written
  * as two-level int8 blocks for the wo GEMV (else xq->n = 0). kv_ready = 1 promises that every
  * key below each token's own position was written before the kernels now in the stream (a pure
- * decode step); those keys are then loaded before the kernel waits for its predecessors. */
+ * decode step); those keys are then loaded before the kernel waits for its predecessors. out may
+ * be NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
 int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
                     const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                     int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,

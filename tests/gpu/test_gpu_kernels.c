@@ -422,6 +422,18 @@ static void test_rope_attention(cudaStream_t s) {
                         same &= xa.n == nq && xq_equal(&xa, &xb, n_tok, nq);
                     } else same &= xa.n == 0;
                     T_CHECKF(same, "attention merged by the last split, quantized output: hd=%d n_split=%d", hd, n_split);
+                    if (hd % 32 == 0) { /* without the f32 output: the same blocks */
+                        kc_xq xc = xq_alloc(n_tok, nq);
+                        CK(cudaMemset(xc.qh, 0x55, (size_t)n_tok * nq));
+                        int rc5 = kc_attention_ex(dq, dk, dv, NULL, &xc, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                                  1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
+                        CK(cudaStreamSynchronize(s));
+                        T_CHECKF(rc5 == 0 && xc.n == nq && xq_equal(&xa, &xc, n_tok, nq) &&
+                                     kc_attention_ex(dq, dk, dv, NULL, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd,
+                                                     bs, 1.0f, n_split, chunk, dpart, dcnt, 0, s) == CM_EINVAL,
+                                 "attention blocks only: hd=%d n_split=%d", hd, n_split);
+                        xq_free(&xc);
+                    }
                     {
                         /* a decode step: each sequence's last token alone over the cache written above,
                          * with kv_ready (older keys loaded before the wait) = the same bits as above */
@@ -553,6 +565,12 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         CK(cudaMemcpy(y1, dy, N * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(y2, dy2, N * 4, cudaMemcpyDeviceToHost));
         T_CHECKF(rc == 0 && memcmp(y1, y2, N * 4) == 0 && xq_equal(&q, &q2, nt, n), "swiglu_xq output and blocks n=%d", n);
+        /* without the f32 output: the same blocks; NULL refused when nothing is quantized */
+        CK(cudaMemset(q2.qh, 0x55, N));
+        rc = kc_swiglu_xq(dgu, NULL, &q2, nt, n, s);
+        CK(cudaStreamSynchronize(s));
+        T_CHECKF(rc == 0 && xq_equal(&q, &q2, nt, n) && kc_swiglu_xq(dgu, NULL, NULL, nt, n, s) == CM_EINVAL,
+                 "swiglu_xq blocks only n=%d", n);
 
         /* a quantized GEMV fed by the producer's blocks = one quantizing itself; an F16 GEMV on the
          * producer's half copy = one converting f32 activations itself */
