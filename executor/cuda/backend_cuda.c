@@ -907,30 +907,26 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         /* what the layers' norms, attention and SwiGLU must write in GEMV-sized steps, and which
          * half copies are read: ARKA_CUDA_NORM_FULL=1 keeps every output (A/B measurements) */
         const int full = getenv("ARKA_CUDA_NORM_FULL") && atoi(getenv("ARKA_CUDA_NORM_FULL")) > 0;
-        int reads_x = c->n_embd % 32 != 0 || full;
-        int f16_reader = s->output.type == DT_F16;
+        /* blocks are only written for rows of whole blocks (norm: n_embd, attention: head_dim, SwiGLU: n_ff) */
+        int norm_reads = full || c->n_embd % 32 != 0, wo_reads = full || c->head_dim % 32 != 0,
+            down_reads = full || c->n_ff % 32 != 0;
+        int f16_after_norm = s->output.type == DT_F16, f16_wo = 0, f16_down = 0;
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
-            reads_x |= kc_matmul_reads_x(&L->qkv, 1) || kc_matmul_reads_x(&L->gu, 1);
-            f16_reader |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
+            norm_reads |= kc_matmul_reads_x(&L->qkv, 1) || kc_matmul_reads_x(&L->gu, 1);
+            wo_reads |= kc_matmul_reads_x(&L->wo, 1);
+            down_reads |= kc_matmul_reads_x(&L->down, 1);
+            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
+            f16_wo |= L->wo.type == DT_F16;
+            f16_down |= L->down.type == DT_F16;
         }
-        s->norm_blocks_only = !reads_x;
-        int wo_reads = full || c->head_dim % 32 != 0, down_reads = full || c->n_ff % 32 != 0; /* quantized only then */
-        for (int l = 0; l < c->n_layer; l++) {
-            wo_reads |= kc_matmul_reads_x(&s->layers[l].wo, 1);
-            down_reads |= kc_matmul_reads_x(&s->layers[l].down, 1);
-        }
+        s->norm_blocks_only = !norm_reads;
         s->att_blocks_only = !wo_reads;
         s->act_blocks_only = !down_reads;
         /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
-        if (s->norm_blocks_only && !f16_reader) s->xq_h.xh = NULL;
-        int f16_wo = 0, f16_down = 0;
-        for (int l = 0; l < c->n_layer; l++) {
-            f16_wo |= s->layers[l].wo.type == DT_F16;
-            f16_down |= s->layers[l].down.type == DT_F16;
-        }
-        if (!f16_wo && !full) s->xq_o.xh = NULL;
-        if (!f16_down && !full) s->xq_a.xh = NULL;
+        if (!full && !f16_after_norm) s->xq_h.xh = NULL;
+        if (!full && !f16_wo) s->xq_o.xh = NULL;
+        if (!full && !f16_down) s->xq_a.xh = NULL;
     }
     if (getenv("ARKA_CUDA_GRAPH_TIMING") && atoi(getenv("ARKA_CUDA_GRAPH_TIMING")) > 0) {
         if (cudaEventCreate(&s->gt_ev[0]) != cudaSuccess || cudaEventCreate(&s->gt_ev[1]) != cudaSuccess) goto oom;

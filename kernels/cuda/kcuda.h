@@ -110,8 +110,8 @@ int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok,
 
 /* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
-/* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). */
-/* out may be NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
+/* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). out may be
+ * NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
 int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s);
 
 /* y[t][j] += bias[j]. y: [n_tok, n] f32. */
