@@ -16,8 +16,8 @@
  *   5. z /= temperature; candidates sorted by (z desc, id asc); top-k keeps the first k;
  *      probabilities p = softmax over the candidates (double); top-p keeps the shortest
  *      prefix whose mass reaches top_p; min-p keeps p >= min_p * p_max
- *   6. u = ex_rng_u01(seed, pos); pick the first candidate whose cumulative mass exceeds
- *      u * (mass kept); the last one if rounding leaves none
+ *   6. u = ex_rng_u01(seed, pos) (Philox4x32-10, below); pick the first candidate whose
+ *      cumulative mass exceeds u * (mass kept); the last one if rounding leaves none
  *
  *   ex_sampler *s; ex_sampler_create(n_vocab, &s);
  *   ex_sample_params p; ex_sample_params_default(&p); p.temperature = 0.8f; p.seed = 42;
@@ -30,6 +30,8 @@
 #define EX_SAMPLER_H
 
 #include <stdint.h>
+
+#include "common/cm_philox.h"
 
 #define EX_MAX_LOGPROBS 20
 
@@ -66,20 +68,24 @@ void ex_sample_params_default(ex_sample_params *p);
  * top_logprobs <= EX_MAX_LOGPROBS, bias ids in [0, n_vocab)). Returns 0 or CM_EINVAL. */
 int  ex_sample_params_check(const ex_sample_params *p, int n_vocab);
 
-/* The counter-based random number of a draw: splitmix64's finalizer applied twice,
- *   h = mix(seed ^ mix(pos)),  u = (h >> 11) * 2^-53  in [0, 1),
- * where mix(z) = { z += 0x9E3779B97F4A7C15; z = (z ^ z>>30) * 0xBF58476D1CE4E5B9;
- *                  z = (z ^ z>>27) * 0x94D049BB133111EB; return z ^ z>>31; }
- * pos is the position of the token being drawn (the sequence's length before it). */
+/* The random number of a draw: Philox4x32-10 (common/cm_philox.h) keyed by the seed and
+ * counting positions,
+ *   r = Philox4x32-10(counter = { pos lo32, pos hi32, 0, 0 }, key = { seed lo32, seed hi32 }),
+ *   u = ((r[0] << 32 | r[1]) >> 11) * 2^-53  in [0, 1),
+ * where pos is the position of the token being drawn (the sequence's length before it). The
+ * device sampler (kernels/cuda/sample.cu) calls the same cm_philox_u01. Can't fail. */
+static inline double ex_rng_u01(uint64_t seed, int64_t pos) {
+    return cm_philox_u01(seed, (uint64_t)pos);
+}
+
+/* splitmix64's finalizer (not the draw: seeds and hashes elsewhere in the executor),
+ *   mix(z) = { z += 0x9E3779B97F4A7C15; z = (z ^ z>>30) * 0xBF58476D1CE4E5B9;
+ *              z = (z ^ z>>27) * 0x94D049BB133111EB; return z ^ z>>31; }. Can't fail. */
 static inline uint64_t ex_rng_mix(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
-}
-static inline double ex_rng_u01(uint64_t seed, int64_t pos) {
-    uint64_t h = ex_rng_mix(seed ^ ex_rng_mix((uint64_t)pos));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
 typedef struct ex_sampler ex_sampler;

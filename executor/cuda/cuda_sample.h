@@ -10,8 +10,9 @@
  *
  * What the device sampler gives compared with ex_sampler_sample on the same logits:
  *  - the same bias, penalties, temperature, greedy argmax, top-k, min-p cut, top-N logprob
- *    ranking and the same draw u = ex_rng_u01(seed, pos), with the same float and double
- *    operations, so the same token, except:
+ *    ranking and the same draw u = ex_rng_u01(seed, pos) (Philox4x32-10 from the one
+ *    common/cm_philox.h both sides compile), with the same float and double operations, so
+ *    the same token, except:
  *  - where a running probability sum and its target (top_p, or u * mass for the draw) are
  *    within double rounding of each other: the CPU normalises each probability and adds them
  *    one by one in sorted order, the device adds unnormalised masses in another (fixed) order,

@@ -27,6 +27,7 @@
 extern "C" {
 #include "kcuda.h"
 }
+#include "common/cm_philox.h" /* the draw: the same cm_philox_u01 as ex_rng_u01 (executor/sampler.h) */
 
 #include <math.h>
 #include <stdlib.h>
@@ -80,18 +81,6 @@ HD uint32_t mono(float f) {
 HD float mono_inv(uint32_t m) { return bits_f((m & 0x80000000u) ? (m & 0x7fffffffu) : ~m); }
 HD uint64_t ckey(float v, int id, int V) { return ((uint64_t)mono(v) << 32) | (uint32_t)(V - 1 - id); }
 HD int key_id(uint64_t key, int V) { return V - 1 - (int)(uint32_t)key; }
-
-/* ex_rng_u01 of executor/sampler.h, bit for bit */
-HD uint64_t rng_mix(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-HD double rng_u01(uint64_t seed, int64_t pos) {
-    uint64_t h = rng_mix(seed ^ rng_mix((uint64_t)pos));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
-}
 
 /* ---- one row's state and its candidate sets ------------------------------------------------ */
 
@@ -663,7 +652,7 @@ HD void sample_row(B &k, float *z, int V, const kc_sample_row &p, const uint32_t
             c.pthr = d_mul((double)p.min_p, d_div(1.0, S));
             c.c2_on = 1;
         }
-        sel_res r = select<false>(k, c, SET_C2, lo, hi, rng_u01(p.seed, p.pos), 0, 0);
+        sel_res r = select<false>(k, c, SET_C2, lo, hi, cm_philox_u01(p.seed, (uint64_t)p.pos), 0, 0);
         if (!r.found) { /* rounding left the draw past the end: the last candidate (as the CPU) */
             uint64_t m = ~0ull;
             for (int i = tid; i < V; i += nt) {

@@ -2,6 +2,7 @@
  * reproducibility independent of call order, parameter checks. */
 #include "executor/sampler.h"
 #include "common/cm_err.h"
+#include "common/cm_philox.h"
 #include "t.h"
 
 #include <math.h>
@@ -23,6 +24,37 @@ static void histogram(ex_sampler *s, const ex_sample_params *p, const float *z, 
     }
 }
 
+/* Philox4x32-10 against Random123's known-answer vectors (kat_vectors, philox4x32 10). */
+static void test_philox_kat(void) {
+    static const struct { uint32_t ctr[4], key[2], out[4]; } kat[] = {
+        { { 0, 0, 0, 0 }, { 0, 0 }, { 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8 } },
+        { { 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff }, { 0xffffffff, 0xffffffff },
+          { 0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd } },
+        { { 0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344 }, { 0xa4093822, 0x299f31d0 },
+          { 0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1 } },
+    };
+    for (size_t t = 0; t < sizeof kat / sizeof kat[0]; t++) {
+        uint32_t out[4] = { 0xdeadbeef, 0xdeadbeef, 0xdeadbeef, 0xdeadbeef }; /* poisoned */
+        cm_philox4x32_10(kat[t].ctr, kat[t].key, out);
+        for (int i = 0; i < 4; i++)
+            T_CHECKF(out[i] == kat[t].out[i], "vector %zu word %d: %08x != %08x", t, i, out[i], kat[t].out[i]);
+    }
+    /* out may alias ctr */
+    uint32_t io[4] = { 0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344 };
+    cm_philox4x32_10(io, kat[2].key, io);
+    T_CHECK(memcmp(io, kat[2].out, sizeof io) == 0);
+    /* the draw: counter { pos lo, pos hi, 0, 0 }, key { seed lo, seed hi }, top 53 bits of
+     * r[0] << 32 | r[1]; vector 0 gives u(0, 0) */
+    T_CHECK(ex_rng_u01(0, 0) == (double)(0x6627e8d5e169c58dull >> 11) * 0x1p-53);
+    uint64_t seed = 0x0123456789abcdefull;
+    int64_t pos = 0x0000000500000007ll;
+    uint32_t c[4] = { 7, 5, 0, 0 }, k[2] = { 0x89abcdef, 0x01234567 }, r[4];
+    cm_philox4x32_10(c, k, r);
+    T_CHECK(ex_rng_u01(seed, pos) == (double)((((uint64_t)r[0] << 32) | r[1]) >> 11) * 0x1p-53);
+    T_CHECK(ex_rng_u01(seed, pos) != ex_rng_u01(seed, 7));               /* pos high word counts */
+    T_CHECK(ex_rng_u01(seed, 7) != ex_rng_u01(seed & 0xffffffffull, 7)); /* seed high word counts */
+}
+
 static void test_greedy_and_rng(void) {
     ex_sampler *s;
     T_EQ_INT(ex_sampler_create(0, &s), CM_EINVAL);
@@ -33,7 +65,7 @@ static void test_greedy_and_rng(void) {
     ex_sample_out o;
     T_EQ_INT(ex_sampler_sample(s, &p, z, NULL, 0, 0, &o), 0);
     T_EQ_INT(o.token, 1); /* tie between 1 and 3: lowest id */
-    /* the PRNG: documented values, different positions differ, in range */
+    /* the draw: repeatable, different positions and seeds differ, in range, mean 1/2 */
     T_CHECK(ex_rng_u01(42, 7) == ex_rng_u01(42, 7));
     T_CHECK(ex_rng_u01(42, 7) != ex_rng_u01(42, 8));
     T_CHECK(ex_rng_u01(42, 7) != ex_rng_u01(43, 7));
@@ -229,6 +261,7 @@ static void test_checks(void) {
 }
 
 int main(void) {
+    test_philox_kat();
     test_greedy_and_rng();
     test_filters();
     test_penalties_bias();
