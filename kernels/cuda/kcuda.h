@@ -92,8 +92,9 @@ typedef struct kc_gemm_ws {
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
  * accumulate = 1 adds into y (residual fusion). For n_tok <= KC_GEMV_MAX_TOK our GEMV
- * kernels (every weight type); above, cuBLAS with f16 operands and f32 accumulation
- * (quantized weights dequantized into ws->w_half first; F32 weights use SGEMM). */
+ * kernels (every weight type); above, f16 operands and f32 accumulation: quantized weights
+ * through kc_gemmq up to kc_gemmq_max_tok tokens, else dequantized into ws->w_half first;
+ * F16/BF16 by cuBLAS (F32 weights: SGEMM). */
 #define KC_GEMV_MAX_TOK 8
 /* Whether kc_matmul_xq of W for n_tok tokens reads x itself, given activations quantized for
  * it in xq: 0 for the integer GEMVs and the F16 GEMV on the half copy. */
@@ -107,6 +108,20 @@ int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accum
  * quantizes x into ws->xq first. x is still read by the cuBLAS path. */
 int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                  const kc_gemm_ws *ws, cudaStream_t s);
+
+/* Quantized weights (Q8_0, Q4_0, Q4_K) times half activations on tensor cores, dequantizing
+ * in registers (kc_matmul's path past KC_GEMV_MAX_TOK tokens; no dequantized copy of W).
+ * x: [n_tok, n_in] half, y: [n_tok, n_out] f32 (+= with accumulate). cfg: the tile
+ * configuration (0 .. kc_gemmq_ncfg() - 1, see gemmq.cu) or -1 to choose by n_tok. kc_gemmq_ok: whether W's
+ * shape is taken (n_in % 128 == 0; Q4_K: % 256). kc_set_gemmq(0) sends kc_matmul back to
+ * dequantize-then-cuBLAS (A/B; also ARKA_CUDA_GEMMQ=0). */
+int  kc_gemmq_ok(const kc_weight *W);
+int  kc_gemmq_ncfg(void);
+/* The token count up to which kc_matmul takes kc_gemmq for this type (beyond, dequantizing
+ * into ws->w_half for cuBLAS is faster). */
+int  kc_gemmq_max_tok(int type);
+int  kc_gemmq(const kc_weight *W, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s);
+void kc_set_gemmq(int on);
 
 /* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
@@ -194,7 +209,7 @@ typedef struct kc_sample_row {
     int32_t  n_bias, bias_off;  /* n_bias (id, bias bits) word pairs at pool word bias_off */
     int32_t  n_win, win_off;    /* penalty window: n_win token ids at pool word win_off (0: penalties off) */
     uint64_t seed;
-    int64_t  pos;               /* the draw is u = ex_rng_u01(seed, pos) */
+    int64_t  pos;               /* the draw is u = ex_rng_u01(seed, pos) (Philox4x32-10) */
 } kc_sample_row;
 
 typedef struct kc_sample_out {

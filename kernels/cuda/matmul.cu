@@ -687,6 +687,24 @@ static bool gemv_f32_forced(void) {
 
 static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
 
+// Quantized weights past the GEMV's token counts, up to kc_gemmq_max_tok (or
+// ARKA_CUDA_GEMMQ_MAX_TOK): kc_gemmq (tensor cores, dequantized in registers) unless
+// ARKA_CUDA_GEMMQ=0 (the dequantize-to-w_half + cuBLAS path, for A/B) or the shape is not one
+// it takes. ARKA_CUDA_GEMMQ_CFG=N forces its tile configuration.
+static int g_gemmq = -1;
+extern "C" void kc_set_gemmq(int on) { g_gemmq = on ? 1 : 0; }
+static bool gemmq_use(const kc_weight *W, int n_tok) {
+    static int max_tok = -1;
+    if (g_gemmq < 0) g_gemmq = !(getenv("ARKA_CUDA_GEMMQ") && atoi(getenv("ARKA_CUDA_GEMMQ")) == 0);
+    if (max_tok < 0) max_tok = getenv("ARKA_CUDA_GEMMQ_MAX_TOK") ? atoi(getenv("ARKA_CUDA_GEMMQ_MAX_TOK")) : 0;
+    return g_gemmq && n_tok <= (max_tok > 0 ? max_tok : kc_gemmq_max_tok(W->type)) && kc_gemmq_ok(W);
+}
+static int gemmq_cfg(void) {
+    static int v = -2;
+    if (v == -2) v = getenv("ARKA_CUDA_GEMMQ_CFG") ? atoi(getenv("ARKA_CUDA_GEMMQ_CFG")) : -1;
+    return v;
+}
+
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
     if (is_quant(W->type)) return W->type != DT_Q4_K && gemv_f32_forced();
@@ -751,6 +769,14 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     size_t nx = (size_t)n_tok * W->n_in, nw = (size_t)W->n_in * W->n_out;
     if (nx > ws->x_cap) return CM_EINVAL;
     to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)ws->x_half);
+    if (is_quant(W->type) && gemmq_use(W, n_tok)) { /* dequantized in registers, no w_half */
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launch failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e), __FILE__, __LINE__);
+            return CM_ECUDA;
+        }
+        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
+    }
     const void *wp = W->data;
     if (W->type != DT_F16) {
         if (nw > ws->w_cap) return CM_EINVAL;

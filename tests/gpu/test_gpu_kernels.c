@@ -61,7 +61,7 @@ static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out
 static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
     const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
     const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 11008, 64 } };
-    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 64 };
+    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 40, 64, 130 };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int type = types[ti], n_in = shapes[si][0], n_out = shapes[si][1];
@@ -74,7 +74,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             kc_weight w = upload_weight(type, blocks, n_in, n_out);
             kc_gemm_ws ws = { .cublas = cb };
             ws.w_cap = nw;
-            ws.x_cap = (size_t)64 * n_in;
+            ws.x_cap = (size_t)130 * n_in;
             CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
             CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
             ws.xq.cap_tok = KC_GEMV_MAX_TOK;
@@ -100,6 +100,55 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 double tol = nt <= KC_GEMV_MAX_TOK ? (type == DT_F32 ? 1e-5 : type == DT_F16 ? 2e-3 : 1e-4) : 5e-3;
                 T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
                          n_out, nt, rc, e, tol);
+                /* quantized weights past the GEMV: the in-register path (kc_gemmq) against
+                 * dequantize + cuBLAS, both f16 operands and f32 sums (differences: summation order) */
+                if (nt > KC_GEMV_MAX_TOK && (type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K)) {
+                    float *yb = malloc((size_t)nt * n_out * 4);
+                    kc_set_gemmq(0);
+                    int rc2 = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                    kc_set_gemmq(1);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(yb, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    double eb = rel_err(yb, ref, (size_t)nt * n_out);
+                    T_CHECKF(rc2 == 0 && eb < tol, "dequant+cublas %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in, n_out, nt, eb);
+                    double num = 0, den = 0;
+                    for (size_t i = 0; i < (size_t)nt * n_out; i++) {
+                        num += ((double)y[i] - yb[i]) * ((double)y[i] - yb[i]);
+                        den += (double)yb[i] * yb[i];
+                    }
+                    T_CHECKF(kc_gemmq_ok(&w) || n_in % 128, "gemmq takes %s n_in=%d", dt_name(type), n_in);
+                    T_CHECKF(sqrt(num / den) < 1e-3, "gemmq vs dequant+cublas %s %dx%d n_tok=%d rel_diff=%.3g", dt_name(type), n_in,
+                             n_out, nt, sqrt(num / den));
+                    /* every tile configuration: the same accuracy; accumulate adds onto y; the
+                     * configurations of one K split give identical bits */
+                    if (kc_gemmq_ok(&w)) {
+                        float *yc[8];
+                        const int ncfg = kc_gemmq_ncfg();
+                        T_CHECK(ncfg == 7);
+                        for (int cfg = 0; cfg < ncfg; cfg++) {
+                            yc[cfg] = malloc((size_t)nt * n_out * 4);
+                            poison(dy, (size_t)nt * n_out * 4);
+                            int rc3 = kc_gemmq(&w, ws.x_half, nt, dy, 0, cfg, s);
+                            CK(cudaStreamSynchronize(s));
+                            CK(cudaMemcpy(yc[cfg], dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                            double ec = rel_err(yc[cfg], ref, (size_t)nt * n_out);
+                            T_CHECKF(rc3 == 0 && ec < tol, "gemmq cfg %d %s %dx%d n_tok=%d rel_err=%.3g", cfg, dt_name(type), n_in, n_out, nt, ec);
+                            rc3 = kc_gemmq(&w, ws.x_half, nt, dy, 1, cfg, s);
+                            CK(cudaStreamSynchronize(s));
+                            CK(cudaMemcpy(yb, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                            int ok = rc3 == 0;
+                            for (size_t i = 0; i < (size_t)nt * n_out; i++) ok &= fabsf(yb[i] - 2 * yc[cfg][i]) <= 1e-5f * (1 + fabsf(yc[cfg][i]));
+                            T_CHECKF(ok, "gemmq accumulate cfg %d %s n_tok=%d", cfg, dt_name(type), nt);
+                        }
+                        size_t ny = (size_t)nt * n_out * 4;
+                        /* K split 4: cfg 0, 1; 2: cfg 2, 6; 1: cfg 3, 4, 5 */
+                        T_CHECKF(memcmp(yc[0], yc[1], ny) == 0 && memcmp(yc[2], yc[6], ny) == 0 && memcmp(yc[3], yc[4], ny) == 0 &&
+                                     memcmp(yc[3], yc[5], ny) == 0,
+                                 "gemmq: configurations of one K split differ (%s n_tok=%d)", dt_name(type), nt);
+                        for (int cfg = 0; cfg < ncfg; cfg++) free(yc[cfg]);
+                    }
+                    free(yb);
+                }
                 /* accumulate mode adds onto y */
                 if (nt <= KC_GEMV_MAX_TOK) {
                     kc_matmul(&w, dx, nt, dy, 1, &ws, s);
@@ -117,6 +166,21 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 free(y);
                 free(ref);
             }
+            /* batch invariance of kc_gemmq in a fixed configuration: the first 17 tokens of a
+             * batch of 40 equal a batch of those 17 (x_half holds the last n_tok above, 130) */
+            if ((type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K) && kc_gemmq_ok(&w))
+                for (int cfg = 0; cfg < kc_gemmq_ncfg(); cfg++) {
+                    float *ya = malloc((size_t)40 * n_out * 4), *yb = malloc((size_t)17 * n_out * 4), *dy;
+                    CK(cudaMalloc((void **)&dy, (size_t)40 * n_out * 4));
+                    int rc = kc_gemmq(&w, ws.x_half, 40, dy, 0, cfg, s);
+                    CK(cudaMemcpy(ya, dy, (size_t)40 * n_out * 4, cudaMemcpyDeviceToHost));
+                    rc |= kc_gemmq(&w, ws.x_half, 17, dy, 0, cfg, s);
+                    CK(cudaMemcpy(yb, dy, (size_t)17 * n_out * 4, cudaMemcpyDeviceToHost));
+                    T_CHECKF(rc == 0 && memcmp(ya, yb, (size_t)17 * n_out * 4) == 0, "gemmq batch invariance cfg %d %s", cfg, dt_name(type));
+                    cudaFree(dy);
+                    free(ya);
+                    free(yb);
+                }
             /* batch invariance of the GEMV: token 2 alone equals token 2 of a batch of 7 */
             {
                 int nt = 7;

@@ -1,0 +1,154 @@
+/* gpu_bench_gemmq: quantized weights times many tokens (prefill chunks, batched decode) at
+ * llama2-7b layer shapes: kc_gemmq (dequantized in registers, each tile configuration and the
+ * automatic choice) against the dequantize-to-half + cuBLAS path, with the relative difference
+ * of their outputs. Each matrix is timed over >= 20 launches rotating over enough copies that
+ * they do not stay in the 50 MB L2. Random weights.
+ * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_k; default all) */
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_ck.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+enum { MAXC = 16, NCFG = 7, MAXT = 512 };
+
+int main(int argc, char **argv) {
+    const char *names[] = { "q8_0", "q4_0", "q4_k" };
+    const int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const struct { const char *name; int n_in, n_out; } shapes[] = {
+        { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 },
+    };
+    const int ntoks[] = { 9, 16, 32, 64, 128, 256, 512 };
+    const int NNT = (int)(sizeof ntoks / sizeof *ntoks), NSH = (int)(sizeof shapes / sizeof *shapes);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cublasHandle_t cb;
+    if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 1; }
+    cublasSetStream(cb, s);
+    kc_gemm_ws ws = { .cublas = cb };
+    ws.w_cap = (size_t)4096 * 22016;
+    ws.x_cap = (size_t)MAXT * 11008;
+    CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+    CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+    float *dx, *dy, *dy2;
+    CK(cudaMalloc((void **)&dx, (size_t)MAXT * 11008 * 4));
+    CK(cudaMalloc((void **)&dy, (size_t)MAXT * 22016 * 4));
+    CK(cudaMalloc((void **)&dy2, (size_t)MAXT * 22016 * 4));
+    {
+        size_t n = (size_t)MAXT * 11008;
+        float *hx = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) hx[i] = frand();
+        CK(cudaMemcpy(dx, hx, n * 4, cudaMemcpyHostToDevice));
+        free(hx);
+    }
+    float *ha = malloc((size_t)MAXT * 22016 * 4), *hb = malloc((size_t)MAXT * 22016 * 4);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int ti = 0; ti < 3; ti++) {
+        int want = argc < 2;
+        for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
+        if (!want) continue;
+        /* per n_tok: microseconds of one layer (the four matrices) for each path */
+        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][NCFG] = { { 0 } }, maxerr[16] = { 0 };
+        double layer_mb = 0;
+        for (int si = 0; si < NSH; si++) {
+            int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
+            size_t n = (size_t)n_in * n_out;
+            float *wf = malloc(n * 4);
+            for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
+            void *blocks = malloc(dt_row_size(type, n_in) * n_out);
+            dt_quantize(type, wf, blocks, (int64_t)n);
+            free(wf);
+            size_t db, sb;
+            kc_weight_sizes(type, n_in, n_out, &db, &sb);
+            void *hq = malloc(db);
+            kc_half *hs = malloc(sb);
+            kc_weight_repack(type, blocks, n_in, n_out, hq, hs);
+            free(blocks);
+            layer_mb += (db + sb) / 1e6;
+            int nc = (int)(400e6 / (db + sb)) + 1;
+            if (nc > MAXC) nc = MAXC;
+            kc_weight w[MAXC];
+            for (int k = 0; k < nc; k++) {
+                w[k] = (kc_weight){ .type = type, .n_in = n_in, .n_out = n_out };
+                CK(cudaMalloc(&w[k].data, db));
+                CK(cudaMemcpy(w[k].data, hq, db, cudaMemcpyHostToDevice));
+                CK(cudaMalloc((void **)&w[k].d, sb));
+                CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
+            }
+            free(hq);
+            free(hs);
+            for (int ni = 0; ni < NNT; ni++) {
+                int nt = ntoks[ni];
+                size_t ny = (size_t)nt * n_out;
+                /* outputs: the cuBLAS path against the in-register path */
+                kc_set_gemmq(0);
+                CK(cudaMemsetAsync(dy, 0, ny * 4, s));
+                if (kc_matmul(&w[0], dx, nt, dy, 0, &ws, s)) { fprintf(stderr, "dequant path failed\n"); return 1; }
+                kc_set_gemmq(1);
+                CK(cudaMemsetAsync(dy2, 0, ny * 4, s));
+                if (kc_matmul(&w[0], dx, nt, dy2, 0, &ws, s)) { fprintf(stderr, "gemmq path failed\n"); return 1; }
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(ha, dy, ny * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hb, dy2, ny * 4, cudaMemcpyDeviceToHost));
+                double num = 0, den = 0;
+                for (size_t i = 0; i < ny; i++) { num += (double)(ha[i] - hb[i]) * (ha[i] - hb[i]); den += (double)ha[i] * ha[i]; }
+                double e = sqrt(num / (den > 0 ? den : 1));
+                if (e > maxerr[ni] || e != e) maxerr[ni] = e;
+                const int iters = 2 * nc > 20 ? 2 * nc : 20;
+                for (int path = 0; path < 2 + NCFG; path++) {
+                    kc_set_gemmq(path != 0);
+                    for (int i = 0; i < 3; i++) {
+                        if (path < 2) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
+                    }
+                    CK(cudaEventRecord(e0, s));
+                    for (int i = 0; i < iters; i++) {
+                        if (path < 2) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
+                    }
+                    CK(cudaEventRecord(e1, s));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaGetLastError());
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    double us = ms * 1000.0 / iters;
+                    if (path == 0) t_deq[ni] += us;
+                    else if (path == 1) t_auto[ni] += us;
+                    else t_cfg[ni][path - 2] += us;
+                }
+            }
+            for (int k = 0; k < nc; k++) {
+                cudaFree(w[k].data);
+                cudaFree(w[k].d);
+            }
+        }
+        kc_set_gemmq(1);
+        printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);
+        printf("%5s %10s %10s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %9s\n", "n_tok", "dequant", "gemmq", "cfg0", "cfg1", "cfg2",
+               "cfg3", "cfg4", "cfg5", "cfg6", "speedup", "GB/s", "TFLOP/s", "rel_diff");
+        for (int ni = 0; ni < NNT; ni++) {
+            double flop = 2.0 * ntoks[ni] * (4096.0 * 12288 + 4096.0 * 4096 + 4096.0 * 22016 + 11008.0 * 4096);
+            printf("%5d %10.1f %10.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %6.2fx %8.0f %9.1f %9.2g\n", ntoks[ni], t_deq[ni],
+                   t_auto[ni], t_cfg[ni][0], t_cfg[ni][1], t_cfg[ni][2], t_cfg[ni][3], t_cfg[ni][4], t_cfg[ni][5], t_cfg[ni][6],
+                   t_deq[ni] / t_auto[ni],
+                   layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
+        }
+    }
+    free(ha);
+    free(hb);
+    return 0;
+}
