@@ -127,10 +127,11 @@ typedef struct cu_state {
      * they cost inside the CUDA graph, where per-launch events cannot look. */
     unsigned leave_out;
     /* the layers' norms write only the quantized blocks (and the half copy only when an F16
-     * matrix reads it) in steps of up to KC_GEMV_MAX_TOK tokens: their GEMVs read nothing else */
-    int norm_blocks_only;
+     * matrix reads it) in steps of up to norm_blocks_max tokens (0: never; at most
+     * KC_GEMV_MAX_TOK): the matrices after them read nothing else at those sizes */
+    int norm_blocks_max;
     /* the same for the attention output (read only by wo) and SwiGLU's (only by down) */
-    int att_blocks_only, act_blocks_only;
+    int att_blocks_max, act_blocks_max;
     /* ARKA_CUDA_GRAPH_TIMING=1: device time of each graph replay (events around the launch),
      * reported at exit: a decode step's wall time minus this is the host's share. */
     int gt_on, gt_pending, gt_n;
@@ -324,10 +325,9 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
     KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
     prof_mark(s, PC_EMBED);
     const float scale = 1.0f / sqrtf((float)hd);
-    const int small = n_tok <= KC_GEMV_MAX_TOK;
-    float *hy = s->norm_blocks_only && small ? NULL : s->h;   /* the norms' f32 output */
-    float *ay = s->att_blocks_only && small ? NULL : s->att;  /* decode attention's */
-    float *gy = s->act_blocks_only && small ? NULL : s->act;  /* SwiGLU's */
+    float *hy = n_tok <= s->norm_blocks_max ? NULL : s->h;   /* the norms' f32 output */
+    float *ay = n_tok <= s->att_blocks_max ? NULL : s->att;  /* decode attention's */
+    float *gy = n_tok <= s->act_blocks_max ? NULL : s->act;  /* SwiGLU's */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
         if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
@@ -828,7 +828,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             dalloc(&s->logits, R * c->n_vocab * 4) || dalloc(&s->partial, (kc_attention_prefill_supported(c->head_dim) ? (size_t)s->lim.max_seqs : T) * c->n_head *
                                             s->n_split * (c->head_dim + 2) * 4))
             goto oom;
-        /* cuBLAS path: the largest quantized matrix dequantized, the widest activations as half */
+        /* cuBLAS path: quantized/BF16 weights converted to half (bounded below), the widest activations as half */
         size_t wmax = 0, xmax = T * (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
         const kc_weight *ws[] = { &s->output, &s->tok_embd };
         for (int i = 0; i < 2; i++) if (ws[i]->type != DT_F16) wmax = (size_t)ws[i]->n_in * ws[i]->n_out > wmax ? (size_t)ws[i]->n_in * ws[i]->n_out : wmax;
@@ -839,6 +839,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                     wmax = (size_t)lw[i]->n_in * lw[i]->n_out;
         }
         if (R * c->n_embd > xmax) xmax = R * c->n_embd;
+        /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
+         * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
+         * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
+         * wave of cuBLAS tiles. */
+        {
+            size_t cap = (size_t)64 << 20, widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
+            if (nq > widest) widest = nq;
+            if (cap < widest) cap = widest;
+            if (wmax > cap) wmax = cap;
+        }
         s->gws.cublas = s->cublas;
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
@@ -908,21 +918,29 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
          * half copies are read: ARKA_CUDA_NORM_FULL=1 keeps every output (A/B measurements) */
         const int full = getenv("ARKA_CUDA_NORM_FULL") && atoi(getenv("ARKA_CUDA_NORM_FULL")) > 0;
         /* blocks are only written for rows of whole blocks (norm: n_embd, attention: head_dim, SwiGLU: n_ff) */
-        int norm_reads = full || c->n_embd % 32 != 0, wo_reads = full || c->head_dim % 32 != 0,
-            down_reads = full || c->n_ff % 32 != 0;
         int f16_after_norm = s->output.type == DT_F16, f16_wo = 0, f16_down = 0;
+        s->norm_blocks_max = s->att_blocks_max = s->act_blocks_max = 0;
+        /* the largest step size up to which no matrix after them reads the f32 output (the
+         * matrices' paths may change with the token count) */
+        for (int n = 1; n <= KC_GEMV_MAX_TOK; n++) {
+            int norm_reads = full || c->n_embd % 32 != 0, wo_reads = full || c->head_dim % 32 != 0,
+                down_reads = full || c->n_ff % 32 != 0;
+            for (int l = 0; l < c->n_layer; l++) {
+                const cu_layer *L = &s->layers[l];
+                norm_reads |= kc_matmul_reads_x(&L->qkv, n) || kc_matmul_reads_x(&L->gu, n);
+                wo_reads |= kc_matmul_reads_x(&L->wo, n);
+                down_reads |= kc_matmul_reads_x(&L->down, n);
+            }
+            if (!norm_reads && s->norm_blocks_max == n - 1) s->norm_blocks_max = n;
+            if (!wo_reads && s->att_blocks_max == n - 1) s->att_blocks_max = n;
+            if (!down_reads && s->act_blocks_max == n - 1) s->act_blocks_max = n;
+        }
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
-            norm_reads |= kc_matmul_reads_x(&L->qkv, 1) || kc_matmul_reads_x(&L->gu, 1);
-            wo_reads |= kc_matmul_reads_x(&L->wo, 1);
-            down_reads |= kc_matmul_reads_x(&L->down, 1);
             f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
             f16_wo |= L->wo.type == DT_F16;
             f16_down |= L->down.type == DT_F16;
         }
-        s->norm_blocks_only = !norm_reads;
-        s->att_blocks_only = !wo_reads;
-        s->act_blocks_only = !down_reads;
         /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
         if (!full && !f16_after_norm) s->xq_h.xh = NULL;
         if (!full && !f16_wo) s->xq_o.xh = NULL;

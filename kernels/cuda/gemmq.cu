@@ -288,7 +288,7 @@ int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cu
 
 // Tile configurations (warps over rows x over K, tokens, MMA rows per warp / 16). Chosen per
 // token count from gpu_bench_gemmq on an H100 (bench/RESULTS.md).
-constexpr int NCFG = 7;
+constexpr int NCFG = 11;
 template <int TYPE> int dispatch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cudaStream_t s, int cfg) {
     switch (cfg) {
     case 0: return launch<TYPE, 2, 4, 16, 1>(w, x, n_tok, y, acc, s);
@@ -297,7 +297,11 @@ template <int TYPE> int dispatch(const kc_weight *w, const __half *x, int n_tok,
     case 3: return launch<TYPE, 8, 1, 64, 1>(w, x, n_tok, y, acc, s);
     case 4: return launch<TYPE, 4, 1, 128, 1>(w, x, n_tok, y, acc, s);
     case 5: return launch<TYPE, 4, 1, 64, 2>(w, x, n_tok, y, acc, s);
-    default: return launch<TYPE, 4, 2, 32, 2>(w, x, n_tok, y, acc, s);
+    case 6: return launch<TYPE, 4, 2, 32, 2>(w, x, n_tok, y, acc, s);
+    case 7: return launch<TYPE, 1, 8, 16, 2>(w, x, n_tok, y, acc, s);
+    case 8: return launch<TYPE, 2, 8, 16, 1>(w, x, n_tok, y, acc, s);
+    case 9: return launch<TYPE, 2, 8, 8, 1>(w, x, n_tok, y, acc, s);
+    default: return launch<TYPE, 4, 4, 16, 1>(w, x, n_tok, y, acc, s);
     }
 }
 
@@ -315,17 +319,23 @@ extern "C" int kc_gemmq_ncfg(void) { return NCFG; }
 
 // From gpu_bench_gemmq (H100, llama2-7b layer, bench/RESULTS.md "2026-11-24 (gemmq)"): the
 // fastest configuration per token count, and the count past which dequantizing into a half
-// copy for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's
-// cost is spread over many tokens). Speed of the best configuration against that path: at
-// 256 tokens Q8_0 0.91x, Q4_K 0.88x, Q4_0 1.05x; at 512 tokens 0.64-0.73x.
+// copy for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost
+// is spread over many tokens). Speed of the best configuration against that path: at 256
+// tokens Q8_0 0.86x, Q4_K 0.89x, Q4_0 1.05x; at 512 tokens 0.62-0.72x.
 static int gemmq_choose(int type, int n_tok) {
-    if (n_tok <= 16) return 0;
-    if (n_tok <= 32) return 1;
-    if (type == DT_Q4_0) return 6;
+    if (n_tok <= 8) return 9;
+    if (n_tok <= 16) return 8;
+    if (n_tok <= 32) return 10;
     if (n_tok <= 64) return type == DT_Q8_0 ? 1 : 6;
-    return 2;
+    if (type == DT_Q4_0) return 6;
+    return type == DT_Q4_K && n_tok > 128 ? 3 : 2;
 }
 
+// Within the GEMV's range (up to KC_GEMV_MAX_TOK tokens) kc_gemmq would win from about 8
+// tokens (Q4_0 1893 against 1830 tok/s at batch 8, Q4_K 1399 against 1143), but the GEMV sums
+// every row in the same order whatever the batch, and the tensor cores do not: decode steps
+// of up to 8 sequences stay batch-invariant. ARKA_CUDA_GEMMQ_MIN_TOK lowers it.
+extern "C" int kc_gemmq_min_tok(int type) { (void)type; return KC_GEMV_MAX_TOK + 1; }
 extern "C" int kc_gemmq_max_tok(int type) { return type == DT_Q4_0 ? 256 : 192; }
 
 extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {

@@ -91,10 +91,10 @@ typedef struct kc_gemm_ws {
 } kc_gemm_ws;
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
- * accumulate = 1 adds into y (residual fusion). For n_tok <= KC_GEMV_MAX_TOK our GEMV
- * kernels (every weight type); above, f16 operands and f32 accumulation: quantized weights
- * through kc_gemmq up to kc_gemmq_max_tok tokens, else dequantized into ws->w_half first;
- * F16/BF16 by cuBLAS (F32 weights: SGEMM). */
+ * accumulate = 1 adds into y (residual fusion). Quantized weights: the integer GEMV below
+ * kc_gemmq_min_tok tokens, kc_gemmq up to kc_gemmq_max_tok, else dequantized into
+ * ws->w_half (in slices of rows) for cuBLAS. Others: our GEMV up to KC_GEMV_MAX_TOK tokens,
+ * then cuBLAS with f16 operands and f32 accumulation (F32 weights: SGEMM). */
 #define KC_GEMV_MAX_TOK 8
 /* Whether kc_matmul_xq of W for n_tok tokens reads x itself, given activations quantized for
  * it in xq: 0 for the integer GEMVs and the F16 GEMV on the half copy. */
@@ -117,8 +117,9 @@ int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok,
  * dequantize-then-cuBLAS (A/B; also ARKA_CUDA_GEMMQ=0). */
 int  kc_gemmq_ok(const kc_weight *W);
 int  kc_gemmq_ncfg(void);
-/* The token count up to which kc_matmul takes kc_gemmq for this type (beyond, dequantizing
- * into ws->w_half for cuBLAS is faster). */
+/* The token counts from which and up to which kc_matmul takes kc_gemmq for this type (below,
+ * the integer GEMV is faster; beyond, dequantizing into ws->w_half for cuBLAS). */
+int  kc_gemmq_min_tok(int type);
 int  kc_gemmq_max_tok(int type);
 int  kc_gemmq(const kc_weight *W, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s);
 void kc_set_gemmq(int on);

@@ -592,6 +592,26 @@ static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ac
               (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
 }
 
+// Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
+// one row per warp their loads, not the weights, bound the kernel as tokens are added. Chosen
+// on an H100 from whole decode steps of llama2-7b at batch 2, 4 and 8 (bench/RESULTS.md
+// "2026-11-24 (gemmq)"): 4 rows, but 2 for Q8_0 up to 4 tokens. ARKA_CUDA_GEMVQ_R = 1, 2 or 4
+// overrides (A/B). A row's summation order does not depend on it (batch invariance).
+static int gemvq_rows(int type, int nt) {
+    static int v = -1;
+    if (v < 0) v = getenv("ARKA_CUDA_GEMVQ_R") ? atoi(getenv("ARKA_CUDA_GEMVQ_R")) : 0;
+    if (v > 0) return v;
+    return type == DT_Q8_0 && nt <= 4 ? 2 : 4;
+}
+template <int TYPE, int NT, int U>
+static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+    switch (gemvq_rows(TYPE, NT)) {
+    case 4: launch_gemvq_r<TYPE, NT, 4, 1>(W, xq, y, acc, s); break;
+    case 2: launch_gemvq_r<TYPE, NT, 2, 1>(W, xq, y, acc, s); break;
+    default: launch_gemvq_r<TYPE, NT, 1, U>(W, xq, y, acc, s); break;
+    }
+}
+
 template <int TYPE>
 static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
     switch (n_tok) {
@@ -601,13 +621,13 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
         if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
         else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
         break;
-    case 2: launch_gemvq_r<TYPE, 2, 1, 2>(W, xq, y, acc, s); break;
-    case 3: launch_gemvq_r<TYPE, 3, 1, 2>(W, xq, y, acc, s); break;
-    case 4: launch_gemvq_r<TYPE, 4, 1, 2>(W, xq, y, acc, s); break;
-    case 5: launch_gemvq_r<TYPE, 5, 1, 1>(W, xq, y, acc, s); break;
-    case 6: launch_gemvq_r<TYPE, 6, 1, 1>(W, xq, y, acc, s); break;
-    case 7: launch_gemvq_r<TYPE, 7, 1, 1>(W, xq, y, acc, s); break;
-    case 8: launch_gemvq_r<TYPE, 8, 1, 1>(W, xq, y, acc, s); break;
+    case 2: launch_gemvq_nt<TYPE, 2, 2>(W, xq, y, acc, s); break;
+    case 3: launch_gemvq_nt<TYPE, 3, 2>(W, xq, y, acc, s); break;
+    case 4: launch_gemvq_nt<TYPE, 4, 2>(W, xq, y, acc, s); break;
+    case 5: launch_gemvq_nt<TYPE, 5, 1>(W, xq, y, acc, s); break;
+    case 6: launch_gemvq_nt<TYPE, 6, 1>(W, xq, y, acc, s); break;
+    case 7: launch_gemvq_nt<TYPE, 7, 1>(W, xq, y, acc, s); break;
+    case 8: launch_gemvq_nt<TYPE, 8, 1>(W, xq, y, acc, s); break;
     }
 }
 
@@ -677,6 +697,19 @@ static int cublas_ok(cublasStatus_t st, int line) {
     return CM_ECUDA;
 }
 
+// 0, or CM_ECUDA with the launch error logged (file, the caller's line).
+static int launch_ok(int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launch failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e), __FILE__, line);
+    return CM_ECUDA;
+}
+
+// x [nx] as half into out (the tensor-core paths' activations).
+static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
+    to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)out);
+}
+
 // ARKA_CUDA_GEMV_F32=1: Q8_0 / Q4_0 GEMVs take f32 activations and convert the weights to
 // floats (the previous kernels; kept for A/B measurements and as a numerical cross-check).
 static bool gemv_f32_forced(void) {
@@ -699,6 +732,13 @@ static bool gemmq_use(const kc_weight *W, int n_tok) {
     if (max_tok < 0) max_tok = getenv("ARKA_CUDA_GEMMQ_MAX_TOK") ? atoi(getenv("ARKA_CUDA_GEMMQ_MAX_TOK")) : 0;
     return g_gemmq && n_tok <= (max_tok > 0 ? max_tok : kc_gemmq_max_tok(W->type)) && kc_gemmq_ok(W);
 }
+// Quantized weights from kc_gemmq_min_tok tokens on (or ARKA_CUDA_GEMMQ_MIN_TOK) go to
+// kc_gemmq even within the GEMV's range.
+static int gemmq_min_tok(int type) {
+    static int v = -2;
+    if (v == -2) v = getenv("ARKA_CUDA_GEMMQ_MIN_TOK") ? atoi(getenv("ARKA_CUDA_GEMMQ_MIN_TOK")) : -1;
+    return v > 0 ? v : kc_gemmq_min_tok(type);
+}
 static int gemmq_cfg(void) {
     static int v = -2;
     if (v == -2) v = getenv("ARKA_CUDA_GEMMQ_CFG") ? atoi(getenv("ARKA_CUDA_GEMMQ_CFG")) : -1;
@@ -707,6 +747,7 @@ static int gemmq_cfg(void) {
 
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
+    if (is_quant(W->type) && n_tok >= gemmq_min_tok(W->type) && gemmq_use(W, n_tok)) return 1;
     if (is_quant(W->type)) return W->type != DT_Q4_K && gemv_f32_forced();
     return !(W->type == DT_F16 && W->n_in % 32 == 0 && !f16h_off());
 }
@@ -723,6 +764,13 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         if (W->type == DT_Q8_0) launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s);
         else if (W->type == DT_Q4_0) launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s);
         if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
+    }
+    if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type) && n_tok >= gemmq_min_tok(W->type) && gemmq_use(W, n_tok)) {
+        size_t nx = (size_t)n_tok * W->n_in;
+        if (!ws || nx > ws->x_cap) return CM_EINVAL;
+        to_half(x, nx, ws->x_half, s);
+        if (int rc = launch_ok(__LINE__)) return rc;
+        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (!xq || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
@@ -766,33 +814,39 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     if (W->type == DT_F32)
         return cublas_ok(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, (const float *)W->data,
                                      W->n_in, x, W->n_in, &beta, y, W->n_out), __LINE__);
-    size_t nx = (size_t)n_tok * W->n_in, nw = (size_t)W->n_in * W->n_out;
+    size_t nx = (size_t)n_tok * W->n_in;
     if (nx > ws->x_cap) return CM_EINVAL;
-    to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)ws->x_half);
+    to_half(x, nx, ws->x_half, s);
     if (is_quant(W->type) && gemmq_use(W, n_tok)) { /* dequantized in registers, no w_half */
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) {
-            cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launch failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e), __FILE__, __LINE__);
-            return CM_ECUDA;
-        }
+        if (int rc = launch_ok(__LINE__)) return rc;
         return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
     }
-    const void *wp = W->data;
-    if (W->type != DT_F16) {
-        if (nw > ws->w_cap) return CM_EINVAL;
-        if (W->type == DT_BF16)
-            bf16_to_half_kernel<<<4096, 256, 0, s>>>((const uint16_t *)W->data, nw, (__half *)ws->w_half);
-        else
-            dequant_half_kernel<<<4096, 256, 0, s>>>((const uint8_t *)W->data, W->d, W->type, nw, (__half *)ws->w_half);
-        wp = ws->w_half;
+    if (W->type == DT_F16) {
+        if (int rc = launch_ok(__LINE__)) return rc;
+        return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,
+                                      ws->x_half, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         __LINE__);
     }
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launch failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e), __FILE__, __LINE__);
-        return CM_ECUDA;
+    // BF16 and quantized weights: converted to half in slices of whole rows that fit w_half
+    // (sized by the caller, at least one row), each multiplied into its rows of y.
+    const size_t per = ws->w_cap / (size_t)W->n_in;
+    if (per == 0) return CM_EINVAL;
+    for (size_t o0 = 0; o0 < (size_t)W->n_out; o0 += per) {
+        const size_t nr = (size_t)W->n_out - o0 < per ? (size_t)W->n_out - o0 : per, ne = nr * W->n_in;
+        if (W->type == DT_BF16) {
+            bf16_to_half_kernel<<<4096, 256, 0, s>>>((const uint16_t *)W->data + o0 * W->n_in, ne, (__half *)ws->w_half);
+        } else {
+            size_t qs_off = W->type == DT_Q8_0 ? o0 * W->n_in : o0 * W->n_in / 2;
+            size_t d_off = W->type == DT_Q4_K ? o0 * (W->n_in / 256) * 8 : o0 * (W->n_in / 32); // in halves (Q4_K: 16-byte heads)
+            dequant_half_kernel<<<4096, 256, 0, s>>>((const uint8_t *)W->data + qs_off, W->d + d_off, W->type, ne, (__half *)ws->w_half);
+        }
+        if (int rc = launch_ok(__LINE__)) return rc;
+        int rc = cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n_tok, W->n_in, &one, ws->w_half, CUDA_R_16F, W->n_in,
+                                        ws->x_half, CUDA_R_16F, W->n_in, &beta, y + o0, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+                           __LINE__);
+        if (rc) return rc;
     }
-    return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, wp, CUDA_R_16F, W->n_in,
-                                  ws->x_half, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
-                     __LINE__);
+    return 0;
 }

@@ -1,7 +1,7 @@
 /* gpu_bench_gemmq: quantized weights times many tokens (prefill chunks, batched decode) at
  * llama2-7b layer shapes: kc_gemmq (dequantized in registers, each tile configuration and the
- * automatic choice) against the dequantize-to-half + cuBLAS path, with the relative difference
- * of their outputs. Each matrix is timed over >= 20 launches rotating over enough copies that
+ * automatic choice) against kc_matmul's other path (the integer GEMV up to KC_GEMV_MAX_TOK
+ * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs. Each matrix is timed over >= 20 launches rotating over enough copies that
  * they do not stay in the 50 MB L2. Random weights.
  * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_k; default all) */
 #include "kernels/cuda/kcuda.h"
@@ -22,7 +22,7 @@ static float frand(void) {
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-enum { MAXC = 16, NCFG = 7, MAXT = 512 };
+enum { MAXC = 16, NCFG = 11, MAXT = 512 };
 
 int main(int argc, char **argv) {
     const char *names[] = { "q8_0", "q4_0", "q4_k" };
@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     const struct { const char *name; int n_in, n_out; } shapes[] = {
         { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 },
     };
-    const int ntoks[] = { 9, 16, 32, 64, 128, 256, 512 };
+    const int ntoks[] = { 2, 4, 8, 9, 16, 32, 64, 128, 192, 256, 512 };
     const int NNT = (int)(sizeof ntoks / sizeof *ntoks), NSH = (int)(sizeof shapes / sizeof *shapes);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -46,13 +46,21 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&dx, (size_t)MAXT * 11008 * 4));
     CK(cudaMalloc((void **)&dy, (size_t)MAXT * 22016 * 4));
     CK(cudaMalloc((void **)&dy2, (size_t)MAXT * 22016 * 4));
-    {
+    {   /* x, and x as half in x_half (kc_gemmq's input; the GEMV path does not write it) */
         size_t n = (size_t)MAXT * 11008;
         float *hx = malloc(n * 4);
-        for (size_t i = 0; i < n; i++) hx[i] = frand();
+        uint16_t *hh = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) { hx[i] = frand(); hh[i] = dt_f32_to_f16(hx[i]); }
         CK(cudaMemcpy(dx, hx, n * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ws.x_half, hh, n * 2, cudaMemcpyHostToDevice));
         free(hx);
+        free(hh);
     }
+    ws.xq.cap_tok = KC_GEMV_MAX_TOK;
+    ws.xq.cap_n = 11008;
+    CK(cudaMalloc((void **)&ws.xq.qh, (size_t)KC_GEMV_MAX_TOK * 11008));
+    CK(cudaMalloc((void **)&ws.xq.ql, (size_t)KC_GEMV_MAX_TOK * 11008));
+    CK(cudaMalloc((void **)&ws.xq.m, (size_t)KC_GEMV_MAX_TOK * 11008 / 32 * 8));
     float *ha = malloc((size_t)MAXT * 22016 * 4), *hb = malloc((size_t)MAXT * 22016 * 4);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -62,7 +70,7 @@ int main(int argc, char **argv) {
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         /* per n_tok: microseconds of one layer (the four matrices) for each path */
-        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][NCFG] = { { 0 } }, maxerr[16] = { 0 };
+        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][NCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
         double layer_mb = 0;
         for (int si = 0; si < NSH; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
@@ -100,7 +108,10 @@ int main(int argc, char **argv) {
                 if (kc_matmul(&w[0], dx, nt, dy, 0, &ws, s)) { fprintf(stderr, "dequant path failed\n"); return 1; }
                 kc_set_gemmq(1);
                 CK(cudaMemsetAsync(dy2, 0, ny * 4, s));
-                if (kc_matmul(&w[0], dx, nt, dy2, 0, &ws, s)) { fprintf(stderr, "gemmq path failed\n"); return 1; }
+                if (nt <= KC_GEMV_MAX_TOK ? kc_gemmq(&w[0], ws.x_half, nt, dy2, 0, -1, s) : kc_matmul(&w[0], dx, nt, dy2, 0, &ws, s)) {
+                    fprintf(stderr, "gemmq path failed\n");
+                    return 1;
+                }
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(ha, dy, ny * 4, cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(hb, dy2, ny * 4, cudaMemcpyDeviceToHost));
@@ -112,12 +123,12 @@ int main(int argc, char **argv) {
                 for (int path = 0; path < 2 + NCFG; path++) {
                     kc_set_gemmq(path != 0);
                     for (int i = 0; i < 3; i++) {
-                        if (path < 2) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        if (path == 0 || (path == 1 && nt > KC_GEMV_MAX_TOK)) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
                     }
                     CK(cudaEventRecord(e0, s));
                     for (int i = 0; i < iters; i++) {
-                        if (path < 2) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        if (path == 0 || (path == 1 && nt > KC_GEMV_MAX_TOK)) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
                     }
                     CK(cudaEventRecord(e1, s));
@@ -138,14 +149,15 @@ int main(int argc, char **argv) {
         }
         kc_set_gemmq(1);
         printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);
-        printf("%5s %10s %10s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %9s\n", "n_tok", "dequant", "gemmq", "cfg0", "cfg1", "cfg2",
-               "cfg3", "cfg4", "cfg5", "cfg6", "speedup", "GB/s", "TFLOP/s", "rel_diff");
+        printf("%5s %10s %10s", "n_tok", "gemv|deq", "gemmq");
+        for (int c = 0; c < NCFG; c++) printf("   cfg%d", c);
+        printf(" %7s %8s %9s %9s\n", "speedup", "GB/s", "TFLOP/s", "rel_diff");
         for (int ni = 0; ni < NNT; ni++) {
             double flop = 2.0 * ntoks[ni] * (4096.0 * 12288 + 4096.0 * 4096 + 4096.0 * 22016 + 11008.0 * 4096);
-            printf("%5d %10.1f %10.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %6.2fx %8.0f %9.1f %9.2g\n", ntoks[ni], t_deq[ni],
-                   t_auto[ni], t_cfg[ni][0], t_cfg[ni][1], t_cfg[ni][2], t_cfg[ni][3], t_cfg[ni][4], t_cfg[ni][5], t_cfg[ni][6],
-                   t_deq[ni] / t_auto[ni],
-                   layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
+            printf("%5d %10.1f %10.1f", ntoks[ni], t_deq[ni], t_auto[ni]);
+            for (int c = 0; c < NCFG; c++) printf(" %7.1f", t_cfg[ni][c]);
+            printf(" %6.2fx", t_deq[ni] / t_auto[ni]);
+            printf(" %8.0f %9.1f %9.2g\n", layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
         }
     }
     free(ha);

@@ -8,7 +8,8 @@
 #                                   sizing from --gpu-memory-fraction and its start-up errors, the
 #                                   graph capture budget, compute-sanitizer memcheck (and racecheck
 #                                   of the sampler)
-#   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, llama2-7b F16/Q8_0/Q4_0/Q4_K
+#   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, the quantized tensor-core
+#                                   matmul's configurations, llama2-7b F16/Q8_0/Q4_0/Q4_K
 #                                   decode (with the device time per graph replay) and prefill with
 #                                   the in-graph cost of each stage, batched
 #                                   decode (also with device sampling), llama3-8b F16 decode
@@ -113,6 +114,8 @@ fi
 if [ "$MODE" = bench ]; then
   step "one-token GEMVs at llama2-7b shapes against bandwidth"
   "$BIN/gpu_bench_gemv" 2>&1 | grep -v '^ts=' | tee "$OUT/gemv.txt"
+  step "quantized weights x 2..512 tokens: kc_gemmq's tile configurations against the GEMV / dequantize + cuBLAS"
+  "$BIN/gpu_bench_gemmq" 2>&1 | grep -v '^ts=' | tee "$OUT/gemmq.txt"
   for ty in f16 q8_0 q4_0 q4_k; do
     f=$(mk llama2-7b $ty)
     step "llama2-7b $ty: prefill 512, decode 128 (batch 1)"

@@ -61,7 +61,7 @@ static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out
 static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
     const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
     const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 11008, 64 } };
-    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 40, 64, 130 };
+    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 40, 64, 130, 300 };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int type = types[ti], n_in = shapes[si][0], n_out = shapes[si][1];
@@ -74,7 +74,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             kc_weight w = upload_weight(type, blocks, n_in, n_out);
             kc_gemm_ws ws = { .cublas = cb };
             ws.w_cap = nw;
-            ws.x_cap = (size_t)130 * n_in;
+            ws.x_cap = (size_t)300 * n_in;
             CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
             CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
             ws.xq.cap_tok = KC_GEMV_MAX_TOK;
@@ -122,9 +122,9 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     /* every tile configuration: the same accuracy; accumulate adds onto y; the
                      * configurations of one K split give identical bits */
                     if (kc_gemmq_ok(&w)) {
-                        float *yc[8];
+                        float *yc[11];
                         const int ncfg = kc_gemmq_ncfg();
-                        T_CHECK(ncfg == 7);
+                        T_CHECK(ncfg == 11);
                         for (int cfg = 0; cfg < ncfg; cfg++) {
                             yc[cfg] = malloc((size_t)nt * n_out * 4);
                             poison(dy, (size_t)nt * n_out * 4);
@@ -141,12 +141,31 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                             T_CHECKF(ok, "gemmq accumulate cfg %d %s n_tok=%d", cfg, dt_name(type), nt);
                         }
                         size_t ny = (size_t)nt * n_out * 4;
-                        /* K split 4: cfg 0, 1; 2: cfg 2, 6; 1: cfg 3, 4, 5 */
-                        T_CHECKF(memcmp(yc[0], yc[1], ny) == 0 && memcmp(yc[2], yc[6], ny) == 0 && memcmp(yc[3], yc[4], ny) == 0 &&
-                                     memcmp(yc[3], yc[5], ny) == 0,
+                        /* K split 4: cfg 0, 1, 10; 2: cfg 2, 6; 1: cfg 3, 4, 5; 8: cfg 7, 8, 9 */
+                        T_CHECKF(memcmp(yc[0], yc[1], ny) == 0 && memcmp(yc[0], yc[10], ny) == 0 && memcmp(yc[2], yc[6], ny) == 0 &&
+                                     memcmp(yc[3], yc[4], ny) == 0 && memcmp(yc[3], yc[5], ny) == 0 && memcmp(yc[7], yc[8], ny) == 0 &&
+                                     memcmp(yc[7], yc[9], ny) == 0,
                                  "gemmq: configurations of one K split differ (%s n_tok=%d)", dt_name(type), nt);
                         for (int cfg = 0; cfg < ncfg; cfg++) free(yc[cfg]);
                     }
+                    free(yb);
+                }
+                /* the conversion to half in slices of rows (w_half of 7 rows: a short last slice),
+                 * accumulating onto y */
+                if (nt > KC_GEMV_MAX_TOK && type != DT_F32 && type != DT_F16) {
+                    float *yb = malloc((size_t)nt * n_out * 4);
+                    kc_gemm_ws w7 = ws;
+                    w7.w_cap = (size_t)7 * n_in;
+                    kc_set_gemmq(0);
+                    CK(cudaMemcpy(dy, y, (size_t)nt * n_out * 4, cudaMemcpyHostToDevice));
+                    int rc2 = kc_matmul(&w, dx, nt, dy, 1, &w7, s);
+                    kc_set_gemmq(1);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(yb, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    for (size_t i = 0; i < (size_t)nt * n_out; i++) yb[i] *= 0.5f;
+                    double eb = rel_err(yb, ref, (size_t)nt * n_out);
+                    T_CHECKF(rc2 == 0 && eb < tol, "sliced dequant+cublas (accumulate) %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in,
+                             n_out, nt, eb);
                     free(yb);
                 }
                 /* accumulate mode adds onto y */
