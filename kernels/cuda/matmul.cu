@@ -612,14 +612,35 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int a
     }
 }
 
+// One token: rows per warp x chunks in flight, as 0xRU, per matrix shape: chosen on an H100
+// from 1x1, 1x2, 1x4, 2x1, 2x2, 2x4, 4x1, 4x2, 8x1 with gpu_bench_gemv at llama2-7b's shapes
+// (bench/RESULTS.md "2026-11-24 (gemmq)"). More rows share each activation load; fewer rows
+// give the narrow matrices (4096 rows) enough CTAs; the long rows of down (11008) want two
+// batches of chunks in flight. ARKA_CUDA_GEMVQ1=RU (e.g. 22) overrides (A/B).
+static int gemvq1_cfg(int type, int n_in, int n_out) {
+    static int v = -1;
+    if (v < 0) v = getenv("ARKA_CUDA_GEMVQ1") ? (int)strtol(getenv("ARKA_CUDA_GEMVQ1"), NULL, 16) : 0;
+    if (v > 0) return v;
+    if (type == DT_Q4_0) return n_in > 8192 ? 0x22 : n_out > 8192 && n_out <= 16384 ? 0x81 : 0x42;
+    if (type == DT_Q4_K) return n_in > 8192 ? 0x21 : n_out <= 4096 ? 0x42 : 0x41;
+    return 0x41;
+}
+
 template <int TYPE>
 static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
     switch (n_tok) {
     case 1:
-        // rows per warp x chunks in flight, chosen on an H100 from 1x1, 1x2, 1x4, 2x1, 2x2, 4x1, 4x2
-        // (bench/RESULTS.md, gpu_bench_gemv): Q4_0 2 x 2, Q8_0 and Q4_K 4 x 1
-        if (TYPE == DT_Q4_0) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+        switch (gemvq1_cfg(TYPE, W->n_in, W->n_out)) {
+        case 0x11: launch_gemvq_r<TYPE, 1, 1, 1>(W, xq, y, acc, s); break;
+        case 0x12: launch_gemvq_r<TYPE, 1, 1, 2>(W, xq, y, acc, s); break;
+        case 0x14: launch_gemvq_r<TYPE, 1, 1, 4>(W, xq, y, acc, s); break;
+        case 0x21: launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s); break;
+        case 0x22: launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s); break;
+        case 0x24: launch_gemvq_r<TYPE, 1, 2, 4>(W, xq, y, acc, s); break;
+        case 0x42: launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s); break;
+        case 0x81: launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, acc, s); break;
+        default: launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s); break;
+        }
         break;
     case 2: launch_gemvq_nt<TYPE, 2, 2>(W, xq, y, acc, s); break;
     case 3: launch_gemvq_nt<TYPE, 3, 2>(W, xq, y, acc, s); break;
