@@ -384,7 +384,7 @@ static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128 };
     for (int hi = 0; hi < 3; hi++)
         for (int layout = 0; layout < 2; layout++)
-            for (int nsplit_i = 0; nsplit_i < 2; nsplit_i++) {
+            for (int nsplit_i = 0; nsplit_i < 3; nsplit_i++) {
                 int hd = hds[hi], n_head = 8, n_kv = 2, bs = 16, n_seq = 3, max_blocks = 8;
                 int lens[3] = { 1, 37, 100 };
                 int n_tok = lens[0] + lens[1] + lens[2];
@@ -413,7 +413,9 @@ static void test_rope_attention(cudaStream_t s) {
                 CK(cudaMalloc((void **)&dv, cache_elems * 2));
                 CK(cudaMalloc((void **)&dq, (size_t)n_tok * n_head * hd * 4));
                 CK(cudaMalloc((void **)&dout, (size_t)n_tok * n_head * hd * 4));
-                int n_split = nsplit_i ? 4 : 1, chunk = nsplit_i ? 32 : 128;
+                /* 1, 4 and 13 splits (merged by the last split's CTA with counters, by the merge
+                 * kernel without) */
+                int n_split = nsplit_i == 2 ? 13 : nsplit_i ? 4 : 1, chunk = nsplit_i == 2 ? 8 : nsplit_i ? 32 : 128;
                 CK(cudaMalloc((void **)&dpart, (size_t)n_tok * n_head * n_split * (hd + 2) * 4));
                 poison(dq, (size_t)n_tok * n_head * hd * 4);
                 poison(dout, (size_t)n_tok * n_head * hd * 4);
