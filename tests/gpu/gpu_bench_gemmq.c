@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_bench_w.h"
 #include "gpu_ck.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -74,31 +75,10 @@ int main(int argc, char **argv) {
         double layer_mb = 0;
         for (int si = 0; si < NSH; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
-            size_t n = (size_t)n_in * n_out;
-            float *wf = malloc(n * 4);
-            for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
-            void *blocks = malloc(dt_row_size(type, n_in) * n_out);
-            dt_quantize(type, wf, blocks, (int64_t)n);
-            free(wf);
-            size_t db, sb;
-            kc_weight_sizes(type, n_in, n_out, &db, &sb);
-            void *hq = malloc(db);
-            kc_half *hs = malloc(sb);
-            kc_weight_repack(type, blocks, n_in, n_out, hq, hs);
-            free(blocks);
-            layer_mb += (db + sb) / 1e6;
-            int nc = (int)(400e6 / (db + sb)) + 1;
-            if (nc > MAXC) nc = MAXC;
+            size_t wbytes;
             kc_weight w[MAXC];
-            for (int k = 0; k < nc; k++) {
-                w[k] = (kc_weight){ .type = type, .n_in = n_in, .n_out = n_out };
-                CK(cudaMalloc(&w[k].data, db));
-                CK(cudaMemcpy(w[k].data, hq, db, cudaMemcpyHostToDevice));
-                CK(cudaMalloc((void **)&w[k].d, sb));
-                CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
-            }
-            free(hq);
-            free(hs);
+            const int nc = bench_w_upload(type, n_in, n_out, frand, w, MAXC, &wbytes);
+            layer_mb += wbytes / 1e6;
             for (int ni = 0; ni < NNT; ni++) {
                 int nt = ntoks[ni];
                 size_t ny = (size_t)nt * n_out;
@@ -142,10 +122,7 @@ int main(int argc, char **argv) {
                     else t_cfg[ni][path - 2] += us;
                 }
             }
-            for (int k = 0; k < nc; k++) {
-                cudaFree(w[k].data);
-                cudaFree(w[k].d);
-            }
+            bench_w_free(w, nc);
         }
         kc_set_gemmq(1);
         printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_bench_w.h"
 #include "gpu_ck.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -54,33 +55,9 @@ int main(int argc, char **argv) {
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
             if (n_in % dt_block_size(type)) continue;
-            size_t n = (size_t)n_in * n_out;
-            float *wf = malloc(n * 4);
-            for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
-            void *blocks = malloc(dt_row_size(type, n_in) * n_out);
-            dt_quantize(type, wf, blocks, (int64_t)n);
-            free(wf);
-            size_t db, sb;
-            kc_weight_sizes(type, n_in, n_out, &db, &sb);
-            void *hq = malloc(db);
-            kc_half *hs = sb ? malloc(sb) : NULL;
-            kc_weight_repack(type, blocks, n_in, n_out, hq, hs);
-            free(blocks);
-            /* enough copies that one pass over them overflows the 50 MB L2, as 32 layers do */
-            int nc = (int)(400e6 / (db + sb)) + 1;
-            if (nc > 32) nc = 32;
+            size_t wbytes;
             kc_weight w[32];
-            for (int k = 0; k < nc; k++) {
-                w[k] = (kc_weight){ .type = type, .n_in = n_in, .n_out = n_out };
-                CK(cudaMalloc(&w[k].data, db));
-                CK(cudaMemcpy(w[k].data, hq, db, cudaMemcpyHostToDevice));
-                if (sb) {
-                    CK(cudaMalloc((void **)&w[k].d, sb));
-                    CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
-                }
-            }
-            free(hq);
-            free(hs);
+            const int nc = bench_w_upload(type, n_in, n_out, frand, w, 32, &wbytes);
             /* producer-quantized activations, as in the forward pass */
             if (type != DT_F16) kc_quantize_x(dx, 1, n_in, &ws.xq, s);
             for (int i = 0; i < 20; i++) kc_matmul_xq(&w[i % nc], dx, &ws.xq, 1, dy, 0, &ws, s);
@@ -91,15 +68,12 @@ int main(int argc, char **argv) {
             CK(cudaEventSynchronize(e1));
             float ms;
             CK(cudaEventElapsedTime(&ms, e0, e1));
-            double us = ms * 1000.0 / iters, mb = (db + sb) / 1e6;
+            double us = ms * 1000.0 / iters, mb = wbytes / 1e6;
             printf("%-6s %-8s %12.1f %10.2f %10.0f %7.0f%%\n", names[ti], shapes[si].name, mb, us, mb / us * 1e3,
                    mb / us * 1e3 / 3000.0 * 100);
             if (si < 4) { tot_us += us * 32; tot_mb += mb * 32; }
             else { tot_us += us; tot_mb += mb; }
-            for (int k = 0; k < nc; k++) {
-                cudaFree(w[k].data);
-                cudaFree(w[k].d);
-            }
+            bench_w_free(w, nc);
         }
         printf("%-6s %-8s %12.1f %10.2f %10.0f %7.0f%%   (32 layers + head: one decode step's GEMVs)\n", names[ti], "total",
                tot_mb, tot_us, tot_mb / tot_us * 1e3, tot_mb / tot_us * 1e3 / 3000.0 * 100);
