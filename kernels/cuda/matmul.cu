@@ -368,6 +368,22 @@ static void launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, 
               W->n_in, W->n_out, acc);
 }
 
+// F16, one token: rows per warp x batches of chunks in flight as 0xRU for matrices with more
+// than 8192 rows, up to 8192 rows, and rows longer than 8192 elements. ARKA_CUDA_GEMV1 =
+// "W,N,L" (hex, e.g. 22,24,24) or one value for all (A/B); 0 = the table below (2 x 4).
+static int gemv1_cfg(int n_in, int n_out) {
+    static int v[3] = { -1, -1, -1 };
+    if (v[0] < 0) {
+        const char *e = getenv("ARKA_CUDA_GEMV1");
+        v[0] = v[1] = v[2] = 0;
+        if (e) {
+            int n = sscanf(e, "%x,%x,%x", &v[0], &v[1], &v[2]);
+            if (n == 1) v[1] = v[2] = v[0];
+        }
+    }
+    return n_in > 8192 ? v[2] : n_out > 8192 ? v[0] : v[1];
+}
+
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
 template <int TYPE, bool XH = false>
 static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, int acc, cudaStream_t s) {
@@ -375,7 +391,22 @@ static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
     const bool narrow = W->n_out <= 8192;
     switch (n_tok) {
     case 1:
-        if (narrow) launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s);
+        if constexpr (TYPE == DT_F16) {
+            switch (gemv1_cfg(W->n_in, W->n_out)) {
+            case 0x11: launch_gemv_r<TYPE, 1, 1, 1, XH>(W, x, y, acc, s); return;
+            case 0x12: launch_gemv_r<TYPE, 1, 1, 2, XH>(W, x, y, acc, s); return;
+            case 0x14: launch_gemv_r<TYPE, 1, 1, 4, XH>(W, x, y, acc, s); return;
+            case 0x21: launch_gemv_r<TYPE, 1, 2, 1, XH>(W, x, y, acc, s); return;
+            case 0x22: launch_gemv_r<TYPE, 1, 2, 2, XH>(W, x, y, acc, s); return;
+            case 0x41: launch_gemv_r<TYPE, 1, 4, 1, XH>(W, x, y, acc, s); return;
+            case 0x42: launch_gemv_r<TYPE, 1, 4, 2, XH>(W, x, y, acc, s); return;
+            case 0x24: launch_gemv_r<TYPE, 1, 2, 4, XH>(W, x, y, acc, s); return;
+            default: break; // the table below
+            }
+        }
+        // F16: 4 batches for every shape (gpu_bench_gemv: the wide matrices 2-3 % faster too;
+        // whole F16 step 196.2 -> 197.0 tok/s, same run; bench/RESULTS.md "2026-11-24 (gemmq)")
+        if (narrow || TYPE == DT_F16) launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s);
         else launch_gemv_r<TYPE, 1, R1, 2, XH>(W, x, y, acc, s);
         break;
     case 2: launch_gemv_r<TYPE, 2, 2, 2, XH>(W, x, y, acc, s); break;
