@@ -3,6 +3,7 @@
 #include "kc_common.cuh"
 
 #include <cublas_v2.h>
+#include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -368,6 +369,26 @@ static void launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, 
               W->n_in, W->n_out, acc);
 }
 
+// Calls f(R, U) (std::integral_constant) for a one-token GEMV configuration 0xRU: 0x11, 0x12,
+// 0x14, 0x21, 0x22, 0x24, 0x41, 0x42 or 0x81. False (nothing called) for any other value.
+template <typename F> static bool by_ru(int ru, F f) {
+    typedef std::integral_constant<int, 1> I1;
+    typedef std::integral_constant<int, 2> I2;
+    typedef std::integral_constant<int, 4> I4;
+    switch (ru) {
+    case 0x11: f(I1(), I1()); return true;
+    case 0x12: f(I1(), I2()); return true;
+    case 0x14: f(I1(), I4()); return true;
+    case 0x21: f(I2(), I1()); return true;
+    case 0x22: f(I2(), I2()); return true;
+    case 0x24: f(I2(), I4()); return true;
+    case 0x41: f(I4(), I1()); return true;
+    case 0x42: f(I4(), I2()); return true;
+    case 0x81: f(std::integral_constant<int, 8>(), I1()); return true;
+    default: return false;
+    }
+}
+
 // F16, one token: rows per warp x batches of chunks in flight as 0xRU for matrices with more
 // than 8192 rows, up to 8192 rows, and rows longer than 8192 elements. ARKA_CUDA_GEMV1 =
 // "W,N,L" (hex, e.g. 22,24,24) or one value for all (A/B); 0 = the table below (2 x 4).
@@ -392,17 +413,10 @@ static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
     switch (n_tok) {
     case 1:
         if constexpr (TYPE == DT_F16) {
-            switch (gemv1_cfg(W->n_in, W->n_out)) {
-            case 0x11: launch_gemv_r<TYPE, 1, 1, 1, XH>(W, x, y, acc, s); return;
-            case 0x12: launch_gemv_r<TYPE, 1, 1, 2, XH>(W, x, y, acc, s); return;
-            case 0x14: launch_gemv_r<TYPE, 1, 1, 4, XH>(W, x, y, acc, s); return;
-            case 0x21: launch_gemv_r<TYPE, 1, 2, 1, XH>(W, x, y, acc, s); return;
-            case 0x22: launch_gemv_r<TYPE, 1, 2, 2, XH>(W, x, y, acc, s); return;
-            case 0x41: launch_gemv_r<TYPE, 1, 4, 1, XH>(W, x, y, acc, s); return;
-            case 0x42: launch_gemv_r<TYPE, 1, 4, 2, XH>(W, x, y, acc, s); return;
-            case 0x24: launch_gemv_r<TYPE, 1, 2, 4, XH>(W, x, y, acc, s); return;
-            default: break; // the table below
-            }
+            if (by_ru(gemv1_cfg(W->n_in, W->n_out), [&](auto r, auto u) {
+                    launch_gemv_r<TYPE, 1, decltype(r)::value, decltype(u)::value, XH>(W, x, y, acc, s);
+                }))
+                return;
         }
         // F16: 4 batches for every shape (gpu_bench_gemv: the wide matrices 2-3 % faster too;
         // whole F16 step 196.2 -> 197.0 tok/s, same run; bench/RESULTS.md "2026-11-24 (gemmq)")
@@ -661,17 +675,10 @@ template <int TYPE>
 static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
     switch (n_tok) {
     case 1:
-        switch (gemvq1_cfg(TYPE, W->n_in, W->n_out)) {
-        case 0x11: launch_gemvq_r<TYPE, 1, 1, 1>(W, xq, y, acc, s); break;
-        case 0x12: launch_gemvq_r<TYPE, 1, 1, 2>(W, xq, y, acc, s); break;
-        case 0x14: launch_gemvq_r<TYPE, 1, 1, 4>(W, xq, y, acc, s); break;
-        case 0x21: launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s); break;
-        case 0x22: launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s); break;
-        case 0x24: launch_gemvq_r<TYPE, 1, 2, 4>(W, xq, y, acc, s); break;
-        case 0x42: launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s); break;
-        case 0x81: launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, acc, s); break;
-        default: launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s); break;
-        }
+        if (!by_ru(gemvq1_cfg(TYPE, W->n_in, W->n_out), [&](auto r, auto u) {
+                launch_gemvq_r<TYPE, 1, decltype(r)::value, decltype(u)::value>(W, xq, y, acc, s);
+            }))
+            launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
         break;
     case 2: launch_gemvq_nt<TYPE, 2, 2>(W, xq, y, acc, s); break;
     case 3: launch_gemvq_nt<TYPE, 3, 2>(W, xq, y, acc, s); break;
