@@ -11,7 +11,7 @@
 #   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, the quantized tensor-core
 #                                   matmul's configurations, llama2-7b F16/Q8_0/Q4_0/Q4_K
 #                                   decode (with the device time per graph replay) and prefill with
-#                                   the in-graph cost of each stage, batched
+#                                   the in-graph cost of each stage, quantized batches 2..128, batched
 #                                   decode (also with device sampling), llama3-8b F16 decode
 #
 # Copy the data first (../shared does not travel): mkdir -p .carry/models && cp
@@ -125,7 +125,15 @@ if [ "$MODE" = bench ]; then
     for lo in norm rope attn swiglu gemv; do
       echo "without $lo: $(ARKA_CUDA_LEAVE_OUT=$lo "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 64 --batch 1 2>/dev/null | grep 'decode batch')"
     done
-    [ $ty = f16 ] || rm -f "$f"
+    if [ $ty != f16 ]; then
+      # quantized batched decode (integer GEMV up to 8 sequences, kc_gemmq above) and a 128-token prefill
+      step "llama2-7b $ty: decode batches 2..128 (prompt 128, 32 generated), prefill 128"
+      for b in 2 4 8 16 64 128; do
+        echo "$("$BIN/bench_engine" -m "$f" --backend cuda --prompt 128 --gen 32 --batch $b 2>/dev/null | grep 'decode batch')"
+      done
+      "$BIN/bench_engine" -m "$f" --backend cuda --prompt 128 --gen 2 --batch 1 2>/dev/null | grep '^prefill'
+      rm -f "$f"
+    fi
   done
   f="$MODELS/llama2-7b-f16.gguf"
   step "llama2-7b f16: 128 sequences of 128 + 128"
