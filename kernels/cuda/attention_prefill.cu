@@ -149,12 +149,8 @@ static int launch_prefill(const float *q, const kc_half *k, const kc_half *v, fl
                           const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv,
                           int bs, float scale, cudaStream_t s) {
     size_t smem = sizeof(pf_smem<HD>);
-    static bool configured = false; // per instantiation; the executor drives one device from one thread
-    if (!configured) {
-        if (cudaFuncSetAttribute(prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-            return CM_ECUDA;
-        configured = true;
-    }
+    static unsigned char configured[64]; // per instantiation and device
+    if (int rc = kc_smem_limit_once(prefill_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     dim3 grid(n_tiles, n_head);
     prefill_kernel<HD><<<grid, PF_WARPS * 32, smem, s>>>(q, (const __half *)k, (const __half *)v, out, tiles, pos, seq, bt,
                                                          max_blocks, n_head, n_kv, bs, scale);

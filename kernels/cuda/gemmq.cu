@@ -273,13 +273,9 @@ int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cu
     const size_t tile = (size_t)WK * BN * XROW * 2;
     const size_t red = (size_t)(WK - 1) * WM * MT * (BN / 8) * 32 * 4 * 4;
     const size_t smem = tile > red ? tile : red;
-    static int dev_set[64]; // the attribute is per device
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (smem > 48 * 1024 && dev < 64 && !dev_set[dev]) {
-        cudaFuncSetAttribute(gemmq_kernel<TYPE, WM, WK, BN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        dev_set[dev] = 1;
-    }
+    static unsigned char smem_set[64];
+    if (smem > 48 * 1024)
+        if (int rc = kc_smem_limit_once(gemmq_kernel<TYPE, WM, WK, BN, MT>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 16 * MT * WM - 1) / (16 * MT * WM), (n_tok + BN - 1) / BN), block(WM * WK * 32);
     kc_launch(gemmq_kernel<TYPE, WM, WK, BN, MT>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d,
               x, y, w->n_in, w->n_out, n_tok, acc);

@@ -90,6 +90,23 @@ static inline void kc_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, si
     cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
+// Raises kernel's dynamic shared-memory limit to `bytes` once per device (an attribute of the
+// function in that device's context), not on every launch. done: the caller's static flags,
+// one per device. 0, or CM_ECUDA with the failure logged (the caller's file and line).
+template <typename K>
+static inline int kc_smem_limit_once(K kernel, int bytes, unsigned char (&done)[64], const char *file, int line) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && (dev < 0 || dev >= 64 || !done[dev])) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e == cudaSuccess && dev >= 0 && dev < 64) done[dev] = 1;
+    }
+    if (e == cudaSuccess) return 0;
+    cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel attribute failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e), file,
+                 line);
+    return CM_ECUDA;
+}
+
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 

@@ -369,6 +369,13 @@ static void launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, 
               W->n_in, W->n_out, acc);
 }
 
+// The integer value of environment variable name (in base `base`: 16 for the 0xRU
+// configurations), or dflt when it is unset. Callers read it once (A/B switches).
+static int env_int(const char *name, int dflt, int base = 10) {
+    const char *e = getenv(name);
+    return e ? (int)strtol(e, NULL, base) : dflt;
+}
+
 // Calls f(R, U) (std::integral_constant) for a one-token GEMV configuration 0xRU: 0x11, 0x12,
 // 0x14, 0x21, 0x22, 0x24, 0x41, 0x42 or 0x81. False (nothing called) for any other value.
 template <typename F> static bool by_ru(int ru, F f) {
@@ -389,20 +396,12 @@ template <typename F> static bool by_ru(int ru, F f) {
     }
 }
 
-// F16, one token: rows per warp x batches of chunks in flight as 0xRU for matrices with more
-// than 8192 rows, up to 8192 rows, and rows longer than 8192 elements. ARKA_CUDA_GEMV1 =
-// "W,N,L" (hex, e.g. 22,24,24) or one value for all (A/B); 0 = the table below (2 x 4).
-static int gemv1_cfg(int n_in, int n_out) {
-    static int v[3] = { -1, -1, -1 };
-    if (v[0] < 0) {
-        const char *e = getenv("ARKA_CUDA_GEMV1");
-        v[0] = v[1] = v[2] = 0;
-        if (e) {
-            int n = sscanf(e, "%x,%x,%x", &v[0], &v[1], &v[2]);
-            if (n == 1) v[1] = v[2] = v[0];
-        }
-    }
-    return n_in > 8192 ? v[2] : n_out > 8192 ? v[0] : v[1];
+// F16, one token: ARKA_CUDA_GEMV1=RU (hex, e.g. 22) runs every shape with R rows per warp and
+// U batches of chunks in flight (A/B); unset: the table below (2 x 4).
+static int gemv1_cfg(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("ARKA_CUDA_GEMV1", 0, 16);
+    return v;
 }
 
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
@@ -413,7 +412,7 @@ static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
     switch (n_tok) {
     case 1:
         if constexpr (TYPE == DT_F16) {
-            if (by_ru(gemv1_cfg(W->n_in, W->n_out), [&](auto r, auto u) {
+            if (by_ru(gemv1_cfg(), [&](auto r, auto u) {
                     launch_gemv_r<TYPE, 1, decltype(r)::value, decltype(u)::value, XH>(W, x, y, acc, s);
                 }))
                 return;
@@ -435,7 +434,7 @@ static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
 
 static bool f16h_off(void) {
     static int v = -1;
-    if (v < 0) v = getenv("ARKA_CUDA_F16_XH") && atoi(getenv("ARKA_CUDA_F16_XH")) == 0;
+    if (v < 0) v = env_int("ARKA_CUDA_F16_XH", 1) == 0;
     return v;
 }
 
@@ -644,7 +643,7 @@ static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ac
 // overrides (A/B). A row's summation order does not depend on it (batch invariance).
 static int gemvq_rows(int type, int nt) {
     static int v = -1;
-    if (v < 0) v = getenv("ARKA_CUDA_GEMVQ_R") ? atoi(getenv("ARKA_CUDA_GEMVQ_R")) : 0;
+    if (v < 0) v = env_int("ARKA_CUDA_GEMVQ_R", 0);
     if (v > 0) return v;
     return type == DT_Q8_0 && nt <= 4 ? 2 : 4;
 }
@@ -664,7 +663,7 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int a
 // batches of chunks in flight. ARKA_CUDA_GEMVQ1=RU (e.g. 22) overrides (A/B).
 static int gemvq1_cfg(int type, int n_in, int n_out) {
     static int v = -1;
-    if (v < 0) v = getenv("ARKA_CUDA_GEMVQ1") ? (int)strtol(getenv("ARKA_CUDA_GEMVQ1"), NULL, 16) : 0;
+    if (v < 0) v = env_int("ARKA_CUDA_GEMVQ1", 0, 16);
     if (v > 0) return v;
     if (type == DT_Q4_0) return n_in > 8192 ? 0x22 : n_out > 8192 && n_out <= 16384 ? 0x81 : 0x42;
     if (type == DT_Q4_K) return n_in > 8192 ? 0x21 : n_out <= 4096 ? 0x42 : 0x41;
@@ -773,7 +772,7 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 // floats (the previous kernels; kept for A/B measurements and as a numerical cross-check).
 static bool gemv_f32_forced(void) {
     static int v = -1;
-    if (v < 0) v = getenv("ARKA_CUDA_GEMV_F32") && atoi(getenv("ARKA_CUDA_GEMV_F32")) > 0;
+    if (v < 0) v = env_int("ARKA_CUDA_GEMV_F32", 0) > 0;
     return v;
 }
 
@@ -785,28 +784,27 @@ static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || ty
 // it takes. ARKA_CUDA_GEMMQ_CFG=N forces its tile configuration.
 static int g_gemmq = -1;
 extern "C" void kc_set_gemmq(int on) { g_gemmq = on ? 1 : 0; }
+// Whether kc_matmul sends W x n_tok tokens to kc_gemmq: quantized weights of a shape it takes,
+// from kc_gemmq_min_tok tokens (ARKA_CUDA_GEMMQ_MIN_TOK) up to kc_gemmq_max_tok
+// (ARKA_CUDA_GEMMQ_MAX_TOK).
 static bool gemmq_use(const kc_weight *W, int n_tok) {
-    static int max_tok = -1;
-    if (g_gemmq < 0) g_gemmq = !(getenv("ARKA_CUDA_GEMMQ") && atoi(getenv("ARKA_CUDA_GEMMQ")) == 0);
-    if (max_tok < 0) max_tok = getenv("ARKA_CUDA_GEMMQ_MAX_TOK") ? atoi(getenv("ARKA_CUDA_GEMMQ_MAX_TOK")) : 0;
-    return g_gemmq && n_tok <= (max_tok > 0 ? max_tok : kc_gemmq_max_tok(W->type)) && kc_gemmq_ok(W);
-}
-// Quantized weights from kc_gemmq_min_tok tokens on (or ARKA_CUDA_GEMMQ_MIN_TOK) go to
-// kc_gemmq even within the GEMV's range.
-static int gemmq_min_tok(int type) {
-    static int v = -2;
-    if (v == -2) v = getenv("ARKA_CUDA_GEMMQ_MIN_TOK") ? atoi(getenv("ARKA_CUDA_GEMMQ_MIN_TOK")) : -1;
-    return v > 0 ? v : kc_gemmq_min_tok(type);
+    static int min_tok = -2, max_tok = -2;
+    if (g_gemmq < 0) g_gemmq = env_int("ARKA_CUDA_GEMMQ", 1) != 0;
+    if (min_tok == -2) min_tok = env_int("ARKA_CUDA_GEMMQ_MIN_TOK", 0);
+    if (max_tok == -2) max_tok = env_int("ARKA_CUDA_GEMMQ_MAX_TOK", 0);
+    if (!g_gemmq || !is_quant(W->type) || !kc_gemmq_ok(W)) return false;
+    return n_tok >= (min_tok > 0 ? min_tok : kc_gemmq_min_tok(W->type)) &&
+           n_tok <= (max_tok > 0 ? max_tok : kc_gemmq_max_tok(W->type));
 }
 static int gemmq_cfg(void) {
     static int v = -2;
-    if (v == -2) v = getenv("ARKA_CUDA_GEMMQ_CFG") ? atoi(getenv("ARKA_CUDA_GEMMQ_CFG")) : -1;
+    if (v == -2) v = env_int("ARKA_CUDA_GEMMQ_CFG", -1);
     return v;
 }
 
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
-    if (is_quant(W->type) && n_tok >= gemmq_min_tok(W->type) && gemmq_use(W, n_tok)) return 1;
+    if (gemmq_use(W, n_tok)) return 1;
     if (is_quant(W->type)) return W->type != DT_Q4_K && gemv_f32_forced();
     return !(W->type == DT_F16 && W->n_in % 32 == 0 && !f16h_off());
 }
@@ -819,17 +817,17 @@ extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y
 extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                             const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
-    if (n_tok <= KC_GEMV_MAX_TOK && W->type != DT_Q4_K && gemv_f32_forced()) { /* A/B: the f32 path */
-        if (W->type == DT_Q8_0) launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s);
-        else if (W->type == DT_Q4_0) launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s);
-        if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
-    }
-    if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type) && n_tok >= gemmq_min_tok(W->type) && gemmq_use(W, n_tok)) {
+    if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         to_half(x, nx, ws->x_half, s);
         if (int rc = launch_ok(__LINE__)) return rc;
         return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
+    }
+    if (n_tok <= KC_GEMV_MAX_TOK && W->type != DT_Q4_K && gemv_f32_forced()) { /* A/B: the f32 path */
+        if (W->type == DT_Q8_0) launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s);
+        else if (W->type == DT_Q4_0) launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s);
+        if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (!xq || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
@@ -876,10 +874,6 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     size_t nx = (size_t)n_tok * W->n_in;
     if (nx > ws->x_cap) return CM_EINVAL;
     to_half(x, nx, ws->x_half, s);
-    if (is_quant(W->type) && gemmq_use(W, n_tok)) { /* dequantized in registers, no w_half */
-        if (int rc = launch_ok(__LINE__)) return rc;
-        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
-    }
     if (W->type == DT_F16) {
         if (int rc = launch_ok(__LINE__)) return rc;
         return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,

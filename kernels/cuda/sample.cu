@@ -726,20 +726,8 @@ extern "C" size_t kc_sample_pool_bytes(int max_rows) {
 extern "C" int kc_sample(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out, cudaStream_t s) {
     if (!logits || !pool || !out || n_rows < 0 || n_vocab <= 0 || ld < n_vocab) return CM_EINVAL;
     if (n_rows == 0) return 0;
-    /* the shared-memory limit is set once per device (an attribute of the function in that
-     * device's context), not on every step */
     static unsigned char attr_set[64];
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess && (dev < 0 || dev >= 64 || !attr_set[dev])) {
-        e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_HIST_BYTES);
-        if (e == cudaSuccess && dev >= 0 && dev < 64) attr_set[dev] = 1;
-    }
-    if (e != cudaSuccess) {
-        cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel attribute failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e),
-                     __FILE__, __LINE__);
-        return CM_ECUDA;
-    }
+    if (int rc = kc_smem_limit_once(sample_kernel, (int)S_HIST_BYTES, attr_set, __FILE__, __LINE__)) return rc;
     sample_kernel<<<n_rows, S_THREADS, S_HIST_BYTES, s>>>(logits, ld, n_vocab, (const uint8_t *)pool, out);
     KC_LAUNCH_CHECK();
 }
