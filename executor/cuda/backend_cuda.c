@@ -945,6 +945,20 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (!full && !f16_after_norm) s->xq_h.xh = NULL;
         if (!full && !f16_wo) s->xq_o.xh = NULL;
         if (!full && !f16_down) s->xq_a.xh = NULL;
+        /* integer blocks nothing reads (an F16 model): the producers write only the half copy
+         * (ARKA_CUDA_XQ_INTS=1 keeps them, A/B) */
+        if (!full && !(getenv("ARKA_CUDA_XQ_INTS") && atoi(getenv("ARKA_CUDA_XQ_INTS")) > 0)) {
+            int q_after_norm = kc_weight_is_quant(s->output.type), q_wo = 0, q_down = 0;
+            for (int l = 0; l < c->n_layer; l++) {
+                const cu_layer *L = &s->layers[l];
+                q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type);
+                q_wo |= kc_weight_is_quant(L->wo.type);
+                q_down |= kc_weight_is_quant(L->down.type);
+            }
+            s->xq_h.no_ints = !q_after_norm && s->xq_h.xh;
+            s->xq_o.no_ints = !q_wo && s->xq_o.xh;
+            s->xq_a.no_ints = !q_down && s->xq_a.xh;
+        }
     }
     if (getenv("ARKA_CUDA_GRAPH_TIMING") && atoi(getenv("ARKA_CUDA_GRAPH_TIMING")) > 0) {
         if (cudaEventCreate(&s->gt_ev[0]) != cudaSuccess || cudaEventCreate(&s->gt_ev[1]) != cudaSuccess) goto oom;

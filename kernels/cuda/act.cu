@@ -36,13 +36,13 @@ __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *
 
 extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
     if (!gu || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
-    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n;
+    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
     if (!out && !quant) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n_ff : 0;
     if (quant) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->qh, xq->ql, xq->m, (__half *)xq->xh);
+        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->no_ints ? nullptr : xq->qh, xq->ql, xq->m, (__half *)xq->xh);
     } else {
         size_t n = (size_t)n_tok * n_ff;
         kc_launch(swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);

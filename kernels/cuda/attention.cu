@@ -12,7 +12,8 @@ extern "C" {
 #define ATT_WARPS 4
 
 // The finished output of one (token, head): element e written to out, and when xq is given
-// (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV. Threads loop over e in steps
+// (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV (or only its half copy:
+// kc_xq.no_ints). Threads loop over e in steps
 // of blockDim.x (a multiple of 32), so a warp's 32 values are always one block.
 struct att_emit {
     float *out;
@@ -24,7 +25,7 @@ struct att_emit {
 template <int HD>
 __device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
     if (em.out) em.out[row + e] = v; // NULL: only the blocks
-    if (em.qh && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e);
+    if ((em.qh || em.xh) && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e); // qh NULL: xh only
 }
 
 // Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`.
@@ -243,10 +244,10 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
         n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
     const int nq = n_head * hd;
-    const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n;
+    const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n && (!xq->no_ints || xq->xh);
     if (!out && !quant) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? nq : 0;
-    att_emit em = { out, quant ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
+    att_emit em = { out, quant && !xq->no_ints ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
                     quant ? (__half *)xq->xh : nullptr };
 #define ATT_CASE(H)                                                                                                        \
     case H:                                                                                                                \

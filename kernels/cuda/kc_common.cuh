@@ -115,8 +115,16 @@ __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((u
 // warp; the whole warp must call this together, `store` false for lanes past the row) is
 // quantized and written at element e (the index of v.x in the [n_tok][n] arrays; the block's
 // pair at e / 32 in m). Same arithmetic as the CPU backend's quantize_block (no contraction).
-// xh (may be NULL): the values also stored as half, for the F16 GEMV.
+// xh (may be NULL): the values also stored as half, for the F16 GEMV. qh NULL (kc_xq.no_ints):
+// only xh is written.
 __device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, int8_t *ql, int32_t *m, __half *xh, size_t e) {
+    if (!qh) {
+        if (store && xh) {
+            __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+            *(uint2 *)(xh + e) = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+        }
+        return;
+    }
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
@@ -153,6 +161,7 @@ __device__ __forceinline__ void kc_xq_block4(float4 v, bool store, int8_t *qh, i
 // the same quantization as kc_xq_block4. The whole warp calls it.
 __device__ __forceinline__ void kc_xq_block1(float v, int8_t *qh, int8_t *ql, int32_t *m, __half *xh, size_t e) {
     if (xh) xh[e] = __float2half_rn(v);
+    if (!qh) return; // kc_xq.no_ints
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));

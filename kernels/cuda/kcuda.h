@@ -39,6 +39,8 @@ typedef struct kc_weight {
 
 /* Whether the GPU kernels read this weight type as it is (others are converted at upload). */
 int kc_weight_type_ok(int type);
+/* Whether the type is one of the quantized types the integer GEMVs read (Q8_0, Q4_0, Q4_K). */
+int kc_weight_is_quant(int type);
 
 /* Programmatic dependent launch of the forward-pass kernels (Hopper): on by default;
  * kc_set_pdl(0) launches them plainly (A/B measurements, older GPUs). Set before capturing. */
@@ -60,6 +62,8 @@ typedef struct kc_xq {
     int32_t *m;
     kc_half *xh;     /* may be NULL: the same values as half [n_tok][n], read by the F16 GEMV */
     int      cap_tok, cap_n, n;
+    int      no_ints; /* 1: producers write only xh (no integer GEMV reads these activations, so
+                       * the blocks are not computed); the integer GEMVs then quantize x themselves */
 } kc_xq;
 
 /* Quantizes x [n_tok, n] (n % 32 == 0, n_tok <= xq->cap_tok, n <= xq->cap_n) into xq. */

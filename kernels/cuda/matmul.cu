@@ -777,6 +777,7 @@ static bool gemv_f32_forced(void) {
 }
 
 static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
+extern "C" int kc_weight_is_quant(int type) { return is_quant(type); }
 
 // Quantized weights past the GEMV's token counts, up to kc_gemmq_max_tok (or
 // ARKA_CUDA_GEMMQ_MAX_TOK): kc_gemmq (tensor cores, dequantized in registers) unless
@@ -830,7 +831,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
-        if (!xq || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
+        if (!xq || xq->no_ints || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
             if (!ws || ws->xq.cap_tok < n_tok || ws->xq.cap_n < W->n_in) return CM_EINVAL;
             kc_xq *wq = (kc_xq *)&ws->xq; /* scratch: the workspace's buffers, not its shape */
             int rc = kc_quantize_x(x, n_tok, W->n_in, wq, s);

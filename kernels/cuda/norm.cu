@@ -70,7 +70,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
      * step; bench/RESULTS.md) */
     int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32;
     int nv = (n4 + threads - 1) / threads;
-    int8_t *qh = QUANT ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
+    int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
     if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
@@ -81,7 +81,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
     if (!x || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
-    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n;
+    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
     if (!y && !(quant && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n : 0;
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {

@@ -379,6 +379,20 @@ static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
     free(h1); free(h2); free(m1); free(m2);
     return ok;
 }
+/* An xh-only producer (no_ints, qh poisoned with 0x55 before): xh equals the full producer's
+ * and nothing was written to the integer blocks. */
+static int xq_xh_only_ok(const kc_xq *full, const kc_xq *xo, int nt, int n) {
+    size_t nb = (size_t)nt * n;
+    uint16_t *a = malloc(nb * 2), *b = malloc(nb * 2);
+    int8_t *h = malloc(nb);
+    CK(cudaMemcpy(a, full->xh, nb * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b, xo->xh, nb * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h, xo->qh, nb, cudaMemcpyDeviceToHost));
+    int ok = memcmp(a, b, nb * 2) == 0;
+    for (size_t i = 0; i < nb; i++) ok &= h[i] == 0x55;
+    free(a); free(b); free(h);
+    return ok;
+}
 
 static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128 };
@@ -518,6 +532,15 @@ static void test_rope_attention(cudaStream_t s) {
                                                      bs, 1.0f, n_split, chunk, dpart, dcnt, 0, s) == CM_EINVAL,
                                  "attention blocks only: hd=%d n_split=%d", hd, n_split);
                         xq_free(&xc);
+                        kc_xq xd = xq_alloc(n_tok, nq); /* no_ints: only the half copy */
+                        xd.no_ints = 1;
+                        CK(cudaMemset(xd.qh, 0x55, (size_t)n_tok * nq));
+                        rc5 = kc_attention_ex(dq, dk, dv, NULL, &xd, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                              1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
+                        CK(cudaStreamSynchronize(s));
+                        T_CHECKF(rc5 == 0 && xd.n == nq && xq_xh_only_ok(&xa, &xd, n_tok, nq),
+                                 "attention half copy only: hd=%d n_split=%d", hd, n_split);
+                        xq_free(&xd);
                     }
                     {
                         /* a decode step: each sequence's last token alone over the cache written above,
@@ -637,6 +660,16 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         CK(cudaStreamSynchronize(s));
         T_CHECKF(rc == 0 && q2.n == n && xq_equal(&q, &q2, nt, n) && kc_rmsnorm_xq(dx, dw, NULL, NULL, nt, n, 1e-5f, s) == CM_EINVAL,
                  "rmsnorm_xq blocks only n=%d", n);
+        /* no_ints (F16 models): only the half copy, the same as the full producer's */
+        {
+            kc_xq q3 = xq_alloc(8, n);
+            q3.no_ints = 1;
+            CK(cudaMemset(q3.qh, 0x55, N));
+            rc = kc_rmsnorm_xq(dx, dw, NULL, &q3, nt, n, 1e-5f, s);
+            CK(cudaStreamSynchronize(s));
+            T_CHECKF(rc == 0 && q3.n == n && xq_xh_only_ok(&q, &q3, nt, n), "rmsnorm_xq half copy only n=%d", n);
+            xq_free(&q3);
+        }
 
         /* swiglu_xq over [nt, 2n] */
         float *gu = malloc(N * 2 * 4);
@@ -656,6 +689,15 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         CK(cudaStreamSynchronize(s));
         T_CHECKF(rc == 0 && xq_equal(&q, &q2, nt, n) && kc_swiglu_xq(dgu, NULL, NULL, nt, n, s) == CM_EINVAL,
                  "swiglu_xq blocks only n=%d", n);
+        {
+            kc_xq q3 = xq_alloc(8, n);
+            q3.no_ints = 1;
+            CK(cudaMemset(q3.qh, 0x55, N));
+            rc = kc_swiglu_xq(dgu, NULL, &q3, nt, n, s);
+            CK(cudaStreamSynchronize(s));
+            T_CHECKF(rc == 0 && q3.n == n && xq_xh_only_ok(&q, &q3, nt, n), "swiglu_xq half copy only n=%d", n);
+            xq_free(&q3);
+        }
 
         /* a quantized GEMV fed by the producer's blocks = one quantizing itself; an F16 GEMV on the
          * producer's half copy = one converting f32 activations itself */
