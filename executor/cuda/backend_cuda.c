@@ -198,8 +198,16 @@ static size_t weights_need(const mdl_model *m) {
  * such as Q6_K, or fused parts of different types, as in Q4_K_M files) every part is converted
  * to F16 on the way (exact for the 8-bit and smaller formats up to f16 rounding; more memory
  * and bandwidth, logged). */
-static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, char *err, size_t errlen) {
+/* interleave (two parts of as many rows: gate and up): row 2j of w is row j of the first part,
+ * 2j + 1 row j of the second (kc_swiglu's layout; a warp of the F16 GEMV then holds both). */
+static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, int interleave, char *err,
+                       size_t errlen) {
     int type = parts[0]->type, n_in = (int)parts[0]->ne[0], n_out = 0, same = 1;
+    if (interleave && (n_parts != 2 || parts[0]->ne[1] != parts[1]->ne[1])) {
+        snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in rows and cannot be interleaved", parts[0]->name,
+                 parts[n_parts - 1]->name);
+        return CM_EUNSUPPORTED;
+    }
     for (int i = 0; i < n_parts; i++) {
         const mdl_tensor *t = parts[i];
         if (t->ne[0] != n_in) {
@@ -260,8 +268,15 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
                 return CM_EUNSUPPORTED;
             }
         } else kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
-        cudaError_t e = cudaMemcpy((char *)w->data + off_data, hq, pd, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess && ps) e = cudaMemcpy((char *)w->d + off_d, hs, ps, cudaMemcpyHostToDevice);
+        cudaError_t e;
+        if (interleave) { /* every other row, from row i */
+            const size_t rows = (size_t)t->ne[1], rd = pd / rows, rs = ps / rows;
+            e = cudaMemcpy2D((char *)w->data + i * rd, 2 * rd, hq, rd, rd, rows, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess && ps) e = cudaMemcpy2D((char *)w->d + i * rs, 2 * rs, hs, rs, rs, rows, cudaMemcpyHostToDevice);
+        } else {
+            e = cudaMemcpy((char *)w->data + off_data, hq, pd, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess && ps) e = cudaMemcpy((char *)w->d + off_d, hs, ps, cudaMemcpyHostToDevice);
+        }
         free(hq);
         free(hs);
         if (e != cudaSuccess) {
@@ -351,10 +366,13 @@ static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int 
         prof_mark(s, PC_WO);
         if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
         prof_mark(s, PC_NORM);
-        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
-        prof_mark(s, PC_GU);
-        if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, st));
-        prof_mark(s, PC_ACT);
+        if ((s->leave_out & (LO_GEMV | LO_SWIGLU)) || s->prof_on) { /* separate kernels: timed or left out one by one */
+            if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
+            prof_mark(s, PC_GU);
+            if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, st));
+            prof_mark(s, PC_ACT);
+        } else /* one kernel where the F16 GEMV takes the SwiGLU (decode steps of F16 models) */
+            KC_FATAL(kc_matmul_swiglu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, &s->gws, st));
         if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
         prof_mark(s, PC_DOWN);
     }
@@ -795,11 +813,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     /* weights */
     {
         const mdl_tensor *emb[] = { &m->tok_embd };
-        if ((rc = upload_rows(s, emb, 1, &s->tok_embd, err, errlen))) goto fail;
+        if ((rc = upload_rows(s, emb, 1, &s->tok_embd, 0, err, errlen))) goto fail;
         if (c->tied_output) s->output = s->tok_embd;
         else {
             const mdl_tensor *outp[] = { &m->output };
-            if ((rc = upload_rows(s, outp, 1, &s->output, err, errlen))) goto fail;
+            if ((rc = upload_rows(s, outp, 1, &s->output, 0, err, errlen))) goto fail;
         }
         const mdl_tensor *on[] = { &m->out_norm };
         if ((rc = upload_f32(s, on, 1, &s->out_norm, err, errlen))) goto fail;
@@ -811,8 +829,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                              *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                              *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-            if ((rc = upload_rows(s, qkv, 3, &L->qkv, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, err, errlen)) ||
-                (rc = upload_rows(s, gu, 2, &L->gu, err, errlen)) || (rc = upload_rows(s, dn, 1, &L->down, err, errlen)) ||
+            if ((rc = upload_rows(s, qkv, 3, &L->qkv, 0, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, 0, err, errlen)) ||
+                (rc = upload_rows(s, gu, 2, &L->gu, 1, err, errlen)) || (rc = upload_rows(s, dn, 1, &L->down, 0, err, errlen)) ||
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;

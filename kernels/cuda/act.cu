@@ -1,18 +1,20 @@
-// act: SwiGLU activation (silu(gate) * up) over the fused gate|up projection.
+// act: SwiGLU activation (silu(gate) * up) over the fused gate|up projection, whose rows
+// interleave gate and up.
 #include "kc_common.cuh"
 
 extern "C" {
 #include "kcuda.h"
 }
 
+// gu rows interleave gate and up: gu[t][2j] = gate j, gu[t][2j + 1] = up j (kcuda.h).
 __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
     kc_pdl_trigger();
     kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     size_t t = i / n_ff, j = i % n_ff;
-    float g = gu[t * 2 * n_ff + j], u = gu[t * 2 * n_ff + n_ff + j];
-    out[i] = g / (1.0f + __expf(-g)) * u;
+    float2 p = *(const float2 *)(gu + t * 2 * n_ff + 2 * j);
+    out[i] = kc_silu_mul(p.x, p.y);
 }
 
 // Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq);
@@ -26,9 +28,9 @@ __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *
     const bool ok = j < n_ff;
     float4 o = make_float4(0, 0, 0, 0);
     if (ok) {
-        float4 g = *(const float4 *)(gu + t * 2 * n_ff + j), u = *(const float4 *)(gu + t * 2 * n_ff + n_ff + j);
-        o = make_float4(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y,
-                        g.z / (1.0f + __expf(-g.z)) * u.z, g.w / (1.0f + __expf(-g.w)) * u.w);
+        const float4 *p = (const float4 *)(gu + t * 2 * n_ff + 2 * j);
+        float4 a = p[0], b = p[1]; // gate j, up j, gate j + 1, up j + 1; then j + 2, j + 3
+        o = make_float4(kc_silu_mul(a.x, a.y), kc_silu_mul(a.z, a.w), kc_silu_mul(b.x, b.y), kc_silu_mul(b.z, b.w));
         if (out) *(float4 *)(out + t * n_ff + j) = o;
     }
     kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);

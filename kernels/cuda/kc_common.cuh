@@ -107,6 +107,10 @@ static inline int kc_smem_limit_once(K kernel, int bytes, unsigned char (&done)[
     return CM_ECUDA;
 }
 
+// silu(g) * u: the one expression every SwiGLU producer uses (the fused GEMV epilogue and the
+// SwiGLU kernels give the same bits).
+__device__ __forceinline__ float kc_silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 

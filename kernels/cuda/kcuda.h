@@ -128,11 +128,20 @@ int  kc_gemmq_max_tok(int type);
 int  kc_gemmq(const kc_weight *W, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s);
 void kc_set_gemmq(int on);
 
-/* out[t][j] = silu(gu[t][j]) * gu[t][n_ff + j]. gu: [n_tok, 2*n_ff] f32 (gate then up), out: [n_tok, n_ff] f32. */
+/* out[t][j] = silu(gu[t][2j]) * gu[t][2j + 1]. gu: [n_tok, 2*n_ff] f32, gate and up interleaved
+ * (the backend's gate|up matrix interleaves their rows: row 2j is gate row j, 2j + 1 up row j),
+ * out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
 /* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). out may be
  * NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
 int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s);
+/* out = SwiGLU(W x) for an interleaved gate|up matrix W (2 n_ff rows): kc_matmul_xq into gu,
+ * then kc_swiglu_xq into out / xq_act; or one kernel where W is F16 on the GEMV with an even
+ * number of rows per warp (a warp holds gate row j and up row j) and only the half copy is
+ * wanted (xq_act->no_ints; out may be NULL), for one token: then gu is not written. The same
+ * bits either way. ARKA_CUDA_SWIGLU_FUSE=N fuses up to N tokens (0: never; A/B). */
+int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out, kc_xq *xq_act,
+                     const kc_gemm_ws *ws, cudaStream_t s);
 
 /* y[t][j] += bias[j]. y: [n_tok, n] f32. */
 int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s);

@@ -239,6 +239,30 @@ __device__ __forceinline__ void gemv_store(float (*acc)[NT], const float (*res)[
         }
 }
 
+// SwiGLU fused into the F16 gate|up GEMV (kc_matmul_swiglu): rows interleave gate and up, so
+// rows (row0 + r, row0 + r + 1) of a warp (R even, row0 even) are gate j and up j.
+struct gemv_swi {
+    float *out;  // [NT][n_ff] f32, or NULL
+    __half *xh;  // [NT][n_ff] half
+    int n_ff;
+};
+template <int R, int NT>
+__device__ __forceinline__ void gemv_store_swiglu(float (*acc)[NT], const gemv_swi &sw, int row0, int lane) {
+#pragma unroll
+    for (int r = 0; r + 1 < R; r += 2)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float g = kc_warp_sum(acc[r][t]), u = kc_warp_sum(acc[r + 1][t]);
+            const int j = (row0 + r) / 2;
+            if (lane == 0 && j < sw.n_ff) {
+                const float v = kc_silu_mul(g, u);
+                const size_t e = (size_t)t * sw.n_ff + j;
+                if (sw.out) sw.out[e] = v;
+                sw.xh[e] = __float2half_rn(v);
+            }
+        }
+}
+
 // One chunk of R rows: loads the NT tokens' activations for chunk c once and accumulates.
 // XH (F16 weights only): x is the producer's half copy of the activations (kc_xq.xh), the
 // same values the f32 path rounds to half per chunk, so the sums are bitwise the same and no
@@ -279,10 +303,11 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const void *xv, int n_
     }
 }
 
-template <int TYPE, int NT, int R, int U, bool XH>
+template <int TYPE, int NT, int R, int U, bool XH, bool SWI = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const void *x, float *y, int n_in, int n_out,
-            int accumulate) {
+            int accumulate, gemv_swi sw) {
+    static_assert(!SWI || (R % 2 == 0 && TYPE == DT_F16), "SwiGLU needs gate and up rows in one warp");
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
     kc_pdl_trigger();
@@ -335,7 +360,8 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-    gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
+    if constexpr (SWI) gemv_store_swiglu<R, NT>(acc, sw, row0, lane);
+    else gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
 }
 
 // Rows whose length is not a multiple of the vector width (tiny models): one element at a time.
@@ -361,12 +387,22 @@ __global__ void gemv_scalar_kernel(const void *W, int type, const float *x, floa
 }
 
 // Rows per warp: more rows share each activation load; fewer keep more warps in flight.
+// sw (F16 gate|up only): SwiGLU fused when R is even; false, nothing launched, when it cannot be.
 template <int TYPE, int NT, int R, int U, bool XH>
-static void launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s) {
+static bool launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s, const gemv_swi *sw) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
+    if (sw) {
+        if constexpr (TYPE == DT_F16 && R % 2 == 0) {
+            kc_launch(gemv_kernel<TYPE, NT, R, U, XH, true>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d,
+                      x, y, W->n_in, W->n_out, acc, *sw);
+            return true;
+        }
+        return false;
+    }
     kc_launch(gemv_kernel<TYPE, NT, R, U, XH>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d, x, y,
-              W->n_in, W->n_out, acc);
+              W->n_in, W->n_out, acc, gemv_swi{});
+    return true;
 }
 
 // The integer value of environment variable name (in base `base`: 16 for the 0xRU
@@ -405,31 +441,34 @@ static int gemv1_cfg(void) {
 }
 
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
+// sw: see launch_gemv_r (returns whether the kernel was launched).
 template <int TYPE, bool XH = false>
-static void launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, int acc, cudaStream_t s) {
+static bool launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, int acc, cudaStream_t s,
+                        const gemv_swi *sw = nullptr) {
     constexpr int R1 = TYPE == DT_Q4_0 ? 4 : 2;
     const bool narrow = W->n_out <= 8192;
     switch (n_tok) {
     case 1:
         if constexpr (TYPE == DT_F16) {
+            bool done = false;
             if (by_ru(gemv1_cfg(), [&](auto r, auto u) {
-                    launch_gemv_r<TYPE, 1, decltype(r)::value, decltype(u)::value, XH>(W, x, y, acc, s);
+                    done = launch_gemv_r<TYPE, 1, decltype(r)::value, decltype(u)::value, XH>(W, x, y, acc, s, sw);
                 }))
-                return;
+                return done;
         }
         // F16: 4 batches for every shape (gpu_bench_gemv: the wide matrices 2-3 % faster too;
         // whole F16 step 196.2 -> 197.0 tok/s, same run; bench/RESULTS.md "2026-11-24 (gemmq)")
-        if (narrow || TYPE == DT_F16) launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s);
-        else launch_gemv_r<TYPE, 1, R1, 2, XH>(W, x, y, acc, s);
-        break;
-    case 2: launch_gemv_r<TYPE, 2, 2, 2, XH>(W, x, y, acc, s); break;
-    case 3: launch_gemv_r<TYPE, 3, 2, 2, XH>(W, x, y, acc, s); break;
-    case 4: launch_gemv_r<TYPE, 4, 2, 2, XH>(W, x, y, acc, s); break;
-    case 5: launch_gemv_r<TYPE, 5, 1, 2, XH>(W, x, y, acc, s); break;
-    case 6: launch_gemv_r<TYPE, 6, 1, 2, XH>(W, x, y, acc, s); break;
-    case 7: launch_gemv_r<TYPE, 7, 1, 2, XH>(W, x, y, acc, s); break;
-    case 8: launch_gemv_r<TYPE, 8, 1, 2, XH>(W, x, y, acc, s); break;
+        if (narrow || TYPE == DT_F16) return launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s, sw);
+        return launch_gemv_r<TYPE, 1, R1, 2, XH>(W, x, y, acc, s, sw);
+    case 2: return launch_gemv_r<TYPE, 2, 2, 2, XH>(W, x, y, acc, s, sw);
+    case 3: return launch_gemv_r<TYPE, 3, 2, 2, XH>(W, x, y, acc, s, sw);
+    case 4: return launch_gemv_r<TYPE, 4, 2, 2, XH>(W, x, y, acc, s, sw);
+    case 5: return launch_gemv_r<TYPE, 5, 1, 2, XH>(W, x, y, acc, s, sw);
+    case 6: return launch_gemv_r<TYPE, 6, 1, 2, XH>(W, x, y, acc, s, sw);
+    case 7: return launch_gemv_r<TYPE, 7, 1, 2, XH>(W, x, y, acc, s, sw);
+    case 8: return launch_gemv_r<TYPE, 8, 1, 2, XH>(W, x, y, acc, s, sw);
     }
+    return false;
 }
 
 static bool f16h_off(void) {
@@ -564,36 +603,32 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
 
     uint4 w[U][R][NV], wn[U][R][NV];
     typename C::scale_t s[U][R], sn[U][R];
-    // The first U chunks of every row are loaded before waiting for the activations: with
-    // programmatic launch they stream while the previous kernel finishes.
-    int c = lane;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int cc = c + 32 * u;
-        if (cc < nchunks)
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-#pragma unroll
-                for (int v = 0; v < NV; v++) w[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
-                s[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
-            }
-    }
-    kc_pdl_wait();
-    float res[R][NT];
-    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
-    for (; c < nchunks; c += 32 * U) {
-        // the next U chunks are in flight while these are multiplied
+    // loads the batch of U chunks from c0 (each lane's chunks c0 + 32 u) into bw / bs
+    auto load = [&](int c0, uint4 (&bw)[U][R][NV], typename C::scale_t (&bs)[U][R]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int cc = c + 32 * (U + u);
+            const int cc = c0 + 32 * u;
             if (cc < nchunks)
 #pragma unroll
                 for (int r = 0; r < R; r++) {
 #pragma unroll
-                    for (int v = 0; v < NV; v++) wn[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
-                    sn[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
+                    for (int v = 0; v < NV; v++) bw[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
+                    bs[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
                 }
         }
+    };
+    // The first batch of U chunks of every row is loaded before waiting for the activations:
+    // with programmatic launch it streams while the previous kernel finishes. Then each
+    // iteration multiplies one batch while the next is in flight. One batch before the wait is
+    // the fastest on an H100 (llama2-7b batch 1, none / two: Q4_0 -5 % / -3 %, Q8_0 -4 % / -6 %,
+    // Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before this one.
+    int c = lane;
+    load(c, w, s);
+    kc_pdl_wait();
+    float res[R][NT];
+    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
+    for (;;) {
+        load(c + 32 * U, wn, sn); // the next batch, in flight while this one is multiplied
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int cc = c + 32 * u;
@@ -616,6 +651,8 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb);
             }
         }
+        c += 32 * U;
+        if (c >= nchunks) break;
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -632,8 +669,8 @@ template <int TYPE, int NT, int R, int U>
 static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
-    kc_launch(gemvq_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
-              (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
+    kc_launch(gemvq_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh,
+              (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
 }
 
 // Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
@@ -903,4 +940,31 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         if (rc) return rc;
     }
     return 0;
+}
+
+// Token counts up to which the SwiGLU is fused: 1 (llama2-7b F16 on an H100: batch 1 200.2 ->
+// 202.2 tok/s, batch 4 608 -> 592; bench/RESULTS.md). ARKA_CUDA_SWIGLU_FUSE=N (0: never; A/B).
+static int swiglu_fuse_max(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("ARKA_CUDA_SWIGLU_FUSE", 1);
+    return v;
+}
+
+extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
+                                kc_xq *xq_act, const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W || !x || n_tok <= 0 || W->n_out % 2) return CM_EINVAL;
+    const int n_ff = W->n_out / 2;
+    const bool fuse = n_tok <= swiglu_fuse_max() && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in &&
+                      n_tok <= xq->cap_tok && W->n_in % 8 == 0 && !f16h_off() && xq_act && xq_act->no_ints && xq_act->xh &&
+                      n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n;
+    if (fuse) {
+        const gemv_swi sw = { out, (__half *)xq_act->xh, n_ff };
+        if (launch_gemv<DT_F16, true>(W, xq->xh, n_tok, nullptr, 0, s, &sw)) {
+            xq_act->n = n_ff;
+            KC_LAUNCH_CHECK();
+        }
+    }
+    if (!gu) return CM_EINVAL;
+    int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);
+    return rc ? rc : kc_swiglu_xq(gu, out, xq_act, n_tok, n_ff, s);
 }

@@ -252,12 +252,12 @@ static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
         double e = rel_err(y, ref, (size_t)nt * n);
         T_CHECKF(rc == 0 && e < 1e-6, "rmsnorm n=%d rel_err=%.3g", n, e);
 
-        /* swiglu over [nt, 2n] */
+        /* swiglu over [nt, 2n], gate and up interleaved */
         float *gu = malloc((size_t)nt * 2 * n * 4);
         for (int i = 0; i < nt * 2 * n; i++) gu[i] = frand() * 4;
         for (int t = 0; t < nt; t++)
             for (int j = 0; j < n; j++) {
-                double g = gu[t * 2 * n + j], u = gu[t * 2 * n + n + j];
+                double g = gu[t * 2 * n + 2 * j], u = gu[t * 2 * n + 2 * j + 1];
                 ref[t * n + j] = g / (1 + exp(-g)) * u;
             }
         float *dgu = dev_upload(gu, (size_t)nt * 2 * n * 4);
@@ -729,6 +729,67 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
     }
 }
 
+/* kc_matmul_swiglu on an F16 gate|up matrix (rows interleaved): against a double reference, and
+ * the fused kernel (half copy only, gu left untouched: one token) bit for bit the same as
+ * kc_matmul_xq + kc_swiglu_xq, for 1..8 tokens (batch invariance of the SwiGLU's output). */
+static void test_matmul_swiglu(cublasHandle_t cb, cudaStream_t s) {
+    const int n_in = 512, n_ff = 96, nt_max = 8;
+    float *wf = malloc((size_t)n_in * 2 * n_ff * 4), *x = malloc((size_t)nt_max * n_in * 4);
+    for (size_t i = 0; i < (size_t)n_in * 2 * n_ff; i++) wf[i] = frand() * 0.1f;
+    for (int i = 0; i < nt_max * n_in; i++) x[i] = frand();
+    void *blocks = malloc(dt_row_size(DT_F16, n_in) * 2 * n_ff);
+    dt_quantize(DT_F16, wf, blocks, (int64_t)n_in * 2 * n_ff);
+    float *wq = malloc((size_t)n_in * 2 * n_ff * 4); /* the weights as the GPU sees them */
+    dt_dequantize(DT_F16, blocks, wq, (int64_t)n_in * 2 * n_ff);
+    kc_weight W = upload_weight(DT_F16, blocks, n_in, 2 * n_ff);
+    kc_gemm_ws ws = { .cublas = cb, .xq = xq_alloc(nt_max, n_in) };
+    float *dx = dev_upload(x, (size_t)nt_max * n_in * 4), *dgu, *dout, *dout2;
+    CK(cudaMalloc((void **)&dgu, (size_t)nt_max * 2 * n_ff * 4));
+    CK(cudaMalloc((void **)&dout, (size_t)nt_max * n_ff * 4));
+    CK(cudaMalloc((void **)&dout2, (size_t)nt_max * n_ff * 4));
+    kc_xq xin = xq_alloc(nt_max, n_in), xa = xq_alloc(nt_max, n_ff), xb = xq_alloc(nt_max, n_ff);
+    xa.no_ints = xb.no_ints = 1;
+    float *o1 = malloc((size_t)nt_max * n_ff * 4), *o2 = malloc((size_t)nt_max * n_ff * 4), *g = malloc(8);
+    uint16_t *h1 = malloc((size_t)nt_max * n_ff * 2), *h2 = malloc((size_t)nt_max * n_ff * 2);
+    double *ref = malloc((size_t)nt_max * n_ff * sizeof(double));
+    for (int nt = 1; nt <= nt_max; nt++) {
+        const size_t no = (size_t)nt * n_ff;
+        int rc = kc_quantize_x(dx, nt, n_in, &xin, s); /* the half copy the F16 GEMV reads */
+        CK(cudaMemset(dgu, 0x55, (size_t)nt * 2 * n_ff * 4));
+        poison(dout, no * 4);
+        rc |= kc_matmul_swiglu(&W, dx, &xin, nt, dgu, dout, &xa, &ws, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(g, dgu, 4, cudaMemcpyDeviceToHost));
+        const int gu_untouched = ((uint32_t *)g)[0] == 0x55555555u;
+        rc |= kc_matmul_xq(&W, dx, &xin, nt, dgu, 0, &ws, s);
+        rc |= kc_swiglu_xq(dgu, dout2, &xb, nt, n_ff, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(o1, dout, no * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(o2, dout2, no * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h1, xa.xh, no * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h2, xb.xh, no * 2, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < nt; t++)
+            for (int j = 0; j < n_ff; j++) {
+                double a = 0, b = 0;
+                for (int i = 0; i < n_in; i++) {
+                    /* the GEMV multiplies the half copy of x */
+                    double xv = dt_f16_to_f32(dt_f32_to_f16(x[(size_t)t * n_in + i]));
+                    a += (double)wq[(size_t)(2 * j) * n_in + i] * xv;
+                    b += (double)wq[(size_t)(2 * j + 1) * n_in + i] * xv;
+                }
+                ref[(size_t)t * n_ff + j] = a / (1 + exp(-a)) * b;
+            }
+        double e = rel_err(o1, ref, no);
+        T_CHECKF(rc == 0 && xa.n == n_ff && memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, no * 2) == 0 && e < 2e-3 &&
+                     (nt > 1 || gu_untouched),
+                 "matmul_swiglu F16 nt=%d: rc=%d same bits %d/%d, rel_err %.3g, fused (gu untouched) %d", nt, rc,
+                 memcmp(o1, o2, no * 4) == 0, memcmp(h1, h2, no * 2) == 0, e, gu_untouched);
+    }
+    free(o1); free(o2); free(g); free(h1); free(h2); free(ref); free(wq); free(blocks); free(wf); free(x);
+    xq_free(&xin); xq_free(&xa); xq_free(&xb); xq_free(&ws.xq);
+    cudaFree(dx); cudaFree(dgu); cudaFree(dout); cudaFree(dout2); cudaFree(W.data);
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -742,6 +803,7 @@ int main(void) {
     cublasSetStream(cb, s);
     test_matmul(cb, s);
     test_xq(cb, s);
+    test_matmul_swiglu(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     cublasDestroy(cb);
