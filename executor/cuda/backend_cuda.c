@@ -101,6 +101,7 @@ typedef struct cu_state {
     float *partial;                          /* [T, n_head, n_split, hd + 2] */
     kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
+    long fault_at, n_steps;                  /* ARKA_CUDA_FAULT_AT_STEP (testing): a trapping kernel in that step */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
     int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
@@ -475,6 +476,10 @@ static int splits_for(const cu_state *s, const ex_batch *b) {
  * leaving its logits rows in s->logits. Returns whether it was a pure decode step. */
 static int launch_forward(cu_state *s, const ex_batch *b) {
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
+    if (s->fault_at && ++s->n_steps == s->fault_at) { /* testing the fatal path: the step's sync fails */
+        CM_LOG_WARN("cuda", "injecting a device fault (ARKA_CUDA_FAULT_AT_STEP)", "step=%ld", s->n_steps);
+        KC_FATAL(kc_fault(s->stream));
+    }
     int n_split = splits_for(s, b);
     cu_graph *g = NULL;
     if (pure_decode) { /* the graph of the token bucket with the fewest splits that cover the step */
@@ -758,6 +763,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->lim = o->lim;
     s->device = o->device;
     s->att_chunk = getenv("ARKA_CUDA_ATT_CHUNK") ? atoi(getenv("ARKA_CUDA_ATT_CHUNK")) : ATT_CHUNK_DEFAULT;
+    s->fault_at = getenv("ARKA_CUDA_FAULT_AT_STEP") ? atol(getenv("ARKA_CUDA_FAULT_AT_STEP")) : 0;
     if (s->att_chunk < 16) s->att_chunk = ATT_CHUNK_DEFAULT;
     s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
     s->qkv_dim = (c->n_head + 2 * c->n_head_kv) * c->head_dim;

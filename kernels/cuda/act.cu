@@ -69,3 +69,10 @@ extern "C" int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaSt
     kc_launch(add_bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, y, bias, n, total);
     KC_LAUNCH_CHECK();
 }
+
+__global__ void fault_kernel() { __trap(); }
+
+extern "C" int kc_fault(cudaStream_t s) {
+    fault_kernel<<<1, 1, 0, s>>>();
+    KC_LAUNCH_CHECK();
+}

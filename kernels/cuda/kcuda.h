@@ -146,6 +146,10 @@ int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_
 /* y[t][j] += bias[j]. y: [n_tok, n] f32. */
 int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s);
 
+/* Testing only: enqueues a kernel that traps, so the stream's next synchronizing call fails
+ * the way a faulting kernel does (the backend's fatal path, ARKA_CUDA_FAULT_AT_STEP). */
+int kc_fault(cudaStream_t s);
+
 /* Rotary parameters (see model/model.h). */
 typedef struct kc_rope {
     int   layout;      /* MDL_ROPE_ADJACENT / MDL_ROPE_HALF */

@@ -6,8 +6,9 @@
 #                                   end-to-end cuda vs cpu (stories260K greedy text, random F16/Q8_0
 #                                   logits), batch invariance, HF transformers cross-check, KV pool
 #                                   sizing from --gpu-memory-fraction and its start-up errors, the
-#                                   graph capture budget, compute-sanitizer memcheck (and racecheck
-#                                   of the sampler)
+#                                   graph capture budget, a device fault inside a step (the process
+#                                   ends naming the call, file and line), compute-sanitizer
+#                                   memcheck (and racecheck of the sampler)
 #   tests/gpu/run.sh bench OUTDIR   one-token GEMVs against bandwidth, the quantized tensor-core
 #                                   matmul's configurations, llama2-7b F16/Q8_0/Q4_0/Q4_K
 #                                   decode (with the device time per graph replay) and prefill with
@@ -101,6 +102,14 @@ if [ "$MODE" = check ]; then
      grep -q 'msg="decode graph budget spent.*skipped=[1-9]' "$OUT/graphs-tiny.log" &&
      [ -s "$OUT/frac-05.out" ] && cmp -s "$OUT/frac-05.out" "$OUT/graphs-0.out" && cmp -s "$OUT/frac-05.out" "$OUT/graphs-tiny.out"; then :
   else echo "FAIL: --cuda-graph-budget-s: graphs not captured/skipped as asked, or the tokens differ"; fail=1; fi
+  # (e) a CUDA error inside a step (a trapping kernel injected at step 3): the process ends at
+  # the next synchronizing call, its log naming the call, the error, file and line
+  ARKA_CUDA_FAULT_AT_STEP=3 "${G[@]}" >"$OUT/fault.out" 2>"$OUT/fault.log"; rc=$?
+  line=$(grep 'msg="CUDA call failed"' "$OUT/fault.log" | sed 's/^ts=[^ ]* //')
+  echo "fault at step 3 (rc=$rc): $line"
+  if [ $rc != 0 ] && grep -q 'msg="injecting a device fault' "$OUT/fault.log" &&
+     grep -Eq 'msg="CUDA call failed" call="[^"]+" err="[^"]+" file=[^ ]*backend_cuda.c line=[0-9]+' <<<"$line"; then :
+  else echo "FAIL: a device fault did not end the process with the failing call, file and line"; fail=1; fi
   step "compute-sanitizer memcheck (stories260K end to end)"
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_gpu_e2e" "$STORIES" >"$OUT/memcheck.log" 2>&1
   rc=$?; tail -3 "$OUT/memcheck.log"; [ $rc = 0 ] || { echo "memcheck rc=$rc"; fail=1; }
