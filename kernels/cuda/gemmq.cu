@@ -332,7 +332,11 @@ static int gemmq_choose(int type, int n_tok) {
 // every row in the same order whatever the batch, and the tensor cores do not: decode steps
 // of up to 8 sequences stay batch-invariant. ARKA_CUDA_GEMMQ_MIN_TOK lowers it.
 extern "C" int kc_gemmq_min_tok(int type) { (void)type; return KC_GEMV_MAX_TOK + 1; }
-extern "C" int kc_gemmq_max_tok(int type) { return type == DT_Q4_0 ? 256 : 192; }
+// The half copy got 2.5-3x faster to make (dequant_half8_kernel, third 2026-11-24 entry of
+// bench/RESULTS.md): per llama2-7b layer, this kernel against dequantize + cuBLAS at 64 / 128
+// tokens is Q8_0 347 / 523 against 403 / 415 us, Q4_0 310 / 419 against 374 / 384; Q4_K at 32 /
+// 64 tokens 268 / 427 against 369 / 374. The limits are where the lines cross.
+extern "C" int kc_gemmq_max_tok(int type) { return type == DT_Q4_0 ? 96 : type == DT_Q8_0 ? 80 : 48; }
 
 extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
     if (!w || !x || !y || n_tok <= 0 || !kc_gemmq_ok(w) || cfg >= NCFG) return CM_EINVAL;
