@@ -314,10 +314,9 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
 extern "C" int kc_gemmq_ncfg(void) { return NCFG; }
 
 // From gpu_bench_gemmq (H100, llama2-7b layer, bench/RESULTS.md "2026-11-24 (gemmq)"): the
-// fastest configuration per token count, and the count past which dequantizing into a half
-// copy for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost
-// is spread over many tokens). Speed of the best configuration against that path: at 256
-// tokens Q8_0 0.86x, Q4_K 0.89x, Q4_0 1.05x; at 512 tokens 0.62-0.72x.
+// fastest configuration per token count. Past kc_gemmq_max_tok dequantizing into a half copy
+// for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost is
+// spread over many tokens); the configurations chosen above 64 tokens serve ARKA_CUDA_GEMMQ_MAX_TOK.
 static int gemmq_choose(int type, int n_tok) {
     if (n_tok <= 8) return 9;
     if (n_tok <= 16) return 8;
