@@ -19,14 +19,11 @@ template <int TYPE> __device__ __forceinline__ float embed_elem(const void *data
         size_t sb = k / 256;
         int e = (int)(k % 256), j = e / 64, kk = e % 64, is = 2 * j + (kk >= 32);
         uint4 h = ((const uint4 *)d)[sb];
-        const int sh = 8 * (is & 3);
-        const uint32_t by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
-        uint32_t sc, mn;
-        if (is < 4) { sc = by & 63; mn = bz & 63; }
-        else { sc = (bw & 0xF) | ((by >> 6) << 4); mn = (bw >> 4) | ((bz >> 6) << 4); }
+        float sc, mn;
+        kc_q4k_scale_min(h, is, sc, mn);
         uint8_t b = ((const uint8_t *)data)[sb * 128 + j * 32 + (kk & 31)];
         int q = kk < 32 ? (b & 15) : (b >> 4);
-        return kc_h2f((uint16_t)(h.x & 0xFFFF)) * (float)sc * (float)q - kc_h2f((uint16_t)(h.x >> 16)) * (float)mn;
+        return kc_h2f((uint16_t)(h.x & 0xFFFF)) * sc * (float)q - kc_h2f((uint16_t)(h.x >> 16)) * mn;
     }
 }
 

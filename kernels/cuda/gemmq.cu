@@ -120,13 +120,10 @@ template <> struct qt<DT_Q4_K> {
         const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
 #pragma unroll
         for (int k = 0; k < 2; k++) {
-            const int is = 2 * j + k, sh = 8 * (is & 3);
-            const uint32_t by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
-            uint32_t s, m;
-            if (is < 4) { s = by & 63; m = bz & 63; }
-            else { s = (bw & 0xF) | ((by >> 6) << 4); m = (bw >> 4) | ((bz >> 6) << 4); }
-            r.ds[k] = d * (float)s;
-            r.dm[k] = dmin * (float)m;
+            float s, m;
+            kc_q4k_scale_min(h, 2 * j + k, s, m);
+            r.ds[k] = d * s;
+            r.dm[k] = dmin * m;
         }
     }
     __device__ static int xoff(int ks, int q, int e4) {

@@ -111,6 +111,18 @@ static inline int kc_smem_limit_once(K kernel, int bytes, unsigned char (&done)[
 // SwiGLU kernels give the same bits).
 __device__ __forceinline__ float kc_silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
+// Scale and min of sub-block is (0..7) of a Q4_K super-block whose head h is d | dmin << 16,
+// then the 12 packed scale bytes (kcuda.h's layout): ggml's get_scale_min_k4 on bytes y|z|w.
+__host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is, float &sc, float &mn) {
+    const int sh = 8 * (is & 3);
+    const uint32_t by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
+    uint32_t s, m;
+    if (is < 4) { s = by & 63; m = bz & 63; }
+    else { s = (bw & 0xF) | ((by >> 6) << 4); m = (bw >> 4) | ((bz >> 6) << 4); }
+    sc = (float)s;
+    mn = (float)m;
+}
+
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 

@@ -534,16 +534,6 @@ template <> struct qchunk<DT_Q4_K> {
     __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
         return __ldg((const uint4 *)sc + row * (nchunks / 4) + c / 4);
     }
-    // scale and min of sub-block is (0..7), ggml's get_scale_min_k4 on the 12 bytes y|z|w
-    __device__ static void scale_min(const uint4 &h, int is, float &sc, float &mn) {
-        const int sh = 8 * (is & 3);
-        const uint32_t by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
-        uint32_t s, m;
-        if (is < 4) { s = by & 63; m = bz & 63; }
-        else { s = (bw & 0xF) | ((by >> 6) << 4); m = (bw >> 4) | ((bz >> 6) << 4); }
-        sc = (float)s;
-        mn = (float)m;
-    }
     // chunk c is quarter j = c % 4 of its super-block: 32 bytes whose low nibbles are sub-block
     // 2j (elements in order) and high nibbles sub-block 2j + 1
     __device__ static float dot_c(const uint4 *w, const uint4 &h, int c, const int *xh, const int *xl, const int2 *xm) {
@@ -559,8 +549,8 @@ template <> struct qchunk<DT_Q4_K> {
         }
         const int j = c & 3;
         float sa, ma, sb, mb;
-        scale_min(h, 2 * j, sa, ma);
-        scale_min(h, 2 * j + 1, sb, mb);
+        kc_q4k_scale_min(h, 2 * j, sa, ma);
+        kc_q4k_scale_min(h, 2 * j + 1, sb, mb);
         const float d = kc_h2f((uint16_t)(h.x & 0xFFFF)), dmin = kc_h2f((uint16_t)(h.x >> 16));
         const float ra = d * sa * (float)(ha * 256 + la) - dmin * ma * (float)xm[0].y;
         const float rb = d * sb * (float)(hb * 256 + lb) - dmin * mb * (float)xm[1].y;
@@ -750,34 +740,10 @@ extern "C" int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaSt
 
 // ---- dequantize to half (for the cuBLAS path) ---------------------------------------------------
 
-__global__ void dequant_half_kernel(const uint8_t *qs, const kc_half *d, int type, size_t n, __half *out) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (; i < n; i += stride) {
-        float v;
-        if (type == DT_Q8_0) v = kc_h2f(d[i / 32]) * (float)((const int8_t *)qs)[i];
-        else if (type == DT_Q4_0) {
-            size_t blk = i / 32, j = i % 32;
-            uint8_t b = qs[blk * 16 + (j & 15)];
-            v = kc_h2f(d[i / 32]) * (float)((int)(j < 16 ? (b & 15) : (b >> 4)) - 8);
-        } else { // Q4_K: super-block i / 256, quarter (i % 256) / 64, sub-block and nibble
-            size_t sb = i / 256;
-            int e = (int)(i % 256), j = e / 64, k = e % 64;
-            uint4 h = ((const uint4 *)d)[sb];
-            float sc, mn;
-            qchunk<DT_Q4_K>::scale_min(h, 2 * j + (k >= 32), sc, mn);
-            uint8_t b = qs[sb * 128 + j * 32 + (k & 31)];
-            int q = k < 32 ? (b & 15) : (b >> 4);
-            v = kc_h2f((uint16_t)(h.x & 0xFFFF)) * sc * (float)q - kc_h2f((uint16_t)(h.x >> 16)) * mn;
-        }
-        out[i] = __float2half(v);
-    }
-}
-
-// The same values, eight consecutive elements per thread (four threads a block of 32): every
-// store of a warp is 512 contiguous bytes. The per-element kernel above moved the half copy at
-// ~1.2 TB/s: a 512-token prefill of llama2-7b Q4_0 took 33.2 ms against 24.2 ms now (F16:
-// 18.0; bench/RESULTS.md). ARKA_CUDA_DEQUANT_VEC=0 takes the per-element kernel (A/B).
+// Quantized weights as half for the cuBLAS path, eight consecutive elements per thread (four
+// threads a block of 32): every store of a warp is 512 contiguous bytes. One element per
+// thread moved the copy at ~1.2 TB/s: a 512-token prefill of llama2-7b Q4_0 took 33.2 ms
+// against 24.2 ms now (F16: 18.0; bench/RESULTS.md, third 2026-11-24 entry).
 template <int TYPE>
 __global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t n8, __half *out) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -803,7 +769,7 @@ __global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t
             const int is = (int)(b % 8), j = is / 2;
             const uint4 h = __ldg((const uint4 *)d + sb);
             float scf, mnf;
-            qchunk<DT_Q4_K>::scale_min(h, is, scf, mnf);
+            kc_q4k_scale_min(h, is, scf, mnf);
             const float dd = kc_h2f((uint16_t)(h.x & 0xFFFF)), dm = kc_h2f((uint16_t)(h.x >> 16));
             const uint2 q0 = __ldg((const uint2 *)(qs + sb * 128 + j * 32 + part * 8));
             const uint8_t *q = (const uint8_t *)&q0;
@@ -819,11 +785,6 @@ __global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t
     }
 }
 
-static int dequant_vec(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_DEQUANT_VEC", 1);
-    return v;
-}
 
 __global__ void to_half_kernel(const float *x, size_t n, __half *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -984,9 +945,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
             const uint8_t *q = (const uint8_t *)W->data + qs_off;
             const size_t n8 = ne / 8;
             const unsigned g8 = (unsigned)((n8 + 255) / 256 < 16384 ? (n8 + 255) / 256 : 16384);
-            if (dequant_vec() == 0)
-                dequant_half_kernel<<<4096, 256, 0, s>>>(q, W->d + d_off, W->type, ne, (__half *)ws->w_half);
-            else if (W->type == DT_Q8_0) dequant_half8_kernel<DT_Q8_0><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
+            if (W->type == DT_Q8_0) dequant_half8_kernel<DT_Q8_0><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
             else if (W->type == DT_Q4_0) dequant_half8_kernel<DT_Q4_0><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
             else dequant_half8_kernel<DT_Q4_K><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
         }
