@@ -28,20 +28,47 @@ __device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e
     if ((em.qh || em.xh) && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e); // qh NULL: xh only
 }
 
-// Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`.
+// Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`. The first
+// ATT_MERGE_REGS splits' maxima, sums and outputs are loaded together (one L2 round trip
+// instead of one per few splits: the merge sits between attention and the wo GEMV); any
+// further splits are read in a loop. Splits are added in order either way.
+#define ATT_MERGE_REGS 16
 template <int HD>
 __device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size_t row) {
-    float M = -INFINITY;
-    for (int i = 0; i < n_valid; i++) M = fmaxf(M, __ldcg(pp + i * (HD + 2)));
+    constexpr int B = ATT_MERGE_REGS;
     for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float mv[B], lv[B], ov[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            mv[i] = -INFINITY;
+            lv[i] = ov[i] = 0.0f;
+            if (i < n_valid) {
+                const float *pi = pp + i * (HD + 2);
+                mv[i] = __ldcg(pi);
+                lv[i] = __ldcg(pi + 1);
+                ov[i] = __ldcg(pi + 2 + e);
+            }
+        }
+        float M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < B; i++) M = fmaxf(M, mv[i]);
+        for (int i = B; i < n_valid; i++) M = fmaxf(M, __ldcg(pp + i * (HD + 2)));
         float L = 0.0f, O = 0.0f;
-        if (M > -INFINITY)
-            for (int i = 0; i < n_valid; i++) {
+        if (M > -INFINITY) {
+#pragma unroll
+            for (int i = 0; i < B; i++)
+                if (i < n_valid) {
+                    float c = __expf(mv[i] - M);
+                    L += lv[i] * c;
+                    O += ov[i] * c;
+                }
+            for (int i = B; i < n_valid; i++) {
                 const float *pi = pp + i * (HD + 2);
                 float c = __expf(__ldcg(pi) - M);
                 L += __ldcg(pi + 1) * c;
                 O += __ldcg(pi + 2 + e) * c;
             }
+        }
         att_finish<HD>(em, row, e, L > 0.0f ? O / L : 0.0f);
     }
 }
