@@ -138,6 +138,10 @@ typedef struct cu_state {
     int gt_on, gt_pending, gt_n;
     cudaEvent_t gt_ev[2];
     double gt_ms;
+    /* ARKA_CUDA_TRACE=N (builds with -DARKA_CUDA_TRACE=ON): the N-th decode graph replay is
+     * traced, one line per CTA of its kernels written to ARKA_CUDA_TRACE_FILE (CSV;
+     * bench/trace_step.py reads it). */
+    int tr_at, tr_replays, tr_pending;
 } cu_state;
 
 enum { LO_NORM = 1, LO_ROPE = 2, LO_ATTN = 4, LO_SWIGLU = 8, LO_GEMV = 16 };
@@ -474,6 +478,8 @@ static int splits_for(const cu_state *s, const ex_batch *b) {
 
 /* Enqueues the forward pass of a checked batch (a decode graph when one fits, else eager),
  * leaving its logits rows in s->logits. Returns whether it was a pure decode step. */
+static void trace_begin(cu_state *s);
+
 static int launch_forward(cu_state *s, const ex_batch *b) {
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
     if (s->fault_at && ++s->n_steps == s->fault_at) { /* testing the fatal path: the step's sync fails */
@@ -490,6 +496,7 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
     }
     if (g && !s->prof_on) {
         stage_batch(s, b, g->n_tok - b->n_tokens);
+        if (s->tr_at && ++s->tr_replays == s->tr_at) trace_begin(s);
         if (s->gt_on) CU_FATAL(cudaEventRecord(s->gt_ev[0], s->stream));
         CU_FATAL(cudaGraphLaunch(g->exec, s->stream));
         if (s->gt_on) CU_FATAL(cudaEventRecord(s->gt_ev[1], s->stream));
@@ -500,6 +507,41 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
         enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split, b->n_tokens == b->n_seqs);
     }
     return pure_decode;
+}
+
+#define TRACE_CAP (1u << 20)
+
+static void trace_begin(cu_state *s) {
+    int rc = kc_trace_begin(TRACE_CAP);
+    if (rc) CM_LOG_WARN("cuda", "step trace unavailable (a build without -DARKA_CUDA_TRACE=ON?)", "rc=%d", rc);
+    s->tr_pending = rc == 0;
+}
+
+/* After the traced step: its records as CSV (kind,sm,cta,n_warps,t_entry,t_wait,t_end in ns). */
+static void trace_write(cu_state *s) {
+    if (!s->tr_pending) return;
+    s->tr_pending = 0;
+    kc_trace_rec *r = malloc(TRACE_CAP * sizeof *r);
+    unsigned n = 0;
+    if (!r || kc_trace_end(r, TRACE_CAP, &n)) {
+        free(r);
+        CM_LOG_WARN("cuda", "step trace: reading the records failed", "records=%u", n);
+        return;
+    }
+    const char *path = getenv("ARKA_CUDA_TRACE_FILE") ? getenv("ARKA_CUDA_TRACE_FILE") : "arka-trace.csv";
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(r);
+        CM_LOG_WARN("cuda", "step trace: cannot write the file", "path=%s", path);
+        return;
+    }
+    fprintf(f, "kind,sm,cta,n_warps,t_entry,t_wait,t_end\n");
+    for (unsigned i = 0; i < n && i < TRACE_CAP; i++)
+        fprintf(f, "%u,%u,%u,%u,%llu,%llu,%llu\n", r[i].kind, r[i].sm, r[i].cta, r[i].n_warps, r[i].t_entry, r[i].t_wait,
+                r[i].t_end);
+    fclose(f);
+    CM_LOG_INFO("cuda", "step trace written", "path=%s ctas=%u replay=%d", path, n, s->tr_at);
+    free(r);
 }
 
 static void graph_timing_collect(cu_state *s) {
@@ -520,6 +562,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
     graph_timing_collect(s);
+    trace_write(s);
     *logits = s->h_logits;
     return 0;
 }
@@ -544,6 +587,7 @@ static int cuda_forward_sample(ex_backend *base, const ex_batch *b, const ex_sam
     CU_FATAL(cudaStreamSynchronize(s->stream));
     if (s->prof_on && pure_decode) prof_collect(s);
     graph_timing_collect(s);
+    trace_write(s);
     for (int r = 0; r < n_rows; r++) {
         if (s->samp_slot[r] >= 0) ex__cuda_sample_out(&s->h_sout[s->samp_slot[r]], &out[r]);
         else {
@@ -984,6 +1028,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             s->xq_a.no_ints = !q_down && s->xq_a.xh;
         }
     }
+    s->tr_at = getenv("ARKA_CUDA_TRACE") ? atoi(getenv("ARKA_CUDA_TRACE")) : 0;
     if (getenv("ARKA_CUDA_GRAPH_TIMING") && atoi(getenv("ARKA_CUDA_GRAPH_TIMING")) > 0) {
         if (cudaEventCreate(&s->gt_ev[0]) != cudaSuccess || cudaEventCreate(&s->gt_ev[1]) != cudaSuccess) goto oom;
         s->gt_on = 1;

@@ -6,8 +6,11 @@ extern "C" {
 #include "kcuda.h"
 }
 
+KC_TRACE_TU(act)
+
 // gu rows interleave gate and up: gu[t][2j] = gate j, gu[t][2j + 1] = up j (kcuda.h).
 __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
+    KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -21,6 +24,7 @@ __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
 // out may be NULL (only the blocks).
 __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql,
                                  int32_t *qm, __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
     const size_t t = blockIdx.y;
@@ -57,6 +61,7 @@ extern "C" int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaS
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, size_t total) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
     kc_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

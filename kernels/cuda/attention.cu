@@ -9,6 +9,8 @@ extern "C" {
 #include "kcuda.h"
 }
 
+KC_TRACE_TU(attention)
+
 #define ATT_WARPS 4
 
 // The finished output of one (token, head): element e written to out, and when xq is given
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
             int block_size, float scale, int n_split, int chunk, int kv_ready) {
+    KC_TRACE_SCOPE(KC_TR_ATTN);
     constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
@@ -226,6 +229,7 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
 
 template <int HD>
 __global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk) {
+    KC_TRACE_SCOPE(KC_TR_ATTN_MERGE);
     kc_pdl_trigger();
     kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;

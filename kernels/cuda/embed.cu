@@ -6,6 +6,8 @@ extern "C" {
 #include "model/dtype.h"
 }
 
+KC_TRACE_TU(embed)
+
 // Element k of the table as f32 (TYPE as in kc_weight; Q4_K: kcuda.h's layout).
 template <int TYPE> __device__ __forceinline__ float embed_elem(const void *data, const kc_half *d, size_t k) {
     if constexpr (TYPE == DT_F32) return ((const float *)data)[k];
@@ -32,6 +34,7 @@ template <int TYPE> __device__ __forceinline__ float embed_elem(const void *data
 // handled (10.7 us for one Q4_0 row of 4,096 under ncu).
 template <int TYPE>
 __global__ void embed_kernel(const void *data, const kc_half *d, int n_embd, int n_vocab, const int32_t *ids, float *x) {
+    KC_TRACE_SCOPE(KC_TR_EMBED);
     kc_pdl_trigger();
     kc_pdl_wait();
     int t = blockIdx.x;
@@ -66,6 +69,7 @@ extern "C" int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, f
 // One CTA per row; float4 copies when n allows, unrolled so that a thread's loads are in flight
 // together (5.9 us for one row of 4,096 floats under ncu, one element per round trip).
 __global__ void gather_rows_kernel(const float *src, const int32_t *rows, int n, float *dst) {
+    KC_TRACE_SCOPE(KC_TR_GATHER);
     kc_pdl_trigger();
     kc_pdl_wait();
     const float *in = src + (size_t)rows[blockIdx.x] * n;

@@ -22,6 +22,8 @@ extern "C" {
 #include "model/dtype.h"
 }
 
+KC_TRACE_TU(gemmq)
+
 namespace {
 
 constexpr int BK = 128;             // elements of K per warp step (4 lane quads x 32)
@@ -148,6 +150,7 @@ template <int TYPE, int WM, int WK, int BN, int MT>
 __global__ void __launch_bounds__(WM * WK * 32)
 gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const __half *x, float *y, int n_in,
              int n_out, int n_tok, int accumulate) {
+    KC_TRACE_SCOPE(KC_TR_GEMMQ);
     typedef qt<TYPE> T;
     constexpr int NT = BN / 8, NTHR = WM * WK * 32, BM = 16 * MT * WM;
     extern __shared__ __align__(16) uint8_t smem[];

@@ -9,6 +9,7 @@
 extern "C" {
 #include "common/cm_err.h"
 #include "common/cm_log.h"
+#include "kernels/cuda/kcuda.h"
 }
 
 // Logs the failed launch with file and line and returns CM_ECUDA from the launcher.
@@ -61,10 +62,82 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
 //     read with ordinary loads (made visible by the wait); weights use __ldg.
 // kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
 // exited. Both are no-ops when the kernel was launched without the attribute.
+// ---- step trace (builds with -DKC_TRACE only: cmake -DARKA_CUDA_TRACE=ON) ----------------------
+// Every CTA of a traced kernel (KC_TRACE_SCOPE as its first statement) records its kind, SM,
+// entry time, the time its thread 0 passed the programmatic wait and the time its last warp
+// left, in %globaltimer nanoseconds, into the buffer kc_trace_begin gave (kc_trace_end reads
+// it back). Each file of traced kernels holds its own copy of the buffer's address (no
+// relocatable device code), set through the function KC_TRACE_TU defines (kcuda.h has the
+// record). Other builds: the macros are empty and cost nothing.
+#ifdef KC_TRACE
+struct kc_trace_dev {
+    kc_trace_rec *buf;
+    unsigned *n;
+    unsigned cap;
+};
+static __device__ kc_trace_dev kc_trace_g;
+__device__ __forceinline__ unsigned long long kc_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned long long &kc_trace_twait() {
+    __shared__ unsigned long long t;
+    return t;
+}
+__device__ __forceinline__ unsigned &kc_trace_done() {
+    __shared__ unsigned n;
+    return n;
+}
+struct kc_trace_scope {
+    unsigned kind;
+    unsigned long long t0;
+    __device__ kc_trace_scope(unsigned k) : kind(k), t0(kc_gtime()) {
+        if (threadIdx.x == 0) { kc_trace_done() = 0; kc_trace_twait() = 0; }
+        __syncthreads();
+    }
+    __device__ ~kc_trace_scope() {
+        if ((threadIdx.x & 31) || !kc_trace_g.buf) return;
+        const unsigned nw = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
+        if (atomicAdd(&kc_trace_done(), 1u) + 1 != nw) return;
+        const unsigned long long t1 = kc_gtime();
+        const unsigned i = atomicAdd(kc_trace_g.n, 1u);
+        if (i >= kc_trace_g.cap) return;
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        kc_trace_rec r;
+        r.kind = kind;
+        r.sm = sm;
+        r.cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        r.n_warps = nw;
+        r.t_entry = t0;
+        r.t_wait = *(volatile unsigned long long *)&kc_trace_twait();
+        r.t_end = t1;
+        r.pad = 0;
+        kc_trace_g.buf[i] = r;
+    }
+};
+#define KC_TRACE_SCOPE(kind) kc_trace_scope kc_trace_scope_(kind)
+#define KC_TRACE_WAITED()                                                                         \
+    do {                                                                                          \
+        if (threadIdx.x == 0) kc_trace_twait() = kc_gtime();                                      \
+    } while (0)
+#define KC_TRACE_TU(name)                                                                         \
+    extern "C" int kc_trace_tu_##name(kc_trace_rec *buf, unsigned *n, unsigned cap) {             \
+        kc_trace_dev d = { buf, n, cap };                                                         \
+        return cudaMemcpyToSymbol(kc_trace_g, &d, sizeof d) == cudaSuccess ? 0 : CM_ECUDA;        \
+    }
+#else
+#define KC_TRACE_SCOPE(kind) ((void)0)
+#define KC_TRACE_WAITED() ((void)0)
+#define KC_TRACE_TU(name)
+#endif
+
 __device__ __forceinline__ void kc_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    KC_TRACE_WAITED();
 }
 __device__ __forceinline__ void kc_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -258,6 +258,24 @@ int kc_sample_host(float *logits, int ld, int n_vocab, const void *pool, int n_r
 /* dst[r][:] = src[rows[r]][:] for f32 rows of n elements (gathers each sequence's last token). */
 int kc_gather_rows_f32(const float *src, const int32_t *rows, int n_rows, int n, float *dst, cudaStream_t s);
 
+/* Step trace (timing experiments; builds configured with -DARKA_CUDA_TRACE=ON): every CTA of
+ * the forward pass's kernels records one kc_trace_rec, times in %globaltimer ns. */
+typedef struct kc_trace_rec {
+    uint32_t kind, sm, cta, n_warps;
+    unsigned long long t_entry; /* the CTA started */
+    unsigned long long t_wait;  /* its thread 0 passed the programmatic wait (0: none) */
+    unsigned long long t_end;   /* its last warp finished */
+    unsigned long long pad;
+} kc_trace_rec;
+enum { KC_TR_EMBED = 1, KC_TR_NORM, KC_TR_GEMV, KC_TR_GEMVQ, KC_TR_ROPE, KC_TR_ATTN, KC_TR_ATTN_MERGE, KC_TR_SWIGLU,
+       KC_TR_GATHER, KC_TR_GEMMQ, KC_TR_OTHER };
+/* Starts recording (room for cap CTAs; the kernels enqueued from now on record). CM_EUNSUPPORTED
+ * in builds without the trace. */
+int kc_trace_begin(unsigned cap);
+/* Synchronizes the device, copies up to cap records to out (host) and stops recording.
+ * *n_out: how many CTAs recorded (may exceed cap: the rest were dropped). */
+int kc_trace_end(kc_trace_rec *out, unsigned cap, unsigned *n_out);
+
 #ifdef __cplusplus
 }
 #endif

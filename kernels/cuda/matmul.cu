@@ -12,6 +12,8 @@ extern "C" {
 #include "model/dtype.h"
 }
 
+KC_TRACE_TU(matmul)
+
 // ---- weight layout ---------------------------------------------------------------------------
 
 extern "C" int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes, size_t *d_bytes) {
@@ -307,6 +309,7 @@ template <int TYPE, int NT, int R, int U, bool XH, bool SWI = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const void *x, float *y, int n_in, int n_out,
             int accumulate, gemv_swi sw) {
+    KC_TRACE_SCOPE(KC_TR_GEMV);
     static_assert(!SWI || (R % 2 == 0 && TYPE == DT_F16), "SwiGLU needs gate and up rows in one warp");
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
@@ -568,6 +571,7 @@ template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
              const int2 *xm, float *y, int n_in, int n_out, int accumulate) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
     kc_pdl_trigger();
@@ -719,6 +723,7 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
 // ---- activation quantization ---------------------------------------------------------------
 
 __global__ void quantize_x_kernel(const float *x, int n, int8_t *qh, int8_t *ql, int32_t *m, __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
     kc_pdl_wait();
     const int n4 = n / 4;

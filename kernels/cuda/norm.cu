@@ -5,6 +5,8 @@ extern "C" {
 #include "kcuda.h"
 }
 
+KC_TRACE_TU(norm)
+
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
@@ -12,6 +14,7 @@ extern "C" {
 template <int NV, bool QUANT>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                    float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
     const float4 *wv = (const float4 *)w;
@@ -51,6 +54,7 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
 // Any n (tiny models): strided scalar loop.
 __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                float eps) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
     kc_pdl_wait();

@@ -6,6 +6,8 @@ extern "C" {
 #include "model/model.h"
 }
 
+KC_TRACE_TU(rope)
+
 // Inverse frequency of rotary pair i (0 <= i < rope_dim/2), with linear or llama3 scaling.
 __device__ __forceinline__ float rope_freq(const kc_rope &r, int i) {
     float freq = exp2f(-2.0f * (float)i / (float)r.rope_dim * __log2f(r.base));
@@ -35,6 +37,7 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
 __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cache,
                                   __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
+    KC_TRACE_SCOPE(KC_TR_ROPE);
     kc_pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const int p = pos[t];
