@@ -691,16 +691,17 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int a
 // from 1x1, 1x2, 1x4, 2x1, 2x2, 2x4, 4x1, 4x2, 8x1 with gpu_bench_gemv at llama2-7b's shapes
 // (bench/RESULTS.md "2026-11-24 (gemmq)"). More rows share each activation load; fewer rows
 // give the narrow matrices (4096 rows) enough CTAs; the long rows of down (11008) want two
-// batches of chunks in flight. Q4_0 over 16384 rows (gate|up, the head): 8x1, which the
-// microbenchmark puts 3-5 % behind 4x2, is 0.6 % faster in the whole step (bench/RESULTS.md
-// "fourth session"). ARKA_CUDA_GEMVQ1=RU (e.g. 22) overrides (A/B).
+// batches of chunks in flight. Then retuned on whole steps (bench/RESULTS.md "fourth
+// session"), where the microbenchmark's order did not hold: Q4_0 8x1 for every matrix over
+// 8192 rows (gate|up and the head too: +0.6 %), 2x1 for wo and 4x2 for down (+0.5 %); Q8_0
+// 2x2 for down (+1.2 %). ARKA_CUDA_GEMVQ1=RU (e.g. 22) overrides (A/B).
 static int gemvq1_cfg(int type, int n_in, int n_out) {
     static int v = -1;
     if (v < 0) v = env_int("ARKA_CUDA_GEMVQ1", 0, 16);
     if (v > 0) return v;
-    if (type == DT_Q4_0) return n_in > 8192 ? 0x22 : n_out > 8192 ? 0x81 : 0x42;
+    if (type == DT_Q4_0) return n_in > 8192 ? 0x42 : n_out > 8192 ? 0x81 : 0x21;
     if (type == DT_Q4_K) return n_in > 8192 ? 0x21 : n_out <= 4096 ? 0x42 : 0x41;
-    return 0x41;
+    return n_in > 8192 ? 0x22 : 0x41; // Q8_0
 }
 
 template <int TYPE>
