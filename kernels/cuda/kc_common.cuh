@@ -48,20 +48,6 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
     return kc_warp_sum(v);
 }
 
-// ---- programmatic dependent launch (Hopper) ---------------------------------------------------
-// Kernels of the forward pass are launched with kc_launch, which sets
-// cudaLaunchAttributeProgrammaticStreamSerialization: the next kernel's CTAs may start while
-// this kernel drains, and run whatever does not depend on earlier kernels (a GEMV's first
-// weight loads) before kc_pdl_wait(). Rules for every kernel launched with kc_launch:
-//   - call kc_pdl_wait() in every thread before reading anything an earlier kernel of the
-//     stream wrote and before writing anything (an earlier kernel may still read it);
-//   - before the wait, touch only memory nothing in the stream writes (weights);
-//   - never read what an earlier kernel wrote through the read-only path (__ldg, or const
-//     __restrict__ pointers the compiler may turn into it): that path requires the data to
-//     stay unchanged for the kernel's lifetime, which now overlaps the writes. Such data is
-//     read with ordinary loads (made visible by the wait); weights use __ldg.
-// kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
-// exited. Both are no-ops when the kernel was launched without the attribute.
 // ---- step trace (builds with -DKC_TRACE only: cmake -DARKA_CUDA_TRACE=ON) ----------------------
 // Every CTA of a traced kernel (KC_TRACE_SCOPE as its first statement) records its kind, SM,
 // entry time, the time its thread 0 passed the programmatic wait and the time its last warp
@@ -133,6 +119,20 @@ struct kc_trace_scope {
 #define KC_TRACE_TU(name)
 #endif
 
+// ---- programmatic dependent launch (Hopper) ---------------------------------------------------
+// Kernels of the forward pass are launched with kc_launch, which sets
+// cudaLaunchAttributeProgrammaticStreamSerialization: the next kernel's CTAs may start while
+// this kernel drains, and run whatever does not depend on earlier kernels (a GEMV's first
+// weight loads) before kc_pdl_wait(). Rules for every kernel launched with kc_launch:
+//   - call kc_pdl_wait() in every thread before reading anything an earlier kernel of the
+//     stream wrote and before writing anything (an earlier kernel may still read it);
+//   - before the wait, touch only memory nothing in the stream writes (weights);
+//   - never read what an earlier kernel wrote through the read-only path (__ldg, or const
+//     __restrict__ pointers the compiler may turn into it): that path requires the data to
+//     stay unchanged for the kernel's lifetime, which now overlaps the writes. Such data is
+//     read with ordinary loads (made visible by the wait); weights use __ldg.
+// kc_pdl_trigger() lets the next kernel launch once every CTA of this one has triggered or
+// exited. Both are no-ops when the kernel was launched without the attribute.
 __device__ __forceinline__ void kc_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
