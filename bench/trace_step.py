@@ -13,6 +13,7 @@ import csv
 import sys
 from collections import defaultdict
 
+# the kinds kernels record: KC_TR_* in kernels/cuda/kcuda.h
 KINDS = {1: "embed", 2: "norm", 3: "gemv", 4: "gemvq", 5: "rope", 6: "attn", 7: "attn_merge", 8: "swiglu",
          9: "gather", 10: "gemmq", 11: "other"}
 

@@ -33,9 +33,10 @@ __device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e
 // Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`. The first B
 // splits' maxima, sums and outputs are loaded together (one L2 round trip instead of one per
 // few splits: the merge sits between attention and the wo GEMV); any further splits are read
-// in a loop. Splits are added in order either way. B = 16 costs registers: the kernels with
-// many key groups in flight (few tokens) take it; the batched ones keep 4 (llama2-7b F16,
-// 128 sequences: 16 took attention from 55 to 94 registers and the step from 12.7 to 13.9 ms).
+// in a loop. Splits are added in order either way. B = 16 costs registers: only the kernels
+// with 8 key groups in flight (few tokens, hd >= 128), which hold that many already, take it;
+// the others keep 4 (llama2-7b F16, 128 sequences: 16 took the 2-group kernel from 55 to 94
+// registers and the step from 12.7 to 13.9 ms).
 template <int HD, int B>
 __device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size_t row) {
     for (int e = threadIdx.x; e < HD; e += blockDim.x) {
