@@ -84,6 +84,10 @@ int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cu
  * GEMVs that read nothing else (kc_matmul_reads_x); CM_EINVAL when it would not be. */
 int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
 int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s);
+/* Rows of n % 512 == 0, n <= 4096 are normalized by n / 512 CTAs per token, which give the
+ * same bits as one CTA per token; kc_set_norm_split(0) (or ARKA_CUDA_NORM_SPLIT=0) sends them to
+ * the one-CTA kernel (A/B, tests). */
+void kc_set_norm_split(int on);
 
 /* Workspace for the cuBLAS path of kc_matmul (allocated once by the backend). */
 typedef struct kc_gemm_ws {

@@ -1,6 +1,8 @@
 // norm: RMSNorm over rows of f32 activations.
 #include "kc_common.cuh"
 
+#include <stdlib.h>
+
 extern "C" {
 #include "kcuda.h"
 }
@@ -29,26 +31,62 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
     float4 *yr = y ? (float4 *)(y + (size_t)blockIdx.x * n) : nullptr; // NULL: only the blocks
     float4 v[NV];
-    float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
     }
+    float ss = kc_sumsq4(v[0]);
 #pragma unroll
-    for (int k = 0; k < NV; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    for (int k = 1; k < NV; k++) ss = __fadd_rn(ss, kc_sumsq4(v[k]));
     ss = kc_block_sum(ss, red);
-    const float r = rsqrtf(ss / (float)n + eps);
+    const float r = kc_rms_scale(ss, n, eps);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         float4 o = make_float4(0, 0, 0, 0);
         if (i < n4) {
-            o = make_float4(v[k].x * r * g[k].x, v[k].y * r * g[k].y, v[k].z * r * g[k].z, v[k].w * r * g[k].w);
+            o = kc_rms4(v[k], r, g[k]);
             if (yr) yr[i] = o;
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
     }
+}
+
+// Rows of n = 512 K (K <= 8: n <= 4096) over K CTAs of 128 threads per token: every CTA reads
+// the whole row and forms its sum of squares, then normalizes and writes the quarter-warp
+// blocks of its own 128 float4. Between two GEMVs this is faster than one CTA of 1024 threads
+// (bench/RESULTS.md): the work after the reduction is spread over K SMs, and small CTAs find
+// room beside the GEMV's. The sum is formed in the order rmsnorm_vec_kernel<1> forms it with
+// n / 4 threads (float4 i's square sum, warp sums over 32 consecutive float4, then the sum of
+// the warp sums), so both kernels give the same bits.
+template <int K, bool QUANT>
+__global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, const float *__restrict__ w, float *y, int n,
+                                                            float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    __shared__ float red[32];
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = blockIdx.x * 128 + threadIdx.x;
+    const float4 g = __ldg((const float4 *)w + i0);
+    kc_pdl_wait();
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.y * n);
+    float4 v[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = xr[k * 128 + threadIdx.x];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const float p = kc_warp_sum(kc_sumsq4(v[k])); // float4 k * 128 + threadIdx.x: warp 4 k + warp
+        if (lane == 0) red[k * 4 + warp] = p;
+    }
+    __syncthreads();
+    const float r = kc_rms_scale(kc_warp_sum(lane < 4 * K ? red[lane] : 0.0f), n, eps);
+    float4 mine = v[0];
+#pragma unroll
+    for (int k = 1; k < K; k++)
+        if (k == (int)blockIdx.x) mine = v[k];
+    const float4 o = kc_rms4(mine, r, g);
+    if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
+    if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
 }
 
 // Any n (tiny models): strided scalar loop.
@@ -67,6 +105,15 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, floa
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
+// ARKA_CUDA_NORM_SPLIT=0 or kc_set_norm_split(0): every row on the one-CTA kernel (A/B; the
+// same bits).
+static int g_split_off = -1;
+static bool split_off(void) {
+    if (g_split_off < 0) g_split_off = getenv("ARKA_CUDA_NORM_SPLIT") && atoi(getenv("ARKA_CUDA_NORM_SPLIT")) == 0;
+    return g_split_off;
+}
+extern "C" void kc_set_norm_split(int on) { g_split_off = !on; }
+
 template <bool QUANT>
 static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
     /* one float4 per thread where the row allows: the norm sits between two GEMVs, and fewer
@@ -77,6 +124,19 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
+    if (n % 512 == 0 && n <= 4096 && !split_off()) {
+        const dim3 grid(n / 512, n_tok);
+        switch (n / 512) {
+        case 1: kc_launch(rmsnorm_split_kernel<1, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 2: kc_launch(rmsnorm_split_kernel<2, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 3: kc_launch(rmsnorm_split_kernel<3, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 4: kc_launch(rmsnorm_split_kernel<4, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 5: kc_launch(rmsnorm_split_kernel<5, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 6: kc_launch(rmsnorm_split_kernel<6, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        case 7: kc_launch(rmsnorm_split_kernel<7, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        default: kc_launch(rmsnorm_split_kernel<8, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
+        }
+    }
     if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
     else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
     else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);

@@ -729,6 +729,40 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
     }
 }
 
+/* RMSNorm split over n / 512 CTAs per token: the same bits as the one-CTA kernel (f32 output,
+ * int8 blocks and half copy), for every split count's row length and several tokens. */
+static void test_rmsnorm_split(cudaStream_t s) {
+    const int ns[] = { 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096 }, nt = 5;
+    for (int si = 0; si < 8; si++) {
+        const int n = ns[si];
+        const size_t N = (size_t)nt * n;
+        float *x = malloc(N * 4), *w = malloc((size_t)n * 4), *ya = malloc(N * 4), *yb = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) x[i] = frand() * (i % 89 == 0 ? 30.0f : 1.5f);
+        for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
+        float *dx = dev_upload(x, N * 4), *dw = dev_upload(w, (size_t)n * 4), *da, *db;
+        CK(cudaMalloc((void **)&da, N * 4));
+        CK(cudaMalloc((void **)&db, N * 4));
+        poison(da, N * 4);
+        poison(db, N * 4);
+        kc_xq qa = xq_alloc(nt, n), qb = xq_alloc(nt, n);
+        kc_set_norm_split(1);
+        int rc = kc_rmsnorm_xq(dx, dw, da, &qa, nt, n, 1e-5f, s);
+        kc_set_norm_split(0);
+        rc |= kc_rmsnorm_xq(dx, dw, db, &qb, nt, n, 1e-5f, s);
+        kc_set_norm_split(1);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(ya, da, N * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(yb, db, N * 4, cudaMemcpyDeviceToHost));
+        uint16_t *ha = malloc(N * 2), *hb = malloc(N * 2);
+        CK(cudaMemcpy(ha, qa.xh, N * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hb, qb.xh, N * 2, cudaMemcpyDeviceToHost));
+        const int same_y = memcmp(ya, yb, N * 4) == 0, same_q = xq_equal(&qa, &qb, nt, n) && memcmp(ha, hb, N * 2) == 0;
+        T_CHECKF(rc == 0 && same_y && same_q && qa.n == n, "rmsnorm split n=%d: same y %d, same blocks %d", n, same_y, same_q);
+        free(ha); free(hb); xq_free(&qa); xq_free(&qb);
+        cudaFree(dx); cudaFree(dw); cudaFree(da); cudaFree(db); free(x); free(w); free(ya); free(yb);
+    }
+}
+
 /* kc_matmul_swiglu on an F16 gate|up matrix (rows interleaved): against a double reference, and
  * the fused kernel (half copy only, gu left untouched: one token) bit for bit the same as
  * kc_matmul_xq + kc_swiglu_xq, for 1..8 tokens (batch invariance of the SwiGLU's output). */
@@ -804,6 +838,7 @@ int main(void) {
     test_matmul(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
+    test_rmsnorm_split(s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     cublasDestroy(cb);
