@@ -212,19 +212,21 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
     }
     if (n_split == 1 || !counters) return;
     // The last split of (t, h) to finish merges them all (in split order: the result does not
-    // depend on which CTA was last) and resets the counter for the next launch.
-    __threadfence();
+    // depend on which CTA was last) and resets the counter for the next launch. The barrier
+    // orders the CTA's partial before thread 0's release (the counting atomic is acq_rel); the
+    // next one orders its acquire before the merge's loads. No __threadfence: a fence.sc in
+    // every CTA and another in the last cost more than a microsecond per kernel (RESULTS).
     __syncthreads();
     const int n_valid = min(n_split, p / chunk + 1);
     if (threadIdx.x == 0) {
         int *cnt = counters + (size_t)t * n_head + h;
-        int done = atomicAdd(cnt, 1) + 1;
-        sm_last = done == n_valid;
+        int old;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
+        sm_last = old + 1 == n_valid;
         if (sm_last) *cnt = 0;
     }
     __syncthreads();
     if (!sm_last) return;
-    __threadfence();
     att_merge<HD, G == 8 ? 16 : 4>(pp, n_valid, em, row);
 }
 
