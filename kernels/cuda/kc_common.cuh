@@ -199,20 +199,6 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float kc_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
-// ---- RMSNorm arithmetic ------------------------------------------------------------------------
-// Shared by the norm kernel and the GEMV that ends in a norm (matmul.cu): the two must agree bit
-// for bit (a token's activations may not depend on which of them ran), so the roundings are
-// spelled out rather than left to contraction.
-__device__ __forceinline__ float kc_sumsq4(float4 v) {
-    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
-}
-// 1 / rms from the row's sum of squares
-__device__ __forceinline__ float kc_rms_scale(float ss, int n, float eps) { return rsqrtf(__fdiv_rn(ss, (float)n) + eps); }
-__device__ __forceinline__ float4 kc_rms4(float4 v, float r, float4 g) {
-    return make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
-                       __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
-}
-
 // ---- two-level int8 activations (kc_xq, see kcuda.h) ----------------------------------------
 // The block of 32 values held by 8 consecutive lanes (4 values each, lanes 8g..8g+7 of the
 // warp; the whole warp must call this together, `store` false for lanes past the row) is

@@ -9,6 +9,18 @@ extern "C" {
 
 KC_TRACE_TU(norm)
 
+// The arithmetic both row kernels share, roundings spelled out rather than left to
+// contraction: a row's bits may not depend on which kernel normalized it.
+__device__ __forceinline__ float rms_sumsq4(float4 v) {
+    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+// 1 / rms from the row's sum of squares
+__device__ __forceinline__ float rms_scale(float ss, int n, float eps) { return rsqrtf(__fdiv_rn(ss, (float)n) + eps); }
+__device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
+    return make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
+                       __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
+}
+
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
@@ -36,17 +48,17 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         int i = threadIdx.x + k * blockDim.x;
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
     }
-    float ss = kc_sumsq4(v[0]);
+    float ss = rms_sumsq4(v[0]);
 #pragma unroll
-    for (int k = 1; k < NV; k++) ss = __fadd_rn(ss, kc_sumsq4(v[k]));
+    for (int k = 1; k < NV; k++) ss = __fadd_rn(ss, rms_sumsq4(v[k]));
     ss = kc_block_sum(ss, red);
-    const float r = kc_rms_scale(ss, n, eps);
+    const float r = rms_scale(ss, n, eps);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         float4 o = make_float4(0, 0, 0, 0);
         if (i < n4) {
-            o = kc_rms4(v[k], r, g[k]);
+            o = rms_apply4(v[k], r, g[k]);
             if (yr) yr[i] = o;
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
@@ -75,16 +87,16 @@ __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, cons
     for (int k = 0; k < K; k++) v[k] = xr[k * 128 + threadIdx.x];
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        const float p = kc_warp_sum(kc_sumsq4(v[k])); // float4 k * 128 + threadIdx.x: warp 4 k + warp
+        const float p = kc_warp_sum(rms_sumsq4(v[k])); // float4 k * 128 + threadIdx.x: warp 4 k + warp
         if (lane == 0) red[k * 4 + warp] = p;
     }
     __syncthreads();
-    const float r = kc_rms_scale(kc_warp_sum(lane < 4 * K ? red[lane] : 0.0f), n, eps);
+    const float r = rms_scale(kc_warp_sum(lane < 4 * K ? red[lane] : 0.0f), n, eps);
     float4 mine = v[0];
 #pragma unroll
     for (int k = 1; k < K; k++)
         if (k == (int)blockIdx.x) mine = v[k];
-    const float4 o = kc_rms4(mine, r, g);
+    const float4 o = rms_apply4(mine, r, g);
     if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
     if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
 }
@@ -125,17 +137,13 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
     if (n % 512 == 0 && n <= 4096 && !split_off()) {
-        const dim3 grid(n / 512, n_tok);
-        switch (n / 512) {
-        case 1: kc_launch(rmsnorm_split_kernel<1, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 2: kc_launch(rmsnorm_split_kernel<2, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 3: kc_launch(rmsnorm_split_kernel<3, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 4: kc_launch(rmsnorm_split_kernel<4, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 5: kc_launch(rmsnorm_split_kernel<5, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 6: kc_launch(rmsnorm_split_kernel<6, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        case 7: kc_launch(rmsnorm_split_kernel<7, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        default: kc_launch(rmsnorm_split_kernel<8, QUANT>, grid, dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh); return;
-        }
+        typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *);
+        static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
+                                        rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,
+                                        rmsnorm_split_kernel<5, QUANT>, rmsnorm_split_kernel<6, QUANT>,
+                                        rmsnorm_split_kernel<7, QUANT>, rmsnorm_split_kernel<8, QUANT> };
+        kc_launch(ks[n / 512 - 1], dim3(n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+        return;
     }
     if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
     else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
