@@ -2,7 +2,11 @@
  *
  *   bench_engine -m MODEL [--backend cpu|cuda] [--prompt 512] [--gen 128] [--batch 1]
  *                [--bw-gbs 3000] [--threads N] [--reps 3] [--sample]
- *                [--gpu-memory-fraction F] [--cuda-graph-budget-s 60]
+ *                [--gpu-memory-fraction F] [--cuda-graph-budget-s 60] [--cuda-plan K=V,...]
+ *                [--cuda-graph-timing] [--cuda-profile] [--cuda-trace N [--cuda-trace-file F]]
+ *
+ * On cuda the copy bandwidth is measured first (a 4 GiB device-to-device copy, bytes read and
+ * written, best of 5) and is the roofline's bandwidth unless --bw-gbs is given.
  *
  * The KV pool holds exactly what the --batch sequences need, unless --gpu-memory-fraction is
  * given: then the cuda backend sizes it from free device memory as the server does.
@@ -23,6 +27,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef ARKA_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+/* Device copy bandwidth in GB/s (read + written), best of 5 copies of 2 GiB; 0 on failure. */
+static double cuda_copy_gbs(int device) {
+    size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    float best = 0;
+    if (cudaSetDevice(device) || cudaMalloc(&a, n) || cudaMalloc(&b, n) || cudaMemset(a, 1, n) || cudaEventCreate(&e0) ||
+        cudaEventCreate(&e1))
+        goto out;
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        if (cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)) goto out;
+        if (i && (best == 0 || ms < best)) best = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+out:
+    cudaFree(a);
+    cudaFree(b);
+    cudaGetLastError();
+    return best > 0 ? 2.0 * n / (best * 1e-3) / 1e9 : 0;
+}
+#endif
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -37,7 +70,9 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu";
     int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3, sample = 0;
-    double bw = 3000, mem_fraction = 0, graph_budget_s = 60;
+    float temp = 0.8f;
+    double bw = 0, mem_fraction = 0, graph_budget_s = 60;
+    ex_cuda_opts cuda = { 0 };
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file" },
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
@@ -49,7 +84,13 @@ int main(int argc, char **argv) {
         { "bw-gbs", 0, CM_OPT_F64, &bw, "memory bandwidth in GB/s for the roofline" },
         { "gpu-memory-fraction", 0, CM_OPT_F64, &mem_fraction, "cuda: size the KV pool from this share of device memory (0 = what the batch needs)" },
         { "cuda-graph-budget-s", 0, CM_OPT_F64, &graph_budget_s, "cuda: seconds for capturing decode graphs; 0 = none" },
-        { "sample", 0, CM_OPT_BOOL, &sample, "decode steps sample (T=0.8, top_p=0.95) through ex_engine_forward_sample" },
+        { "sample", 0, CM_OPT_BOOL, &sample, "decode steps sample (T=--temp, top_p=0.95) through ex_engine_forward_sample" },
+        { "temp", 0, CM_OPT_F32, &temp, "--sample: temperature (default 0.8; 0 = greedy)" },
+        { "cuda-plan", 0, CM_OPT_STR, &cuda.plan, "cuda: kernel-plan overrides key=value,..." },
+        { "cuda-graph-timing", 0, CM_OPT_BOOL, &cuda.graph_timing, "cuda: device time per decode graph replay, at exit" },
+        { "cuda-profile", 0, CM_OPT_BOOL, &cuda.profile, "cuda: time every launch of eager steps; breakdown at exit" },
+        { "cuda-trace", 0, CM_OPT_INT, &cuda.trace_step, "cuda: record the N-th decode graph replay (ARKA_CUDA_TRACE builds)" },
+        { "cuda-trace-file", 0, CM_OPT_STR, &cuda.trace_file, "cuda: where --cuda-trace writes (default arka-trace.csv)" },
         { 0 },
     };
     char err[512];
@@ -59,6 +100,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\nusage: bench_engine -m MODEL [--backend cpu|cuda] [--prompt N] [--gen N] [--batch N]\n", err);
         cm_config_usage(opts, stderr);
         return 2;
+    }
+    const char *bw_from = "--bw-gbs";
+#ifdef ARKA_WITH_CUDA
+    if (bw <= 0 && !strcmp(backend, "cuda")) {
+        bw = cuda_copy_gbs(0);
+        bw_from = "measured copy";
+    }
+#endif
+    if (bw <= 0) {
+        bw = 3000;
+        bw_from = "default";
     }
     double t0 = cm_time_s();
     mdl_model *m;
@@ -76,6 +128,7 @@ int main(int argc, char **argv) {
                       ((o.n_ctx + 15) / 16 + 1);
     o.kv_cache_mb = kv_need / 1048576 + 16;
     o.cuda_graph_budget_s = graph_budget_s;
+    o.cuda = cuda;
     if (mem_fraction != 0) {
         o.gpu_mem_fraction = mem_fraction;   /* the engine refuses values outside (0, 1] */
         if (!strcmp(backend, "cuda")) o.kv_cache_mb = 0;
@@ -118,7 +171,7 @@ int main(int argc, char **argv) {
     double *st = malloc(sizeof(double) * (size_t)gen);
     ex_sample_params sp;
     ex_sample_params_default(&sp);
-    sp.temperature = 0.8f;
+    sp.temperature = temp;
     sp.top_p = 0.95f;
     sp.seed = 1;
     ex_sample_row *rows = calloc((size_t)batch, sizeof *rows);
@@ -144,13 +197,15 @@ int main(int argc, char **argv) {
     double bound = bw * 1e9 / bytes; /* steps per second the bandwidth allows */
     printf("model %s backend %s: load %.2f s, weights %.2f GiB\n", model, backend, t_load, m->weight_bytes / 1073741824.0);
     printf("prefill %d tokens: %.1f ms, %.0f tok/s\n", prompt, prefill_s * 1e3, prompt / prefill_s);
+    char how[64];
+    snprintf(how, sizeof how, " with sampling (T=%g, top_p=0.95)", temp);
     printf("decode batch %d%s: median step %.3f ms, %.1f tok/s per sequence, %.0f generated tok/s (wall %.0f)\n", batch,
-           sample ? " with sampling (T=0.8, top_p=0.95)" : "", step * 1e3, 1 / step, batch / step, batch * gen / dec_total);
-    printf("roofline (%.0f GB/s, %.2f GB read per step): %.1f steps/s; achieved %.1f%%\n", bw, bytes / 1e9, bound,
-           100.0 / step / bound);
+           sample ? how : "", step * 1e3, 1 / step, batch / step, batch * gen / dec_total);
+    printf("roofline (%.0f GB/s %s bandwidth, %.2f GB read per step): %.1f steps/s; achieved %.1f%%\n", bw, bw_from,
+           bytes / 1e9, bound, 100.0 / step / bound);
     printf("{\"model\":\"%s\",\"backend\":\"%s\",\"prompt\":%d,\"gen\":%d,\"batch\":%d,\"sample\":%d,\"prefill_tok_s\":%.1f,"
-           "\"decode_step_ms\":%.4f,\"decode_tok_s\":%.1f,\"roofline_frac\":%.4f}\n",
-           model, backend, prompt, gen, batch, sample, prompt / prefill_s, step * 1e3, batch / step, 1 / step / bound);
+           "\"decode_step_ms\":%.4f,\"decode_tok_s\":%.1f,\"roofline_frac\":%.4f,\"bw_gbs\":%.0f}\n",
+           model, backend, prompt, gen, batch, sample, prompt / prefill_s, step * 1e3, batch / step, 1 / step / bound, bw);
     for (int s = 0; s < batch; s++) {
         ex_kv_table_release(kv, &t[s]);
         ex_kv_table_free(&t[s]);

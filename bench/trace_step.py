@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads a step trace (ARKA_CUDA_TRACE=N ARKA_CUDA_TRACE_FILE=F, a build configured with
+"""Reads a step trace (bench_engine --cuda-trace N --cuda-trace-file F, a build configured with
 -DARKA_CUDA_TRACE=ON) and prints where the decode step's time goes, per kernel of a layer:
 
   gap   from the end of the kernel before (its last CTA) to this kernel's first CTA past the

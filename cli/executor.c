@@ -24,9 +24,10 @@ int cli_executor(int argc, char **argv) {
           "cuda: share of device memory to fill, weights included; the KV pool gets the rest (default 0.90)" },
         { "cuda-graph-budget-s", 0, CM_OPT_F64, &o.engine.cuda_graph_budget_s,
           "cuda: seconds for capturing decode graphs at start-up; 0 = none (default 60)" },
+        { "cuda-plan", 0, CM_OPT_STR, &o.engine.cuda.plan, "cuda: kernel-plan overrides key=value,..." },
         { "ctx", 'c', CM_OPT_INT, &o.engine.n_ctx, "positions per sequence (0 = the model's)" },
-        { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = 64)" },
-        { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = 512)" },
+        { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = cpu 64, cuda from the device)" },
+        { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = cpu 512, cuda from the device and model)" },
         { "max-waiting", 0, CM_OPT_INT, &o.max_waiting, "queued requests before the executor refuses (0 = 1024)" },
         { 0 },
     };

@@ -32,6 +32,7 @@ typedef struct {
     int     repeat_last_n;
     int64_t seed, kv_cache_mb;
     double  gpu_mem_fraction, cuda_graph_budget_s;
+    ex_cuda_opts cuda;
 } gen_opts;
 
 static void usage(const cm_opt *opts) {
@@ -134,6 +135,10 @@ int cli_generate(int argc, char **argv) {
           "cuda: share of device memory to fill, weights included; the KV pool gets the rest (default 0.90)" },
         { "cuda-graph-budget-s", 0, CM_OPT_F64, &g.cuda_graph_budget_s,
           "cuda: seconds for capturing decode graphs at start-up; 0 = none (default 60)" },
+        { "cuda-plan", 0, CM_OPT_STR, &g.cuda.plan, "cuda: kernel-plan overrides key=value,..." },
+        { "cuda-profile", 0, CM_OPT_BOOL, &g.cuda.profile, "cuda: time every launch of eager steps; breakdown at exit" },
+        { "cuda-graph-timing", 0, CM_OPT_BOOL, &g.cuda.graph_timing, "cuda: device time per decode graph replay, at exit" },
+        { "cuda-fault-at-step", 0, CM_OPT_I64, &g.cuda.fault_at_step, "testing: a trapping kernel in that engine step" },
         { "kv-block-size", 0, CM_OPT_INT, &g.block_size, "tokens per KV block (default 16)" },
         { "ctx", 'c', CM_OPT_INT, &g.ctx, "context length; 0 = the model's training context" },
         { "batch", 'b', CM_OPT_INT, &g.batch, "tokens per forward pass (prefill chunk; default 512)" },
@@ -250,6 +255,7 @@ int cli_generate(int argc, char **argv) {
     eo.kv_cache_mb = g.kv_cache_mb;
     eo.gpu_mem_fraction = g.gpu_mem_fraction;
     eo.cuda_graph_budget_s = g.cuda_graph_budget_s;
+    eo.cuda = g.cuda;
     eo.block_size = g.block_size;
     eo.n_ctx = n_ctx;
     eo.max_tokens = g.batch;

@@ -26,6 +26,7 @@ int cli_serve(int argc, char **argv) {
           "cuda: share of each GPU's memory an executor fills, weights included; the KV pool gets the rest (default 0.90)" },
         { "cuda-graph-budget-s", 0, CM_OPT_F64, &o.cuda_graph_budget_s,
           "cuda: seconds each executor spends capturing decode graphs at start-up; 0 = none (default 60)" },
+        { "cuda-plan", 0, CM_OPT_STR, &o.cuda_plan, "cuda: kernel-plan overrides key=value,... (the executors log the plan)" },
         { "ctx", 'c', CM_OPT_INT, &o.n_ctx, "positions per sequence (0 = the model's)" },
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },

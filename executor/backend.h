@@ -40,6 +40,7 @@ typedef struct ex_backend_opts {
     /* cuda: seconds for capturing decode graphs at start-up; the buckets not captured when it
      * runs out run eagerly. 0 = no graphs. */
     double graph_budget_s;
+    ex_cuda_opts cuda;     /* cuda: kernel-plan overrides, diagnostics */
 } ex_backend_opts;
 
 struct ex_backend {
@@ -78,6 +79,10 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
  * CM_ENOKV when mem_fraction leaves less than the smallest pool, each with the numbers in err. */
 int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                            char *err, size_t errlen) __attribute__((weak));
+/* The cuda backend's sequences and tokens per step for a model on a device, when the engine's
+ * options leave them 0 (from the device's memory and SMs and the model's size; engine.h).
+ * Returns 0 or CM_ECUDA (no such device). NULL when not built. */
+int ex_backend_cuda_defaults(int device, const mdl_config *c, int *max_seqs, int *max_tokens) __attribute__((weak));
 
 /* Dispatches by name ("cpu" | "cuda"). CM_EUNSUPPORTED for a backend not built in. */
 int ex_backend_create(const char *name, const mdl_model *m, const ex_backend_opts *o, ex_backend **out,

@@ -161,8 +161,16 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     L.n_vocab = c->n_vocab;
     L.block_size = o->block_size > 0 ? o->block_size : 16;
     L.n_ctx = o->n_ctx > 0 ? o->n_ctx : c->n_ctx_train;
-    L.max_tokens = o->max_tokens > 0 ? o->max_tokens : 512;
-    L.max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
+    /* per step: the cpu backend's 64 sequences and 512 tokens, or what the cuda backend makes of
+     * the device and the model */
+    int d_seqs = 64, d_tok = 512;
+    if (!strcmp(bname, "cuda") && ex_backend_cuda_defaults && (o->max_tokens <= 0 || o->max_seqs <= 0) &&
+        ex_backend_cuda_defaults(o->device, c, &d_seqs, &d_tok) == 0) {
+        if (o->max_seqs > 0 && d_tok < o->max_seqs) d_tok = o->max_seqs;
+        if (o->max_tokens > 0 && d_seqs > o->max_tokens) d_seqs = o->max_tokens;
+    }
+    L.max_tokens = o->max_tokens > 0 ? o->max_tokens : d_tok;
+    L.max_seqs = o->max_seqs > 0 ? o->max_seqs : d_seqs;
     L.max_out = o->max_out > 0 ? o->max_out : L.max_seqs;
     if (L.block_size > 1024 || L.n_ctx <= 0 || L.n_ctx > (1 << 24) || L.max_seqs > L.max_tokens) {
         snprintf(err, errlen, "engine: invalid limits (block size %d, context %d, %d tokens, %d sequences per step)",
@@ -206,7 +214,8 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     if (!e) return CM_ENOMEM;
     e->m = m;
     ex_backend_opts bo = { .lim = L, .n_threads = o->n_threads, .device = o->device, .kv_type = kv_type,
-                           .mem_fraction = o->gpu_mem_fraction, .graph_budget_s = o->cuda_graph_budget_s };
+                           .mem_fraction = o->gpu_mem_fraction, .graph_budget_s = o->cuda_graph_budget_s,
+                           .cuda = o->cuda };
     int rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
     if (rc) goto fail;
     /* the allocator after the backend: on cuda only the backend knows how many blocks fit */

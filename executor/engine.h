@@ -113,6 +113,17 @@ int ex_batch_check(const ex_batch *b, const ex_limits *lim, char *err, size_t er
 
 /* ---- the engine: a backend + the KV block allocator ----------------------------------- */
 
+/* The cuda backend's kernel-plan overrides and diagnostics (kernels/cuda/kcuda.h kc_plan). */
+typedef struct ex_cuda_opts {
+    const char *plan;       /* "key=value,..." over the plan chosen from the device (--cuda-plan) */
+    int         profile;    /* eager steps timed per launch, the breakdown printed at exit (--cuda-profile) */
+    int         graph_timing; /* device time per graph replay printed at exit (--cuda-graph-timing) */
+    int         trace_step; /* the N-th decode graph replay recorded per CTA (--cuda-trace N; builds with
+                             * -DARKA_CUDA_TRACE=ON) into trace_file (default arka-trace.csv) */
+    const char *trace_file;
+    int64_t     fault_at_step; /* testing: a trapping kernel in that step (--cuda-fault-at-step) */
+} ex_cuda_opts;
+
 typedef struct ex_engine_opts {
     const char *backend;    /* "cpu" (default) or "cuda" (when built) */
     int     n_threads;      /* cpu: threads including the caller; 0 = automatic (cores, fewer for tiny models) */
@@ -125,11 +136,12 @@ typedef struct ex_engine_opts {
                              * graphs; default 60 */
     int     block_size;     /* tokens per KV block; 0 = 16 */
     int     n_ctx;          /* positions per sequence; 0 = the model's training context */
-    int     max_tokens;     /* token budget per step; 0 = 512 */
-    int     max_seqs;       /* sequences per step; 0 = 64 */
+    int     max_tokens;     /* token budget per step; 0 = cpu 512, cuda ex_backend_cuda_defaults (backend.h) */
+    int     max_seqs;       /* sequences per step; 0 = cpu 64, cuda ex_backend_cuda_defaults */
     int     max_out;        /* logits rows per step; 0 = max_seqs */
     int     device;         /* cuda: device ordinal */
     int     kv_type;        /* KV element type (DT_F32 / DT_F16); -1 = the backend's default */
+    ex_cuda_opts cuda;
 } ex_engine_opts;
 
 typedef struct ex_engine ex_engine;

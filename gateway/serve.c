@@ -213,6 +213,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         a[i++] = "--ctx", a[i++] = nums[k][3], a[i++] = "--max-batch", a[i++] = nums[k][4];
         a[i++] = "--max-batch-tokens", a[i++] = nums[k][5], a[i++] = "--log-level", a[i++] = o->log_level;
         a[i++] = "--gpu-memory-fraction", a[i++] = nums[k][6], a[i++] = "--cuda-graph-budget-s", a[i++] = nums[k][7];
+        if (o->cuda_plan) a[i++] = "--cuda-plan", a[i++] = o->cuda_plan;
         a[i] = NULL;
         gc.exec_args[k] = a;
     }

@@ -23,6 +23,7 @@ typedef struct gw_serve_opts {
     int64_t     kv_cache_mb;    /* per executor (0: automatic) */
     double      gpu_mem_fraction;    /* cuda: share of each GPU an executor fills (default 0.90) */
     double      cuda_graph_budget_s; /* cuda: decode-graph capture seconds per executor (default 60; 0: none) */
+    const char *cuda_plan;      /* cuda: kernel-plan overrides "key=value,..." passed to the executors (NULL: none) */
     int         n_ctx;          /* positions per sequence (0: the model's) */
     int         max_batch;      /* sequences per step (0: executor default) */
     int         max_batch_tokens; /* tokens per step (0: executor default) */

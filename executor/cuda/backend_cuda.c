@@ -16,8 +16,17 @@
  *
  * Numerics: activations f32, weights in their own type, matmul accumulation f32 (GEMV) or
  * cuBLAS with f16 operands and f32 accumulation (steps of more than KC_GEMV_MAX_TOK tokens),
- * K/V stored as half, attention in f32 with a fixed 256-position split so a token's result
- * does not depend on the batch it shares.
+ * K/V stored as half. Attention (kernels/cuda/attention_tc.cu) runs on the tensor cores with
+ * half Q, K, V and P and f32 accumulation: decode tokens one CTA per (token, KV head, split),
+ * prefill and chunked-prefill sequences in tiles of tokens x the query heads of a KV head, both
+ * kinds in one step (mixed steps). The decode keys are split so that the step fills the GPU
+ * (the kernel plan's att_dec_ctas); the split size is staged per step (the longest context over
+ * the splits of the graph's bucket), so a short context keeps 64-position splits whatever the
+ * batch. Models the tensor-core kernels do not take (head dims other than 64 / 128, more than
+ * 16 query heads per KV head) use the per-head kernel with fixed 64-position splits.
+ *
+ * Every kernel choice comes from the kernel plan (kcuda.h), chosen at create time from the
+ * device and the model, changed only by --cuda-plan, and logged in one line.
  */
 #include "executor/backend.h"
 #include "executor/cuda/cuda_sample.h"
@@ -36,9 +45,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ATT_CHUNK_DEFAULT 64 /* positions per attention split (ARKA_CUDA_ATT_CHUNK overrides) */
-#define N_GRAPH_BUCKETS 9   /* 1, 2, 4, ..., 256 tokens */
-#define N_SPLIT_BUCKETS 12  /* attention splits 2, 4, 8, ... up to n_split (the context's) */
+/* decode graph buckets (tokens): a step pads to the smallest bucket that holds it */
+static const int k_buckets[] = { 1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                                 320, 384, 448, 512, 640, 768, 896, 1024 };
+#define N_GRAPH_BUCKETS ((int)(sizeof k_buckets / sizeof *k_buckets))
+#define N_SPLIT_BUCKETS 12  /* per-head kernel: attention splits 2, 4, 8, ... up to n_split (the context's) */
 #define GIB 1073741824.0
 
 /* Fatal path: a CUDA error inside a step ends the executor with call, file and line. */
@@ -76,7 +87,9 @@ static const char *const prof_names[PROF_N_CATS] = { "stage-in", "embed", "rmsno
 
 typedef struct cu_graph {
     int n_tok;                   /* bucket size */
-    int n_split;                 /* attention splits launched (covers positions < n_split * att_chunk) */
+    int n_split;                 /* attention splits launched (per-head kernel: covers positions < n_split *
+                                  * att_chunk; tensor-core kernel: the bucket's split count, any context) */
+    int tc;                      /* decode attention on the tensor-core kernel */
     cudaGraphExec_t exec;
 } cu_graph;
 
@@ -85,7 +98,11 @@ typedef struct cu_state {
     mdl_config cfg;
     ex_limits lim;
     int device, scratch_block;   /* scratch_block = lim.n_kv_blocks: where padding tokens write */
-    int att_chunk, n_split;      /* attention split size and count: ceil(n_ctx / att_chunk) */
+    kc_plan plan;                /* the kernel plan (installed for the launchers too) */
+    int att_chunk, n_split;      /* per-head decode kernel: split size and count, ceil(n_ctx / att_chunk) */
+    int att_tc;                  /* the tensor-core attention kernels take this model */
+    int pf_tile_tok;             /* prefill attention: tokens per tile */
+    int max_tc_split;            /* tensor-core decode: most splits of any bucket (partials sized for it) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -98,13 +115,16 @@ typedef struct cu_state {
     /* activations, sized for lim.max_tokens (T) and lim.max_out (R) */
     float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
     float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
-    float *partial;                          /* [T, n_head, n_split, hd + 2] */
+    float *partial;                          /* per-head kernel: [T, n_head, n_split, hd + 2];
+                                              * tensor-core decode: [tokens x splits <= max_tc_part][n_head][hd + 2] */
+    size_t partial_floats;
     kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
-    long fault_at, n_steps;                  /* ARKA_CUDA_FAULT_AT_STEP (testing): a trapping kernel in that step */
+    int64_t fault_at, n_steps;               /* --cuda-fault-at-step (testing): a trapping kernel in that step */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
-    int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T] */
+    int32_t *d_meta, *h_meta;                /* tok[T] pos[T] seq[T] rows[R] bt[(S+1) * max_blocks] tiles[2T]
+                                              * dtoks[T] chunk[1] */
     size_t meta_ints;
     float *h_logits;                         /* pinned [R, n_vocab] */
     /* device sampling: the packed rows (pinned staging + device copy, kc_sample_pool_bytes(R)),
@@ -115,7 +135,7 @@ typedef struct cu_state {
     int *samp_slot;                          /* [R] */
     cu_graph graphs[N_GRAPH_BUCKETS * N_SPLIT_BUCKETS];
     int n_graphs;
-    /* ARKA_CUDA_PROFILE=1: eager steps record an event after every launch and print where the
+    /* --cuda-profile: eager steps record an event after every launch and print where the
      * time went (the decode-step breakdown). */
     int prof_on, prof_n, prof_n_created;
     cudaEvent_t prof_ev[PROF_MAX_EVENTS];
@@ -123,28 +143,23 @@ typedef struct cu_state {
     double prof_ms[PROF_N_CATS];
     int prof_steps;
     size_t weight_bytes;
-    /* ARKA_CUDA_LEAVE_OUT=norm,rope,attn,swiglu,gemv: timing experiments only (the outputs are
-     * wrong): the named stages are not launched, so a step's time without them measures what
-     * they cost inside the CUDA graph, where per-launch events cannot look. */
-    unsigned leave_out;
     /* the layers' norms write only the quantized blocks (and the half copy only when an F16
      * matrix reads it) in steps of up to norm_blocks_max tokens (0: never; at most
      * KC_GEMV_MAX_TOK): the matrices after them read nothing else at those sizes */
     int norm_blocks_max;
     /* the same for the attention output (read only by wo) and SwiGLU's (only by down) */
     int att_blocks_max, act_blocks_max;
-    /* ARKA_CUDA_GRAPH_TIMING=1: device time of each graph replay (events around the launch),
+    /* --cuda-graph-timing: device time of each graph replay (events around the launch),
      * reported at exit: a decode step's wall time minus this is the host's share. */
     int gt_on, gt_pending, gt_n;
     cudaEvent_t gt_ev[2];
     double gt_ms;
-    /* ARKA_CUDA_TRACE=N (builds with -DARKA_CUDA_TRACE=ON): the N-th decode graph replay is
-     * traced, one line per CTA of its kernels written to ARKA_CUDA_TRACE_FILE (CSV;
+    /* --cuda-trace N (builds with -DARKA_CUDA_TRACE=ON): the N-th decode graph replay is
+     * traced, one line per CTA of its kernels written to --cuda-trace-file (CSV;
      * bench/trace_step.py reads it). */
     int tr_at, tr_replays, tr_pending;
+    char tr_file[256];
 } cu_state;
-
-enum { LO_NORM = 1, LO_ROPE = 2, LO_ATTN = 4, LO_SWIGLU = 8, LO_GEMV = 16 };
 
 static int32_t *meta_tok(cu_state *s, int32_t *base) { return base; }
 static int32_t *meta_pos(cu_state *s, int32_t *base) { return base + s->lim.max_tokens; }
@@ -154,6 +169,8 @@ static int32_t *meta_bt(cu_state *s, int32_t *base) { return base + 3 * s->lim.m
 static int32_t *meta_tiles(cu_state *s, int32_t *base) {
     return meta_bt(s, base) + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks;
 }
+static int32_t *meta_dtoks(cu_state *s, int32_t *base) { return meta_tiles(s, base) + 2 * s->lim.max_tokens; }
+static int32_t *meta_chunk(cu_state *s, int32_t *base) { return meta_dtoks(s, base) + s->lim.max_tokens; }
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
@@ -328,62 +345,84 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
 /* Records the end of a launch of category cat (profiling only; never while capturing). */
 static void prof_mark(struct cu_state *s, int cat);
 
-/* Enqueues one forward pass over n_tok tokens whose arrays are already staged in h_meta,
- * producing n_out logits rows in s->logits (device). kv_ready: a pure decode step (one new
- * token per sequence; see kc_attention_ex). No synchronization, no allocation: capturable. */
-static void enqueue_forward(cu_state *s, int n_tok, int n_out, int n_tiles, int n_split, int kv_ready) {
+/* What one forward pass launches: filled by stage_step from a batch, or by capture_graphs for
+ * a bucket of padding tokens. */
+typedef struct cu_step {
+    int n_tok, n_out;
+    int per_head;   /* every token's attention on the per-head kernel (kc_attention_ex) */
+    int kv_ready;   /* per-head kernel: a pure decode step (its early key loads) */
+    int n_dec;      /* tensor-core decode tokens: the list dtoks, or tokens 0..n_dec-1 when dec_all */
+    int dec_all;
+    int n_tiles;    /* tensor-core prefill tiles (tiles) */
+    int n_split;    /* decode splits (either kernel) */
+} cu_step;
+
+/* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
+ * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
+ * capturable. */
+static void enqueue_forward(cu_state *s, const cu_step *st) {
     const mdl_config *c = &s->cfg;
-    cudaStream_t st = s->stream;
-    const int hd = c->head_dim;
-    const int max_blocks = s->lim.max_blocks;
+    cudaStream_t cs = s->stream;
+    const int hd = c->head_dim, n_tok = st->n_tok, n_out = st->n_out;
+    const int max_blocks = s->lim.max_blocks, bs = s->lim.block_size;
     int32_t *d_tok = meta_tok(s, s->d_meta), *d_pos = meta_pos(s, s->d_meta), *d_seq = meta_seq(s, s->d_meta);
     int32_t *d_rows = meta_rows(s, s->d_meta), *d_bt = meta_bt(s, s->d_meta);
     /* stage: tokens, positions, sequences and rows for this step, and every block-table row */
     prof_mark(s, -1);
-    CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
     prof_mark(s, PC_STAGE);
-    KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, st));
+    KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, cs));
     prof_mark(s, PC_EMBED);
     const float scale = 1.0f / sqrtf((float)hd);
     float *hy = n_tok <= s->norm_blocks_max ? NULL : s->h;   /* the norms' f32 output */
-    float *ay = n_tok <= s->att_blocks_max ? NULL : s->att;  /* decode attention's */
+    /* attention's: only the blocks for wo where the step is small and has no prefill tile */
+    float *ay = n_tok <= s->att_blocks_max && !st->n_tiles ? NULL : s->att;
     float *gy = n_tok <= s->act_blocks_max ? NULL : s->act;  /* SwiGLU's */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         prof_mark(s, PC_NORM);
-        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, st));
-        if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, st));
+        KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
+        if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
-        if (!(s->leave_out & LO_ROPE)) KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
-                                  s->lim.block_size, &s->rope, st));
+        KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
+                                  bs, &s->rope, cs));
         prof_mark(s, PC_ROPE);
-        if (n_tiles)
-            KC_FATAL(kc_attention_prefill(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), n_tiles, d_pos, d_seq, d_bt,
-                                          max_blocks, c->n_head, c->n_head_kv, hd, s->lim.block_size, scale, st));
-        else if (!(s->leave_out & LO_ATTN))
+        if (st->per_head) {
             KC_FATAL(kc_attention_ex(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
-                                     c->n_head_kv, hd, s->lim.block_size, scale, n_split, s->att_chunk, s->partial,
-                                     s->att_counters, kv_ready, st));
+                                     c->n_head_kv, hd, bs, scale, st->n_split, s->att_chunk, s->partial, s->att_counters,
+                                     st->kv_ready, cs));
+        } else {
+            if (st->n_dec)
+                KC_FATAL(kc_attention_decode_tc(s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o,
+                                                st->dec_all ? NULL : meta_dtoks(s, s->d_meta), st->n_dec, d_pos, d_seq, d_bt,
+                                                max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
+                                                meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
+            if (st->n_tiles) {
+                KC_FATAL(kc_attention_prefill_tc(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
+                                                 d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
+                                                 s->plan.att_pf_warps, cs));
+                s->xq_o.n = 0; /* wo reads the f32 rows */
+            }
+        }
         prof_mark(s, PC_ATTN);
-        if (n_tiles) s->xq_o.n = 0; /* the tiled kernel does not quantize */
-        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, st));
+        KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
         prof_mark(s, PC_WO);
-        if (!(s->leave_out & LO_NORM)) KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, st));
+        KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         prof_mark(s, PC_NORM);
-        if ((s->leave_out & (LO_GEMV | LO_SWIGLU)) || s->prof_on) { /* separate kernels: timed or left out one by one */
-            if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, st));
+        if (s->prof_on) { /* separate kernels: timed one by one */
+            KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
             prof_mark(s, PC_GU);
-            if (!(s->leave_out & LO_SWIGLU)) KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, st));
+            KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, cs));
             prof_mark(s, PC_ACT);
         } else /* one kernel where the F16 GEMV takes the SwiGLU (decode steps of F16 models) */
-            KC_FATAL(kc_matmul_swiglu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, &s->gws, st));
-        if (!(s->leave_out & LO_GEMV)) KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, st));
+            KC_FATAL(kc_matmul_swiglu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, &s->gws, cs));
+        KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, cs));
         prof_mark(s, PC_DOWN);
     }
-    KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, st));
-    KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, st));
-    KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, st));
+    KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, cs));
+    KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, cs));
+    KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
     prof_mark(s, PC_HEAD);
 }
 
@@ -440,40 +479,70 @@ static void stage_batch(cu_state *s, const ex_batch *b, int n_pad) {
     for (int i = 0; i < n_pad; i++) rows[b->n_out + i] = b->n_tokens + i;
 }
 
-/* Cuts every sequence's tokens into tiles of up to 64 queries for the prefill kernel; returns
- * the number of tiles, or 0 when the step should use the per-token kernel (pure decode, or a
- * head size the tiled kernel lacks). */
-static int stage_tiles(cu_state *s, const ex_batch *b) {
-    if (b->n_tokens == b->n_seqs || !kc_attention_prefill_supported(s->cfg.head_dim)) return 0;
-    int32_t *tiles = meta_tiles(s, s->h_meta);
-    int n = 0;
-    for (int q = 0; q < b->n_seqs; q++)
-        for (int j = 0; j < b->seq_len[q]; j += 64) {
-            tiles[2 * n] = b->seq_start[q] + j;
-            tiles[2 * n + 1] = b->seq_len[q] - j < 64 ? b->seq_len[q] - j : 64;
-            n++;
-        }
+static int bucket_of(int n) {
+    for (int i = 0; i < N_GRAPH_BUCKETS; i++)
+        if (k_buckets[i] >= n) return k_buckets[i];
     return n;
 }
 
-static int bucket_of(int n) {
-    int b = 1;
-    while (b < n) b <<= 1;
-    return b;
+/* Tensor-core decode: the splits a launch of n_dec tokens gets, so that tokens x KV heads x
+ * splits reach the plan's att_dec_ctas; at most one per 64 positions of n_ctx. */
+static int tc_splits(const cu_state *s, int n_dec) {
+    int per = s->cfg.n_head_kv * n_dec, ns = (s->plan.att_dec_ctas + per - 1) / per;
+    int most = (s->lim.n_ctx + 63) / 64;
+    return ns < 1 ? 1 : ns > most ? most : ns;
 }
 
-/* Attention splits a step launches: enough for its longest context (the split-K kernel's work
- * and its merge follow the positions, so a launch of more splits gives the same numbers), at
- * least 2 whenever the model's context needs split-K at all, so the per-token path never
- * changes with the batch. */
-static int splits_for(const cu_state *s, const ex_batch *b) {
+/* Positions per split for a step whose longest context ends at max_pos: the fewest 64-position
+ * units that cover it in n_split splits. */
+static int tc_chunk(int max_pos, int n_split) {
+    int units = (max_pos + 1 + 63) / 64;
+    return (units + n_split - 1) / n_split * 64;
+}
+
+/* Per-head kernel: the splits a step launches: enough for its longest context (the split-K
+ * kernel's work and its merge follow the positions, so a launch of more splits gives the same
+ * numbers), at least 2 whenever the model's context needs split-K at all, so the per-token path
+ * never changes with the batch. */
+static int splits_for(const cu_state *s, int max_pos) {
     if (s->n_split <= 1) return 1;
-    int max_pos = 0;
-    for (int i = 0; i < b->n_tokens; i++)
-        if (b->pos[i] > max_pos) max_pos = b->pos[i];
     int need = max_pos / s->att_chunk + 1;
     if (need < 2) need = 2;
     return need < s->n_split ? need : s->n_split;
+}
+
+/* Decides how a staged batch's attention runs (fills st) and stages the decode-token list,
+ * the prefill tiles and the split size. Sequences of one new token decode; longer ones are
+ * cut into tiles of pf_tile_tok tokens, listed by position. n_bucket: the token count launched
+ * (a graph's bucket, or the batch's own). */
+static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bucket, cu_step *st) {
+    memset(st, 0, sizeof *st);
+    st->n_tok = b->n_tokens;
+    st->n_out = b->n_out;
+    int max_pos = 0;
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->pos[i] > max_pos) max_pos = b->pos[i];
+    if (!s->att_tc || (pure_decode && n_bucket < s->plan.att_tc_min_tok && max_pos + 1 < s->plan.att_tc_long_ctx)) {
+        st->per_head = 1;
+        st->kv_ready = b->n_tokens == b->n_seqs; /* each sequence brings one token */
+        st->n_split = splits_for(s, max_pos);
+        return;
+    }
+    int32_t *dt = meta_dtoks(s, s->h_meta), *tiles = meta_tiles(s, s->h_meta);
+    for (int q = 0; q < b->n_seqs; q++) {
+        if (b->seq_len[q] == 1) {
+            dt[st->n_dec++] = b->seq_start[q];
+            continue;
+        }
+        for (int j = 0; j < b->seq_len[q]; j += s->pf_tile_tok) {
+            tiles[2 * st->n_tiles] = b->seq_start[q] + j;
+            tiles[2 * st->n_tiles + 1] = b->seq_len[q] - j < s->pf_tile_tok ? b->seq_len[q] - j : s->pf_tile_tok;
+            st->n_tiles++;
+        }
+    }
+    st->dec_all = pure_decode;
+    st->n_split = st->n_dec ? tc_splits(s, pure_decode ? n_bucket : st->n_dec) : 1;
+    *meta_chunk(s, s->h_meta) = tc_chunk(max_pos, st->n_split);
 }
 
 /* Enqueues the forward pass of a checked batch (a decode graph when one fits, else eager),
@@ -483,17 +552,19 @@ static void trace_begin(cu_state *s);
 static int launch_forward(cu_state *s, const ex_batch *b) {
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
     if (s->fault_at && ++s->n_steps == s->fault_at) { /* testing the fatal path: the step's sync fails */
-        CM_LOG_WARN("cuda", "injecting a device fault (ARKA_CUDA_FAULT_AT_STEP)", "step=%ld", s->n_steps);
+        CM_LOG_WARN("cuda", "injecting a device fault (--cuda-fault-at-step)", "step=%lld", (long long)s->n_steps);
         KC_FATAL(kc_fault(s->stream));
     }
-    int n_split = splits_for(s, b);
+    const int bk = pure_decode ? bucket_of(b->n_tokens) : b->n_tokens;
+    cu_step st;
+    stage_step(s, b, pure_decode, bk, &st);
     cu_graph *g = NULL;
-    if (pure_decode) { /* the graph of the token bucket with the fewest splits that cover the step */
-        int bk = bucket_of(b->n_tokens);
-        for (int i = 0; i < s->n_graphs; i++)
-            if (s->graphs[i].n_tok == bk && s->graphs[i].n_split >= n_split && (!g || s->graphs[i].n_split < g->n_split))
-                g = &s->graphs[i];
-    }
+    if (pure_decode) /* the bucket's graph; per-head kernel: the one with the fewest splits that cover the step */
+        for (int i = 0; i < s->n_graphs; i++) {
+            cu_graph *c = &s->graphs[i];
+            if (c->n_tok != bk || c->tc == st.per_head) continue;
+            if (c->tc ? c->n_split == st.n_split : c->n_split >= st.n_split && (!g || c->n_split < g->n_split)) g = c;
+        }
     if (g && !s->prof_on) {
         stage_batch(s, b, g->n_tok - b->n_tokens);
         if (s->tr_at && ++s->tr_replays == s->tr_at) trace_begin(s);
@@ -503,8 +574,7 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
         s->gt_pending = s->gt_on;
     } else {
         stage_batch(s, b, 0);
-        /* kv_ready: each sequence brings one token, so every key below it is from earlier steps */
-        enqueue_forward(s, b->n_tokens, b->n_out, stage_tiles(s, b), n_split, b->n_tokens == b->n_seqs);
+        enqueue_forward(s, &st);
     }
     return pure_decode;
 }
@@ -528,7 +598,7 @@ static void trace_write(cu_state *s) {
         CM_LOG_WARN("cuda", "step trace: reading the records failed", "records=%u", n);
         return;
     }
-    const char *path = getenv("ARKA_CUDA_TRACE_FILE") ? getenv("ARKA_CUDA_TRACE_FILE") : "arka-trace.csv";
+    const char *path = s->tr_file;
     FILE *f = fopen(path, "w");
     if (!f) {
         free(r);
@@ -661,56 +731,90 @@ static void cuda_destroy(ex_backend *base) {
     free(s);
 }
 
-/* Captures decode graphs, smallest first: token buckets 1, 2, 4, ... up to max_seqs (and
- * max_tokens, max_out), each with its attention-split buckets, until budget_s seconds have
- * passed (checked before each capture, so the last one may end a little past it). A step
- * whose bucket was left out runs eagerly: cuda_forward looks its graph up and runs without
- * one when there is none. */
+/* The scratch sequence's block-table row (padding tokens write there): every entry the
+ * scratch block. stage_batch writes only the batch's rows, so it survives every staging. */
+static void stage_scratch_row(cu_state *s) {
+    int32_t *bt = meta_bt(s, s->h_meta);
+    for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
+}
+
+/* Captures one graph of a decode step of bk padding tokens (run once eagerly first: cuBLAS
+ * picks its kernels). */
+static int capture_one(cu_state *s, const cu_step *st, char *err, size_t errlen) {
+    enqueue_forward(s, st);
+    cudaError_t e = cudaStreamSynchronize(s->stream);
+    cudaGraph_t graph;
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        enqueue_forward(s, st);
+        e = cudaStreamEndCapture(s->stream, &graph);
+    }
+    if (e == cudaSuccess) {
+        e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
+        cudaGraphDestroy(graph);
+    }
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", st->n_tok,
+                 st->n_split, cudaGetErrorString(e));
+        return CM_ECUDA;
+    }
+    cu_graph *g = &s->graphs[s->n_graphs++];
+    g->n_tok = st->n_tok;
+    g->n_split = st->n_split;
+    g->tc = !st->per_head;
+    return 0;
+}
+
+/* Captures decode graphs, smallest bucket first, up to max_seqs (and max_tokens, max_out, the
+ * plan's graph_max_tok): one per bucket on the tensor-core kernel (its split size is staged per
+ * step), or, on the per-head kernel, one per split bucket, until budget_s seconds have passed
+ * (checked before each capture, so the last one may end a little past it). A step whose
+ * bucket was left out runs eagerly: launch_forward looks its graph up and runs without one
+ * when there is none. */
 static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen) {
     double t0 = cm_time_s();
-    int n_planned = 0, skip_tok = 0, skip_split = 0;
+    int n_planned = 0, skip_tok = 0, skip_split = 0, rc;
     /* Stage a harmless batch: every token a padding token on the scratch row. */
     int32_t *seq = meta_seq(s, s->h_meta), *rows = meta_rows(s, s->h_meta);
-    for (int bk = 1, i = 0; i < N_GRAPH_BUCKETS && bk <= s->lim.max_seqs && bk <= s->lim.max_tokens && bk <= s->lim.max_out;
-         bk <<= 1, i++) {
+    *meta_chunk(s, s->h_meta) = 64;
+    for (int i = 0; i < N_GRAPH_BUCKETS; i++) {
+        const int bk = k_buckets[i];
+        if (bk > s->lim.max_seqs || bk > s->lim.max_tokens || bk > s->lim.max_out || bk > s->plan.graph_max_tok) break;
         for (int t = 0; t < bk; t++) {
             seq[t] = s->lim.max_seqs;
             rows[t] = t;
         }
-        /* split buckets 2, 4, 8, ... and the context's own count last (1 when split-K is off) */
-        for (int sp = s->n_split <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < s->n_split ? sp * 2 : s->n_split, j++) {
+        cu_step st = { .n_tok = bk, .n_out = bk };
+        if (s->att_tc) { /* the tensor-core kernel: one graph, any context */
+            st.n_dec = bk;
+            st.dec_all = 1;
+            st.n_split = tc_splits(s, bk);
+            n_planned++;
+            if (!skip_tok && cm_time_s() - t0 >= budget_s) skip_tok = bk, skip_split = st.n_split;
+            if (!skip_tok && (rc = capture_one(s, &st, err, errlen))) return rc;
+            if (bk >= s->plan.att_tc_min_tok) continue;
+            st = (cu_step){ .n_tok = bk, .n_out = bk };
+        }
+        /* the per-head kernel (small buckets at short contexts, or every bucket without the
+         * tensor-core kernel): split buckets 2, 4, 8, ... and the last count it can see (the
+         * context's, or the short-context limit's) */
+        const int ph_split = s->att_tc ? (s->plan.att_tc_long_ctx + s->att_chunk - 1) / s->att_chunk : s->n_split;
+        const int last_sp = ph_split < s->n_split ? ph_split : s->n_split;
+        st.per_head = st.kv_ready = 1;
+        for (int sp = last_sp <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < last_sp ? sp * 2 : last_sp, j++) {
+            st.n_split = sp;
             n_planned++;
             if (!skip_tok && cm_time_s() - t0 >= budget_s) skip_tok = bk, skip_split = sp;
-            if (!skip_tok) {
-                /* run once eagerly (cuBLAS picks its kernels), then capture */
-                enqueue_forward(s, bk, bk, 0, sp, 1);
-                cudaError_t e = cudaStreamSynchronize(s->stream);
-                cudaGraph_t graph;
-                if (e == cudaSuccess) e = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
-                if (e == cudaSuccess) {
-                    enqueue_forward(s, bk, bk, 0, sp, 1);
-                    e = cudaStreamEndCapture(s->stream, &graph);
-                }
-                if (e == cudaSuccess) {
-                    e = cudaGraphInstantiate(&s->graphs[s->n_graphs].exec, graph, 0);
-                    cudaGraphDestroy(graph);
-                }
-                if (e != cudaSuccess) {
-                    snprintf(err, errlen, "cuda backend: capturing the decode graph for %d tokens, %d splits failed: %s", bk, sp,
-                             cudaGetErrorString(e));
-                    return CM_ECUDA;
-                }
-                s->graphs[s->n_graphs].n_tok = bk;
-                s->graphs[s->n_graphs++].n_split = sp;
-            }
-            if (sp >= s->n_split) break;
+            if (!skip_tok && (rc = capture_one(s, &st, err, errlen))) return rc;
+            if (sp >= last_sp) break;
         }
     }
     memset(s->h_meta, 0, s->meta_ints * sizeof(int32_t));
+    stage_scratch_row(s);
     const cu_graph *last = s->n_graphs ? &s->graphs[s->n_graphs - 1] : NULL;
     if (!skip_tok)
         CM_LOG_INFO("cuda", "decode graphs captured", "graphs=%d largest=%d splits=%d seconds=%.2f budget_s=%g", s->n_graphs,
-                    last ? last->n_tok : 0, s->n_split, cm_time_s() - t0, budget_s);
+                    last ? last->n_tok : 0, last ? last->n_split : 0, cm_time_s() - t0, budget_s);
     else
         CM_LOG_WARN("cuda", "decode graph budget spent: the buckets left run eagerly (raise --cuda-graph-budget-s)",
                     "graphs=%d planned=%d skipped=%d last_tokens=%d last_splits=%d first_skipped_tokens=%d "
@@ -777,6 +881,26 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
     return 0;
 }
 
+int ex_backend_cuda_defaults(int device, const mdl_config *c, int *max_seqs, int *max_tokens) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        cudaGetLastError();
+        return CM_ECUDA;
+    }
+    /* sequences: 256 (vLLM's default on an H100), 512 on GPUs of 100 GB and more */
+    *max_seqs = prop.totalGlobalMem >= ((size_t)100 << 30) ? 512 : 256;
+    /* tokens: a step's prefill chunk about 50 ms of matrix work (2 x parameters FLOPs a token
+     * at ~4 TFLOP/s per SM), so decodes sharing the step keep their inter-token time; a power of
+     * two in [512, 8192], at least max_seqs (llama3-8b on an H200: 2048) */
+    double params = (double)c->n_layer * ((double)c->n_embd * (c->n_head + 2 * c->n_head_kv) * c->head_dim +
+                                          (double)c->n_head * c->head_dim * c->n_embd + 3.0 * c->n_embd * c->n_ff);
+    double tok = 0.05 * 4e12 * prop.multiProcessorCount / (2 * (params > 1 ? params : 1));
+    int t = 512;
+    while (t < 8192 && 2 * t <= tok) t *= 2;
+    *max_tokens = t < *max_seqs ? *max_seqs : t;
+    return 0;
+}
+
 int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out, char *err, size_t errlen) {
     *out = NULL;
     int n_dev = 0;
@@ -806,10 +930,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->cfg = *c;
     s->lim = o->lim;
     s->device = o->device;
-    s->att_chunk = getenv("ARKA_CUDA_ATT_CHUNK") ? atoi(getenv("ARKA_CUDA_ATT_CHUNK")) : ATT_CHUNK_DEFAULT;
-    s->fault_at = getenv("ARKA_CUDA_FAULT_AT_STEP") ? atol(getenv("ARKA_CUDA_FAULT_AT_STEP")) : 0;
-    if (s->att_chunk < 16) s->att_chunk = ATT_CHUNK_DEFAULT;
-    s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
+    s->fault_at = o->cuda.fault_at_step;
     s->qkv_dim = (c->n_head + 2 * c->n_head_kv) * c->head_dim;
     s->rope = (kc_rope){ .layout = c->rope_layout, .rope_dim = c->rope_dim, .base = c->rope_base, .scaling = c->rope_scaling,
                          .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
@@ -821,7 +942,6 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->base.kv_copy = cuda_kv_copy;
     s->base.destroy = cuda_destroy;
     s->base.impl = s;
-    kc_set_pdl(!getenv("ARKA_CUDA_NO_PDL"));
     int rc = CM_ENOMEM;
     double t0 = cm_time_s();
 
@@ -841,6 +961,32 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             goto fail;
         }
     }
+    /* the kernel plan: from the device and the model, then the overrides; installed for the
+     * launchers before anything is launched */
+    if (errlen) err[0] = 0;
+    if (kc_plan_choose(o->device, c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size, &s->plan) ||
+        kc_plan_override(&s->plan, o->cuda.plan, err, errlen)) {
+        if (!err[0]) snprintf(err, errlen, "cuda backend: cannot read the properties of device %d", o->device);
+        rc = CM_EINVAL;
+        goto fail;
+    }
+    if (s->plan.att_tc && !kc_attention_tc_ok(c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size)) {
+        snprintf(err, errlen, "--cuda-plan att_tc=1: the tensor-core attention does not take this model (head dim %d, %d query "
+                 "heads per KV head, KV block size %d; it needs 64 or 128, at most 16, a multiple of 16)", c->head_dim,
+                 c->n_head / c->n_head_kv, s->lim.block_size);
+        rc = CM_EINVAL;
+        goto fail;
+    }
+    kc_plan_set(&s->plan);
+    {
+        char line[512];
+        kc_plan_format(&s->plan, line, sizeof line);
+        CM_LOG_INFO("cuda", "kernel plan", "device=%d name=\"%s\" sms=%d %s", o->device, prop.name, prop.multiProcessorCount, line);
+    }
+    s->att_tc = s->plan.att_tc;
+    s->att_chunk = s->plan.att_chunk;
+    s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
+    s->pf_tile_tok = s->att_tc ? kc_attention_tc_tile_tok(s->plan.att_pf_warps, c->n_head, c->n_head_kv) : 0;
     cublasSetStream(s->cublas, s->stream);
     /* what is in use now (other processes, this process's CUDA context) is not ours to budget */
     size_t free0 = 0, total = 0;
@@ -893,9 +1039,18 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (dalloc(&s->x, T * c->n_embd * 4) || dalloc(&s->h, T * c->n_embd * 4) || dalloc(&s->qkv, T * s->qkv_dim * 4) ||
             dalloc(&s->q, T * nq * 4) || dalloc(&s->att, T * nq * 4) || dalloc(&s->gu, T * 2 * c->n_ff * 4) ||
             dalloc(&s->act, T * c->n_ff * 4) || dalloc(&s->last, R * c->n_embd * 4) || dalloc(&s->last_n, R * c->n_embd * 4) ||
-            dalloc(&s->logits, R * c->n_vocab * 4) || dalloc(&s->partial, (kc_attention_prefill_supported(c->head_dim) ? (size_t)s->lim.max_seqs : T) * c->n_head *
-                                            s->n_split * (c->head_dim + 2) * 4))
+            dalloc(&s->logits, R * c->n_vocab * 4))
             goto oom;
+        /* split-K partials: the per-head kernel's for every token it may take (all of them
+         * without the tensor-core kernels, else the decode buckets below att_tc_min_tok), and
+         * the tensor-core decode's for tokens x splits of any launch (tc_splits: at most
+         * att_dec_ctas / n_kv + 1 per token of the largest bucket) */
+        size_t ph_tok = !s->att_tc ? T : s->plan.att_tc_min_tok > 1 ? (size_t)bucket_of(s->plan.att_tc_min_tok - 1) : 0;
+        if (ph_tok > T) ph_tok = T;
+        size_t ph = ph_tok * s->n_split;
+        size_t tc = s->att_tc ? (size_t)s->plan.att_dec_ctas / c->n_head_kv + 1 + (size_t)bucket_of(s->lim.max_seqs) : 0;
+        s->partial_floats = (ph > tc ? ph : tc) * c->n_head * (c->head_dim + 2);
+        if (dalloc(&s->partial, s->partial_floats * 4)) goto oom;
         /* cuBLAS path: quantized/BF16 weights converted to half (bounded below), the widest activations as half */
         size_t wmax = 0, xmax = T * (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
         const kc_weight *ws[] = { &s->output, &s->tok_embd };
@@ -945,7 +1100,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
                 goto oom;
         }
-        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T;
+        /* tok pos seq [T], rows [R], block tables [(S + 1) x max_blocks], tiles [2T], dtoks [T], chunk [1]:
+         * the layout of the meta_* accessors */
+        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T + T + 1;
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
@@ -964,35 +1121,23 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;
     s->scratch_block = s->lim.n_kv_blocks;
     s->base.n_kv_blocks = s->lim.n_kv_blocks;
-    {
-        /* the scratch row must survive every staging: stage_batch only writes the batch's rows */
-        int32_t *bt = meta_bt(s, s->h_meta);
-        for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
-    }
+    stage_scratch_row(s);
 
-    if (getenv("ARKA_CUDA_LEAVE_OUT")) {
-        const char *lo = getenv("ARKA_CUDA_LEAVE_OUT");
-        s->leave_out = (strstr(lo, "norm") ? LO_NORM : 0) | (strstr(lo, "rope") ? LO_ROPE : 0) | (strstr(lo, "attn") ? LO_ATTN : 0) |
-                       (strstr(lo, "swiglu") ? LO_SWIGLU : 0) | (strstr(lo, "gemv") ? LO_GEMV : 0);
-        CM_LOG_WARN("cuda", "timing experiment: stages left out, outputs are wrong", "leave_out=\"%s\"", lo);
-    }
-    if (getenv("ARKA_CUDA_PROFILE") && atoi(getenv("ARKA_CUDA_PROFILE")) > 0) {
+    if (o->cuda.profile) {
         s->prof_on = 1;
         for (; s->prof_n_created < PROF_MAX_EVENTS; s->prof_n_created++)
             if (cudaEventCreate(&s->prof_ev[s->prof_n_created]) != cudaSuccess) goto oom;
     }
     {
         /* what the layers' norms, attention and SwiGLU must write in GEMV-sized steps, and which
-         * half copies are read: ARKA_CUDA_NORM_FULL=1 keeps every output (A/B measurements) */
-        const int full = getenv("ARKA_CUDA_NORM_FULL") && atoi(getenv("ARKA_CUDA_NORM_FULL")) > 0;
+         * half copies are read */
         /* blocks are only written for rows of whole blocks (norm: n_embd, attention: head_dim, SwiGLU: n_ff) */
         int f16_after_norm = s->output.type == DT_F16, f16_wo = 0, f16_down = 0;
         s->norm_blocks_max = s->att_blocks_max = s->act_blocks_max = 0;
         /* the largest step size up to which no matrix after them reads the f32 output (the
          * matrices' paths may change with the token count) */
         for (int n = 1; n <= KC_GEMV_MAX_TOK; n++) {
-            int norm_reads = full || c->n_embd % 32 != 0, wo_reads = full || c->head_dim % 32 != 0,
-                down_reads = full || c->n_ff % 32 != 0;
+            int norm_reads = c->n_embd % 32 != 0, wo_reads = c->head_dim % 32 != 0, down_reads = c->n_ff % 32 != 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
                 norm_reads |= kc_matmul_reads_x(&L->qkv, n) || kc_matmul_reads_x(&L->gu, n);
@@ -1010,12 +1155,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             f16_down |= L->down.type == DT_F16;
         }
         /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
-        if (!full && !f16_after_norm) s->xq_h.xh = NULL;
-        if (!full && !f16_wo) s->xq_o.xh = NULL;
-        if (!full && !f16_down) s->xq_a.xh = NULL;
-        /* integer blocks nothing reads (an F16 model): the producers write only the half copy
-         * (ARKA_CUDA_XQ_INTS=1 keeps them, A/B) */
-        if (!full && !(getenv("ARKA_CUDA_XQ_INTS") && atoi(getenv("ARKA_CUDA_XQ_INTS")) > 0)) {
+        if (!f16_after_norm) s->xq_h.xh = NULL;
+        if (!f16_wo) s->xq_o.xh = NULL;
+        if (!f16_down) s->xq_a.xh = NULL;
+        /* integer blocks nothing reads (an F16 model): the producers write only the half copy */
+        {
             int q_after_norm = kc_weight_is_quant(s->output.type), q_wo = 0, q_down = 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
@@ -1028,13 +1172,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             s->xq_a.no_ints = !q_down && s->xq_a.xh;
         }
     }
-    s->tr_at = getenv("ARKA_CUDA_TRACE") ? atoi(getenv("ARKA_CUDA_TRACE")) : 0;
-    if (getenv("ARKA_CUDA_GRAPH_TIMING") && atoi(getenv("ARKA_CUDA_GRAPH_TIMING")) > 0) {
+    s->tr_at = o->cuda.trace_step;
+    snprintf(s->tr_file, sizeof s->tr_file, "%s", o->cuda.trace_file && *o->cuda.trace_file ? o->cuda.trace_file : "arka-trace.csv");
+    if (o->cuda.graph_timing) {
         if (cudaEventCreate(&s->gt_ev[0]) != cudaSuccess || cudaEventCreate(&s->gt_ev[1]) != cudaSuccess) goto oom;
         s->gt_on = 1;
     }
-    const char *no_graphs = getenv("ARKA_CUDA_NO_GRAPHS") ? "ARKA_CUDA_NO_GRAPHS" : s->prof_on ? "ARKA_CUDA_PROFILE"
-                            : !(o->graph_budget_s > 0) ? "--cuda-graph-budget-s 0" : NULL;
+    const char *no_graphs = s->prof_on ? "--cuda-profile" : !(o->graph_budget_s > 0) ? "--cuda-graph-budget-s 0" : NULL;
     if (no_graphs) CM_LOG_INFO("cuda", "decode graphs off: every step runs eagerly", "reason=\"%s\"", no_graphs);
     else if ((rc = capture_graphs(s, o->graph_budget_s, err, errlen))) goto fail;
     *out = &s->base;

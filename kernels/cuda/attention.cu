@@ -1,9 +1,7 @@
 // attention: causal GQA attention over the paged KV cache (flash-decoding: split-K partials,
 // merged by the last split's CTA of each (token, head), or by a second kernel when no counters
 // are given). One CTA per (query token, head, split).
-#include "kc_common.cuh"
-
-#include <stdlib.h>
+#include "attn_common.cuh"
 
 extern "C" {
 #include "kcuda.h"
@@ -12,69 +10,6 @@ extern "C" {
 KC_TRACE_TU(attention)
 
 #define ATT_WARPS 4
-
-// The finished output of one (token, head): element e written to out, and when xq is given
-// (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV (or only its half copy:
-// kc_xq.no_ints). Threads loop over e in steps
-// of blockDim.x (a multiple of 32), so a warp's 32 values are always one block.
-struct att_emit {
-    float *out;
-    int8_t *qh, *ql;
-    int32_t *qm;
-    __half *xh;
-};
-
-template <int HD>
-__device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
-    if (em.out) em.out[row + e] = v; // NULL: only the blocks
-    if ((em.qh || em.xh) && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e); // qh NULL: xh only
-}
-
-// Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`. The first B
-// splits' maxima, sums and outputs are loaded together (one L2 round trip instead of one per
-// few splits: the merge sits between attention and the wo GEMV); any further splits are read
-// in a loop. Splits are added in order either way. B = 16 costs registers: only the kernels
-// with 8 key groups in flight (few tokens, hd >= 128), which hold that many already, take it;
-// the others keep 4 (llama2-7b F16, 128 sequences: 16 took the 2-group kernel from 55 to 94
-// registers and the step from 12.7 to 13.9 ms).
-template <int HD, int B>
-__device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size_t row) {
-    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
-        float mv[B], lv[B], ov[B];
-#pragma unroll
-        for (int i = 0; i < B; i++) {
-            mv[i] = -INFINITY;
-            lv[i] = ov[i] = 0.0f;
-            if (i < n_valid) {
-                const float *pi = pp + i * (HD + 2);
-                mv[i] = __ldcg(pi);
-                lv[i] = __ldcg(pi + 1);
-                ov[i] = __ldcg(pi + 2 + e);
-            }
-        }
-        float M = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < B; i++) M = fmaxf(M, mv[i]);
-        for (int i = B; i < n_valid; i++) M = fmaxf(M, __ldcg(pp + i * (HD + 2)));
-        float L = 0.0f, O = 0.0f;
-        if (M > -INFINITY) {
-#pragma unroll
-            for (int i = 0; i < B; i++)
-                if (i < n_valid) {
-                    float c = __expf(mv[i] - M);
-                    L += lv[i] * c;
-                    O += ov[i] * c;
-                }
-            for (int i = B; i < n_valid; i++) {
-                const float *pi = pp + i * (HD + 2);
-                float c = __expf(__ldcg(pi) - M);
-                L += __ldcg(pi + 1) * c;
-                O += __ldcg(pi + 2 + e) * c;
-            }
-        }
-        att_finish<HD>(em, row, e, L > 0.0f ? O / L : 0.0f);
-    }
-}
 
 template <int HD, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -86,7 +21,6 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
     __shared__ float sm_acc[ATT_WARPS * KPW][HD];
-    __shared__ int sm_last;
 
     kc_pdl_trigger();
     // pos, seq and the block tables were staged before the step's first kernel, so they can be
@@ -211,22 +145,10 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
         }
     }
     if (n_split == 1 || !counters) return;
-    // The last split of (t, h) to finish merges them all (in split order: the result does not
-    // depend on which CTA was last) and resets the counter for the next launch. The barrier
-    // orders the CTA's partial before thread 0's release (the counting atomic is acq_rel); the
-    // next one orders its acquire before the merge's loads. No __threadfence: a fence.sc in
-    // every CTA and another in the last cost more than a microsecond per kernel (RESULTS).
-    __syncthreads();
+    // The last split of (t, h) to finish merges them all, in split order: the result does not
+    // depend on which CTA was last.
     const int n_valid = min(n_split, p / chunk + 1);
-    if (threadIdx.x == 0) {
-        int *cnt = counters + (size_t)t * n_head + h;
-        int old;
-        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
-        sm_last = old + 1 == n_valid;
-        if (sm_last) *cnt = 0;
-    }
-    __syncthreads();
-    if (!sm_last) return;
+    if (!att_last_split(counters + (size_t)t * n_head + h, n_valid)) return;
     att_merge<HD, G == 8 ? 16 : 4>(pp, n_valid, em, row);
 }
 
@@ -250,10 +172,7 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, const att
     // round trip per split), 2 for large batches, where the grid alone keeps memory busy and
     // fewer registers keep more CTAs resident (llama2-7b, 128 sequences: 12.8 ms per step with
     // 2, 14.7 with 8; bench/RESULTS.md). The order keys are taken in is the same for every G.
-    // ARKA_CUDA_ATT_G=2|4|8 overrides (tuning).
-    static int g_env = -1;
-    if (g_env < 0) g_env = getenv("ARKA_CUDA_ATT_G") ? atoi(getenv("ARKA_CUDA_ATT_G")) : 0;
-    const int G = g_env == 2 || g_env == 4 || g_env == 8 ? g_env : n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
+    const int G = n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
     auto kern = G == 2 ? attn_kernel<HD, 2> : G == 4 ? attn_kernel<HD, 4> : attn_kernel<HD, 8>;
     kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
               pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready);

@@ -29,35 +29,6 @@ namespace {
 constexpr int BK = 128;             // elements of K per warp step (4 lane quads x 32)
 constexpr int XROW = BK * 2 + 32;   // bytes per token of the activation tile (padded: no bank conflicts)
 
-// mma.sync m16n8k16 and cp.async need sm_80: code built for older targets traps (kc_gemmq_ok
-// then says no, so it is never launched).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define GQ_OLD_ARCH 1
-#endif
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#ifdef GQ_OLD_ARCH
-    __trap();
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-#ifdef GQ_OLD_ARCH
-__device__ __forceinline__ void cp_async8(uint32_t, const void *) { __trap(); }
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N> __device__ __forceinline__ void cp_async_wait() {}
-#else
-__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(saddr), "l"(g));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#endif
-
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
@@ -180,9 +151,9 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
             if (ks >= nsteps) continue;
             const int tok = min(n0 + t, n_tok - 1);
             const __half *src = x + (size_t)tok * n_in + T::xoff(ks, slot & 3, slot >> 2);
-            cp_async8(sbase + buf * TILE + (k * BN + t) * XROW + slot * 8, src);
+            kc_cp_async8(sbase + buf * TILE + (k * BN + t) * XROW + slot * 8, src);
         }
-        cp_async_commit();
+        kc_cp_async_commit();
     };
 
     float acc[MT][NT][4];
@@ -195,9 +166,9 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
     for (int it = 0; it < niter; it++) {
         if (it + 1 < niter) {
             load_x(it + 1, (it + 1) & 1);
-            cp_async_wait<1>();
+            kc_cp_async_wait<1>();
         } else {
-            cp_async_wait<0>();
+            kc_cp_async_wait<0>();
         }
         __syncthreads();
         const int ks = it * WK + kw;
@@ -218,7 +189,7 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
                 for (int n = 0; n < NT; n++) {
                     const uint2 v = *(const uint2 *)(xs + n * 8 * XROW + i * 32);
 #pragma unroll
-                    for (int m = 0; m < MT; m++) mma16816(acc[m][n], f[m], v.x, v.y);
+                    for (int m = 0; m < MT; m++) kc_mma16816(acc[m][n], f[m], v.x, v.y);
                 }
             }
         }
@@ -314,9 +285,9 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
 extern "C" int kc_gemmq_ncfg(void) { return NCFG; }
 
 // From gpu_bench_gemmq (H100, llama2-7b layer, bench/RESULTS.md "2026-11-24 (gemmq)"): the
-// fastest configuration per token count. Past kc_gemmq_max_tok dequantizing into a half copy
+// fastest configuration per token count. Past the plan's gemmq_max_tok dequantizing into a half copy
 // for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost is
-// spread over many tokens); the configurations chosen above 64 tokens serve ARKA_CUDA_GEMMQ_MAX_TOK.
+// spread over many tokens); the configurations chosen above 64 tokens serve larger plan limits.
 static int gemmq_choose(int type, int n_tok) {
     if (n_tok <= 8) return 9;
     if (n_tok <= 16) return 8;
@@ -329,13 +300,8 @@ static int gemmq_choose(int type, int n_tok) {
 // Within the GEMV's range (up to KC_GEMV_MAX_TOK tokens) kc_gemmq would win from about 8
 // tokens (Q4_0 1893 against 1830 tok/s at batch 8, Q4_K 1399 against 1143), but the GEMV sums
 // every row in the same order whatever the batch, and the tensor cores do not: decode steps
-// of up to 8 sequences stay batch-invariant. ARKA_CUDA_GEMMQ_MIN_TOK lowers it.
-extern "C" int kc_gemmq_min_tok(int type) { (void)type; return KC_GEMV_MAX_TOK + 1; }
-// The half copy got 2.5-3x faster to make (dequant_half8_kernel, third 2026-11-24 entry of
-// bench/RESULTS.md): per llama2-7b layer, this kernel against dequantize + cuBLAS at 64 / 128
-// tokens is Q8_0 347 / 523 against 403 / 415 us, Q4_0 310 / 419 against 374 / 384; Q4_K at 32 /
-// 64 tokens 268 / 427 against 369 / 374. The limits are where the lines cross.
-extern "C" int kc_gemmq_max_tok(int type) { return type == DT_Q4_0 ? 96 : type == DT_Q8_0 ? 80 : 48; }
+// of up to 8 sequences stay batch-invariant. Where it stops beating dequantize + cuBLAS is the
+// plan's gemmq_max_tok (plan.cu).
 
 extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
     if (!w || !x || !y || n_tok <= 0 || !kc_gemmq_ok(w) || cfg >= NCFG) return CM_EINVAL;

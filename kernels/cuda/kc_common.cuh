@@ -265,3 +265,67 @@ __device__ __forceinline__ void kc_xq_block1(float v, int8_t *qh, int8_t *ql, in
     if ((threadIdx.x & 31) == 0)
         *(int2 *)(m + e / 32 * 2) = make_int2(__float_as_int(__fdiv_rn(__fdiv_rn(amax, 127.0f), 256.0f)), sum);
 }
+
+// ---- tensor cores and asynchronous copies (sm_80 and newer) ---------------------------------
+// mma.sync m16n8k16 (f16 operands, f32 accumulators), ldmatrix and cp.async. Code built for an
+// older target traps: the launchers that use them check kc_code_for_device first.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define KC_OLD_ARCH 1
+#endif
+
+__device__ __forceinline__ void kc_mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef KC_OLD_ARCH
+    __trap();
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Four 8x8 half matrices from shared memory: lane l gives the address of row l % 8 of matrix
+// l / 8; r[i] receives matrix i as an mma operand fragment (trans: each matrix transposed).
+__device__ __forceinline__ void kc_ldmatrix_x4(uint32_t (&r)[4], uint32_t saddr) {
+#ifdef KC_OLD_ARCH
+    __trap();
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(saddr));
+#endif
+}
+__device__ __forceinline__ void kc_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t saddr) {
+#ifdef KC_OLD_ARCH
+    __trap();
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(saddr));
+#endif
+}
+
+#ifdef KC_OLD_ARCH
+__device__ __forceinline__ void kc_cp_async8(uint32_t, const void *) { __trap(); }
+__device__ __forceinline__ void kc_cp_async16(uint32_t, const void *, bool) { __trap(); }
+__device__ __forceinline__ void kc_cp_async_commit() {}
+template <int N> __device__ __forceinline__ void kc_cp_async_wait() {}
+#else
+__device__ __forceinline__ void kc_cp_async8(uint32_t saddr, const void *g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(saddr), "l"(g));
+}
+// 16 bytes from g, or 16 zero bytes when !valid (g is not read then, but must be a valid address).
+__device__ __forceinline__ void kc_cp_async16(uint32_t saddr, const void *g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void kc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void kc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
+__device__ __forceinline__ uint32_t kc_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Two floats as the half2 bits of an mma operand (round to nearest).
+__device__ __forceinline__ uint32_t kc_pack_h2(float x, float y) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *(uint32_t *)&h;
+}

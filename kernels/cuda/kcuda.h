@@ -42,13 +42,44 @@ int kc_weight_type_ok(int type);
 /* Whether the type is one of the quantized types the integer GEMVs read (Q8_0, Q4_0, Q4_K). */
 int kc_weight_is_quant(int type);
 
-/* Programmatic dependent launch of the forward-pass kernels (Hopper): on by default;
- * kc_set_pdl(0) launches them plainly (A/B measurements, older GPUs). Set before capturing. */
-void kc_set_pdl(int on);
 /* Whether this build has GPU code the current device can run (*arch: the SASS version used,
  * e.g. 90; 0 when none). */
 int  kc_code_for_device(int *arch);
-int  kc_pdl_on(void);
+
+/* ---- the kernel plan (plan.cu) ---------------------------------------------------------------
+ * Every choice the launchers and the backend make beyond the shapes they are given: fixed once
+ * at start-up from the device and the model (kc_plan_choose), changed only by named overrides
+ * (kc_plan_override: `--cuda-plan key=value,...`), installed with kc_plan_set before anything
+ * is launched or captured, and logged in one line (kc_plan_format). Launchers read the
+ * installed plan (kc_plan_get; the defaults of kc_plan_default until one is set); nothing
+ * reads the environment. */
+typedef struct kc_plan {
+    int pdl;              /* programmatic dependent launch of the forward's kernels (sm_90 code) */
+    int norm_split;       /* RMSNorm rows of n % 512 == 0, n <= 4096 over n / 512 CTAs (same bits) */
+    int swiglu_fuse;      /* F16 gate|up GEMV with the SwiGLU in its epilogue up to this many tokens */
+    int gemmq_max_tok[3]; /* Q8_0, Q4_0, Q4_K: the tensor-core quantized matmul from KC_GEMV_MAX_TOK + 1
+                           * up to this many tokens (0: never), then dequantize + cuBLAS */
+    int att_tc;           /* tensor-core attention where kc_attention_tc_ok (0: the per-head kernels) */
+    int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
+    int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
+    int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
+    int att_dec_ctas;     /* decode: key splits so that tokens x KV heads x splits reach this many CTAs */
+    int att_chunk;        /* the per-head decode kernel: positions per split */
+    int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
+} kc_plan;
+/* Device-independent defaults (what kc_plan_get returns before a plan is set). */
+void kc_plan_default(kc_plan *p);
+/* The plan for device `device` and a model of these attention shapes. Returns 0 or CM_ECUDA. */
+int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p);
+/* Applies "key=value[,key=value...]" (keys: the field names above; gemmq_max_tok_q8_0 / _q4_0 /
+ * _q4_k for the array). CM_EINVAL with the offending key or value named in err. */
+int  kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen);
+/* "key=value ..." of every field, for the start-up log. */
+void kc_plan_format(const kc_plan *p, char *buf, size_t n);
+/* Installs p for every launcher of this process (before the first launch or capture). */
+void kc_plan_set(const kc_plan *p);
+const kc_plan *kc_plan_get(void);
+int  kc_pdl_on(void); /* the installed plan's pdl, where the device code allows it */
 
 /* Activations quantized for the integer GEMVs (quantized weights, up to KC_GEMV_MAX_TOK
  * tokens): per block of 32 values x ~ d (qh + ql / 256) with qh = round(x / d),
@@ -85,9 +116,7 @@ int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cu
 int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
 int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s);
 /* Rows of n % 512 == 0, n <= 4096 are normalized by n / 512 CTAs per token, which give the
- * same bits as one CTA per token; kc_set_norm_split(0) (or ARKA_CUDA_NORM_SPLIT=0) sends them to
- * the one-CTA kernel (A/B, tests). */
-void kc_set_norm_split(int on);
+ * same bits as one CTA per token (kc_plan.norm_split; off: one CTA per token). */
 
 /* Workspace for the cuBLAS path of kc_matmul (allocated once by the backend). */
 typedef struct kc_gemm_ws {
@@ -100,7 +129,7 @@ typedef struct kc_gemm_ws {
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
  * accumulate = 1 adds into y (residual fusion). Quantized weights: the integer GEMV below
- * kc_gemmq_min_tok tokens, kc_gemmq up to kc_gemmq_max_tok, else dequantized into
+ * KC_GEMV_MAX_TOK + 1 tokens, kc_gemmq up to the plan's gemmq_max_tok, else dequantized into
  * ws->w_half (in slices of rows) for cuBLAS. Others: our GEMV up to KC_GEMV_MAX_TOK tokens,
  * then cuBLAS with f16 operands and f32 accumulation (F32 weights: SGEMM). */
 #define KC_GEMV_MAX_TOK 8
@@ -121,16 +150,13 @@ int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok,
  * in registers (kc_matmul's path past KC_GEMV_MAX_TOK tokens; no dequantized copy of W).
  * x: [n_tok, n_in] half, y: [n_tok, n_out] f32 (+= with accumulate). cfg: the tile
  * configuration (0 .. kc_gemmq_ncfg() - 1, see gemmq.cu) or -1 to choose by n_tok. kc_gemmq_ok: whether W's
- * shape is taken (n_in % 128 == 0; Q4_K: % 256). kc_set_gemmq(0) sends kc_matmul back to
- * dequantize-then-cuBLAS (A/B; also ARKA_CUDA_GEMMQ=0). */
+ * shape is taken (n_in % 128 == 0; Q4_K: % 256). */
 int  kc_gemmq_ok(const kc_weight *W);
 int  kc_gemmq_ncfg(void);
-/* The token counts from which and up to which kc_matmul takes kc_gemmq for this type (below,
- * the integer GEMV is faster; beyond, dequantizing into ws->w_half for cuBLAS). */
-int  kc_gemmq_min_tok(int type);
-int  kc_gemmq_max_tok(int type);
+/* kc_matmul takes kc_gemmq for quantized weights from KC_GEMV_MAX_TOK + 1 tokens up to the
+ * plan's gemmq_max_tok of the type (below, the integer GEMV; beyond, dequantizing into
+ * ws->w_half for cuBLAS). */
 int  kc_gemmq(const kc_weight *W, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s);
-void kc_set_gemmq(int on);
 
 /* out[t][j] = silu(gu[t][2j]) * gu[t][2j + 1]. gu: [n_tok, 2*n_ff] f32, gate and up interleaved
  * (the backend's gate|up matrix interleaves their rows: row 2j is gate row j, 2j + 1 up row j),
@@ -143,7 +169,7 @@ int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cu
  * then kc_swiglu_xq into out / xq_act; or one kernel where W is F16 on the GEMV with an even
  * number of rows per warp (a warp holds gate row j and up row j) and only the half copy is
  * wanted (xq_act->no_ints; out may be NULL), for one token: then gu is not written. The same
- * bits either way. ARKA_CUDA_SWIGLU_FUSE=N fuses up to N tokens (0: never; A/B). */
+ * bits either way (the plan's swiglu_fuse: up to how many tokens). */
 int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out, kc_xq *xq_act,
                      const kc_gemm_ws *ws, cudaStream_t s);
 
@@ -151,7 +177,7 @@ int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_
 int kc_add_bias(float *y, const float *bias, int n_tok, int n, cudaStream_t s);
 
 /* Testing only: enqueues a kernel that traps, so the stream's next synchronizing call fails
- * the way a faulting kernel does (the backend's fatal path, ARKA_CUDA_FAULT_AT_STEP). */
+ * the way a faulting kernel does (the backend's fatal path, --cuda-fault-at-step). */
 int kc_fault(cudaStream_t s);
 
 /* Rotary parameters (see model/model.h). */
@@ -197,15 +223,33 @@ int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cac
                     int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
                     int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
 
-/* Causal attention for runs of consecutive query tokens of one sequence (prefill, chunked
- * prefill), tiled on the tensor cores. tiles: [n_tiles][2] = (first flat token, count <= 64);
- * the tokens of a tile belong to one sequence and have consecutive positions. Same inputs and
- * output as kc_attention otherwise. Only for head dims where kc_attention_prefill_supported(). */
-int kc_attention_prefill_supported(int hd);
-int kc_attention_prefill(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                         const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
-                         float scale, cudaStream_t s);
+/* Causal GQA attention on the tensor cores (attention_tc.cu): the query heads that share a KV
+ * head are the rows of one tile, so each K/V block is read once for all of them; Q, K and V
+ * meet as half, scores and outputs accumulate in f32. Only where kc_attention_tc_ok (head dim 64
+ * or 128, n_head / n_kv <= 16, block_size % 16 == 0, a device with mma.sync). */
+int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size);
+
+/* Decode: one query token per listed token (toks: [n_tok] flat token indices, staged with the
+ * batch; NULL = tokens 0..n_tok-1), each attending to positions 0..pos[t] of its sequence.
+ * The keys are cut into n_split ranges of *chunk positions (a device int, staged with the batch
+ * so a captured graph serves any context: n_split * *chunk must cover every token's position,
+ * and *chunk % 64 == 0); partials ([n_tok, n_head, n_split, hd + 2] f32, indexed by the
+ * token's place in the list) are merged by the last split's CTA (counters: [n_tok, n_head]
+ * zeros, left zero; also by place in the list). out and xq as for kc_attention_ex. */
+int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                           const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                           const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                           float scale, int n_split, const int32_t *chunk, float *partial, int *counters, cudaStream_t s);
+
+/* Prefill and chunked prefill: tiles [n_tiles][2] = (first flat token, count) of consecutive
+ * tokens of one sequence, count <= kc_attention_tc_tile_tok(warps, ...); list each sequence's
+ * tiles by position (the kernel starts the last tile first: the longest). warps: 4 or 8 (CTAs
+ * of 16 warps x rows, the kernel plan's att_pf_warps). out: [n_tok, n_head * hd] f32. */
+int kc_attention_tc_tile_tok(int warps, int n_head, int n_kv);
+int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                            const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                            const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                            float scale, int warps, cudaStream_t s);
 
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);

@@ -47,13 +47,13 @@ extern "C" int kc_weight_type_ok(int type) {
 
 // PDL needs the kernels' griddepcontrol instructions, which exist only in code built for
 // sm_90 or newer: code JIT-compiled from older PTX would start early and never wait.
-static int g_pdl = -1;
 __global__ void pdl_probe_kernel() { kc_pdl_wait(); }
 static int pdl_capable(void) {
+    static int v = -1;
     cudaFuncAttributes a;
-    return cudaFuncGetAttributes(&a, pdl_probe_kernel) == cudaSuccess && a.ptxVersion >= 90 && a.binaryVersion >= 90;
+    if (v < 0) v = cudaFuncGetAttributes(&a, pdl_probe_kernel) == cudaSuccess && a.ptxVersion >= 90 && a.binaryVersion >= 90;
+    return v;
 }
-extern "C" void kc_set_pdl(int on) { g_pdl = on && pdl_capable(); }
 extern "C" int kc_code_for_device(int *arch) {
     cudaFuncAttributes a;
     cudaError_t e = cudaFuncGetAttributes(&a, pdl_probe_kernel);
@@ -61,10 +61,7 @@ extern "C" int kc_code_for_device(int *arch) {
     if (e != cudaSuccess) cudaGetLastError(); /* clear it: the caller reports */
     return e == cudaSuccess;
 }
-extern "C" int kc_pdl_on(void) {
-    if (g_pdl < 0) g_pdl = pdl_capable();
-    return g_pdl;
-}
+extern "C" int kc_pdl_on(void) { return kc_plan_get()->pdl && pdl_capable(); }
 
 extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out) {
     size_t n = (size_t)n_in * (size_t)n_rows;
@@ -104,18 +101,13 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
     }
 }
 
-// ---- GEMV ----------------------------------------------------------------------------------
+// ---- GEMV (F32, F16, BF16 weights) ---------------------------------------------------------
 // Each warp owns R consecutive output rows; each lane walks 16-byte chunks of those rows (EPC
 // elements per chunk), loads the matching activations once for all R rows, and accumulates in
-// f32. Integer weights become floats with the exponent trick (PRMT + FADD) rather than I2F,
-// which runs at 1/8 of the FMA rate on Hopper. F16 rows multiply in half2 within a chunk and
-// add the chunk's partial to the f32 accumulator. For every (token, row) the summation order
-// is fixed by the row length alone, so results do not depend on how many tokens share a call.
-
-// float(b) for a byte b of u placed in the low mantissa of 2^23: (2^23 + b) - 2^23 - bias
-__device__ __forceinline__ float byte_f(uint32_t u, int k, float bias) {
-    return __int_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + k)) - (8388608.0f + bias);
-}
+// f32. F16 rows multiply in half2 within a chunk and add the chunk's partial to the f32
+// accumulator. For every (token, row) the summation order is fixed by the row length alone, so
+// results do not depend on how many tokens share a call. (Quantized weights: the integer GEMV
+// below.)
 
 template <int TYPE> struct wchunk;
 
@@ -166,48 +158,6 @@ template <> struct wchunk<DT_F16> {
 #pragma unroll
             for (int k = 0; k < 4; k++) xh[t][k] = __floats2half2_rn(x[t][2 * k], x[t][2 * k + 1]);
         dot_h<NT>(w, xh, acc);
-    }
-};
-
-template <> struct wchunk<DT_Q8_0> {
-    static constexpr int EPC = 16;
-    // chunk c covers elements [16c, 16c+16) of block c/2
-    template <int NT> __device__ static void dot(uint4 w, const kc_half *d, int c, const float (*x)[16], float *acc) {
-        const uint32_t u[4] = { w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u };
-        float f[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) f[k] = byte_f(u[k >> 2], k & 3, 128.0f);
-        const float s = kc_h2f(d[c >> 1]);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float p = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 16; k++) p = fmaf(f[k], x[t][k], p);
-            acc[t] = fmaf(s, p, acc[t]);
-        }
-    }
-};
-
-template <> struct wchunk<DT_Q4_0> {
-    static constexpr int EPC = 32;
-    // chunk c is block c: byte j holds element j (low nibble) and j + 16 (high nibble)
-    template <int NT> __device__ static void dot(uint4 w, const kc_half *d, int c, const float (*x)[32], float *acc) {
-        const uint32_t u[4] = { w.x, w.y, w.z, w.w };
-        float f[32];
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            uint32_t lo = u[k >> 2] & 0x0F0F0F0Fu, hi = (u[k >> 2] >> 4) & 0x0F0F0F0Fu;
-            f[k] = byte_f(lo, k & 3, 8.0f);
-            f[k + 16] = byte_f(hi, k & 3, 8.0f);
-        }
-        const float s = kc_h2f(d[c]);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float p = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 32; k++) p = fmaf(f[k], x[t][k], p);
-            acc[t] = fmaf(s, p, acc[t]);
-        }
     }
 };
 
@@ -408,61 +358,17 @@ static bool launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, 
     return true;
 }
 
-// The integer value of environment variable name (in base `base`: 16 for the 0xRU
-// configurations), or dflt when it is unset. Callers read it once (A/B switches).
-static int env_int(const char *name, int dflt, int base = 10) {
-    const char *e = getenv(name);
-    return e ? (int)strtol(e, NULL, base) : dflt;
-}
-
-// Calls f(R, U) (std::integral_constant) for a one-token GEMV configuration 0xRU: 0x11, 0x12,
-// 0x14, 0x21, 0x22, 0x24, 0x41, 0x42 or 0x81. False (nothing called) for any other value.
-template <typename F> static bool by_ru(int ru, F f) {
-    typedef std::integral_constant<int, 1> I1;
-    typedef std::integral_constant<int, 2> I2;
-    typedef std::integral_constant<int, 4> I4;
-    switch (ru) {
-    case 0x11: f(I1(), I1()); return true;
-    case 0x12: f(I1(), I2()); return true;
-    case 0x14: f(I1(), I4()); return true;
-    case 0x21: f(I2(), I1()); return true;
-    case 0x22: f(I2(), I2()); return true;
-    case 0x24: f(I2(), I4()); return true;
-    case 0x41: f(I4(), I1()); return true;
-    case 0x42: f(I4(), I2()); return true;
-    case 0x81: f(std::integral_constant<int, 8>(), I1()); return true;
-    default: return false;
-    }
-}
-
-// F16, one token: ARKA_CUDA_GEMV1=RU (hex, e.g. 22) runs every shape with R rows per warp and
-// U batches of chunks in flight (A/B); unset: the table below (2 x 4).
-static int gemv1_cfg(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_GEMV1", 0, 16);
-    return v;
-}
-
 // Bytes in flight per SM grow with n_out x U (not with R), so narrow matrices get U = 4.
 // sw: see launch_gemv_r (returns whether the kernel was launched).
 template <int TYPE, bool XH = false>
 static bool launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, int acc, cudaStream_t s,
                         const gemv_swi *sw = nullptr) {
-    constexpr int R1 = TYPE == DT_Q4_0 ? 4 : 2;
-    const bool narrow = W->n_out <= 8192;
     switch (n_tok) {
     case 1:
-        if constexpr (TYPE == DT_F16) {
-            bool done = false;
-            if (by_ru(gemv1_cfg(), [&](auto r, auto u) {
-                    done = launch_gemv_r<TYPE, 1, decltype(r)::value, decltype(u)::value, XH>(W, x, y, acc, s, sw);
-                }))
-                return done;
-        }
-        // F16: 4 batches for every shape (gpu_bench_gemv: the wide matrices 2-3 % faster too;
-        // whole F16 step 196.2 -> 197.0 tok/s, same run; bench/RESULTS.md "2026-11-24 (gemmq)")
-        if (narrow || TYPE == DT_F16) return launch_gemv_r<TYPE, 1, R1, 4, XH>(W, x, y, acc, s, sw);
-        return launch_gemv_r<TYPE, 1, R1, 2, XH>(W, x, y, acc, s, sw);
+        // 2 rows per warp, 4 batches of chunks in flight for every shape (F16: the wide matrices
+        // 2-3 % faster too; whole F16 step 196.2 -> 197.0 tok/s, same run; bench/RESULTS.md
+        // "2026-11-24 (gemmq)"); F32 / BF16 (rare: norms, small models) the same way
+        return launch_gemv_r<TYPE, 1, 2, 4, XH>(W, x, y, acc, s, sw);
     case 2: return launch_gemv_r<TYPE, 2, 2, 2, XH>(W, x, y, acc, s, sw);
     case 3: return launch_gemv_r<TYPE, 3, 2, 2, XH>(W, x, y, acc, s, sw);
     case 4: return launch_gemv_r<TYPE, 4, 2, 2, XH>(W, x, y, acc, s, sw);
@@ -472,12 +378,6 @@ static bool launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
     case 8: return launch_gemv_r<TYPE, 8, 1, 2, XH>(W, x, y, acc, s, sw);
     }
     return false;
-}
-
-static bool f16h_off(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_F16_XH", 1) == 0;
-    return v;
 }
 
 // ---- integer GEMV: quantized weights against two-level int8 activations (kc_xq) -------------
@@ -670,21 +570,12 @@ static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ac
 // Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
 // one row per warp their loads, not the weights, bound the kernel as tokens are added. Chosen
 // on an H100 from whole decode steps of llama2-7b at batch 2, 4 and 8 (bench/RESULTS.md
-// "2026-11-24 (gemmq)"): 4 rows, but 2 for Q8_0 up to 4 tokens. ARKA_CUDA_GEMVQ_R = 1, 2 or 4
-// overrides (A/B). A row's summation order does not depend on it (batch invariance).
-static int gemvq_rows(int type, int nt) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_GEMVQ_R", 0);
-    if (v > 0) return v;
-    return type == DT_Q8_0 && nt <= 4 ? 2 : 4;
-}
-template <int TYPE, int NT, int U>
+// "2026-11-24 (gemmq)"): 4 rows, but 2 for Q8_0 up to 4 tokens. A row's summation order does
+// not depend on it (batch invariance).
+template <int TYPE, int NT>
 static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
-    switch (gemvq_rows(TYPE, NT)) {
-    case 4: launch_gemvq_r<TYPE, NT, 4, 1>(W, xq, y, acc, s); break;
-    case 2: launch_gemvq_r<TYPE, NT, 2, 1>(W, xq, y, acc, s); break;
-    default: launch_gemvq_r<TYPE, NT, 1, U>(W, xq, y, acc, s); break;
-    }
+    if (TYPE == DT_Q8_0 && NT <= 4) launch_gemvq_r<TYPE, NT, 2, 1>(W, xq, y, acc, s);
+    else launch_gemvq_r<TYPE, NT, 4, 1>(W, xq, y, acc, s);
 }
 
 // One token: rows per warp x chunks in flight, as 0xRU, per matrix shape: chosen on an H100
@@ -694,32 +585,35 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int a
 // batches of chunks in flight. Then retuned on whole steps (bench/RESULTS.md "fourth
 // session"), where the microbenchmark's order did not hold: Q4_0 8x1 for every matrix over
 // 8192 rows (gate|up and the head too: +0.6 %), 2x1 for wo and 4x2 for down (+0.5 %); Q8_0
-// 2x2 for down (+1.2 %). ARKA_CUDA_GEMVQ1=RU (e.g. 22) overrides (A/B).
-static int gemvq1_cfg(int type, int n_in, int n_out) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_GEMVQ1", 0, 16);
-    if (v > 0) return v;
-    if (type == DT_Q4_0) return n_in > 8192 ? 0x42 : n_out > 8192 ? 0x81 : 0x21;
-    if (type == DT_Q4_K) return n_in > 8192 ? 0x21 : n_out <= 4096 ? 0x42 : 0x41;
-    return n_in > 8192 ? 0x22 : 0x41; // Q8_0
+// 2x2 for down (+1.2 %).
+template <int TYPE>
+static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+    const int n_in = W->n_in, n_out = W->n_out;
+    if constexpr (TYPE == DT_Q4_0) {
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s);
+        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, acc, s);
+        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
+    } else if constexpr (TYPE == DT_Q4_K) {
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
+        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+    } else { // Q8_0
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+    }
 }
 
 template <int TYPE>
 static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
     switch (n_tok) {
-    case 1:
-        if (!by_ru(gemvq1_cfg(TYPE, W->n_in, W->n_out), [&](auto r, auto u) {
-                launch_gemvq_r<TYPE, 1, decltype(r)::value, decltype(u)::value>(W, xq, y, acc, s);
-            }))
-            launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
-        break;
-    case 2: launch_gemvq_nt<TYPE, 2, 2>(W, xq, y, acc, s); break;
-    case 3: launch_gemvq_nt<TYPE, 3, 2>(W, xq, y, acc, s); break;
-    case 4: launch_gemvq_nt<TYPE, 4, 2>(W, xq, y, acc, s); break;
-    case 5: launch_gemvq_nt<TYPE, 5, 1>(W, xq, y, acc, s); break;
-    case 6: launch_gemvq_nt<TYPE, 6, 1>(W, xq, y, acc, s); break;
-    case 7: launch_gemvq_nt<TYPE, 7, 1>(W, xq, y, acc, s); break;
-    case 8: launch_gemvq_nt<TYPE, 8, 1>(W, xq, y, acc, s); break;
+    case 1: launch_gemvq1<TYPE>(W, xq, y, acc, s); break;
+    case 2: launch_gemvq_nt<TYPE, 2>(W, xq, y, acc, s); break;
+    case 3: launch_gemvq_nt<TYPE, 3>(W, xq, y, acc, s); break;
+    case 4: launch_gemvq_nt<TYPE, 4>(W, xq, y, acc, s); break;
+    case 5: launch_gemvq_nt<TYPE, 5>(W, xq, y, acc, s); break;
+    case 6: launch_gemvq_nt<TYPE, 6>(W, xq, y, acc, s); break;
+    case 7: launch_gemvq_nt<TYPE, 7>(W, xq, y, acc, s); break;
+    case 8: launch_gemvq_nt<TYPE, 8>(W, xq, y, acc, s); break;
     }
 }
 
@@ -825,46 +719,23 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
     to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)out);
 }
 
-// ARKA_CUDA_GEMV_F32=1: Q8_0 / Q4_0 GEMVs take f32 activations and convert the weights to
-// floats (the previous kernels; kept for A/B measurements and as a numerical cross-check).
-static bool gemv_f32_forced(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_GEMV_F32", 0) > 0;
-    return v;
-}
-
 static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
 extern "C" int kc_weight_is_quant(int type) { return is_quant(type); }
 
-// Quantized weights past the GEMV's token counts, up to kc_gemmq_max_tok (or
-// ARKA_CUDA_GEMMQ_MAX_TOK): kc_gemmq (tensor cores, dequantized in registers) unless
-// ARKA_CUDA_GEMMQ=0 (the dequantize-to-w_half + cuBLAS path, for A/B) or the shape is not one
-// it takes. ARKA_CUDA_GEMMQ_CFG=N forces its tile configuration.
-static int g_gemmq = -1;
-extern "C" void kc_set_gemmq(int on) { g_gemmq = on ? 1 : 0; }
-// Whether kc_matmul sends W x n_tok tokens to kc_gemmq: quantized weights of a shape it takes,
-// from kc_gemmq_min_tok tokens (ARKA_CUDA_GEMMQ_MIN_TOK) up to kc_gemmq_max_tok
-// (ARKA_CUDA_GEMMQ_MAX_TOK).
+// Whether kc_matmul sends W x n_tok tokens to kc_gemmq (tensor cores, dequantized in
+// registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
+// plan's gemmq_max_tok for the type.
 static bool gemmq_use(const kc_weight *W, int n_tok) {
-    static int min_tok = -2, max_tok = -2;
-    if (g_gemmq < 0) g_gemmq = env_int("ARKA_CUDA_GEMMQ", 1) != 0;
-    if (min_tok == -2) min_tok = env_int("ARKA_CUDA_GEMMQ_MIN_TOK", 0);
-    if (max_tok == -2) max_tok = env_int("ARKA_CUDA_GEMMQ_MAX_TOK", 0);
-    if (!g_gemmq || !is_quant(W->type) || !kc_gemmq_ok(W)) return false;
-    return n_tok >= (min_tok > 0 ? min_tok : kc_gemmq_min_tok(W->type)) &&
-           n_tok <= (max_tok > 0 ? max_tok : kc_gemmq_max_tok(W->type));
-}
-static int gemmq_cfg(void) {
-    static int v = -2;
-    if (v == -2) v = env_int("ARKA_CUDA_GEMMQ_CFG", -1);
-    return v;
+    if (!is_quant(W->type) || !kc_gemmq_ok(W) || n_tok <= KC_GEMV_MAX_TOK) return false;
+    const int *mx = kc_plan_get()->gemmq_max_tok;
+    return n_tok <= (W->type == DT_Q8_0 ? mx[0] : W->type == DT_Q4_0 ? mx[1] : mx[2]);
 }
 
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
     if (gemmq_use(W, n_tok)) return 1;
-    if (is_quant(W->type)) return W->type != DT_Q4_K && gemv_f32_forced();
-    return !(W->type == DT_F16 && W->n_in % 32 == 0 && !f16h_off());
+    if (is_quant(W->type)) return 0;
+    return !(W->type == DT_F16 && W->n_in % 32 == 0);
 }
 
 extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
@@ -880,12 +751,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         to_half(x, nx, ws->x_half, s);
         if (int rc = launch_ok(__LINE__)) return rc;
-        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, gemmq_cfg(), s);
-    }
-    if (n_tok <= KC_GEMV_MAX_TOK && W->type != DT_Q4_K && gemv_f32_forced()) { /* A/B: the f32 path */
-        if (W->type == DT_Q8_0) launch_gemv<DT_Q8_0>(W, x, n_tok, y, accumulate, s);
-        else if (W->type == DT_Q4_0) launch_gemv<DT_Q4_0>(W, x, n_tok, y, accumulate, s);
-        if (W->type == DT_Q8_0 || W->type == DT_Q4_0) KC_LAUNCH_CHECK();
+        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, -1, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (!xq || xq->no_ints || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
@@ -903,7 +769,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         KC_LAUNCH_CHECK();
     }
     if (n_tok <= KC_GEMV_MAX_TOK && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in && n_tok <= xq->cap_tok &&
-        W->n_in % 8 == 0 && !f16h_off()) {
+        W->n_in % 8 == 0) {
         launch_gemv<DT_F16, true>(W, xq->xh, n_tok, y, accumulate, s);
         KC_LAUNCH_CHECK();
     }
@@ -967,20 +833,12 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     return 0;
 }
 
-// Token counts up to which the SwiGLU is fused: 1 (llama2-7b F16 on an H100: batch 1 200.2 ->
-// 202.2 tok/s, batch 4 608 -> 592; bench/RESULTS.md). ARKA_CUDA_SWIGLU_FUSE=N (0: never; A/B).
-static int swiglu_fuse_max(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("ARKA_CUDA_SWIGLU_FUSE", 1);
-    return v;
-}
-
 extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
                                 kc_xq *xq_act, const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || n_tok <= 0 || W->n_out % 2) return CM_EINVAL;
     const int n_ff = W->n_out / 2;
-    const bool fuse = n_tok <= swiglu_fuse_max() && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in &&
-                      n_tok <= xq->cap_tok && W->n_in % 8 == 0 && !f16h_off() && xq_act && xq_act->no_ints && xq_act->xh &&
+    const bool fuse = n_tok <= kc_plan_get()->swiglu_fuse && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in &&
+                      n_tok <= xq->cap_tok && W->n_in % 8 == 0 && xq_act && xq_act->no_ints && xq_act->xh &&
                       n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n;
     if (fuse) {
         const gemv_swi sw = { out, (__half *)xq_act->xh, n_ff };

@@ -117,15 +117,6 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, floa
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
-// ARKA_CUDA_NORM_SPLIT=0 or kc_set_norm_split(0): every row on the one-CTA kernel (A/B; the
-// same bits).
-static int g_split_off = -1;
-static bool split_off(void) {
-    if (g_split_off < 0) g_split_off = getenv("ARKA_CUDA_NORM_SPLIT") && atoi(getenv("ARKA_CUDA_NORM_SPLIT")) == 0;
-    return g_split_off;
-}
-extern "C" void kc_set_norm_split(int on) { g_split_off = !on; }
-
 template <bool QUANT>
 static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
     /* one float4 per thread where the row allows: the norm sits between two GEMVs, and fewer
@@ -136,7 +127,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
-    if (n % 512 == 0 && n <= 4096 && !split_off()) {
+    if (n % 512 == 0 && n <= 4096 && kc_plan_get()->norm_split) {
         typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *);
         static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
                                         rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,

@@ -16,6 +16,7 @@
 
 #include "gpu_bench_w.h"
 #include "gpu_ck.h"
+#include "gpu_plan.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -83,10 +84,10 @@ int main(int argc, char **argv) {
                 int nt = ntoks[ni];
                 size_t ny = (size_t)nt * n_out;
                 /* outputs: the cuBLAS path against the in-register path */
-                kc_set_gemmq(0);
+                gpu_plan_gemmq(0);
                 CK(cudaMemsetAsync(dy, 0, ny * 4, s));
                 if (kc_matmul(&w[0], dx, nt, dy, 0, &ws, s)) { fprintf(stderr, "dequant path failed\n"); return 1; }
-                kc_set_gemmq(1);
+                gpu_plan_gemmq(1);
                 CK(cudaMemsetAsync(dy2, 0, ny * 4, s));
                 if (nt <= KC_GEMV_MAX_TOK ? kc_gemmq(&w[0], ws.x_half, nt, dy2, 0, -1, s) : kc_matmul(&w[0], dx, nt, dy2, 0, &ws, s)) {
                     fprintf(stderr, "gemmq path failed\n");
@@ -101,7 +102,7 @@ int main(int argc, char **argv) {
                 if (e > maxerr[ni] || e != e) maxerr[ni] = e;
                 const int iters = 2 * nc > 20 ? 2 * nc : 20;
                 for (int path = 0; path < 2 + NCFG; path++) {
-                    kc_set_gemmq(path != 0);
+                    gpu_plan_gemmq(path != 0);
                     for (int i = 0; i < 3; i++) {
                         if (path == 0 || (path == 1 && nt > KC_GEMV_MAX_TOK)) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
@@ -124,7 +125,7 @@ int main(int argc, char **argv) {
             }
             bench_w_free(w, nc);
         }
-        kc_set_gemmq(1);
+        gpu_plan_gemmq(1);
         printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);
         printf("%5s %10s %10s", "n_tok", "gemv|deq", "gemmq");
         for (int c = 0; c < NCFG; c++) printf("   cfg%d", c);

@@ -2,8 +2,7 @@
  * must read (weights + scales) over the copy bandwidth. Each matrix is timed over >= 200
  * launches between two events (back to back, as in a decode step), rotating over enough
  * copies of it that they do not stay in the 50 MB L2. Random weights.
- * usage: gpu_bench_gemv [TYPE...]   (f16 q8_0 q4_0 q4_k; default all)
- * Environment knobs it can compare: ARKA_CUDA_GEMV_F32=1, ARKA_CUDA_NO_PDL=1. */
+ * usage: gpu_bench_gemv [--no-pdl] [TYPE...]   (f16 q8_0 q4_0 q4_k; default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -15,6 +14,7 @@
 
 #include "gpu_bench_w.h"
 #include "gpu_ck.h"
+#include "gpu_plan.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -30,7 +30,12 @@ int main(int argc, char **argv) {
     };
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    kc_set_pdl(!getenv("ARKA_CUDA_NO_PDL"));
+    int no_pdl = argc > 1 && !strcmp(argv[1], "--no-pdl");
+    if (no_pdl) {
+        argv++;
+        argc--;
+    }
+    gpu_plan_pdl(!no_pdl);
     kc_gemm_ws ws = { 0 };
     ws.xq.cap_tok = 1;
     ws.xq.cap_n = 11008;

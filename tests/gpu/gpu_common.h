@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Seconds of decode-graph capture the engines g_open creates get (0: every step eager). */
+static double g_graph_budget_s = 60;
+
 typedef struct g_eng {
     ex_engine *e;
     ex_batch_buf bb;
@@ -28,6 +31,7 @@ static inline int g_open(g_eng *g, const mdl_model *m, const char *backend, int 
     o.max_out = max_out;
     o.kv_cache_mb = kv_mb;
     o.n_threads = 0;
+    o.cuda_graph_budget_s = g_graph_budget_s;
     char err[512];
     int rc = ex_engine_create(m, &o, &g->e, err, sizeof err);
     if (rc) {

@@ -104,7 +104,7 @@ if [ "$MODE" = check ]; then
   else echo "FAIL: --cuda-graph-budget-s: graphs not captured/skipped as asked, or the tokens differ"; fail=1; fi
   # (e) a CUDA error inside a step (a trapping kernel injected at step 3): the process ends at
   # the next synchronizing call, its log naming the call, the error, file and line
-  ARKA_CUDA_FAULT_AT_STEP=3 "${G[@]}" >"$OUT/fault.out" 2>"$OUT/fault.log"; rc=$?
+  "${G[@]}" --cuda-fault-at-step 3 >"$OUT/fault.out" 2>"$OUT/fault.log"; rc=$?
   line=$(grep 'msg="CUDA call failed"' "$OUT/fault.log" | sed 's/^ts=[^ ]* //')
   echo "fault at step 3 (rc=$rc): $line"
   if [ $rc != 0 ] && grep -q 'msg="injecting a device fault' "$OUT/fault.log" &&
@@ -128,12 +128,8 @@ if [ "$MODE" = bench ]; then
   for ty in f16 q8_0 q4_0 q4_k; do
     f=$(mk llama2-7b $ty)
     step "llama2-7b $ty: prefill 512, decode 128 (batch 1)"
-    ARKA_CUDA_GRAPH_TIMING=1 "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 128 --batch 1 2>"$OUT/bench-7b-$ty.err" | tee "$OUT/bench-7b-$ty.txt"
+    "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 128 --batch 1 --cuda-graph-timing 2>"$OUT/bench-7b-$ty.err" | tee "$OUT/bench-7b-$ty.txt"
     grep 'graph replays' "$OUT/bench-7b-$ty.err" # device time per step: the rest of the wall time is the host's
-    # in-graph cost of the stages around the GEMVs: the step without each (outputs wrong, timing only)
-    for lo in norm rope attn swiglu gemv; do
-      echo "without $lo: $(ARKA_CUDA_LEAVE_OUT=$lo "$BIN/bench_engine" -m "$f" --backend cuda --prompt 512 --gen 64 --batch 1 2>/dev/null | grep 'decode batch')"
-    done
     if [ $ty != f16 ]; then
       # quantized batched decode (integer GEMV up to 8 sequences, kc_gemmq above) and a 128-token prefill
       step "llama2-7b $ty: decode batches 2..128 (prompt 128, 32 generated), prefill 128"

@@ -1,6 +1,7 @@
 /* GPU kernels against double-precision CPU references on random inputs: matmul (every weight
  * type, GEMV and cuBLAS paths), embedding, RMSNorm, SwiGLU, RoPE + paged KV store, paged
- * attention (with and without split-K), argmax. Outputs are poisoned (NaN) before each launch.
+ * attention (with and without split-K; the tensor-core kernels at GQA 1/4/8, head dims 64/128,
+ * contexts up to 32k), argmax. Outputs are poisoned (NaN) before each launch.
  * Runs on a GPU host only (tests/gpu/run.sh). */
 #include "common/cm_err.h"
 #include "kernels/cpu/kcpu.h"
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 
 #include "gpu_ck.h"
+#include "gpu_plan.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -104,9 +106,9 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                  * dequantize + cuBLAS, both f16 operands and f32 sums (differences: summation order) */
                 if (nt > KC_GEMV_MAX_TOK && (type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K)) {
                     float *yb = malloc((size_t)nt * n_out * 4);
-                    kc_set_gemmq(0);
+                    gpu_plan_gemmq(0);
                     int rc2 = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
-                    kc_set_gemmq(1);
+                    gpu_plan_gemmq(1);
                     CK(cudaStreamSynchronize(s));
                     CK(cudaMemcpy(yb, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                     double eb = rel_err(yb, ref, (size_t)nt * n_out);
@@ -156,10 +158,10 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     float *yb = malloc((size_t)nt * n_out * 4);
                     kc_gemm_ws w7 = ws;
                     w7.w_cap = (size_t)7 * n_in;
-                    kc_set_gemmq(0);
+                    gpu_plan_gemmq(0);
                     CK(cudaMemcpy(dy, y, (size_t)nt * n_out * 4, cudaMemcpyHostToDevice));
                     int rc2 = kc_matmul(&w, dx, nt, dy, 1, &w7, s);
-                    kc_set_gemmq(1);
+                    gpu_plan_gemmq(1);
                     CK(cudaStreamSynchronize(s));
                     CK(cudaMemcpy(yb, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                     for (size_t i = 0; i < (size_t)nt * n_out; i++) yb[i] *= 0.5f;
@@ -348,6 +350,7 @@ static void ref_rope(double *v, int hd, int pos, const kc_rope *r) {
 }
 
 static float h2f(uint16_t h) { return dt_f16_to_f32(h); }
+static uint16_t f2h(float f) { return dt_f32_to_f16(f); }
 
 /* Several sequences with random block tables; rope+store all their tokens, then attention for
  * every token, against a dense double reference. */
@@ -578,31 +581,240 @@ static void test_rope_attention(cudaStream_t s) {
                     xq_free(&xa);
                     xq_free(&xb);
                 }
-                if (kc_attention_prefill_supported(hd)) {
-                    /* the tiled kernel over the same cache: tiles of <= 64 queries per sequence */
-                    int32_t tiles[64];
-                    int nt = 0;
-                    for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
-                        for (int j = 0; j < lens[q]; j += 64) {
-                            tiles[2 * nt] = t0 + j;
-                            tiles[2 * nt + 1] = lens[q] - j < 64 ? lens[q] - j : 64;
-                            nt++;
-                        }
-                    int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
-                    poison(dout, no * 4);
-                    rc = kc_attention_prefill(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
-                                              1.0f / sqrtf((float)hd), s);
-                    CK(cudaStreamSynchronize(s));
-                    CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
-                    e = rel_err(got, ref, no);
-                    T_CHECKF(rc == 0 && e < 5e-3, "prefill attention hd=%d layout=%d rel_err=%.3g", hd, layout, e);
-                    cudaFree(dtiles);
+                if (kc_attention_tc_ok(hd, n_head, n_kv, bs)) {
+                    /* the tensor-core prefill kernel over the same cache (rope-written), 4 and 8 warps */
+                    for (int warps = 4; warps <= 8; warps += 4) {
+                        const int tt = kc_attention_tc_tile_tok(warps, n_head, n_kv);
+                        int32_t tiles[2 * 160];
+                        int nt = 0;
+                        for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
+                            for (int j = 0; j < lens[q]; j += tt) {
+                                tiles[2 * nt] = t0 + j;
+                                tiles[2 * nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
+                                nt++;
+                            }
+                        int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
+                        poison(dout, no * 4);
+                        rc = kc_attention_prefill_tc(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                     bs, 1.0f / sqrtf((float)hd), warps, s);
+                        CK(cudaStreamSynchronize(s));
+                        CK(cudaMemcpy(got, dout, no * 4, cudaMemcpyDeviceToHost));
+                        e = rel_err(got, ref, no);
+                        T_CHECKF(rc == 0 && e < 5e-3, "tensor-core prefill attention on the rope cache hd=%d layout=%d warps=%d rel_err=%.3g",
+                                 hd, layout, warps, e);
+                        cudaFree(dtiles);
+                    }
                 }
                 free(ref); free(got); free(K); free(V); free(Q); free(kc);
                 cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dpart);
                 cudaFree(dqkv); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
                 free(qkv); free(pos); free(seq); free(bt);
             }
+}
+
+/* Tensor-core attention (attention_tc.cu) against a double reference on random caches: GQA 1, 4
+ * and 8, head dims 64 and 128, ragged sequences (1 to 32,768 positions) on shuffled block
+ * tables, cache slots past each sequence poisoned with NaN (they must never be read), outputs
+ * poisoned before every launch. Prefill: tiles over whole sequences with 4 and 8 warps (long
+ * sequences checked on sampled rows); the same tiles in two launches equal one, bit for bit.
+ * Decode: each sequence's last token, 1, 3 and one split per 64 positions; a shuffled token
+ * list gives the same bits as the identity; the quantized blocks equal kc_quantize_x of the
+ * f32 output; the merge counters are back at zero. */
+static double attn_ref_row(const float *q, const uint16_t *kc, const uint16_t *vc, const int32_t *bt, int n_kv, int bs, int hd,
+                           int kvh, int p, double *out) {
+    double m = -INFINITY, l = 0, *sc = malloc((size_t)(p + 1) * 8);
+    for (int e = 0; e < hd; e++) out[e] = 0;
+    for (int j = 0; j <= p; j++) {
+        const size_t base = (((size_t)bt[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
+        double d = 0;
+        for (int e = 0; e < hd; e++) d += (double)q[e] * h2f(kc[base + e]);
+        sc[j] = d / sqrt(hd);
+        if (sc[j] > m) m = sc[j];
+    }
+    for (int j = 0; j <= p; j++) {
+        const size_t base = (((size_t)bt[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
+        double w = exp(sc[j] - m);
+        l += w;
+        for (int e = 0; e < hd; e++) out[e] += w * h2f(vc[base + e]);
+    }
+    for (int e = 0; e < hd; e++) out[e] /= l;
+    free(sc);
+    return l;
+}
+
+static void test_attention_tc(cudaStream_t s) {
+    const int gqa[3] = { 1, 4, 8 }, hds[2] = { 64, 128 };
+    for (int hi = 0; hi < 2; hi++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int hd = hds[hi], G = gqa[gi], n_kv = 2, n_head = n_kv * G, bs = 16, nq = n_head * hd;
+            /* the 32k sequence in two configurations only: the reference is slow */
+            const int longest = (hd == 128 && G != 1) ? 32768 : 2100;
+            const int lens[5] = { 1, 17, 300, 777, longest }, n_seq = 5;
+            if (!kc_attention_tc_ok(hd, n_head, n_kv, bs)) {
+                T_CHECKF(0, "kc_attention_tc_ok refuses hd=%d G=%d", hd, G);
+                continue;
+            }
+            int max_blocks = (longest + bs - 1) / bs, n_used = 0, n_tok = 0;
+            for (int q = 0; q < n_seq; q++) n_used += (lens[q] + bs - 1) / bs, n_tok += lens[q];
+            const int n_phys = n_used + 7;
+            int32_t *perm = malloc((size_t)n_phys * 4), *bt = malloc((size_t)n_seq * max_blocks * 4);
+            for (int i = 0; i < n_phys; i++) perm[i] = i;
+            for (int i = n_phys - 1; i > 0; i--) {
+                int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), tmp = perm[i];
+                perm[i] = perm[j];
+                perm[j] = tmp;
+            }
+            for (int q = 0, k = 0; q < n_seq; q++)
+                for (int j = 0; j < max_blocks; j++) bt[q * max_blocks + j] = j < (lens[q] + bs - 1) / bs ? perm[k++] : perm[n_phys - 1];
+            /* the cache: random halves at every position of every sequence, NaN elsewhere */
+            const size_t ce = (size_t)n_phys * n_kv * bs * hd;
+            uint16_t *kc = malloc(ce * 2), *vc = malloc(ce * 2);
+            for (size_t i = 0; i < ce; i++) kc[i] = vc[i] = 0x7e00;
+            for (int q = 0; q < n_seq; q++)
+                for (int j = 0; j < lens[q]; j++)
+                    for (int h = 0; h < n_kv; h++) {
+                        const size_t base = (((size_t)bt[q * max_blocks + j / bs] * n_kv + h) * bs + j % bs) * hd;
+                        for (int e = 0; e < hd; e++) {
+                            kc[base + e] = f2h(frand());
+                            vc[base + e] = f2h(frand());
+                        }
+                    }
+            float *qh = malloc((size_t)n_tok * nq * 4);
+            for (size_t i = 0; i < (size_t)n_tok * nq; i++) qh[i] = frand() * 2.0f;
+            int32_t *pos = malloc((size_t)n_tok * 4), *seq = malloc((size_t)n_tok * 4);
+            for (int q = 0, t = 0; q < n_seq; q++)
+                for (int j = 0; j < lens[q]; j++, t++) { pos[t] = j; seq[t] = q; }
+            kc_half *dk = dev_upload(kc, ce * 2), *dv = dev_upload(vc, ce * 2);
+            float *dq = dev_upload(qh, (size_t)n_tok * nq * 4), *dout, *dout2;
+            int32_t *dpos = dev_upload(pos, (size_t)n_tok * 4), *dseq = dev_upload(seq, (size_t)n_tok * 4);
+            int32_t *dbt = dev_upload(bt, (size_t)n_seq * max_blocks * 4);
+            CK(cudaMalloc((void **)&dout, (size_t)n_tok * nq * 4));
+            CK(cudaMalloc((void **)&dout2, (size_t)n_tok * nq * 4));
+            /* the rows checked: every row of the short sequences, about 40 of each long one (its last too) */
+            int *rows = malloc((size_t)n_tok * 4), n_rows = 0;
+            for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++) {
+                int step = lens[q] <= 300 ? 1 : lens[q] / 40 + 1;
+                for (int j = 0; j < lens[q]; j += step) rows[n_rows++] = t0 + j;
+                if ((lens[q] - 1) % step) rows[n_rows++] = t0 + lens[q] - 1;
+            }
+            double *ref = malloc((size_t)n_rows * nq * 8);
+            for (int r = 0; r < n_rows; r++) {
+                const int t = rows[r];
+                for (int h = 0; h < n_head; h++)
+                    attn_ref_row(qh + ((size_t)t * n_head + h) * hd, kc, vc, bt + seq[t] * max_blocks, n_kv, bs, hd, h / G, pos[t],
+                                 ref + ((size_t)r * n_head + h) * hd);
+            }
+            float *all = malloc((size_t)n_tok * nq * 4), *all2 = malloc((size_t)n_tok * nq * 4), *got = malloc((size_t)n_rows * nq * 4);
+            /* prefill */
+            for (int warps = 4; warps <= 8; warps += 4) {
+                const int tt = kc_attention_tc_tile_tok(warps, n_head, n_kv);
+                int32_t *tiles = malloc((size_t)(n_tok / tt + n_seq + 1) * 8);
+                int nt = 0;
+                for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
+                    for (int j = 0; j < lens[q]; j += tt) {
+                        tiles[2 * nt] = t0 + j;
+                        tiles[2 * nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
+                        nt++;
+                    }
+                int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
+                poison(dout, (size_t)n_tok * nq * 4);
+                int rc = kc_attention_prefill_tc(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                 1.0f / sqrtf((float)hd), warps, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(all, dout, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+                int finite = 1;
+                for (size_t i = 0; i < (size_t)n_tok * nq; i++) finite &= isfinite(all[i]) != 0;
+                for (int r = 0; r < n_rows; r++) memcpy(got + (size_t)r * nq, all + (size_t)rows[r] * nq, (size_t)nq * 4);
+                double e = rel_err(got, ref, (size_t)n_rows * nq);
+                T_CHECKF(rc == 0 && finite && e < 5e-3, "tc prefill hd=%d G=%d warps=%d longest=%d: every row written %d, rel_err %.3g",
+                         hd, G, warps, longest, finite, e);
+                /* chunked: the first half of the tiles, then the rest = one launch */
+                poison(dout2, (size_t)n_tok * nq * 4);
+                int h1 = nt / 2;
+                rc = kc_attention_prefill_tc(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                             1.0f / sqrtf((float)hd), warps, s);
+                rc |= kc_attention_prefill_tc(dq, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head, n_kv,
+                                              hd, bs, 1.0f / sqrtf((float)hd), warps, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(all2, dout2, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(rc == 0 && memcmp(all, all2, (size_t)n_tok * nq * 4) == 0, "tc prefill in two launches = one: hd=%d G=%d warps=%d",
+                         hd, G, warps);
+                cudaFree(dtiles);
+                free(tiles);
+            }
+            /* decode: the last token of each sequence, compact, in a shuffled list */
+            {
+                int32_t last[5], pos_d[5], seq_d[5], lst[5] = { 3, 0, 4, 2, 1 };
+                float *qd = malloc((size_t)n_seq * nq * 4);
+                double *refd = malloc((size_t)n_seq * nq * 8);
+                for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++) {
+                    last[q] = t0 + lens[q] - 1;
+                    pos_d[q] = pos[last[q]];
+                    seq_d[q] = q;
+                    memcpy(qd + (size_t)q * nq, qh + (size_t)last[q] * nq, (size_t)nq * 4);
+                    for (int r = 0; r < n_rows; r++)
+                        if (rows[r] == last[q]) memcpy(refd + (size_t)q * nq, ref + (size_t)r * nq, (size_t)nq * 8);
+                }
+                float *dqd = dev_upload(qd, (size_t)n_seq * nq * 4), *dod, *part;
+                int32_t *dpd = dev_upload(pos_d, sizeof pos_d), *dsd = dev_upload(seq_d, sizeof seq_d), *dl = dev_upload(lst, sizeof lst);
+                int32_t *dchunk, *cnt;
+                const int units = (longest + 63) / 64, splits[3] = { 1, 3, units };
+                CK(cudaMalloc((void **)&dod, (size_t)n_seq * nq * 4));
+                CK(cudaMalloc((void **)&part, (size_t)n_seq * n_head * units * (hd + 2) * 4));
+                CK(cudaMalloc((void **)&dchunk, 4));
+                CK(cudaMalloc((void **)&cnt, (size_t)n_seq * n_head * 4));
+                CK(cudaMemset(cnt, 0, (size_t)n_seq * n_head * 4));
+                float *o1 = malloc((size_t)n_seq * nq * 4), *o2 = malloc((size_t)n_seq * nq * 4);
+                kc_xq xa = xq_alloc(n_seq, nq), xb = xq_alloc(n_seq, nq);
+                for (int si = 0; si < 3; si++) {
+                    const int ns = splits[si], chunk = (units + ns - 1) / ns * 64;
+                    CK(cudaMemcpy(dchunk, &chunk, 4, cudaMemcpyHostToDevice));
+                    poison(dod, (size_t)n_seq * nq * 4);
+                    int rc = kc_attention_decode_tc(dqd, dk, dv, dod, NULL, NULL, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd,
+                                                    bs, 1.0f / sqrtf((float)hd), ns, dchunk, part, cnt, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(o1, dod, (size_t)n_seq * nq * 4, cudaMemcpyDeviceToHost));
+                    double e = rel_err(o1, refd, (size_t)n_seq * nq);
+                    T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d splits=%d chunk=%d longest=%d rel_err %.3g", hd, G, ns, chunk,
+                             longest, e);
+                    /* the shuffled list: rows are written where the list says, the same bits */
+                    poison(dod, (size_t)n_seq * nq * 4);
+                    rc = kc_attention_decode_tc(dqd, dk, dv, dod, NULL, dl, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                1.0f / sqrtf((float)hd), ns, dchunk, part, cnt, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(o2, dod, (size_t)n_seq * nq * 4, cudaMemcpyDeviceToHost));
+                    T_CHECKF(rc == 0 && memcmp(o1, o2, (size_t)n_seq * nq * 4) == 0, "tc decode, shuffled token list = identity: hd=%d G=%d splits=%d",
+                             hd, G, ns);
+                    /* quantized output: the blocks kc_quantize_x makes of the f32 rows; then blocks only */
+                    poison(dod, (size_t)n_seq * nq * 4);
+                    rc = kc_attention_decode_tc(dqd, dk, dv, dod, &xa, NULL, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                1.0f / sqrtf((float)hd), ns, dchunk, part, cnt, s);
+                    rc |= kc_quantize_x(dod, n_seq, nq, &xb, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(o2, dod, (size_t)n_seq * nq * 4, cudaMemcpyDeviceToHost));
+                    int ok = rc == 0 && xa.n == nq && memcmp(o1, o2, (size_t)n_seq * nq * 4) == 0 && xq_equal(&xa, &xb, n_seq, nq);
+                    kc_xq xc = xq_alloc(n_seq, nq);
+                    rc = kc_attention_decode_tc(dqd, dk, dv, NULL, &xc, NULL, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                1.0f / sqrtf((float)hd), ns, dchunk, part, cnt, s);
+                    CK(cudaStreamSynchronize(s));
+                    ok &= rc == 0 && xq_equal(&xa, &xc, n_seq, nq);
+                    xq_free(&xc);
+                    int32_t *hc = malloc((size_t)n_seq * n_head * 4);
+                    CK(cudaMemcpy(hc, cnt, (size_t)n_seq * n_head * 4, cudaMemcpyDeviceToHost));
+                    for (int i = 0; i < n_seq * n_head; i++) ok &= hc[i] == 0;
+                    free(hc);
+                    T_CHECKF(ok, "tc decode quantized output = kc_quantize_x of its rows, blocks only, counters at 0: hd=%d G=%d splits=%d",
+                             hd, G, ns);
+                }
+                xq_free(&xa);
+                xq_free(&xb);
+                free(o1); free(o2); free(qd); free(refd);
+                cudaFree(dqd); cudaFree(dod); cudaFree(part); cudaFree(dpd); cudaFree(dsd); cudaFree(dl); cudaFree(dchunk); cudaFree(cnt);
+            }
+            free(all); free(all2); free(got); free(ref); free(rows);
+            free(perm); free(bt); free(kc); free(vc); free(qh); free(pos); free(seq);
+            cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dout2); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+        }
 }
 
 static void test_xq(cublasHandle_t cb, cudaStream_t s) {
@@ -745,11 +957,11 @@ static void test_rmsnorm_split(cudaStream_t s) {
         poison(da, N * 4);
         poison(db, N * 4);
         kc_xq qa = xq_alloc(nt, n), qb = xq_alloc(nt, n);
-        kc_set_norm_split(1);
+        gpu_plan_norm_split(1);
         int rc = kc_rmsnorm_xq(dx, dw, da, &qa, nt, n, 1e-5f, s);
-        kc_set_norm_split(0);
+        gpu_plan_norm_split(0);
         rc |= kc_rmsnorm_xq(dx, dw, db, &qb, nt, n, 1e-5f, s);
-        kc_set_norm_split(1);
+        gpu_plan_norm_split(1);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(ya, da, N * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(yb, db, N * 4, cudaMemcpyDeviceToHost));
@@ -841,6 +1053,7 @@ int main(void) {
     test_rmsnorm_split(s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
+    test_attention_tc(s);
     cublasDestroy(cb);
     return t_done();
 }

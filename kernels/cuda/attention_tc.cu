@@ -1,0 +1,506 @@
+// attention_tc: causal GQA attention over the paged KV cache on the tensor cores (mma.sync
+// m16n8k16, f16 operands, f32 accumulation, online softmax in the log2 domain). The query
+// heads that share a KV head are the rows of one tile, so every K/V block is read once for
+// all of them.
+//
+//   decode:  one CTA per (token, KV head, split of the keys). The G query heads of the token
+//            are rows 0..G-1 of a 16-row tile; the CTA's 4 warps take 16-key groups of its key
+//            range in turn (warp w: keys start + 16 w + 64 i), each with its own ring of
+//            cp.async stages in shared memory, and merge their softmax states in warp order at
+//            the end. Splits write partials that the last split's CTA merges (attn_common.cuh).
+//            The key range of a split is `chunk` positions, read from the device at run time
+//            (the backend sizes it to the step's longest context, so one captured graph serves
+//            every context length).
+//   prefill: one CTA per (tile of consecutive query tokens of one sequence, KV head): its NW
+//            warps own 16 rows each (row r = token r / G, head r % G) and share K/V tiles of
+//            64 positions, double- or triple-buffered with cp.async; causal tiles past the
+//            tile's last position are never loaded, and warps whose rows all end before a
+//            tile skip it.
+//
+// K and V rows sit in shared memory with 8 halves of padding (row pitch HD + 8), so the
+// ldmatrix of 8 rows at one column touches 8 different bank groups.
+#include "attn_common.cuh"
+
+extern "C" {
+#include "kcuda.h"
+}
+
+KC_TRACE_TU(attention_tc)
+
+namespace {
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// 2^x on the special-function unit (ex2.approx.ftz: one instruction; exp2(-inf) = 0).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+constexpr float LN2 = 0.6931471805599453f;
+constexpr int DEC_WARPS = 4;
+
+// A warp's online-softmax state for its 16 rows: this thread holds rows g and g + 8
+// (g = lane / 4) and, of O, columns 8 d + 2 (lane % 4) + {0, 1}. l is this thread's share
+// (its columns of each key step) until the quad sums it at the end.
+template <int HD> struct wstate {
+    float o[HD / 8][4];
+    float m[2], l[2];
+};
+
+template <int HD> __device__ __forceinline__ void wstate_init(wstate<HD> &st) {
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) st.o[d][0] = st.o[d][1] = st.o[d][2] = st.o[d][3] = 0.0f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.0f;
+}
+
+// The A fragments of 16 query rows of HD values: r0 / r1 point at this thread's rows g and
+// g + 8 (NULL: a zero row), scaled by qscale (softmax scale x log2 e) and rounded to half.
+template <int HD>
+__device__ __forceinline__ void load_q(uint32_t (&qa)[HD / 16][4], const float *r0, const float *r1, float qscale, int t4) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int c = kk * 16 + 2 * t4;
+        const float2 z = make_float2(0.0f, 0.0f);
+        const float2 x0 = r0 ? *(const float2 *)(r0 + c) : z, x1 = r1 ? *(const float2 *)(r1 + c) : z;
+        const float2 x2 = r0 ? *(const float2 *)(r0 + c + 8) : z, x3 = r1 ? *(const float2 *)(r1 + c + 8) : z;
+        qa[kk][0] = kc_pack_h2(x0.x * qscale, x0.y * qscale);
+        qa[kk][1] = kc_pack_h2(x1.x * qscale, x1.y * qscale);
+        qa[kk][2] = kc_pack_h2(x2.x * qscale, x2.y * qscale);
+        qa[kk][3] = kc_pack_h2(x3.x * qscale, x3.y * qscale);
+    }
+}
+
+// One online-softmax step of a warp's 16 rows against NK keys in shared memory (ks, vs: the
+// shared addresses of K and V rows, [NK][HD + 8] halves each): S = Q Kᵀ, masked where
+// allowed(hi, key) is false (hi: the row is g + 8; key: 0..NK-1), then m, l and O updated.
+template <int HD, int NK, typename Allowed>
+__device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD / 16][4], uint32_t ks, uint32_t vs, int lane,
+                                       Allowed allowed) {
+    constexpr int ROW = (HD + 8) * 2; // bytes per shared row
+    const int t4 = lane & 3;
+    float s[NK / 8][4];
+#pragma unroll
+    for (int n = 0; n < NK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    // K as the B operand (k = dims, n = keys): matrix i of the x4 is keys 8 (i / 2) + 0..7,
+    // dims 8 (i % 2) + 0..7 of a 16 x 16 block, so r[0..1] feed keys 0..7 and r[2..3] keys 8..15
+    const uint32_t k_lane = ks + ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 16;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int np = 0; np < NK / 16; np++) {
+            uint32_t b[4];
+            kc_ldmatrix_x4(b, k_lane + np * 16 * ROW + kk * 32);
+            kc_mma16816(s[2 * np], qa[kk], b[0], b[1]);
+            kc_mma16816(s[2 * np + 1], qa[kk], b[2], b[3]);
+        }
+    float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+    for (int n = 0; n < NK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (!allowed(c >> 1, n * 8 + 2 * t4 + (c & 1))) s[n][c] = -INFINITY;
+            mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
+        }
+    float mn[2], corr[2], mref[2], rs[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mn[r] = fmaxf(st.m[r], mx[r]);
+        // a row that has seen no key yet keeps m = -inf: subtract 0 instead (no branch), so its
+        // masked scores give exp2(-inf) = 0 and its empty state stays 0
+        const float ms = mn[r] == -INFINITY ? 0.0f : mn[r];
+        corr[r] = ex2(st.m[r] - ms); // 0 after a first step's -inf, 1 for an unchanged max
+        mref[r] = ms;
+    }
+    // P as the A operand of P V: keys 16 kp + 0..7 come from n-tile 2 kp, 8..15 from 2 kp + 1
+    uint32_t pa[NK / 16][4];
+#pragma unroll
+    for (int n = 0; n < NK / 8; n++) {
+        float p[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) p[c] = ex2(s[n][c] - mref[c >> 1]);
+        rs[0] += p[0] + p[1];
+        rs[1] += p[2] + p[3];
+        pa[n >> 1][(n & 1) * 2] = kc_pack_h2(p[0], p[1]);
+        pa[n >> 1][(n & 1) * 2 + 1] = kc_pack_h2(p[2], p[3]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        st.l[r] = st.l[r] * corr[r] + rs[r];
+        st.m[r] = mn[r];
+    }
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        st.o[d][0] *= corr[0];
+        st.o[d][1] *= corr[0];
+        st.o[d][2] *= corr[1];
+        st.o[d][3] *= corr[1];
+    }
+    // V as the B operand (k = keys, n = dims), transposed by ldmatrix: matrix i is keys
+    // 8 (i % 2) + 0..7, dims 8 (i / 2) + 0..7, so r[0..1] feed dims 0..7 and r[2..3] dims 8..15
+    const uint32_t v_lane = vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 16;
+#pragma unroll
+    for (int kp = 0; kp < NK / 16; kp++)
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            kc_ldmatrix_x4_trans(b, v_lane + kp * 16 * ROW + dp * 32);
+            kc_mma16816(st.o[2 * dp], pa[kp], b[0], b[1]);
+            kc_mma16816(st.o[2 * dp + 1], pa[kp], b[2], b[3]);
+        }
+}
+
+// The quad's shares of l added up (every lane of a quad then holds its rows' sums).
+template <int HD> __device__ __forceinline__ void wstate_finish(wstate<HD> &st) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+    }
+}
+
+// Copies `rows` rows of HD halves starting at the cache row `src` (consecutive positions of one
+// block) into shared rows of pitch HD + 8 at dst, zero-filling rows >= n_ok. Threads tid, tid +
+// nthr, ... of the caller's group take 16-byte pieces.
+template <int HD>
+__device__ __forceinline__ void stage_rows(uint32_t dst, const __half *src, int rows, int n_ok, int tid, int nthr) {
+    for (int c = tid; c < rows * (HD / 8); c += nthr) {
+        const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const bool ok = r < n_ok;
+        kc_cp_async16(dst + (r * (HD + 8) + col) * 2, src + (ok ? r * HD + col : 0), ok);
+    }
+}
+
+// ---- decode ---------------------------------------------------------------------------------
+
+// The split merge of one (token, head) by the whole CTA (the last split's; partials in
+// natural-log units, [n_valid][HD + 2]): the maximum over all splits first, then warp w adds
+// splits w, w + DEC_WARPS, ... (lane: elements 2 lane, 2 lane + 1 and 64 more for HD 128, with
+// independent loads in flight), and the warps' sums meet in shared memory in warp order. red:
+// shared scratch of DEC_WARPS * (HD + 2) + DEC_WARPS floats (rows of HD + 2 keep float2 alignment). A long context (batch 1, 32k: 66
+// splits) costs a few round trips here instead of one per split.
+template <int HD>
+__device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_t row, float *red) {
+    static_assert(HD == 64 || HD == 128, "tc_merge: head dim");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float M = -INFINITY;
+    for (int i = threadIdx.x; i < n_valid; i += blockDim.x) M = fmaxf(M, __ldcg(pp + (size_t)i * (HD + 2)));
+    M = kc_warp_max(M);
+    float *red_m = red + DEC_WARPS * (HD + 2);
+    if (lane == 0) red_m[warp] = M;
+    __syncthreads();
+    M = red_m[0];
+#pragma unroll
+    for (int w = 1; w < DEC_WARPS; w++) M = fmaxf(M, red_m[w]);
+    constexpr int NP = HD / 64; // float2 pairs per lane
+    float2 o[NP];
+    float L = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NP; k++) o[k] = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+    for (int i = warp; i < n_valid; i += DEC_WARPS) {
+        const float *pi = pp + (size_t)i * (HD + 2);
+        const float c = __expf(__ldcg(pi) - M);
+        L = fmaf(__ldcg(pi + 1), c, L);
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            const float2 v = __ldcg((const float2 *)(pi + 2 + 64 * k + 2 * lane));
+            o[k].x = fmaf(v.x, c, o[k].x);
+            o[k].y = fmaf(v.y, c, o[k].y);
+        }
+    }
+    float *ro = red + warp * (HD + 2);
+#pragma unroll
+    for (int k = 0; k < NP; k++) *(float2 *)(ro + 64 * k + 2 * lane) = o[k];
+    if (lane == 0) ro[HD] = L;
+    __syncthreads();
+    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float Ls = 0.0f, Os = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            Ls += red[w * (HD + 2) + HD];
+            Os += red[w * (HD + 2) + e];
+        }
+        att_finish<HD>(em, row, e, Ls > 0.0f ? Os / Ls : 0.0f);
+    }
+    __syncthreads(); // red is reused by the next row
+}
+
+template <int HD, int NST>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
+                const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split) {
+    KC_TRACE_SCOPE(KC_TR_ATTN);
+    constexpr int ROWH = HD + 8, STAGE = 2 * 16 * ROWH; // halves per stage: 16 K rows, then 16 V rows
+    extern __shared__ __align__(16) uint8_t smem[];
+    kc_pdl_trigger();
+    // toks, pos, seq, the block tables and the chunk were staged before the step's first kernel
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int ti = blockIdx.x, t = toks ? toks[ti] : ti; // partials and counters go by ti
+    const int kvh = blockIdx.y, split = blockIdx.z;
+    const int G = n_head / n_kv, h0 = kvh * G;
+    const int p = pos[t], chunk = *chunk_p;
+    const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
+    const int start = split * chunk, end = min(start + chunk, p + 1);
+    if (n_split > 1 && start > p) { // no key of this token here: the merge reads only splits below p / chunk + 1
+        kc_pdl_wait();
+        return;
+    }
+    kc_pdl_wait();
+    uint32_t qa[HD / 16][4];
+    const float *qt = q + ((size_t)t * n_head + h0) * HD;
+    load_q<HD>(qa, g < G ? qt + (size_t)g * HD : nullptr, g + 8 < G ? qt + (size_t)(g + 8) * HD : nullptr, qscale, t4);
+
+    const uint32_t sw = kc_smem_addr(smem) + warp * NST * STAGE * 2;
+    const int first = start + 16 * warp;
+    const int n_grp = end > first ? (end - first + 63) / 64 : 0;
+    auto issue = [&](int i) {
+        if (i < n_grp) {
+            const int j0 = first + 64 * i;
+            const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
+            const uint32_t dst = sw + (i % NST) * STAGE * 2;
+            stage_rows<HD>(dst, k_cache + base, 16, end - j0, lane, 32);
+            stage_rows<HD>(dst + 16 * ROWH * 2, v_cache + base, 16, end - j0, lane, 32);
+        }
+        kc_cp_async_commit(); // empty groups too: the wait below counts groups
+    };
+    wstate<HD> st;
+    wstate_init(st);
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) issue(i);
+    for (int i = 0; i < n_grp; i++) {
+        issue(i + NST - 1);
+        kc_cp_async_wait<NST - 1>();
+        __syncwarp();
+        const int lim = end - (first + 64 * i); // keys of this group below end
+        const uint32_t ks = sw + (i % NST) * STAGE * 2;
+        attend<HD, 16>(st, qa, ks, ks + 16 * ROWH * 2, lane, [&](int, int key) { return key < lim; });
+        __syncwarp(); // every lane is done with this stage before it is refilled
+    }
+    kc_cp_async_wait<0>();
+    wstate_finish(st);
+    __syncthreads(); // the stages are free: the warps' states meet there
+    float *red_o = (float *)smem;                       // [DEC_WARPS][16][HD]
+    float *red_m = red_o + DEC_WARPS * 16 * HD, *red_l = red_m + DEC_WARPS * 16;
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+        const int r = g + 8 * hi;
+        if (r >= G) continue;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+            *(float2 *)(red_o + ((size_t)warp * 16 + r) * HD + d * 8 + 2 * t4) = make_float2(st.o[d][2 * hi], st.o[d][2 * hi + 1]);
+        if (t4 == 0) {
+            red_m[warp * 16 + r] = st.m[hi];
+            red_l[warp * 16 + r] = st.l[hi];
+        }
+    }
+    __syncthreads();
+    // G HD-wide rows; a warp's 32 consecutive outputs are one block of one row (HD % 32 == 0)
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int r = i / HD, e = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, red_m[w * 16 + r]);
+        float L = 0.0f, O = 0.0f;
+        if (M > -INFINITY)
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float c = ex2(red_m[w * 16 + r] - M);
+                L += red_l[w * 16 + r] * c;
+                O += red_o[((size_t)w * 16 + r) * HD + e] * c;
+            }
+        if (n_split == 1) {
+            att_finish<HD>(em, ((size_t)t * n_head + h0 + r) * HD, e, L > 0.0f ? O / L : 0.0f);
+        } else { // the partial in natural-log units, as att_merge reads it
+            float *ps = partial + ((((size_t)ti * n_head + h0 + r) * n_split) + split) * (HD + 2);
+            if (e == 0) {
+                ps[0] = M * LN2;
+                ps[1] = L;
+            }
+            ps[2 + e] = O;
+        }
+    }
+    if (n_split == 1) return;
+    const int n_valid = min(n_split, p / chunk + 1);
+    if (!att_last_split(counters + (size_t)ti * n_head + h0, n_valid)) return;
+    for (int r = 0; r < G; r++)
+        tc_merge<HD>(partial + ((size_t)ti * n_head + h0 + r) * n_split * (HD + 2), n_valid, em, ((size_t)t * n_head + h0 + r) * HD,
+                     (float *)smem);
+}
+
+// ---- prefill --------------------------------------------------------------------------------
+
+constexpr int PF_NK = 64; // key positions per shared tile
+
+template <int HD, int NW, int NST>
+__global__ void __launch_bounds__(NW * 32)
+attn_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
+               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
+               int block_size, float qscale) {
+    KC_TRACE_SCOPE(KC_TR_ATTN);
+    constexpr int ROWH = HD + 8, STAGE = 2 * PF_NK * ROWH;
+    extern __shared__ __align__(16) uint8_t smem[];
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int tile = gridDim.x - 1 - blockIdx.x; // the backend lists tiles by position: the longest start first
+    const int kvh = blockIdx.y;
+    const int t0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
+    const int G = n_head / n_kv, h0 = kvh * G;
+    const int p0 = pos[t0], p_last = p0 + nq - 1;
+    const int32_t *bt = block_tables + (size_t)seq[t0] * max_blocks;
+    kc_pdl_wait();
+    // this thread's rows r = 16 warp + g (+ 8): token r / G of the tile, head r % G
+    const int r0 = 16 * warp + g, r1 = r0 + 8, i0 = r0 / G, i1 = r1 / G;
+    uint32_t qa[HD / 16][4];
+    load_q<HD>(qa, i0 < nq ? q + ((size_t)(t0 + i0) * n_head + h0 + r0 % G) * HD : nullptr,
+               i1 < nq ? q + ((size_t)(t0 + i1) * n_head + h0 + r1 % G) * HD : nullptr, qscale, t4);
+    const int lim0 = p0 + i0, lim1 = p0 + i1; // the last key each row sees
+    const bool live = (16 * warp) / G < nq;
+    const int w_lo = p0 + (16 * warp) / G, w_hi = p0 + min((16 * warp + 15) / G, nq - 1);
+
+    const uint32_t sb = kc_smem_addr(smem);
+    const int n_kt = p_last / PF_NK + 1;
+    auto issue = [&](int i) {
+        if (i < n_kt) {
+            const int j0 = i * PF_NK;
+            const uint32_t dst = sb + (i % NST) * STAGE * 2;
+            // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
+            for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
+                const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
+                const bool ok = j <= p_last;
+                const size_t src = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
+                kc_cp_async16(dst + (r * ROWH + col) * 2, k_cache + src, ok);
+                kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, v_cache + src, ok);
+            }
+        }
+        kc_cp_async_commit();
+    };
+    wstate<HD> st;
+    wstate_init(st);
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) issue(i);
+    for (int i = 0; i < n_kt; i++) {
+        issue(i + NST - 1);
+        kc_cp_async_wait<NST - 1>();
+        __syncthreads();
+        const int j0 = i * PF_NK;
+        if (live && j0 <= w_hi) {
+            const uint32_t ks = sb + (i % NST) * STAGE * 2;
+            if (j0 + PF_NK - 1 <= w_lo) // every row sees the whole tile
+                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane, [](int, int) { return true; });
+            else
+                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane,
+                                  [&](int hi, int key) { return j0 + key <= (hi ? lim1 : lim0); });
+        }
+        __syncthreads(); // the stage is refilled next
+    }
+    kc_cp_async_wait<0>();
+    wstate_finish(st);
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+        const int r = hi ? r1 : r0, i = hi ? i1 : i0;
+        if (i >= nq) continue;
+        const float il = st.l[hi] > 0.0f ? 1.0f / st.l[hi] : 0.0f;
+        float *o = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) *(float2 *)(o + d * 8) = make_float2(st.o[d][2 * hi] * il, st.o[d][2 * hi + 1] * il);
+    }
+}
+
+constexpr int DEC_NST = 3; // cp.async stages per decode warp (two groups in flight while one is used)
+constexpr int PF_NST = 2;
+
+template <int HD> size_t dec_smem() {
+    const size_t stages = (size_t)DEC_WARPS * DEC_NST * 2 * 16 * (HD + 8) * 2;
+    const size_t merge = ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4;
+    return stages > merge ? stages : merge;
+}
+template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
+
+template <int HD>
+int launch_dec(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, const int32_t *toks, int n_tok,
+               const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
+               int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
+    static unsigned char configured[64];
+    const size_t smem = dec_smem<HD>();
+    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_dec_kernel<HD, DEC_NST>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, (const __half *)k,
+              (const __half *)v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
+    return 0;
+}
+
+template <int HD, int NW>
+int launch_pf(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
+              const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
+              float qscale, cudaStream_t s) {
+    static unsigned char configured[64];
+    const size_t smem = pf_smem<HD>();
+    if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_pf_kernel<HD, NW, PF_NST>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, (const __half *)k,
+              (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
+    return 0;
+}
+
+} // namespace
+
+extern "C" int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size) {
+    static int arch = -1; // the SASS this build runs on the device: mma.sync, ldmatrix and cp.async need sm_80
+    if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
+    if (arch < 80) return 0;
+    return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size % 16 == 0;
+}
+
+extern "C" int kc_attention_tc_tile_tok(int warps, int n_head, int n_kv) {
+    if (n_kv <= 0 || n_head % n_kv || (warps != 4 && warps != 8)) return 0;
+    return 16 * warps / (n_head / n_kv);
+}
+
+extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                                      const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                                      const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                      int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
+                                      int *counters, cudaStream_t s) {
+    if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || !chunk || n_tok <= 0 || n_split <= 0 ||
+        (n_split > 1 && (!partial || !counters)) || !kc_attention_tc_ok(hd, n_head, n_kv, block_size))
+        return CM_EINVAL;
+    const int nq = n_head * hd;
+    const bool quant = xq && n_tok <= xq->cap_tok && nq <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? nq : 0;
+    att_emit em = { out, quant && !xq->no_ints ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
+                    quant ? (__half *)xq->xh : nullptr };
+    const float qs = scale * LOG2E;
+    int rc = hd == 64 ? launch_dec<64>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+                                       n_kv, block_size, qs, n_split, partial, counters, s)
+                      : launch_dec<128>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+                                        n_kv, block_size, qs, n_split, partial, counters, s);
+    if (rc) return rc;
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                       int block_size, float scale, int warps, cudaStream_t s) {
+    if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+        !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8))
+        return CM_EINVAL;
+    const float qs = scale * LOG2E;
+    int rc;
+    if (hd == 64)
+        rc = warps == 4 ? launch_pf<64, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                           n_kv, block_size, qs, s)
+                        : launch_pf<64, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                           n_kv, block_size, qs, s);
+    else
+        rc = warps == 4 ? launch_pf<128, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+                                            n_head, n_kv, block_size, qs, s)
+                        : launch_pf<128, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+                                            n_head, n_kv, block_size, qs, s);
+    if (rc) return rc;
+    KC_LAUNCH_CHECK();
+}

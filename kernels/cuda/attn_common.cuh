@@ -1,0 +1,88 @@
+// attn_common: what the attention kernels share: how a finished (token, head) row is written
+// (f32 and/or the wo GEMV's int8 blocks), the merge of split-K partials, and the handshake that
+// lets the last split's CTA do that merge.
+#pragma once
+
+#include "kc_common.cuh"
+
+// The finished output of one (token, head): element e written to out, and when xq is given
+// (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV (or only its half copy:
+// kc_xq.no_ints). Threads loop over e in steps
+// of blockDim.x (a multiple of 32), so a warp's 32 values are always one block.
+struct att_emit {
+    float *out;
+    int8_t *qh, *ql;
+    int32_t *qm;
+    __half *xh;
+};
+
+template <int HD>
+__device__ __forceinline__ void att_finish(const att_emit &em, size_t row, int e, float v) {
+    if (em.out) em.out[row + e] = v; // NULL: only the blocks
+    if ((em.qh || em.xh) && HD % 32 == 0) kc_xq_block1(v, em.qh, em.ql, em.qm, em.xh, row + e); // qh NULL: xh only
+}
+
+// Merge of the splits of (t, h) that hold keys (n_valid of them) from `partial`. The first B
+// splits' maxima, sums and outputs are loaded together (one L2 round trip instead of one per
+// few splits: the merge sits between attention and the wo GEMV); any further splits are read
+// in a loop. Splits are added in order either way. B = 16 costs registers: only the kernels
+// with 8 key groups in flight (few tokens, hd >= 128), which hold that many already, take it;
+// the others keep 4 (llama2-7b F16, 128 sequences: 16 took the 2-group kernel from 55 to 94
+// registers and the step from 12.7 to 13.9 ms).
+template <int HD, int B>
+__device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size_t row) {
+    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float mv[B], lv[B], ov[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            mv[i] = -INFINITY;
+            lv[i] = ov[i] = 0.0f;
+            if (i < n_valid) {
+                const float *pi = pp + i * (HD + 2);
+                mv[i] = __ldcg(pi);
+                lv[i] = __ldcg(pi + 1);
+                ov[i] = __ldcg(pi + 2 + e);
+            }
+        }
+        float M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < B; i++) M = fmaxf(M, mv[i]);
+        for (int i = B; i < n_valid; i++) M = fmaxf(M, __ldcg(pp + i * (HD + 2)));
+        float L = 0.0f, O = 0.0f;
+        if (M > -INFINITY) {
+#pragma unroll
+            for (int i = 0; i < B; i++)
+                if (i < n_valid) {
+                    float c = __expf(mv[i] - M);
+                    L += lv[i] * c;
+                    O += ov[i] * c;
+                }
+            for (int i = B; i < n_valid; i++) {
+                const float *pi = pp + i * (HD + 2);
+                float c = __expf(__ldcg(pi) - M);
+                L += __ldcg(pi + 1) * c;
+                O += __ldcg(pi + 2 + e) * c;
+            }
+        }
+        att_finish<HD>(em, row, e, L > 0.0f ? O / L : 0.0f);
+    }
+}
+
+// The split-K handshake: called by every thread of a CTA after it wrote its partial; true in
+// the last CTA of the n_valid that hold keys of counter *cnt's rows, which then resets the
+// counter for the next launch. The barrier orders the CTA's partial before thread 0's release
+// (the counting atomic is acq_rel); the second orders its acquire before the merge's loads.
+// No __threadfence: a fence.sc in every CTA and another in the last cost more than a
+// microsecond per kernel (bench/RESULTS.md).
+__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid) {
+    __shared__ int sm_last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
+        sm_last = old + 1 == n_valid;
+        if (sm_last) *cnt = 0;
+    }
+    __syncthreads();
+    return sm_last;
+}

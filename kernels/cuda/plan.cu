@@ -1,0 +1,156 @@
+// plan: the kernel plan (kcuda.h): every kernel choice, made once at start-up from the device
+// and the model, overridable by name, installed for the launchers.
+#include "kc_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "kcuda.h"
+}
+
+namespace {
+
+kc_plan g_plan;
+bool g_plan_set;
+
+// One table names every field once: override, format and the tests go through it.
+struct field {
+    const char *name;
+    size_t off;
+    int lo, hi; // accepted values
+};
+#define F(name, lo, hi) { #name, offsetof(kc_plan, name), lo, hi }
+const field k_fields[] = {
+    F(pdl, 0, 1),
+    F(norm_split, 0, 1),
+    F(swiglu_fuse, 0, KC_GEMV_MAX_TOK),
+    { "gemmq_max_tok_q8_0", offsetof(kc_plan, gemmq_max_tok) + 0 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q4_0", offsetof(kc_plan, gemmq_max_tok) + 1 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q4_k", offsetof(kc_plan, gemmq_max_tok) + 2 * sizeof(int), 0, 1 << 20 },
+    F(att_tc, 0, 1),
+    F(att_tc_min_tok, 1, 1 << 20),
+    F(att_tc_long_ctx, 1, 1 << 30),
+    F(att_pf_warps, 4, 8),
+    F(att_dec_ctas, 1, 1 << 20),
+    F(att_chunk, 16, 1 << 20),
+    F(graph_max_tok, 1, 4096),
+};
+#undef F
+
+int *slot(kc_plan *p, const field &f) { return (int *)((char *)p + f.off); }
+
+} // namespace
+
+extern "C" void kc_plan_default(kc_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->pdl = 1;
+    p->norm_split = 1;
+    // F16 gate|up with the SwiGLU in its epilogue for one token only (llama2-7b F16 on an H100:
+    // batch 1 200.2 -> 202.2 tok/s, batch 4 608 -> 592; bench/RESULTS.md)
+    p->swiglu_fuse = 1;
+    // where kc_gemmq stops beating dequantize + cuBLAS (H100, llama2-7b layer, bench/RESULTS.md
+    // "2026-11-24 (gemmq)"): Q8_0 80, Q4_0 96, Q4_K 48 tokens
+    p->gemmq_max_tok[0] = 80;
+    p->gemmq_max_tok[1] = 96;
+    p->gemmq_max_tok[2] = 48;
+    p->att_tc = 1;
+    // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
+    // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192
+    // positions the tensor-core kernel reads the KV cache 2.6x (8k) to 4.5x (32k) faster
+    // (H200, bench/RESULTS.md "2026-11-25")
+    p->att_tc_min_tok = KC_GEMV_MAX_TOK + 1;
+    p->att_tc_long_ctx = 2048;
+    // prefill CTAs of 8 warps: 186-191 against 162-163 TFLOP/s at 8k and 32k positions (H200)
+    p->att_pf_warps = 8;
+    p->att_dec_ctas = 528;
+    p->att_chunk = 64;
+    p->graph_max_tok = 512;
+}
+
+extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p) {
+    kc_plan_default(p);
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        cudaGetLastError();
+        return CM_ECUDA;
+    }
+    p->pdl = prop.major >= 9;
+    p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
+    // two decode CTAs fit an SM (104 KiB of stages each at head dim 128); four waves of them
+    // leave a short tail when the work per CTA is even
+    p->att_dec_ctas = 4 * prop.multiProcessorCount;
+    return 0;
+}
+
+extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen) {
+    if (!spec) return 0;
+    const char *s = spec;
+    while (*s) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        const char *eq = (const char *)memchr(s, '=', len);
+        if (len == 0) {
+            s += end ? 1 : 0;
+            if (!end) break;
+            continue;
+        }
+        if (!eq) {
+            snprintf(err, errlen, "--cuda-plan: '%.*s' is not key=value", (int)len, s);
+            return CM_EINVAL;
+        }
+        const size_t klen = (size_t)(eq - s);
+        const field *f = nullptr;
+        for (const field &c : k_fields)
+            if (strlen(c.name) == klen && !strncmp(c.name, s, klen)) f = &c;
+        if (!f) {
+            snprintf(err, errlen, "--cuda-plan: unknown key '%.*s'", (int)klen, s);
+            return CM_EINVAL;
+        }
+        char num[32];
+        const size_t vlen = len - klen - 1;
+        if (vlen == 0 || vlen >= sizeof num) {
+            snprintf(err, errlen, "--cuda-plan: bad value for '%s'", f->name);
+            return CM_EINVAL;
+        }
+        memcpy(num, eq + 1, vlen);
+        num[vlen] = 0;
+        char *e;
+        long v = strtol(num, &e, 10);
+        if (*e || v < f->lo || v > f->hi) {
+            snprintf(err, errlen, "--cuda-plan: %s=%s is not an integer in [%d, %d]", f->name, num, f->lo, f->hi);
+            return CM_EINVAL;
+        }
+        *slot(p, *f) = (int)v;
+        s += len + (end ? 1 : 0);
+    }
+    if (p->att_pf_warps != 4 && p->att_pf_warps != 8) {
+        snprintf(err, errlen, "--cuda-plan: att_pf_warps must be 4 or 8");
+        return CM_EINVAL;
+    }
+    return 0;
+}
+
+extern "C" void kc_plan_format(const kc_plan *p, char *buf, size_t n) {
+    size_t k = 0;
+    if (n) buf[0] = 0;
+    for (const field &f : k_fields) {
+        int w = snprintf(buf + k, k < n ? n - k : 0, "%s%s=%d", k ? " " : "", f.name, *slot((kc_plan *)p, f));
+        if (w < 0) return;
+        k += (size_t)w;
+    }
+}
+
+extern "C" void kc_plan_set(const kc_plan *p) {
+    g_plan = *p;
+    g_plan_set = true;
+}
+
+extern "C" const kc_plan *kc_plan_get(void) {
+    if (!g_plan_set) {
+        kc_plan_default(&g_plan);
+        g_plan_set = true;
+    }
+    return &g_plan;
+}

@@ -1,0 +1,188 @@
+/* gpu_bench_attn: the attention kernels alone at llama3-8b's shape (32 query heads, 8 KV heads,
+ * head dim 128, KV blocks of 16): decode over B sequences of C positions (bytes of K and V read
+ * against the copy bandwidth measured in the same run; the tensor-core kernel with the backend's
+ * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
+ * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds, 4 and 8 warps).
+ * usage: gpu_bench_attn [decode|prefill]... (default both) */
+#include "kernels/cuda/kcuda.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_ck.h"
+
+enum { NH = 32, NKV = 8, HD = 128, BS = 16 };
+
+/* Copy bandwidth: a 4 GiB device-to-device copy, bytes read + written, best of 5. */
+static double copy_gbs(void) {
+    size_t n = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i && ms < best) best = ms;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * n / (best * 1e-3) / 1e9;
+}
+
+static float time_ms(cudaEvent_t e0, cudaEvent_t e1) {
+    float ms;
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+}
+
+static void bench_decode(double bw, int sms) {
+    const int Bs[] = { 1, 8, 64, 128, 256 }, Cs[] = { 1024, 8192, 32768 };
+    printf("decode: B x C positions, KV bytes read per call, time, GB/s and fraction of %.0f GB/s copy bandwidth\n", bw);
+    for (int ci = 0; ci < 3; ci++)
+        for (int bi = 0; bi < 5; bi++) {
+            const int B = Bs[bi], C = Cs[ci];
+            if ((size_t)B * C > ((size_t)2 << 20)) continue;
+            const int mb = C / BS, nblk = B * mb;
+            const size_t ce = (size_t)(nblk + 1) * NKV * BS * HD;
+            kc_half *k, *v;
+            float *q, *out, *part;
+            int32_t *pos, *seq, *bt, *chunk, *cnt;
+            CK(cudaMalloc((void **)&k, ce * 2));
+            CK(cudaMalloc((void **)&v, ce * 2));
+            CK(cudaMemset(k, 0x3a, ce * 2));
+            CK(cudaMemset(v, 0x39, ce * 2));
+            CK(cudaMalloc((void **)&q, (size_t)B * NH * HD * 4));
+            CK(cudaMemset(q, 0x3c, (size_t)B * NH * HD * 4));
+            CK(cudaMalloc((void **)&out, (size_t)B * NH * HD * 4));
+            int32_t *hp = malloc((size_t)B * 4), *hs = malloc((size_t)B * 4), *hb = malloc((size_t)nblk * 4);
+            for (int i = 0; i < B; i++) { hp[i] = C - 1; hs[i] = i; }
+            /* blocks of a sequence scattered: block j of sequence i is physical j * B + i */
+            for (int i = 0; i < B; i++)
+                for (int j = 0; j < mb; j++) hb[i * mb + j] = j * B + i;
+            CK(cudaMalloc((void **)&pos, (size_t)B * 4));
+            CK(cudaMalloc((void **)&seq, (size_t)B * 4));
+            CK(cudaMalloc((void **)&bt, (size_t)nblk * 4));
+            CK(cudaMemcpy(pos, hp, (size_t)B * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(seq, hs, (size_t)B * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(bt, hb, (size_t)nblk * 4, cudaMemcpyHostToDevice));
+            /* the backend's rule: tokens x KV heads x splits >= 4 x SMs, 64-position units */
+            int ns = (4 * sms + B * NKV - 1) / (B * NKV), units = C / 64;
+            if (ns > units) ns = units;
+            int ch = (units + ns - 1) / ns * 64, ph_split = C / 64;
+            size_t part_n = (size_t)B * NH * (ph_split > ns ? ph_split : ns) * (HD + 2);
+            CK(cudaMalloc((void **)&part, part_n * 4));
+            CK(cudaMalloc((void **)&chunk, 4));
+            CK(cudaMemcpy(chunk, &ch, 4, cudaMemcpyHostToDevice));
+            CK(cudaMalloc((void **)&cnt, (size_t)B * NH * 4));
+            CK(cudaMemset(cnt, 0, (size_t)B * NH * 4));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0));
+            CK(cudaEventCreate(&e1));
+            const double bytes = 2.0 * B * C * NKV * HD * 2;
+            for (int arm = 0; arm < 2; arm++) {
+                const int iters = 20;
+                for (int i = 0; i < iters + 3; i++) {
+                    if (i == 3) CK(cudaEventRecord(e0, 0));
+                    int rc = arm == 0 ? kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                                               0.088f, ns, chunk, part, cnt, 0)
+                                      : kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split,
+                                                        64, part, cnt, 0, 0);
+                    if (rc) { fprintf(stderr, "launch failed (%d)\n", rc); exit(1); }
+                }
+                CK(cudaEventRecord(e1, 0));
+                double ms = time_ms(e0, e1) / iters;
+                printf("  %-9s B=%-4d C=%-6d splits=%-4d %8.1f MB %9.3f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : "tc", B, C,
+                       arm ? ph_split : ns, bytes / 1e6, ms, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / bw);
+            }
+            cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(pos); cudaFree(seq); cudaFree(bt);
+            cudaFree(chunk); cudaFree(cnt);
+            free(hp); free(hs); free(hb);
+        }
+}
+
+static void bench_prefill(void) {
+    const int Ts[] = { 2048, 8192, 32768 };
+    printf("prefill: one causal sequence of T positions, 4 n_head hd T^2/2 FLOPs per call\n");
+    for (int ti = 0; ti < 3; ti++) {
+        const int T = Ts[ti], mb = T / BS;
+        const size_t ce = (size_t)mb * NKV * BS * HD;
+        kc_half *k, *v;
+        float *q, *out;
+        int32_t *pos, *seq, *bt, *tiles;
+        CK(cudaMalloc((void **)&k, ce * 2));
+        CK(cudaMalloc((void **)&v, ce * 2));
+        CK(cudaMemset(k, 0x3a, ce * 2));
+        CK(cudaMemset(v, 0x39, ce * 2));
+        CK(cudaMalloc((void **)&q, (size_t)T * NH * HD * 4));
+        CK(cudaMemset(q, 0x3c, (size_t)T * NH * HD * 4));
+        CK(cudaMalloc((void **)&out, (size_t)T * NH * HD * 4));
+        int32_t *hp = malloc((size_t)T * 4), *hs = calloc((size_t)T, 4), *hb = malloc((size_t)mb * 4), *ht = malloc((size_t)T * 8);
+        for (int i = 0; i < T; i++) hp[i] = i;
+        for (int j = 0; j < mb; j++) hb[j] = j;
+        CK(cudaMalloc((void **)&pos, (size_t)T * 4));
+        CK(cudaMalloc((void **)&seq, (size_t)T * 4));
+        CK(cudaMalloc((void **)&bt, (size_t)mb * 4));
+        CK(cudaMalloc((void **)&tiles, (size_t)T * 8));
+        CK(cudaMemcpy(pos, hp, (size_t)T * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(seq, hs, (size_t)T * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(bt, hb, (size_t)mb * 4, cudaMemcpyHostToDevice));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const double flops = 4.0 * NH * HD * (double)T * T / 2;
+        for (int warps = 4; warps <= 8; warps += 4) {
+            const int tt = kc_attention_tc_tile_tok(warps, NH, NKV);
+            int nt = 0;
+            for (int j = 0; j < T; j += tt, nt++) {
+                ht[2 * nt] = j;
+                ht[2 * nt + 1] = T - j < tt ? T - j : tt;
+            }
+            CK(cudaMemcpy(tiles, ht, (size_t)nt * 8, cudaMemcpyHostToDevice));
+            const int iters = T >= 32768 ? 3 : 10;
+            for (int i = 0; i < iters + 1; i++) {
+                if (i == 1) CK(cudaEventRecord(e0, 0));
+                if (kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
+                    fprintf(stderr, "prefill launch failed\n");
+                    exit(1);
+                }
+            }
+            CK(cudaEventRecord(e1, 0));
+            double ms = time_ms(e0, e1) / iters;
+            printf("  T=%-6d warps=%d tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, warps, tt, ms, flops / ms / 1e9);
+        }
+        cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(pos); cudaFree(seq); cudaFree(bt); cudaFree(tiles);
+        free(hp); free(hs); free(hb); free(ht);
+    }
+}
+
+int main(int argc, char **argv) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { fprintf(stderr, "no CUDA device\n"); return 1; }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    kc_plan p;
+    if (kc_plan_choose(0, HD, NH, NKV, BS, &p)) return 1;
+    kc_plan_set(&p);
+    double bw = copy_gbs();
+    printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
+    int dec = argc < 2, pf = argc < 2;
+    for (int i = 1; i < argc; i++) {
+        dec |= !strcmp(argv[i], "decode");
+        pf |= !strcmp(argv[i], "prefill");
+    }
+    if (dec) bench_decode(bw, prop.multiProcessorCount);
+    if (pf) bench_prefill();
+    return 0;
+}

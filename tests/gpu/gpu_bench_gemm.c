@@ -1,0 +1,121 @@
+/* gpu_bench_gemm: F16 weights x N tokens through cuBLAS at llama3-8b's shapes: cublasGemmEx
+ * (kc_matmul's path past the GEMV) against every algorithm cublasLt's heuristic offers (up to
+ * 16, each timed), weight bytes over time against the copy bandwidth. Random weights; each
+ * timing rotates over enough copies of the matrix to leave the 60 MB L2.
+ * usage: gpu_bench_gemm [N...]   (default 16 32 64 128 256 512 2048) */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_ck.h"
+
+#define LT(x)                                                                              \
+    do {                                                                                   \
+        cublasStatus_t st_ = (x);                                                          \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+int main(int argc, char **argv) {
+    int ns[16] = { 16, 32, 64, 128, 256, 512, 2048 }, nn = 7;
+    if (argc > 1) {
+        nn = 0;
+        for (int i = 1; i < argc && nn < 16; i++) ns[nn++] = atoi(argv[i]);
+    }
+    const struct { const char *name; int n_in, n_out; } sh[] = {
+        { "qkv", 4096, 6144 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 28672 }, { "down", 14336, 4096 }, { "head", 4096, 128256 },
+    };
+    cublasHandle_t cb;
+    cublasLtHandle_t lt;
+    LT(cublasCreate(&cb));
+    LT(cublasLtCreate(&lt));
+    size_t ws_bytes = 32u << 20;
+    void *ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    LT(cublasSetWorkspace(cb, ws, ws_bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    void *x, *y;
+    CK(cudaMalloc(&x, (size_t)4096 * 14336 * 2));
+    CK(cudaMemset(x, 0x2c, (size_t)4096 * 14336 * 2)); /* ~0.06 as half */
+    CK(cudaMalloc(&y, (size_t)4096 * 128256 * 4));
+    printf("%-8s %6s %12s %9s %9s | %12s %9s %5s\n", "matrix", "N", "GemmEx us", "TB/s", "TFLOP/s", "best Lt us", "TB/s", "algo");
+    for (int si = 0; si < 5; si++) {
+        const int K = sh[si].n_in, M = sh[si].n_out;
+        const size_t wb = (size_t)K * M * 2;
+        const int copies = (int)(256e6 / wb) + 1 > 8 ? 8 : (int)(256e6 / wb) + 1;
+        void *w[8];
+        for (int c = 0; c < copies; c++) {
+            CK(cudaMalloc(&w[c], wb));
+            CK(cudaMemset(w[c], 0x1f + c, wb));
+        }
+        for (int ni = 0; ni < nn; ni++) {
+            const int N = ns[ni];
+            const float one = 1.0f, zero = 0.0f;
+            const int iters = 40;
+            /* cublasGemmEx, as kc_matmul calls it: y[N][M] = W[M][K] x[N][K]^T */
+            for (int i = 0; i < iters + 4; i++) {
+                if (i == 4) CK(cudaEventRecord(e0, 0));
+                LT(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, w[i % copies], CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, y,
+                                CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            }
+            CK(cudaEventRecord(e1, 0));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            const double us_ex = ms * 1e3 / iters;
+            /* cublasLt: the heuristic's algorithms, each timed */
+            cublasLtMatmulDesc_t op;
+            cublasLtMatrixLayout_t la, lb, lc;
+            LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+            cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+            LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, K, M, K));
+            LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, K, N, K));
+            LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
+            cublasLtMatmulPreference_t pref;
+            LT(cublasLtMatmulPreferenceCreate(&pref));
+            LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+            cublasLtMatmulHeuristicResult_t res[16];
+            int nres = 0;
+            LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres));
+            double best = 1e30;
+            int best_i = -1;
+            for (int a = 0; a < nres; a++) {
+                if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
+                int ok = 1;
+                for (int i = 0; i < iters + 4 && ok; i++) {
+                    if (i == 4) CK(cudaEventRecord(e0, 0));
+                    ok = cublasLtMatmul(lt, op, &one, w[i % copies], la, x, lb, &zero, y, lc, y, lc, &res[a].algo, ws, ws_bytes, 0) ==
+                         CUBLAS_STATUS_SUCCESS;
+                }
+                CK(cudaEventRecord(e1, 0));
+                CK(cudaEventSynchronize(e1));
+                if (!ok) continue;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (ms * 1e3 / iters < best) {
+                    best = ms * 1e3 / iters;
+                    best_i = a;
+                }
+            }
+            const double fl = 2.0 * M * N * K;
+            printf("%-8s %6d %12.1f %9.2f %9.1f | %12.1f %9.2f %5d/%d\n", sh[si].name, N, us_ex, wb / us_ex / 1e6, fl / us_ex / 1e6, best,
+                   wb / best / 1e6, best_i, nres);
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatmulDescDestroy(op);
+        }
+        for (int c = 0; c < copies; c++) cudaFree(w[c]);
+    }
+    return 0;
+}

@@ -1,0 +1,29 @@
+/* gpu_plan: the GPU-host programs set kernel-plan fields (kcuda.h kc_plan) for their A/B arms
+ * and checks. Header-only, test code only. */
+#ifndef ARKA_GPU_PLAN_H
+#define ARKA_GPU_PLAN_H
+
+#include "kernels/cuda/kcuda.h"
+
+/* The installed plan with the quantized tensor-core matmul at its default limits (on) or never
+ * taken (off: dequantize + cuBLAS past the GEMV). */
+static inline void gpu_plan_gemmq(int on) {
+    kc_plan p = *kc_plan_get(), d;
+    kc_plan_default(&d);
+    for (int i = 0; i < 3; i++) p.gemmq_max_tok[i] = on ? d.gemmq_max_tok[i] : 0;
+    kc_plan_set(&p);
+}
+
+static inline void gpu_plan_norm_split(int on) {
+    kc_plan p = *kc_plan_get();
+    p.norm_split = on;
+    kc_plan_set(&p);
+}
+
+static inline void gpu_plan_pdl(int on) {
+    kc_plan p = *kc_plan_get();
+    p.pdl = on;
+    kc_plan_set(&p);
+}
+
+#endif

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Serving-throughput checks and benchmarks on a GPU host, in parts that fit one call each:
+#
+#   tests/gpu/throughput.sh kernels OUT   attention kernels against the CPU reference (test_gpu_kernels),
+#                                         the attention kernels alone (gpu_bench_attn); starts the
+#                                         llama.cpp build in the background when its sources are carried
+#   tests/gpu/throughput.sh engine OUT    llama3-8b F16 engine: 128 and 256 x (1,024 + 128), 64 x (8,192 + 64),
+#                                         prefill 8,192 / 32,768 and decode there (batch 1), the 128 x 1,152
+#                                         step's per-kernel breakdown with the tensor-core attention and without
+#   tests/gpu/throughput.sh regress OUT   batch 1 of llama2-7b F16 / Q4_0 (must not regress), end to end
+#                                         CUDA vs CPU (test_gpu_e2e)
+#   tests/gpu/throughput.sh peer OUT      llama.cpp on the same llama3-8b GGUF (llama-bench, llama-batched-bench)
+#   tests/gpu/throughput.sh gemm OUT      F16 matmuls at llama3-8b's shapes: cublasGemmEx against cublasLt's algorithms
+#
+# Binaries: .carry/bin.tar.xz (built on the CPU machine: cmake -S . -B build-gpu -DARKA_WITH_CURL=OFF
+# -DARKA_WITH_GATEWAY=OFF; tar of build-gpu/bin) or $ARKA_GPU_BIN; models: arka mkmodel into
+# $ARKA_GPU_MODELS (default /tmp/arka-models, kept between calls on one machine); llama.cpp: the
+# sources as .carry/llama.cpp.tar.xz, built in /tmp/llama.cpp (setsid, outlives the call).
+# Every figure is printed with the copy bandwidth bench_engine measures in the same process.
+set -uo pipefail
+MODE=${1:?usage: throughput.sh kernels|engine|regress|peer OUT}
+OUT=${2:?usage: throughput.sh kernels|engine|regress|peer OUT}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+BIN=${ARKA_GPU_BIN:-/tmp/arka-bin}
+MODELS=${ARKA_GPU_MODELS:-/tmp/arka-models}
+mkdir -p "$MODELS" "$BIN"
+if [ ! -x "$BIN/bench_engine" ] && [ -f .carry/bin.tar.xz ]; then tar -xJf .carry/bin.tar.xz -C "$BIN"; fi
+VOCAB=.carry/ggml-vocab-llama-spm.gguf
+step() { echo "== $* ($(date +%T))"; }
+mk() { # mk SHAPE TYPE -> path
+  local f="$MODELS/$1-$2.gguf"
+  [ -f "$f" ] || "$BIN/arka" mkmodel "$1" "$f" --type "$2" --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel-$1-$2.log" ||
+    { echo "mkmodel $1 $2 failed"; tail -3 "$OUT/mkmodel-$1-$2.log"; }
+  echo "$f"
+}
+eng() { # eng NAME ARGS...: one bench_engine run, its output kept, the figures printed
+  local name=$1; shift
+  timeout 300 "$BIN/bench_engine" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err"
+  local rc=$?
+  echo "-- $name (rc=$rc): $*"
+  grep -E '^(prefill|decode|roofline)|step breakdown|graph replays' "$OUT/$name.txt" "$OUT/$name.err" | sed 's/^[^:]*://'
+  grep -E 'msg="kernel plan"' "$OUT/$name.err" | head -1 | sed 's/^.*msg="kernel plan" //' >"$OUT/$name.plan"
+  [ $rc = 0 ] || tail -5 "$OUT/$name.err"
+}
+
+case "$MODE" in
+kernels)
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+  if [ -f .carry/llama.cpp.tar.xz ] && [ ! -d /tmp/llama.cpp ]; then
+    step "llama.cpp build started in the background (12 cores)"
+    tar -xJf .carry/llama.cpp.tar.xz -C /tmp
+    setsid bash -c 'cd /tmp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+      -DCMAKE_BUILD_TYPE=Release >/tmp/llama-build.log 2>&1 && cmake --build build -j12 --target llama-bench llama-batched-bench \
+      >>/tmp/llama-build.log 2>&1; echo "exit $?" >>/tmp/llama-build.log' </dev/null >/dev/null 2>&1 &
+  fi
+  step "kernels vs CPU references"
+  timeout 300 "$BIN/test_gpu_kernels" >"$OUT/kernels.log" 2>&1
+  echo "rc=$?: $(tail -1 "$OUT/kernels.log")"
+  grep -E 'FAIL' "$OUT/kernels.log" | head -20
+  step "attention kernels alone"
+  timeout 200 "$BIN/gpu_bench_attn" 2>&1 | tee "$OUT/attn.txt"
+  ;;
+engine)
+  # ARKA_ENGINE_RUNS: which of the runs below (default all)
+  RUNS=" ${ARKA_ENGINE_RUNS:-e128 e128-greedy e128-ph e256 e64-8k p8k p32k prof128} "
+  want() { [[ "$RUNS" == *" $1 "* ]]; }
+  M=$(mk llama3-8b f16)
+  step "llama3-8b F16, 128 x (1024 + 128), device sampling: tensor-core attention, greedy, then the per-head kernels"
+  want e128 && eng e128 -m "$M" --backend cuda --prompt 1024 --gen 128 --batch 128 --sample --cuda-graph-timing
+  want e128-greedy && eng e128-greedy -m "$M" --backend cuda --prompt 1024 --gen 128 --batch 128 --sample --temp 0 --cuda-graph-timing
+  want e128-ph && eng e128-ph -m "$M" --backend cuda --prompt 1024 --gen 128 --batch 128 --sample --cuda-graph-timing --cuda-plan att_tc=0
+  step "256 x (1024 + 128)"
+  want e256 && eng e256 -m "$M" --backend cuda --prompt 1024 --gen 128 --batch 256 --sample --cuda-graph-timing
+  want e256-greedy && eng e256-greedy -m "$M" --backend cuda --prompt 1024 --gen 128 --batch 256 --sample --temp 0 --cuda-graph-timing
+  step "64 x (8192 + 64)"
+  want e64-8k && eng e64-8k -m "$M" --backend cuda --prompt 8192 --gen 64 --batch 64 --sample --cuda-graph-timing
+  step "batch 1: prefill 8192 and 32768, decode there"
+  want p8k && eng p8k -m "$M" --backend cuda --prompt 8192 --gen 64 --batch 1 --cuda-graph-timing
+  want p8k-w8 && eng p8k-w8 -m "$M" --backend cuda --prompt 8192 --gen 16 --batch 1 --cuda-plan att_pf_warps=8
+  want p32k && eng p32k -m "$M" --backend cuda --prompt 32768 --gen 64 --batch 1 --cuda-graph-timing --reps 2
+  want p32k-w8 && eng p32k-w8 -m "$M" --backend cuda --prompt 32768 --gen 64 --batch 1 --cuda-graph-timing --reps 2 --cuda-plan att_pf_warps=8
+  step "per-kernel breakdown of the 128 x 1,152 step (eager, events per launch), after and before"
+  want prof128 && eng prof128 -m "$M" --backend cuda --prompt 1024 --gen 12 --batch 128 --sample --cuda-profile
+  want prof128-ph && eng prof128-ph -m "$M" --backend cuda --prompt 1024 --gen 12 --batch 128 --sample --cuda-profile --cuda-plan att_tc=0
+  ;;
+regress)
+  for ty in f16 q4_0; do
+    M=$(mk llama2-7b $ty)
+    step "llama2-7b $ty batch 1 (prompt 512, 128 generated)"
+    eng b1-$ty -m "$M" --backend cuda --prompt 512 --gen 128 --batch 1 --cuda-graph-timing
+    eng b1-$ty-ph -m "$M" --backend cuda --prompt 512 --gen 128 --batch 1 --cuda-graph-timing --cuda-plan att_tc_min_tok=9
+  done
+  step "end to end: cuda vs cpu (stories260K greedy, small F16 / Q8_0 logits, batch invariance)"
+  SF16=$(mk small f16); SQ8=$(mk small q8_0)
+  timeout 300 "$BIN/test_gpu_e2e" .carry/stories260K.gguf "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1
+  echo "rc=$?"; grep -v '^ts=' "$OUT/e2e.log" | tail -15
+  ;;
+gemm)
+  timeout 240 "$BIN/gpu_bench_gemm" 2>&1 | tee "$OUT/gemm.txt"
+  ;;
+peer)
+  M=$(mk llama3-8b f16)
+  tail -3 /tmp/llama-build.log
+  LB=/tmp/llama.cpp/build/bin
+  if [ -x "$LB/llama-bench" ]; then
+    step "llama.cpp llama-bench: prefill 8192 / 32768 (-ub 2048), decode 128, -fa 1"
+    timeout 240 "$LB/llama-bench" -m "$M" -ngl 99 -fa 1 -ub 2048 -p 8192,32768 -n 128 -r 2 2>&1 | tee "$OUT/llama-bench.txt" | grep -E '^\|'
+    step "llama.cpp llama-batched-bench: 128 and 256 x (1024 + 128)"
+    timeout 240 "$LB/llama-batched-bench" -m "$M" -ngl 99 -fa 1 -c 300000 -b 2048 -ub 512 -npp 1024 -ntg 128 -npl 128,256 2>&1 |
+      tee "$OUT/llama-batched.txt" | grep -E '^\|'
+  else echo "llama.cpp not built (yet)"; fi
+  ;;
+esac
