@@ -44,6 +44,7 @@ exec 4>&1          # the commands run are shown here even when their output is c
 TMP=$(mktemp -d /var/tmp/arka-docker-test.XXXXXX)
 chmod 755 "$TMP"
 BG=()              # background processes of this script
+CLAIMED=0          # set once nothing of the names the documented commands use exists
 DAEMON_PID=""      # dockerd when this script started it
 DAEMON_SYSTEMD=0
 
@@ -51,7 +52,7 @@ DAEMON_SYSTEMD=0
 cleanup() {
     local rc=$?
     for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done
-    if docker info >/dev/null 2>&1; then
+    if [ $CLAIMED = 1 ] && docker info >/dev/null 2>&1; then
         docker rm -f arka arka-redis >/dev/null 2>&1
         docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" | xargs -r docker rm -f >/dev/null 2>&1
         # containers made during the run (a failed build leaves its intermediate ones)
@@ -97,7 +98,6 @@ if [ ${#pkgs[@]} -gt 0 ]; then
 fi
 command -v docker >/dev/null && docker compose version >/dev/null 2>&1 && compose_v2=1
 
-docker ps -aq --no-trunc >"$TMP/containers.before" 2>/dev/null
 if ! docker info >/dev/null 2>&1; then
     if [ -d /run/systemd/system ]; then
         systemctl start docker.service && DAEMON_SYSTEMD=1
@@ -141,6 +141,7 @@ docker volume inspect arka-keys >/dev/null 2>&1 && die "a volume named arka-keys
 for port in 8080 9090; do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && die "port $port is in use; the documented commands publish it"
 done
+CLAIMED=1
 
 # ---- helpers: the documented commands ------------------------------------------------------
 # The one command in FILE's ```sh blocks that is NEEDLE or else contains it (backslash
@@ -223,8 +224,23 @@ api_checks() { # what
     check '[ "$c" = 401 ]' "$1: a wrong key: $c $(head -c 300 "$TMP/body")"
 }
 
+# ---- the copy of the tree, and HOME with the model -----------------------------------------
+SRC=$TMP/src
+TESTHOME=$TMP/home
+mkdir -p "$SRC" "$TESTHOME/models"
+if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
+        [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -xf - -C "$SRC"
+else
+    (cd "$ROOT" && tar --exclude=./.git --exclude=./build --exclude='./build-*' -cf - .) | tar -xf - -C "$SRC"
+fi
+rm -f "$SRC/docker/arka.env"
+cp "$MODEL" "$TESTHOME/models/stories260K.gguf"
+chmod 755 "$TESTHOME" "$TESTHOME/models"
+chmod 644 "$TESTHOME/models/stories260K.gguf"
+
 # ---- 2. the secret scheme of the deploy files ----------------------------------------------
-python3 - "$ROOT" >"$TMP/secret.out" 2>&1 <<'EOF'
+python3 - "$SRC" >"$TMP/secret.out" 2>&1 <<'EOF'
 import os, re, sys, yaml
 root = sys.argv[1]
 fails = []
@@ -255,20 +271,34 @@ sys.exit(1 if fails else 0)
 EOF
 check '[ $? -eq 0 ]' "secret scheme: $(cat "$TMP/secret.out")"
 
-# ---- the copy of the tree, and HOME with the model -----------------------------------------
-SRC=$TMP/src
-TESTHOME=$TMP/home
-mkdir -p "$SRC" "$TESTHOME/models"
-if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
-    (cd "$ROOT" && git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
-        [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -xf - -C "$SRC"
-else
-    (cd "$ROOT" && tar --exclude=./.git --exclude=./build --exclude='./build-*' -cf - .) | tar -xf - -C "$SRC"
-fi
-rm -f "$SRC/docker/arka.env"
-cp "$MODEL" "$TESTHOME/models/stories260K.gguf"
-chmod 755 "$TESTHOME" "$TESTHOME/models"
-chmod 644 "$TESTHOME/models/stories260K.gguf"
+# The CUDA image cannot be built here: its run stage must match the gateway image's where they
+# serve alike (user, workdir, port, stop signal, health check, entrypoint, files, ARKA_* defaults).
+python3 - "$SRC" >"$TMP/cuda.out" 2>&1 <<'EOF'
+import os, re, sys
+def run_stage(path):
+    text = re.sub(r"\\\n\s*", " ", open(path).read())
+    lines = [l.strip() for l in text.split("\n") if l.strip() and not l.lstrip().startswith("#")]
+    last = max(i for i, l in enumerate(lines) if l.startswith("FROM "))
+    out = set()
+    for l in lines[last + 1:]:
+        op, _, rest = l.partition(" ")
+        if op in ("USER", "WORKDIR", "EXPOSE", "STOPSIGNAL", "ENTRYPOINT") or (op == "COPY" and not rest.startswith("--from=")):
+            out.add(l)
+        elif op == "COPY":
+            out.add("COPY " + rest.split(" ", 1)[1])   # the build stage's name may differ
+        elif op == "HEALTHCHECK":
+            out.add("HEALTHCHECK " + rest[rest.index("CMD"):])
+        elif op == "ENV":
+            out.update("ENV " + kv for kv in rest.split() if kv.split("=")[0] in ("ARKA_CONFIG", "ARKA_HOST", "ARKA_PORT"))
+        elif op == "RUN" and "useradd" in rest:
+            out.add("RUN " + rest[rest.index("useradd"):].split("&&")[0].strip())
+    return out
+g = run_stage(os.path.join(sys.argv[1], "docker/Dockerfile.gateway"))
+c = run_stage(os.path.join(sys.argv[1], "docker/Dockerfile.executor-cuda"))
+if g != c or len(g) < 10:
+    sys.exit(f"gateway only: {sorted(g - c)}; cuda only: {sorted(c - g)}")
+EOF
+check '[ $? -eq 0 ]' "Dockerfile.executor-cuda's run stage differs from Dockerfile.gateway's: $(cat "$TMP/cuda.out")"
 
 # ---- 3. the gateway image ------------------------------------------------------------------
 doc_same 'docker build -f docker/Dockerfile.gateway -t arka-gateway .'
