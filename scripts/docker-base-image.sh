@@ -25,7 +25,8 @@ fi
 [ "$(id -u)" = 0 ] || { echo "docker-base-image.sh: debootstrap needs root" >&2; exit 1; }
 docker info >/dev/null 2>&1 || { echo "docker-base-image.sh: no Docker engine answers (docker info failed)" >&2; exit 1; }
 if ! command -v debootstrap >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap; } >/dev/null 2>&1 ||
+        { echo "docker-base-image.sh: apt-get install debootstrap failed" >&2; exit 1; }
 fi
 
 work=$(mktemp -d /var/tmp/arka-rootfs.XXXXXX)

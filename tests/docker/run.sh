@@ -93,8 +93,8 @@ command -v docker >/dev/null && docker compose version >/dev/null 2>&1 && compos
 if [ ${#pkgs[@]} -gt 0 ]; then
     say "installing ${pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null ||
-        die "apt-get install ${pkgs[*]} failed"
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${pkgs[@]}"; } >"$TMP/apt.log" 2>&1 ||
+        { tail -20 "$TMP/apt.log"; die "apt-get install ${pkgs[*]} failed"; }
 fi
 command -v docker >/dev/null && docker compose version >/dev/null 2>&1 && compose_v2=1
 
