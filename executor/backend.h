@@ -63,12 +63,21 @@ struct ex_backend {
     /* Frees everything; accepts NULL. */
     void (*destroy)(ex_backend *b);
     void *impl;         /* the backend's state */
+    /* Blocks of the sliding-window layers' pool it allocated (lim.n_kv_blocks_swa, or sized
+     * from device memory with the main pool); 0 when the model has no such layers. A backend
+     * that does not implement sliding-window layers refuses the model at create (mdl_features). */
+    int n_kv_blocks_swa;
+    /* Optional (NULL: no embeddings): forward() that returns, instead of logits, the hidden
+     * states after the final norm of the rows the batch asks for: *hidden [n_out, n_embd],
+     * host memory owned by the backend, valid until the next call. Allocates nothing. */
+    int (*forward_hidden)(ex_backend *b, const ex_batch *batch, const float **hidden);
 };
 
 typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                                     char *err, size_t errlen);
 
-/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32.
+/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32. Every
+ * model the loader accepts runs on it (mdl_features: all).
  * Returns 0, CM_EUNSUPPORTED (architecture or a weight type without a kernel), CM_ENOMEM,
  * CM_EINVAL; writes one line into err. */
 int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
