@@ -124,7 +124,8 @@ unsigned mdl_features(const mdl_config *c) {
     if (c->embd_scale != 1.0f) f |= MDL_FEAT_EMBD_SCALE;
     if (c->head_dim > 0 && fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f) f |= MDL_FEAT_ATTN_SCALE;
     if (c->rope_scaling == MDL_ROPE_SCALING_YARN) f |= MDL_FEAT_ROPE_YARN;
-    if (c->rope_scaling == MDL_ROPE_SCALING_LONGROPE || c->rope_attn_factor != 1.0f) f |= MDL_FEAT_ROPE_LONGROPE;
+    if (c->rope_scaling == MDL_ROPE_SCALING_LONGROPE) f |= MDL_FEAT_ROPE_LONGROPE;
+    if (c->rope_attn_factor > 0 && c->rope_attn_factor != 1.0f) f |= MDL_FEAT_ROPE_ATTN;
     if (c->rope_swa_own) f |= MDL_FEAT_ROPE_SWA_BASE;
     if (c->rope_dim < c->head_dim) f |= MDL_FEAT_ROPE_PARTIAL;
     if (c->n_head > 0 && c->head_dim * c->n_head != c->n_embd) f |= MDL_FEAT_HEAD_DIM;
@@ -134,8 +135,8 @@ unsigned mdl_features(const mdl_config *c) {
 const char *mdl_features_str(unsigned mask, char *buf, size_t n) {
     static const char *const names[] = { "qk-norm", "post-norms", "moe", "sliding-window", "attention soft-cap",
                                          "final soft-cap", "gelu", "embedding scale", "attention scale", "yarn rope",
-                                         "longrope / rope attention factor", "sliding-layer rope base", "partial rope",
-                                         "head_dim apart from n_embd/n_head" };
+                                         "longrope", "sliding-layer rope base", "partial rope",
+                                         "head_dim apart from n_embd/n_head", "rope attention factor" };
     size_t at = 0;
     if (n) buf[0] = 0;
     for (unsigned i = 0; i < sizeof names / sizeof *names; i++)

@@ -186,10 +186,11 @@ enum mdl_feature {
     MDL_FEAT_EMBD_SCALE   = 1u << 7,  /* embeddings multiplied by cfg.embd_scale */
     MDL_FEAT_ATTN_SCALE   = 1u << 8,  /* attn_scale other than 1/sqrt(head_dim) */
     MDL_FEAT_ROPE_YARN    = 1u << 9,
-    MDL_FEAT_ROPE_LONGROPE= 1u << 10,
+    MDL_FEAT_ROPE_LONGROPE= 1u << 10, /* per-pair factors chosen by context length */
     MDL_FEAT_ROPE_SWA_BASE= 1u << 11, /* sliding layers rotate with their own base */
     MDL_FEAT_ROPE_PARTIAL = 1u << 12, /* rope_dim < head_dim */
     MDL_FEAT_HEAD_DIM     = 1u << 13, /* head_dim != n_embd / n_head */
+    MDL_FEAT_ROPE_ATTN    = 1u << 14, /* cos/sin multiplied by rope_attn_factor (yarn, longrope) */
 };
 unsigned mdl_features(const mdl_config *c);
 /* Comma-separated names of the bits in mask ("qk-norm, moe"); returns buf. */
