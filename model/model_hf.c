@@ -93,7 +93,7 @@ static const hf_type types[] = {
     { "gemma3_text", MDL_ARCH_GEMMA3,
       { "hidden_act", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
         "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention", "rope_local_base_freq",
-        "sliding_window_pattern" },
+        "sliding_window_pattern", "_sliding_window_pattern" },
       131072, 1e-6, 1e6, 1 },
     { "phi3", MDL_ARCH_PHI3,
       { "hidden_act", "sliding_window", "original_max_position_embeddings", "partial_rotary_factor" }, 4096, 1e-5, 10000, 0 },
@@ -372,8 +372,10 @@ static int read_sliding(ctx *x, mdl_model *m, const cm_json *o, const hf_type *h
         if (rc == 0) {
             int period = 2;
             if (a == MDL_ARCH_GEMMA3) {
-                period = 6;
-                if ((rc = get_int(x, o, "sliding_window_pattern", 0, 1, 1 << 20, &period)) < 0) return rc;
+                period = 6; /* transformers 5 keeps the old key as "_sliding_window_pattern" */
+                if ((rc = get_int(x, o, "sliding_window_pattern", 0, 1, 1 << 20, &period)) < 0 ||
+                    (rc == 0 && (rc = get_int(x, o, "_sliding_window_pattern", 0, 1, 1 << 20, &period)) < 0))
+                    return rc;
             }
             for (int l = 0; l < c->n_layer; l++) m->layers[l].swa = (l + 1) % period != 0;
         }

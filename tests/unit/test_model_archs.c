@@ -1026,6 +1026,7 @@ int main(void) {
     test_refusals();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
+    if (getenv("ARKA_KEEP_TEST_FILES")) printf("files kept in %s\n", root); /* for looking at them by hand */
+    else if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
     return t_done();
 }
