@@ -71,6 +71,10 @@ struct ex_backend {
      * states after the final norm of the rows the batch asks for: *hidden [n_out, n_embd],
      * host memory owned by the backend, valid until the next call. Allocates nothing. */
     int (*forward_hidden)(ex_backend *b, const ex_batch *batch, const float **hidden);
+    /* The model features (enum mdl_feature bits) this backend implements. The engine refuses a
+     * model needing any other, naming them, so a backend that predates a feature never runs a
+     * model wrong: one that leaves this 0 runs the Llama-2 forward pass only. */
+    unsigned features;
 };
 
 typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,

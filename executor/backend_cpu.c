@@ -366,6 +366,7 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->base.forward = cpu_forward;
     b->base.forward_sample = NULL; /* the engine samples on the host */
     b->base.forward_hidden = cpu_forward_hidden;
+    b->base.features = ~0u; /* every feature of model.h */
     b->base.kv_copy = cpu_kv_copy;
     b->base.destroy = cpu_destroy;
     b->base.impl = b;

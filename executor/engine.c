@@ -256,6 +256,14 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
                            .mem_fraction = o->gpu_mem_fraction, .graph_budget_s = o->cuda_graph_budget_s };
     int rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
     if (rc) goto fail;
+    unsigned missing = mdl_features(c) & ~e->be->features;
+    if (missing) {
+        char names[256];
+        snprintf(err, errlen, "backend '%s' does not implement what model '%s' (%s) needs: %s", bname, c->name[0] ? c->name : "?",
+                 c->arch_name, mdl_features_str(missing, names, sizeof names));
+        rc = CM_EUNSUPPORTED;
+        goto fail;
+    }
     /* the allocator after the backend: on cuda only the backend knows how many blocks fit */
     L.n_kv_blocks = e->be->n_kv_blocks;
     L.n_kv_blocks_swa = e->be->n_kv_blocks_swa;

@@ -187,8 +187,8 @@ static double act(const rmodel *m, double g) {
     return g / (1 + exp(-g));
 }
 
-/* logits [NPOS][V] of ids */
-static void ref_forward(const rmodel *m, const int32_t *ids, double *logits) {
+/* logits [NPOS][V] of ids; the final-normed hidden states [NPOS][E] too when hidden is not NULL */
+static void ref_forward_h(const rmodel *m, const int32_t *ids, double *logits, double *hidden) {
     const int E = m->E, H = m->H, HKV = m->HKV, D = m->D, QD = H * D, KD = HKV * D;
     static double K[MAXL][NPOS][64], Vv[MAXL][NPOS][64];
     double x[64], xn[64], q[64], k[64], v[64], att[64], o[64], g[96], u[96], mo[64], eo[64], h[64];
@@ -274,12 +274,15 @@ static void ref_forward(const rmodel *m, const int32_t *ids, double *logits) {
             for (int i = 0; i < E; i++) x[i] += mo[i];
         }
         rms(x, m->out_norm, E, m->eps, xn);
+        if (hidden) memcpy(hidden + (size_t)p * E, xn, sizeof(double) * (size_t)E);
         double *lg = logits + (size_t)p * m->V;
         matvec(m->output, xn, E, m->V, lg);
         if (m->cap_final > 0)
             for (int i = 0; i < m->V; i++) lg[i] = m->cap_final * tanh(lg[i] / m->cap_final);
     }
 }
+
+static void ref_forward(const rmodel *m, const int32_t *ids, double *logits) { ref_forward_h(m, ids, logits, NULL); }
 
 /* ---- files ------------------------------------------------------------------------------------ */
 
@@ -935,6 +938,107 @@ static void test_sched_sliding(void) {
     mdl_free(m);
 }
 
+/* ---- embeddings ------------------------------------------------------------------------------ */
+
+static double cosine(const float *a, const double *b, int n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) { ab += a[i] * b[i]; aa += (double)a[i] * a[i]; bb += b[i] * b[i]; }
+    return ab / sqrt(aa * bb);
+}
+
+/* Qwen3-Embedding style files (sentence-transformers' 1_Pooling/config.json with last-token
+ * pooling, modules.json ending in Normalize) make the model an embedding model; two sequences
+ * batched give the reference's pooled, normalised final hidden states (cosine >= 0.99999,
+ * norm 1), the same as each alone; mean pooling likewise; a GGUF's pooling_type key is read. */
+static void test_embeddings(void) {
+    char dir[512], p[600], err[512];
+    rmodel m = base("qwen3-embed", MDL_ARCH_QWEN3);
+    m.D = 16; m.rope_dim = 16; m.qk_norm = 1;
+    finish(&m);
+    snprintf(dir, sizeof dir, "%s/embed", root);
+    write_hf(&m, dir, "{\"model_type\":\"qwen3\",\"head_dim\":16,\"hidden_size\":32,\"intermediate_size\":48,\"num_attention_heads\":4,"
+                      "\"num_hidden_layers\":2,\"num_key_value_heads\":2,\"vocab_size\":64,\"tie_word_embeddings\":false}", "F32", 1);
+    snprintf(p, sizeof p, "%s/1_Pooling", dir);
+    mkdir(p, 0700);
+    snprintf(p, sizeof p, "%s/1_Pooling/config.json", dir);
+    write_text(p, "{\"word_embedding_dimension\":32,\"pooling_mode_cls_token\":false,\"pooling_mode_mean_tokens\":false,"
+                  "\"pooling_mode_max_tokens\":false,\"pooling_mode_mean_sqrt_len_tokens\":false,\"pooling_mode_weightedmean_tokens\":false,"
+                  "\"pooling_mode_lasttoken\":true,\"include_prompt\":true}");
+    snprintf(p, sizeof p, "%s/modules.json", dir);
+    write_text(p, "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
+                  "{\"idx\":1,\"name\":\"1\",\"path\":\"1_Pooling\",\"type\":\"sentence_transformers.models.Pooling\"},"
+                  "{\"idx\":2,\"name\":\"2\",\"path\":\"2_Normalize\",\"type\":\"sentence_transformers.models.Normalize\"}]");
+    mdl_model *mm;
+    if (mdl_load(dir, &mm, err, sizeof err)) { T_CHECKF(0, "%s", err); return; }
+    T_EQ_INT(mm->cfg.pooling, MDL_POOL_LAST);
+    T_EQ_INT(mm->cfg.embd_normalize, 1);
+    ex_engine_opts o;
+    ex_engine_opts_default(&o);
+    o.n_ctx = 64; o.max_tokens = 32; o.max_seqs = 2; o.max_out = 32; o.kv_blocks = 16; o.n_threads = 2;
+    ex_engine *e;
+    if (ex_engine_create(mm, &o, &e, err, sizeof err)) { T_CHECKF(0, "%s", err); mdl_free(mm); return; }
+    enum { NA = 9, NB = 14 };
+    static int32_t ids[NPOS];
+    for (int i = 0; i < NPOS; i++) ids[i] = (int32_t)((i * 11 + 5) % 64);
+    static double lg[NPOS * 64], hid[NPOS * 32];
+    ref_forward_h(&m, ids, lg, hid); /* positions 0..13: both sequences are prefixes of ids */
+    ex_batch_buf bb;
+    ex_batch_buf_init(&bb, ex_engine_limits(e));
+    ex_kv_table ta, tb;
+    ex_kv_table_init(&ta, ex_engine_limits(e)->max_blocks);
+    ex_kv_table_init(&tb, ex_engine_limits(e)->max_blocks);
+    ex_kv_table_reserve(ex_engine_kv(e), &ta, NA);
+    ex_kv_table_reserve(ex_engine_kv(e), &tb, NB);
+    float out[2][32], alone[32];
+    for (int pool = MDL_POOL_MEAN; pool <= MDL_POOL_LAST; pool++) {
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add_kv(&bb, ids, NA, 0, &ta, 1);
+        ex_batch_buf_add_kv(&bb, ids, NB, 0, &tb, 1);
+        T_EQ_INT(ex_engine_embed(e, &bb.b, pool, 1, &out[0][0]), 0);
+        for (int s = 0; s < 2; s++) {
+            int n = s ? NB : NA;
+            double want[32], nn = 0;
+            for (int i = 0; i < 32; i++) {
+                double acc = 0;
+                if (pool == MDL_POOL_LAST) acc = hid[(n - 1) * 32 + i];
+                else for (int r = 0; r < n; r++) acc += hid[r * 32 + i] / n;
+                want[i] = acc;
+            }
+            double cs = cosine(out[s], want, 32);
+            for (int i = 0; i < 32; i++) nn += (double)out[s][i] * out[s][i];
+            T_CHECKF(cs >= 0.99999, "%s pooling, sequence %d: cosine %.7f", pool == MDL_POOL_LAST ? "last" : "mean", s, cs);
+            T_NEAR(nn, 1.0, 1e-5);
+        }
+        ex_batch_buf_clear(&bb);
+        ex_batch_buf_add_kv(&bb, ids, NB, 0, &tb, 1);
+        T_EQ_INT(ex_engine_embed(e, &bb.b, pool, 1, alone), 0);
+        T_CHECK(memcmp(alone, out[1], sizeof alone) == 0); /* batch invariance */
+    }
+    /* mean pooling over a sequence that does not start at position 0 is refused */
+    ex_batch_buf_clear(&bb);
+    ex_batch_buf_add_kv(&bb, ids + 4, 4, 4, &ta, 1);
+    T_EQ_INT(ex_engine_embed(e, &bb.b, MDL_POOL_MEAN, 1, alone), CM_EINVAL);
+    printf("embeddings: last-token and mean pooling match the reference, batched and alone\n");
+    ex_kv_table_release(ex_engine_kv(e), &ta);
+    ex_kv_table_release(ex_engine_kv(e), &tb);
+    ex_kv_table_free(&ta);
+    ex_kv_table_free(&tb);
+    ex_batch_buf_free(&bb);
+    ex_engine_destroy(e);
+    mdl_free(mm);
+    /* GGUF: llama.cpp's pooling_type (3 = last) */
+    snprintf(dir, sizeof dir, "%s/embed.gguf", root);
+    gguf_writer *w = g_writer(&m, "qwen3");
+    gguf_w_set_u32(w, "qwen3.pooling_type", 3);
+    if (write_gguf(&m, dir, w) == 0 && mdl_load(dir, &mm, err, sizeof err) == 0) {
+        T_EQ_INT(mm->cfg.pooling, MDL_POOL_LAST);
+        T_EQ_INT(mm->cfg.embd_normalize, 1);
+        mdl_free(mm);
+    } else {
+        T_CHECKF(0, "%s", err);
+    }
+}
+
 /* ---- refusals ----------------------------------------------------------------------------------- */
 
 static void expect_refusal(const char *dir, const char *needle) {
@@ -1023,6 +1127,7 @@ int main(void) {
     test_gemma3();
     test_phi3();
     test_sched_sliding();
+    test_embeddings();
     test_refusals();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
