@@ -67,8 +67,12 @@ static double urand(void) {
     return (double)(rng >> 11) / 9007199254740992.0 * 2 - 1;
 }
 
+static void *allocs[4096]; /* every reference array, freed at the end */
+static int n_allocs;
+
 static double *mk(int n, double sd, double mean) {
     double *p = malloc(sizeof(double) * (size_t)n);
+    allocs[n_allocs++] = p;
     for (int i = 0; i < n; i++) p[i] = (double)(float)(mean + sd * urand());
     return p;
 }
@@ -1131,6 +1135,7 @@ int main(void) {
     test_refusals();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    for (int i = 0; i < n_allocs; i++) free(allocs[i]);
     if (getenv("ARKA_KEEP_TEST_FILES")) printf("files kept in %s\n", root); /* for looking at them by hand */
     else if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
     return t_done();
