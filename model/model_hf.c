@@ -87,7 +87,7 @@ static const hf_type types[] = {
     { "mixtral", MDL_ARCH_MIXTRAL, { "hidden_act", "sliding_window", "num_local_experts", "num_experts", "num_experts_per_tok" },
       4096 * 32, 1e-5, 1e6, 0 },
     { "gemma2", MDL_ARCH_GEMMA2,
-      { "hidden_act", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+      { "hidden_act", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types",
         "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention" },
       8192, 1e-6, 10000, 1 },
     { "gemma3_text", MDL_ARCH_GEMMA3,
@@ -356,8 +356,12 @@ static int read_sliding(ctx *x, mdl_model *m, const cm_json *o, const hf_type *h
     mdl_config *c = &m->cfg;
     int rc, a = c->arch, window = 0;
     if ((rc = get_int(x, o, "sliding_window", 0, 1, 1 << 30, &window)) < 0) return rc;
-    int gemma = a == MDL_ARCH_GEMMA2 || a == MDL_ARCH_GEMMA3;
-    if (gemma && rc == 0) window = 4096; /* transformers' gemma default */
+    int gemma = a == MDL_ARCH_GEMMA2 || a == MDL_ARCH_GEMMA3, older = 0;
+    if (a == MDL_ARCH_GEMMA2 && (rc = get_int(x, o, "sliding_window_size", 0, 1, 1 << 30, &older)) < 0) return rc;
+    if (older && window && older != window)
+        return bad(x, CM_EFORMAT, "'sliding_window' %d and 'sliding_window_size' %d disagree", window, older);
+    if (older) window = older;
+    if (gemma && !cm_json_get(o, "sliding_window") && !older) window = 4096; /* transformers' gemma default; null: none */
     if (a == MDL_ARCH_QWEN2 || a == MDL_ARCH_QWEN3 || a == MDL_ARCH_QWEN3MOE) {
         int use = 0, maxwl = 28; /* transformers' defaults */
         if ((rc = get_bool(x, o, "use_sliding_window", &use)) < 0 ||
@@ -383,9 +387,12 @@ static int read_sliding(ctx *x, mdl_model *m, const cm_json *o, const hf_type *h
         for (int l = 0; l < c->n_layer; l++) m->layers[l].swa = window > 0;
     }
     (void)ht;
+    /* transformers: a sliding layer without a window (sliding_window null) attends to everything */
     int any = 0;
-    for (int l = 0; l < c->n_layer; l++) any |= m->layers[l].swa;
-    if (any && window <= 0) return bad(x, CM_EFORMAT, "layers slide but 'sliding_window' gives no window");
+    for (int l = 0; l < c->n_layer; l++) {
+        if (window <= 0) m->layers[l].swa = 0;
+        any |= m->layers[l].swa;
+    }
     c->n_swa = any ? window : 0;
     return 0;
 }
@@ -500,7 +507,8 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
         if (!strcmp(mt, types[i].model_type)) ht = &types[i];
     if (!ht) {
         rc = bad(&x, CM_EUNSUPPORTED, "unsupported model_type '%.64s' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, "
-                 "gemma2, gemma3_text, phi3)", mt);
+                 "gemma2, gemma3_text, phi3)%s", mt,
+                 !strcmp(mt, "gemma3") ? "; a vision + text gemma3 checkpoint's text model loads from its GGUF (llama.cpp's converter)" : "");
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
