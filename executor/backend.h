@@ -57,8 +57,9 @@ struct ex_backend {
      * samples on the host. Returns 0 or a negative CM_E* code; allocates nothing. */
     int  (*forward_sample)(ex_backend *b, const ex_batch *batch, const ex_sample_row *rows, int n_rows,
                            ex_sample_out *out);
-    /* Copies positions [0, n_tok) of physical block src into block dst, every layer (copy on
-     * write of a shared prefix block). Returns 0 or CM_EINVAL. */
+    /* Copies positions [0, n_tok) of physical block src into block dst, every full-attention
+     * layer (copy on write of a shared prefix block; block ids of the main pool). Returns 0 or
+     * CM_EINVAL. */
     int  (*kv_copy)(ex_backend *b, int32_t src, int32_t dst, int n_tok);
     /* Frees everything; accepts NULL. */
     void (*destroy)(ex_backend *b);

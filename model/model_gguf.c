@@ -428,6 +428,9 @@ static int read_hparams(rd *r) {
             (rc = get_f32(r, "final_logit_softcapping", &c->final_softcap)) < 0)
             return rc;
     }
+    int causal = 1;
+    if ((rc = get_bool(r, "attention.causal", &causal)) < 0) return rc;
+    if (!causal) return fail(r, CM_EUNSUPPORTED, "non-causal (bidirectional) attention is not implemented");
     int pooling = -1;
     if ((rc = get_u32(r, "pooling_type", &pooling)) < 0) return rc;
     if (pooling >= 0) {
