@@ -647,6 +647,21 @@ static void check(const rmodel *r, const char *path, double tol, const char *wha
     mdl_free(m);
 }
 
+/* Writes m as a Hugging Face directory (config cfg, weights in dtype) and, when w is given, as a
+ * GGUF with w's keys; checks both against the reference. */
+static void check_both(const rmodel *m, const char *name, const char *cfg, const char *dtype, int per_expert, gguf_writer *w,
+                       double tol) {
+    char dir[512], what[128];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    write_hf(m, dir, cfg, dtype, per_expert);
+    snprintf(what, sizeof what, "%s safetensors%s", name, strcmp(dtype, "F32") ? " (BF16)" : "");
+    check(m, dir, tol, what);
+    if (!w) return;
+    snprintf(dir, sizeof dir, "%s/%s.gguf", root, name);
+    snprintf(what, sizeof what, "%s gguf", name);
+    if (write_gguf(m, dir, w) == 0) check(m, dir, 1e-4, what);
+}
+
 /* ---- the models ------------------------------------------------------------------------------- */
 
 static rmodel base(const char *name, int arch) {
@@ -670,7 +685,7 @@ static void finish(rmodel *m) {
 }
 
 static void test_qwen3(void) {
-    char dir[512], cfg[4096];
+    char cfg[4096];
     /* head_dim 16 with hidden 32 and 4 heads (64 != 32), GQA, QK-norm; transformers 5 style */
     rmodel m = base("qwen3", MDL_ARCH_QWEN3);
     m.D = 16; m.rope_dim = 16; m.qk_norm = 1; m.theta = 1e6;
@@ -684,11 +699,7 @@ static void test_qwen3(void) {
              "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"},\"sliding_window\":null,"
              "\"tie_word_embeddings\":false,\"transformers_version\":\"5.17.0\",\"use_cache\":true,\"use_sliding_window\":false,"
              "\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/qwen3", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "qwen3 safetensors");
-    snprintf(dir, sizeof dir, "%s/qwen3.gguf", root);
-    if (write_gguf(&m, dir, g_writer(&m, "qwen3")) == 0) check(&m, dir, 1e-4, "qwen3 gguf");
+    check_both(&m, "qwen3", cfg, "F32", 1, g_writer(&m, "qwen3"), 1e-4);
 
     /* BF16 weights, yarn scaling (transformers 4.x rope_scaling) */
     rmodel y = base("qwen3-yarn", MDL_ARCH_QWEN3);
@@ -702,19 +713,15 @@ static void test_qwen3(void) {
              "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,\"rope_theta\":10000,\"rope_scaling\":{\"rope_type\":\"yarn\","
              "\"factor\":4.0,\"original_max_position_embeddings\":16},\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
              "\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/qwen3-yarn", root);
-    write_hf(&y, dir, cfg, "BF16", 1);
-    check(&y, dir, 2e-4, "qwen3 yarn bf16 safetensors");
-    snprintf(dir, sizeof dir, "%s/qwen3-yarn.gguf", root);
     gguf_writer *w = g_writer(&y, "qwen3");
     gguf_w_set_str(w, "qwen3.rope.scaling.type", "yarn");
     gguf_w_set_f32(w, "qwen3.rope.scaling.factor", 4.0f);
     gguf_w_set_u32(w, "qwen3.rope.scaling.original_context_length", 16);
-    if (write_gguf(&y, dir, w) == 0) check(&y, dir, 1e-4, "qwen3 yarn gguf");
+    check_both(&y, "qwen3-yarn", cfg, "BF16", 1, w, 2e-4);
 }
 
 static void test_qwen3moe(void) {
-    char dir[512], cfg[4096];
+    char cfg[4096];
     /* 4 experts, top-2, unnormalised, layer 1 dense (mlp_only_layers), per-expert tensors */
     rmodel m = base("qwen3moe", MDL_ARCH_QWEN3MOE);
     m.L = 3; m.qk_norm = 1; m.NE = 4; m.K = 2; m.FE = 24; m.norm_topk = 0;
@@ -728,16 +735,12 @@ static void test_qwen3moe(void) {
              "\"output_router_logits\":false,\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":10000.0,"
              "\"router_aux_loss_coef\":0.001,\"sliding_window\":null,\"tie_word_embeddings\":false,\"use_sliding_window\":false,"
              "\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/qwen3moe", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "qwen3moe safetensors");
-    snprintf(dir, sizeof dir, "%s/qwen3moe.gguf", root);
     gguf_writer *w = g_writer(&m, "qwen3moe");
     gguf_w_set_u32(w, "qwen3moe.expert_count", 4);
     gguf_w_set_u32(w, "qwen3moe.expert_used_count", 2);
     gguf_w_set_u32(w, "qwen3moe.expert_feed_forward_length", 24);
     gguf_w_set_bool(w, "qwen3moe.expert_weights_norm", 0);
-    if (write_gguf(&m, dir, w) == 0) check(&m, dir, 1e-4, "qwen3moe gguf");
+    check_both(&m, "qwen3moe", cfg, "F32", 1, w, 1e-4);
 
     /* normalised, every layer sparse, transformers 5's fused experts and num_local_experts */
     rmodel f = base("qwen3moe-fused", MDL_ARCH_QWEN3MOE);
@@ -750,13 +753,11 @@ static void test_qwen3moe(void) {
              "\"moe_intermediate_size\":24,\"norm_topk_prob\":true,\"num_attention_heads\":4,\"num_local_experts\":4,"
              "\"num_experts_per_tok\":2,\"num_hidden_layers\":2,\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,"
              "\"rope_parameters\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"},\"tie_word_embeddings\":false,\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/qwen3moe-fused", root);
-    write_hf(&f, dir, cfg, "F32", 0);
-    check(&f, dir, 1e-4, "qwen3moe fused-experts safetensors");
+    check_both(&f, "qwen3moe-fused", cfg, "F32", 0, NULL, 1e-4);
 }
 
 static void test_mixtral(void) {
-    char dir[512], cfg[4096];
+    char cfg[4096];
     rmodel m = base("mixtral", MDL_ARCH_MIXTRAL);
     m.NE = 4; m.K = 2; m.FE = 48; m.F = 0; m.norm_topk = 1; m.theta = 1e6; m.eps = 1e-5;
     m.ly[0].sparse = m.ly[1].sparse = 1;
@@ -766,20 +767,16 @@ static void test_mixtral(void) {
              "\"intermediate_size\":48,\"max_position_embeddings\":64,\"num_attention_heads\":4,\"num_experts_per_tok\":2,"
              "\"num_hidden_layers\":2,\"num_key_value_heads\":2,\"num_local_experts\":4,\"rms_norm_eps\":1e-05,\"rope_theta\":1e6,"
              "\"router_jitter_noise\":0.0,\"sliding_window\":null,\"tie_word_embeddings\":false,\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/mixtral", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "mixtral safetensors");
-    snprintf(dir, sizeof dir, "%s/mixtral.gguf", root);
     rmodel g = m;
     g.F = m.FE; /* GGUF llama: the experts are feed_forward_length wide */
     gguf_writer *w = g_writer(&g, "llama");
     gguf_w_set_u32(w, "llama.expert_count", 4);
     gguf_w_set_u32(w, "llama.expert_used_count", 2);
-    if (write_gguf(&m, dir, w) == 0) check(&m, dir, 1e-4, "mixtral gguf (llama + experts)");
+    check_both(&m, "mixtral", cfg, "F32", 1, w, 1e-4);
 }
 
 static void test_gemma2(void) {
-    char dir[512], cfg[4096];
+    char cfg[4096];
     rmodel m = base("gemma2", MDL_ARCH_GEMMA2);
     m.L = 3; m.gelu = 1; m.post_norms = 1; m.tied = 1; m.window = 4; m.cap_attn = 2.0; m.cap_final = 3.0;
     m.embd_scale = sqrt(32.0); m.attn_scale = 1.0 / sqrt(12.0);
@@ -792,20 +789,16 @@ static void test_gemma2(void) {
              "\"hidden_activation\":\"gelu_pytorch_tanh\",\"hidden_size\":32,\"intermediate_size\":48,\"max_position_embeddings\":64,"
              "\"num_attention_heads\":4,\"num_hidden_layers\":3,\"num_key_value_heads\":2,\"query_pre_attn_scalar\":12,"
              "\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,\"sliding_window\":4,\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/gemma2", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "gemma2 safetensors");
-    snprintf(dir, sizeof dir, "%s/gemma2.gguf", root);
     gguf_writer *w = g_writer(&m, "gemma2");
     gguf_w_set_u32(w, "gemma2.attention.sliding_window", 4);
     gguf_w_set_f32(w, "gemma2.attn_logit_softcapping", 2.0f);
     gguf_w_set_f32(w, "gemma2.final_logit_softcapping", 3.0f);
     gguf_w_set_f32(w, "gemma2.attention.scale", (float)(1.0 / sqrt(12.0)));
-    if (write_gguf(&m, dir, w) == 0) check(&m, dir, 1e-4, "gemma2 gguf");
+    check_both(&m, "gemma2", cfg, "F32", 1, w, 1e-4);
 }
 
 static void test_gemma3(void) {
-    char dir[512], cfg[4096];
+    char cfg[4096];
     rmodel m = base("gemma3", MDL_ARCH_GEMMA3);
     m.L = 6; m.gelu = 1; m.post_norms = 1; m.qk_norm = 1; m.tied = 1; m.window = 4;
     m.embd_scale = sqrt(32.0); m.attn_scale = 1.0 / sqrt(8.0);
@@ -822,19 +815,15 @@ static void test_gemma3(void) {
              "\"rms_norm_eps\":1e-06,\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\",\"factor\":2.0,"
              "\"rope_theta\":1000000.0},\"sliding_attention\":{\"rope_type\":\"default\",\"rope_theta\":10000.0}},"
              "\"sliding_window\":4,\"use_bidirectional_attention\":false,\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/gemma3", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "gemma3 safetensors");
-    snprintf(dir, sizeof dir, "%s/gemma3.gguf", root);
     gguf_writer *w = g_writer(&m, "gemma3");
     gguf_w_set_u32(w, "gemma3.attention.sliding_window", 4);
     gguf_w_set_str(w, "gemma3.rope.scaling.type", "linear");
     gguf_w_set_f32(w, "gemma3.rope.scaling.factor", 2.0f);
-    if (write_gguf(&m, dir, w) == 0) check(&m, dir, 1e-4, "gemma3 gguf");
+    check_both(&m, "gemma3", cfg, "F32", 1, w, 1e-4);
 }
 
 static void test_phi3(void) {
-    char dir[512], cfg[8192];
+    char cfg[8192];
     rmodel m = base("phi3", MDL_ARCH_PHI3);
     m.HKV = 4; m.rope_dim = 4; m.window = 6; m.eps = 1e-5;
     m.rope_scaling = MDL_ROPE_SCALING_LONGROPE; m.orig = 16;
@@ -850,15 +839,11 @@ static void test_phi3(void) {
              "\"resid_pdrop\":0.0,\"rms_norm_eps\":1e-05,\"rope_parameters\":{\"rope_type\":\"longrope\",\"rope_theta\":10000.0,"
              "\"partial_rotary_factor\":0.5,\"long_factor\":[1.5,3.0],\"short_factor\":[1.1,1.7]},\"sliding_window\":6,"
              "\"tie_word_embeddings\":false,\"vocab_size\":64}");
-    snprintf(dir, sizeof dir, "%s/phi3", root);
-    write_hf(&m, dir, cfg, "F32", 1);
-    check(&m, dir, 1e-4, "phi3 safetensors");
-    snprintf(dir, sizeof dir, "%s/phi3.gguf", root);
     gguf_writer *w = g_writer(&m, "phi3");
     gguf_w_set_u32(w, "phi3.attention.sliding_window", 6);
     gguf_w_set_u32(w, "phi3.rope.scaling.original_context_length", 16);
     gguf_w_set_f32(w, "phi3.rope.scaling.attn_factor", (float)m.attn_factor);
-    if (write_gguf(&m, dir, w) == 0) check(&m, dir, 1e-4, "phi3 gguf");
+    check_both(&m, "phi3", cfg, "F32", 1, w, 1e-4);
 }
 
 /* ---- the scheduler frees sliding blocks and computes the same -------------------------------- */
