@@ -73,8 +73,8 @@ typedef struct {
 } hf_type;
 
 static const hf_type types[] = {
-    { "llama", MDL_ARCH_LLAMA, { "hidden_act", "mlp_bias", "pretraining_tp" }, 2048, 1e-6, 10000, 0 },
-    { "mistral", MDL_ARCH_MISTRAL, { "hidden_act", "sliding_window" }, 4096 * 32, 1e-6, 10000, 0 },
+    { "llama", MDL_ARCH_LLAMA, { "hidden_act", "mlp_bias", "pretraining_tp", "layer_types" }, 2048, 1e-6, 10000, 0 },
+    { "mistral", MDL_ARCH_MISTRAL, { "hidden_act", "sliding_window", "layer_types" }, 4096 * 32, 1e-6, 10000, 0 },
     { "qwen2", MDL_ARCH_QWEN2, { "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types" },
       32768, 1e-6, 10000, 0 },
     { "qwen3", MDL_ARCH_QWEN3, { "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types" },
@@ -84,7 +84,8 @@ static const hf_type types[] = {
         "moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
         "mlp_only_layers" },
       32768, 1e-6, 10000, 0 },
-    { "mixtral", MDL_ARCH_MIXTRAL, { "hidden_act", "sliding_window", "num_local_experts", "num_experts", "num_experts_per_tok" },
+    { "mixtral", MDL_ARCH_MIXTRAL,
+      { "hidden_act", "sliding_window", "num_local_experts", "num_experts", "num_experts_per_tok", "layer_types" },
       4096 * 32, 1e-5, 1e6, 0 },
     { "gemma2", MDL_ARCH_GEMMA2,
       { "hidden_act", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types",
@@ -96,7 +97,7 @@ static const hf_type types[] = {
         "sliding_window_pattern", "_sliding_window_pattern" },
       131072, 1e-6, 1e6, 1 },
     { "phi3", MDL_ARCH_PHI3,
-      { "hidden_act", "sliding_window", "original_max_position_embeddings", "partial_rotary_factor" }, 4096, 1e-5, 10000, 0 },
+      { "hidden_act", "sliding_window", "original_max_position_embeddings", "partial_rotary_factor", "layer_types" }, 4096, 1e-5, 10000, 0 },
 };
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -384,7 +385,9 @@ static int read_sliding(ctx *x, mdl_model *m, const cm_json *o, const hf_type *h
             for (int l = 0; l < c->n_layer; l++) m->layers[l].swa = (l + 1) % period != 0;
         }
     } else {
-        for (int l = 0; l < c->n_layer; l++) m->layers[l].swa = window > 0;
+        if ((rc = read_layer_types(x, m, o)) < 0) return rc;
+        if (rc == 0)
+            for (int l = 0; l < c->n_layer; l++) m->layers[l].swa = window > 0;
     }
     (void)ht;
     /* transformers: a sliding layer without a window (sliding_window null) attends to everything */
