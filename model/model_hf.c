@@ -13,6 +13,11 @@
  * "sliding_attention": {...}}); 4.x wrote "rope_theta" + "rope_scaling" (+ gemma3's
  * "rope_local_base_freq"). Both are read; rope_parameters wins where both give a value.
  *
+ * A vision + text gemma3 config.json (model_type "gemma3") gives its text model: text_config
+ * read with transformers' Gemma3TextConfig defaults for the keys it leaves out, the tensors
+ * under language_model.model. (4.x) or model.language_model. (5.x); the vision tower and the
+ * projector are not loaded.
+ *
  * Tensors (prefix "model."): layers.N.{input_layernorm, post_attention_layernorm,
  * self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj}; gemma's
  * pre_feedforward_layernorm / post_feedforward_layernorm (post_attention_layernorm is then
@@ -106,6 +111,8 @@ typedef struct {
     const char *cfg;   /* config.json's path, for messages */
     char       *err;
     size_t      errlen;
+    const cm_json *root;     /* the model's settings (config.json, or a vision model's text_config) */
+    const cm_json *fallback; /* class defaults for keys root leaves out (a diff-serialized text_config), or NULL */
 } ctx;
 
 static int bad(ctx *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -120,10 +127,22 @@ static int bad(ctx *x, int code, const char *fmt, ...) {
 
 static int is_null(const cm_json *v) { return !v || v->type == CM_JSON_NULL; }
 
+/* The object a key of o is read from: o itself, or the class defaults when o is the root and
+ * leaves the key out. */
+static const cm_json *src_of(const ctx *x, const cm_json *o, const char *key) {
+    return o == x->root && x->fallback && !cm_json_get(o, key) ? x->fallback : o;
+}
+
+static const cm_json *member(const ctx *x, const cm_json *o, const char *key) { return cm_json_get(src_of(x, o, key), key); }
+
+static int str_of(const ctx *x, const cm_json *o, const char *key, const char **out) {
+    return cm_json_get_str(src_of(x, o, key), key, out);
+}
+
 /* Integer key: 1 found, 0 absent or null (required: error), < 0 error. */
 static int get_int(ctx *x, const cm_json *o, const char *key, int required, int64_t lo, int64_t hi, int *out) {
     int64_t v;
-    int rc = cm_json_get_int(o, key, &v);
+    int rc = cm_json_get_int(src_of(x, o, key), key, &v);
     if (rc == CM_ENOTFOUND) return required ? bad(x, CM_EFORMAT, "missing key '%s'", key) : 0;
     if (rc) return bad(x, CM_EFORMAT, "'%s' is not an integer", key);
     if (v < lo || v > hi) return bad(x, CM_EFORMAT, "'%s' = %lld is out of range [%lld, %lld]", key, (long long)v, (long long)lo, (long long)hi);
@@ -134,7 +153,7 @@ static int get_int(ctx *x, const cm_json *o, const char *key, int required, int6
 /* Number key in (lo, hi]: 1 found, 0 absent or null, < 0 error. */
 static int get_num(ctx *x, const cm_json *o, const char *key, double lo, double hi, double *out) {
     double v;
-    int rc = cm_json_get_num(o, key, &v);
+    int rc = cm_json_get_num(src_of(x, o, key), key, &v);
     if (rc == CM_ENOTFOUND) return 0;
     if (rc || !(v > lo && v <= hi)) return bad(x, CM_EFORMAT, "'%s' is not a number in (%g, %g]", key, lo, hi);
     *out = v;
@@ -142,7 +161,7 @@ static int get_num(ctx *x, const cm_json *o, const char *key, double lo, double 
 }
 
 static int get_bool(ctx *x, const cm_json *o, const char *key, int *out) {
-    int rc = cm_json_get_bool(o, key, out);
+    int rc = cm_json_get_bool(src_of(x, o, key), key, out);
     if (rc == CM_ENOTFOUND) return 0;
     return rc ? bad(x, CM_EFORMAT, "'%s' is not a boolean", key) : 1;
 }
@@ -288,7 +307,7 @@ static int read_rope(ctx *x, mdl_model *m, const cm_json *o, const hf_type *ht, 
 
     rope_in full = { .type = "default", .truncate = 1 }, slide = { .type = "default", .truncate = 1 };
     int per_type = 0;
-    const cm_json *rp = cm_json_get(o, "rope_parameters"), *rs = cm_json_get(o, "rope_scaling");
+    const cm_json *rp = member(x, o, "rope_parameters"), *rs = member(x, o, "rope_scaling");
     if (!is_null(rp)) {
         if (rp->type != CM_JSON_OBJECT) return bad(x, CM_EFORMAT, "'rope_parameters' must be an object");
         const cm_json *fa = cm_json_get(rp, "full_attention"), *sa = cm_json_get(rp, "sliding_attention");
@@ -340,7 +359,7 @@ static int read_rope(ctx *x, mdl_model *m, const cm_json *o, const hf_type *ht, 
 
 /* layer_types: "full_attention" / "sliding_attention" per layer; 1 when given. */
 static int read_layer_types(ctx *x, mdl_model *m, const cm_json *o) {
-    const cm_json *lt = cm_json_get(o, "layer_types");
+    const cm_json *lt = member(x, o, "layer_types");
     if (is_null(lt)) return 0;
     if (lt->type != CM_JSON_ARRAY || lt->n != (size_t)m->cfg.n_layer)
         return bad(x, CM_EFORMAT, "'layer_types' must list one type for each of the %d layers", m->cfg.n_layer);
@@ -362,7 +381,7 @@ static int read_sliding(ctx *x, mdl_model *m, const cm_json *o, const hf_type *h
     if (older && window && older != window)
         return bad(x, CM_EFORMAT, "'sliding_window' %d and 'sliding_window_size' %d disagree", window, older);
     if (older) window = older;
-    if (gemma && !cm_json_get(o, "sliding_window") && !older) window = 4096; /* transformers' gemma default; null: none */
+    if (gemma && !member(x, o, "sliding_window") && !older) window = 4096; /* transformers' gemma default; null: none */
     if (a == MDL_ARCH_QWEN2 || a == MDL_ARCH_QWEN3 || a == MDL_ARCH_QWEN3MOE) {
         int use = 0, maxwl = 28; /* transformers' defaults */
         if ((rc = get_bool(x, o, "use_sliding_window", &use)) < 0 ||
@@ -426,7 +445,7 @@ static int read_moe(ctx *x, mdl_model *m, const cm_json *o, uint8_t *sparse) {
         (rc = get_bool(x, o, "norm_topk_prob", &c->expert_norm)) < 0)
         return rc;
     for (int l = 0; l < c->n_layer; l++) sparse[l] = c->n_expert > 0 && (l + 1) % step == 0;
-    const cm_json *only = cm_json_get(o, "mlp_only_layers");
+    const cm_json *only = member(x, o, "mlp_only_layers");
     if (!is_null(only)) {
         if (only->type != CM_JSON_ARRAY) return bad(x, CM_EFORMAT, "'mlp_only_layers' must be a list of layer indices");
         for (const cm_json *v = only->child; v; v = v->next) {
@@ -493,28 +512,65 @@ static int read_pooling(ctx *x, mdl_model *m, const char *dir) {
 
 /* ---- config.json ---------------------------------------------------------------------------- */
 
+/* transformers' Gemma3TextConfig defaults: a vision + text gemma3 config.json writes only the
+ * text_config keys that differ from them */
+static const char gemma3_text_defaults[] =
+    "{\"vocab_size\":262208,\"hidden_size\":2304,\"intermediate_size\":9216,\"num_hidden_layers\":26,\"num_attention_heads\":8,"
+    "\"num_key_value_heads\":4,\"head_dim\":256,\"hidden_activation\":\"gelu_pytorch_tanh\",\"max_position_embeddings\":131072,"
+    "\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,\"query_pre_attn_scalar\":256,"
+    "\"sliding_window\":4096,\"sliding_window_pattern\":6,\"final_logit_softcapping\":null,\"attn_logit_softcapping\":null,"
+    "\"tie_word_embeddings\":true}";
+
+/* Top-level keys of a vision + text gemma3 config.json besides text_config: the vision tower
+ * is not loaded, so its settings change nothing here. */
+static const char *const k_gemma3_vision[] = {
+    "text_config", "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
+    "tie_word_embeddings",
+};
+
 int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf *hf, char *err, size_t errlen) {
-    ctx x = { cfg_path, err, errlen };
+    ctx x = { cfg_path, err, errlen, NULL, NULL };
     mdl_config *c = &m->cfg;
-    cm_json_doc *doc = NULL;
+    cm_json_doc *doc = NULL, *defaults = NULL;
     int rc = mdl__read_json(cfg_path, &doc, err, errlen);
     if (rc) return rc;
-    const cm_json *o = cm_json_root(doc);
+    const cm_json *o = cm_json_root(doc), *top = o;
     const char *mt, *s;
     const hf_type *ht = NULL;
     if (cm_json_get_str(o, "model_type", &mt)) {
         rc = bad(&x, CM_EFORMAT, "missing string 'model_type'");
         goto out;
     }
+    if (!strcmp(mt, "gemma3")) {
+        /* vision + text: the text model from text_config (transformers' defaults for what it
+         * leaves out); the tensors under language_model. */
+        for (const cm_json *v = o->child; v; v = v->next)
+            if (!in_list(v->key, k_ignored, sizeof k_ignored / sizeof *k_ignored) &&
+                !in_list(v->key, k_gemma3_vision, sizeof k_gemma3_vision / sizeof *k_gemma3_vision)) {
+                rc = bad(&x, CM_EUNSUPPORTED, "key '%.60s' is a setting this engine does not implement for model_type 'gemma3'", v->key);
+                goto out;
+            }
+        const cm_json *tc = cm_json_get(o, "text_config");
+        char jerr[64];
+        if ((tc && tc->type != CM_JSON_OBJECT) ||
+            cm_json_parse(gemma3_text_defaults, sizeof gemma3_text_defaults - 1, &defaults, jerr, sizeof jerr)) {
+            rc = bad(&x, CM_EFORMAT, "'text_config' must be an object");
+            goto out;
+        }
+        x.fallback = cm_json_root(defaults);
+        o = tc ? tc : x.fallback;
+        hf->vision = 1;
+        mt = "gemma3_text";
+    }
+    x.root = o;
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         if (!strcmp(mt, types[i].model_type)) ht = &types[i];
     if (!ht) {
         rc = bad(&x, CM_EUNSUPPORTED, "unsupported model_type '%.64s' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, "
-                 "gemma2, gemma3_text, phi3)%s", mt,
-                 !strcmp(mt, "gemma3") ? "; a vision + text gemma3 checkpoint's text model loads from its GGUF (llama.cpp's converter)" : "");
+                 "gemma2, gemma3_text, gemma3 (its text model), phi3)", mt);
         goto out;
     }
-    snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", hf->vision ? "gemma3" : mt);
     c->arch = ht->arch;
     for (const cm_json *v = o->child; v; v = v->next)
         if (!in_list(v->key, k_ignored, sizeof k_ignored / sizeof *k_ignored) && !in_list(v->key, k_common, sizeof k_common / sizeof *k_common) &&
@@ -522,7 +578,7 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
             rc = bad(&x, CM_EUNSUPPORTED, "key '%.60s' is a setting this engine does not implement for model_type '%s'", v->key, mt);
             goto out;
         }
-    if (cm_json_get_str(o, "_name_or_path", &s) == 0) snprintf(c->name, sizeof c->name, "%.127s", s);
+    if (cm_json_get_str(top, "_name_or_path", &s) == 0) snprintf(c->name, sizeof c->name, "%.127s", s);
 
     const int64_t big = 1 << 30;
     c->n_ctx_train = ht->max_pos;
@@ -561,8 +617,8 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
     if ((rc = get_int(&x, o, "pretraining_tp", 0, 1, 1 << 20, &tp)) < 0) goto out;
     int gemma = c->arch == MDL_ARCH_GEMMA2 || c->arch == MDL_ARCH_GEMMA3;
     const char *act = gemma ? "gelu_pytorch_tanh" : "silu";
-    if (gemma && !cm_json_get_str(o, "hidden_activation", &s)) act = s;
-    else if (!cm_json_get_str(o, "hidden_act", &s)) act = s;
+    if (gemma && !str_of(&x, o, "hidden_activation", &s)) act = s;
+    else if (!str_of(&x, o, "hidden_act", &s)) act = s;
     if (gemma && !strcmp(act, "gelu_pytorch_tanh")) c->ffn_act = MDL_ACT_GELU_TANH;
     else if (!gemma && !strcmp(act, "silu")) c->ffn_act = MDL_ACT_SILU;
     else {
@@ -578,13 +634,13 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
         if ((rc = get_num(&x, o, "query_pre_attn_scalar", 0, 1e9, &qpas)) < 0) goto out;
         c->attn_scale = (float)(1.0 / sqrt(qpas));
         if (c->arch == MDL_ARCH_GEMMA2) { c->attn_softcap = 50.0f; c->final_softcap = 30.0f; } /* transformers' gemma2 defaults */
-        const cm_json *v = cm_json_get(o, "attn_logit_softcapping");
+        const cm_json *v = member(&x, o, "attn_logit_softcapping");
         if (v) {
             if (is_null(v)) c->attn_softcap = 0;
             else if ((rc = get_num(&x, o, "attn_logit_softcapping", 0, 1e9, &sc)) < 0) goto out;
             else c->attn_softcap = (float)sc;
         }
-        v = cm_json_get(o, "final_logit_softcapping");
+        v = member(&x, o, "final_logit_softcapping");
         if (v) {
             if (is_null(v)) c->final_softcap = 0;
             else if ((rc = get_num(&x, o, "final_logit_softcapping", 0, 1e9, &sc)) < 0) goto out;
@@ -600,13 +656,14 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
     if ((c->arch == MDL_ARCH_QWEN3MOE || c->arch == MDL_ARCH_MIXTRAL) && (rc = read_moe(&x, m, o, hf->sparse))) goto out;
 
     hf->tied_default = ht->tied;
-    rc = cm_json_get_bool(o, "tie_word_embeddings", &hf->tied);
+    rc = cm_json_get_bool(hf->vision && cm_json_get(top, "tie_word_embeddings") ? top : o, "tie_word_embeddings", &hf->tied);
     if (rc == CM_ENOTFOUND) hf->tied = -1;
     else if (rc) { rc = bad(&x, CM_EFORMAT, "'tie_word_embeddings' is not a boolean"); goto out; }
     if ((rc = read_pooling(&x, m, dir))) goto out;
     rc = 0;
 out:
     cm_json_free(doc);
+    cm_json_free(defaults);
     return rc < 0 ? rc : 0;
 }
 
@@ -632,14 +689,14 @@ static int experts(mdl_model *m, const char *path, const mdl__hf *hf, int l, cha
     char tn[160];
     int rc;
     /* router: mlp.gate (qwen3_moe, transformers 5) or block_sparse_moe.gate (mixtral files) */
-    snprintf(tn, sizeof tn, "model.layers.%d.%s.gate.weight", l, mix && mdl__st_has(m, "model.layers.0.block_sparse_moe.gate.weight") ? "block_sparse_moe" : "mlp");
+    snprintf(tn, sizeof tn, "%slayers.%d.%s.gate.weight", hf->prefix, l, mix && mdl__st_has(m, "model.layers.0.block_sparse_moe.gate.weight") ? "block_sparse_moe" : "mlp");
     if ((rc = mdl__st_take(m, path, tn, &ly->ffn_gate_inp, 1, MDL__ST_AS_STORED, err, errlen))) return rc;
-    snprintf(tn, sizeof tn, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    snprintf(tn, sizeof tn, "%slayers.%d.mlp.experts.gate_up_proj", hf->prefix, l);
     if (mdl__st_has(m, tn)) {
         /* transformers 5: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I] */
         mdl_tensor gu, dn;
         if ((rc = mdl__st_take(m, path, tn, &gu, 1, MDL__ST_AS_STORED, err, errlen))) return rc;
-        snprintf(tn, sizeof tn, "model.layers.%d.mlp.experts.down_proj", l);
+        snprintf(tn, sizeof tn, "%slayers.%d.mlp.experts.down_proj", hf->prefix, l);
         if ((rc = mdl__st_take(m, path, tn, &dn, 1, MDL__ST_AS_STORED, err, errlen))) return rc;
         if (gu.ne[0] != c->n_embd || gu.ne[1] != 2 * (int64_t)c->n_ff_exp || gu.ne[2] != c->n_expert || dn.ne[0] != c->n_ff_exp ||
             dn.ne[1] != c->n_embd || dn.ne[2] != c->n_expert) {
@@ -665,33 +722,49 @@ static int experts(mdl_model *m, const char *path, const mdl__hf *hf, int l, cha
     static const char *const qn[3] = { "mlp.experts.%d.gate_proj.weight", "mlp.experts.%d.up_proj.weight", "mlp.experts.%d.down_proj.weight" };
     static const char *const mn[3] = { "block_sparse_moe.experts.%d.w1.weight", "block_sparse_moe.experts.%d.w3.weight",
                                        "block_sparse_moe.experts.%d.w2.weight" };
-    (void)hf;
     for (int e = 0; e < c->n_expert; e++) {
         mdl_tensor *dst[3] = { &ly->exp_gate[e], &ly->exp_up[e], &ly->exp_down[e] };
         for (int i = 0; i < 3; i++) {
             char part[96];
             snprintf(part, sizeof part, mix ? mn[i] : qn[i], e);
-            snprintf(tn, sizeof tn, "model.layers.%d.%s", l, part);
+            snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, part);
             if ((rc = mdl__st_take(m, path, tn, dst[i], 1, MDL__ST_AS_STORED, err, errlen))) return rc;
         }
     }
     return 0;
 }
 
-int mdl__hf_tensors(mdl_model *m, const char *path, const mdl__hf *hf, char *err, size_t errlen) {
+int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size_t errlen) {
     mdl_config *c = &m->cfg;
     int rc;
     const int norm = hf->norm_plus_one ? MDL__ST_TO_F32_PLUS1 : MDL__ST_TO_F32;
-    if ((rc = mdl__st_take(m, path, "model.embed_tokens.weight", &m->tok_embd, 1, MDL__ST_AS_STORED, err, errlen)) ||
-        (rc = mdl__st_take(m, path, "model.norm.weight", &m->out_norm, 1, norm, err, errlen)))
-        return rc;
-    int has_head = mdl__st_has(m, "lm_head.weight");
+    /* where the language model's tensors are: "model." (a causal LM), or inside a vision
+     * model: "language_model.model." (transformers 4.x files) or "model.language_model."
+     * (transformers 5), whose vision tower and projector are not loaded */
+    const char *head = "lm_head.weight";
+    snprintf(hf->prefix, sizeof hf->prefix, "model.");
+    if (hf->vision) {
+        if (mdl__st_has(m, "language_model.model.embed_tokens.weight")) {
+            snprintf(hf->prefix, sizeof hf->prefix, "language_model.model.");
+            head = "language_model.lm_head.weight";
+        } else {
+            snprintf(hf->prefix, sizeof hf->prefix, "model.language_model.");
+        }
+        static const char *const vision[] = { "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector." };
+        for (size_t i = 0; i < sizeof vision / sizeof *vision; i++) mdl__st_skip_prefix(m, vision[i]);
+    }
+    char tn[160];
+    snprintf(tn, sizeof tn, "%sembed_tokens.weight", hf->prefix);
+    if ((rc = mdl__st_take(m, path, tn, &m->tok_embd, 1, MDL__ST_AS_STORED, err, errlen))) return rc;
+    snprintf(tn, sizeof tn, "%snorm.weight", hf->prefix);
+    if ((rc = mdl__st_take(m, path, tn, &m->out_norm, 1, norm, err, errlen))) return rc;
+    int has_head = mdl__st_has(m, head);
     int tied = hf->tied >= 0 ? hf->tied : has_head ? hf->tied_default : 1;
     if (tied) {
         m->output = m->tok_embd;
         c->tied_output = 1;
-        if (has_head) mdl__st_skip(m, "lm_head.weight"); /* transformers ties it to the embeddings */
-    } else if ((rc = mdl__st_take(m, path, "lm_head.weight", &m->output, 1, MDL__ST_AS_STORED, err, errlen))) {
+        if (has_head) mdl__st_skip(m, head); /* transformers ties it to the embeddings */
+    } else if ((rc = mdl__st_take(m, path, head, &m->output, 1, MDL__ST_AS_STORED, err, errlen))) {
         if (rc == CM_ENOTFOUND) {
             size_t l = strlen(err);
             snprintf(err + l, errlen - l, " (config.json sets tie_word_embeddings false)");
@@ -699,11 +772,10 @@ int mdl__hf_tensors(mdl_model *m, const char *path, const mdl__hf *hf, char *err
         return rc;
     }
     const int gemma = c->arch == MDL_ARCH_GEMMA2 || c->arch == MDL_ARCH_GEMMA3, phi3 = c->arch == MDL_ARCH_PHI3;
-    char tn[160];
     for (int l = 0; l < c->n_layer; l++) {
         mdl_layer *ly = &m->layers[l];
 #define TAKE(suffix, t, req, conv)                                                                       \
-        (snprintf(tn, sizeof tn, "model.layers.%d.%s", l, (suffix)), mdl__st_take(m, path, tn, (t), (req), (conv), err, errlen))
+        (snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, (suffix)), mdl__st_take(m, path, tn, (t), (req), (conv), err, errlen))
         if ((rc = TAKE("input_layernorm.weight", &ly->attn_norm, 1, norm)) ||
             (rc = TAKE("self_attn.o_proj.weight", &ly->wo, 1, MDL__ST_AS_STORED)))
             return rc;
@@ -735,7 +807,7 @@ int mdl__hf_tensors(mdl_model *m, const char *path, const mdl__hf *hf, char *err
         static const char *const bias[3] = { "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias" };
         mdl_tensor *bt[3] = { &ly->bq, &ly->bk, &ly->bv };
         for (int i = 0; i < 3; i++) {
-            snprintf(tn, sizeof tn, "model.layers.%d.%s", l, bias[i]);
+            snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, bias[i]);
             if (l == 0 && i == 0) c->has_qkv_bias = c->arch == MDL_ARCH_QWEN2 && mdl__st_has(m, tn);
             if (c->has_qkv_bias && (rc = mdl__st_take(m, path, tn, bt[i], 1, MDL__ST_TO_F32, err, errlen))) return rc;
         }

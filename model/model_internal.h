@@ -39,8 +39,10 @@ enum { MDL__ST_AS_STORED = 0, MDL__ST_TO_F32, MDL__ST_TO_F32_PLUS1 };
 int  mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
                   size_t errlen);
 int  mdl__st_has(const mdl_model *m, const char *name);
-/* Marks a tensor used without reading it (an lm_head transformers ties away). */
+/* Marks a tensor used without reading it (an lm_head transformers ties away), or every tensor
+ * whose name starts with prefix (a vision tower the engine does not load). */
 void mdl__st_skip(mdl_model *m, const char *name);
+void mdl__st_skip_prefix(mdl_model *m, const char *prefix);
 
 /* ---- model_hf.c: config.json and the HF tensor names --------------------------------------- */
 typedef struct mdl__hf {
@@ -48,11 +50,13 @@ typedef struct mdl__hf {
     int      tied;            /* tie_word_embeddings: 1 / 0, -1 when absent */
     int      tied_default;    /* transformers' default for the model type */
     uint8_t *sparse;          /* [n_layer] 1: a mixture-of-experts layer (owned by the model) */
+    int      vision;          /* a vision + text checkpoint: the text model is loaded */
+    char     prefix[32];      /* the language model's tensor names start with it ("model.") */
 } mdl__hf;
 /* Parses cfg_path into m->cfg, allocates m->layers (with their sliding flags); dir is the
  * model's directory (sentence-transformers pooling files). */
 int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf *hf, char *err, size_t errlen);
 /* Maps the checkpoint's tensors into m's tensors. */
-int mdl__hf_tensors(mdl_model *m, const char *path, const mdl__hf *hf, char *err, size_t errlen);
+int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size_t errlen);
 
 #endif

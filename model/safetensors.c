@@ -526,6 +526,13 @@ void mdl__st_skip(mdl_model *m, const char *name) {
     if (e) e->used = 1;
 }
 
+void mdl__st_skip_prefix(mdl_model *m, const char *prefix) {
+    st_state *st = m->st;
+    size_t n = strlen(prefix);
+    for (size_t i = 0; i < st->n_entries; i++)
+        if (!strncmp(st->entries[i].name, prefix, n)) st->entries[i].used = 1;
+}
+
 int mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
                  size_t errlen) {
     st_state *st = m->st;

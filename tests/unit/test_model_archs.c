@@ -351,6 +351,10 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+/* Where the language model's tensors are: "model." for a causal LM; a vision + text gemma3
+ * checkpoint of transformers 4.x has them under "language_model.model." */
+static const char *hf_prefix = "model.";
+
 /* The HF directory: tensors with HF names (per_expert: one tensor per expert, else
  * transformers 5's fused experts). */
 static void write_hf(const rmodel *m, const char *dir, const char *config, const char *dtype, int per_expert) {
@@ -362,12 +366,14 @@ static void write_hf(const rmodel *m, const char *dir, const char *config, const
     const int gemma = m->arch == MDL_ARCH_GEMMA2 || m->arch == MDL_ARCH_GEMMA3, phi3 = m->arch == MDL_ARCH_PHI3;
     const int mix = m->arch == MDL_ARCH_MIXTRAL;
     const double nplus = gemma ? -1.0 : 0.0;
-    st_add("model.embed_tokens.weight", dtype, 2, m->V, E, 0, m->embd, 0);
-    st_add("model.norm.weight", dtype, 1, E, 0, 0, m->out_norm, nplus);
+    snprintf(nm, sizeof nm, "%sembed_tokens.weight", hf_prefix);
+    st_add(nm, dtype, 2, m->V, E, 0, m->embd, 0);
+    snprintf(nm, sizeof nm, "%snorm.weight", hf_prefix);
+    st_add(nm, dtype, 1, E, 0, 0, m->out_norm, nplus);
     if (!m->tied) st_add("lm_head.weight", dtype, 2, m->V, E, 0, m->output, 0);
     for (int l = 0; l < m->L; l++) {
         const rlayer *y = &m->ly[l];
-#define ADD(suffix, rank, a, b, c, v, plus) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), st_add(nm, dtype, rank, a, b, c, v, plus))
+#define ADD(suffix, rank, a, b, c, v, plus) (snprintf(nm, sizeof nm, "%slayers.%d.%s", hf_prefix, l, suffix), st_add(nm, dtype, rank, a, b, c, v, plus))
         ADD("input_layernorm.weight", 1, E, 0, 0, y->attn_norm, nplus);
         if (phi3) {
             double *qkv = malloc(sizeof(double) * (size_t)((QD + 2 * KD) * E));
@@ -820,6 +826,24 @@ static void test_gemma3(void) {
     gguf_w_set_str(w, "gemma3.rope.scaling.type", "linear");
     gguf_w_set_f32(w, "gemma3.rope.scaling.factor", 2.0f);
     check_both(&m, "gemma3", cfg, "F32", 1, w, 1e-4);
+
+    /* a vision + text checkpoint (transformers 4.x): the text model from a text_config that
+     * leaves out what Gemma3TextConfig defaults (rope bases, the 5:1 pattern, the activation,
+     * epsilon), tensors under language_model.model., a vision tower that is not loaded */
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"boi_token_index\":255999,\"eoi_token_index\":256000,"
+             "\"image_token_index\":262144,\"initializer_range\":0.02,\"mm_tokens_per_image\":256,\"model_type\":\"gemma3\","
+             "\"text_config\":{\"head_dim\":8,\"hidden_size\":32,\"intermediate_size\":48,\"max_position_embeddings\":64,"
+             "\"model_type\":\"gemma3_text\",\"num_attention_heads\":4,\"num_hidden_layers\":6,\"num_key_value_heads\":2,"
+             "\"query_pre_attn_scalar\":8,\"rope_scaling\":{\"factor\":2.0,\"rope_type\":\"linear\"},\"sliding_window\":4,"
+             "\"vocab_size\":64},\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.50.0.dev0\","
+             "\"vision_config\":{\"hidden_size\":16,\"image_size\":896,\"model_type\":\"siglip_vision_model\"}}");
+    double vt[16] = { 0 };
+    st_add("vision_tower.vision_model.post_layernorm.weight", "F32", 1, 16, 0, 0, vt, 1);
+    st_add("multi_modal_projector.mm_input_projection_weight", "F32", 2, 16, 1, 0, vt, 0);
+    hf_prefix = "language_model.model.";
+    check_both(&m, "gemma3-vision", cfg, "F32", 1, NULL, 1e-4);
+    hf_prefix = "model.";
 }
 
 static void test_phi3(void) {
