@@ -28,7 +28,9 @@
 
 typedef struct ex_backend_opts {
     ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate, exactly;
-                      * 0: the backend sizes the pool from its device memory (cuda only, below) */
+                      * 0: the backend sizes the pool from its device memory (cuda only, below);
+                      * lim.n_kv_blocks_swa blocks more for the sliding-window layers, when the
+                      * model has some (their own block ids: batch->block_tables_swa) */
     int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
     int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
