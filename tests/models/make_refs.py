@@ -10,10 +10,12 @@ the CPU in float32):
 
 OUTDIR/<name>/ gets, per model:
     config.json          transformers' own (model.config.save_pretrained)
-    model.safetensors    the weights with transformers' tensor names (written from the model's
+    model.safetensors    the weights (F16, which holds the drawn values exactly) with
+                         transformers' tensor names (written from the model's
                          state_dict; MoE experts as the running transformers version holds them,
                          except qwen3moe-mixed, written with the per-expert names of Hub files)
-    model.gguf           the same weights, F32, with llama.cpp's tensor names and metadata
+    model.gguf           the same weights (matrices F16, vectors F32) with llama.cpp's tensor names
+                         and metadata
                          (Q/K rows permuted for llama-arch files, gemma norms stored as 1 + w,
                          3-D expert tensors, phi3's fused tensors)
     ids.txt              the token ids the logits are for
@@ -54,7 +56,7 @@ import torch
 import transformers
 
 SEQ = 24           # tokens per reference sequence (phi3-long: 40)
-VOCAB = 256
+VOCAB = 128
 MIN_LOGIT_GAP = 2e-3   # relative to the row's logit spread
 MIN_ROUTER_GAP = 1e-4  # between the k-th and (k+1)-th router probability
 
@@ -62,7 +64,7 @@ MIN_ROUTER_GAP = 1e-4  # between the k-th and (k+1)-th router probability
 # ---- the models ------------------------------------------------------------------------------
 
 def common(**kw):
-    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, attn_implementation="eager")
     base.update(kw)
     return base
@@ -137,7 +139,8 @@ def make_config(cfg_cls_name, kw):
 # ---- weights -------------------------------------------------------------------------------
 
 def randomize(model, gen):
-    """Weights of order 1 / sqrt(fan_in), norms around their neutral value, biases small."""
+    """Weights of order 1 / sqrt(fan_in), norms around their neutral value, biases small; every
+    value one a float16 holds exactly, so the files store them in half precision losslessly."""
     gemma = "gemma" in model.config.model_type
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -153,6 +156,7 @@ def randomize(model, gen):
                 fan_in = p.shape[-1]
                 scale = (2.0 if (name.endswith("gate.weight") and "proj" not in name) else 1.5) / math.sqrt(fan_in)
                 p.copy_(scale * torch.randn(p.shape, generator=gen))
+            p.copy_(p.half().float())
 
 
 def layers(model):
@@ -274,20 +278,22 @@ def hf_tensors(model, per_expert):
     for name, t in sd.items():
         if name in skip or (tied and name == "lm_head.weight"):
             continue
-        out.append((name, t))
+        out.append((name, t.half()))  # exact: randomize() drew half-precision values
     if per_expert:
         for li, layer in enumerate(layers(model)):
             moe = moe_block(layer)
             if moe is None or not hasattr(moe.experts, "gate_up_proj"):
                 continue
             for e, (g, u, d) in enumerate(experts_of(moe)):
-                out += [(f"model.layers.{li}.mlp.experts.{e}.gate_proj.weight", g), (f"model.layers.{li}.mlp.experts.{e}.up_proj.weight", u),
-                        (f"model.layers.{li}.mlp.experts.{e}.down_proj.weight", d)]
+                out += [(f"model.layers.{li}.mlp.experts.{e}.gate_proj.weight", g.half()),
+                        (f"model.layers.{li}.mlp.experts.{e}.up_proj.weight", u.half()),
+                        (f"model.layers.{li}.mlp.experts.{e}.down_proj.weight", d.half())]
     return out
 
 
 class Gguf:
-    """GGUF v3 writer: metadata, F32 tensors, alignment 32."""
+    """GGUF v3 writer: metadata, tensors (matrices F16, vectors F32 as llama.cpp's converter
+    writes them), alignment 32."""
     U32, F32, BOOL, STR, ARR = 4, 6, 7, 8, 9
 
     def __init__(self):
@@ -305,7 +311,9 @@ class Gguf:
 
     def tensor(self, name, t):
         t = t.detach().float().contiguous().cpu()
-        self.tensors.append((name, list(reversed(t.shape)), t.numpy().tobytes()))
+        half = t.dim() >= 2
+        raw = (t.half() if half else t).numpy().tobytes()
+        self.tensors.append((name, list(reversed(t.shape)), raw, 1 if half else 0))
 
     def write(self, path):
         with open(path, "wb") as f:
@@ -313,12 +321,12 @@ class Gguf:
             for k, ty, val in self.kv:
                 f.write(self._s(k) + struct.pack("<I", ty) + val)
             off = 0
-            for name, ne, raw in self.tensors:
+            for name, ne, raw, ty in self.tensors:
                 f.write(self._s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne))
-                f.write(struct.pack("<IQ", 0, off))
+                f.write(struct.pack("<IQ", ty, off))  # 0 F32, 1 F16
                 off += len(raw) + (-len(raw) % 32)
             f.write(b"\0" * (-f.tell() % 32))
-            for _, _, raw in self.tensors:
+            for _, _, raw, _ in self.tensors:
                 f.write(raw + b"\0" * (-len(raw) % 32))
 
 
