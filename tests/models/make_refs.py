@@ -129,11 +129,14 @@ def make_config(cfg_cls_name, kw):
     kw = dict(kw)
     # transformers 5 takes rope_parameters; 4.x rope_scaling + rope_theta. Give what the class takes.
     try:
-        return cls(**kw)
+        config = cls(**kw)
     except TypeError:
         rp = dict(kw.pop("rope_scaling", None) or {"rope_type": "default"})
         rp["rope_theta"] = kw.pop("rope_theta", 10000.0)
-        return cls(rope_parameters=rp, **kw)
+        config = cls(rope_parameters=rp, **kw)
+    if hasattr(config, "_experts_implementation"):
+        config._experts_implementation = "eager"  # transformers 5: the plain per-expert loop on the CPU
+    return config
 
 
 # ---- weights -------------------------------------------------------------------------------
