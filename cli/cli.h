@@ -17,6 +17,7 @@ CLI_CMD(cli_bench);
 CLI_CMD(cli_serve);
 CLI_CMD(cli_executor);
 CLI_CMD(cli_keys);
+CLI_CMD(cli_perplexity);
 
 /* Range checks of the cuda engine options that generate, serve and executor take
  * (--gpu-memory-fraction in (0, 1], --cuda-graph-budget-s >= 0): prints "arka CMD: ..." naming

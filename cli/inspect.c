@@ -4,6 +4,7 @@
 #include "model/dtype.h"
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,12 +76,41 @@ int cli_inspect(int argc, char **argv) {
     printf("context (trained): %d\n", c->n_ctx_train);
     printf("rms eps: %g\n", c->norm_eps);
     printf("rope: dim %d, base %g, layout %s, scaling %s", c->rope_dim, c->rope_base,
-           c->rope_layout == MDL_ROPE_ADJACENT ? "adjacent-pairs" : "half-split",
-           c->rope_scaling == MDL_ROPE_SCALING_NONE ? "none" : c->rope_scaling == MDL_ROPE_SCALING_LINEAR ? "linear" : "llama3");
+           c->rope_layout == MDL_ROPE_ADJACENT ? "adjacent-pairs" : "half-split", mdl_rope_scaling_name(c->rope_scaling));
     if (c->rope_scaling) printf(" factor %g", c->rope_factor);
+    if (c->rope_scaling == MDL_ROPE_SCALING_LLAMA3)
+        printf(" low %g high %g original context %d", c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_ctx);
+    if (c->rope_scaling == MDL_ROPE_SCALING_YARN)
+        printf(" beta fast %g slow %g original context %d", c->rope_beta_fast, c->rope_beta_slow, c->rope_orig_ctx);
+    if (c->rope_scaling == MDL_ROPE_SCALING_LONGROPE) printf(" original context %d (long/short factors per pair)", c->rope_orig_ctx);
+    if (c->rope_attn_factor != 1.0f) printf(", attention factor %g", c->rope_attn_factor);
+    if (c->rope_swa_own) printf("; sliding layers: base %g, unscaled", c->rope_base_swa);
     printf("\n");
     printf("qkv bias: %s\n", c->has_qkv_bias ? "yes" : "no");
+    printf("qk norm: %s\n", c->has_qk_norm ? "yes" : "no");
+    printf("post norms: %s\n", c->has_post_norms ? "yes" : "no");
+    printf("mlp: %s%s\n", c->ffn_act == MDL_ACT_GELU_TANH ? "geglu (tanh gelu)" : "swiglu", c->n_expert ? ", mixture of experts" : "");
+    if (c->n_expert) {
+        int sparse = 0;
+        for (int l = 0; l < c->n_layer; l++) sparse += m->layers[l].ffn_gate_inp.data != NULL;
+        printf("experts: %d, %d per token, expert ffn %d, weights %s, %d of %d layers sparse\n", c->n_expert, c->n_expert_used, c->n_ff_exp,
+               c->expert_norm ? "renormalised" : "as routed", sparse, c->n_layer);
+    }
+    if (c->n_layer_swa) {
+        printf("sliding window: %d positions on %d of %d layers (", c->n_swa, c->n_layer_swa, c->n_layer);
+        for (int l = 0; l < c->n_layer; l++) putchar(m->layers[l].swa ? 'S' : 'F');
+        printf(")\n");
+    } else {
+        printf("sliding window: none\n");
+    }
+    printf("attention scale: %g%s\n", c->attn_scale, fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f ? "" : " (1/sqrt(head dim))");
+    if (c->attn_softcap > 0 || c->final_softcap > 0) printf("soft-cap: attention %g, logits %g\n", c->attn_softcap, c->final_softcap);
+    if (c->embd_scale != 1.0f) printf("embedding scale: %g\n", c->embd_scale);
+    if (c->pooling) printf("embeddings: %s pooling%s\n", mdl_pooling_name(c->pooling), c->embd_normalize ? ", L2-normalised" : "");
     printf("output: %s\n", c->tied_output ? "tied to token_embd" : "separate");
+    char feats[256];
+    unsigned f = mdl_features(c);
+    printf("features beyond llama: %s\n", f ? mdl_features_str(f, feats, sizeof feats) : "none");
 
     /* Tensor summary by type: from the GGUF tensor table, or from the model description. */
     uint64_t count[DT_COUNT] = { 0 }, bytes[DT_COUNT] = { 0 }, total = 0, n = 0;
@@ -102,11 +132,15 @@ int cli_inspect(int argc, char **argv) {
             const mdl_layer *ly = l >= 0 ? &m->layers[l] : NULL;
             const mdl_tensor *lt[] = { ly ? &ly->attn_norm : NULL, ly ? &ly->wq : NULL, ly ? &ly->wk : NULL, ly ? &ly->wv : NULL,
                                        ly ? &ly->wo : NULL, ly ? &ly->bq : NULL, ly ? &ly->bk : NULL, ly ? &ly->bv : NULL,
-                                       ly ? &ly->ffn_norm : NULL, ly ? &ly->w_gate : NULL, ly ? &ly->w_up : NULL, ly ? &ly->w_down : NULL };
+                                       ly ? &ly->ffn_norm : NULL, ly ? &ly->w_gate : NULL, ly ? &ly->w_up : NULL, ly ? &ly->w_down : NULL,
+                                       ly ? &ly->attn_q_norm : NULL, ly ? &ly->attn_k_norm : NULL, ly ? &ly->attn_post_norm : NULL,
+                                       ly ? &ly->ffn_post_norm : NULL, ly ? &ly->ffn_gate_inp : NULL };
             const mdl_tensor *const *set = l < 0 ? top : lt;
             size_t cnt = l < 0 ? sizeof top / sizeof *top : sizeof lt / sizeof *lt;
-            for (size_t i = 0; i < cnt; i++) {
-                const mdl_tensor *t = set[i];
+            int n_exp = ly && ly->ffn_gate_inp.data ? c->n_expert : 0;
+            for (size_t i = 0; i < cnt + 3 * (size_t)n_exp; i++) {
+                const mdl_tensor *t = i < cnt ? set[i] : (i - cnt) % 3 == 0 ? &ly->exp_gate[(i - cnt) / 3]
+                                                      : (i - cnt) % 3 == 1 ? &ly->exp_up[(i - cnt) / 3] : &ly->exp_down[(i - cnt) / 3];
                 if (!t || !t->data || t->type < 0 || t->type >= DT_COUNT) continue;
                 count[t->type]++;
                 bytes[t->type] += t->nbytes;
@@ -121,7 +155,9 @@ int cli_inspect(int argc, char **argv) {
     printf("tensors: %llu, %.2f MiB\n", (unsigned long long)n, total / 1048576.0);
     for (int t = 0; t < DT_COUNT; t++)
         if (count[t]) printf("  %-5s %5llu tensors %10.2f MiB\n", dt_name(t), (unsigned long long)count[t], bytes[t] / 1048576.0);
-    printf("weights read per token: %.2f MiB\n", m->weight_bytes / 1048576.0);
+    printf("weights read per token: %.2f MiB", m->active_bytes / 1048576.0);
+    if (m->active_bytes != m->weight_bytes) printf(" (of %.2f MiB: the experts a token does not use are skipped)", m->weight_bytes / 1048576.0);
+    printf("\n");
     if (m->gguf) {
         print_tokenizer(m->gguf);
         if (verbose)

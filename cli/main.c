@@ -13,6 +13,7 @@ static command commands[] = {
     { "inspect",  NULL, "print a model file's architecture, tensors and tokenizer" },
     { "tokenize", NULL, "print the token ids of a text" },
     { "mkmodel",  NULL, "write a random-weight GGUF at a standard shape" },
+    { "perplexity", NULL, "perplexity of a model over a text; save or compare logits (KL divergence)" },
     { "pull",     NULL, "download a model file" },
     { "bench",    NULL, "benchmarks (kernels, decode, serving load)" },
     { "keys",     NULL, "manage API keys" },
@@ -30,7 +31,7 @@ static void bind(void) {
     const struct { const char *name; cmd_fn fn; } fns[] = {
         { "serve", cli_serve }, { "generate", cli_generate }, { "inspect", cli_inspect }, { "tokenize", cli_tokenize },
         { "mkmodel", cli_mkmodel }, { "pull", cli_pull }, { "bench", cli_bench }, { "keys", cli_keys },
-        { "executor", cli_executor },
+        { "executor", cli_executor }, { "perplexity", cli_perplexity },
     };
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         for (size_t j = 0; j < sizeof fns / sizeof *fns; j++)

@@ -1,4 +1,6 @@
-/* arka mkmodel SHAPE OUT.gguf: a random-weight Llama-family GGUF at a standard shape.
+/* arka mkmodel SHAPE OUT.gguf: a random-weight GGUF at a standard model's shape: llama-arch
+ * (Llama, TinyLlama, Mixtral's experts), qwen3, qwen3moe, gemma2, gemma3 and phi3, with
+ * llama.cpp's tensor names and keys (so llama.cpp can run the same file).
  *
  * Weights come from a counter-based PRNG keyed by (seed, tensor, row), so the file is the same
  * whatever the thread count. Rows are generated and quantized in parallel in bounded chunks and
@@ -28,18 +30,33 @@
 
 typedef struct {
     const char *name;
-    int         dim, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    const char *arch;          /* GGUF architecture: llama, qwen3, qwen3moe, gemma2, gemma3, phi3 */
+    int         dim, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx;
     float       rope_base;
+    int         n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
+    int         swa;           /* sliding window (gemma: on the architecture's layers; phi3: all) */
     const char *about;
 } shape;
 
-/* Every row length (dim, n_head*head_dim, n_ff) is a multiple of 256, so all types fit. */
+/* Every row length (dim, n_head*head_dim, n_ff, n_ff_exp) is a multiple of 256, so all types fit. */
 static const shape shapes[] = {
-    { "tiny",           256,  2,  4,  2,  512,   32000,  2048, 10000.f,  "tests: 2 layers, ~17M params (mostly embeddings)" },
-    { "small",          768,  12, 12, 4,  2048,  32000,  2048, 10000.f,  "~125M params, llama-like" },
-    { "tinyllama-1.1b", 2048, 22, 32, 4,  5632,  32000,  2048, 10000.f,  "TinyLlama 1.1B" },
-    { "llama2-7b",      4096, 32, 32, 32, 11008, 32000,  4096, 10000.f,  "Llama 2 7B" },
-    { "llama3-8b",      4096, 32, 32, 8,  14336, 128256, 8192, 500000.f, "Llama 3 8B (vocab padded)" },
+    { "tiny",           "llama", 256,  2,  4,  2,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 0, "tests: 2 layers, ~17M params (mostly embeddings)" },
+    { "small",          "llama", 768,  12, 12, 4,  64,  2048,  32000,  2048,  10000.f,  0, 0, 0, 0, "~125M params, llama-like" },
+    { "tinyllama-1.1b", "llama", 2048, 22, 32, 4,  64,  5632,  32000,  2048,  10000.f,  0, 0, 0, 0, "TinyLlama 1.1B" },
+    { "llama2-7b",      "llama", 4096, 32, 32, 32, 128, 11008, 32000,  4096,  10000.f,  0, 0, 0, 0, "Llama 2 7B" },
+    { "llama3-8b",      "llama", 4096, 32, 32, 8,  128, 14336, 128256, 8192,  500000.f, 0, 0, 0, 0, "Llama 3 8B (vocab padded)" },
+    { "mixtral-8x7b",   "llama", 4096, 32, 32, 8,  128, 14336, 32000,  32768, 1e6f,     8, 2, 14336, 0, "Mixtral 8x7B (llama arch with experts)" },
+    { "qwen3-8b",       "qwen3", 4096, 36, 32, 8,  128, 12288, 151936, 40960, 1e6f,     0, 0, 0, 0, "Qwen3 8B (vocab padded)" },
+    { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f,  128, 8, 768, 0, "Qwen3 30B-A3B: 128 experts, 8 per token" },
+    { "gemma2-9b",      "gemma2", 3584, 42, 16, 8, 256, 14336, 256000, 8192,  10000.f,  0, 0, 0, 4096, "Gemma 2 9B (vocab padded)" },
+    { "gemma3-12b",     "gemma3", 3840, 48, 16, 8, 256, 15360, 262208, 131072, 1e6f,    0, 0, 0, 1024, "Gemma 3 12B text (vocab padded)" },
+    { "phi3-mini",      "phi3",  3072, 32, 32, 32, 96,  8192,  32064,  4096,  10000.f,  0, 0, 0, 2047, "Phi-3 mini 4k (fused QKV, gate|up)" },
+    { "qwen3-tiny",     "qwen3", 256,  2,  4,  2,  128, 512,   32000,  2048,  1e6f,     0, 0, 0, 0, "tests: qwen3, head_dim 128 apart from 256/4" },
+    { "qwen3moe-tiny",  "qwen3moe", 256, 2, 4,  2,  64,  512,   32000,  2048,  1e6f,     8, 2, 256, 0, "tests: qwen3moe, 8 experts, 2 per token" },
+    { "mixtral-tiny",   "llama", 256,  2,  4,  2,  64,  512,   32000,  2048,  1e6f,     4, 2, 512, 0, "tests: llama arch with 4 experts" },
+    { "gemma2-tiny",    "gemma2", 256, 2,  4,  2,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 64, "tests: gemma2, 64-token window on layer 0" },
+    { "gemma3-tiny",    "gemma3", 256, 6,  4,  2,  64,  512,   32000,  2048,  1e6f,     0, 0, 0, 64, "tests: gemma3, 64-token windows on 5 of 6 layers" },
+    { "phi3-tiny",      "phi3",  256,  2,  4,  4,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 128, "tests: phi3, 128-token window" },
 };
 
 /* ggml's llama_ftype for a file whose weight matrices are all of one type. */
@@ -66,7 +83,7 @@ typedef struct {
     char    name[64];
     int     type;
     int     n_dims;
-    int64_t ne[2];
+    int64_t ne[3];
     int     init; /* enum init_kind */
     float   std;
 } tplan;
@@ -143,7 +160,7 @@ static void progress_show(progress *p, int final) {
 static int write_tensor(gguf_writer *w, const tplan *t, int t_index, uint64_t seed, int n_threads, uint8_t *out,
                         float *scratch, progress *prog) {
     size_t rs = dt_row_size(t->type, t->ne[0]);
-    int64_t rows = t->ne[1], chunk_rows = CHUNK_BYTES / rs;
+    int64_t rows = t->ne[1] * t->ne[2], chunk_rows = CHUNK_BYTES / rs;
     if (chunk_rows < 1) chunk_rows = 1;
     for (int64_t c0 = 0; c0 < rows; c0 += chunk_rows) {
         int64_t c1 = c0 + chunk_rows < rows ? c0 + chunk_rows : rows, n = c1 - c0;
@@ -247,8 +264,9 @@ static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, 
 static void usage(const cm_opt *opts, FILE *f) {
     fprintf(f, "usage: arka mkmodel SHAPE OUT.gguf [--type T] [--vocab VOCAB.gguf|none] [--vocab-size N] [--seed N] [--threads N]\n\nshapes:\n");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        fprintf(f, "  %-15s dim %4d, %2d layers, %2d heads, %2d kv heads, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].dim,
-                shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
+        fprintf(f, "  %-15s %-8s dim %4d, %2d layers, %2d/%2d heads of %3d, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].arch,
+                shapes[i].dim, shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].head_dim,
+                shapes[i].n_expert ? shapes[i].n_ff_exp : shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
     fprintf(f, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n"
                "default vocab: ROOT/" DEFAULT_VOCAB ", ROOT = $ARKA_ROOT or two levels above the binary (build/bin/arka)\n\noptions:\n");
     cm_config_usage(opts, f);
@@ -284,71 +302,110 @@ static int default_vocab(char *buf, size_t n) {
     return 0;
 }
 
-static void plan_add(tplan *p, int *k, const char *name, int type, int64_t ne0, int64_t ne1, int init, float std) {
+static void plan_add(tplan *p, int *k, const char *name, int type, int64_t ne0, int64_t ne1, int64_t ne2, int init, float std) {
     tplan *t = &p[(*k)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->type = type;
-    t->n_dims = ne1 > 1 || init != INIT_NORM ? 2 : 1;
+    t->n_dims = ne2 > 1 ? 3 : ne1 > 1 || init != INIT_NORM ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
+    t->ne[2] = ne2;
     t->init = init;
     t->std = std;
 }
 
-/* Tensor list in llama.cpp's order. Matrices: std 1/sqrt(fan_in) keeps each projection's output
- * at the scale of its (RMS-normalized) input; embeddings 0.02; norms 1 +- 0.02. */
+/* Tensor list in llama.cpp's order and names. Matrices: std 1/sqrt(fan_in) keeps each
+ * projection's output at the scale of its (RMS-normalized) input; embeddings 0.02; norms
+ * 1 +- 0.02 (gemma's GGUF norms hold 1 + w too); routers F32 like llama.cpp's quantizer
+ * leaves them. */
 static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
-    int n = 3 + 9 * s->n_layer, k = 0, hd = s->dim / s->n_head;
+    const int gemma = !strcmp(s->arch, "gemma2") || !strcmp(s->arch, "gemma3"), phi3 = !strcmp(s->arch, "phi3");
+    const int qk_norm = !strcmp(s->arch, "qwen3") || !strcmp(s->arch, "qwen3moe") || !strcmp(s->arch, "gemma3");
+    const int moe = s->n_expert > 0;
+    int n = 3 + 16 * s->n_layer, k = 0, hd = s->head_dim;
     tplan *p = calloc((size_t)n, sizeof *p);
     if (!p) return CM_ENOMEM;
-    const float sd_in = 1.0f / sqrtf((float)s->dim), sd_o = 1.0f / sqrtf((float)(s->n_head * hd)),
-                sd_ff = 1.0f / sqrtf((float)s->n_ff);
+    const int64_t qd = (int64_t)s->n_head * hd, kvd = (int64_t)s->n_head_kv * hd;
+    const float sd_in = 1.0f / sqrtf((float)s->dim), sd_o = 1.0f / sqrtf((float)qd), sd_ff = 1.0f / sqrtf((float)s->n_ff),
+                sd_fe = moe ? 1.0f / sqrtf((float)s->n_ff_exp) : 0;
     char nm[64];
-    plan_add(p, &k, "token_embd.weight", type, s->dim, s->n_vocab, INIT_EMBD, 0.02f);
+#define ADD(fmt, ty, a, b, c, init, sd) (snprintf(nm, sizeof nm, fmt, l), plan_add(p, &k, nm, ty, a, b, c, init, sd))
+    plan_add(p, &k, "token_embd.weight", type, s->dim, s->n_vocab, 1, INIT_EMBD, 0.02f);
     for (int l = 0; l < s->n_layer; l++) {
-        static const char *const fmt[] = { "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
-                                           "blk.%d.attn_v.weight", "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight",
-                                           "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight" };
-        const int64_t ne0[] = { s->dim, s->dim, s->dim, s->dim, (int64_t)s->n_head * hd, s->dim, s->dim, s->dim, s->n_ff };
-        const int64_t ne1[] = { 1, (int64_t)s->n_head * hd, (int64_t)s->n_head_kv * hd, (int64_t)s->n_head_kv * hd, s->dim, 1,
-                                s->n_ff, s->n_ff, s->dim };
-        const float sd[] = { 0.02f, sd_in, sd_in, sd_in, sd_o, 0.02f, sd_in, sd_in, sd_ff };
-        for (int i = 0; i < 9; i++) {
-            snprintf(nm, sizeof nm, fmt[i], l);
-            int norm = ne1[i] == 1;
-            plan_add(p, &k, nm, norm ? DT_F32 : type, ne0[i], ne1[i], norm ? INIT_NORM : INIT_MATRIX, sd[i]);
+        ADD("blk.%d.attn_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
+        if (phi3) {
+            ADD("blk.%d.attn_qkv.weight", type, s->dim, qd + 2 * kvd, 1, INIT_MATRIX, sd_in);
+        } else {
+            ADD("blk.%d.attn_q.weight", type, s->dim, qd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_k.weight", type, s->dim, kvd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_v.weight", type, s->dim, kvd, 1, INIT_MATRIX, sd_in);
         }
+        if (qk_norm) {
+            ADD("blk.%d.attn_q_norm.weight", DT_F32, hd, 1, 1, INIT_NORM, 0.02f);
+            ADD("blk.%d.attn_k_norm.weight", DT_F32, hd, 1, 1, INIT_NORM, 0.02f);
+        }
+        ADD("blk.%d.attn_output.weight", type, qd, s->dim, 1, INIT_MATRIX, sd_o);
+        if (gemma) ADD("blk.%d.post_attention_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
+        ADD("blk.%d.ffn_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
+        if (moe) {
+            ADD("blk.%d.ffn_gate_inp.weight", DT_F32, s->dim, s->n_expert, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_gate_exps.weight", type, s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_up_exps.weight", type, s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down_exps.weight", type, s->n_ff_exp, s->dim, s->n_expert, INIT_MATRIX, sd_fe);
+        } else if (phi3) {
+            ADD("blk.%d.ffn_up.weight", type, s->dim, 2 * (int64_t)s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down.weight", type, s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
+        } else {
+            ADD("blk.%d.ffn_gate.weight", type, s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_up.weight", type, s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down.weight", type, s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
+        }
+        if (gemma) ADD("blk.%d.post_ffw_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
     }
-    plan_add(p, &k, "output_norm.weight", DT_F32, s->dim, 1, INIT_NORM, 0.02f);
-    plan_add(p, &k, "output.weight", type, s->dim, s->n_vocab, INIT_MATRIX, sd_in);
+#undef ADD
+    plan_add(p, &k, "output_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
+    if (!gemma) plan_add(p, &k, "output.weight", type, s->dim, s->n_vocab, 1, INIT_MATRIX, sd_in); /* gemma ties it */
     *out = p;
     *n_out = k;
     return 0;
 }
 
 static int set_metadata(gguf_writer *w, const shape *s, int type) {
-    char name[96];
+    char name[96], key[128];
     snprintf(name, sizeof name, "arka-random %s %s", s->name, dt_name(type));
-    const struct { const char *key; uint32_t v; } u32s[] = {
-        { "general.alignment", GGUF_DEFAULT_ALIGNMENT },
-        { "general.file_type", (uint32_t)file_type_of(type) },
-        { "general.quantization_version", 2 },
-        { "llama.vocab_size", (uint32_t)s->n_vocab },
-        { "llama.context_length", (uint32_t)s->n_ctx },
-        { "llama.embedding_length", (uint32_t)s->dim },
-        { "llama.block_count", (uint32_t)s->n_layer },
-        { "llama.feed_forward_length", (uint32_t)s->n_ff },
-        { "llama.attention.head_count", (uint32_t)s->n_head },
-        { "llama.attention.head_count_kv", (uint32_t)s->n_head_kv },
-        { "llama.rope.dimension_count", (uint32_t)(s->dim / s->n_head) },
-    };
+    const char *a = s->arch;
+    const int gemma = !strcmp(a, "gemma2") || !strcmp(a, "gemma3");
     int rc;
-    if ((rc = gguf_w_set_str(w, "general.architecture", "llama")) || (rc = gguf_w_set_str(w, "general.name", name))) return rc;
-    for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++)
-        if ((rc = gguf_w_set_u32(w, u32s[i].key, u32s[i].v))) return rc;
-    if ((rc = gguf_w_set_f32(w, "llama.rope.freq_base", s->rope_base)) ||
-        (rc = gguf_w_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+    if ((rc = gguf_w_set_str(w, "general.architecture", a)) || (rc = gguf_w_set_str(w, "general.name", name)) ||
+        (rc = gguf_w_set_u32(w, "general.alignment", GGUF_DEFAULT_ALIGNMENT)) ||
+        (rc = gguf_w_set_u32(w, "general.file_type", (uint32_t)file_type_of(type))) ||
+        (rc = gguf_w_set_u32(w, "general.quantization_version", 2)))
         return rc;
+    const struct { const char *k; int v; } u32s[] = {
+        { "vocab_size", s->n_vocab }, { "context_length", s->n_ctx }, { "embedding_length", s->dim }, { "block_count", s->n_layer },
+        { "feed_forward_length", s->n_ff }, { "attention.head_count", s->n_head }, { "attention.head_count_kv", s->n_head_kv },
+        { "rope.dimension_count", s->head_dim }, { "attention.key_length", s->head_dim }, { "attention.value_length", s->head_dim },
+        { "expert_count", s->n_expert }, { "expert_used_count", s->n_expert_used },
+        { "expert_feed_forward_length", strcmp(a, "qwen3moe") ? 0 : s->n_ff_exp }, { "attention.sliding_window", s->swa },
+    };
+    for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++) {
+        if (!u32s[i].v) continue;
+        snprintf(key, sizeof key, "%s.%s", a, u32s[i].k);
+        if ((rc = gguf_w_set_u32(w, key, (uint32_t)u32s[i].v))) return rc;
+    }
+    float eps = !strcmp(a, "llama") || !strcmp(a, "phi3") ? 1e-5f : 1e-6f;
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    if ((rc = gguf_w_set_f32(w, key, s->rope_base))) return rc;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    if ((rc = gguf_w_set_f32(w, key, eps))) return rc;
+    if (gemma && !strcmp(a, "gemma2")) {
+        if ((rc = gguf_w_set_f32(w, "gemma2.attn_logit_softcapping", 50.0f)) || (rc = gguf_w_set_f32(w, "gemma2.final_logit_softcapping", 30.0f)))
+            return rc;
+    }
+    if (!strcmp(a, "gemma3") && s->dim >= 2560) { /* gemma 3 4B and up: global layers' positions scaled by 8 */
+        if ((rc = gguf_w_set_str(w, "gemma3.rope.scaling.type", "linear")) || (rc = gguf_w_set_f32(w, "gemma3.rope.scaling.factor", 8.0f)))
+            return rc;
+    }
     return 0;
 }
 
@@ -427,13 +484,13 @@ int cli_mkmodel(int argc, char **argv) {
     int64_t max_ne0 = 0;
     size_t max_chunk = 0;
     for (int i = 0; i < n_plan; i++) {
-        int64_t ne[2] = { plan[i].ne[0], plan[i].ne[1] };
+        int64_t ne[3] = { plan[i].ne[0], plan[i].ne[1], plan[i].ne[2] };
         if ((rc = gguf_w_add_tensor(w, plan[i].name, plan[i].type, plan[i].n_dims, ne))) {
             fprintf(stderr, "arka mkmodel: %s\n", gguf_w_errmsg(w));
             goto done;
         }
         size_t rs = dt_row_size(plan[i].type, ne[0]), rows = CHUNK_BYTES / rs ? CHUNK_BYTES / rs : 1;
-        if ((int64_t)rows > ne[1]) rows = (size_t)ne[1];
+        if ((int64_t)rows > ne[1] * ne[2]) rows = (size_t)(ne[1] * ne[2]);
         if (rows * rs > max_chunk) max_chunk = rows * rs;
         if (ne[0] > max_ne0) max_ne0 = ne[0];
     }
@@ -468,7 +525,7 @@ int cli_mkmodel(int argc, char **argv) {
         goto done;
     }
     uint64_t params = 0;
-    for (int i = 0; i < n_plan; i++) params += (uint64_t)plan[i].ne[0] * (uint64_t)plan[i].ne[1];
+    for (int i = 0; i < n_plan; i++) params += (uint64_t)plan[i].ne[0] * (uint64_t)plan[i].ne[1] * (uint64_t)plan[i].ne[2];
     fprintf(stderr, "mkmodel: wrote %s: %s, %s, %.1fM params, %.1f MiB, %d tensors, %.1f s (%d threads)\n", out_path, s->name,
             dt_name(type), params / 1e6, gguf_w_file_size(w) / 1048576.0, n_plan, cm_time_s() - prog.t0, n_threads);
     status = 0;

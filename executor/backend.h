@@ -28,7 +28,9 @@
 
 typedef struct ex_backend_opts {
     ex_limits lim;   /* sizes; lim.n_kv_blocks blocks of lim.block_size tokens to allocate, exactly;
-                      * 0: the backend sizes the pool from its device memory (cuda only, below) */
+                      * 0: the backend sizes the pool from its device memory (cuda only, below);
+                      * lim.n_kv_blocks_swa blocks more for the sliding-window layers, when the
+                      * model has some (their own block ids: batch->block_tables_swa) */
     int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
     int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
@@ -58,18 +60,32 @@ struct ex_backend {
      * samples on the host. Returns 0 or a negative CM_E* code; allocates nothing. */
     int  (*forward_sample)(ex_backend *b, const ex_batch *batch, const ex_sample_row *rows, int n_rows,
                            ex_sample_out *out);
-    /* Copies positions [0, n_tok) of physical block src into block dst, every layer (copy on
-     * write of a shared prefix block). Returns 0 or CM_EINVAL. */
+    /* Copies positions [0, n_tok) of physical block src into block dst, every full-attention
+     * layer (copy on write of a shared prefix block; block ids of the main pool). Returns 0 or
+     * CM_EINVAL. */
     int  (*kv_copy)(ex_backend *b, int32_t src, int32_t dst, int n_tok);
     /* Frees everything; accepts NULL. */
     void (*destroy)(ex_backend *b);
     void *impl;         /* the backend's state */
+    /* Blocks of the sliding-window layers' pool it allocated (lim.n_kv_blocks_swa, or sized
+     * from device memory with the main pool); 0 when the model has no such layers. A backend
+     * that does not implement sliding-window layers refuses the model at create (mdl_features). */
+    int n_kv_blocks_swa;
+    /* Optional (NULL: no embeddings): forward() that returns, instead of logits, the hidden
+     * states after the final norm of the rows the batch asks for: *hidden [n_out, n_embd],
+     * host memory owned by the backend, valid until the next call. Allocates nothing. */
+    int (*forward_hidden)(ex_backend *b, const ex_batch *batch, const float **hidden);
+    /* The model features (enum mdl_feature bits) this backend implements. The engine refuses a
+     * model needing any other, naming them, so a backend that predates a feature never runs a
+     * model wrong: one that leaves this 0 runs the Llama-2 forward pass only. */
+    unsigned features;
 };
 
 typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                                     char *err, size_t errlen);
 
-/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32.
+/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32. Every
+ * model the loader accepts runs on it (mdl_features: all).
  * Returns 0, CM_EUNSUPPORTED (architecture or a weight type without a kernel), CM_ENOMEM,
  * CM_EINVAL; writes one line into err. */
 int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,

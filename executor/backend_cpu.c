@@ -1,6 +1,14 @@
 /* backend_cpu: the reference backend. Weights are read in place from the model's mapping
- * through k_matmul (every GGUF weight type kcpu has a kernel for); the KV pool is host f32;
- * all scratch is sized at create time for the engine's limits. */
+ * through k_matmul (every GGUF weight type kcpu has a kernel for; quantized experts stay
+ * quantized); the KV pools are host f32 (one for the full-attention layers, one for the
+ * sliding-window layers); all scratch is sized at create time for the engine's limits.
+ *
+ * One layer, top to bottom (model.h lists which model uses which step):
+ *   xn = rmsnorm(x, attn_norm); q, k, v = xn Wq, Wk, Wv (+ biases); q, k = rmsnorm per head
+ *   (QK-norm); rope(q, k) with the layer's rope; store k, v; att = attention (scale, soft-cap,
+ *   window); o = att Wo (rmsnorm: post-norm); x += o
+ *   xn = rmsnorm(x, ffn_norm); m = MLP(xn) (SwiGLU / GeGLU, or the router's top-k experts'
+ *   weighted sum); (rmsnorm: post-norm); x += m */
 #include "backend.h"
 #include "../common/cm_err.h"
 #include "../kernels/cpu/attn.h"
@@ -16,10 +24,15 @@
 
 typedef struct {
     float *attn_norm, *ffn_norm; /* [n_embd] f32 copies */
+    float *q_norm, *k_norm;      /* [head_dim] or NULL */
+    float *attn_post, *ffn_post; /* [n_embd] or NULL */
     float *bq, *bk, *bv;         /* f32 copies or NULL */
     /* The file stores wq|wk|wv (and w_gate|w_up) back to back with one type: one k_matmul
      * over the concatenated rows replaces three (two), with the same per-row results. */
     int qkv_fused, gu_fused;
+    uint8_t *exp_gu_fused;       /* [n_expert] the same for each expert, or NULL (dense layer) */
+    int swa;                     /* sliding-window layer */
+    int slot;                    /* its index among the layers of its KV pool */
 } cpu_layer;
 
 typedef struct {
@@ -27,22 +40,33 @@ typedef struct {
     const mdl_model *m;
     ex_limits lim;
     k_pool *pool;
-    k_rope_params rope;
+    k_rope_params rope, rope_swa; /* full-attention layers, sliding-window layers */
     cpu_layer *ly;       /* [n_layer] */
     float *out_norm;     /* [n_embd] */
-    float *kv;           /* [n_layer][2][n_kv_blocks][block_size][n_head_kv][head_dim] */
-    size_t kv_half;      /* elements of one layer's K (or V) pool */
-    /* scratch, T = lim.max_tokens, R = lim.max_out */
+    float *kv;           /* [n_full layers][2][n_kv_blocks][block_size][n_head_kv][head_dim] */
+    float *kv_swa;       /* [n_swa layers][2][n_kv_blocks_swa][block_size][n_head_kv][head_dim] */
+    size_t kv_half, kv_half_swa; /* elements of one layer's K (or V) pool */
+    /* scratch, T = lim.max_tokens, R = lim.max_out, F = max(n_ff, n_ff_exp) */
     float *x;            /* [T, n_embd] residual stream */
     float *xn;           /* [T, n_embd] normed input / projection output */
     float *q;            /* [T, n_head * head_dim] */
     float *k, *v;        /* [T, n_head_kv * head_dim] */
     float *qkv;          /* [T, (n_head + 2 n_head_kv) * head_dim] fused projection output */
     float *att;          /* [T, n_head * head_dim] */
-    float *gu;           /* [T, 2 n_ff]: fused [gate | up] rows, or gate [T, n_ff] then up [T, n_ff] */
-    float *h;            /* [T, n_ff] silu(gate) * up */
-    float *xo;           /* [R, n_embd] rows whose logits are asked for */
+    float *gu;           /* [T, 2 F]: fused [gate | up] rows, or gate [T, F] then up [T, F] */
+    float *h;            /* [T, F] act(gate) * up */
+    float *xo;           /* [R, n_embd] rows whose logits are asked for (final-normed) */
     float *logits;       /* [R, n_vocab] */
+    /* mixture of experts, NE = n_expert, K = n_expert_used */
+    float *rlogits;      /* [T, NE] router logits */
+    int32_t *ridx;       /* [T, K] chosen experts */
+    float *rw;           /* [T, K] their weights */
+    int32_t *ecount, *estart; /* [NE] tokens per expert, first entry in elist */
+    int32_t *elist;      /* [T * K] tokens grouped by expert, in token order */
+    float *ewt;          /* [T * K] their weights */
+    float *xg;           /* [T, n_embd] one expert's gathered inputs */
+    float *eo;           /* [T, n_embd] one expert's outputs */
+    float *acc;          /* [T, n_embd] the weighted sum over experts */
 } cpu_be;
 
 static float *f32_copy(const mdl_tensor *t, int64_t n, int *rc) {
@@ -59,15 +83,20 @@ static void cpu_destroy(ex_backend *base) {
     cpu_be *b = base->impl;
     if (b->ly) {
         for (int l = 0; l < b->m->cfg.n_layer; l++) {
-            free(b->ly[l].attn_norm); free(b->ly[l].ffn_norm);
-            free(b->ly[l].bq); free(b->ly[l].bk); free(b->ly[l].bv);
+            cpu_layer *cl = &b->ly[l];
+            free(cl->attn_norm); free(cl->ffn_norm); free(cl->q_norm); free(cl->k_norm);
+            free(cl->attn_post); free(cl->ffn_post);
+            free(cl->bq); free(cl->bk); free(cl->bv);
+            free(cl->exp_gu_fused);
         }
         free(b->ly);
     }
     free(b->out_norm);
-    free(b->kv);
+    free(b->kv); free(b->kv_swa);
     free(b->x); free(b->xn); free(b->q); free(b->k); free(b->v); free(b->qkv); free(b->att);
     free(b->gu); free(b->h); free(b->xo); free(b->logits);
+    free(b->rlogits); free(b->ridx); free(b->rw); free(b->ecount); free(b->estart); free(b->elist); free(b->ewt);
+    free(b->xg); free(b->eo); free(b->acc);
     k_pool_destroy(b->pool);
     free(b);
 }
@@ -85,23 +114,81 @@ static int adjacent(const mdl_tensor *const *t, int n) {
     return 1;
 }
 
-static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logits) {
-    cpu_be *b = base->impl;
+/* h = act(gate) * up over n_tok rows of F, from gate/up weights (fused: one matmul). */
+static int gated_mlp(cpu_be *b, const mdl_tensor *wg, const mdl_tensor *wu, int fused, const float *x, int64_t T, int64_t E,
+                     int64_t F) {
+    int rc;
+    void (*act)(const float *, const float *, int64_t, float *) = b->m->cfg.ffn_act == MDL_ACT_GELU_TANH ? k_geglu : k_swiglu;
+    if (fused) {
+        if ((rc = k_matmul(b->pool, wg->data, wg->type, E, 2 * F, x, T, b->gu))) return rc;
+        for (int64_t t = 0; t < T; t++) act(b->gu + t * 2 * F, b->gu + t * 2 * F + F, F, b->h + t * F);
+    } else {
+        if ((rc = mm(b, wg, x, T, b->gu)) || (rc = mm(b, wu, x, T, b->gu + T * F))) return rc;
+        act(b->gu, b->gu + T * F, T * F, b->h);
+    }
+    return 0;
+}
+
+/* out[t] = sum over token t's top-k experts e (ascending e) of w * down_e(act(gate_e x) * up_e x).
+ * Tokens are grouped by expert, so each expert's weights are read once per step. */
+static int moe(cpu_be *b, const mdl_layer *L, const cpu_layer *cl, const float *x, int64_t T, float *out) {
+    const mdl_config *c = &b->m->cfg;
+    const int NE = c->n_expert, K = c->n_expert_used;
+    const int64_t E = c->n_embd, F = c->n_ff_exp;
+    int rc;
+    if ((rc = mm(b, &L->ffn_gate_inp, x, T, b->rlogits))) return rc;
+    memset(b->ecount, 0, sizeof(int32_t) * (size_t)NE);
+    for (int64_t t = 0; t < T; t++) {
+        k_topk_route(b->rlogits + t * NE, NE, K, c->expert_norm, b->ridx + t * K, b->rw + t * K);
+        for (int j = 0; j < K; j++) b->ecount[b->ridx[t * K + j]]++;
+    }
+    for (int e = 0, at = 0; e < NE; e++) {
+        b->estart[e] = at;
+        at += b->ecount[e];
+        b->ecount[e] = 0;
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) {
+            int e = b->ridx[t * K + j], at = b->estart[e] + b->ecount[e]++;
+            b->elist[at] = (int32_t)t;
+            b->ewt[at] = b->rw[t * K + j];
+        }
+    memset(out, 0, sizeof(float) * (size_t)(T * E));
+    for (int e = 0; e < NE; e++) {
+        int n = b->ecount[e];
+        if (!n) continue;
+        const int32_t *tok = b->elist + b->estart[e];
+        const float *wt = b->ewt + b->estart[e];
+        for (int r = 0; r < n; r++) memcpy(b->xg + (int64_t)r * E, x + (int64_t)tok[r] * E, sizeof(float) * (size_t)E);
+        if ((rc = gated_mlp(b, &L->exp_gate[e], &L->exp_up[e], cl->exp_gu_fused[e], b->xg, n, E, F)) ||
+            (rc = mm(b, &L->exp_down[e], b->h, n, b->eo)))
+            return rc;
+        for (int r = 0; r < n; r++) {
+            float *o = out + (int64_t)tok[r] * E;
+            const float *y = b->eo + (int64_t)r * E;
+            for (int64_t i = 0; i < E; i++) o[i] += wt[r] * y[i];
+        }
+    }
+    return 0;
+}
+
+/* The whole stack over the batch; leaves the final-normed rows the batch asks for in b->xo
+ * and returns their count in *n_rows. */
+static int run_layers(cpu_be *b, const ex_batch *bt, int *n_rows) {
     const mdl_model *m = b->m;
     const mdl_config *c = &m->cfg;
     const int64_t T = bt->n_tokens, E = c->n_embd, D = c->head_dim, H = c->n_head, HKV = c->n_head_kv, F = c->n_ff;
     int rc;
-    *logits = NULL;
 
-    rc = k_get_rows(m->tok_embd.data, m->tok_embd.type, E, m->tok_embd.ne[1], bt->tok, (int)T, b->x);
-    if (rc) return rc;
+    if ((rc = k_get_rows(m->tok_embd.data, m->tok_embd.type, E, m->tok_embd.ne[1], bt->tok, (int)T, b->x))) return rc;
+    if (c->embd_scale > 0 && c->embd_scale != 1.0f) k_scale(b->x, T * E, c->embd_scale);
 
     k_attn_args a = {
         .n_tok = T, .n_head = (int)H, .n_head_kv = (int)HKV, .head_dim = (int)D,
-        .block_size = b->lim.block_size, .scale = (float)(1.0 / sqrt((double)D)),
+        .block_size = b->lim.block_size, .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)D)),
+        .softcap = c->attn_softcap,
         .q = b->q, .out = b->att, .tok_pos = bt->pos, .tok_seq = bt->seq,
-        .block_tables = bt->block_tables, .bt_stride = bt->bt_stride, .n_blocks = bt->n_blocks,
-        .n_pool_blocks = b->lim.n_kv_blocks,
+        .bt_stride = bt->bt_stride, .n_blocks = bt->n_blocks,
     };
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *L = &m->layers[l];
@@ -110,8 +197,7 @@ static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logit
         k_rmsnorm(b->x, cl->attn_norm, T, E, c->norm_eps, b->xn);
         if (cl->qkv_fused) {
             const int64_t R = (H + 2 * HKV) * D;
-            rc = k_matmul(b->pool, L->wq.data, L->wq.type, E, R, b->xn, T, b->qkv);
-            if (rc) return rc;
+            if ((rc = k_matmul(b->pool, L->wq.data, L->wq.type, E, R, b->xn, T, b->qkv))) return rc;
             for (int64_t t = 0; t < T; t++) {
                 const float *r = b->qkv + t * R;
                 memcpy(b->q + t * H * D, r, sizeof(float) * (size_t)(H * D));
@@ -125,27 +211,45 @@ static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logit
         if (cl->bq) k_add_bias(b->q, cl->bq, T, H * D);
         if (cl->bk) k_add_bias(b->k, cl->bk, T, HKV * D);
         if (cl->bv) k_add_bias(b->v, cl->bv, T, HKV * D);
-        k_rope(&b->rope, b->q, T, (int)H, (int)D, bt->pos);
-        k_rope(&b->rope, b->k, T, (int)HKV, (int)D, bt->pos);
-        a.k_pool = b->kv + (size_t)l * 2 * b->kv_half;
-        a.v_pool = a.k_pool + b->kv_half;
+        if (cl->q_norm) {
+            k_rmsnorm(b->q, cl->q_norm, T * H, D, c->norm_eps, b->q);
+            k_rmsnorm(b->k, cl->k_norm, T * HKV, D, c->norm_eps, b->k);
+        }
+        const k_rope_params *rp = cl->swa ? &b->rope_swa : &b->rope;
+        k_rope(rp, b->q, T, (int)H, (int)D, bt->pos);
+        k_rope(rp, b->k, T, (int)HKV, (int)D, bt->pos);
+        if (cl->swa) {
+            a.k_pool = b->kv_swa + (size_t)cl->slot * 2 * b->kv_half_swa;
+            a.v_pool = a.k_pool + b->kv_half_swa;
+            a.block_tables = bt->block_tables_swa;
+            a.n_pool_blocks = b->lim.n_kv_blocks_swa;
+            a.window = c->n_swa;
+        } else {
+            a.k_pool = b->kv + (size_t)cl->slot * 2 * b->kv_half;
+            a.v_pool = a.k_pool + b->kv_half;
+            a.block_tables = bt->block_tables;
+            a.n_pool_blocks = b->lim.n_kv_blocks;
+            a.window = 0;
+        }
         if ((rc = k_kv_write(&a, b->k, b->v))) return rc;
         if ((rc = k_attn_paged(b->pool, &a))) return rc;
         if ((rc = mm(b, &L->wo, b->att, T, b->xn))) return rc;
+        if (cl->attn_post) k_rmsnorm(b->xn, cl->attn_post, T, E, c->norm_eps, b->xn);
         k_add(b->x, b->xn, T * E);
         /* MLP block */
         k_rmsnorm(b->x, cl->ffn_norm, T, E, c->norm_eps, b->xn);
-        if (cl->gu_fused) {
-            if ((rc = k_matmul(b->pool, L->w_gate.data, L->w_gate.type, E, 2 * F, b->xn, T, b->gu))) return rc;
-            for (int64_t t = 0; t < T; t++) k_swiglu(b->gu + t * 2 * F, b->gu + t * 2 * F + F, F, b->h + t * F);
-        } else {
-            if ((rc = mm(b, &L->w_gate, b->xn, T, b->gu)) || (rc = mm(b, &L->w_up, b->xn, T, b->gu + T * F))) return rc;
-            k_swiglu(b->gu, b->gu + T * F, T * F, b->h);
+        float *mo = b->xn;
+        if (L->ffn_gate_inp.data) {
+            if ((rc = moe(b, L, cl, b->xn, T, b->acc))) return rc;
+            mo = b->acc;
+        } else if ((rc = gated_mlp(b, &L->w_gate, &L->w_up, cl->gu_fused, b->xn, T, E, F)) ||
+                   (rc = mm(b, &L->w_down, b->h, T, b->xn))) {
+            return rc;
         }
-        if ((rc = mm(b, &L->w_down, b->h, T, b->xn))) return rc;
-        k_add(b->x, b->xn, T * E);
+        if (cl->ffn_post) k_rmsnorm(mo, cl->ffn_post, T, E, c->norm_eps, mo);
+        k_add(b->x, mo, T * E);
     }
-    /* Only the rows asked for go through the output head. */
+    /* Only the rows asked for go on. */
     int r = 0;
     for (int s = 0; s < bt->n_seqs; s++) {
         int t0 = bt->seq_start[s], n = bt->seq_len[s];
@@ -153,8 +257,27 @@ static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logit
         for (int t = first; t < t0 + n; t++, r++)
             k_rmsnorm(b->x + (int64_t)t * E, b->out_norm, 1, E, c->norm_eps, b->xo + (int64_t)r * E);
     }
-    if ((rc = mm(b, &m->output, b->xo, r, b->logits))) return rc;
+    *n_rows = r;
+    return 0;
+}
+
+static int cpu_forward(ex_backend *base, const ex_batch *bt, const float **logits) {
+    cpu_be *b = base->impl;
+    const mdl_config *c = &b->m->cfg;
+    int r, rc;
+    *logits = NULL;
+    if ((rc = run_layers(b, bt, &r)) || (rc = mm(b, &b->m->output, b->xo, r, b->logits))) return rc;
+    if (c->final_softcap > 0) k_softcap(b->logits, (int64_t)r * c->n_vocab, c->final_softcap);
     *logits = b->logits;
+    return 0;
+}
+
+static int cpu_forward_hidden(ex_backend *base, const ex_batch *bt, const float **hidden) {
+    cpu_be *b = base->impl;
+    int r, rc;
+    *hidden = NULL;
+    if ((rc = run_layers(b, bt, &r))) return rc;
+    *hidden = b->xo;
     return 0;
 }
 
@@ -165,7 +288,7 @@ static int cpu_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
         n_tok > b->lim.block_size)
         return CM_EINVAL;
     size_t row = (size_t)c->n_head_kv * c->head_dim, blk = row * b->lim.block_size;
-    for (int l = 0; l < c->n_layer; l++)
+    for (int l = 0; l < c->n_layer - c->n_layer_swa; l++)
         for (int h = 0; h < 2; h++) {
             float *pool = b->kv + ((size_t)l * 2 + h) * b->kv_half;
             memmove(pool + dst * blk, pool + src * blk, sizeof(float) * row * (size_t)n_tok);
@@ -176,12 +299,35 @@ static int cpu_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
 /* Probes k_matmul / k_get_rows with one output row of the real tensor: the kernels decide
  * which types they support, and this reports the first one they don't. */
 static int check_weight(cpu_be *b, const mdl_tensor *w, float *tmp, char *err, size_t errlen) {
+    if (!w->data) return 0;
     int rc = k_matmul(b->pool, w->data, w->type, w->ne[0], 1, tmp, 1, tmp + w->ne[0]);
     if (rc == CM_EUNSUPPORTED)
         snprintf(err, errlen, "tensor %s: type %s is not supported by the cpu backend", w->name,
                  dt_name(w->type) ? dt_name(w->type) : "?");
     else if (rc)
         snprintf(err, errlen, "tensor %s: %s", w->name, cm_err_str(rc));
+    return rc;
+}
+
+static int check_weights(cpu_be *b, int64_t max_in, char *err, size_t errlen) {
+    const mdl_model *m = b->m;
+    const mdl_config *c = &m->cfg;
+    float *tmp = calloc((size_t)max_in + 16, sizeof(float));
+    if (!tmp) return CM_ENOMEM;
+    int rc = check_weight(b, &m->output, tmp, err, errlen);
+    for (int l = 0; !rc && l < c->n_layer; l++) {
+        const mdl_layer *ly = &m->layers[l];
+        const mdl_tensor *ws[] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down, &ly->ffn_gate_inp };
+        for (size_t i = 0; !rc && i < sizeof ws / sizeof *ws; i++) rc = check_weight(b, ws[i], tmp, err, errlen);
+        for (int e = 0; !rc && ly->ffn_gate_inp.data && e < c->n_expert; e++)
+            if (!(rc = check_weight(b, &ly->exp_gate[e], tmp, err, errlen)) && !(rc = check_weight(b, &ly->exp_up[e], tmp, err, errlen)))
+                rc = check_weight(b, &ly->exp_down[e], tmp, err, errlen);
+    }
+    int32_t id0 = 0;
+    if (!rc && (rc = k_get_rows(m->tok_embd.data, m->tok_embd.type, c->n_embd, m->tok_embd.ne[1], &id0, 1, tmp)))
+        snprintf(err, errlen, "tensor %s: type %s is not supported by the cpu backend", m->tok_embd.name,
+                 dt_name(m->tok_embd.type) ? dt_name(m->tok_embd.type) : "?");
+    free(tmp);
     return rc;
 }
 
@@ -193,17 +339,19 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
         snprintf(err, errlen, "cpu backend: KV cache type %s not supported (F32 only)", dt_name(o->kv_type) ? dt_name(o->kv_type) : "?");
         return CM_EUNSUPPORTED;
     }
-    if (L->n_kv_blocks <= 0) {
-        snprintf(err, errlen, "cpu backend: the KV pool needs an explicit size (%d blocks)", L->n_kv_blocks);
+    if (L->n_kv_blocks <= 0 || (c->n_layer_swa > 0 && L->n_kv_blocks_swa <= 0)) {
+        snprintf(err, errlen, "cpu backend: the KV pool needs an explicit size (%d blocks, %d sliding-window blocks)", L->n_kv_blocks,
+                 L->n_kv_blocks_swa);
         return CM_EINVAL;
     }
-    if (c->arch != MDL_ARCH_LLAMA && c->arch != MDL_ARCH_MISTRAL && c->arch != MDL_ARCH_QWEN2) {
+    if (c->arch < 0 || c->arch >= MDL_ARCH_COUNT) {
         snprintf(err, errlen, "cpu backend: architecture '%s' is not supported", c->arch_name);
         return CM_EUNSUPPORTED;
     }
-    if (c->head_dim > K_ATTN_MAX_HEAD_DIM || L->block_size > K_ATTN_MAX_BLOCK || c->n_head % c->n_head_kv) {
-        snprintf(err, errlen, "cpu backend: head_dim %d / block size %d / heads %d:%d not supported",
-                 c->head_dim, L->block_size, c->n_head, c->n_head_kv);
+    if (c->head_dim > K_ATTN_MAX_HEAD_DIM || L->block_size > K_ATTN_MAX_BLOCK || c->n_head % c->n_head_kv ||
+        c->n_expert > MDL_MAX_EXPERTS) {
+        snprintf(err, errlen, "cpu backend: head_dim %d / block size %d / heads %d:%d / %d experts not supported",
+                 c->head_dim, L->block_size, c->n_head, c->n_head_kv, c->n_expert);
         return CM_EUNSUPPORTED;
     }
     cpu_be *b = calloc(1, sizeof *b);
@@ -213,57 +361,65 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->base.name = "cpu";
     b->base.kv_type = DT_F32;
     b->base.n_kv_blocks = L->n_kv_blocks;
+    b->base.n_kv_blocks_swa = c->n_layer_swa > 0 ? L->n_kv_blocks_swa : 0;
+    b->lim.n_kv_blocks_swa = b->base.n_kv_blocks_swa;
     b->base.forward = cpu_forward;
     b->base.forward_sample = NULL; /* the engine samples on the host */
+    b->base.forward_hidden = cpu_forward_hidden;
+    b->base.features = ~0u; /* every feature of model.h */
     b->base.kv_copy = cpu_kv_copy;
     b->base.destroy = cpu_destroy;
     b->base.impl = b;
     int rc, nt = o->n_threads;
     if (nt <= 0) {
-        /* automatic: every core, but one per 16 MiB of weights at most: waking workers for
-         * matrices of a few KiB costs more than it saves */
+        /* automatic: every core, but one per 16 MiB of weights read per token at most: waking
+         * workers for matrices of a few KiB costs more than it saves */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int64_t by_size = (int64_t)(m->weight_bytes >> 24) + 1;
+        int64_t by_size = (int64_t)((m->active_bytes ? m->active_bytes : m->weight_bytes) >> 24) + 1;
         nt = (int)(cores < by_size ? cores : by_size);
         if (nt <= 0) nt = 1;
     }
     if ((rc = k_pool_create(nt, &b->pool))) { snprintf(err, errlen, "cpu backend: thread pool: %s", cm_err_str(rc)); goto fail; }
-    if ((rc = k_rope_init(&b->rope, c))) { snprintf(err, errlen, "cpu backend: rope dimension %d not supported", c->rope_dim); goto fail; }
+    mdl_rope r;
+    mdl_layer_rope(c, 0, &r);
+    if ((rc = k_rope_init_layer(&b->rope, &r, L->n_ctx))) { snprintf(err, errlen, "cpu backend: rope dimension %d not supported", c->rope_dim); goto fail; }
+    mdl_layer_rope(c, 1, &r);
+    if ((rc = k_rope_init_layer(&b->rope_swa, &r, L->n_ctx))) { snprintf(err, errlen, "cpu backend: rope dimension %d not supported", c->rope_dim); goto fail; }
 
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
-    int64_t max_in = E > c->n_ff ? E : c->n_ff;
+    const int64_t F = c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp;
+    int64_t max_in = E > F ? E : F;
     if (QD > max_in) max_in = QD;
-    {   /* every weight's type must have a kernel */
-        float *tmp = calloc((size_t)max_in + 16, sizeof(float));
-        if (!tmp) { rc = CM_ENOMEM; goto fail; }
-        rc = check_weight(b, &m->output, tmp, err, errlen);
-        for (int l = 0; !rc && l < c->n_layer; l++) {
-            const mdl_layer *ly = &m->layers[l];
-            const mdl_tensor *ws[] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
-            for (size_t i = 0; !rc && i < sizeof ws / sizeof *ws; i++) rc = check_weight(b, ws[i], tmp, err, errlen);
-        }
-        int32_t id0 = 0;
-        if (!rc && (rc = k_get_rows(m->tok_embd.data, m->tok_embd.type, E, m->tok_embd.ne[1], &id0, 1, tmp)))
-            snprintf(err, errlen, "tensor %s: type %s is not supported by the cpu backend", m->tok_embd.name,
-                     dt_name(m->tok_embd.type) ? dt_name(m->tok_embd.type) : "?");
-        free(tmp);
-        if (rc) goto fail;
-    }
-    b->ly = calloc((size_t)c->n_layer, sizeof *b->ly);
-    if (!b->ly) { rc = CM_ENOMEM; goto nomem; }
+    if ((rc = check_weights(b, max_in, err, errlen))) goto fail;
+    if (!(b->ly = calloc((size_t)c->n_layer, sizeof *b->ly))) goto nomem;
     rc = 0;
+    int n_full = 0, n_swa = 0;
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *ly = &m->layers[l];
         cpu_layer *cl = &b->ly[l];
         cl->attn_norm = f32_copy(&ly->attn_norm, E, &rc);
         cl->ffn_norm = f32_copy(&ly->ffn_norm, E, &rc);
+        cl->q_norm = f32_copy(&ly->attn_q_norm, c->head_dim, &rc);
+        cl->k_norm = f32_copy(&ly->attn_k_norm, c->head_dim, &rc);
+        cl->attn_post = f32_copy(&ly->attn_post_norm, E, &rc);
+        cl->ffn_post = f32_copy(&ly->ffn_post_norm, E, &rc);
         cl->bq = f32_copy(&ly->bq, QD, &rc);
         cl->bk = f32_copy(&ly->bk, KD, &rc);
         cl->bv = f32_copy(&ly->bv, KD, &rc);
         const mdl_tensor *qkv[3] = { &ly->wq, &ly->wk, &ly->wv }, *gu[2] = { &ly->w_gate, &ly->w_up };
         cl->qkv_fused = adjacent(qkv, 3);
-        cl->gu_fused = adjacent(gu, 2);
-        if (rc || !cl->attn_norm || !cl->ffn_norm) {
+        cl->gu_fused = ly->w_gate.data && adjacent(gu, 2);
+        cl->swa = ly->swa;
+        cl->slot = ly->swa ? n_swa++ : n_full++;
+        if (ly->ffn_gate_inp.data) {
+            if (!(cl->exp_gu_fused = malloc((size_t)c->n_expert))) goto nomem;
+            for (int e = 0; e < c->n_expert; e++) {
+                const mdl_tensor *egu[2] = { &ly->exp_gate[e], &ly->exp_up[e] };
+                cl->exp_gu_fused[e] = (uint8_t)adjacent(egu, 2);
+            }
+        }
+        if (rc || !cl->attn_norm || !cl->ffn_norm || (c->has_qk_norm && (!cl->q_norm || !cl->k_norm)) ||
+            (c->has_post_norms && (!cl->attn_post || !cl->ffn_post))) {
             snprintf(err, errlen, "cpu backend: layer %d norm/bias weights: %s", l, cm_err_str(rc ? rc : CM_EFORMAT));
             if (!rc) rc = CM_EFORMAT;
             goto fail;
@@ -273,10 +429,11 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     if (rc || !b->out_norm) goto nomem;
 
     b->kv_half = (size_t)L->n_kv_blocks * L->block_size * (size_t)KD;
-    b->kv = malloc(sizeof(float) * b->kv_half * 2 * (size_t)c->n_layer);
-    if (!b->kv) {
-        snprintf(err, errlen, "cpu backend: cannot allocate the KV cache (%.1f MiB)",
-                 sizeof(float) * b->kv_half * 2.0 * c->n_layer / 1048576.0);
+    b->kv_half_swa = (size_t)b->lim.n_kv_blocks_swa * L->block_size * (size_t)KD;
+    double kv_mib = sizeof(float) * 2.0 * ((double)b->kv_half * n_full + (double)b->kv_half_swa * n_swa) / 1048576.0;
+    if ((n_full && !(b->kv = malloc(sizeof(float) * b->kv_half * 2 * (size_t)n_full))) ||
+        (n_swa && !(b->kv_swa = malloc(sizeof(float) * b->kv_half_swa * 2 * (size_t)n_swa)))) {
+        snprintf(err, errlen, "cpu backend: cannot allocate the KV cache (%.1f MiB)", kv_mib);
         rc = CM_ENOMEM;
         goto fail;
     }
@@ -288,11 +445,26 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->v = malloc(sizeof(float) * T * KD);
     b->qkv = malloc(sizeof(float) * T * (QD + 2 * KD));
     b->att = malloc(sizeof(float) * T * QD);
-    b->gu = malloc(sizeof(float) * T * 2 * c->n_ff);
-    b->h = malloc(sizeof(float) * T * c->n_ff);
+    b->gu = malloc(sizeof(float) * T * 2 * F);
+    b->h = malloc(sizeof(float) * T * F);
     b->xo = malloc(sizeof(float) * R * E);
     b->logits = malloc(sizeof(float) * R * c->n_vocab);
     if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->qkv || !b->att || !b->gu || !b->h || !b->xo || !b->logits) goto nomem;
+    if (c->n_expert > 0) {
+        size_t NE = (size_t)c->n_expert, K = (size_t)c->n_expert_used;
+        b->rlogits = malloc(sizeof(float) * T * NE);
+        b->ridx = malloc(sizeof(int32_t) * T * K);
+        b->rw = malloc(sizeof(float) * T * K);
+        b->ecount = malloc(sizeof(int32_t) * NE);
+        b->estart = malloc(sizeof(int32_t) * NE);
+        b->elist = malloc(sizeof(int32_t) * T * K);
+        b->ewt = malloc(sizeof(float) * T * K);
+        b->xg = malloc(sizeof(float) * T * E);
+        b->eo = malloc(sizeof(float) * T * E);
+        b->acc = malloc(sizeof(float) * T * E);
+        if (!b->rlogits || !b->ridx || !b->rw || !b->ecount || !b->estart || !b->elist || !b->ewt || !b->xg || !b->eo || !b->acc)
+            goto nomem;
+    }
     if ((rc = k_pool_reserve(b->pool, L->max_tokens, max_in))) goto nomem;
     *out = &b->base;
     return 0;

@@ -7,6 +7,7 @@
 #include "../common/cm_log.h"
 #include "../model/dtype.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,9 @@ int ex_batch_buf_init(ex_batch_buf *bb, const ex_limits *lim) {
     bb->seq_out = malloc(S * sizeof(int32_t));
     bb->out_all = malloc(S);
     bb->block_tables = malloc(S * (size_t)lim->max_blocks * sizeof(int32_t));
+    if (lim->n_kv_blocks_swa > 0) bb->block_tables_swa = malloc(S * (size_t)lim->max_blocks * sizeof(int32_t));
     if (!bb->tok || !bb->pos || !bb->seq || !bb->seq_start || !bb->seq_len || !bb->n_blocks ||
-        !bb->seq_out || !bb->out_all || !bb->block_tables) {
+        !bb->seq_out || !bb->out_all || !bb->block_tables || (lim->n_kv_blocks_swa > 0 && !bb->block_tables_swa)) {
         ex_batch_buf_free(bb);
         return CM_ENOMEM;
     }
@@ -47,7 +49,7 @@ int ex_batch_buf_init(ex_batch_buf *bb, const ex_limits *lim) {
 void ex_batch_buf_free(ex_batch_buf *bb) {
     free(bb->tok); free(bb->pos); free(bb->seq);
     free(bb->seq_start); free(bb->seq_len); free(bb->n_blocks); free(bb->seq_out);
-    free(bb->out_all); free(bb->block_tables);
+    free(bb->out_all); free(bb->block_tables); free(bb->block_tables_swa);
     memset(bb, 0, sizeof *bb);
 }
 
@@ -57,6 +59,7 @@ void ex_batch_buf_clear(ex_batch_buf *bb) {
     b->tok = bb->tok; b->pos = bb->pos; b->seq = bb->seq;
     b->seq_start = bb->seq_start; b->seq_len = bb->seq_len; b->n_blocks = bb->n_blocks;
     b->out_all = bb->out_all; b->seq_out = bb->seq_out; b->block_tables = bb->block_tables;
+    b->block_tables_swa = bb->block_tables_swa;
     b->bt_stride = bb->lim.max_blocks;
 }
 
@@ -82,9 +85,18 @@ int ex_batch_buf_add(ex_batch_buf *bb, const int32_t *ids, int n, int pos0,
     bb->out_all[s] = out_all ? 1 : 0;
     bb->seq_out[s] = b->n_out;
     if (n_blocks) memcpy(bb->block_tables + (size_t)s * L->max_blocks, block_table, sizeof(int32_t) * (size_t)n_blocks);
+    if (bb->block_tables_swa)
+        for (int j = 0; j < n_blocks; j++) bb->block_tables_swa[(size_t)s * L->max_blocks + j] = -1;
     b->n_seqs++;
     b->n_tokens += n;
     b->n_out += n_out;
+    return s;
+}
+
+int ex_batch_buf_add_kv(ex_batch_buf *bb, const int32_t *ids, int n, int pos0, const ex_kv_table *t, int out_all) {
+    int s = ex_batch_buf_add(bb, ids, n, pos0, t->blocks, t->n, out_all);
+    if (s >= 0 && bb->block_tables_swa && t->n)
+        memcpy(bb->block_tables_swa + (size_t)s * bb->lim.max_blocks, t->blocks_swa, sizeof(int32_t) * (size_t)t->n);
     return s;
 }
 
@@ -114,6 +126,15 @@ int ex_batch_check(const ex_batch *b, const ex_limits *L, char *err, size_t errl
         const int32_t *bt = b->block_tables + (size_t)s * b->bt_stride;
         for (int j = 0; j < nb; j++)
             if (bt[j] < 0 || bt[j] >= L->n_kv_blocks) BAD("batch: sequence %d block %d = %d outside the pool (%d)", s, j, bt[j], L->n_kv_blocks);
+        if (L->n_kv_blocks_swa > 0) {
+            /* the sliding layers read [first query - window + 1, last query] */
+            if (!b->block_tables_swa) BAD("batch: the model has sliding-window layers but the batch no table for them");
+            const int32_t *bs = b->block_tables_swa + (size_t)s * b->bt_stride;
+            int lo = p0 - L->swa_window + 1;
+            for (int j = lo > 0 ? lo / L->block_size : 0; j < nb; j++)
+                if (bs[j] < 0 || bs[j] >= L->n_kv_blocks_swa)
+                    BAD("batch: sequence %d sliding-window block %d = %d outside the pool (%d)", s, j, bs[j], L->n_kv_blocks_swa);
+        }
     }
     if (next_tok != b->n_tokens) BAD("batch: sequences cover %d of %d tokens", next_tok, b->n_tokens);
     if (next_out != b->n_out) BAD("batch: %d logits rows, sequences ask for %d", b->n_out, next_out);
@@ -194,13 +215,38 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
         snprintf(err, errlen, "engine: unsupported KV element type %d for backend '%s'", kv_type, bname);
         return CM_EUNSUPPORTED;
     }
+    const int swa = c->n_layer_swa > 0;
+    if (swa) L.swa_window = c->n_swa;
     /* The pool's size: explicit (kv_blocks, kv_cache_mb), or automatic: the cuda backend sizes
      * it from free device memory (n_kv_blocks 0 here), the cpu one gets a share of host memory. */
     int from_device = !strcmp(bname, "cuda") && o->kv_blocks <= 0 && o->kv_cache_mb <= 0;
     if (!from_device) {
         int64_t budget = o->kv_cache_mb > 0 ? o->kv_cache_mb * (1LL << 20)
                                             : ex_kv_default_bytes((int64_t)bbytes * L.max_blocks * L.max_seqs);
-        int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
+        int64_t nb, ns = 0;
+        if (!swa) {
+            nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
+        } else {
+            /* Sliding layers keep about a window of blocks per sequence: their pool holds one
+             * whole context (a prompt is admitted in one piece) plus a window and a step's
+             * tokens for every other sequence; the full-attention pool gets the rest. */
+            int64_t fb = (int64_t)ex_kv_group_bytes(c, 0, L.block_size, kv_type), sb = (int64_t)ex_kv_group_bytes(c, 1, L.block_size, kv_type);
+            int64_t per = (L.swa_window + L.max_tokens + L.block_size - 1) / L.block_size + 1;
+            int64_t cap = L.max_blocks + (int64_t)L.max_seqs * per, all = (int64_t)L.max_seqs * L.max_blocks;
+            if (o->kv_blocks > 0) {
+                nb = o->kv_blocks;
+                ns = nb < cap ? nb : cap;
+            } else if (fb == 0) { /* every layer slides: the full pool is bookkeeping only */
+                ns = budget / sb;
+                nb = all > ns ? all : ns;
+            } else {
+                nb = budget / (fb + sb);
+                if (nb > cap) nb = (budget - cap * sb) / fb;
+                ns = nb < cap ? nb : cap;
+            }
+            if (ns > (1 << 30)) ns = 1 << 30;
+            if (ns < 2) nb = ns; /* reported below */
+        }
         if (nb > (1 << 30)) nb = 1 << 30;
         if (nb < 2) {
             snprintf(err, errlen, "KV cache budget of %.1f MiB is too small: one block of %d tokens needs %.2f MiB",
@@ -208,6 +254,7 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
             return CM_ENOKV;
         }
         L.n_kv_blocks = (int)nb;
+        L.n_kv_blocks_swa = (int)ns;
     }
 
     ex_engine *e = calloc(1, sizeof *e);
@@ -218,10 +265,24 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
                            .cuda = o->cuda };
     int rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
     if (rc) goto fail;
+    unsigned missing = mdl_features(c) & ~e->be->features;
+    if (missing) {
+        char names[256];
+        snprintf(err, errlen, "backend '%s' does not implement what model '%s' (%s) needs: %s", bname, c->name[0] ? c->name : "?",
+                 c->arch_name, mdl_features_str(missing, names, sizeof names));
+        rc = CM_EUNSUPPORTED;
+        goto fail;
+    }
     /* the allocator after the backend: on cuda only the backend knows how many blocks fit */
     L.n_kv_blocks = e->be->n_kv_blocks;
+    L.n_kv_blocks_swa = e->be->n_kv_blocks_swa;
+    if (swa && L.n_kv_blocks_swa <= 0) {
+        snprintf(err, errlen, "backend '%s' allocated no KV pool for the model's %d sliding-window layers", bname, c->n_layer_swa);
+        rc = CM_EUNSUPPORTED;
+        goto fail;
+    }
     e->lim = L;
-    rc = ex_kv_create(L.n_kv_blocks, L.block_size, &e->kv);
+    rc = ex_kv_create_swa(L.n_kv_blocks, L.n_kv_blocks_swa, L.block_size, L.swa_window, &e->kv);
     if (rc) { snprintf(err, errlen, "engine: KV block allocator for %d blocks: %s", L.n_kv_blocks, cm_err_str(rc)); goto fail; }
     rc = ex_sampler_create(L.n_vocab, &e->smp);
     if (rc) { snprintf(err, errlen, "engine: sampler: %s", cm_err_str(rc)); goto fail; }
@@ -282,5 +343,40 @@ int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_ro
     for (int r = 0; r < n_rows; r++) /* a refusal leaves out[r].token = -1 */
         ex_sampler_sample(e->smp, rows[r].sp, logits + (size_t)rows[r].row * e->lim.n_vocab, rows[r].prev,
                           rows[r].n_prev, rows[r].pos, &out[r]);
+    return 0;
+}
+
+int ex_engine_embed(ex_engine *e, const ex_batch *b, int pooling, int normalize, float *out) {
+    char err[256];
+    int rc = ex_batch_check(b, &e->lim, err, sizeof err);
+    if (rc) {
+        CM_LOG_WARN("engine", "batch refused", "reason=\"%s\"", err);
+        return rc;
+    }
+    if (!e->be->forward_hidden) return CM_EUNSUPPORTED;
+    if (pooling != MDL_POOL_LAST && pooling != MDL_POOL_MEAN && pooling != MDL_POOL_CLS) return CM_EINVAL;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (pooling != MDL_POOL_LAST && (!b->out_all[s] || b->pos[b->seq_start[s]] != 0)) return CM_EINVAL;
+    const float *h;
+    if ((rc = e->be->forward_hidden(e->be, b, &h))) return rc;
+    const int E = e->m->cfg.n_embd;
+    for (int s = 0; s < b->n_seqs; s++) {
+        float *o = out + (size_t)s * E;
+        int first = b->seq_out[s], n = b->out_all[s] ? b->seq_len[s] : 1;
+        if (pooling == MDL_POOL_LAST) memcpy(o, h + (size_t)(first + n - 1) * E, sizeof(float) * (size_t)E);
+        else if (pooling == MDL_POOL_CLS) memcpy(o, h + (size_t)first * E, sizeof(float) * (size_t)E);
+        else
+            for (int i = 0; i < E; i++) {
+                double acc = 0;
+                for (int r = 0; r < n; r++) acc += h[(size_t)(first + r) * E + i];
+                o[i] = (float)(acc / n);
+            }
+        if (normalize) {
+            double ss = 0;
+            for (int i = 0; i < E; i++) ss += (double)o[i] * o[i];
+            float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+            for (int i = 0; i < E; i++) o[i] *= inv;
+        }
+    }
     return 0;
 }

@@ -10,6 +10,9 @@
  *   seq_start[s], seq_len[s]        s < n_seqs     (its slice of the flat arrays)
  *   block_tables[s * bt_stride + j] j < n_blocks[s] (physical KV block of positions
  *                                                   [j*block_size, (j+1)*block_size))
+ *   block_tables_swa[...]           the same positions' blocks in the sliding-window
+ *                                   layers' pool (models with such layers; entries of
+ *                                   blocks wholly before the window may be -1)
  *
  * After the step the KV cache holds positions [0, pos[last] + 1) of every sequence, and the
  * logits of the requested positions are returned, one row of n_vocab floats each, in token
@@ -66,6 +69,8 @@ typedef struct ex_batch {
     const int32_t *block_tables;  /* [n_seqs, bt_stride] physical block ids */
     int bt_stride;                /* >= max n_blocks */
     int n_out;                    /* total logits rows */
+    const int32_t *block_tables_swa; /* [n_seqs, bt_stride] sliding-window pool ids; NULL when the
+                                   * model has no sliding-window layers */
 } ex_batch;
 
 /* Sizes a backend is created for; a batch must fit all of them. */
@@ -78,6 +83,8 @@ typedef struct ex_limits {
     int block_size;     /* tokens per KV block */
     int n_kv_blocks;    /* physical blocks in the KV pool */
     int n_vocab;
+    int n_kv_blocks_swa; /* blocks in the sliding-window layers' pool (0: the model has none) */
+    int swa_window;     /* positions a query of a sliding layer sees (0: none) */
 } ex_limits;
 
 /* Caller-owned storage for building batches without allocating per step. */
@@ -88,6 +95,7 @@ typedef struct ex_batch_buf {
     int32_t *seq_start, *seq_len, *n_blocks, *seq_out; /* [max_seqs] */
     uint8_t *out_all;                            /* [max_seqs] */
     int32_t *block_tables;                       /* [max_seqs, max_blocks] (bt_stride = max_blocks) */
+    int32_t *block_tables_swa;                   /* [max_seqs, max_blocks] when lim.n_kv_blocks_swa > 0 */
 } ex_batch_buf;
 
 /* Allocates the buffers for lim (once, at start-up). Returns 0 or CM_ENOMEM. */
@@ -101,6 +109,11 @@ void ex_batch_buf_clear(ex_batch_buf *bb);
  * sequences or logits rows), CM_EINVAL for bad arguments, CM_ECTX past n_ctx. */
 int  ex_batch_buf_add(ex_batch_buf *bb, const int32_t *ids, int n, int pos0,
                       const int32_t *block_table, int n_blocks, int out_all);
+/* The same from a sequence's KV table (executor/kv.h), both pools' rows: what a model with
+ * sliding-window layers needs (ex_batch_buf_add leaves their row at -1, which the batch check
+ * refuses). */
+struct ex_kv_table;
+int  ex_batch_buf_add_kv(ex_batch_buf *bb, const int32_t *ids, int n, int pos0, const struct ex_kv_table *t, int out_all);
 /* Row of the logits of sequence s's last new token. */
 static inline int ex_batch_last_row(const ex_batch *b, int s) {
     return b->seq_out[s] + (b->out_all[s] ? b->seq_len[s] : 1) - 1;
@@ -190,5 +203,14 @@ typedef struct ex_sample_row {
  * failed ex_batch_check, a row index outside the batch or without parameters), or a backend
  * error. Allocates nothing. */
 int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_row *rows, int n_rows, ex_sample_out *out);
+
+/* Embeddings: one forward pass over b, then one vector per sequence from the final-norm
+ * hidden states, pooled as `pooling` says (enum mdl_pooling: MDL_POOL_LAST the last new
+ * token's, MDL_POOL_MEAN the mean over the sequence, MDL_POOL_CLS its first token's) and
+ * L2-normalised when normalize is set. MEAN and CLS need the whole sequence in this batch
+ * (position 0 first) with out_all set; LAST needs the sequence's last token. out:
+ * [b->n_seqs, n_embd]. Returns 0, CM_EINVAL (batch, pooling), CM_EUNSUPPORTED (the backend
+ * has no hidden-state forward) or a backend error. Allocates nothing. */
+int ex_engine_embed(ex_engine *e, const ex_batch *b, int pooling, int normalize, float *out);
 
 #endif

@@ -1,4 +1,5 @@
-/* kv: block allocator with reference counts and per-sequence block tables. */
+/* kv: block allocator with reference counts and per-sequence block tables; an optional second
+ * pool for the sliding-window layers. */
 #include "kv.h"
 #include "../common/cm_err.h"
 #include "../model/dtype.h"
@@ -8,17 +9,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct ex_kv {
+typedef struct {
     int      n_blocks;
-    int      block_size;
     int      n_free;
     int32_t *free_list; /* [n_blocks] stack of free ids; the top is free_list[n_free-1] */
     int32_t *refs;      /* [n_blocks] holders per block */
+} pool;
+
+struct ex_kv {
+    int  block_size;
+    int  window;        /* sliding pool: positions a query sees; 0 without one */
+    pool p[2];          /* [0] full-attention layers, [1] sliding-window layers (n_blocks 0: none) */
 };
 
+static size_t el_size(int kv_type) { return kv_type == DT_F32 ? 4 : (kv_type == DT_F16 || kv_type == DT_BF16) ? 2 : 0; }
+
+size_t ex_kv_group_bytes(const mdl_config *c, int swa, int block_size, int kv_type) {
+    int layers = swa ? c->n_layer_swa : c->n_layer - c->n_layer_swa;
+    return 2 * (size_t)layers * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim * el_size(kv_type);
+}
+
 size_t ex_kv_block_bytes(const mdl_config *c, int block_size, int kv_type) {
-    size_t el = kv_type == DT_F32 ? 4 : (kv_type == DT_F16 || kv_type == DT_BF16) ? 2 : 0;
-    return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim * el;
+    return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim * el_size(kv_type);
 }
 
 int64_t ex_kv_default_bytes(int64_t want) {
@@ -46,66 +58,100 @@ int64_t ex_kv_fit_blocks(int64_t total, int64_t free_at_start, int64_t used, dou
     return n < 0 ? 0 : n;
 }
 
-int ex_kv_create(int n_blocks, int block_size, ex_kv **out) {
+static int pool_init(pool *p, int n) {
+    memset(p, 0, sizeof *p);
+    if (n == 0) return 0;
+    p->free_list = malloc(sizeof(int32_t) * (size_t)n);
+    p->refs = calloc((size_t)n, sizeof(int32_t));
+    if (!p->free_list || !p->refs) return CM_ENOMEM;
+    p->n_blocks = n;
+    /* Lowest ids on top so a fresh pool hands out 0, 1, 2, ... (easier to read in tests). */
+    for (int i = 0; i < n; i++) p->free_list[i] = n - 1 - i;
+    p->n_free = n;
+    return 0;
+}
+
+int ex_kv_create_swa(int n_blocks, int n_swa, int block_size, int window, ex_kv **out) {
     *out = NULL;
-    if (n_blocks <= 0 || block_size <= 0) return CM_EINVAL;
+    if (n_blocks <= 0 || block_size <= 0 || n_swa < 0 || (n_swa > 0 && window <= 0)) return CM_EINVAL;
     ex_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return CM_ENOMEM;
-    kv->free_list = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    kv->refs = calloc((size_t)n_blocks, sizeof(int32_t));
-    if (!kv->free_list || !kv->refs) { ex_kv_destroy(kv); return CM_ENOMEM; }
-    kv->n_blocks = n_blocks;
     kv->block_size = block_size;
-    /* Lowest ids on top so a fresh pool hands out 0, 1, 2, ... (easier to read in tests). */
-    for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
-    kv->n_free = n_blocks;
+    kv->window = n_swa > 0 ? window : 0;
+    if (pool_init(&kv->p[0], n_blocks) || pool_init(&kv->p[1], n_swa)) {
+        ex_kv_destroy(kv);
+        return CM_ENOMEM;
+    }
     *out = kv;
     return 0;
 }
 
+int ex_kv_create(int n_blocks, int block_size, ex_kv **out) { return ex_kv_create_swa(n_blocks, 0, block_size, 0, out); }
+
 void ex_kv_destroy(ex_kv *kv) {
     if (!kv) return;
-    free(kv->free_list);
-    free(kv->refs);
+    for (int g = 0; g < 2; g++) {
+        free(kv->p[g].free_list);
+        free(kv->p[g].refs);
+    }
     free(kv);
 }
 
-int ex_kv_n_blocks(const ex_kv *kv) { return kv->n_blocks; }
-int ex_kv_n_free(const ex_kv *kv) { return kv->n_free; }
+static int has_swa(const ex_kv *kv) { return kv->p[1].n_blocks > 0; }
+
+int ex_kv_n_blocks(const ex_kv *kv) {
+    return has_swa(kv) && kv->p[1].n_blocks < kv->p[0].n_blocks ? kv->p[1].n_blocks : kv->p[0].n_blocks;
+}
+int ex_kv_n_free(const ex_kv *kv) { return has_swa(kv) && kv->p[1].n_free < kv->p[0].n_free ? kv->p[1].n_free : kv->p[0].n_free; }
 int ex_kv_block_size(const ex_kv *kv) { return kv->block_size; }
+int ex_kv_n_blocks_swa(const ex_kv *kv) { return kv->p[1].n_blocks; }
+int ex_kv_n_free_swa(const ex_kv *kv) { return kv->p[1].n_free; }
+int ex_kv_window(const ex_kv *kv) { return kv->window; }
+
+static int32_t pool_alloc(pool *p) {
+    int32_t b = p->free_list[--p->n_free];
+    assert(p->refs[b] == 0);
+    p->refs[b] = 1;
+    return b;
+}
+
+static void pool_unref(pool *p, int32_t block) {
+    assert(block >= 0 && block < p->n_blocks && p->refs[block] > 0);
+    if (--p->refs[block] == 0) {
+        assert(p->n_free < p->n_blocks);
+        p->free_list[p->n_free++] = block;
+    }
+}
 
 int ex_kv_block_alloc(ex_kv *kv, int32_t *block) {
-    if (kv->n_free == 0) return CM_ENOKV;
-    int32_t b = kv->free_list[--kv->n_free];
-    assert(kv->refs[b] == 0);
-    kv->refs[b] = 1;
-    *block = b;
+    if (kv->p[0].n_free == 0) return CM_ENOKV;
+    *block = pool_alloc(&kv->p[0]);
     return 0;
 }
 
 void ex_kv_block_ref(ex_kv *kv, int32_t block) {
-    assert(block >= 0 && block < kv->n_blocks && kv->refs[block] > 0);
-    kv->refs[block]++;
+    assert(block >= 0 && block < kv->p[0].n_blocks && kv->p[0].refs[block] > 0);
+    kv->p[0].refs[block]++;
 }
 
-void ex_kv_block_unref(ex_kv *kv, int32_t block) {
-    assert(block >= 0 && block < kv->n_blocks && kv->refs[block] > 0);
-    if (--kv->refs[block] == 0) {
-        assert(kv->n_free < kv->n_blocks);
-        kv->free_list[kv->n_free++] = block;
-    }
-}
+void ex_kv_block_unref(ex_kv *kv, int32_t block) { pool_unref(&kv->p[0], block); }
 
 int ex_kv_block_refcount(const ex_kv *kv, int32_t block) {
-    if (block < 0 || block >= kv->n_blocks) return -1;
-    return kv->refs[block];
+    if (block < 0 || block >= kv->p[0].n_blocks) return -1;
+    return kv->p[0].refs[block];
 }
 
 int ex_kv_table_init(ex_kv_table *t, int cap) {
     memset(t, 0, sizeof *t);
     if (cap <= 0) return CM_EINVAL;
     t->blocks = malloc(sizeof(int32_t) * (size_t)cap);
-    if (!t->blocks) return CM_ENOMEM;
+    t->blocks_swa = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!t->blocks || !t->blocks_swa) {
+        free(t->blocks);
+        free(t->blocks_swa);
+        memset(t, 0, sizeof *t);
+        return CM_ENOMEM;
+    }
     t->cap = cap;
     return 0;
 }
@@ -113,6 +159,7 @@ int ex_kv_table_init(ex_kv_table *t, int cap) {
 void ex_kv_table_free(ex_kv_table *t) {
     assert(t->n == 0);
     free(t->blocks);
+    free(t->blocks_swa);
     memset(t, 0, sizeof *t);
 }
 
@@ -126,19 +173,32 @@ int ex_kv_table_reserve(ex_kv *kv, ex_kv_table *t, int n_pos) {
     int want = (n_pos + kv->block_size - 1) / kv->block_size;
     if (want > t->cap) return CM_ECTX;
     if (want <= t->n) return 0;
-    if (want - t->n > kv->n_free) return CM_ENOKV;
-    while (t->n < want) {
-        int rc = ex_kv_block_alloc(kv, &t->blocks[t->n]);
-        assert(rc == 0);
-        (void)rc;
-        t->n++;
+    if (want - t->n > kv->p[0].n_free || (has_swa(kv) && want - t->n > kv->p[1].n_free)) return CM_ENOKV;
+    for (; t->n < want; t->n++) {
+        t->blocks[t->n] = pool_alloc(&kv->p[0]);
+        t->blocks_swa[t->n] = has_swa(kv) ? pool_alloc(&kv->p[1]) : -1;
     }
     return 0;
 }
 
 void ex_kv_table_release(ex_kv *kv, ex_kv_table *t) {
-    for (int j = t->n - 1; j >= 0; j--) ex_kv_block_unref(kv, t->blocks[j]);
+    for (int j = t->n - 1; j >= 0; j--) {
+        pool_unref(&kv->p[0], t->blocks[j]);
+        if (has_swa(kv) && j >= t->swa_lo) pool_unref(&kv->p[1], t->blocks_swa[j]);
+    }
     t->n = 0;
+    t->swa_lo = 0;
+}
+
+void ex_kv_table_slide(ex_kv *kv, ex_kv_table *t, int n_cached) {
+    if (!has_swa(kv)) return;
+    int first = n_cached - kv->window + 1; /* the next query (at n_cached) reads [first, n_cached] */
+    int lo = first > 0 ? first / kv->block_size : 0;
+    if (lo > t->n) lo = t->n;
+    for (; t->swa_lo < lo; t->swa_lo++) {
+        pool_unref(&kv->p[1], t->blocks_swa[t->swa_lo]);
+        t->blocks_swa[t->swa_lo] = -1;
+    }
 }
 
 int ex_kv_table_share(ex_kv *kv, const ex_kv_table *src, int n, ex_kv_table *dst) {
@@ -147,7 +207,13 @@ int ex_kv_table_share(ex_kv *kv, const ex_kv_table *src, int n, ex_kv_table *dst
     for (int j = 0; j < n; j++) {
         ex_kv_block_ref(kv, src->blocks[j]);
         dst->blocks[j] = src->blocks[j];
+        dst->blocks_swa[j] = -1;
+        if (has_swa(kv) && j >= src->swa_lo) {
+            kv->p[1].refs[src->blocks_swa[j]]++;
+            dst->blocks_swa[j] = src->blocks_swa[j];
+        }
     }
     dst->n = n;
+    dst->swa_lo = src->swa_lo < n ? src->swa_lo : n;
     return 0;
 }

@@ -12,6 +12,14 @@
  *   ... t.blocks[0 .. t.n) go into the batch ...
  *   ex_kv_table_release(kv, &t); ex_kv_table_free(&t); ex_kv_destroy(kv);
  *
+ * Sliding-window layers (cfg.n_layer_swa > 0) keep their K and V in a second pool with its own
+ * block ids: a sequence's table then holds two rows of the same length, blocks[] for the
+ * full-attention layers and blocks_swa[] for the sliding ones. Both are reserved together;
+ * ex_kv_table_slide() frees the sliding blocks whose every position lies before the window of
+ * the next query (marking them -1), so a long sequence holds only about window / block_size
+ * of them. A model whose layers all slide has no full-attention storage: its blocks[] ids are
+ * bookkeeping only and the engine makes that pool large enough never to be the limit.
+ *
  * One thread (the engine's step thread) uses a pool; there is no locking.
  */
 #ifndef EX_KV_H
@@ -46,13 +54,25 @@ int64_t ex_kv_default_bytes(int64_t want);
 int64_t ex_kv_fit_blocks(int64_t total, int64_t free_at_start, int64_t used, double fraction, int64_t block_bytes,
                          int reserved, int64_t *budget_out);
 
+/* Bytes one block of one pool takes: K and V of the full-attention layers (swa 0) or of the
+ * sliding-window layers (swa 1). ex_kv_block_bytes is the sum of the two. */
+size_t ex_kv_group_bytes(const mdl_config *c, int swa, int block_size, int kv_type);
+
 /* Creates the allocator for n_blocks blocks (all free). Returns 0, CM_EINVAL or CM_ENOMEM. */
 int  ex_kv_create(int n_blocks, int block_size, ex_kv **out);
+/* The same with a second pool of n_swa blocks for sliding-window layers that see `window`
+ * positions (n_swa 0: none, as ex_kv_create). */
+int  ex_kv_create_swa(int n_blocks, int n_swa, int block_size, int window, ex_kv **out);
 void ex_kv_destroy(ex_kv *kv); /* accepts NULL */
 
+/* Blocks (free blocks) one sequence can get: the smaller pool's when there are two. */
 int ex_kv_n_blocks(const ex_kv *kv);
 int ex_kv_n_free(const ex_kv *kv);
 int ex_kv_block_size(const ex_kv *kv);
+/* The sliding-window pool: its blocks, free blocks, window (all 0 without one). */
+int ex_kv_n_blocks_swa(const ex_kv *kv);
+int ex_kv_n_free_swa(const ex_kv *kv);
+int ex_kv_window(const ex_kv *kv);
 
 /* Takes one free block (reference count 1) into *block. Returns 0 or CM_ENOKV. */
 int  ex_kv_block_alloc(ex_kv *kv, int32_t *block);
@@ -68,20 +88,27 @@ typedef struct ex_kv_table {
     int32_t *blocks; /* [cap] */
     int      n;      /* blocks in use */
     int      cap;    /* max blocks (ceil(n_ctx / block_size)) */
+    int32_t *blocks_swa; /* [cap] the sliding-window pool's blocks of the same positions; entries
+                          * [0, swa_lo) were freed (-1) */
+    int      swa_lo;
 } ex_kv_table;
 
 /* Allocates the table's array (no blocks). Returns 0, CM_EINVAL or CM_ENOMEM. */
 int  ex_kv_table_init(ex_kv_table *t, int cap);
 /* Frees the array; the table must hold no blocks (release it first). Accepts zeroed tables. */
 void ex_kv_table_free(ex_kv_table *t);
-/* Makes the table cover positions [0, n_pos): allocates the missing blocks, all or nothing.
- * Returns 0, CM_ENOKV (not enough free blocks; the table is unchanged) or CM_ECTX (n_pos
- * needs more than cap blocks). */
+/* Makes the table cover positions [0, n_pos): allocates the missing blocks (in both pools),
+ * all or nothing. Returns 0, CM_ENOKV (not enough free blocks; the table is unchanged) or
+ * CM_ECTX (n_pos needs more than cap blocks). */
 int  ex_kv_table_reserve(ex_kv *kv, ex_kv_table *t, int n_pos);
 /* Blocks the table still needs to cover n_pos positions (0 when covered). */
 int  ex_kv_table_need(const ex_kv *kv, const ex_kv_table *t, int n_pos);
 /* Unrefs every block of the table and empties it. Can't fail. */
 void ex_kv_table_release(ex_kv *kv, ex_kv_table *t);
+/* The sequence's cache now holds positions [0, n_cached): frees the sliding-window blocks
+ * whose positions all lie before n_cached - window + 1, the first position the next query
+ * reads. Nothing without a sliding pool. Can't fail. */
+void ex_kv_table_slide(ex_kv *kv, ex_kv_table *t, int n_cached);
 /* Makes dst (empty) share src's first n blocks (refcounts + 1): a forked prefix. The caller
  * copies a partly filled last block before writing to it (backend kv_copy). Returns 0,
  * CM_EINVAL (dst not empty, n out of range) or CM_ECTX. */

@@ -266,7 +266,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             q->in_batch = 1;
             s->batch_seq[nb] = q;
             s->batch_n[nb] = want;
-            ex_batch_buf_add(&s->bb, q->toks + q->n_cached, want, q->n_cached, q->kv.blocks, q->kv.n, 0);
+            ex_batch_buf_add_kv(&s->bb, q->toks + q->n_cached, want, q->n_cached, &q->kv, 0);
             nb++;
             budget -= want;
         }
@@ -282,7 +282,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         int want = q->n_toks < budget ? q->n_toks : budget;
         s->batch_seq[nb] = q;
         s->batch_n[nb] = want;
-        ex_batch_buf_add(&s->bb, q->toks, want, 0, q->kv.blocks, q->kv.n, 0);
+        ex_batch_buf_add_kv(&s->bb, q->toks, want, 0, &q->kv, 0);
         nb++;
         budget -= want;
     }
@@ -305,6 +305,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     for (int b = 0, r = 0; b < nb; b++) {
         seq *q = s->batch_seq[b];
         q->n_cached += s->batch_n[b];
+        ex_kv_table_slide(s->kv, &q->kv, q->n_cached); /* sliding-window blocks behind the window */
         if (q->n_cached < q->n_toks) continue; /* prefill chunk: nothing to sample yet */
         ex_event *e = &ev[n++];
         memset(e, 0, sizeof *e);

@@ -1,14 +1,17 @@
-/* model: architecture config and tensor table from GGUF metadata; shared validation. */
-#include "model.h"
+/* model: names, ownership, the checks every loader shares, and the dispatch by file type. The
+ * GGUF reading lives in model_gguf.c, config.json's in model_hf.c. */
+#include "model_internal.h"
 #include "dtype.h"
 #include "../common/cm_err.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const arch_names[MDL_ARCH_COUNT] = { "llama", "mistral", "qwen2" };
+static const char *const arch_names[MDL_ARCH_COUNT] = { "llama", "mistral", "qwen2", "qwen3", "qwen3moe",
+                                                        "mixtral", "gemma2", "gemma3", "phi3" };
 
 const char *mdl_arch_name(int arch) { return arch >= 0 && arch < MDL_ARCH_COUNT ? arch_names[arch] : "?"; }
 
@@ -18,226 +21,164 @@ int mdl_arch_from_name(const char *name) {
     return -1;
 }
 
-/* Provided by model/safetensors.c. */
-int mdl__load_safetensors(const char *path, mdl_model **out, char *err, size_t errlen);
+const char *mdl_act_name(int act) { return act == MDL_ACT_SILU ? "silu" : act == MDL_ACT_GELU_TANH ? "gelu_tanh" : "?"; }
+
+const char *mdl_pooling_name(int p) {
+    static const char *const n[] = { "none", "mean", "last", "cls" };
+    return p >= 0 && p <= MDL_POOL_CLS ? n[p] : "?";
+}
+
+const char *mdl_rope_scaling_name(int s) {
+    static const char *const n[] = { "none", "linear", "llama3", "yarn", "longrope" };
+    return s >= 0 && s <= MDL_ROPE_SCALING_LONGROPE ? n[s] : "?";
+}
+
+/* ---- ownership ------------------------------------------------------------------------------ */
+
+typedef struct owned {
+    void  **p;
+    size_t  n, cap;
+} owned;
+
+void *mdl__alloc(mdl_model *m, size_t bytes) {
+    owned *o = m->owned;
+    if (!o && !(o = m->owned = calloc(1, sizeof *o))) return NULL;
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 256;
+        void **np = realloc(o->p, cap * sizeof *np);
+        if (!np) return NULL;
+        o->p = np;
+        o->cap = cap;
+    }
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (p) o->p[o->n++] = p;
+    return p;
+}
+
+char *mdl__strdup(mdl_model *m, const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = mdl__alloc(m, n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
 
 void mdl_free(mdl_model *m) {
     if (!m) return;
-    if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layer; l++) {
-            mdl_layer *ly = &m->layers[l];
-            mdl_tensor *ts[] = { &ly->attn_norm, &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->bq, &ly->bk, &ly->bv,
-                                 &ly->ffn_norm, &ly->w_gate, &ly->w_up, &ly->w_down };
-            for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) free((char *)ts[i]->name);
-        }
+    owned *o = m->owned;
+    if (o) {
+        for (size_t i = 0; i < o->n; i++) free(o->p[i]);
+        free(o->p);
+        free(o);
     }
-    free((char *)m->tok_embd.name);
-    free((char *)m->out_norm.name);
-    if (m->output.name != m->tok_embd.name) free((char *)m->output.name);
     free(m->layers);
     gguf_close(m->gguf);
-    if (m->st) {
-        void mdl__st_free(void *st);
-        mdl__st_free(m->st);
-    }
+    mdl__st_free(m->st);
     free(m);
 }
 
-static int take_tensor(gguf_ctx *g, const char *name, mdl_tensor *t) {
-    const gguf_tensor *gt = gguf_find_tensor(g, name);
-    memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    if (!t->name) return CM_ENOMEM;
-    if (!gt) return CM_ENOTFOUND;
-    t->data = gt->data;
-    t->type = gt->type;
-    t->n_dims = (int)gt->n_dims;
-    for (int d = 0; d < 4; d++) t->ne[d] = gt->ne[d];
-    t->nbytes = gt->nbytes;
-    return 0;
-}
-
-static int need_tensor(gguf_ctx *g, const char *name, mdl_tensor *t, char *err, size_t errlen) {
-    int rc = take_tensor(g, name, t);
-    if (rc == CM_ENOTFOUND) snprintf(err, errlen, "%s: missing tensor '%s'", gguf_path(g), name);
-    else if (rc) snprintf(err, errlen, "%s: out of memory", gguf_path(g));
-    return rc;
-}
-
-static int get_u32_req(gguf_ctx *g, const char *arch, const char *suffix, int *out, char *err, size_t errlen) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    uint32_t v;
-    int rc = gguf_get_u32(g, key, &v);
-    if (rc == CM_ENOTFOUND) snprintf(err, errlen, "%s: missing metadata '%s'", gguf_path(g), key);
-    else if (rc || v > (1u << 30)) {
-        snprintf(err, errlen, "%s: metadata '%s' is not a sensible unsigned integer", gguf_path(g), key);
-        rc = CM_EFORMAT;
+mdl_tensor *mdl__expert_views(mdl_model *m, const mdl_tensor *t3, int n_expert, int64_t first_row, int64_t n_rows) {
+    if (!t3->data || n_expert <= 0 || t3->ne[2] != n_expert || t3->ne[3] != 1 || first_row < 0 ||
+        first_row + n_rows > t3->ne[1])
+        return NULL;
+    size_t rs = dt_row_size(t3->type, t3->ne[0]);
+    if (!rs) return NULL;
+    mdl_tensor *v = mdl__alloc(m, sizeof *v * (size_t)n_expert);
+    if (!v) return NULL;
+    for (int e = 0; e < n_expert; e++) {
+        v[e] = *t3;
+        v[e].n_dims = 2;
+        v[e].ne[1] = n_rows;
+        v[e].ne[2] = 1;
+        v[e].data = (const uint8_t *)t3->data + ((size_t)e * (size_t)t3->ne[1] + (size_t)first_row) * rs;
+        v[e].nbytes = (uint64_t)n_rows * rs;
     }
-    if (!rc) *out = (int)v;
-    return rc;
+    return v;
 }
 
-static int get_u32_opt(gguf_ctx *g, const char *arch, const char *suffix, int *out) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    uint32_t v;
-    if (gguf_get_u32(g, key, &v) == 0 && v <= (1u << 30)) {
-        *out = (int)v;
-        return 1;
-    }
-    return 0;
-}
-
-static int get_f32_opt(gguf_ctx *g, const char *arch, const char *suffix, float *out) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    return gguf_get_f32(g, key, out) == 0;
-}
-
-int mdl_from_gguf(gguf_ctx *g, mdl_model **out, char *err, size_t errlen) {
-    *out = NULL;
-    const char *path = gguf_path(g);
-    char *arch = NULL;
-    int rc = gguf_get_strdup(g, "general.architecture", &arch);
-    if (rc) {
-        snprintf(err, errlen, "%s: missing or invalid 'general.architecture'", path);
-        return CM_EFORMAT;
-    }
-    mdl_model *m = calloc(1, sizeof *m);
-    if (!m) { free(arch); return CM_ENOMEM; }
+void mdl__finish_config(mdl_model *m) {
     mdl_config *c = &m->cfg;
-    m->format = MDL_FORMAT_GGUF;
-    snprintf(c->arch_name, sizeof c->arch_name, "%s", arch);
-    c->arch = mdl_arch_from_name(arch);
-    if (c->arch < 0) {
-        snprintf(err, errlen, "%s: unsupported architecture '%s' (supported: llama, mistral, qwen2)", path, arch);
-        free(arch);
-        free(m);
-        return CM_EUNSUPPORTED;
+    if (!(c->attn_scale > 0) && c->head_dim > 0) c->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    if (!(c->embd_scale > 0)) c->embd_scale = 1.0f;
+    if (!(c->rope_attn_factor > 0)) c->rope_attn_factor = 1.0f;
+    if (!(c->rope_factor > 0)) c->rope_factor = 1.0f;
+    c->n_layer_swa = 0;
+    int dense = 0;
+    for (int l = 0; m->layers && l < c->n_layer; l++) {
+        c->n_layer_swa += m->layers[l].swa != 0;
+        dense += m->layers[l].ffn_gate_inp.data == NULL;
     }
-    char *name = NULL;
-    if (gguf_get_strdup(g, "general.name", &name) == 0) snprintf(c->name, sizeof c->name, "%s", name);
-    free(name);
-
-    if ((rc = get_u32_req(g, arch, "embedding_length", &c->n_embd, err, errlen)) ||
-        (rc = get_u32_req(g, arch, "block_count", &c->n_layer, err, errlen)) ||
-        (rc = get_u32_req(g, arch, "feed_forward_length", &c->n_ff, err, errlen)) ||
-        (rc = get_u32_req(g, arch, "attention.head_count", &c->n_head, err, errlen)))
-        goto fail;
-    if (!get_u32_opt(g, arch, "attention.head_count_kv", &c->n_head_kv)) c->n_head_kv = c->n_head;
-    if (!get_u32_opt(g, arch, "context_length", &c->n_ctx_train)) c->n_ctx_train = 2048;
-    c->head_dim = c->n_head ? c->n_embd / c->n_head : 0;
-    get_u32_opt(g, arch, "attention.key_length", &c->head_dim);
-    c->rope_dim = c->head_dim;
-    get_u32_opt(g, arch, "rope.dimension_count", &c->rope_dim);
-    c->rope_base = 10000.0f;
-    get_f32_opt(g, arch, "rope.freq_base", &c->rope_base);
-    c->norm_eps = 1e-5f;
-    if (!get_f32_opt(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) c->norm_eps = 1e-5f;
-    c->rope_layout = c->arch == MDL_ARCH_QWEN2 ? MDL_ROPE_HALF : MDL_ROPE_ADJACENT;
-
-    char key[128];
-    char *st = NULL;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    c->rope_factor = 1.0f;
-    if (gguf_get_strdup(g, key, &st) == 0) {
-        if (!strcmp(st, "linear")) c->rope_scaling = MDL_ROPE_SCALING_LINEAR;
-        else if (!strcmp(st, "llama3")) c->rope_scaling = MDL_ROPE_SCALING_LLAMA3;
-        else if (strcmp(st, "none")) {
-            snprintf(err, errlen, "%s: unsupported rope scaling '%s'", path, st);
-            free(st);
-            rc = CM_EUNSUPPORTED;
-            goto fail;
-        }
-        free(st);
-        get_f32_opt(g, arch, "rope.scaling.factor", &c->rope_factor);
-    } else {
-        float f;
-        if (get_f32_opt(g, arch, "rope.scale_linear", &f) && f != 1.0f) {
-            c->rope_scaling = MDL_ROPE_SCALING_LINEAR;
-            c->rope_factor = f;
-        }
-    }
-    /* Llama 3.1 GGUFs carry the scaling as a rope_freqs tensor instead; it is handled by the
-     * llama3 formula with the standard constants when present. */
-    if (gguf_find_tensor(g, "rope_freqs.weight") && c->rope_scaling == MDL_ROPE_SCALING_NONE) {
-        c->rope_scaling = MDL_ROPE_SCALING_LLAMA3;
-        c->rope_factor = 8.0f;
-    }
-    c->rope_low_freq_factor = 1.0f;
-    c->rope_high_freq_factor = 4.0f;
-    c->rope_orig_ctx = 8192;
-    get_u32_opt(g, arch, "rope.scaling.original_context_length", &c->rope_orig_ctx);
-
-    const gguf_value *toks = NULL;
-    if (gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_STRING, &toks) == 0) c->n_vocab = (int)toks->v.arr.n;
-    get_u32_opt(g, arch, "vocab_size", &c->n_vocab);
-
-    if ((rc = need_tensor(g, "token_embd.weight", &m->tok_embd, err, errlen)) ||
-        (rc = need_tensor(g, "output_norm.weight", &m->out_norm, err, errlen)))
-        goto fail;
-    if (!c->n_vocab) c->n_vocab = (int)m->tok_embd.ne[1];
-    rc = take_tensor(g, "output.weight", &m->output);
-    if (rc == CM_ENOTFOUND) {
-        free((char *)m->output.name);
-        m->output = m->tok_embd;
-        c->tied_output = 1;
-    } else if (rc) goto oom;
-
-    if (c->n_layer <= 0 || c->n_layer > 4096) {
-        snprintf(err, errlen, "%s: absurd block_count %d", path, c->n_layer);
-        rc = CM_EFORMAT;
-        goto fail;
-    }
-    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-    if (!m->layers) goto oom;
-    for (int l = 0; l < c->n_layer; l++) {
-        mdl_layer *ly = &m->layers[l];
-        struct { const char *suffix; mdl_tensor *t; int optional; } map[] = {
-            { "attn_norm", &ly->attn_norm, 0 }, { "attn_q", &ly->wq, 0 }, { "attn_k", &ly->wk, 0 },
-            { "attn_v", &ly->wv, 0 }, { "attn_output", &ly->wo, 0 }, { "ffn_norm", &ly->ffn_norm, 0 },
-            { "ffn_gate", &ly->w_gate, 0 }, { "ffn_up", &ly->w_up, 0 }, { "ffn_down", &ly->w_down, 0 },
-        };
-        for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
-            char tn[96];
-            snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, map[i].suffix);
-            if ((rc = need_tensor(g, tn, map[i].t, err, errlen))) goto fail;
-        }
-        struct { const char *suffix; mdl_tensor *t; } bias[] = { { "attn_q", &ly->bq }, { "attn_k", &ly->bk }, { "attn_v", &ly->bv } };
-        for (size_t i = 0; i < 3; i++) {
-            char tn[96];
-            snprintf(tn, sizeof tn, "blk.%d.%s.bias", l, bias[i].suffix);
-            rc = take_tensor(g, tn, bias[i].t);
-            if (rc == 0) c->has_qkv_bias = 1;
-            else if (rc != CM_ENOTFOUND) goto oom;
-        }
-    }
-    m->gguf = g;
-    free(arch);
-    if ((rc = mdl__validate(m, path, err, errlen))) {
-        m->gguf = NULL; /* the caller still owns g on failure */
-        mdl_free(m);
-        return rc;
-    }
-    *out = m;
-    return 0;
-oom:
-    snprintf(err, errlen, "%s: out of memory", path);
-    rc = CM_ENOMEM;
-fail:
-    free(arch);
-    m->gguf = NULL;
-    mdl_free(m);
-    return rc;
+    if (m->layers && !dense) c->n_ff = 0; /* every layer is a mixture of experts */
 }
+
+/* ---- features -------------------------------------------------------------------------------- */
+
+unsigned mdl_features(const mdl_config *c) {
+    unsigned f = 0;
+    if (c->has_qk_norm) f |= MDL_FEAT_QK_NORM;
+    if (c->has_post_norms) f |= MDL_FEAT_POST_NORM;
+    if (c->n_expert > 0) f |= MDL_FEAT_MOE;
+    if (c->n_layer_swa > 0) f |= MDL_FEAT_SWA;
+    if (c->attn_softcap > 0) f |= MDL_FEAT_ATTN_SOFTCAP;
+    if (c->final_softcap > 0) f |= MDL_FEAT_FINAL_SOFTCAP;
+    if (c->ffn_act != MDL_ACT_SILU) f |= MDL_FEAT_GELU;
+    if (c->embd_scale != 1.0f) f |= MDL_FEAT_EMBD_SCALE;
+    if (c->head_dim > 0 && fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f) f |= MDL_FEAT_ATTN_SCALE;
+    if (c->rope_scaling == MDL_ROPE_SCALING_YARN) f |= MDL_FEAT_ROPE_YARN;
+    if (c->rope_scaling == MDL_ROPE_SCALING_LONGROPE) f |= MDL_FEAT_ROPE_LONGROPE;
+    if (c->rope_attn_factor > 0 && c->rope_attn_factor != 1.0f) f |= MDL_FEAT_ROPE_ATTN;
+    if (c->rope_swa_own) f |= MDL_FEAT_ROPE_SWA_BASE;
+    if (c->rope_dim < c->head_dim) f |= MDL_FEAT_ROPE_PARTIAL;
+    if (c->n_head > 0 && c->head_dim * c->n_head != c->n_embd) f |= MDL_FEAT_HEAD_DIM;
+    return f;
+}
+
+const char *mdl_features_str(unsigned mask, char *buf, size_t n) {
+    static const char *const names[] = { "qk-norm", "post-norms", "moe", "sliding-window", "attention soft-cap",
+                                         "final soft-cap", "gelu", "embedding scale", "attention scale", "yarn rope",
+                                         "longrope", "sliding-layer rope base", "partial rope",
+                                         "head_dim apart from n_embd/n_head", "rope attention factor" };
+    size_t at = 0;
+    if (n) buf[0] = 0;
+    for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
+        if (mask & (1u << i)) {
+            int w = snprintf(buf + at, at < n ? n - at : 0, "%s%s", at ? ", " : "", names[i]);
+            if (w > 0) at += (size_t)w;
+        }
+    return buf;
+}
+
+void mdl_layer_rope(const mdl_config *c, int swa, mdl_rope *r) {
+    memset(r, 0, sizeof *r);
+    r->dim = c->rope_dim;
+    r->layout = c->rope_layout;
+    r->attn_factor = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
+    if (swa && c->rope_swa_own) {
+        r->base = c->rope_base_swa;
+        r->scaling = MDL_ROPE_SCALING_NONE;
+        r->factor = 1.0f;
+        r->attn_factor = 1.0f;
+        return;
+    }
+    r->base = c->rope_base;
+    r->scaling = c->rope_scaling;
+    r->factor = c->rope_factor > 0 ? c->rope_factor : 1.0f;
+    r->low_freq_factor = c->rope_low_freq_factor;
+    r->high_freq_factor = c->rope_high_freq_factor;
+    r->orig_ctx = c->rope_orig_ctx;
+    r->beta_fast = c->rope_beta_fast;
+    r->beta_slow = c->rope_beta_slow;
+    r->long_factor = c->rope_long_factor;
+    r->short_factor = c->rope_short_factor;
+}
+
+/* ---- validation ------------------------------------------------------------------------------ */
 
 static int check_shape(const mdl_tensor *t, int64_t ne0, int64_t ne1, const char *path, char *err, size_t errlen) {
     if (!t->data) return 0;
     int64_t want1 = ne1 > 0 ? ne1 : 1;
     if (t->ne[0] != ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        snprintf(err, errlen, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", path, t->name,
-                 (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)want1);
+        snprintf(err, errlen, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]", path, t->name,
+                 (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)ne0, (long long)want1);
         return CM_EFORMAT;
     }
     if (!dt_is_supported(t->type)) {
@@ -248,10 +189,34 @@ static int check_shape(const mdl_tensor *t, int64_t ne0, int64_t ne1, const char
     return 0;
 }
 
+/* A norm or bias vector: present when wanted, F32 (loaders convert), of length n. */
+static int check_vec(const mdl_tensor *t, int want, int64_t n, const char *what, int l, const char *path, char *err,
+                     size_t errlen) {
+    if (!want) {
+        if (t->data) {
+            snprintf(err, errlen, "%s: layer %d has a %s tensor '%s' the configuration does not use", path, l, what, t->name);
+            return CM_EFORMAT;
+        }
+        return 0;
+    }
+    if (!t->data) {
+        snprintf(err, errlen, "%s: layer %d lacks its %s tensor", path, l, what);
+        return CM_EFORMAT;
+    }
+    int rc = check_shape(t, n, 1, path, err, errlen);
+    if (!rc && t->type != DT_F32) {
+        snprintf(err, errlen, "%s: tensor '%s' is %s; norm and bias vectors must be F32", path, t->name, dt_name(t->type));
+        rc = CM_EUNSUPPORTED;
+    }
+    return rc;
+}
+
 int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen) {
     mdl_config *c = &m->cfg;
-    if (c->n_embd <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ff <= 0 || c->n_vocab <= 0 || c->head_dim <= 0 ||
-        c->n_embd > (1 << 20) || c->n_ff > (1 << 22) || c->n_vocab > (1 << 24) || c->head_dim > 1024 || c->n_head > 1024) {
+    mdl__finish_config(m);
+    if (c->n_embd <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ff < 0 || c->n_vocab <= 0 || c->head_dim <= 0 ||
+        c->n_embd > (1 << 20) || c->n_ff > (1 << 22) || c->n_vocab > (1 << 24) || c->head_dim > 1024 || c->n_head > 1024 ||
+        (c->n_ff == 0 && c->n_expert == 0)) {
         snprintf(err, errlen, "%s: absurd hyper-parameters (n_embd %d, n_head %d, n_head_kv %d, head_dim %d, n_ff %d, n_vocab %d)",
                  path, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab);
         return CM_EFORMAT;
@@ -264,34 +229,98 @@ int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: rope dimension %d invalid for head_dim %d", path, c->rope_dim, c->head_dim);
         return CM_EFORMAT;
     }
-    if (c->n_ctx_train <= 0) c->n_ctx_train = 2048;
+    if (c->n_expert < 0 || c->n_expert > MDL_MAX_EXPERTS ||
+        (c->n_expert > 0 && (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->n_ff_exp <= 0 || c->n_ff_exp > (1 << 22)))) {
+        snprintf(err, errlen, "%s: absurd expert configuration (%d experts, %d used, expert ff %d; at most %d experts)", path,
+                 c->n_expert, c->n_expert_used, c->n_ff_exp, MDL_MAX_EXPERTS);
+        return CM_EFORMAT;
+    }
+    if ((c->n_layer_swa > 0 && c->n_swa <= 0) || c->n_swa < 0 || !(c->attn_softcap >= 0) || !(c->final_softcap >= 0) ||
+        !(c->attn_scale > 0) || !isfinite(c->attn_scale) || !(c->embd_scale > 0) || !isfinite(c->embd_scale)) {
+        snprintf(err, errlen, "%s: invalid attention settings (sliding window %d over %d layers, soft-caps %g / %g, scale %g, "
+                 "embedding scale %g)", path, c->n_swa, c->n_layer_swa, c->attn_softcap, c->final_softcap, c->attn_scale,
+                 c->embd_scale);
+        return CM_EFORMAT;
+    }
+    if (c->rope_scaling == MDL_ROPE_SCALING_LONGROPE && (!c->rope_long_factor || !c->rope_short_factor || c->rope_orig_ctx <= 0)) {
+        snprintf(err, errlen, "%s: longrope scaling needs long and short factors and an original context length", path);
+        return CM_EFORMAT;
+    }
+    if ((c->rope_scaling == MDL_ROPE_SCALING_YARN || c->rope_scaling == MDL_ROPE_SCALING_LLAMA3) && c->rope_orig_ctx <= 0) {
+        snprintf(err, errlen, "%s: %s rope scaling needs the original context length", path, mdl_rope_scaling_name(c->rope_scaling));
+        return CM_EFORMAT;
+    }
+    if (c->n_ctx_train <= 0) {
+        snprintf(err, errlen, "%s: the training context length is missing", path);
+        return CM_EFORMAT;
+    }
     int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
     int rc;
     if ((rc = check_shape(&m->tok_embd, c->n_embd, c->n_vocab, path, err, errlen)) ||
-        (rc = check_shape(&m->out_norm, c->n_embd, 1, path, err, errlen)) ||
-        (rc = check_shape(&m->output, c->n_embd, c->n_vocab, path, err, errlen)))
+        (rc = check_shape(&m->output, c->n_embd, c->n_vocab, path, err, errlen)) ||
+        (rc = check_vec(&m->out_norm, 1, c->n_embd, "output norm", -1, path, err, errlen)))
         return rc;
-    uint64_t bytes = m->out_norm.nbytes + m->output.nbytes;
+    uint64_t bytes = m->out_norm.nbytes + m->output.nbytes, active = bytes;
     for (int l = 0; l < c->n_layer; l++) {
         mdl_layer *ly = &m->layers[l];
-        if ((rc = check_shape(&ly->attn_norm, c->n_embd, 1, path, err, errlen)) ||
+        int moe = ly->ffn_gate_inp.data != NULL;
+        if ((rc = check_vec(&ly->attn_norm, 1, c->n_embd, "attention norm", l, path, err, errlen)) ||
             (rc = check_shape(&ly->wq, c->n_embd, qd, path, err, errlen)) ||
             (rc = check_shape(&ly->wk, c->n_embd, kvd, path, err, errlen)) ||
             (rc = check_shape(&ly->wv, c->n_embd, kvd, path, err, errlen)) ||
             (rc = check_shape(&ly->wo, qd, c->n_embd, path, err, errlen)) ||
-            (rc = check_shape(&ly->bq, qd, 1, path, err, errlen)) ||
-            (rc = check_shape(&ly->bk, kvd, 1, path, err, errlen)) ||
-            (rc = check_shape(&ly->bv, kvd, 1, path, err, errlen)) ||
-            (rc = check_shape(&ly->ffn_norm, c->n_embd, 1, path, err, errlen)) ||
-            (rc = check_shape(&ly->w_gate, c->n_embd, c->n_ff, path, err, errlen)) ||
-            (rc = check_shape(&ly->w_up, c->n_embd, c->n_ff, path, err, errlen)) ||
-            (rc = check_shape(&ly->w_down, c->n_ff, c->n_embd, path, err, errlen)))
+            (rc = check_vec(&ly->bq, c->has_qkv_bias, qd, "Q bias", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->bk, c->has_qkv_bias, kvd, "K bias", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->bv, c->has_qkv_bias, kvd, "V bias", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->attn_q_norm, c->has_qk_norm, c->head_dim, "Q norm", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->attn_k_norm, c->has_qk_norm, c->head_dim, "K norm", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->attn_post_norm, c->has_post_norms, c->n_embd, "post-attention norm", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->ffn_post_norm, c->has_post_norms, c->n_embd, "post-MLP norm", l, path, err, errlen)) ||
+            (rc = check_vec(&ly->ffn_norm, 1, c->n_embd, "MLP norm", l, path, err, errlen)))
             return rc;
-        bytes += ly->attn_norm.nbytes + ly->wq.nbytes + ly->wk.nbytes + ly->wv.nbytes + ly->wo.nbytes + ly->bq.nbytes +
-                 ly->bk.nbytes + ly->bv.nbytes + ly->ffn_norm.nbytes + ly->w_gate.nbytes + ly->w_up.nbytes + ly->w_down.nbytes;
+        if (!ly->wq.data || !ly->wk.data || !ly->wv.data || !ly->wo.data) {
+            snprintf(err, errlen, "%s: layer %d lacks an attention projection", path, l);
+            return CM_EFORMAT;
+        }
+        uint64_t lb = ly->attn_norm.nbytes + ly->wq.nbytes + ly->wk.nbytes + ly->wv.nbytes + ly->wo.nbytes + ly->bq.nbytes +
+                      ly->bk.nbytes + ly->bv.nbytes + ly->ffn_norm.nbytes + ly->attn_q_norm.nbytes + ly->attn_k_norm.nbytes +
+                      ly->attn_post_norm.nbytes + ly->ffn_post_norm.nbytes;
+        bytes += lb;
+        active += lb;
+        if (moe) {
+            if (c->n_expert <= 0 || !ly->exp_gate || !ly->exp_up || !ly->exp_down || ly->w_gate.data || ly->w_up.data ||
+                ly->w_down.data) {
+                snprintf(err, errlen, "%s: layer %d mixes a router with %s", path, l,
+                         c->n_expert <= 0 ? "no expert count" : ly->w_gate.data ? "dense MLP tensors" : "missing experts");
+                return CM_EFORMAT;
+            }
+            if ((rc = check_shape(&ly->ffn_gate_inp, c->n_embd, c->n_expert, path, err, errlen))) return rc;
+            uint64_t eb = 0;
+            for (int e = 0; e < c->n_expert; e++) {
+                if ((rc = check_shape(&ly->exp_gate[e], c->n_embd, c->n_ff_exp, path, err, errlen)) ||
+                    (rc = check_shape(&ly->exp_up[e], c->n_embd, c->n_ff_exp, path, err, errlen)) ||
+                    (rc = check_shape(&ly->exp_down[e], c->n_ff_exp, c->n_embd, path, err, errlen)))
+                    return rc;
+                eb += ly->exp_gate[e].nbytes + ly->exp_up[e].nbytes + ly->exp_down[e].nbytes;
+            }
+            bytes += ly->ffn_gate_inp.nbytes + eb;
+            active += ly->ffn_gate_inp.nbytes + eb / (uint64_t)c->n_expert * (uint64_t)c->n_expert_used;
+        } else {
+            if (!ly->w_gate.data || !ly->w_up.data || !ly->w_down.data || c->n_ff <= 0) {
+                snprintf(err, errlen, "%s: layer %d has neither a dense MLP nor a router", path, l);
+                return CM_EFORMAT;
+            }
+            if ((rc = check_shape(&ly->w_gate, c->n_embd, c->n_ff, path, err, errlen)) ||
+                (rc = check_shape(&ly->w_up, c->n_embd, c->n_ff, path, err, errlen)) ||
+                (rc = check_shape(&ly->w_down, c->n_ff, c->n_embd, path, err, errlen)))
+                return rc;
+            uint64_t db = ly->w_gate.nbytes + ly->w_up.nbytes + ly->w_down.nbytes;
+            bytes += db;
+            active += db;
+        }
     }
-    /* Norm weights must be float: the kernels read them as F32. */
     m->weight_bytes = bytes;
+    m->active_bytes = active;
     return 0;
 }
 

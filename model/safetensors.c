@@ -32,7 +32,7 @@
  *
  * Called from the loading thread only (mdl_load); the result is immutable afterwards.
  */
-#include "model.h"
+#include "model_internal.h"
 #include "dtype.h"
 #include "../common/cm_err.h"
 #include "../common/cm_json.h"
@@ -71,6 +71,7 @@ typedef struct st_entry {
     int      n_dims;
     int64_t  shape[ST_MAX_RANK]; /* row-major, as in the header */
     uint64_t begin, end;  /* relative to the shard's data section */
+    int      used;        /* taken into the model (or deliberately skipped) */
 } st_entry;
 
 typedef struct st_state {
@@ -145,7 +146,7 @@ static int read_small(const char *path, size_t cap, char **out, size_t *len, cha
     return 0;
 }
 
-static int parse_json_file(const char *path, cm_json_doc **doc, char *err, size_t errlen) {
+int mdl__read_json(const char *path, cm_json_doc **doc, char *err, size_t errlen) {
     char *text;
     size_t len;
     int rc = read_small(path, ST_MAX_JSON, &text, &len, err, errlen);
@@ -446,7 +447,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *c
 /* Opens every shard the index's weight_map names and checks each mapping. */
 static int open_indexed(st_state *st, const char *dir, const char *index_path, char *err, size_t errlen) {
     cm_json_doc *doc;
-    int rc = parse_json_file(index_path, &doc, err, errlen);
+    int rc = mdl__read_json(index_path, &doc, err, errlen);
     if (rc) return rc;
     const cm_json *wm = cm_json_get(cm_json_root(doc), "weight_map");
     const char **files = NULL;
@@ -503,145 +504,6 @@ out:
     return rc;
 }
 
-/* ---- config.json ----------------------------------------------------------------------- */
-
-static int cfg_int(const cm_json *o, const char *cfg_path, const char *key, int required, int64_t lo, int64_t hi, int *out,
-                   char *err, size_t errlen) {
-    int64_t v;
-    int rc = cm_json_get_int(o, key, &v);
-    if (rc == CM_ENOTFOUND) {
-        if (!required) return 0;
-        snprintf(err, errlen, "%s: missing key '%s'", cfg_path, key);
-        return CM_EFORMAT;
-    }
-    if (rc) {
-        snprintf(err, errlen, "%s: '%s' is not an integer", cfg_path, key);
-        return CM_EFORMAT;
-    }
-    if (v < lo || v > hi) {
-        snprintf(err, errlen, "%s: '%s' = %lld is out of range [%lld, %lld]", cfg_path, key, (long long)v, (long long)lo, (long long)hi);
-        return CM_EFORMAT;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int cfg_float(const cm_json *o, const char *cfg_path, const char *key, double lo, double hi, float *out,
-                     char *err, size_t errlen) {
-    double v;
-    int rc = cm_json_get_num(o, key, &v);
-    if (rc == CM_ENOTFOUND) return 0;
-    if (rc || !(v > lo && v <= hi)) {
-        snprintf(err, errlen, "%s: '%s' is not a number in (%g, %g]", cfg_path, key, lo, hi);
-        return CM_EFORMAT;
-    }
-    *out = (float)v;
-    return 0;
-}
-
-/* tied: 1 / 0 when tie_word_embeddings is given, -1 when absent. */
-static int parse_config(const char *cfg_path, mdl_config *c, int *tied, char *err, size_t errlen) {
-    cm_json_doc *doc;
-    int rc = parse_json_file(cfg_path, &doc, err, errlen);
-    if (rc) return rc;
-    const cm_json *o = cm_json_root(doc);
-    const char *mt, *s;
-    if (cm_json_get_str(o, "model_type", &mt)) {
-        snprintf(err, errlen, "%s: missing string 'model_type'", cfg_path);
-        rc = CM_EFORMAT;
-        goto out;
-    }
-    snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
-    c->arch = mdl_arch_from_name(mt);
-    if (c->arch < 0) {
-        snprintf(err, errlen, "%s: unsupported model_type '%.64s' (supported: llama, mistral, qwen2)", cfg_path, mt);
-        rc = CM_EUNSUPPORTED;
-        goto out;
-    }
-    if (cm_json_get_str(o, "_name_or_path", &s) == 0) snprintf(c->name, sizeof c->name, "%.127s", s);
-    const int64_t big = 1 << 30;
-    c->n_ctx_train = 2048;
-    c->head_dim = 0;
-    c->n_head_kv = 0;
-    if ((rc = cfg_int(o, cfg_path, "hidden_size", 1, 1, big, &c->n_embd, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "num_hidden_layers", 1, 1, 4096, &c->n_layer, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "num_attention_heads", 1, 1, 4096, &c->n_head, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "num_key_value_heads", 0, 1, 4096, &c->n_head_kv, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "head_dim", 0, 1, 4096, &c->head_dim, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "intermediate_size", 1, 1, big, &c->n_ff, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "vocab_size", 1, 1, big, &c->n_vocab, err, errlen)) ||
-        (rc = cfg_int(o, cfg_path, "max_position_embeddings", 0, 1, big, &c->n_ctx_train, err, errlen)))
-        goto out;
-    if (!c->n_head_kv) c->n_head_kv = c->n_head;
-    if (!c->head_dim) {
-        if (c->n_embd % c->n_head) {
-            snprintf(err, errlen, "%s: hidden_size %d is not a multiple of num_attention_heads %d (and no head_dim)", cfg_path,
-                     c->n_embd, c->n_head);
-            rc = CM_EFORMAT;
-            goto out;
-        }
-        c->head_dim = c->n_embd / c->n_head;
-    }
-    c->rope_dim = c->head_dim;
-    c->rope_layout = MDL_ROPE_HALF;
-    c->norm_eps = 1e-6f; /* the HF default for all three model types */
-    c->rope_base = 10000.0f;
-    if ((rc = cfg_float(o, cfg_path, "rms_norm_eps", 0.0, 1.0, &c->norm_eps, err, errlen)) ||
-        (rc = cfg_float(o, cfg_path, "rope_theta", 0.0, 1e12, &c->rope_base, err, errlen)))
-        goto out;
-
-    c->rope_scaling = MDL_ROPE_SCALING_NONE;
-    c->rope_factor = 1.0f;
-    c->rope_low_freq_factor = 1.0f;
-    c->rope_high_freq_factor = 4.0f;
-    c->rope_orig_ctx = 8192;
-    const cm_json *rs = cm_json_get(o, "rope_scaling");
-    if (rs && rs->type != CM_JSON_NULL) {
-        const char *type = NULL;
-        if (rs->type != CM_JSON_OBJECT || (cm_json_get_str(rs, "rope_type", &type) && cm_json_get_str(rs, "type", &type))) {
-            snprintf(err, errlen, "%s: 'rope_scaling' must be null or an object with a string 'rope_type' or 'type'", cfg_path);
-            rc = CM_EFORMAT;
-            goto out;
-        }
-        if (!strcmp(type, "linear")) c->rope_scaling = MDL_ROPE_SCALING_LINEAR;
-        else if (!strcmp(type, "llama3")) c->rope_scaling = MDL_ROPE_SCALING_LLAMA3;
-        else if (strcmp(type, "default")) {
-            snprintf(err, errlen, "%s: unsupported rope_scaling type '%.32s' (supported: linear, llama3)", cfg_path, type);
-            rc = CM_EUNSUPPORTED;
-            goto out;
-        }
-        if (c->rope_scaling) {
-            if (cm_json_get_num(rs, "factor", &(double){ 0 }) != 0) {
-                snprintf(err, errlen, "%s: rope_scaling '%s' needs a numeric 'factor'", cfg_path, type);
-                rc = CM_EFORMAT;
-                goto out;
-            }
-            if ((rc = cfg_float(rs, cfg_path, "factor", 0.0, 1e6, &c->rope_factor, err, errlen)) ||
-                (rc = cfg_float(rs, cfg_path, "low_freq_factor", 0.0, 1e6, &c->rope_low_freq_factor, err, errlen)) ||
-                (rc = cfg_float(rs, cfg_path, "high_freq_factor", 0.0, 1e6, &c->rope_high_freq_factor, err, errlen)) ||
-                (rc = cfg_int(rs, cfg_path, "original_max_position_embeddings", 0, 1, big, &c->rope_orig_ctx, err, errlen)))
-                goto out;
-            if (c->rope_scaling == MDL_ROPE_SCALING_LLAMA3 && c->rope_high_freq_factor <= c->rope_low_freq_factor) {
-                snprintf(err, errlen, "%s: rope_scaling high_freq_factor must exceed low_freq_factor", cfg_path);
-                rc = CM_EFORMAT;
-                goto out;
-            }
-        }
-    }
-    int t;
-    rc = cm_json_get_bool(o, "tie_word_embeddings", &t);
-    if (rc == CM_ENOTFOUND) *tied = -1;
-    else if (rc) {
-        snprintf(err, errlen, "%s: 'tie_word_embeddings' is not a boolean", cfg_path);
-        rc = CM_EFORMAT;
-        goto out;
-    } else *tied = t;
-    rc = 0;
-out:
-    cm_json_free(doc);
-    return rc;
-}
-
 /* ---- tensors into the model ------------------------------------------------------------- */
 
 static void *own(st_state *st, size_t bytes) {
@@ -657,20 +519,32 @@ static void *own(st_state *st, size_t bytes) {
     return p;
 }
 
-enum { OPTIONAL = 0, REQUIRED = 1 };
-enum { AS_STORED = 0, TO_F32 = 1 };
+int mdl__st_has(const mdl_model *m, const char *name) { return find_entry(m->st, name) != NULL; }
 
-/* Fills t from the HF tensor `name`. Absent optional tensors leave t->data NULL. */
-static int take(st_state *st, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
-                size_t errlen) {
+void mdl__st_skip(mdl_model *m, const char *name) {
+    st_entry *e = (st_entry *)find_entry(m->st, name);
+    if (e) e->used = 1;
+}
+
+void mdl__st_skip_prefix(mdl_model *m, const char *prefix) {
+    st_state *st = m->st;
+    size_t n = strlen(prefix);
+    for (size_t i = 0; i < st->n_entries; i++)
+        if (!strncmp(st->entries[i].name, prefix, n)) st->entries[i].used = 1;
+}
+
+int mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
+                 size_t errlen) {
+    st_state *st = m->st;
     memset(t, 0, sizeof *t);
-    if (!(t->name = strdup(name))) goto oom;
-    const st_entry *e = find_entry(st, name);
+    if (!(t->name = mdl__strdup(m, name))) goto oom;
+    st_entry *e = (st_entry *)find_entry(st, name);
     if (!e) {
         if (!required) return 0;
         snprintf(err, errlen, "%s: missing tensor '%s'", path, name);
         return CM_ENOTFOUND;
     }
+    e->used = 1;
     if (e->type < 0) {
         snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", st->shards[e->shard].path, name, e->dtype);
         return CM_EUNSUPPORTED;
@@ -683,13 +557,18 @@ static int take(st_state *st, const char *path, const char *name, mdl_tensor *t,
     for (int d = 0; d < 4; d++) t->ne[d] = d < e->n_dims ? e->shape[e->n_dims - 1 - d] : 1;
     t->nbytes = e->end - e->begin;
     t->data = src;
-    if (conv == TO_F32 && e->type != DT_F32) {
+    if (conv != MDL__ST_AS_STORED && (e->type != DT_F32 || conv == MDL__ST_TO_F32_PLUS1 || (uintptr_t)src % 4)) {
         float *f = own(st, (size_t)nelem * sizeof *f);
         if (!f) goto oom;
         for (uint64_t i = 0; i < nelem; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            f[i] = e->type == DT_F16 ? dt_f16_to_f32(h) : dt_bf16_to_f32(h);
+            if (e->type == DT_F32) {
+                memcpy(&f[i], src + 4 * i, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, src + 2 * i, 2);
+                f[i] = e->type == DT_F16 ? dt_f16_to_f32(h) : dt_bf16_to_f32(h);
+            }
+            if (conv == MDL__ST_TO_F32_PLUS1) f[i] += 1.0f;
         }
         t->type = DT_F32;
         t->nbytes = nelem * sizeof *f;
@@ -722,6 +601,20 @@ static int check_layer_range(const st_state *st, const char *path, int n_layer, 
             snprintf(err, errlen, "%s: tensor '%s' is beyond num_hidden_layers %d", path, nm, n_layer);
             return CM_EFORMAT;
         }
+    }
+    return 0;
+}
+
+/* Every tensor of the checkpoint must be part of the model: one the engine does not read
+ * means the file describes a network the engine would run wrong. Rotary caches that old
+ * checkpoints persisted are derived data and pass. */
+static int check_unused(const st_state *st, const char *path, const char *model_type, char *err, size_t errlen) {
+    for (size_t i = 0; i < st->n_entries; i++) {
+        const st_entry *e = &st->entries[i];
+        size_t n = strlen(e->name);
+        if (e->used || (n >= 19 && !strcmp(e->name + n - 19, "rotary_emb.inv_freq"))) continue;
+        snprintf(err, errlen, "%s: tensor '%s' is not part of model_type '%s' as this engine reads it", path, e->name, model_type);
+        return CM_EUNSUPPORTED;
     }
     return 0;
 }
@@ -762,8 +655,9 @@ int mdl__load_safetensors(const char *path, mdl_model **out, char *err, size_t e
     m->format = MDL_FORMAT_SAFETENSORS;
     m->st = st;
     mdl_config *c = &m->cfg;
-    int tied;
-    if ((rc = parse_config(cfg_path, c, &tied, err, errlen))) goto fail;
+    mdl__hf hf;
+    memset(&hf, 0, sizeof hf);
+    if ((rc = mdl__hf_config(cfg_path, dir, m, &hf, err, errlen))) goto fail;
     if (!c->name[0]) {
         const char *b = strrchr(dir, '/');
         snprintf(c->name, sizeof c->name, "%.127s", b && b[1] ? b + 1 : dir);
@@ -788,54 +682,9 @@ int mdl__load_safetensors(const char *path, mdl_model **out, char *err, size_t e
         if (!(st->shards = calloc(1, sizeof *st->shards))) goto oom;
         if ((rc = open_shard(st, p, err, errlen)) || (rc = sort_entries(st, err, errlen))) goto fail;
     }
-    if ((rc = check_layer_range(st, path, c->n_layer, err, errlen))) goto fail;
-
-    if ((rc = take(st, path, "model.embed_tokens.weight", &m->tok_embd, REQUIRED, AS_STORED, err, errlen)) ||
-        (rc = take(st, path, "model.norm.weight", &m->out_norm, REQUIRED, TO_F32, err, errlen)))
+    if ((rc = check_layer_range(st, path, c->n_layer, err, errlen)) || (rc = mdl__hf_tensors(m, path, &hf, err, errlen)) ||
+        (rc = mdl__validate(m, path, err, errlen)) || (rc = check_unused(st, path, c->arch_name, err, errlen)))
         goto fail;
-    if (tied == 1 || (tied == -1 && !find_entry(st, "lm_head.weight"))) {
-        m->output = m->tok_embd;
-        c->tied_output = 1;
-    } else if ((rc = take(st, path, "lm_head.weight", &m->output, REQUIRED, AS_STORED, err, errlen))) {
-        if (rc == CM_ENOTFOUND) {
-            size_t l = strlen(err);
-            snprintf(err + l, errlen - l, " (config.json sets tie_word_embeddings false)");
-        }
-        goto fail;
-    }
-
-    if (!(m->layers = calloc((size_t)c->n_layer, sizeof *m->layers))) goto oom;
-    for (int l = 0; l < c->n_layer; l++) {
-        mdl_layer *ly = &m->layers[l];
-        const struct { const char *suffix; mdl_tensor *t; int conv; } map[] = {
-            { "input_layernorm.weight", &ly->attn_norm, TO_F32 }, { "self_attn.q_proj.weight", &ly->wq, AS_STORED },
-            { "self_attn.k_proj.weight", &ly->wk, AS_STORED },    { "self_attn.v_proj.weight", &ly->wv, AS_STORED },
-            { "self_attn.o_proj.weight", &ly->wo, AS_STORED },    { "post_attention_layernorm.weight", &ly->ffn_norm, TO_F32 },
-            { "mlp.gate_proj.weight", &ly->w_gate, AS_STORED },   { "mlp.up_proj.weight", &ly->w_up, AS_STORED },
-            { "mlp.down_proj.weight", &ly->w_down, AS_STORED },
-        };
-        for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
-            char tn[96];
-            snprintf(tn, sizeof tn, "model.layers.%d.%s", l, map[i].suffix);
-            if ((rc = take(st, path, tn, map[i].t, REQUIRED, map[i].conv, err, errlen))) goto fail;
-        }
-        /* Biases: all three in every layer, or none anywhere (layer 0 decides). */
-        const struct { const char *suffix; mdl_tensor *t; } bias[] = {
-            { "self_attn.q_proj.bias", &ly->bq }, { "self_attn.k_proj.bias", &ly->bk }, { "self_attn.v_proj.bias", &ly->bv },
-        };
-        for (size_t i = 0; i < 3; i++) {
-            char tn[96];
-            snprintf(tn, sizeof tn, "model.layers.%d.%s", l, bias[i].suffix);
-            if (l == 0 && i == 0) c->has_qkv_bias = find_entry(st, tn) != NULL;
-            if ((rc = take(st, path, tn, bias[i].t, c->has_qkv_bias ? REQUIRED : OPTIONAL, TO_F32, err, errlen))) goto fail;
-            if (!c->has_qkv_bias && bias[i].t->data) {
-                snprintf(err, errlen, "%s: tensor '%s' present but layer 0 has no q_proj bias", path, tn);
-                rc = CM_EFORMAT;
-                goto fail;
-            }
-        }
-    }
-    if ((rc = mdl__validate(m, path, err, errlen))) goto fail;
     if (st->n_realigned)
         CM_LOG_WARN("safetensors", "tensor data not aligned to element size in the file: copied", "path=%s tensors=%zu bytes=%llu",
                     path, st->n_realigned, (unsigned long long)st->realigned_bytes);

@@ -85,11 +85,13 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
     const float *q = a->q + (t * a->n_head + h) * (int64_t)D;
     float *o = a->out + (t * a->n_head + h) * (int64_t)D;
     const int s = a->tok_seq[t], p = a->tok_pos[t];
+    const int start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+    const float cap = a->softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
     float acc[K_ATTN_MAX_HEAD_DIM], sc[K_ATTN_CHUNK];
     const float *vrow[K_ATTN_CHUNK];
     float m = -INFINITY, l = 0.0f;
     for (int d = 0; d < D; d++) acc[d] = 0.0f;
-    for (int j0 = 0; j0 <= p; j0 += K_ATTN_CHUNK) {
+    for (int j0 = start; j0 <= p; j0 += K_ATTN_CHUNK) {
         int nv = p + 1 - j0 < K_ATTN_CHUNK ? p + 1 - j0 : K_ATTN_CHUNK;
         float mb = m;
         int64_t b = -1;
@@ -102,6 +104,7 @@ static void attn_one(const k_attn_args *a, int64_t t, int h, int *bad) {
             int64_t off = (b * BS + pp % BS) * row + (int64_t)kvh * D;
             vrow[i] = a->v_pool + off;
             float x = dot(q, a->k_pool + off, D) * a->scale;
+            if (cap > 0) x = cap * tanhf(x * inv_cap);
             sc[i] = x;
             if (x > mb) mb = x;
         }
@@ -137,7 +140,11 @@ int k_attn_paged(k_pool *pool, const k_attn_args *a) {
     /* Waking workers costs more than a few thousand multiply-adds: small steps run inline
      * (same result: the split never changes a (token, head) computation). */
     int64_t work = 0;
-    for (int64_t t = 0; t < a->n_tok && work < (1 << 16); t++) work += (int64_t)(a->tok_pos[t] + 1) * a->n_head * a->head_dim;
+    for (int64_t t = 0; t < a->n_tok && work < (1 << 16); t++) {
+        int64_t span = a->tok_pos[t] + 1;
+        if (a->window > 0 && span > a->window) span = a->window;
+        work += span * a->n_head * a->head_dim;
+    }
     if (pool && k_pool_size(pool) > 1 && work >= (1 << 16)) k_pool_run(pool, attn_worker, &j);
     else attn_worker(&j, 0, 1);
     return j.bad ? CM_EINVAL : 0;

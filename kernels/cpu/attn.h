@@ -9,7 +9,8 @@
  *   k_kv_write(&a, k_new, v_new);   // the step's K/V into the cache first
  *   k_attn_paged(pool, &a);         // then every query attends to [0, its position]
  *
- * A query token at position p attends to its own sequence's positions [0, p]; the work is
+ * A query token at position p attends to its own sequence's positions [0, p], or with a
+ * sliding window of W positions to [max(0, p - W + 1), p]; the work is
  * split over (token, head) pairs across the pool, each computed the same way whatever the
  * split (online softmax over fixed chunks of 64 positions in order, f32 accumulation), so
  * results depend neither on the thread count, the other tokens of the batch, nor the block
@@ -30,6 +31,8 @@ typedef struct k_attn_args {
     int64_t n_tok;
     int   n_head, n_head_kv, head_dim, block_size;
     float scale;                  /* usually 1/sqrt(head_dim) */
+    float softcap;                /* > 0: scores = softcap * tanh(scores / softcap) before the softmax */
+    int   window;                 /* > 0: a query sees the last `window` positions, itself included */
     const float   *q;             /* [n_tok, n_head, head_dim] */
     float         *out;           /* [n_tok, n_head, head_dim] */
     const int32_t *tok_pos;       /* [n_tok] position of each query token */
@@ -46,9 +49,9 @@ typedef struct k_attn_args {
  * nothing is written past either). */
 int k_kv_write(const k_attn_args *a, const float *k, const float *v);
 
-/* out = softmax(q·Kᵀ·scale, causal) · V per (token, head); query head h reads KV head
- * h / (n_head / n_head_kv). Returns 0 or CM_EINVAL (bad shapes, a table not covering
- * [0, pos], a block outside the pool). */
+/* out = softmax(capped(q·Kᵀ·scale), causal, windowed) · V per (token, head); query head h
+ * reads KV head h / (n_head / n_head_kv). Returns 0 or CM_EINVAL (bad shapes, a table not
+ * covering the positions the query sees, a block outside the pool). */
 int k_attn_paged(k_pool *pool, const k_attn_args *a);
 
 #endif

@@ -1,5 +1,7 @@
-/* CPU ops (RMSNorm, RoPE, SwiGLU, softmax, add) and paged attention against scalar double
- * references on random inputs; bounds of the KV store; thread-count invariance. */
+/* CPU ops (RMSNorm, RoPE with yarn / longrope / attention factor, SwiGLU, GeGLU, soft-capping,
+ * softmax, add, expert routing) and paged attention (full, and windowed + soft-capped with the
+ * blocks behind the window taken away) against scalar double references on random inputs;
+ * bounds of the KV store; thread-count invariance. */
 #include "kernels/cpu/attn.h"
 #include "kernels/cpu/kcpu.h"
 #include "kernels/cpu/ops.h"
@@ -259,13 +261,131 @@ static void test_attention(void) {
         T_EQ_INT(k_kv_write(&b, knew, vnew), CM_EINVAL);
         T_EQ_INT(k_attn_paged(p1, &b), CM_EINVAL);
     }
+    /* sliding window of 5 with soft-capping: the blocks wholly before every query's window are
+     * removed from the table (-1), as the KV cache frees them */
+    {
+        enum { W = 5 };
+        const float cap = 1.5f;
+        int32_t bt3[S * 16];
+        memcpy(bt3, bt, sizeof bt3);
+        for (int s = 0; s < S; s++) {
+            int first = lens[s] - n_new[s] - W + 1; /* the earliest position the step's queries read */
+            for (int j = 0; j < nblk[s] && first > 0 && (j + 1) * BS <= first; j++) bt3[s * 16 + j] = -1;
+        }
+        k_attn_args b = a;
+        b.block_tables = bt3;
+        b.window = W;
+        b.softcap = cap;
+        b.out = out2;
+        T_EQ_INT(k_attn_paged(p2, &b), 0);
+        for (t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                int s = tseq[t], p = tpos[t], kh = h / (H / HKV), j0 = p - W + 1 > 0 ? p - W + 1 : 0;
+                double sc[64], mx = -1e300, sum = 0;
+                for (int j = j0; j <= p; j++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * K[s][j * row + kh * D + i];
+                    sc[j] = cap * tanh(d / sqrt((double)D) / cap);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = j0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int j = j0; j <= p; j++) o += sc[j] * V[s][j * row + kh * D + i];
+                    ref[(t * H + h) * D + i] = o / sum;
+                }
+            }
+        e = 0;
+        for (int i = 0; i < T * H * D; i++) e = fmax(e, fabs(out2[i] - ref[i]));
+        T_CHECKF(e < 1e-5, "windowed soft-capped attention max abs err %g", e);
+        /* without the window the freed blocks would be read: refused */
+        b.window = 0;
+        T_EQ_INT(k_attn_paged(p1, &b), CM_EINVAL);
+    }
     k_pool_destroy(p1);
     k_pool_destroy(p2);
     for (int s = 0; s < S; s++) { free(K[s]); free(V[s]); }
     free(kp); free(vp); free(tpos); free(tseq); free(knew); free(vnew); free(q); free(out); free(out2); free(ref);
 }
 
+static double gelu_tanh(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+static void test_geglu_softcap_route(void) {
+    enum { N = 1000 };
+    float g[N], u[N], o[N];
+    double r[N];
+    for (int i = 0; i < N; i++) { g[i] = frand(6); u[i] = frand(2); r[i] = gelu_tanh(g[i]) * u[i]; }
+    k_geglu(g, u, N, o);
+    /* absolute on values of order 1: 1 + tanh(...) cancels in float for negative gates, as in PyTorch */
+    T_CHECKF(rel_err(o, r, N, 1.0) < 2e-6, "geglu %g", rel_err(o, r, N, 1.0));
+    float one = 1, m1 = -1, up = 1, y;
+    k_geglu(&one, &up, 1, &y);
+    T_NEAR(y, 0.8411919906082768, 1e-6);  /* PyTorch gelu(1, approximate='tanh') */
+    k_geglu(&m1, &up, 1, &y);
+    T_NEAR(y, -0.15880800939172324, 1e-6);
+    float c[4] = { 0, 1, 100, -1000 };
+    k_softcap(c, 4, 30);
+    T_NEAR(c[0], 0, 0);
+    T_NEAR(c[1], 30 * tanh(1.0 / 30), 1e-6);
+    T_CHECK(c[2] < 30 && c[2] > 29.9 && c[3] >= -30 && c[3] < -29.99);
+    /* routing: softmax, top-k by probability, ties to the lower index, optional renormalisation */
+    float lg[5] = { 1.0f, 1.0f, 0.5f, 2.0f, -1.0f };
+    int32_t idx[5];
+    float w[5];
+    double z = exp(1.0) * 2 + exp(0.5) + exp(2.0) + exp(-1.0);
+    k_topk_route(lg, 5, 2, 0, idx, w);
+    T_EQ_INT(idx[0], 3);
+    T_EQ_INT(idx[1], 0); /* 0 and 1 tie: the lower index */
+    T_NEAR(w[0], exp(2.0) / z, 1e-6);
+    T_NEAR(w[1], exp(1.0) / z, 1e-6);
+    k_topk_route(lg, 5, 3, 1, idx, w);
+    T_CHECK(idx[0] == 3 && idx[1] == 0 && idx[2] == 1);
+    T_NEAR(w[0] + w[1] + w[2], 1, 1e-6);
+    T_NEAR(w[1], exp(1.0) / (exp(2.0) + 2 * exp(1.0)), 1e-6);
+    k_topk_route(lg, 5, 5, 0, idx, w);
+    T_CHECK(idx[0] == 3 && idx[1] == 0 && idx[2] == 1 && idx[3] == 2 && idx[4] == 4);
+}
+
+/* yarn and longrope frequencies (written from transformers' formulas) and the attention
+ * factor on cos/sin. */
+static void test_rope_scaling(void) {
+    const int d = 16;
+    mdl_rope r = { .dim = d, .layout = MDL_ROPE_HALF, .scaling = MDL_ROPE_SCALING_YARN, .base = 10000, .factor = 4,
+                   .beta_fast = 32, .beta_slow = 1, .attn_factor = 1.5f, .orig_ctx = 16 };
+    k_rope_params rp;
+    T_EQ_INT(k_rope_init_layer(&rp, &r, 64), 0);
+    double lo = floor(d * log(16 / (32 * 2 * M_PI)) / (2 * log(10000.0))), hi = ceil(d * log(16 / (1 * 2 * M_PI)) / (2 * log(10000.0)));
+    lo = fmax(lo, 0);
+    hi = fmin(hi, d - 1);
+    double worst = 0;
+    for (int i = 0; i < d / 2; i++) {
+        double b = pow(10000.0, 2.0 * i / d), ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), ef = 1 - ramp;
+        double want = 1 / (4 * b) * (1 - ef) + 1 / b * ef;
+        worst = fmax(worst, fabs(rp.inv_freq[i] - want) / want);
+    }
+    T_CHECKF(worst < 1e-12, "yarn inv_freq %g", worst);
+    T_NEAR(rp.mscale, 1.5, 1e-7);
+    /* position 0 rotates nothing but scales by the factor */
+    float x[16], x0[16];
+    for (int i = 0; i < 16; i++) x[i] = x0[i] = frand(1);
+    int32_t p0 = 0;
+    k_rope(&rp, x, 1, 1, 16, &p0);
+    for (int i = 0; i < 16; i++) T_NEAR(x[i], 1.5 * x0[i], 1e-6);
+    const float lf[4] = { 1, 2, 3, 4 }, sf[4] = { 1.5f, 1.5f, 1.5f, 1.5f };
+    mdl_rope l = { .dim = 8, .layout = MDL_ROPE_HALF, .scaling = MDL_ROPE_SCALING_LONGROPE, .base = 10000, .attn_factor = 1,
+                   .orig_ctx = 32, .long_factor = lf, .short_factor = sf };
+    for (int ctx = 32; ctx <= 33; ctx++) {
+        T_EQ_INT(k_rope_init_layer(&rp, &l, ctx), 0);
+        for (int i = 0; i < 4; i++) {
+            double want = 1 / ((ctx > 32 ? lf[i] : sf[i]) * pow(10000.0, 2.0 * i / 8));
+            T_NEAR(rp.inv_freq[i], want, 1e-12 * want);
+        }
+    }
+}
+
 int main(void) {
+    test_geglu_softcap_route();
+    test_rope_scaling();
     test_rmsnorm();
     test_rope();
     test_swiglu_softmax_add();

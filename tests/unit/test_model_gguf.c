@@ -727,6 +727,8 @@ static void test_mdl_on_written(void) {
     gguf_w_set_u32(w, "llama.attention.head_count", 4);
     gguf_w_set_u32(w, "llama.attention.head_count_kv", 2);
     gguf_w_set_u32(w, "llama.vocab_size", 16);
+    gguf_w_set_u32(w, "llama.context_length", 256);
+    gguf_w_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     struct { const char *n; int64_t a, b; } ts[] = {
         { "token_embd.weight", 32, 16 }, { "output_norm.weight", 32, 1 }, { "output.weight", 32, 16 },
         { "blk.0.attn_norm.weight", 32, 1 }, { "blk.0.attn_q.weight", 32, 32 }, { "blk.0.attn_k.weight", 32, 16 },
@@ -766,20 +768,23 @@ static void test_mdl_on_written(void) {
 /* ---- architectures: mistral and qwen2 files written here ------------------------------------ */
 
 /* A writer with a 2-layer model's hyper-parameters for arch: n_embd 32, 4 heads of 8, 2 KV
- * heads, n_ff 64, 16 tokens. The caller adds keys, then calls load_arch(). */
+ * heads, n_ff 64, 16 tokens, context 512 and RMS epsilon 1e-5 (the two keys llama.cpp
+ * requires). The caller adds keys (a later set overrides), then calls load_arch(). */
 static gguf_writer *arch_writer(const char *arch) {
     gguf_writer *w;
     if (gguf_w_create(&w)) return NULL;
     char key[96];
     const struct { const char *k; uint32_t v; } u[] = {
         { "embedding_length", 32 }, { "block_count", 2 }, { "feed_forward_length", 64 }, { "attention.head_count", 4 },
-        { "attention.head_count_kv", 2 }, { "vocab_size", 16 },
+        { "attention.head_count_kv", 2 }, { "vocab_size", 16 }, { "context_length", 512 },
     };
     gguf_w_set_str(w, "general.architecture", arch);
     for (size_t i = 0; i < sizeof u / sizeof *u; i++) {
         snprintf(key, sizeof key, "%s.%s", arch, u[i].k);
         gguf_w_set_u32(w, key, u[i].v);
     }
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    gguf_w_set_f32(w, key, 1e-5f);
     return w;
 }
 
@@ -957,10 +962,10 @@ static void test_mdl_qwen2(void) {
     if (rc == 0) { mdl_free(m); free(copy); }
     /* a scaling type we do not implement is refused, not ignored */
     w = arch_writer("qwen2");
-    gguf_w_set_str(w, "qwen2.rope.scaling.type", "yarn");
+    gguf_w_set_str(w, "qwen2.rope.scaling.type", "dynamic");
     rc = load_arch(w, 16, 1, &m, &copy, err, sizeof err);
     T_EQ_INT(rc, CM_EUNSUPPORTED);
-    T_CHECKF(strstr(err, "yarn") != NULL, "%s", err);
+    T_CHECKF(strstr(err, "dynamic") != NULL, "%s", err);
     if (rc == 0) { mdl_free(m); free(copy); }
 }
 

@@ -186,7 +186,8 @@ static void make_model(const char *dir, const spec *s) {
     mkdir(dir, 0700);
     int hd = s->head_dim, qd = s->n_head * hd, kvd = s->n_kv * hd;
     char nm[96];
-    if (s->odd_prefix) add_tensor("extra.odd", "F16", 1, 1, 0);
+    /* a persisted rotary cache (derived data the loader passes over) of odd size first */
+    if (s->odd_prefix) add_tensor("model.rotary_emb.inv_freq", "F16", 1, 1, 0);
     add_tensor("model.embed_tokens.weight", s->wdtype, 2, s->n_vocab, s->n_embd);
     for (int l = 0; l < s->n_layer; l++) {
 #define T2(suffix, d0, d1) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), add_tensor(nm, s->wdtype, 2, d0, d1)
@@ -628,7 +629,7 @@ int main(void) {
         { "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":100000}", "num_hidden_layers" },
         { "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":-2}", "num_hidden_layers" },
         { "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":24,"
-          "\"vocab_size\":32,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}", "unsupported rope_scaling type 'yarn'" },
+          "\"vocab_size\":32,\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":4}}", "unsupported rope_scaling type 'dynamic'" },
         { "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":24,"
           "\"vocab_size\":32,\"rope_scaling\":{\"type\":\"linear\"}}", "factor" },
         { "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":24,"
@@ -671,7 +672,7 @@ int main(void) {
     make_model(dir, &s);
     EXPECT_FAIL(dir, dir, "missing tensor 'lm_head.weight'");
     s = base_spec();
-    s.bias = 1; s.skip = "model.layers.1.self_attn.k_proj.bias";
+    s.bias = 1; s.arch = "qwen2"; s.skip = "model.layers.1.self_attn.k_proj.bias";
     snprintf(dir, sizeof dir, "%s/partialbias", root);
     make_model(dir, &s);
     EXPECT_FAIL(dir, dir, "missing tensor 'model.layers.1.self_attn.k_proj.bias'");
