@@ -6,7 +6,7 @@
  *   3. Batch invariance: 4 prompts of different lengths decoded alone and together give the same
  *      greedy tokens, with CUDA graphs and without.
  *   4. Mixed steps (a decode and another sequence's prompt chunks in one forward) give the CPU
- *      engine's greedy tokens.
+ *      engine's logits (teacher-forced).
  * usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...] */
 #include "gpu_common.h"
 #include "model/tok.h"
@@ -139,40 +139,41 @@ static void test_batch_invariance(const char *path, int graphs) {
 }
 
 /* Mixed steps: sequence A decodes while sequence B's prompt arrives as chunks of 48 tokens in the
- * same steps (decode tokens and prefill tiles in one forward), then both decode. The CUDA
- * engine's greedy tokens equal the CPU engine's for both sequences. (A's tokens alone are
- * printed, not compared: its matmuls run on the GEMV alone and on cuBLAS in the mixed steps, whose
- * roundings differ, as for any step of more than KC_GEMV_MAX_TOK tokens.) */
-static int run_mixed(g_eng *g, const int32_t *pa, int la, const int32_t *pb, int lb, int join, int n_gen, int32_t *oa, int32_t *ob) {
+ * same steps (decode tokens and prefill tiles in one forward), then both decode. Both are fed the
+ * same tokens on both engines (teacher forcing: the next input is fixed, not the argmax, so a
+ * near-tie of a random model cannot send the engines down different sequences), and the CUDA
+ * engine's logits of every generated position match the CPU engine's as in test_logits. */
+static int run_mixed(g_eng *g, const int32_t *pa, int la, const int32_t *pb, int lb, int join, int n_gen, const int32_t *fa,
+                     const int32_t *fb, float *oa, float *ob) {
     ex_kv *kv = ex_engine_kv(g->e);
     const ex_limits *L = ex_engine_limits(g->e);
+    const size_t V = (size_t)L->n_vocab;
     ex_kv_table ta, tb;
     int rc = ex_kv_table_init(&ta, L->max_blocks);
     if (!rc) rc = ex_kv_table_init(&tb, L->max_blocks);
     if (!rc) rc = ex_kv_table_reserve(kv, &ta, la + n_gen);
-    if (!rc && pb) rc = ex_kv_table_reserve(kv, &tb, lb + n_gen);
+    if (!rc) rc = ex_kv_table_reserve(kv, &tb, lb + n_gen);
     int na = 0, nb = 0, fed_b = 0;
-    for (int step = 0; !rc && (na < n_gen || (pb && nb < n_gen)); step++) {
+    for (int step = 0; !rc && (na < n_gen || nb < n_gen); step++) {
         ex_batch_buf_clear(&g->bb);
         int ia = -1, ib = -1;
         if (na < n_gen) {
             ia = na == 0 ? ex_batch_buf_add(&g->bb, pa, la, 0, ta.blocks, ta.n, 0)
-                         : ex_batch_buf_add(&g->bb, &oa[na - 1], 1, la + na - 1, ta.blocks, ta.n, 0);
+                         : ex_batch_buf_add(&g->bb, &fa[na - 1], 1, la + na - 1, ta.blocks, ta.n, 0);
             if (ia < 0) rc = ia;
         }
-        if (!rc && pb && step >= join && nb < n_gen) {
+        if (!rc && step >= join && nb < n_gen) {
             if (fed_b < lb) {
                 int k = lb - fed_b < 48 ? lb - fed_b : 48;
                 ib = ex_batch_buf_add(&g->bb, pb + fed_b, k, fed_b, tb.blocks, tb.n, 0);
                 fed_b += k;
-            } else ib = ex_batch_buf_add(&g->bb, &ob[nb - 1], 1, lb + nb - 1, tb.blocks, tb.n, 0);
+            } else ib = ex_batch_buf_add(&g->bb, &fb[nb - 1], 1, lb + nb - 1, tb.blocks, tb.n, 0);
             if (ib < 0) rc = ib;
         }
         const float *logits;
         if (!rc && g->bb.b.n_seqs) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
-        if (!rc && ia >= 0) oa[na++] = g_argmax(logits + (size_t)ex_batch_last_row(&g->bb.b, ia) * L->n_vocab, L->n_vocab);
-        if (!rc && ib >= 0 && fed_b == lb)
-            ob[nb++] = g_argmax(logits + (size_t)ex_batch_last_row(&g->bb.b, ib) * L->n_vocab, L->n_vocab);
+        if (!rc && ia >= 0) memcpy(oa + V * na++, logits + (size_t)ex_batch_last_row(&g->bb.b, ia) * V, V * 4);
+        if (!rc && ib >= 0 && fed_b == lb) memcpy(ob + V * nb++, logits + (size_t)ex_batch_last_row(&g->bb.b, ib) * V, V * 4);
     }
     ex_kv_table_release(kv, &ta);
     ex_kv_table_free(&ta);
@@ -186,30 +187,47 @@ static void test_mixed(const char *path) {
     char err[512];
     if (mdl_load(path, &m, err, sizeof err)) { fprintf(stderr, "%s\n", err); T_CHECK(0); return; }
     const int la = 37, lb = 150, n_gen = 24, V = m->cfg.n_vocab;
-    int32_t pa[37], pb[150], ca[24], cb[24], ga[24], gb[24], alone[24];
+    int32_t pa[37], pb[150], fa[24], fb[24];
     uint64_t r = 11;
     for (int i = 0; i < lb; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         pb[i] = (int32_t)((r >> 33) % (uint64_t)V);
         if (i < la) pa[i] = (pb[i] * 7 + 3) % V;
+        if (i < n_gen) {
+            fa[i] = (pb[i] * 13 + 5) % V;
+            fb[i] = (pb[i] * 17 + 1) % V;
+        }
     }
+    float *c = malloc((size_t)4 * n_gen * V * 4), *ca = c, *cb = c + (size_t)n_gen * V, *ga = cb + (size_t)n_gen * V,
+          *gb = ga + (size_t)n_gen * V;
     g_eng gc, gg;
-    if (g_open(&gc, m, "cpu", 256, 128, 8, 8, 64) || g_open(&gg, m, "cuda", 256, 128, 8, 8, 64)) {
+    if (!c || g_open(&gc, m, "cpu", 256, 128, 8, 8, 64) || g_open(&gg, m, "cuda", 256, 128, 8, 8, 64)) {
         T_CHECK(!"engines open");
+        free(c);
         return;
     }
-    T_EQ_INT(run_mixed(&gc, pa, la, pb, lb, 3, n_gen, ca, cb), 0);
-    T_EQ_INT(run_mixed(&gg, pa, la, pb, lb, 3, n_gen, ga, gb), 0);
-    T_EQ_INT(run_mixed(&gg, pa, la, NULL, 0, 0, n_gen, alone, NULL), 0);
-    int sa = 0, sb = 0, al = 0;
-    while (sa < n_gen && ca[sa] == ga[sa]) sa++;
-    while (sb < n_gen && cb[sb] == gb[sb]) sb++;
-    while (al < n_gen && alone[al] == ga[al]) al++;
-    printf("%s: mixed steps: A cuda == cpu %d/%d, B %d/%d, A mixed == A alone %d/%d\n", path, sa, n_gen, sb, n_gen, al, n_gen);
-    T_CHECKF(sa == n_gen && sb == n_gen, "%s: mixed decode + prefill steps: cuda differs from cpu (A %d, B %d of %d)", path, sa, sb,
-             n_gen);
+    T_EQ_INT(run_mixed(&gc, pa, la, pb, lb, 3, n_gen, fa, fb, ca, cb), 0);
+    T_EQ_INT(run_mixed(&gg, pa, la, pb, lb, 3, n_gen, fa, fb, ga, gb), 0);
+    double worst = 0;
+    int agree = 0;
+    for (int p = 0; p < 2 * n_gen; p++) {
+        const float *x = (p < n_gen ? ga : gb) + (size_t)(p % n_gen) * V, *y = (p < n_gen ? ca : cb) + (size_t)(p % n_gen) * V;
+        double num = 0, den = 0;
+        for (int j = 0; j < V; j++) {
+            num += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+            den += (double)y[j] * y[j];
+        }
+        double e = sqrt(num / (den > 0 ? den : 1));
+        worst = e > worst || e != e ? e : worst;
+        agree += g_argmax(x, V) == g_argmax(y, V);
+    }
+    printf("%s: mixed steps, %d positions of two sequences: logits rel err max %.2e, top-1 agreement %d/%d\n", path, 2 * n_gen,
+           worst, agree, 2 * n_gen);
+    T_CHECKF(worst <= 1e-2 && agree * 100 >= 95 * 2 * n_gen, "%s: mixed decode + prefill steps: cuda vs cpu rel err %.3g, top-1 %d/%d",
+             path, worst, agree, 2 * n_gen);
     g_close(&gc);
     g_close(&gg);
+    free(c);
     mdl_free(m);
 }
 
@@ -223,7 +241,7 @@ int main(int argc, char **argv) {
     test_batch_invariance(argv[1], 0);
     for (int i = 2; i < argc; i++) {
         test_logits(argv[i]);
-        if (i == 2) test_mixed(argv[i]); /* the F16 model: its logits agree with the CPU's at every position */
+        test_mixed(argv[i]);
         test_batch_invariance(argv[i], 1);
         test_batch_invariance(argv[i], 0);
     }

@@ -11,6 +11,8 @@
 #                                         CUDA vs CPU (test_gpu_e2e)
 #   tests/gpu/throughput.sh peer OUT      llama.cpp on the same llama3-8b GGUF (llama-bench, llama-batched-bench)
 #   tests/gpu/throughput.sh gemm OUT      F16 matmuls at llama3-8b's shapes: cublasGemmEx against cublasLt's algorithms
+#   tests/gpu/throughput.sh refs OUT      tests/models/make_refs.py with transformers (checked by arka's CPU backend),
+#                                         packed as OUT/refs.tar.gz for tests/models/
 #
 # Binaries: .carry/bin.tar.xz (built on the CPU machine: cmake -S . -B build-gpu -DARKA_WITH_CURL=OFF
 # -DARKA_WITH_GATEWAY=OFF; tar of build-gpu/bin) or $ARKA_GPU_BIN; models: arka mkmodel into
@@ -97,6 +99,11 @@ regress)
   SF16=$(mk small f16); SQ8=$(mk small q8_0)
   timeout 300 "$BIN/test_gpu_e2e" .carry/stories260K.gguf "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1
   echo "rc=$?"; grep -v '^ts=' "$OUT/e2e.log" | tail -15
+  ;;
+refs)
+  PYTHONUNBUFFERED=1 timeout 400 python3 tests/models/make_refs.py /tmp/refs --check "$BIN/arka" >"$OUT/refs.log" 2>&1
+  echo "make_refs rc=$?"; tail -15 "$OUT/refs.log"; cat /tmp/refs/check.txt 2>/dev/null
+  tar czf "$OUT/refs.tar.gz" -C /tmp/refs . && ls -la "$OUT/refs.tar.gz"
   ;;
 gemm)
   timeout 240 "$BIN/gpu_bench_gemm" 2>&1 | tee "$OUT/gemm.txt"
