@@ -75,7 +75,9 @@ cleanup() {
     rm -rf "$TMP"
     say "total $(($(date +%s) - T0)) s"
     echo "$pass passed, $fail failed"
-    [ $fail -eq 0 ] && [ $rc -eq 0 ]
+    # the script's status: an EXIT trap's last command does not set it, exit does
+    if [ $fail -eq 0 ] && [ $rc -eq 0 ]; then exit 0; fi
+    exit 1
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
