@@ -9,10 +9,10 @@
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "executor/sched.h"
-#include "model/detok.h"
+#include "text/detok.h"
 #include "model/dtype.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 #include <errno.h>
 #include <math.h>

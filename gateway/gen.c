@@ -10,8 +10,8 @@
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "gateway/metrics.h"
-#include "model/detok.h"
-#include "model/stop.h"
+#include "text/detok.h"
+#include "text/stop.h"
 #include "shm/shm.h"
 
 #define BUCKETS     1024
@@ -57,7 +57,7 @@ typedef struct greq {
     int          n_stops;
     /* input, owned, for the threadpool: completion text or chat messages; ids after the work */
     char        *text;
-    mdl_chat_msg *msgs;
+    tok_chat_msg *msgs;
     int          n_msgs;
     char        *tools;
     int32_t     *ids;
@@ -513,7 +513,7 @@ static void work_prepare(uv_work_t *w) {
     char err[512] = "";
     if (r->kind == GW_OAI_CHAT) {
         size_t len;
-        int rc = mdl_chat_render(g->cfg.chat, r->msgs, r->n_msgs, r->tools, 1, &r->text, &len, err, sizeof err);
+        int rc = tok_chat_render(g->cfg.chat, r->msgs, r->n_msgs, r->tools, 1, &r->text, &len, err, sizeof err);
         if (rc) {
             r->wrc = rc;
             if (rc == CM_ENOMEM || rc == CM_ETOOBIG)
@@ -617,7 +617,7 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
                        g->inflight);
         return CM_EFULL;
     }
-    if (q->kind == GW_OAI_CHAT && !mdl_chat_ready(g->cfg.chat)) {
+    if (q->kind == GW_OAI_CHAT && !tok_chat_ready(g->cfg.chat)) {
         gw_oai_err_set(e, 400, "invalid_request_error", "messages", "chat_template_missing",
                        "This model has no chat template, so /v1/chat/completions cannot format messages; use "
                        "/v1/completions, or start the server with --chat-template NAME.");
@@ -690,7 +690,7 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
         if (!(r->msgs = calloc((size_t)(q->n_msgs ? q->n_msgs : 1), sizeof *r->msgs))) goto oom;
         for (int i = 0; i < q->n_msgs; i++, r->n_msgs++) {
             const gw_oai_msg *m = &q->msgs[i];
-            mdl_chat_msg *d = &r->msgs[i];
+            tok_chat_msg *d = &r->msgs[i];
             d->role = dup_or_null(m->role);
             d->content = dup_or_null(m->content);
             d->name = dup_or_null(m->name);

@@ -29,8 +29,8 @@
 
 #include "gateway/backend.h"
 #include "gateway/exec.h"
-#include "model/chat.h"
-#include "model/tok.h"
+#include "text/chat.h"
+#include "text/tok.h"
 
 #define GW_GEN_MAX_EXEC 16
 
@@ -39,7 +39,7 @@ typedef struct gw_gen gw_gen;
 typedef struct gw_gen_cfg {
     const char      *model_id;   /* the served model's id (/v1/models, request "model") */
     const tok_vocab *vocab;      /* borrowed; outlives the gw_gen */
-    const mdl_chat  *chat;       /* borrowed; may have no template (chat requests then get a 400) */
+    const tok_chat  *chat;       /* borrowed; may have no template (chat requests then get a 400) */
     int              n_ctx;      /* positions per sequence, as the executors run them */
     gw_exec_cfg      exec;       /* template for every executor: bin, timeouts, ring sizes (callbacks and args are set here) */
     const char *const *exec_args[GW_GEN_MAX_EXEC]; /* per executor: NULL-terminated argument list (kept, must outlive) */

@@ -25,7 +25,7 @@
 
 #define GW_OAI_N_MAX         16   /* choices per request */
 #define GW_OAI_STOP_MAX      4    /* stop strings (OpenAI's limit) */
-#define GW_OAI_STOP_LEN_MAX  256  /* bytes per stop string (model/stop.h's TOK_STOP_MAX_LEN) */
+#define GW_OAI_STOP_LEN_MAX  256  /* bytes per stop string (text/stop.h's TOK_STOP_MAX_LEN) */
 #define GW_OAI_LOGPROBS_MAX  20   /* top alternatives per token */
 #define GW_OAI_BIAS_MAX      1024 /* logit_bias entries */
 #define GW_OAI_ID_LEN        40   /* buffer for a response id */

@@ -13,9 +13,9 @@
 #include "gateway/http.h"
 #include "gateway/metrics.h"
 #include "gateway/routes.h"
-#include "model/chat.h"
+#include "text/chat.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 void gw_serve_opts_default(gw_serve_opts *o) {
     memset(o, 0, sizeof *o);
@@ -161,8 +161,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         fprintf(stderr, "arka serve: tokenizer: %s\n", err);
         return 1;
     }
-    mdl_chat *chat;
-    if (mdl_chat_load(o->model, o->chat_template, v, &chat, err, sizeof err)) {
+    tok_chat *chat;
+    if (tok_chat_load(o->model, o->chat_template, v, &chat, err, sizeof err)) {
         fprintf(stderr, "arka serve: %s\n", err);
         tok_free(v);
         return 1;
@@ -170,16 +170,16 @@ int gw_serve_run(const gw_serve_opts *o) {
     char id[256];
     if (o->model_id && *o->model_id) snprintf(id, sizeof id, "%s", o->model_id);
     else default_id(o->model, id, sizeof id);
-    if (!mdl_chat_ready(chat))
+    if (!tok_chat_ready(chat))
         CM_LOG_WARN("serve", "no chat template: /v1/chat/completions answers 400 (use --chat-template NAME)", "model=%s", id);
-    else CM_LOG_INFO("serve", "chat template", "source=%s", mdl_chat_source(chat));
+    else CM_LOG_INFO("serve", "chat template", "source=%s", tok_chat_source(chat));
 
     /* executors: the binary is this one */
     static char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) {
         fprintf(stderr, "arka serve: cannot find the arka binary (/proc/self/exe)\n");
-        mdl_chat_free(chat);
+        tok_chat_free(chat);
         tok_free(v);
         return 1;
     }
@@ -233,7 +233,7 @@ int gw_serve_run(const gw_serve_opts *o) {
             fprintf(stderr, "arka serve: cannot open the key store (%s%s): %s\n", auc.redis_url ? auc.redis_url : auc.keys_file,
                     rc == CM_EUNSUPPORTED ? ", this build has no hiredis" : "", cm_err_str(rc));
             uv_loop_close(&loop);
-            mdl_chat_free(chat);
+            tok_chat_free(chat);
             tok_free(v);
             return 1;
         }
@@ -286,7 +286,7 @@ int gw_serve_run(const gw_serve_opts *o) {
     uv_run(&loop, UV_RUN_NOWAIT); /* handles closed by the last destroys */
     gw_gen_destroy(s.gen);
     uv_loop_close(&loop);
-    mdl_chat_free(chat);
+    tok_chat_free(chat);
     tok_free(v);
     return rc ? 1 : 0;
 }

@@ -7,7 +7,7 @@
  *      greedy tokens, with CUDA graphs and without.
  * usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...] */
 #include "gpu_common.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "tests/unit/t.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
 #include "common/cm_err.h"
 #include "common/cm_time.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "shm/shm.h"
 #include "t.h"
 

@@ -3,8 +3,8 @@
  * added tokens (special or not, lstrip/rstrip), unsupported constructs as clear errors, and
  * every truncation / many random corruptions of a tokenizer.json refused without a crash. */
 #include "common/cm_err.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "text/tok.h"
+#include "text/tok_internal.h"
 #include "t.h"
 
 #include <stdint.h>

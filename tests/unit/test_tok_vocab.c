@@ -4,7 +4,7 @@
 #include "common/cm_err.h"
 #include "common/cm_time.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "t.h"
 
 #include <stdint.h>

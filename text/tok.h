@@ -19,7 +19,7 @@
  *    it from the first piece when tok_add_space_prefix().
  *  - Byte-level BPE ("gpt2" in GGUF, ByteLevel in tokenizer.json): the pre-tokenizer named by
  *    tokenizer.ggml.pre (or recognised from the Split regex of tokenizer.json), hand-written
- *    matchers over generated Unicode tables (model/tok_pre.c), then rank-ordered merges per word.
+ *    matchers over generated Unicode tables (text/tok_pre.c), then rank-ordered merges per word.
  *  - HF SentencePiece-converted BPE (Gemma, Llama-2 tokenizer.json): Replace/Prepend normalizers
  *    or Metaspace, rank-ordered merges over characters, byte fallback.
  *  - Normalizers other than those (NFKC, lowercasing, ...) and other models (WordPiece, Unigram)
@@ -32,13 +32,13 @@
  *
  * A tok_vocab is immutable after loading: any number of threads may encode/decode at once.
  */
-#ifndef MDL_TOK_H
-#define MDL_TOK_H
+#ifndef TXT_TOK_H
+#define TXT_TOK_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 
 typedef struct tok_vocab tok_vocab;
 

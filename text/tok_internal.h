@@ -1,7 +1,7 @@
 /* tok_internal: what the tokenizer's files (tok.c, tok_spm.c, tok_bpe.c, tok_pre.c, tok_hf.c,
  * tok_unicode_tables.c) share. Not a public header. */
-#ifndef MDL_TOK_INTERNAL_H
-#define MDL_TOK_INTERNAL_H
+#ifndef TXT_TOK_INTERNAL_H
+#define TXT_TOK_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
