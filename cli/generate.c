@@ -305,7 +305,7 @@ int cli_generate(int argc, char **argv) {
     if (!(out = malloc(out_cap))) goto nomem;
 
     ex_event ev[4];
-    int n_ev, n_gen = 0, finish = 0;
+    int n_ev, n_gen = 0, finish = 0, finish_err = 0;
     double t_start = cm_time_s(), t_first = 0;
     while (ex_sched_busy(s)) {
         r = ex_sched_step(s, ev, 4, &n_ev);
@@ -313,7 +313,7 @@ int cli_generate(int argc, char **argv) {
         for (int k = 0; k < n_ev; k++) {
             if (ev[k].token >= 0) {
                 if (n_gen++ == 0) t_first = cm_time_s();
-                int stop_tok = ev[k].finish == EX_FINISH_STOP;
+                int stop_tok = ev[k].finish == SHM_FINISH_STOP;
                 if (g.ids) printf("%s%d", n_gen > 1 ? " " : "", ev[k].token);
                 else if (!stop_tok) {
                     size_t n = 0;
@@ -321,7 +321,7 @@ int cli_generate(int argc, char **argv) {
                 }
                 fflush(stdout);
             }
-            if (ev[k].finish) finish = ev[k].finish;
+            if (ev[k].finish) finish = ev[k].finish, finish_err = ev[k].err;
         }
     }
     if (!g.ids && tv) {
@@ -334,8 +334,8 @@ int cli_generate(int argc, char **argv) {
     double tp = t_first - t_start, td = t_end - t_first;
     fprintf(stderr, "load: %.2f s | prefill: %d tokens, %.3f s, %.1f tok/s | decode: %d tokens, %.3f s, %.1f tok/s | finish: %s\n",
             t_load, n_prompt, tp, tp > 0 ? n_prompt / tp : 0.0, n_gen > 0 ? n_gen - 1 : 0, td,
-            td > 0 && n_gen > 1 ? (n_gen - 1) / td : 0.0, ex_finish_name(finish));
-    if (finish == EX_FINISH_NOKV) fprintf(stderr, "note: the KV cache ran out (raise --kv-cache-mb)\n");
+            td > 0 && n_gen > 1 ? (n_gen - 1) / td : 0.0, shm_finish_name(finish));
+    if (finish_err == CM_ENOKV) fprintf(stderr, "note: the KV cache ran out (raise --kv-cache-mb)\n");
     rc = 0;
     goto done;
 nomem:

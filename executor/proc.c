@@ -174,19 +174,6 @@ static int drain_submits(proc *p) {
     }
 }
 
-static uint32_t shm_finish_of(proc *p, const ex_event *ev) {
-    switch (ev->finish) {
-    case EX_FINISH_LENGTH: return SHM_FINISH_LENGTH;
-    case EX_FINISH_CANCEL: return SHM_FINISH_CANCELLED;
-    case EX_FINISH_CTX: return SHM_FINISH_CONTEXT;
-    case EX_FINISH_STOP:
-        for (int i = 0; i < p->n_eog; i++)
-            if (ev->token == p->eog[i]) return SHM_FINISH_EOS;
-        return SHM_FINISH_STOP;
-    default: return SHM_FINISH_ERROR;
-    }
-}
-
 /* Publishes one step's events: TOKENS records (split when one would exceed the ring's limit)
  * and a DONE (after an ERROR for failures) per finished request. */
 static int publish(proc *p, int n_ev) {
@@ -235,15 +222,14 @@ static int publish(proc *p, int n_ev) {
     }
     for (int k = 0; k < n_ev; k++) {
         const ex_event *ev = &p->ev[k];
-        if (ev->finish == EX_FINISH_NONE) continue;
+        if (ev->finish == SHM_FINISH_NONE) continue;
         req_slot *sl = slot_find(p, ev->id);
-        uint32_t finish = shm_finish_of(p, ev);
-        if (finish == SHM_FINISH_ERROR) {
-            err_arg ea = { ev->id, ev->finish == EX_FINISH_NOKV ? CM_ENOKV : CM_ESTATE,
-                           ev->finish == EX_FINISH_NOKV ? "out of KV cache blocks while running alone" : "request failed" };
+        if (ev->finish == SHM_FINISH_ERROR) {
+            err_arg ea = { ev->id, ev->err ? ev->err : CM_ESTATE,
+                           ev->err == CM_ENOKV ? "out of KV cache blocks while running alone" : "the sampler refused the request" };
             send_retry(p, send_error_fn, &ea);
         }
-        struct shm_done d = { .req_id = ev->id, .finish = finish, .prompt_tokens = (uint32_t)ev->n_prompt,
+        struct shm_done d = { .req_id = ev->id, .finish = (uint32_t)ev->finish, .prompt_tokens = (uint32_t)ev->n_prompt,
                               .completion_tokens = sl ? sl->seq : 0 };
         if (sl) {
             /* the scheduler does not report admission time: queueing is counted in prefill_ns */

@@ -40,11 +40,6 @@ struct ex_sched {
     ex_sched_stats st;
 };
 
-const char *ex_finish_name(int f) {
-    static const char *const names[] = { "none", "length", "stop", "ctx", "cancel", "nokv", "error" };
-    return f >= 0 && f <= EX_FINISH_ERROR ? names[f] : "?";
-}
-
 void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
 
 static void seq_free(ex_sched *s, seq *q) {
@@ -159,13 +154,14 @@ nomem:
     return CM_ENOMEM;
 }
 
-static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish) {
+static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish, int err) {
     ex_event *ev = &s->pend[s->n_pend++];
     memset(ev, 0, sizeof *ev);
     ev->id = q->id;
     ev->token = tok;
     ev->so.token = tok;
     ev->finish = finish;
+    ev->err = err;
     ev->n_prompt = q->n_prompt;
     ev->n_gen = q->n_gen;
 }
@@ -187,7 +183,7 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     seq *q = find(s, id, &where, &idx);
     if (!q) return CM_ENOTFOUND;
     /* pend has room for every live sequence, so this cannot overflow */
-    push_pending(s, q, -1, EX_FINISH_CANCEL);
+    push_pending(s, q, -1, SHM_FINISH_CANCELLED, 0);
     if (where == 0) run_remove(s, idx);
     else wait_remove(s, idx);
     seq_free(s, q);
@@ -208,7 +204,7 @@ static void preempt(ex_sched *s, int i) {
         s->n_wait++;
     } else {
         /* the queue is full of newer requests: this one cannot wait; report it */
-        push_pending(s, q, -1, EX_FINISH_NOKV);
+        push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
         seq_free(s, q);
     }
     s->st.preemptions++;
@@ -239,7 +235,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     /* Pass 0: decoding sequences (one token each), pass 1: prefill chunks, oldest first in
      * each, so a long prompt never delays the running decodes. A sequence that needs a block
      * when none is free preempts the newest running sequence not already in this step's
-     * batch; when there is none, it sits this step out (or, alone, finishes NOKV). */
+     * batch; when there is none, it sits this step out (or, alone, finishes with CM_ENOKV). */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
             seq *q = s->run[i];
@@ -257,7 +253,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             }
             if (rc == CM_ENOKV && s->n_run == 1) {
                 /* the pool cannot hold this sequence even alone */
-                push_pending(s, q, -1, EX_FINISH_NOKV);
+                push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
                 run_remove(s, i);
                 seq_free(s, q);
                 break;
@@ -313,14 +309,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         e->id = q->id;
         e->token = t;
         e->n_prompt = q->n_prompt;
-        if (t < 0) { e->token = -1; e->finish = EX_FINISH_ERROR; }
+        if (t < 0) { e->token = -1; e->finish = SHM_FINISH_ERROR; e->err = CM_EINVAL; }
         else {
             q->toks[q->n_toks++] = t;
             q->n_gen++;
             s->st.tokens_generated++;
-            if (is_stop(s, q, t)) e->finish = EX_FINISH_STOP;
-            else if (q->n_gen >= q->max_tokens) e->finish = EX_FINISH_LENGTH;
-            else if (q->n_toks >= s->lim.n_ctx) e->finish = EX_FINISH_CTX;
+            if (is_stop(s, q, t)) e->finish = SHM_FINISH_STOP;
+            else if (q->n_gen >= q->max_tokens) e->finish = SHM_FINISH_LENGTH;
+            else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
         }
         e->n_gen = q->n_gen;
         if (e->finish) {

@@ -11,11 +11,12 @@
  * blocks are freed and it goes back to the front of the queue to be recomputed from its
  * tokens (prompt + generated); the sampler's (seed, position) draws make it produce the same
  * tokens again. With no such victim the sequence sits the step out; alone, it finishes with
- * EX_FINISH_NOKV. No request is admitted in a step that preempted.
+ * SHM_FINISH_ERROR and err CM_ENOKV. No request is admitted in a step that preempted.
  *
- * Sequences finish on max_tokens (LENGTH), an end-of-generation id or a stop id (STOP; the
- * token is reported with the finish), the context length (CTX: prompt + generated reached
- * n_ctx), cancel (CANCEL), or NOKV.
+ * Sequences finish (enum shm_finish, the ring's) on max_tokens (LENGTH), an end-of-generation
+ * id or a stop id (STOP; the token is reported with the finish), the context length (CONTEXT:
+ * prompt + generated reached n_ctx), cancel (CANCELLED), or ERROR (err CM_ENOKV as above, or
+ * CM_EINVAL when the sampler refused the sequence).
  *
  *   ex_sched *s; ex_sched_opts so; ex_sched_opts_default(&so);
  *   ex_sched_create(engine, &so, &s);
@@ -34,14 +35,9 @@
 
 #include <stdint.h>
 
+#include "../shm/shm.h"
 #include "engine.h"
 #include "sampler.h"
-
-enum ex_finish {
-    EX_FINISH_NONE = 0, EX_FINISH_LENGTH, EX_FINISH_STOP, EX_FINISH_CTX, EX_FINISH_CANCEL,
-    EX_FINISH_NOKV, EX_FINISH_ERROR
-};
-const char *ex_finish_name(int finish); /* "length", "stop", ... ; can't fail */
 
 typedef struct ex_request {
     uint64_t         id;          /* unique among the scheduler's live requests */
@@ -57,8 +53,9 @@ typedef struct ex_request {
 /* One sequence's news from a step: a new token, a finish, or both. */
 typedef struct ex_event {
     uint64_t      id;
-    int32_t       token;      /* the new token, -1 when the event only finishes (cancel, NOKV) */
-    int           finish;     /* enum ex_finish; NONE while the sequence goes on */
+    int32_t       token;      /* the new token, -1 when the event only finishes (cancel, no KV) */
+    int           finish;     /* enum shm_finish; SHM_FINISH_NONE while the sequence goes on */
+    int           err;        /* finish ERROR: CM_ENOKV (the pool cannot hold it alone) or CM_EINVAL */
     int           n_prompt;   /* usage */
     int           n_gen;      /* tokens generated so far, this one included */
     ex_sample_out so;         /* so.token == token; logprobs when the request asked */

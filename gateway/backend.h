@@ -30,7 +30,7 @@ typedef struct gw_gen_sink {
     /* New text for choice index (complete UTF-8, possibly empty) and, when logprobs were asked,
      * the tokens it came from. Pointers are valid during the call only. */
     void (*on_text)(void *ud, int index, const char *text, size_t len, const gw_oai_tok *toks, int n_toks);
-    /* Choice index is complete (finish: enum gw_finish). */
+    /* Choice index is complete (finish: enum shm_finish). */
     void (*on_finish)(void *ud, int index, int finish);
     /* Every choice is complete; the last callback. */
     void (*on_done)(void *ud, const gw_oai_usage *usage);

@@ -315,17 +315,13 @@ static void on_retry(uv_timer_t *t) {
 
 /* ---- events from an executor --------------------------------------------------------------- */
 
-static int map_finish(uint32_t f) {
-    return f == SHM_FINISH_LENGTH || f == SHM_FINISH_CONTEXT ? GW_FINISH_LENGTH : GW_FINISH_STOP;
-}
-
 /* The choice is complete: usage, on_finish, and on_done + end when it was the last. */
 static void finish_choice(greq *r, int i, int finish) {
     choice *c = &r->ch[i];
     if (c->finished) return;
     c->finished = 1;
     r->n_open--;
-    gw_met_request_done(r->g->met, NULL, finish == GW_FINISH_LENGTH ? "length" : "stop", (uint64_t)r->n_ids,
+    gw_met_request_done(r->g->met, NULL, gw_finish_name(finish), (uint64_t)r->n_ids,
                         (uint64_t)c->completion, secs(r->t_submit, c->t_first), secs(r->t_submit, uv_hrtime()), -1.0);
     EMIT(r, on_finish(r->ud, i, finish));
     if (gone(r) || r->n_open) return;
@@ -396,7 +392,7 @@ static void on_token(gw_gen *g, const struct shm_tok *t, const struct shm_top *t
     if (emit_text(r, i, txt, n, n_toks ? &lt : NULL, n_toks)) {
         if (lookup(g, id) != r) return;
         send_cancel(r->ex, t->req_id); /* the executor need not generate past the stop string */
-        finish_choice(r, i, GW_FINISH_STOP);
+        finish_choice(r, i, SHM_FINISH_STOP);
     }
 }
 
@@ -421,7 +417,7 @@ static void on_done_rec(gw_gen *g, const struct shm_done *d) {
     size_t n = 0, m = 0;
     uint64_t id = r->id;
     if (tok_detok_flush(&c->dt, txt, sizeof txt, &n) == 0 && n && emit_text(r, i, txt, n, NULL, 0)) {
-        if (lookup(g, id) == r) finish_choice(r, i, GW_FINISH_STOP);
+        if (lookup(g, id) == r) finish_choice(r, i, SHM_FINISH_STOP);
         return;
     }
     if (lookup(g, id) != r) return;
@@ -429,7 +425,7 @@ static void on_done_rec(gw_gen *g, const struct shm_done *d) {
         EMIT(r, on_text(r->ud, i, out, m, NULL, 0));
         if (gone(r)) return;
     }
-    finish_choice(r, i, map_finish(d->finish));
+    finish_choice(r, i, (int)d->finish);
 }
 
 static void on_error_rec(gw_gen *g, gen_ex *e, const struct shm_error *er) {

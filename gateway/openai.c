@@ -486,8 +486,9 @@ void gw_oai_req_free(gw_oai_req *q) {
 
 const char *gw_finish_name(int finish) {
     switch (finish) {
-    case GW_FINISH_STOP: return "stop";
-    case GW_FINISH_LENGTH: return "length";
+    case SHM_FINISH_STOP: return "stop";
+    case SHM_FINISH_LENGTH:
+    case SHM_FINISH_CONTEXT: return "length";
     default: return NULL;
     }
 }

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shm/shm.h"
+
 #define GW_OAI_N_MAX         16   /* choices per request */
 #define GW_OAI_STOP_MAX      4    /* stop strings (OpenAI's limit) */
 #define GW_OAI_STOP_LEN_MAX  256  /* bytes per stop string (text/stop.h's TOK_STOP_MAX_LEN) */
@@ -31,8 +33,6 @@
 #define GW_OAI_ID_LEN        40   /* buffer for a response id */
 
 enum gw_oai_kind { GW_OAI_COMPLETION = 0, GW_OAI_CHAT = 1 };
-
-enum gw_finish { GW_FINISH_NONE = 0, GW_FINISH_STOP, GW_FINISH_LENGTH };
 
 typedef struct gw_oai_err {
     int  status;          /* HTTP status (400, 404, 413, 500, 503, ...) */
@@ -144,7 +144,7 @@ typedef struct gw_oai_usage {
 typedef struct gw_oai_choice {
     const char *text;
     size_t      len;
-    int         finish;   /* enum gw_finish */
+    int         finish;   /* enum shm_finish (shm/shm.h) */
     const gw_oai_tok *toks; /* logprobs, or NULL when not asked */
     int         n_toks;
 } gw_oai_choice;
@@ -185,6 +185,8 @@ char *gw_rt_done_json(const char *event_id, const gw_oai_meta *m, const char *st
 /* {"type":"error","event_id","error":{"type","code","message","param","event_id"(client's, or null)}} */
 char *gw_rt_error_json(const char *event_id, const gw_oai_err *e, const char *client_event_id);
 
-const char *gw_finish_name(int finish); /* "stop", "length", or NULL for NONE */
+/* OpenAI's finish_reason of an enum shm_finish: "stop", "length" (LENGTH and CONTEXT), or NULL
+ * (NONE; a cancelled or failed choice has none either). */
+const char *gw_finish_name(int finish);
 
 #endif

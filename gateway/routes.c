@@ -316,7 +316,7 @@ static void g_start(void *ud, int prompt_tokens, int cached_tokens) {
     gw_resp_stream_start(g->req, 200, "text/event-stream", h);
     g->last_write = uv_now(gw_req_loop(g->req));
     if (g->q.kind == GW_OAI_CHAT)
-        for (int i = 0; i < g->q.n; i++) sse_json(g, gw_oai_chunk_json(&g->meta, i, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
+        for (int i = 0; i < g->q.n; i++) sse_json(g, gw_oai_chunk_json(&g->meta, i, 1, NULL, 0, SHM_FINISH_NONE, NULL, 0, NULL));
     if (g->app->cfg.ping_ms && uv_timer_init(gw_req_loop(g->req), &g->ping) == 0) {
         g->ping.data = g;
         g->ping_init = 1;
@@ -335,7 +335,7 @@ static void g_text(void *ud, int index, const char *text, size_t len, const gw_o
         return;
     }
     if (len == 0 && !toks) return;
-    sse_json(g, gw_oai_chunk_json(&g->meta, index, 0, text, len, GW_FINISH_NONE, toks, toks ? n_toks : 0, &g->toff[index]));
+    sse_json(g, gw_oai_chunk_json(&g->meta, index, 0, text, len, SHM_FINISH_NONE, toks, toks ? n_toks : 0, &g->toff[index]));
 }
 
 static void g_finish(void *ud, int index, int finish) {
@@ -694,7 +694,7 @@ static void rt_done_cb(void *ud, const gw_oai_usage *u) {
     if (u->prompt_tokens) r->usage.prompt_tokens = u->prompt_tokens;
     r->seen_tokens = u->completion_tokens;
     int cut = 0;
-    for (int i = 0; i < r->q.n; i++) cut |= r->ch[i].finish == GW_FINISH_LENGTH;
+    for (int i = 0; i < r->q.n; i++) cut |= r->ch[i].finish == SHM_FINISH_LENGTH || r->ch[i].finish == SHM_FINISH_CONTEXT;
     if (cut) rt_done(r, "incomplete", "max_output_tokens");
     else rt_done(r, "completed", NULL);
 }

@@ -214,7 +214,13 @@ int shm_cancel_decode(const void *buf, size_t len, uint64_t *req_id) {
 /* ---- DONE -------------------------------------------------------------------------------- */
 
 static int done_ok(const struct shm_done *d) {
-    return d->req_id != 0 && d->finish < SHM_FINISH_COUNT && d->cached_prompt_tokens <= d->prompt_tokens;
+    return d->req_id != 0 && d->finish > SHM_FINISH_NONE && d->finish < SHM_FINISH_COUNT &&
+           d->cached_prompt_tokens <= d->prompt_tokens;
+}
+
+const char *shm_finish_name(int finish) {
+    static const char *const names[SHM_FINISH_COUNT] = { "none", "stop", "length", "ctx", "cancelled", "error" };
+    return finish >= 0 && finish < SHM_FINISH_COUNT ? names[finish] : "?";
 }
 
 int shm_done_encode(const struct shm_done *d, void *buf, size_t cap, size_t *len) {

@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -353,15 +353,20 @@ enum shm_msg_type {
     SHM_MSG_COUNT
 };
 
+/* How a sequence ended: the one finish enum of the scheduler's events, the DONE record and the
+ * gateway's choices. */
 enum shm_finish {
-    SHM_FINISH_STOP      = 0,   /* a stop token id was sampled */
-    SHM_FINISH_LENGTH    = 1,   /* max_tokens reached */
-    SHM_FINISH_CANCELLED = 2,   /* CANCEL received */
-    SHM_FINISH_ERROR     = 3,   /* failed (an ERROR record with the reason precedes the DONE) */
-    SHM_FINISH_EOS       = 4,   /* the model's end-of-sequence token */
-    SHM_FINISH_CONTEXT   = 5,   /* the context window is full */
+    SHM_FINISH_NONE      = 0,   /* not finished (scheduler events while a sequence runs; never in DONE) */
+    SHM_FINISH_STOP      = 1,   /* one of the request's stop ids was sampled (the end-of-generation ids
+                                 * the gateway sends among them), or the gateway matched a stop string */
+    SHM_FINISH_LENGTH    = 2,   /* max_tokens reached */
+    SHM_FINISH_CONTEXT   = 3,   /* the context window is full */
+    SHM_FINISH_CANCELLED = 4,   /* CANCEL received */
+    SHM_FINISH_ERROR     = 5,   /* failed: the executor sends an ERROR record with the code first */
     SHM_FINISH_COUNT
 };
+/* "none", "stop", "length", "ctx", "cancelled", "error" (for logs; "?" out of range). */
+const char *shm_finish_name(int finish);
 
 #define SHM_MAX_STOP         16    /* stop token ids per request */
 #define SHM_MAX_LOGIT_BIAS   300   /* logit bias entries per request */

@@ -120,7 +120,7 @@ static void test_batched_equals_alone(void) {
     for (int j = 0; j < 8; j++) T_EQ_INT(alone[0].tok[j], ref_head[j]);
     for (int i = 0; i < NREQ; i++) {
         T_EQ_INT(alone[i].n, MAXGEN - 3 * i);
-        T_EQ_INT(alone[i].finish, EX_FINISH_LENGTH);
+        T_EQ_INT(alone[i].finish, SHM_FINISH_LENGTH);
     }
     /* together: token budget 10 (chunked prefill), 4 running at most, staggered arrivals */
     {
@@ -169,7 +169,9 @@ static void test_batched_equals_alone(void) {
     }
 }
 
-/* Runs one request alone; returns the event list's last finish and fills toks. */
+static int run1_err; /* the err of run1's last finish */
+
+/* Runs one request alone; returns the event list's last finish (its err in run1_err) and fills toks. */
 static int run1(ex_sched *s, ex_request *r, int32_t *toks, int *n, int cancel_at) {
     ex_event ev[16];
     int n_ev, fin = 0;
@@ -180,7 +182,7 @@ static int run1(ex_sched *s, ex_request *r, int32_t *toks, int *n, int cancel_at
         T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
         for (int k = 0; k < n_ev; k++) {
             if (ev[k].token >= 0) toks[(*n)++] = ev[k].token;
-            if (ev[k].finish) fin = ev[k].finish;
+            if (ev[k].finish) fin = ev[k].finish, run1_err = ev[k].err;
         }
     }
     return fin;
@@ -203,18 +205,18 @@ static void test_finishes(void) {
     int32_t nl = 13;
     so.eog = &nl; so.n_eog = 1;
     ex_sched_create(e, &so, &s);
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_CTX); /* 5 + 27 = 32 = n_ctx first */
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_CONTEXT); /* 5 + 27 = 32 = n_ctx first */
     T_EQ_INT(n, 27);
     T_EQ_INT(toks[0], 432);
     /* a stop id: 426 is the 11th token */
     int32_t stop = 426;
     r.stop_ids = &stop; r.n_stop = 1;
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_STOP);
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_STOP);
     T_EQ_INT(n, 11);
     T_EQ_INT(toks[10], 426);
     r.n_stop = 0; r.stop_ids = NULL;
     /* cancel while running */
-    T_EQ_INT(run1(s, &r, toks, &n, 3), EX_FINISH_CANCEL);
+    T_EQ_INT(run1(s, &r, toks, &n, 3), SHM_FINISH_CANCELLED);
     T_EQ_INT(n, 3);
     T_EQ_INT(ex_sched_cancel(s, 12345), CM_ENOTFOUND);
     /* cancel while waiting: submit two to a 1-slot... cancel the queued one before any step */
@@ -224,7 +226,7 @@ static void test_finishes(void) {
     int n_ev;
     T_EQ_INT(ex_sched_step(s, ev, 8, &n_ev), 0);
     T_EQ_INT(n_ev, 1);
-    T_EQ_INT(ev[0].finish, EX_FINISH_CANCEL);
+    T_EQ_INT(ev[0].finish, SHM_FINISH_CANCELLED);
     T_EQ_INT(ev[0].token, -1);
     T_CHECK(!ex_sched_busy(s));
     /* submit refusals */
@@ -270,7 +272,7 @@ static void test_finishes(void) {
             for (int j = 0; j < ne; j++)
                 if (e3[j].finish) {
                     done++;
-                    T_EQ_INT(e3[j].finish, e3[j].id == 11 ? EX_FINISH_CANCEL : EX_FINISH_LENGTH);
+                    T_EQ_INT(e3[j].finish, e3[j].id == 11 ? SHM_FINISH_CANCELLED : SHM_FINISH_LENGTH);
                 }
         }
         T_EQ_INT(done, 3);
@@ -285,7 +287,8 @@ static void test_finishes(void) {
     e = mk(64, 3, 4, 64);
     so.n_eog = 0;
     ex_sched_create(e, &so, &s);
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_NOKV);
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_ERROR);
+    T_EQ_INT(run1_err, CM_ENOKV);
     T_EQ_INT(n, 8);
     b.n_prompt = 13;
     T_EQ_INT(ex_sched_submit(s, &b), CM_ENOKV); /* 14 positions > 12 */

@@ -437,7 +437,7 @@ static void job_tick(uv_timer_t *t) {
         uv_timer_start(&j->t, job_tick, j->hold ? 60000 : 1, 0);
         return;
     }
-    j->sink->on_finish(j->ud, 0, GW_FINISH_LENGTH);
+    j->sink->on_finish(j->ud, 0, SHM_FINISH_LENGTH);
     gw_oai_usage u = {j->prompt, j->step, 0};
     fb *b = j->b;
     uint64_t id = j->id;

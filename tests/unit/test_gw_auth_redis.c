@@ -89,7 +89,7 @@ static void job_tick(uv_timer_t *t) {
         uv_timer_start(&j->t, job_tick, j->mode == M_HOLD ? 600000 : 5, 0);
         return;
     }
-    j->sink->on_finish(j->ud, 0, GW_FINISH_LENGTH);
+    j->sink->on_finish(j->ud, 0, SHM_FINISH_LENGTH);
     gw_oai_usage u = {j->prompt, j->step, 0};
     job_end(j);
     j->sink->on_done(j->ud, &u);

@@ -300,7 +300,7 @@ static void test_responses(void) {
     gw_oai_meta m = {.kind = GW_OAI_CHAT, .id = "chatcmpl-abc", .created = 1700000000, .model = "tiny", .fingerprint = "fp_x"};
     gw_oai_top tops[2] = {{"Hi", 2, -0.1f}, {"Hey", 3, -2.5f}};
     gw_oai_tok toks[2] = {{"Hi", 2, -0.1f, 2, tops}, {"\xC3", 1, -0.5f, 0, NULL}};
-    gw_oai_choice ch[2] = {{"Hi there", 8, GW_FINISH_STOP, toks, 2}, {"Yo", 2, GW_FINISH_LENGTH, NULL, 0}};
+    gw_oai_choice ch[2] = {{"Hi there", 8, SHM_FINISH_STOP, toks, 2}, {"Yo", 2, SHM_FINISH_LENGTH, NULL, 0}};
     gw_oai_usage u = {.prompt_tokens = 5, .completion_tokens = 3};
 
     cJSON *j = J(gw_oai_response_json(&m, ch, 2, &u, 1));
@@ -362,7 +362,7 @@ static void test_responses(void) {
     m.id = "chatcmpl-s";
     m.fingerprint = "fp_x";
     m.include_usage = 1;
-    j = J(gw_oai_chunk_json(&m, 0, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 1, NULL, 0, SHM_FINISH_NONE, NULL, 0, NULL));
     T_EQ_STR(S(j, "object"), "chat.completion.chunk");
     T_EQ_STR(S(j, "id"), "chatcmpl-s");
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
@@ -373,7 +373,7 @@ static void test_responses(void) {
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 1, 0, "tok\"en\n", 7, GW_FINISH_NONE, toks, 1, NULL));
+    j = J(gw_oai_chunk_json(&m, 1, 0, "tok\"en\n", 7, SHM_FINISH_NONE, toks, 1, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_NEAR(cJSON_GetObjectItem(c0, "index")->valuedouble, 1, 0);
     d = cJSON_GetObjectItem(c0, "delta");
@@ -381,7 +381,7 @@ static void test_responses(void) {
     T_CHECK(cJSON_GetObjectItem(d, "role") == NULL);
     T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content")), 1);
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_LENGTH, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, SHM_FINISH_LENGTH, NULL, 0, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     d = cJSON_GetObjectItem(c0, "delta");
     T_CHECK(cJSON_IsObject(d) && cJSON_GetArraySize(d) == 0);
@@ -395,21 +395,21 @@ static void test_responses(void) {
     cJSON_Delete(j);
     /* without include_usage there is no usage key on chunks */
     m.include_usage = 0;
-    j = J(gw_oai_chunk_json(&m, 0, 0, "x", 1, GW_FINISH_NONE, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, "x", 1, SHM_FINISH_NONE, NULL, 0, NULL));
     T_CHECK(cJSON_GetObjectItem(j, "usage") == NULL);
     cJSON_Delete(j);
 
     /* completion chunks: text and finish_reason on the same choice object */
     m.kind = GW_OAI_COMPLETION;
     size_t off = 10;
-    j = J(gw_oai_chunk_json(&m, 0, 0, "abc", 3, GW_FINISH_NONE, toks, 2, &off));
+    j = J(gw_oai_chunk_json(&m, 0, 0, "abc", 3, SHM_FINISH_NONE, toks, 2, &off));
     T_EQ_STR(S(j, "object"), "text_completion");
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_EQ_STR(S(c0, "text"), "abc");
     T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "text_offset"), 1)->valuedouble, 12, 0);
     T_EQ_INT(off, 13);
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_STOP, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, SHM_FINISH_STOP, NULL, 0, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_EQ_STR(S(c0, "text"), "");
     T_EQ_STR(S(c0, "finish_reason"), "stop");

@@ -91,7 +91,7 @@ static void tb_tick(uv_timer_t *t) {
         uv_timer_start(&j->t, tb_tick, j->mode == MODE_SLOW ? 300 : j->mode == MODE_HOLD ? 60000 : 1, 0);
         return;
     }
-    for (int c = 0; c < j->n; c++) j->sink->on_finish(j->ud, c, j->given_max ? GW_FINISH_LENGTH : GW_FINISH_STOP);
+    for (int c = 0; c < j->n; c++) j->sink->on_finish(j->ud, c, j->given_max ? SHM_FINISH_LENGTH : SHM_FINISH_STOP);
     gw_oai_usage u = {j->prompt_tokens, j->max_tokens * j->n, 0};
     tb_job_end(j);
     j->sink->on_done(j->ud, &u);

@@ -605,7 +605,7 @@ static void test_proto_others(void) {
     T_EQ_INT(shm_cancel_encode(1, buf, 15, &len), CM_ERANGE);
 
     /* DONE */
-    struct shm_done d = { 5, SHM_FINISH_EOS, 100, 17, 64, 1000, 2000000, 3000000000ull }, d2;
+    struct shm_done d = { 5, SHM_FINISH_STOP, 100, 17, 64, 1000, 2000000, 3000000000ull }, d2;
     T_EQ_INT(shm_done_encode(&d, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, SHM_DONE_SIZE);
     T_EQ_INT(shm_done_decode(buf, len, &d2), 0);
@@ -619,7 +619,10 @@ static void test_proto_others(void) {
     struct shm_done dc = d;
     dc.cached_prompt_tokens = 101;
     T_EQ_INT(shm_done_encode(&dc, buf, sizeof buf, &len), CM_EINVAL);
-    for (int f = 0; f < SHM_FINISH_COUNT; f++) {
+    uint32_t none = SHM_FINISH_NONE; /* a DONE always says how the sequence ended */
+    memcpy(m + 16, &none, 4);
+    T_EQ_INT(shm_done_decode(m, len, &d2), CM_EFORMAT);
+    for (int f = SHM_FINISH_NONE + 1; f < SHM_FINISH_COUNT; f++) {
         d.finish = (uint32_t)f;
         T_EQ_INT(shm_done_encode(&d, buf, sizeof buf, &len), 0);
         T_EQ_INT(shm_done_decode(buf, len, &d2), 0);
