@@ -161,7 +161,7 @@ int cli_generate(int argc, char **argv) {
     if (cli_check_cuda_opts("generate", g.gpu_mem_fraction, g.cuda_graph_budget_s)) return 2;
     if (g.block_size < 0 || g.block_size > 1024) USAGE_ERR("--kv-block-size must be in [1, 1024]");
     if (g.batch < 1) USAGE_ERR("--batch must be >= 1");
-    /* sampling: each flag named (ex_sample_params_check below is the backstop) */
+    /* sampling: each flag named (shm_sampling_check below is the backstop) */
     if (!(g.temp >= 0) || !isfinite(g.temp)) USAGE_ERR("--temp must be >= 0 (0 = greedy; got %g)", g.temp);
     if (g.top_k < 0) USAGE_ERR("--top-k must be >= 0 (0 = off; got %d)", g.top_k);
     if (!(g.top_p > 0 && g.top_p <= 1)) USAGE_ERR("--top-p must be in (0, 1] (got %g)", g.top_p);
@@ -182,7 +182,9 @@ int cli_generate(int argc, char **argv) {
     sp.presence_penalty = g.presence_penalty;
     sp.frequency_penalty = g.frequency_penalty;
     sp.seed = g.seed >= 0 ? (uint64_t)g.seed : (cm_time_ns() ^ ((uint64_t)getpid() << 32));
-    if (ex_sample_params_check(&sp, 1 << 30))
+    sp.has_seed = 1;
+    sp.max_tokens = (uint32_t)g.n_predict;
+    if (shm_sampling_check(&sp))
         USAGE_ERR("invalid sampling parameters (temp finite, top-p in (0,1], min-p in [0,1], repeat-penalty > 0, repeat-last-n >= -1)");
 
     int rc = 1;
@@ -291,7 +293,7 @@ int cli_generate(int argc, char **argv) {
     so.eog = eog;
     so.n_eog = n_eog;
     if (ex_sched_create(e, &so, &s)) goto nomem;
-    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .max_tokens = g.n_predict, .sp = sp };
+    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .sp = sp };
     int r = ex_sched_submit(s, &req);
     if (r) { fprintf(stderr, "arka generate: request refused: %s\n", cm_err_str(r)); goto done; }
     if (g.seed < 0 && sp.temperature > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);

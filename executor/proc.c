@@ -43,7 +43,6 @@ typedef struct proc {
     int32_t eog[4];
     int n_eog;
     uint64_t last_forwarded;   /* scheduler's tokens_forwarded at the last stats update */
-    ex_logit_bias bias[SHM_MAX_LOGIT_BIAS];
     uint64_t step_no;
     uint64_t seed_ctr;
 } proc;
@@ -120,23 +119,10 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
             fail_request(p, sb->req_id, CM_EINVAL, "prompt token id out of the vocabulary", sb->n_prompt);
             return;
         }
-    ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt,
-                     .max_tokens = (int)sb->sp.max_tokens, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop };
-    ex_sample_params_default(&r.sp);
-    r.sp.temperature = sb->sp.temperature;
-    r.sp.top_k = sb->sp.top_k;
-    r.sp.top_p = sb->sp.top_p;
-    r.sp.min_p = sb->sp.min_p;
-    r.sp.repeat_penalty = sb->sp.repetition_penalty;
-    r.sp.presence_penalty = sb->sp.presence_penalty;
-    r.sp.frequency_penalty = sb->sp.frequency_penalty;
+    ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt, .sp = sb->sp,
+                     .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop };
     /* without a seed each request still gets its own stream, fixed for its lifetime */
-    r.sp.seed = sb->sp.has_seed ? sb->sp.seed : ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
-    r.sp.logprobs = sb->sp.logprobs;
-    r.sp.top_logprobs = sb->sp.top_logprobs;
-    for (uint32_t i = 0; i < sb->n_bias; i++) p->bias[i] = (ex_logit_bias){ sb->bias[i].token, sb->bias[i].bias };
-    r.sp.bias = p->bias;
-    r.sp.n_bias = (int)sb->n_bias;
+    if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
     if (rc) {
         const char *why = rc == CM_ECTX ? "prompt does not fit the context" : rc == CM_ENOKV ? "prompt needs more KV blocks than the pool has"

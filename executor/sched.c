@@ -10,11 +10,12 @@ typedef struct seq {
     uint64_t id;
     int32_t *toks;        /* [cap] prompt then generated tokens */
     int      n_toks, cap; /* cap = min(n_prompt + max_tokens, n_ctx) */
-    int      n_prompt, n_gen, max_tokens;
+    int      n_prompt, n_gen;
     int      n_cached;    /* tokens whose K/V are in the cache (the next forward starts here) */
     ex_kv_table kv;
-    ex_sample_params sp;  /* sp.bias points at bias below */
-    ex_logit_bias *bias;
+    ex_sample_params sp;  /* with sp.max_tokens */
+    struct shm_logit_bias *bias;
+    int      n_bias;
     int32_t *stop;
     int      n_stop, ignore_eos;
     int      in_batch;    /* scheduled in the step being built */
@@ -110,9 +111,11 @@ static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.blo
 
 int ex_sched_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
-    if (!r->prompt || r->n_prompt <= 0 || r->max_tokens <= 0 || r->n_stop < 0 || (r->n_stop && !r->stop_ids))
+    if (!r->prompt || r->n_prompt <= 0 || r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX || r->n_stop < 0 ||
+        (r->n_stop && !r->stop_ids))
         return CM_EINVAL;
-    if (ex_sample_params_check(&r->sp, s->lim.n_vocab)) return CM_EINVAL;
+    ex_sample_row check = { .sp = &r->sp, .bias = r->bias, .n_bias = r->n_bias };
+    if (ex_sample_row_check(&check, s->lim.n_vocab)) return CM_EINVAL;
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) return CM_EINVAL;
     if (find(s, r->id, &where, &idx)) return CM_EINVAL;
@@ -126,21 +129,20 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     seq *q = calloc(1, sizeof *q);
     if (!q) return CM_ENOMEM;
     q->id = r->id;
-    int64_t cap = (int64_t)r->n_prompt + r->max_tokens;
+    int64_t cap = (int64_t)r->n_prompt + r->sp.max_tokens;
     q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
     q->n_prompt = q->n_toks = r->n_prompt;
-    q->max_tokens = r->max_tokens;
     q->sp = r->sp;
     q->n_stop = r->n_stop;
     q->ignore_eos = r->ignore_eos;
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);
     if (!q->toks) goto nomem;
     memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
-    if (r->sp.n_bias) {
-        if (!(q->bias = malloc(sizeof *q->bias * (size_t)r->sp.n_bias))) goto nomem;
-        memcpy(q->bias, r->sp.bias, sizeof *q->bias * (size_t)r->sp.n_bias);
+    if (r->n_bias) {
+        if (!(q->bias = malloc(sizeof *q->bias * (size_t)r->n_bias))) goto nomem;
+        memcpy(q->bias, r->bias, sizeof *q->bias * (size_t)r->n_bias);
+        q->n_bias = r->n_bias;
     }
-    q->sp.bias = q->bias;
     if (r->n_stop) {
         if (!(q->stop = malloc(sizeof(int32_t) * (size_t)r->n_stop))) goto nomem;
         memcpy(q->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
@@ -291,7 +293,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         seq *q = s->batch_seq[b];
         if (q->n_cached + s->batch_n[b] < q->n_toks) continue;
         s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
-                                             .n_prev = q->n_toks, .pos = q->n_toks };
+                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = q->n_bias };
     }
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
@@ -315,7 +317,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             q->n_gen++;
             s->st.tokens_generated++;
             if (is_stop(s, q, t)) e->finish = SHM_FINISH_STOP;
-            else if (q->n_gen >= q->max_tokens) e->finish = SHM_FINISH_LENGTH;
+            else if (q->n_gen >= (int64_t)q->sp.max_tokens) e->finish = SHM_FINISH_LENGTH;
             else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
         }
         e->n_gen = q->n_gen;

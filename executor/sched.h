@@ -20,8 +20,8 @@
  *
  *   ex_sched *s; ex_sched_opts so; ex_sched_opts_default(&so);
  *   ex_sched_create(engine, &so, &s);
- *   ex_request r = { .id = 7, .prompt = ids, .n_prompt = n, .max_tokens = 100 };
- *   ex_sample_params_default(&r.sp);
+ *   ex_request r = { .id = 7, .prompt = ids, .n_prompt = n };
+ *   ex_sample_params_default(&r.sp); r.sp.max_tokens = 100;
  *   ex_sched_submit(s, &r);
  *   ex_event ev[256]; int n_ev;
  *   while (ex_sched_busy(s)) ex_sched_step(s, ev, 256, &n_ev);   // tokens + finishes
@@ -43,8 +43,9 @@ typedef struct ex_request {
     uint64_t         id;          /* unique among the scheduler's live requests */
     const int32_t   *prompt;      /* [n_prompt] (copied) */
     int              n_prompt;    /* >= 1 and < n_ctx */
-    int              max_tokens;  /* >= 1 */
-    ex_sample_params sp;          /* bias array copied */
+    ex_sample_params sp;          /* sampling, and sp.max_tokens (>= 1) tokens at most */
+    const struct shm_logit_bias *bias; /* [n_bias] (copied) */
+    int              n_bias;
     const int32_t   *stop_ids;    /* [n_stop] extra ids that end the sequence (copied) */
     int              n_stop;
     int              ignore_eos;  /* 1: the scheduler's end-of-generation ids do not stop it */

@@ -646,27 +646,17 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     r->kind = q->kind;
     r->n = r->n_open = q->n;
     /* OpenAI's completions default to 16 tokens; chat runs to the context end */
-    r->max_tokens = q->max_tokens >= 0 ? q->max_tokens : q->kind == GW_OAI_COMPLETION ? 16 : -1;
-    r->want_lp = q->kind == GW_OAI_CHAT ? q->logprobs : q->logprobs >= 0;
-    r->top_lp = q->kind == GW_OAI_CHAT ? q->top_logprobs : (q->logprobs > 0 ? q->logprobs : 0);
-    if (r->top_lp > SHM_MAX_TOP_LOGPROBS) r->top_lp = SHM_MAX_TOP_LOGPROBS;
-    r->sp.temperature = q->temperature;
-    r->sp.top_p = q->top_p;
-    r->sp.min_p = q->min_p;
-    r->sp.top_k = q->top_k > 0 ? q->top_k : 0;
-    r->sp.repetition_penalty = q->repetition_penalty;
-    r->sp.presence_penalty = q->presence_penalty;
-    r->sp.frequency_penalty = q->frequency_penalty;
-    r->sp.has_seed = (uint8_t)(q->has_seed != 0);
-    r->sp.seed = q->seed;
-    r->sp.logprobs = (uint8_t)r->want_lp;
-    r->sp.top_logprobs = (uint8_t)r->top_lp;
+    /* OpenAI's completions default to 16 tokens; chat runs to the context end */
+    r->max_tokens = q->sp.max_tokens ? (int)q->sp.max_tokens : q->kind == GW_OAI_COMPLETION ? 16 : -1;
+    r->want_lp = q->sp.logprobs;
+    r->top_lp = q->sp.top_logprobs;
+    r->sp = q->sp;
     int32_t eog[2] = { tok_eos(v), tok_eot(v) };
     for (int i = 0; i < 2; i++)
         if (eog[i] >= 0 && (r->n_stop_ids == 0 || r->stop_ids[0] != eog[i])) r->stop_ids[r->n_stop_ids++] = eog[i];
     if (q->n_logit_bias) {
         if (!(r->bias = malloc((size_t)q->n_logit_bias * sizeof *r->bias))) goto oom;
-        for (int i = 0; i < q->n_logit_bias; i++) r->bias[i] = (struct shm_logit_bias){ q->logit_bias[i].token, q->logit_bias[i].bias };
+        memcpy(r->bias, q->logit_bias, (size_t)q->n_logit_bias * sizeof *r->bias);
         r->n_bias = q->n_logit_bias;
     }
     for (int i = 0; i < q->n_stop; i++) {

@@ -50,11 +50,6 @@ typedef struct gw_oai_msg {
     char *tool_calls;     /* JSON array text (assistant), or NULL */
 } gw_oai_msg;
 
-typedef struct gw_oai_bias {
-    int32_t token;
-    float   bias;         /* -100..100 */
-} gw_oai_bias;
-
 typedef struct gw_oai_req {
     int      kind;                /* enum gw_oai_kind */
     char    *model;
@@ -67,23 +62,15 @@ typedef struct gw_oai_req {
     int      n_msgs;
     char    *messages_json;       /* the messages array re-serialized (for templates that need more) */
     char    *tools_json;          /* "tools" array, or NULL */
-    /* sampling */
-    int      max_tokens;          /* -1: not given (up to the context end) */
-    float    temperature;         /* 0..2, default 1 */
-    float    top_p;               /* (0,1], default 1 */
-    int      top_k;               /* 0: off (-1 accepted as off) */
-    float    min_p;               /* 0..1, default 0 */
-    float    presence_penalty;    /* -2..2 */
-    float    frequency_penalty;   /* -2..2 */
-    float    repetition_penalty;  /* > 0, default 1 */
-    int      has_seed;
-    uint64_t seed;
+    /* sampling: the ring's one struct (shm/shm.h), filled here from the API's names (the API's
+     * repetition_penalty is sp.repeat_penalty). sp.max_tokens 0: not given (max_tokens and
+     * max_completion_tokens, the newer name, which wins). Chat's logprobs/top_logprobs and
+     * completions' logprobs N become sp.logprobs (0/1) and sp.top_logprobs (0..20). */
+    struct shm_sampling sp;
     char    *stop[GW_OAI_STOP_MAX];
     int      n_stop;
     int      n;                   /* 1..GW_OAI_N_MAX */
-    int      logprobs;            /* chat: 0/1; completions: top alternatives 0..20, -1 = off */
-    int      top_logprobs;        /* chat: 0..20 */
-    gw_oai_bias *logit_bias;
+    struct shm_logit_bias *logit_bias;
     int      n_logit_bias;
     int      stream;
     int      include_usage;

@@ -328,7 +328,7 @@ static void g_text(void *ud, int index, const char *text, size_t len, const gw_o
     gen *g = ud;
     if (index < 0 || index >= g->q.n) return;
     g->seen_tokens += toks && n_toks > 0 ? n_toks : len > 0;
-    int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
+    int want_lp = g->q.sp.logprobs;
     if (!want_lp) toks = NULL;
     if (!g->q.stream) {
         acc_add(&g->ch[index], text, len, toks, n_toks, want_lp);
@@ -347,7 +347,7 @@ static void g_finish(void *ud, int index, int finish) {
 
 static char *build_response(void *ctx, const gw_oai_choice *ch, int n) {
     gen *g = ctx;
-    int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
+    int want_lp = g->q.sp.logprobs;
     return gw_oai_response_json(&g->meta, ch, n, &g->usage, want_lp);
 }
 
@@ -366,7 +366,7 @@ static void g_done(void *ud, const gw_oai_usage *u) {
             gw_resp_stream_write(g->req, GW_SSE_DONE, sizeof GW_SSE_DONE - 1);
             gw_resp_stream_end(g->req);
         } else {
-            int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
+            int want_lp = g->q.sp.logprobs;
             char *js = acc_build(g->ch, g->q.n, want_lp, build_response, g);
             if (js) send_json(g->req, 200, js, HDRS(g));
             else gw_resp_send(g->req, 500, "text/plain", "out of memory\n", 14, HDRS(g));
@@ -581,7 +581,7 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
     }
     g->admitting = 1;
     gw_req_on_abort(r, g_abort, g);
-    gw_auth_admit(a->cfg.auth, bearer, g->q.model, gw_auth_reserve(a->cfg.auth, blen, g->q.max_tokens, g->q.n), on_admit, g);
+    gw_auth_admit(a->cfg.auth, bearer, g->q.model, gw_auth_reserve(a->cfg.auth, blen, g->q.sp.max_tokens ? (int)g->q.sp.max_tokens : -1, g->q.n), on_admit, g);
 }
 
 /* ---- WebSocket responses (Realtime-style events) ------------------------------------------ */
@@ -822,7 +822,7 @@ static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
         return;
     }
     r->admitting = 1;
-    gw_auth_admit(a->cfg.auth, s->bearer, r->q.model, gw_auth_reserve(a->cfg.auth, len, r->q.max_tokens, r->q.n),
+    gw_auth_admit(a->cfg.auth, s->bearer, r->q.model, gw_auth_reserve(a->cfg.auth, len, r->q.sp.max_tokens ? (int)r->q.sp.max_tokens : -1, r->q.n),
                   rt_on_admit, r);
 }
 

@@ -378,31 +378,44 @@ struct shm_logit_bias {
     float   bias;          /* finite */
 };
 
-/* Sampling parameters as the executor applies them (the gateway has mapped the API names and
- * checked the API's ranges). Decode checks only sanity: finite values, non-negative where a
- * negative is meaningless, counts within their caps. */
+/* The sampling parameters of one sequence: the one struct from the OpenAI request (the gateway's
+ * parser fills it) through the SUBMIT record to the scheduler and both backends' samplers
+ * (executor/sampler.h names it ex_sample_params; the transforms are documented there), with
+ * one name per parameter everywhere. Plain values only: the ring carries it as it is. The
+ * logit bias list travels beside it (a variable-length array of struct shm_logit_bias).
+ * shm_sampling_check() holds the sampler's ranges; decode checks those and the caps below. */
 struct shm_sampling {
     float    temperature;         /* >= 0; 0 = greedy */
     float    top_p;               /* (0, 1]; 1 = off */
     float    min_p;               /* [0, 1]; 0 = off */
-    float    repetition_penalty;  /* > 0; 1 = off */
-    float    presence_penalty;    /* 0 = off */
-    float    frequency_penalty;   /* 0 = off */
+    float    repeat_penalty;      /* > 0; 1 = off (the API's repetition_penalty) */
+    float    presence_penalty;    /* finite; 0 = off */
+    float    frequency_penalty;   /* finite; 0 = off */
     int32_t  top_k;               /* >= 0; 0 = off */
-    uint32_t max_tokens;          /* >= 1 */
-    uint64_t seed;                /* used when has_seed */
+    int32_t  penalty_last_n;      /* previous tokens the penalties see: -1 all, 0 none (default 64) */
+    uint32_t max_tokens;          /* tokens to generate at most; >= 1 in a SUBMIT (the gateway's
+                                   * parser leaves 0 for "not given" and resolves it later) */
+    uint32_t reserved0;           /* 0 */
+    uint64_t seed;                /* the draw's key; when !has_seed the executor picks one */
     uint8_t  has_seed;            /* 0/1 */
     uint8_t  logprobs;            /* 0/1: report the sampled token's logprob */
     uint8_t  top_logprobs;        /* 0..SHM_MAX_TOP_LOGPROBS alternatives per token */
     uint8_t  reserved[5];         /* 0 */
 };
 
+/* Defaults: greedy (temperature 0), top_p 1, min_p 0, repeat_penalty 1, presence and frequency
+ * 0, top_k 0, penalty_last_n 64, max_tokens 0, no seed, no logprobs. Can't fail. */
+void shm_sampling_default(struct shm_sampling *p);
+/* The sampler's ranges (above): 0 or CM_EINVAL. max_tokens and the reserved fields are the
+ * record's business (decode checks them), not the sampler's. */
+int  shm_sampling_check(const struct shm_sampling *p);
+
 /* A request. n (choices) is handled by the gateway as n separate requests. On decode the array
  * pointers point into the ring record: valid until shm_ring_release() (copy the prompt first). */
 struct shm_submit {
     uint64_t req_id;              /* != 0, unique per segment */
-    uint32_t tenant;
-    int32_t  priority;            /* higher runs first; 0 = normal */
+    int32_t  priority;            /* carried for priority scheduling, which the scheduler does not do
+                                   * yet: the gateway sends 0 and the executor ignores it */
     struct shm_sampling sp;
     const int32_t *prompt;        /* [n_prompt] token ids >= 0 */
     uint32_t n_prompt;            /* >= 1 */

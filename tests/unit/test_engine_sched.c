@@ -48,8 +48,8 @@ static void mk_req(ex_request *r, int i) {
     r->id = 100 + i;
     r->prompt = prompts[i];
     r->n_prompt = plen[i];
-    r->max_tokens = MAXGEN - 3 * i;
     ex_sample_params_default(&r->sp);
+    r->sp.max_tokens = MAXGEN - 3 * i;
     r->sp.temperature = i == 0 ? 0.0f : 0.9f;
     r->sp.top_k = i == 3 ? 0 : 40;
     r->sp.top_p = 0.95f;
@@ -194,8 +194,9 @@ static void test_finishes(void) {
     int n;
     ex_request r;
     memset(&r, 0, sizeof r);
-    r.id = 1; r.prompt = once; r.n_prompt = 5; r.max_tokens = 100;
+    r.id = 1; r.prompt = once; r.n_prompt = 5;
     ex_sample_params_default(&r.sp);
+    r.sp.max_tokens = 100;
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     ex_sched *s;
@@ -235,9 +236,9 @@ static void test_finishes(void) {
     ex_request b = r;
     b.prompt = big; b.n_prompt = 32;
     T_EQ_INT(ex_sched_submit(s, &b), CM_ECTX);
-    b.n_prompt = 4; b.max_tokens = 0;
+    b.n_prompt = 4; b.sp.max_tokens = 0;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL);
-    b.max_tokens = 5; big[0] = 512;
+    b.sp.max_tokens = 5; big[0] = 512;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL); /* id outside the vocabulary */
     big[0] = 1; b.sp.top_p = 2.0f;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL);
@@ -257,7 +258,7 @@ static void test_finishes(void) {
         ex_sched *s2;
         T_EQ_INT(ex_sched_create(e2, &q2, &s2), 0);
         ex_request c = r;
-        c.max_tokens = 3;
+        c.sp.max_tokens = 3;
         c.id = 10; T_EQ_INT(ex_sched_submit(s2, &c), 0);
         c.id = 11; T_EQ_INT(ex_sched_submit(s2, &c), 0);
         c.id = 12; T_EQ_INT(ex_sched_submit(s2, &c), CM_EFULL);

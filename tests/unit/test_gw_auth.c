@@ -455,7 +455,7 @@ static int fb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     j->sink = sink;
     j->ud = ud;
     j->prompt = q->prompt ? (int)strlen(q->prompt) : 1;
-    j->max = q->max_tokens > 0 ? q->max_tokens : 4;
+    j->max = q->sp.max_tokens > 0 ? (int)q->sp.max_tokens : 4;
     j->hold = q->prompt && !strcmp(q->prompt, "hold");
     uv_timer_init(b->loop, &j->t);
     j->t.data = j;

@@ -103,7 +103,7 @@ static int fb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     j->sink = sink;
     j->ud = ud;
     j->prompt = q->prompt ? (int)strlen(q->prompt) : 1;
-    j->max = q->max_tokens > 0 ? q->max_tokens : 4;
+    j->max = q->sp.max_tokens > 0 ? (int)q->sp.max_tokens : 4;
     if (q->prompt && !strncmp(q->prompt, "hold", 4)) j->mode = M_HOLD;
     if (q->prompt && !strncmp(q->prompt, "fail", 4)) j->mode = M_FAIL;
     uv_timer_init(b->loop, &j->t);

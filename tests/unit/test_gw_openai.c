@@ -58,18 +58,20 @@ static void test_defaults(void) {
     T_EQ_STR(q.model, "m");
     T_EQ_STR(q.prompt, "hi");
     T_CHECK(q.prompt_tokens == NULL);
-    T_EQ_INT(q.max_tokens, -1);
-    T_NEAR(q.temperature, 1.0, 0);
-    T_NEAR(q.top_p, 1.0, 0);
-    T_EQ_INT(q.top_k, 0);
-    T_NEAR(q.min_p, 0, 0);
-    T_NEAR(q.presence_penalty, 0, 0);
-    T_NEAR(q.frequency_penalty, 0, 0);
-    T_NEAR(q.repetition_penalty, 1.0, 0);
-    T_EQ_INT(q.has_seed, 0);
+    T_EQ_INT(q.sp.max_tokens, 0); /* not given */
+    T_NEAR(q.sp.temperature, 1.0, 0);
+    T_NEAR(q.sp.top_p, 1.0, 0);
+    T_EQ_INT(q.sp.top_k, 0);
+    T_NEAR(q.sp.min_p, 0, 0);
+    T_NEAR(q.sp.presence_penalty, 0, 0);
+    T_NEAR(q.sp.frequency_penalty, 0, 0);
+    T_NEAR(q.sp.repeat_penalty, 1.0, 0);
+    T_EQ_INT(q.sp.has_seed, 0);
     T_EQ_INT(q.n_stop, 0);
     T_EQ_INT(q.n, 1);
-    T_EQ_INT(q.logprobs, -1);
+    T_EQ_INT(q.sp.logprobs, 0);
+    T_EQ_INT(q.sp.top_logprobs, 0);
+    T_EQ_INT(q.sp.penalty_last_n, 64);
     T_EQ_INT(q.n_logit_bias, 0);
     T_EQ_INT(q.stream, 0);
     T_EQ_INT(q.include_usage, 0);
@@ -87,20 +89,21 @@ static void test_defaults(void) {
     T_CHECK(q.prompt == NULL);
     T_EQ_INT(q.n_prompt_tokens, 3);
     T_EQ_INT(q.prompt_tokens[2], 3);
-    T_EQ_INT(q.max_tokens, 7);
-    T_NEAR(q.temperature, 0.5, 1e-7);
-    T_NEAR(q.top_p, 0.9, 1e-7);
-    T_EQ_INT(q.top_k, 40);
-    T_NEAR(q.min_p, 0.05, 1e-7);
-    T_NEAR(q.presence_penalty, -1.5, 0);
-    T_NEAR(q.frequency_penalty, 2, 0);
-    T_NEAR(q.repetition_penalty, 1.1, 1e-6);
-    T_EQ_INT(q.has_seed, 1);
-    T_CHECK(q.seed == (uint64_t)(int64_t)-5);
+    T_EQ_INT(q.sp.max_tokens, 7);
+    T_NEAR(q.sp.temperature, 0.5, 1e-7);
+    T_NEAR(q.sp.top_p, 0.9, 1e-7);
+    T_EQ_INT(q.sp.top_k, 40);
+    T_NEAR(q.sp.min_p, 0.05, 1e-7);
+    T_NEAR(q.sp.presence_penalty, -1.5, 0);
+    T_NEAR(q.sp.frequency_penalty, 2, 0);
+    T_NEAR(q.sp.repeat_penalty, 1.1, 1e-6);
+    T_EQ_INT(q.sp.has_seed, 1);
+    T_CHECK(q.sp.seed == (uint64_t)(int64_t)-5);
     T_EQ_INT(q.n_stop, 2); /* the empty stop string is dropped */
     T_EQ_STR(q.stop[1], "bc");
     T_EQ_INT(q.n, 3);
-    T_EQ_INT(q.logprobs, 5);
+    T_EQ_INT(q.sp.logprobs, 1);
+    T_EQ_INT(q.sp.top_logprobs, 5);
     T_EQ_INT(q.n_logit_bias, 2);
     T_EQ_INT(q.logit_bias[0].token, 42);
     T_NEAR(q.logit_bias[0].bias, -100, 0);
@@ -126,8 +129,8 @@ static void test_defaults(void) {
     T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"stop\":\"\\n\",\"top_k\":-1,\"max_tokens\":5,\"max_completion_tokens\":9"), &q, &e), 0);
     T_EQ_INT(q.n_stop, 1);
     T_EQ_STR(q.stop[0], "\n");
-    T_EQ_INT(q.top_k, 0);
-    T_EQ_INT(q.max_tokens, 9);
+    T_EQ_INT(q.sp.top_k, 0);
+    T_EQ_INT(q.sp.max_tokens, 9);
     gw_oai_req_free(&q);
 
     /* chat: messages, parts, names, tool calls */
@@ -147,9 +150,8 @@ static void test_defaults(void) {
     T_EQ_STR(q.msgs[3].tool_call_id, "c1");
     T_CHECK(q.messages_json && q.messages_json[0] == '[');
     T_CHECK(q.tools_json && strstr(q.tools_json, "\"name\":\"f\""));
-    T_EQ_INT(q.logprobs, 1);
-    T_EQ_INT(q.top_logprobs, 3);
-    T_EQ_INT(q.logprobs, 1);
+    T_EQ_INT(q.sp.logprobs, 1);
+    T_EQ_INT(q.sp.top_logprobs, 3);
     gw_oai_req_free(&q);
 }
 

@@ -105,8 +105,8 @@ static int tb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     j->sink = sink;
     j->ud = ud;
     j->n = q->n;
-    j->given_max = q->max_tokens > 0;
-    j->max_tokens = q->max_tokens > 0 ? q->max_tokens : 4;
+    j->given_max = q->sp.max_tokens > 0;
+    j->max_tokens = q->sp.max_tokens > 0 ? (int)q->sp.max_tokens : 4;
     /* "prompt tokens": one per byte of the prompt or of the messages' contents */
     const char *text = q->prompt;
     if (q->kind == GW_OAI_CHAT)
@@ -119,8 +119,8 @@ static int tb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     if (text && strcmp(text, "fail-mid") == 0) j->mode = MODE_FAIL_MID;
     if (text && strcmp(text, "slow") == 0) j->mode = MODE_SLOW;
     if (text && strcmp(text, "hold") == 0) j->mode = MODE_HOLD;
-    j->want_lp = q->kind == GW_OAI_CHAT ? q->logprobs : q->logprobs >= 0;
-    j->ntop = q->kind == GW_OAI_CHAT ? q->top_logprobs : (q->logprobs > 0 ? q->logprobs : 0);
+    j->want_lp = q->sp.logprobs;
+    j->ntop = q->sp.top_logprobs;
     if (j->ntop > 3) j->ntop = 3;
     j->err_ctx = j->prompt_tokens + j->max_tokens > TB_CTX;
     uv_timer_init(b->loop, &j->t);
