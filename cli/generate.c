@@ -192,7 +192,7 @@ int cli_generate(int argc, char **argv) {
     tok_vocab *tv = NULL;
     ex_engine *e = NULL;
     ex_sched *s = NULL;
-    int32_t *prompt = NULL, *eog = NULL;
+    int32_t *prompt = NULL;
     char *out = NULL;
 
     double t0 = cm_time_s();
@@ -281,19 +281,13 @@ int cli_generate(int argc, char **argv) {
         fprintf(stderr, "note: the KV cache holds %lld positions; generation stops there (raise --kv-cache-mb)\n",
                 (long long)have_pos);
 
-    /* end-of-generation ids from the tokenizer (EOS when it only knows that) */
-    int n_eog = 0;
-    if (tv) {
-        int nv = tok_n_vocab(tv);
-        if (!(eog = malloc(sizeof(int32_t) * (size_t)(nv > 0 ? nv : 1)))) goto nomem;
-        for (int i = 0; i < nv; i++) if (tok_is_eog(tv, i)) eog[n_eog++] = i;
-    }
+    /* the end-of-generation ids (text/tok.h: the same ones the gateway sends) stop the sequence */
+    int32_t eog[TOK_EOG_MAX];
+    int n_eog = tv ? tok_eog_ids(tv, eog, TOK_EOG_MAX) : 0;
     ex_sched_opts so;
     ex_sched_opts_default(&so);
-    so.eog = eog;
-    so.n_eog = n_eog;
     if (ex_sched_create(e, &so, &s)) goto nomem;
-    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .sp = sp };
+    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .sp = sp, .stop_ids = eog, .n_stop = n_eog };
     int r = ex_sched_submit(s, &req);
     if (r) { fprintf(stderr, "arka generate: request refused: %s\n", cm_err_str(r)); goto done; }
     if (g.seed < 0 && sp.temperature > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);
@@ -348,7 +342,6 @@ done:
     tok_free(tv);
     mdl_free(m);
     free(prompt);
-    free(eog);
     free(out);
     return rc;
 }

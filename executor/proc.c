@@ -40,8 +40,6 @@ typedef struct proc {
     uint32_t n_slots;     /* power of two */
     ex_event *ev;
     int ev_cap;
-    int32_t eog[4];
-    int n_eog;
     uint64_t last_forwarded;   /* scheduler's tokens_forwarded at the last stats update */
     uint64_t step_no;
     uint64_t seed_ctr;
@@ -250,16 +248,6 @@ static void update_stats(proc *p, int n_ev, uint64_t step_us) {
     }
 }
 
-static int load_eog(proc *p) {
-    const gguf_ctx *g = p->m->gguf;
-    static const char *const keys[] = { "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" };
-    for (size_t i = 0; g && i < sizeof keys / sizeof *keys; i++) {
-        uint32_t id;
-        if (gguf_get_u32(g, keys[i], &id) == 0 && (int64_t)id < p->m->cfg.n_vocab) p->eog[p->n_eog++] = (int32_t)id;
-    }
-    return p->n_eog;
-}
-
 int ex_proc_run(const ex_proc_opts *o) {
     proc P = { 0 }, *p = &P;
     char err[512];
@@ -290,8 +278,6 @@ int ex_proc_run(const ex_proc_opts *o) {
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     so.max_waiting = o->max_waiting;
-    so.eog = p->eog;
-    so.n_eog = load_eog(p);
     const ex_limits *L = ex_engine_limits(p->e);
     p->ev_cap = L->max_seqs > 0 ? L->max_seqs * 2 : 64;
     uint32_t want = (uint32_t)((o->max_waiting ? o->max_waiting : 1024) + L->max_seqs) * 2, n = 64;

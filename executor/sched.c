@@ -17,7 +17,7 @@ typedef struct seq {
     struct shm_logit_bias *bias;
     int      n_bias;
     int32_t *stop;
-    int      n_stop, ignore_eos;
+    int      n_stop;
     int      in_batch;    /* scheduled in the step being built */
 } seq;
 
@@ -26,7 +26,6 @@ struct ex_sched {
     ex_kv     *kv;
     ex_limits  lim;
     ex_sched_opts o;
-    int32_t   *eog;
     ex_batch_buf bb;
     seq      **run;       /* [max_running], admission order (oldest first) */
     int        n_run;
@@ -64,12 +63,6 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
     if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
     int rc = CM_ENOMEM;
-    if (o->n_eog < 0 || (o->n_eog && !o->eog)) { rc = CM_EINVAL; goto fail; }
-    if (o->n_eog) {
-        if (!(s->eog = malloc(sizeof(int32_t) * (size_t)o->n_eog))) goto fail;
-        memcpy(s->eog, o->eog, sizeof(int32_t) * (size_t)o->n_eog);
-    }
-    s->o.eog = s->eog;
     int R = s->o.max_running, W = s->o.max_waiting;
     s->run = calloc((size_t)R, sizeof *s->run);
     s->wq = calloc((size_t)W, sizeof *s->wq);
@@ -93,7 +86,6 @@ void ex_sched_destroy(ex_sched *s) {
     for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
     ex_batch_buf_free(&s->bb);
     free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout); free(s->pend);
-    free(s->eog);
     free(s);
 }
 
@@ -134,7 +126,6 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     q->n_prompt = q->n_toks = r->n_prompt;
     q->sp = r->sp;
     q->n_stop = r->n_stop;
-    q->ignore_eos = r->ignore_eos;
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);
     if (!q->toks) goto nomem;
     memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
@@ -212,9 +203,7 @@ static void preempt(ex_sched *s, int i) {
     s->st.preemptions++;
 }
 
-static int is_stop(const ex_sched *s, const seq *q, int32_t t) {
-    if (!q->ignore_eos)
-        for (int i = 0; i < s->o.n_eog; i++) if (s->o.eog[i] == t) return 1;
+static int is_stop(const seq *q, int32_t t) {
     for (int i = 0; i < q->n_stop; i++) if (q->stop[i] == t) return 1;
     return 0;
 }
@@ -316,7 +305,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             q->toks[q->n_toks++] = t;
             q->n_gen++;
             s->st.tokens_generated++;
-            if (is_stop(s, q, t)) e->finish = SHM_FINISH_STOP;
+            if (is_stop(q, t)) e->finish = SHM_FINISH_STOP;
             else if (q->n_gen >= (int64_t)q->sp.max_tokens) e->finish = SHM_FINISH_LENGTH;
             else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
         }

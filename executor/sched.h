@@ -13,8 +13,9 @@
  * tokens again. With no such victim the sequence sits the step out; alone, it finishes with
  * SHM_FINISH_ERROR and err CM_ENOKV. No request is admitted in a step that preempted.
  *
- * Sequences finish (enum shm_finish, the ring's) on max_tokens (LENGTH), an end-of-generation
- * id or a stop id (STOP; the token is reported with the finish), the context length (CONTEXT:
+ * Sequences finish (enum shm_finish, the ring's) on max_tokens (LENGTH), one of the request's
+ * stop ids (STOP; the token is reported with the finish; the scheduler knows no end-of-generation
+ * ids of its own: the caller puts text/'s among the stop ids), the context length (CONTEXT:
  * prompt + generated reached n_ctx), cancel (CANCELLED), or ERROR (err CM_ENOKV as above, or
  * CM_EINVAL when the sampler refused the sequence).
  *
@@ -46,9 +47,8 @@ typedef struct ex_request {
     ex_sample_params sp;          /* sampling, and sp.max_tokens (>= 1) tokens at most */
     const struct shm_logit_bias *bias; /* [n_bias] (copied) */
     int              n_bias;
-    const int32_t   *stop_ids;    /* [n_stop] extra ids that end the sequence (copied) */
+    const int32_t   *stop_ids;    /* [n_stop] the ids that end the sequence (copied) */
     int              n_stop;
-    int              ignore_eos;  /* 1: the scheduler's end-of-generation ids do not stop it */
 } ex_request;
 
 /* One sequence's news from a step: a new token, a finish, or both. */
@@ -66,8 +66,6 @@ typedef struct ex_sched_opts {
     int max_running;      /* sequences in the running set; 0 = the engine's max_seqs */
     int max_tokens;       /* token budget per step; 0 = the engine's max_tokens */
     int max_waiting;      /* queue cap; submit beyond it returns CM_EFULL; 0 = 1024 */
-    const int32_t *eog;   /* end-of-generation ids (copied), e.g. EOS */
-    int n_eog;
 } ex_sched_opts;
 
 typedef struct ex_sched_stats {

@@ -651,9 +651,9 @@ static int be_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, v
     r->want_lp = q->sp.logprobs;
     r->top_lp = q->sp.top_logprobs;
     r->sp = q->sp;
-    int32_t eog[2] = { tok_eos(v), tok_eot(v) };
-    for (int i = 0; i < 2; i++)
-        if (eog[i] >= 0 && (r->n_stop_ids == 0 || r->stop_ids[0] != eog[i])) r->stop_ids[r->n_stop_ids++] = eog[i];
+    /* the end of generation is text/'s: its ids are the executor's stop ids */
+    _Static_assert(TOK_EOG_MAX <= SHM_MAX_STOP, "every end-of-generation id fits SUBMIT's stop ids");
+    r->n_stop_ids = tok_eog_ids(v, r->stop_ids, SHM_MAX_STOP);
     if (q->n_logit_bias) {
         if (!(r->bias = malloc((size_t)q->n_logit_bias * sizeof *r->bias))) goto oom;
         memcpy(r->bias, q->logit_bias, (size_t)q->n_logit_bias * sizeof *r->bias);

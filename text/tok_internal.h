@@ -213,7 +213,7 @@ struct tok_vocab {
 
     int32_t bos, eos, eot, eom, unk, pad;
     int     add_bos, add_eos;
-    int32_t *eog;
+    int32_t  eog[TOK_EOG_MAX]; /* end-of-generation ids (tok_eog_ids), EOS first when there is one */
     int      n_eog;
 };
 

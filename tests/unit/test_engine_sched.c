@@ -202,9 +202,6 @@ static void test_finishes(void) {
     ex_sched *s;
 
     ex_engine *e = mk(32, 0, 16, 64);
-    /* end of generation: newline (13) is the 58th token of the reference */
-    int32_t nl = 13;
-    so.eog = &nl; so.n_eog = 1;
     ex_sched_create(e, &so, &s);
     T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_CONTEXT); /* 5 + 27 = 32 = n_ctx first */
     T_EQ_INT(n, 27);
@@ -286,7 +283,6 @@ static void test_finishes(void) {
 
     /* a pool of 3 blocks of 4: a sequence alone runs out after 12 positions */
     e = mk(64, 3, 4, 64);
-    so.n_eog = 0;
     ex_sched_create(e, &so, &s);
     T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_ERROR);
     T_EQ_INT(run1_err, CM_ENOKV);
