@@ -3,6 +3,7 @@
 #include "kv.h"
 #include "../common/cm_err.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +14,8 @@ typedef struct seq {
     int      n_prompt, n_gen;
     int      n_cached;    /* tokens whose K/V are in the cache (the next forward starts here) */
     ex_kv_table kv;
-    ex_sample_params sp;  /* with sp.max_tokens */
-    struct shm_logit_bias *bias;
+    ex_sample_params sp;  /* with sp.max_tokens, sp.min_tokens */
+    struct shm_logit_bias *bias; /* [n_bias + n_stop]: the request's, then -inf for each stop id */
     int      n_bias;
     int32_t *stop;
     int      n_stop;
@@ -110,6 +111,8 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     if (ex_sample_row_check(&check, s->lim.n_vocab)) return CM_EINVAL;
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) return CM_EINVAL;
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->lim.n_vocab) return CM_EINVAL;
     if (find(s, r->id, &where, &idx)) return CM_EINVAL;
     if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
     if (blocks_for(s, r->n_prompt + 1) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
@@ -129,9 +132,10 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);
     if (!q->toks) goto nomem;
     memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
-    if (r->n_bias) {
-        if (!(q->bias = malloc(sizeof *q->bias * (size_t)r->n_bias))) goto nomem;
-        memcpy(q->bias, r->bias, sizeof *q->bias * (size_t)r->n_bias);
+    if (r->n_bias || r->n_stop) {
+        if (!(q->bias = malloc(sizeof *q->bias * (size_t)(r->n_bias + r->n_stop)))) goto nomem;
+        if (r->n_bias) memcpy(q->bias, r->bias, sizeof *q->bias * (size_t)r->n_bias);
+        for (int i = 0; i < r->n_stop; i++) q->bias[r->n_bias + i] = (struct shm_logit_bias){ r->stop_ids[i], -INFINITY };
         q->n_bias = r->n_bias;
     }
     if (r->n_stop) {
@@ -281,8 +285,10 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     for (int b = 0; b < nb; b++) {
         seq *q = s->batch_seq[b];
         if (q->n_cached + s->batch_n[b] < q->n_toks) continue;
+        /* before min_tokens the stop ids cannot be drawn: their -inf entries join the bias */
+        int n_bias = q->n_bias + (q->n_gen < (int64_t)q->sp.min_tokens ? q->n_stop : 0);
         s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
-                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = q->n_bias };
+                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias };
     }
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }

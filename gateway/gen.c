@@ -293,7 +293,9 @@ void gw_gen_token(gw_gen *g, int i, const struct shm_tok *t, const struct shm_to
         lt.top = tops;
         n_toks = 1;
     }
-    int rc = deliver(g, i, txt, n, n_toks ? &lt : NULL, n_toks);
+    /* stop strings are looked for from the min_tokens-th token's text on */
+    int rc = c->n_toks < (int64_t)g->sp.min_tokens ? emit(g, i, txt, n, n_toks ? &lt : NULL, n_toks)
+                                                    : deliver(g, i, txt, n, n_toks ? &lt : NULL, n_toks);
     if (rc < 0) {
         gw_gen_fail(g, 500, "server_error", NULL, "out of memory");
     } else if (rc) { /* a stop string: the executor need not go on */
@@ -428,9 +430,14 @@ static void work_done(uv_work_t *w, int status) {
         return;
     }
     g->sp.max_tokens = (uint32_t)(max > 0 ? max : ctx - g->n_prompt);
-    /* the end of generation is text/'s: its ids are the executors' stop ids */
+    if (g->sp.min_tokens > g->sp.max_tokens) {
+        refuse(g, CM_EINVAL, 400, "min_tokens", NULL, "min_tokens must be less than or equal to max_tokens=%u, got %u.",
+               g->sp.max_tokens, g->sp.min_tokens);
+        return;
+    }
+    /* the end of generation is text/'s: its ids are the executors' stop ids, unless ignore_eos */
     _Static_assert(TOK_EOG_MAX <= SHM_MAX_STOP, "every end-of-generation id fits SUBMIT's stop ids");
-    g->n_stop_ids = tok_eog_ids(env->vocab, g->stop_ids, SHM_MAX_STOP);
+    g->n_stop_ids = g->sp.ignore_eos ? 0 : tok_eog_ids(env->vocab, g->stop_ids, SHM_MAX_STOP);
     gw_oai_err e;
     if (env->backend.ops->submit(env->backend.impl, g, &e)) {
         gen_end(g, &e);

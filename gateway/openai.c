@@ -367,6 +367,13 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     if ((err = get_int(o, "max_tokens", 1, INT32_MAX, &mt, e))) return err;
     if ((err = get_int(o, "max_completion_tokens", 1, INT32_MAX, &mct, e))) return err;
     sp->max_tokens = (uint32_t)(mct >= 0 ? mct : mt >= 0 ? mt : 0);
+    /* vLLM's and llama-server's: at least min_tokens before an end (checked against the
+     * max_tokens that applies once the prompt is known: gateway/gen.c) */
+    int mint = 0, ieos = 0;
+    if ((err = get_int(o, "min_tokens", 0, INT32_MAX, &mint, e))) return err;
+    if ((err = get_bool(o, "ignore_eos", &ieos, e))) return err;
+    sp->min_tokens = (uint32_t)mint;
+    sp->ignore_eos = (uint8_t)ieos;
 
     if ((err = get_num(o, "temperature", 0, 0, 2, 0, &sp->temperature, e))) return err;
     if ((err = get_num(o, "top_p", 0, 1, 1, 0, &sp->top_p, e))) return err;

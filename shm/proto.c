@@ -119,12 +119,12 @@ int shm_sampling_check(const struct shm_sampling *p) {
     if (p->temperature < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
         !(p->repeat_penalty > 0) || p->top_k < 0 || p->penalty_last_n < -1)
         return CM_EINVAL;
-    if (p->has_seed > 1 || p->logprobs > 1 || p->top_logprobs > SHM_MAX_TOP_LOGPROBS) return CM_EINVAL;
+    if (p->has_seed > 1 || p->logprobs > 1 || p->top_logprobs > SHM_MAX_TOP_LOGPROBS || p->ignore_eos > 1) return CM_EINVAL;
     return 0;
 }
 
 static int sampling_ok(const struct shm_sampling *p) {
-    if (shm_sampling_check(p) || p->max_tokens < 1 || p->reserved0) return 0;
+    if (shm_sampling_check(p) || p->max_tokens < 1 || p->min_tokens > p->max_tokens) return 0;
     for (size_t i = 0; i < sizeof p->reserved; i++)
         if (p->reserved[i]) return 0;
     return 1;

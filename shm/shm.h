@@ -395,16 +395,21 @@ struct shm_sampling {
     int32_t  penalty_last_n;      /* previous tokens the penalties see: -1 all, 0 none (default 64) */
     uint32_t max_tokens;          /* tokens to generate at most; >= 1 in a SUBMIT (the gateway's
                                    * parser leaves 0 for "not given" and resolves it later) */
-    uint32_t reserved0;           /* 0 */
+    uint32_t min_tokens;          /* <= max_tokens: the stop ids cannot be sampled (the scheduler
+                                   * masks them) before this many tokens, and the gateway looks for
+                                   * stop strings only from the min_tokens-th token's text on */
     uint64_t seed;                /* the draw's key; when !has_seed the executor picks one */
     uint8_t  has_seed;            /* 0/1 */
     uint8_t  logprobs;            /* 0/1: report the sampled token's logprob */
     uint8_t  top_logprobs;        /* 0..SHM_MAX_TOP_LOGPROBS alternatives per token */
-    uint8_t  reserved[5];         /* 0 */
+    uint8_t  ignore_eos;          /* 0/1: the gateway leaves the end-of-generation ids out of the
+                                   * stop ids, so the sequence runs to max_tokens */
+    uint8_t  reserved[4];         /* 0 */
 };
 
 /* Defaults: greedy (temperature 0), top_p 1, min_p 0, repeat_penalty 1, presence and frequency
- * 0, top_k 0, penalty_last_n 64, max_tokens 0, no seed, no logprobs. Can't fail. */
+ * 0, top_k 0, penalty_last_n 64, max_tokens 0, min_tokens 0, no seed, no logprobs, ignore_eos
+ * 0. Can't fail. */
 void shm_sampling_default(struct shm_sampling *p);
 /* The sampler's ranges (above): 0 or CM_EINVAL. max_tokens and the reserved fields are the
  * record's business (decode checks them), not the sampler's. */

@@ -8,7 +8,9 @@
 #     end of turn) and output_norm zeroed (byte patches of the real file);
 #   - st/: a safetensors llama with all-zero weights and a byte-level tokenizer.json whose id 0
 #     is the special token <|im_end|> and whose eos_token is <|endoftext|> (id 257).
-# Both commands must stop after that one token (finish "stop"). Prints "N passed, N failed".
+# Both commands must stop after that one token (finish "stop"). The server also honours
+# ignore_eos (the sequence runs to max_tokens) and min_tokens (the end is masked in the sampler
+# until then). Prints "N passed, N failed".
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
@@ -131,6 +133,18 @@ for M in "$TMP/eot.gguf" "$TMP/st"; do
     completion '{"model":"m","prompt":"hello","max_tokens":20,"temperature":0}'
     check '[ "$CODE" = 200 ] && [ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 1 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = stop ] && [ "$(jget "d[\"choices\"][0][\"text\"]")" = "" ]' \
         "$name: serve should stop after the end-of-generation token: $CODE $(cat "$TMP/body")"
+    # ignore_eos: the end-of-generation ids are no stop ids; the sequence runs to max_tokens
+    completion '{"model":"m","prompt":"hello","max_tokens":20,"temperature":0,"ignore_eos":true}'
+    check '[ "$CODE" = 200 ] && [ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 20 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = length ]' \
+        "$name: ignore_eos should run to max_tokens: $CODE $(cat "$TMP/body")"
+    # min_tokens: the end cannot be drawn for 5 tokens (the executor masks it), then it is
+    completion '{"model":"m","prompt":"hello","max_tokens":20,"temperature":0,"min_tokens":5,"logprobs":1}'
+    check '[ "$CODE" = 200 ] && [ "$(jget "d[\"usage\"][\"completion_tokens\"]")" = 6 ] && [ "$(jget "d[\"choices\"][0][\"finish_reason\"]")" = stop ]' \
+        "$name: min_tokens 5 should stop after 6 tokens: $CODE $(cat "$TMP/body")"
+    check '[ "$(jget "len(d[\"choices\"][0][\"logprobs\"][\"tokens\"])")" = 6 ] && python3 -c "import json,math,sys; lp=json.load(open(sys.argv[1]))[\"choices\"][0][\"logprobs\"][\"token_logprobs\"]; sys.exit(0 if all(math.isfinite(x) for x in lp) else 1)" "$TMP/body"' \
+        "$name: min_tokens logprobs: $(cat "$TMP/body")"
+    completion '{"model":"m","prompt":"hello","max_tokens":4,"min_tokens":5}'
+    check '[ "$CODE" = 400 ] && [ "$(jget "d[\"error\"][\"param\"]")" = min_tokens ]' "$name: min_tokens > max_tokens: $CODE $(cat "$TMP/body")"
     kill "$SPID"; wait "$SPID" 2>/dev/null
 done
 

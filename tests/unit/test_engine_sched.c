@@ -212,6 +212,21 @@ static void test_finishes(void) {
     T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_STOP);
     T_EQ_INT(n, 11);
     T_EQ_INT(toks[10], 426);
+    /* min_tokens: the stop id can be drawn from the (min_tokens + 1)-th token on */
+    r.sp.min_tokens = 10;
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_STOP);
+    T_EQ_INT(n, 11);
+    r.sp.min_tokens = 11; /* masked where greedy would pick it: generation goes on */
+    int fin = run1(s, &r, toks, &n, -1);
+    T_CHECK(n > 11 && toks[10] != 426);
+    int early = 0;
+    for (int k = 0; k < 11; k++) early |= toks[k] == 426;
+    T_CHECK(!early);
+    T_CHECK(fin == SHM_FINISH_CONTEXT || (fin == SHM_FINISH_STOP && toks[n - 1] == 426));
+    r.sp.min_tokens = 0;
+    int32_t far = 512; /* outside the vocabulary */
+    r.stop_ids = &far;
+    T_EQ_INT(ex_sched_submit(s, &r), CM_EINVAL);
     r.n_stop = 0; r.stop_ids = NULL;
     /* cancel while running */
     T_EQ_INT(run1(s, &r, toks, &n, 3), SHM_FINISH_CANCELLED);

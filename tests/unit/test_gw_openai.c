@@ -59,6 +59,8 @@ static void test_defaults(void) {
     T_EQ_STR(q.prompt, "hi");
     T_CHECK(q.prompt_tokens == NULL);
     T_EQ_INT(q.sp.max_tokens, 0); /* not given */
+    T_EQ_INT(q.sp.min_tokens, 0);
+    T_EQ_INT(q.sp.ignore_eos, 0);
     T_NEAR(q.sp.temperature, 1.0, 0);
     T_NEAR(q.sp.top_p, 1.0, 0);
     T_EQ_INT(q.sp.top_k, 0);
@@ -83,13 +85,15 @@ static void test_defaults(void) {
                        "\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":-1.5,\"frequency_penalty\":2,"
                        "\"repetition_penalty\":1.1,\"seed\":-5,\"stop\":[\"a\",\"\",\"bc\"],\"n\":3,\"logprobs\":5,"
                        "\"logit_bias\":{\"42\":-100,\"7\":3.5},\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-                       "\"user\":\"u1\",\"echo\":false,\"best_of\":3}";
+                       "\"user\":\"u1\",\"echo\":false,\"best_of\":3,\"min_tokens\":2,\"ignore_eos\":true}";
     T_EQ_INT(parse(GW_OAI_COMPLETION, full, &q, &e), 0);
     T_EQ_STR(q.model, "tiny");
     T_CHECK(q.prompt == NULL);
     T_EQ_INT(q.n_prompt_tokens, 3);
     T_EQ_INT(q.prompt_tokens[2], 3);
     T_EQ_INT(q.sp.max_tokens, 7);
+    T_EQ_INT(q.sp.min_tokens, 2);
+    T_EQ_INT(q.sp.ignore_eos, 1);
     T_NEAR(q.sp.temperature, 0.5, 1e-7);
     T_NEAR(q.sp.top_p, 0.9, 1e-7);
     T_EQ_INT(q.sp.top_k, 40);
@@ -202,6 +206,9 @@ static void test_errors(void) {
     ERR_C(CO(",\"frequency_penalty\":{}"), "frequency_penalty", "invalid_type", "got an object");
     ERR_C(CO(",\"repetition_penalty\":0"), "repetition_penalty", "invalid_value", "> 0");
     ERR_C(CO(",\"repetition_penalty\":-1"), "repetition_penalty", "invalid_value", "> 0");
+    ERR_C(CO(",\"min_tokens\":-1"), "min_tokens", "invalid_value", "between 0 and");
+    ERR_C(CO(",\"min_tokens\":1.5"), "min_tokens", "invalid_type", "an integer");
+    ERR_C(CO(",\"ignore_eos\":1"), "ignore_eos", "invalid_type", "a boolean");
     /* seed */
     ERR_C(CO(",\"seed\":1.5"), "seed", "invalid_type", "an integer");
     ERR_C(CO(",\"seed\":\"1\""), "seed", "invalid_type", "an integer");

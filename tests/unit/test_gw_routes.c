@@ -254,6 +254,31 @@ static void test_completions(srv *st, int port) {
     cJSON_Delete(j);
     free(r.body);
 
+    /* stop strings, and min_tokens: they are looked for from the min_tokens-th token's text on */
+    const char *stop_bodies[3] = {
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"]}",
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"],\"min_tokens\":2}",
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"],\"min_tokens\":3}" };
+    const char *want_text[3] = { " c0t0", " c0t0", " c0t0 c0t1 c0t2 c0t3" }, *want_finish[3] = { "stop", "stop", "length" };
+    for (int k = 0; k < 3; k++) {
+        T_EQ_INT(http(port, "POST", "/v1/completions", stop_bodies[k], &r), 0);
+        T_EQ_INT(r.status, 200);
+        j = cJSON_Parse(r.body);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        T_EQ_STR(cJSON_GetObjectItem(c0, "text")->valuestring, want_text[k]);
+        T_EQ_STR(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, want_finish[k]);
+        cJSON_Delete(j);
+        free(r.body);
+    }
+    /* min_tokens above the max_tokens that applies (given, or completions' default of 16) */
+    T_EQ_INT(http(port, "POST", "/v1/completions", "{\"model\":\"test-model\",\"prompt\":\"hi\",\"min_tokens\":17}", &r), 0);
+    T_EQ_INT(r.status, 400);
+    j = err_of(&r, &code, &param);
+    T_EQ_STR(param, "min_tokens");
+    T_CHECK(strstr(r.body, "max_tokens=16") != NULL);
+    cJSON_Delete(j);
+    free(r.body);
+
     /* validation errors are 400s before anything is streamed */
     T_EQ_INT(http(port, "POST", "/v1/completions", "{\"model\":\"test-model\",\"prompt\":\"hi\",\"stream\":true,\"temperature\":9}", &r), 0);
     T_EQ_INT(r.status, 400);

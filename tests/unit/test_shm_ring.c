@@ -393,6 +393,8 @@ static struct shm_submit sample_submit(int32_t *prompt, uint32_t n_prompt, struc
     s.sp.frequency_penalty = 0.25f;
     s.sp.top_k = 40;
     s.sp.max_tokens = 123;
+    s.sp.min_tokens = 7;
+    s.sp.ignore_eos = 1;
     s.sp.seed = 0xfeedfacecafebeefull;
     s.sp.has_seed = 1;
     s.sp.logprobs = 1;
@@ -542,6 +544,10 @@ static void test_proto_submit(void) {
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     e = s; e.sp.top_logprobs = SHM_MAX_TOP_LOGPROBS + 1;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.sp.min_tokens = e.sp.max_tokens + 1;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.sp.min_tokens = e.sp.max_tokens; /* the bound itself is fine */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), 0);
     e = s; e.req_id = 0;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     e = s; e.n_prompt = 0;
@@ -566,9 +572,11 @@ static void test_proto_submit(void) {
         { 24, 0x7fc00000u, 4, "temperature NaN" }, { 28, 0, 4, "top_p 0" },
         { 32, 0x3fc00000u, 4, "min_p 1.5" },       { 36, 0, 4, "repetition 0" },
         { 48, 0xffffffffu, 4, "top_k -1" },        { 52, 0xfffffffeu, 4, "penalty_last_n -2" },
-        { 56, 0, 4, "max_tokens 0" },              { 60, 1, 4, "reserved0" },
+        { 56, 0, 4, "max_tokens 0" },              { 60, 124, 4, "min_tokens over max_tokens" },
+        { 56, 6, 4, "max_tokens under min_tokens" },
         { 72, 2, 1, "has_seed 2" },                { 73, 2, 1, "logprobs 2" },
-        { 74, 21, 1, "top_logprobs 21" },          { 75, 1, 1, "reserved" },
+        { 74, 21, 1, "top_logprobs 21" },          { 75, 2, 1, "ignore_eos 2" },
+        { 76, 1, 1, "reserved" },
         { 80, 1001, 4, "n_prompt +1" },            { 80, 998, 4, "n_prompt -2" },
         { 80, 0, 4, "n_prompt 0" },                { 84, 17, 2, "n_stop 17" },
         { 84, 5, 2, "n_stop 5" },                  { 86, 301, 2, "n_bias 301" },
