@@ -134,7 +134,8 @@ struct shm_stats {
     _Atomic uint64_t kv_blocks_used;          /* gauge */
     _Atomic uint64_t kv_blocks_total;         /* gauge (set once loaded) */
     _Atomic uint64_t prompt_tokens_total;     /* prompt tokens prefilled (cache hits excluded) */
-    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from the prefix cache */
+    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from a prefix cache (stays 0:
+                                              * the executor has none yet) */
     _Atomic uint64_t generation_tokens_total; /* tokens sampled */
     _Atomic uint64_t preemptions_total;
     _Atomic uint64_t requests_finished_total; /* DONE records published */
@@ -451,8 +452,10 @@ struct shm_done {
     uint32_t finish;              /* enum shm_finish */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;   /* == number of TOKENS entries sent for the request */
-    uint32_t cached_prompt_tokens;/* <= prompt_tokens */
-    uint64_t queue_ns;            /* SUBMIT read -> first scheduled */
+    uint32_t cached_prompt_tokens;/* <= prompt_tokens: served from a prefix cache (0: the executor
+                                   * has none yet; the gateway reports it as usage's cached_tokens) */
+    uint64_t queue_ns;            /* SUBMIT read -> first scheduled (0: the scheduler does not report
+                                   * admission yet, so queueing counts in prefill_ns) */
     uint64_t prefill_ns;          /* first scheduled -> first token sampled */
     uint64_t decode_ns;           /* first token -> finished */
 };
