@@ -196,15 +196,21 @@ void gw_gen_cancel(gw_gen *g) {
 
 void gw_gen_error(gw_gen *g, const gw_oai_err *err) { gen_end(g, err); }
 
-void gw_gen_fail(gw_gen *g, int status, const char *type, const char *code, const char *fmt, ...) {
+/* Ends g with an error made of its parts and a printf-style message. */
+static void vfail(gw_gen *g, int status, const char *type, const char *param, const char *code, const char *fmt,
+                  va_list ap) {
     gw_oai_err e;
     char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    gw_oai_err_set(&e, status, type, param, code, "%s", msg);
+    gen_end(g, &e);
+}
+
+void gw_gen_fail(gw_gen *g, int status, const char *type, const char *code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vfail(g, status, type, NULL, code, fmt, ap);
     va_end(ap);
-    gw_oai_err_set(&e, status, type, NULL, code, "%s", msg);
-    gen_end(g, &e);
 }
 
 /* ---- output ------------------------------------------------------------------------------ */
@@ -336,15 +342,12 @@ void gw_gen_choice_done(gw_gen *g, int i, const struct shm_done *d) {
 
 static int refuse(gw_gen *g, int rc, int status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* Ends g with an error (server_error from 500 up, invalid_request_error below) and returns rc. */
 static int refuse(gw_gen *g, int rc, int status, const char *param, const char *code, const char *fmt, ...) {
-    gw_oai_err e;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vfail(g, status, status >= 500 ? "server_error" : "invalid_request_error", param, code, fmt, ap);
     va_end(ap);
-    gw_oai_err_set(&e, status, status >= 500 ? "server_error" : "invalid_request_error", param, code, "%s", msg);
-    gen_end(g, &e);
     return rc;
 }
 
