@@ -261,8 +261,8 @@ static int is_stop_id(const gw_gen *g, int32_t id) {
 }
 
 void gw_gen_token(gw_gen *g, int i, const struct shm_tok *t, const struct shm_top *top) {
+    if (g->state != GW_GEN_RUNNING || i < 0 || i >= g->n || g->ch[i].finish) return; /* after a stop string: until our CANCEL lands */
     gw_gen_choice *c = &g->ch[i];
-    if (g->state != GW_GEN_RUNNING || i < 0 || i >= g->n || c->finish) return; /* after a stop string: until our CANCEL lands */
     if (t->seq != c->next_seq) {
         gw_gen_fail(g, 500, "server_error", "token_stream_error",
                     "token %u of choice %d arrived where %u was expected (lost or duplicated output)", t->seq, i, c->next_seq);
