@@ -85,11 +85,17 @@ typedef struct tport {
 } tport;
 
 /* A generation of parsed request q (taken) writing to sink, for a transport whose state t is
- * already set up. Returns 0 or fills e (nothing else to undo: q is gone either way). */
+ * already set up. Returns 0, or fills e (404 another model, 400 bad stop strings, 500; nothing
+ * else to undo: q is gone either way). */
 static int gen_new(gw_app *a, gw_oai_req *q, const gw_gen_sink *sink, tport *t, const char *id_prefix, gw_gen **out,
                    gw_oai_err *e) {
     int kind = q->kind, include_usage = q->include_usage;
-    int rc = gw_gen_create(a->cfg.env, q, sink, t, out, e);
+    int rc = check_model(a, q->model, e);
+    if (rc) {
+        gw_oai_req_free(q);
+        return rc;
+    }
+    rc = gw_gen_create(a->cfg.env, q, sink, t, out, e);
     if (rc) return rc;
     gw_gen *g = *out;
     gw_oai_make_id(g->id, sizeof g->id, id_prefix);
@@ -385,9 +391,8 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
     gw_oai_req q;
     size_t blen;
     const char *body = gw_req_body(r, &blen);
-    if (gw_oai_parse(kind, body, blen, &q, &e) || check_model(a, q.model, &e)) {
+    if (gw_oai_parse(kind, body, blen, &q, &e)) {
         send_err(r, &e, hdrs[0] ? hdrs : NULL);
-        gw_oai_req_free(&q);
         return;
     }
     int stream = q.stream, keep = GW_GEN_KEEP_TEXT | (q.sp.logprobs ? GW_GEN_KEEP_LOGPROBS : 0);
@@ -548,29 +553,25 @@ static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     char *text = cJSON_PrintUnformatted(body);
     size_t len = text ? strlen(text) : 0;
     gw_oai_req q;
+    ws_gen *w = NULL;
     int err = text ? gw_oai_parse(GW_OAI_CHAT, text, len, &q, &e) : CM_ENOMEM;
     free(text);
-    if (err == CM_ENOMEM && !text) gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-    if (!err && (err = check_model(a, q.model, &e))) gw_oai_req_free(&q);
+    if (!err && !(w = calloc(1, sizeof *w))) {
+        gw_oai_req_free(&q);
+        err = CM_ENOMEM;
+    }
+    if (err == CM_ENOMEM) gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!err) {
+        w->t = (tport){ a, 0, NULL, ws_accepted, ws_release };
+        snprintf(w->client_ev, sizeof w->client_ev, "%s", client_ev ? client_ev : "");
+        err = gen_new(a, &q, &ws_sink, &w->t, "resp_", &w->g, &e);
+    }
     if (err) {
         size_t pl = strlen(e.param);
         if (pl && pl + 10 <= sizeof e.param) { /* name the field inside the event */
             memmove(e.param + 9, e.param, pl + 1);
             memcpy(e.param, "response.", 9);
         }
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    ws_gen *w = calloc(1, sizeof *w);
-    if (!w) {
-        gw_oai_req_free(&q);
-        gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    w->t = (tport){ a, 0, NULL, ws_accepted, ws_release };
-    snprintf(w->client_ev, sizeof w->client_ev, "%s", client_ev ? client_ev : "");
-    if (gen_new(a, &q, &ws_sink, &w->t, "resp_", &w->g, &e)) {
         ws_error(s, &e, client_ev);
         free(w);
         return;
