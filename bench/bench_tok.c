@@ -9,7 +9,7 @@
  * SentencePiece and GPT-2 BPE (../shared/models/vocab). Prints the median of REPEATS runs. */
 #include "common/cm_err.h"
 #include "common/cm_time.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 #include <dirent.h>
 #include <stdint.h>

@@ -9,6 +9,7 @@
  * measure the machine's load as much as the code; the CPU figures measure the code.
  * Medians throughout. The bandwidth comes from bench/bench_stream (pass it with --bw-gbs). */
 #include "cli.h"
+#include "bench/loadgen.h"
 #include "common/cm_config.h"
 #include "common/cm_time.h"
 #include "executor/engine.h"
@@ -136,7 +137,7 @@ out:
 
 int cli_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "serve")) return cli_bench_serve(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve(argc - 1, argv + 1);
     fprintf(stderr, "usage: arka bench decode -m MODEL [--threads N] [--prompt N] [--gen N] [--reps N] [--bw-gbs GB/s]\n"
                     "       arka bench serve --url URL --requests N [--rate R] [--prompt-len L] [--max-tokens M] [options]\n");
     return 2;

@@ -36,7 +36,4 @@ static inline int cli_check_cuda_opts(const char *cmd, double mem_fraction, doub
     return 0;
 }
 
-/* `arka bench serve` (cli/bench_serve.c), dispatched by cli_bench; always built. */
-int cli_bench_serve(int argc, char **argv);
-
 #endif

@@ -9,10 +9,10 @@
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "executor/sched.h"
-#include "model/detok.h"
+#include "text/detok.h"
 #include "model/dtype.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 #include <errno.h>
 #include <math.h>
@@ -166,7 +166,7 @@ int cli_generate(int argc, char **argv) {
     if (cli_check_cuda_opts("generate", g.gpu_mem_fraction, g.cuda_graph_budget_s)) return 2;
     if (g.block_size < 0 || g.block_size > 1024) USAGE_ERR("--kv-block-size must be in [1, 1024]");
     if (g.batch < 1) USAGE_ERR("--batch must be >= 1");
-    /* sampling: each flag named (ex_sample_params_check below is the backstop) */
+    /* sampling: each flag named (shm_sampling_check below is the backstop) */
     if (!(g.temp >= 0) || !isfinite(g.temp)) USAGE_ERR("--temp must be >= 0 (0 = greedy; got %g)", g.temp);
     if (g.top_k < 0) USAGE_ERR("--top-k must be >= 0 (0 = off; got %d)", g.top_k);
     if (!(g.top_p > 0 && g.top_p <= 1)) USAGE_ERR("--top-p must be in (0, 1] (got %g)", g.top_p);
@@ -187,7 +187,9 @@ int cli_generate(int argc, char **argv) {
     sp.presence_penalty = g.presence_penalty;
     sp.frequency_penalty = g.frequency_penalty;
     sp.seed = g.seed >= 0 ? (uint64_t)g.seed : (cm_time_ns() ^ ((uint64_t)getpid() << 32));
-    if (ex_sample_params_check(&sp, 1 << 30))
+    sp.has_seed = 1;
+    sp.max_tokens = (uint32_t)g.n_predict;
+    if (shm_sampling_check(&sp))
         USAGE_ERR("invalid sampling parameters (temp finite, top-p in (0,1], min-p in [0,1], repeat-penalty > 0, repeat-last-n >= -1)");
 
     int rc = 1;
@@ -195,7 +197,7 @@ int cli_generate(int argc, char **argv) {
     tok_vocab *tv = NULL;
     ex_engine *e = NULL;
     ex_sched *s = NULL;
-    int32_t *prompt = NULL, *eog = NULL;
+    int32_t *prompt = NULL;
     char *out = NULL;
 
     double t0 = cm_time_s();
@@ -285,19 +287,13 @@ int cli_generate(int argc, char **argv) {
         fprintf(stderr, "note: the KV cache holds %lld positions; generation stops there (raise --kv-cache-mb)\n",
                 (long long)have_pos);
 
-    /* end-of-generation ids from the tokenizer (EOS when it only knows that) */
-    int n_eog = 0;
-    if (tv) {
-        int nv = tok_n_vocab(tv);
-        if (!(eog = malloc(sizeof(int32_t) * (size_t)(nv > 0 ? nv : 1)))) goto nomem;
-        for (int i = 0; i < nv; i++) if (tok_is_eog(tv, i)) eog[n_eog++] = i;
-    }
+    /* the end-of-generation ids (text/tok.h: the same ones the gateway sends) stop the sequence */
+    int32_t eog[TOK_EOG_MAX];
+    int n_eog = tv ? tok_eog_ids(tv, eog, TOK_EOG_MAX) : 0;
     ex_sched_opts so;
     ex_sched_opts_default(&so);
-    so.eog = eog;
-    so.n_eog = n_eog;
     if (ex_sched_create(e, &so, &s)) goto nomem;
-    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .max_tokens = g.n_predict, .sp = sp };
+    ex_request req = { .id = 1, .prompt = prompt, .n_prompt = n_prompt, .sp = sp, .stop_ids = eog, .n_stop = n_eog };
     int r = ex_sched_submit(s, &req);
     if (r) { fprintf(stderr, "arka generate: request refused: %s\n", cm_err_str(r)); goto done; }
     if (g.seed < 0 && sp.temperature > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);
@@ -311,7 +307,7 @@ int cli_generate(int argc, char **argv) {
     if (!(out = malloc(out_cap))) goto nomem;
 
     ex_event ev[4];
-    int n_ev, n_gen = 0, finish = 0;
+    int n_ev, n_gen = 0, finish = 0, finish_err = 0;
     double t_start = cm_time_s(), t_first = 0;
     while (ex_sched_busy(s)) {
         r = ex_sched_step(s, ev, 4, &n_ev);
@@ -319,7 +315,7 @@ int cli_generate(int argc, char **argv) {
         for (int k = 0; k < n_ev; k++) {
             if (ev[k].token >= 0) {
                 if (n_gen++ == 0) t_first = cm_time_s();
-                int stop_tok = ev[k].finish == EX_FINISH_STOP;
+                int stop_tok = ev[k].finish == SHM_FINISH_STOP;
                 if (g.ids) printf("%s%d", n_gen > 1 ? " " : "", ev[k].token);
                 else if (!stop_tok) {
                     size_t n = 0;
@@ -327,7 +323,7 @@ int cli_generate(int argc, char **argv) {
                 }
                 fflush(stdout);
             }
-            if (ev[k].finish) finish = ev[k].finish;
+            if (ev[k].finish) finish = ev[k].finish, finish_err = ev[k].err;
         }
     }
     if (!g.ids && tv) {
@@ -340,8 +336,8 @@ int cli_generate(int argc, char **argv) {
     double tp = t_first - t_start, td = t_end - t_first;
     fprintf(stderr, "load: %.2f s | prefill: %d tokens, %.3f s, %.1f tok/s | decode: %d tokens, %.3f s, %.1f tok/s | finish: %s\n",
             t_load, n_prompt, tp, tp > 0 ? n_prompt / tp : 0.0, n_gen > 0 ? n_gen - 1 : 0, td,
-            td > 0 && n_gen > 1 ? (n_gen - 1) / td : 0.0, ex_finish_name(finish));
-    if (finish == EX_FINISH_NOKV) fprintf(stderr, "note: the KV cache ran out (raise --kv-cache-mb)\n");
+            td > 0 && n_gen > 1 ? (n_gen - 1) / td : 0.0, shm_finish_name(finish));
+    if (finish_err == CM_ENOKV) fprintf(stderr, "note: the KV cache ran out (raise --kv-cache-mb)\n");
     rc = 0;
     goto done;
 nomem:
@@ -352,7 +348,6 @@ done:
     tok_free(tv);
     mdl_free(m);
     free(prompt);
-    free(eog);
     free(out);
     return rc;
 }

@@ -32,7 +32,7 @@
 #include "executor/engine.h"
 #include "executor/kv.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 #include <errno.h>
 #include <math.h>

@@ -4,8 +4,8 @@
 #include "cli.h"
 #include "common/cm_config.h"
 #include "common/cm_err.h"
-#include "model/detok.h"
-#include "model/tok.h"
+#include "text/detok.h"
+#include "text/tok.h"
 
 #include <errno.h>
 #include <stdint.h>

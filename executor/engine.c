@@ -341,8 +341,7 @@ int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_ro
     const float *logits;
     if ((rc = e->be->forward(e->be, b, &logits))) return rc;
     for (int r = 0; r < n_rows; r++) /* a refusal leaves out[r].token = -1 */
-        ex_sampler_sample(e->smp, rows[r].sp, logits + (size_t)rows[r].row * e->lim.n_vocab, rows[r].prev,
-                          rows[r].n_prev, rows[r].pos, &out[r]);
+        ex_sampler_sample(e->smp, &rows[r], logits + (size_t)rows[r].row * e->lim.n_vocab, &out[r]);
     return 0;
 }
 

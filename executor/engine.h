@@ -1,4 +1,4 @@
-/* engine: the executor's step API, shared by every backend (cpu now, cuda later).
+/* engine: the executor's step API, shared by every backend (cpu, cuda).
  *
  * One step = one forward pass over a batch. A batch is a list of sequences; each brings its
  * new token ids (1 for a decode step, many for a prefill or a chunk of one), the position of
@@ -183,18 +183,9 @@ const mdl_model *ex_engine_model(const ex_engine *e);
  * failed ex_batch_check), or a backend error. */
 int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits);
 
-/* One token to sample after a forward pass: from logits row `row` of the batch (e.g.
- * ex_batch_last_row), with the sequence's parameters and previous tokens, exactly as
- * ex_sampler_sample(s, sp, logits + row * n_vocab, prev, n_prev, pos, out) would. */
-typedef struct ex_sample_row {
-    int                     row;    /* [0, b->n_out) */
-    const ex_sample_params *sp;
-    const int32_t          *prev;   /* [n_prev] the sequence's tokens before this one */
-    int                     n_prev;
-    int64_t                 pos;    /* position being sampled (usually n_prev) */
-} ex_sample_row;
-
-/* Runs one forward pass and samples rows[0..n_rows) into out[0..n_rows): the logits stay
+/* Runs one forward pass and samples rows[0..n_rows) (executor/sampler.h: each row names its
+ * logits row of the batch, its parameters, bias and previous tokens) into out[0..n_rows), each
+ * exactly as ex_sampler_sample on that logits row would: the logits stay
  * where they were computed when the backend can sample there (cuda: only the tokens and
  * logprobs cross to the host), else forward + ex_sampler_sample on the host. Both give the
  * CPU sampler's tokens (the device's exceptions: executor/cuda/cuda_sample.h). A row whose

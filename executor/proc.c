@@ -40,10 +40,7 @@ typedef struct proc {
     uint32_t n_slots;     /* power of two */
     ex_event *ev;
     int ev_cap;
-    int32_t eog[4];
-    int n_eog;
     uint64_t last_forwarded;   /* scheduler's tokens_forwarded at the last stats update */
-    ex_logit_bias bias[SHM_MAX_LOGIT_BIAS];
     uint64_t step_no;
     uint64_t seed_ctr;
 } proc;
@@ -120,23 +117,10 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
             fail_request(p, sb->req_id, CM_EINVAL, "prompt token id out of the vocabulary", sb->n_prompt);
             return;
         }
-    ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt,
-                     .max_tokens = (int)sb->sp.max_tokens, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop };
-    ex_sample_params_default(&r.sp);
-    r.sp.temperature = sb->sp.temperature;
-    r.sp.top_k = sb->sp.top_k;
-    r.sp.top_p = sb->sp.top_p;
-    r.sp.min_p = sb->sp.min_p;
-    r.sp.repeat_penalty = sb->sp.repetition_penalty;
-    r.sp.presence_penalty = sb->sp.presence_penalty;
-    r.sp.frequency_penalty = sb->sp.frequency_penalty;
+    ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt, .sp = sb->sp,
+                     .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop };
     /* without a seed each request still gets its own stream, fixed for its lifetime */
-    r.sp.seed = sb->sp.has_seed ? sb->sp.seed : ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
-    r.sp.logprobs = sb->sp.logprobs;
-    r.sp.top_logprobs = sb->sp.top_logprobs;
-    for (uint32_t i = 0; i < sb->n_bias; i++) p->bias[i] = (ex_logit_bias){ sb->bias[i].token, sb->bias[i].bias };
-    r.sp.bias = p->bias;
-    r.sp.n_bias = (int)sb->n_bias;
+    if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
     if (rc) {
         const char *why = rc == CM_ECTX ? "prompt does not fit the context" : rc == CM_ENOKV ? "prompt needs more KV blocks than the pool has"
@@ -171,19 +155,6 @@ static int drain_submits(proc *p) {
             CM_LOG_WARN("executor", "unexpected record on the submit ring", "type=%u", type);
         }
         shm_ring_release(&p->seg.submit);
-    }
-}
-
-static uint32_t shm_finish_of(proc *p, const ex_event *ev) {
-    switch (ev->finish) {
-    case EX_FINISH_LENGTH: return SHM_FINISH_LENGTH;
-    case EX_FINISH_CANCEL: return SHM_FINISH_CANCELLED;
-    case EX_FINISH_CTX: return SHM_FINISH_CONTEXT;
-    case EX_FINISH_STOP:
-        for (int i = 0; i < p->n_eog; i++)
-            if (ev->token == p->eog[i]) return SHM_FINISH_EOS;
-        return SHM_FINISH_STOP;
-    default: return SHM_FINISH_ERROR;
     }
 }
 
@@ -235,15 +206,14 @@ static int publish(proc *p, int n_ev) {
     }
     for (int k = 0; k < n_ev; k++) {
         const ex_event *ev = &p->ev[k];
-        if (ev->finish == EX_FINISH_NONE) continue;
+        if (ev->finish == SHM_FINISH_NONE) continue;
         req_slot *sl = slot_find(p, ev->id);
-        uint32_t finish = shm_finish_of(p, ev);
-        if (finish == SHM_FINISH_ERROR) {
-            err_arg ea = { ev->id, ev->finish == EX_FINISH_NOKV ? CM_ENOKV : CM_ESTATE,
-                           ev->finish == EX_FINISH_NOKV ? "out of KV cache blocks while running alone" : "request failed" };
+        if (ev->finish == SHM_FINISH_ERROR) {
+            err_arg ea = { ev->id, ev->err ? ev->err : CM_ESTATE,
+                           ev->err == CM_ENOKV ? "out of KV cache blocks while running alone" : "the sampler refused the request" };
             send_retry(p, send_error_fn, &ea);
         }
-        struct shm_done d = { .req_id = ev->id, .finish = finish, .prompt_tokens = (uint32_t)ev->n_prompt,
+        struct shm_done d = { .req_id = ev->id, .finish = (uint32_t)ev->finish, .prompt_tokens = (uint32_t)ev->n_prompt,
                               .completion_tokens = sl ? sl->seq : 0 };
         if (sl) {
             /* the scheduler does not report admission time: queueing is counted in prefill_ns */
@@ -278,16 +248,6 @@ static void update_stats(proc *p, int n_ev, uint64_t step_us) {
     }
 }
 
-static int load_eog(proc *p) {
-    const gguf_ctx *g = p->m->gguf;
-    static const char *const keys[] = { "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" };
-    for (size_t i = 0; g && i < sizeof keys / sizeof *keys; i++) {
-        uint32_t id;
-        if (gguf_get_u32(g, keys[i], &id) == 0 && (int64_t)id < p->m->cfg.n_vocab) p->eog[p->n_eog++] = (int32_t)id;
-    }
-    return p->n_eog;
-}
-
 int ex_proc_run(const ex_proc_opts *o) {
     proc P = { 0 }, *p = &P;
     char err[512];
@@ -318,8 +278,6 @@ int ex_proc_run(const ex_proc_opts *o) {
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     so.max_waiting = o->max_waiting;
-    so.eog = p->eog;
-    so.n_eog = load_eog(p);
     const ex_limits *L = ex_engine_limits(p->e);
     p->ev_cap = L->max_seqs > 0 ? L->max_seqs * 2 : 64;
     uint32_t want = (uint32_t)((o->max_waiting ? o->max_waiting : 1024) + L->max_seqs) * 2, n = 64;

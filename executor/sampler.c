@@ -16,21 +16,12 @@ struct ex_sampler {
     int32_t *count;  /* [n_vocab] occurrences in the penalty window; all zero between calls */
 };
 
-void ex_sample_params_default(ex_sample_params *p) {
-    memset(p, 0, sizeof *p);
-    p->top_p = 1.0f;
-    p->repeat_penalty = 1.0f;
-    p->penalty_last_n = 64;
-}
-
-int ex_sample_params_check(const ex_sample_params *p, int n_vocab) {
-    if (!isfinite(p->temperature) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
-        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty) ||
-        !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) || p->penalty_last_n < -1 ||
-        p->top_logprobs < 0 || p->top_logprobs > EX_MAX_LOGPROBS || p->n_bias < 0 || (p->n_bias && !p->bias))
+int ex_sample_row_check(const ex_sample_row *r, int n_vocab) {
+    if (!r->sp || shm_sampling_check(r->sp) || r->n_bias < 0 || (r->n_bias && !r->bias) || r->n_prev < 0 ||
+        (r->n_prev && !r->prev))
         return CM_EINVAL;
-    for (int i = 0; i < p->n_bias; i++)
-        if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || isnan(p->bias[i].bias)) return CM_EINVAL;
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias[i].token < 0 || r->bias[i].token >= n_vocab || isnan(r->bias[i].bias)) return CM_EINVAL;
     return 0;
 }
 
@@ -124,18 +115,20 @@ static void fill_logprobs(ex_sampler *s, const ex_sample_params *p, ex_sample_ou
     o->n_top = n;
 }
 
-int ex_sampler_sample(ex_sampler *s, const ex_sample_params *p, const float *logits,
-                      const int32_t *prev, int n_prev, int64_t pos, ex_sample_out *o) {
+int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits, ex_sample_out *o) {
     const int V = s->n_vocab;
+    const ex_sample_params *p = r->sp;
+    const int32_t *prev = r->prev;
+    int n_prev = r->n_prev;
     memset(o, 0, sizeof *o);
     o->token = -1;
-    if (ex_sample_params_check(p, V) || n_prev < 0 || (n_prev && !prev)) return CM_EINVAL;
+    if (ex_sample_row_check(r, V)) return CM_EINVAL;
     int n_win = p->penalty_last_n < 0 ? n_prev : (p->penalty_last_n < n_prev ? p->penalty_last_n : n_prev);
     for (int i = n_prev - n_win; i < n_prev; i++)
         if (prev[i] < 0 || prev[i] >= V) return CM_EINVAL;
 
     memcpy(s->z, logits, sizeof(float) * (size_t)V);
-    for (int i = 0; i < p->n_bias; i++) s->z[p->bias[i].id] += p->bias[i].bias;
+    for (int i = 0; i < r->n_bias; i++) s->z[r->bias[i].token] += r->bias[i].bias;
     apply_penalties(s, p, prev, n_prev);
 
     int32_t tok;
@@ -179,11 +172,11 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_params *p, const float *log
         }
         double mass = 0;
         for (int i = 0; i < n; i++) mass += pr[i];
-        double r = ex_rng_u01(p->seed, pos) * mass, cum = 0;
+        double u = ex_rng_u01(p->seed, r->pos) * mass, cum = 0;
         tok = c[n - 1].id;
         for (int i = 0; i < n; i++) {
             cum += pr[i];
-            if (cum > r) { tok = c[i].id; break; }
+            if (cum > u) { tok = c[i].id; break; }
         }
     }
     o->token = tok;

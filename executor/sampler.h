@@ -5,6 +5,10 @@
  * on which other sequences shared the step, and a recomputed (preempted) sequence draws the
  * same tokens again.
  *
+ * The parameters are the ring's struct shm_sampling (shm/shm.h), here named ex_sample_params:
+ * the same struct, with the same field names, from the OpenAI request to this sampler and the
+ * cuda backend's device sampler. The logit bias list travels beside it, in the sample row.
+ *
  * Order of the transforms (documented because the cuda backend's device sampler must do the
  * same):
  *   1. z = logits + bias[id]
@@ -12,7 +16,7 @@
  *      repetition (llama.cpp): z > 0 ? z / r : z * r;  then z -= presence + frequency * count
  *   3. logprobs (when asked): log-softmax of z / temperature (z itself when greedy) over the
  *      whole vocabulary, before any truncation; top-N alternatives by that value
- *   4. temperature <= 0: the argmax of z (lowest id on ties); done
+ *   4. temperature 0: the argmax of z (lowest id on ties); done
  *   5. z /= temperature; candidates sorted by (z desc, id asc); top-k keeps the first k;
  *      probabilities p = softmax over the candidates (double); top-p keeps the shortest
  *      prefix whose mass reaches top_p; min-p keeps p >= min_p * p_max
@@ -21,7 +25,8 @@
  *
  *   ex_sampler *s; ex_sampler_create(n_vocab, &s);
  *   ex_sample_params p; ex_sample_params_default(&p); p.temperature = 0.8f; p.seed = 42;
- *   ex_sample_out o; ex_sampler_sample(s, &p, logits, prev, n_prev, pos, &o);
+ *   ex_sample_row r = { .sp = &p, .prev = prev, .n_prev = n_prev, .pos = n_prev };
+ *   ex_sample_out o; ex_sampler_sample(s, &r, logits, &o);
  *   ex_sampler_destroy(s);
  *
  * A sampler is scratch for one thread; ex_sampler_sample allocates nothing.
@@ -32,26 +37,25 @@
 #include <stdint.h>
 
 #include "common/cm_philox.h"
+#include "shm/shm.h"
 
-#define EX_MAX_LOGPROBS 20
+#define EX_MAX_LOGPROBS SHM_MAX_TOP_LOGPROBS
 
-typedef struct ex_logit_bias { int32_t id; float bias; } ex_logit_bias;
+/* The ring's sampling parameters (shm/shm.h): the one struct, under the executor's name. */
+typedef struct shm_sampling ex_sample_params;
 
-typedef struct ex_sample_params {
-    float    temperature;       /* <= 0: greedy */
-    int      top_k;             /* <= 0: off */
-    float    top_p;             /* >= 1: off */
-    float    min_p;             /* <= 0: off */
-    float    repeat_penalty;    /* 1: off (> 0) */
-    float    presence_penalty;  /* 0: off */
-    float    frequency_penalty; /* 0: off */
-    int      penalty_last_n;    /* previous tokens the penalties see: -1 all, 0 none */
-    uint64_t seed;
-    int      logprobs;          /* 1: report the sampled token's logprob */
-    int      top_logprobs;      /* 0..EX_MAX_LOGPROBS alternatives (implies logprobs) */
-    int      n_bias;
-    const ex_logit_bias *bias;  /* [n_bias], ids in [0, n_vocab); owned by the caller */
-} ex_sample_params;
+/* One token to sample: its parameters and bias, the sequence's previous tokens, the position.
+ * After a batched forward pass, row names the logits row it samples from (e.g.
+ * ex_batch_last_row); ex_sampler_sample takes the row's logits directly and ignores it. */
+typedef struct ex_sample_row {
+    int                     row;    /* [0, batch n_out) */
+    const ex_sample_params *sp;
+    const int32_t          *prev;   /* [n_prev] the sequence's tokens before this one (prompt included) */
+    int                     n_prev;
+    int64_t                 pos;    /* position being sampled (usually n_prev) */
+    const struct shm_logit_bias *bias; /* [n_bias] ids in [0, n_vocab), bias not NaN (-inf masks a token) */
+    int                     n_bias;
+} ex_sample_row;
 
 typedef struct ex_sample_out {
     int32_t token;
@@ -61,12 +65,12 @@ typedef struct ex_sample_out {
     float   top_logprob[EX_MAX_LOGPROBS];
 } ex_sample_out;
 
-/* Defaults: greedy (temperature 0), top_k 0, top_p 1, min_p 0, penalties off, last_n 64,
- * seed 0, no logprobs, no bias. Can't fail. */
-void ex_sample_params_default(ex_sample_params *p);
-/* Checks ranges (temperature finite, top_p in (0,1], min_p in [0,1], repeat_penalty > 0,
- * top_logprobs <= EX_MAX_LOGPROBS, bias ids in [0, n_vocab)). Returns 0 or CM_EINVAL. */
-int  ex_sample_params_check(const ex_sample_params *p, int n_vocab);
+/* Defaults: shm_sampling_default's (greedy, penalties off, penalty_last_n 64, no logprobs).
+ * Can't fail. */
+static inline void ex_sample_params_default(ex_sample_params *p) { shm_sampling_default(p); }
+/* Checks a row: the parameters' ranges (shm_sampling_check), bias ids in [0, n_vocab) and no
+ * NaN bias, n_prev >= 0 with prev set. Returns 0 or CM_EINVAL. */
+int  ex_sample_row_check(const ex_sample_row *r, int n_vocab);
 
 /* The random number of a draw: Philox4x32-10 (common/cm_philox.h) keyed by the seed and
  * counting positions,
@@ -94,10 +98,8 @@ typedef struct ex_sampler ex_sampler;
 int  ex_sampler_create(int n_vocab, ex_sampler **out);
 void ex_sampler_destroy(ex_sampler *s); /* accepts NULL */
 
-/* Samples from logits [n_vocab] (not modified). prev: the sequence's tokens before this one
- * (prompt included), n_prev of them; pos: the position being sampled (usually n_prev).
- * Returns 0 or CM_EINVAL (parameters failing ex_sample_params_check, a prev id out of range). */
-int ex_sampler_sample(ex_sampler *s, const ex_sample_params *p, const float *logits,
-                      const int32_t *prev, int n_prev, int64_t pos, ex_sample_out *out);
+/* Samples r's token from logits [n_vocab] (not modified). Returns 0 or CM_EINVAL (a row
+ * failing ex_sample_row_check, a previous id in the penalty window out of range). */
+int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits, ex_sample_out *out);
 
 #endif

@@ -3,6 +3,7 @@
 #include "kv.h"
 #include "../common/cm_err.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,13 +11,14 @@ typedef struct seq {
     uint64_t id;
     int32_t *toks;        /* [cap] prompt then generated tokens */
     int      n_toks, cap; /* cap = min(n_prompt + max_tokens, n_ctx) */
-    int      n_prompt, n_gen, max_tokens;
+    int      n_prompt, n_gen;
     int      n_cached;    /* tokens whose K/V are in the cache (the next forward starts here) */
     ex_kv_table kv;
-    ex_sample_params sp;  /* sp.bias points at bias below */
-    ex_logit_bias *bias;
+    ex_sample_params sp;  /* with sp.max_tokens, sp.min_tokens */
+    struct shm_logit_bias *bias; /* [n_bias + n_stop]: the request's, then -inf for each stop id */
+    int      n_bias;
     int32_t *stop;
-    int      n_stop, ignore_eos;
+    int      n_stop;
     int      in_batch;    /* scheduled in the step being built */
 } seq;
 
@@ -25,7 +27,6 @@ struct ex_sched {
     ex_kv     *kv;
     ex_limits  lim;
     ex_sched_opts o;
-    int32_t   *eog;
     ex_batch_buf bb;
     seq      **run;       /* [max_running], admission order (oldest first) */
     int        n_run;
@@ -39,11 +40,6 @@ struct ex_sched {
     int        n_pend;
     ex_sched_stats st;
 };
-
-const char *ex_finish_name(int f) {
-    static const char *const names[] = { "none", "length", "stop", "ctx", "cancel", "nokv", "error" };
-    return f >= 0 && f <= EX_FINISH_ERROR ? names[f] : "?";
-}
 
 void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
 
@@ -68,12 +64,6 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
     if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
     int rc = CM_ENOMEM;
-    if (o->n_eog < 0 || (o->n_eog && !o->eog)) { rc = CM_EINVAL; goto fail; }
-    if (o->n_eog) {
-        if (!(s->eog = malloc(sizeof(int32_t) * (size_t)o->n_eog))) goto fail;
-        memcpy(s->eog, o->eog, sizeof(int32_t) * (size_t)o->n_eog);
-    }
-    s->o.eog = s->eog;
     int R = s->o.max_running, W = s->o.max_waiting;
     s->run = calloc((size_t)R, sizeof *s->run);
     s->wq = calloc((size_t)W, sizeof *s->wq);
@@ -97,7 +87,6 @@ void ex_sched_destroy(ex_sched *s) {
     for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
     ex_batch_buf_free(&s->bb);
     free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout); free(s->pend);
-    free(s->eog);
     free(s);
 }
 
@@ -115,11 +104,15 @@ static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.blo
 
 int ex_sched_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
-    if (!r->prompt || r->n_prompt <= 0 || r->max_tokens <= 0 || r->n_stop < 0 || (r->n_stop && !r->stop_ids))
+    if (!r->prompt || r->n_prompt <= 0 || r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX || r->n_stop < 0 ||
+        (r->n_stop && !r->stop_ids))
         return CM_EINVAL;
-    if (ex_sample_params_check(&r->sp, s->lim.n_vocab)) return CM_EINVAL;
+    ex_sample_row check = { .sp = &r->sp, .bias = r->bias, .n_bias = r->n_bias };
+    if (ex_sample_row_check(&check, s->lim.n_vocab)) return CM_EINVAL;
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) return CM_EINVAL;
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->lim.n_vocab) return CM_EINVAL;
     if (find(s, r->id, &where, &idx)) return CM_EINVAL;
     if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
     if (blocks_for(s, r->n_prompt + 1) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
@@ -131,21 +124,20 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     seq *q = calloc(1, sizeof *q);
     if (!q) return CM_ENOMEM;
     q->id = r->id;
-    int64_t cap = (int64_t)r->n_prompt + r->max_tokens;
+    int64_t cap = (int64_t)r->n_prompt + r->sp.max_tokens;
     q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
     q->n_prompt = q->n_toks = r->n_prompt;
-    q->max_tokens = r->max_tokens;
     q->sp = r->sp;
     q->n_stop = r->n_stop;
-    q->ignore_eos = r->ignore_eos;
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);
     if (!q->toks) goto nomem;
     memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
-    if (r->sp.n_bias) {
-        if (!(q->bias = malloc(sizeof *q->bias * (size_t)r->sp.n_bias))) goto nomem;
-        memcpy(q->bias, r->sp.bias, sizeof *q->bias * (size_t)r->sp.n_bias);
+    if (r->n_bias || r->n_stop) {
+        if (!(q->bias = malloc(sizeof *q->bias * (size_t)(r->n_bias + r->n_stop)))) goto nomem;
+        if (r->n_bias) memcpy(q->bias, r->bias, sizeof *q->bias * (size_t)r->n_bias);
+        for (int i = 0; i < r->n_stop; i++) q->bias[r->n_bias + i] = (struct shm_logit_bias){ r->stop_ids[i], -INFINITY };
+        q->n_bias = r->n_bias;
     }
-    q->sp.bias = q->bias;
     if (r->n_stop) {
         if (!(q->stop = malloc(sizeof(int32_t) * (size_t)r->n_stop))) goto nomem;
         memcpy(q->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
@@ -159,13 +151,14 @@ nomem:
     return CM_ENOMEM;
 }
 
-static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish) {
+static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish, int err) {
     ex_event *ev = &s->pend[s->n_pend++];
     memset(ev, 0, sizeof *ev);
     ev->id = q->id;
     ev->token = tok;
     ev->so.token = tok;
     ev->finish = finish;
+    ev->err = err;
     ev->n_prompt = q->n_prompt;
     ev->n_gen = q->n_gen;
 }
@@ -187,7 +180,7 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     seq *q = find(s, id, &where, &idx);
     if (!q) return CM_ENOTFOUND;
     /* pend has room for every live sequence, so this cannot overflow */
-    push_pending(s, q, -1, EX_FINISH_CANCEL);
+    push_pending(s, q, -1, SHM_FINISH_CANCELLED, 0);
     if (where == 0) run_remove(s, idx);
     else wait_remove(s, idx);
     seq_free(s, q);
@@ -208,15 +201,13 @@ static void preempt(ex_sched *s, int i) {
         s->n_wait++;
     } else {
         /* the queue is full of newer requests: this one cannot wait; report it */
-        push_pending(s, q, -1, EX_FINISH_NOKV);
+        push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
         seq_free(s, q);
     }
     s->st.preemptions++;
 }
 
-static int is_stop(const ex_sched *s, const seq *q, int32_t t) {
-    if (!q->ignore_eos)
-        for (int i = 0; i < s->o.n_eog; i++) if (s->o.eog[i] == t) return 1;
+static int is_stop(const seq *q, int32_t t) {
     for (int i = 0; i < q->n_stop; i++) if (q->stop[i] == t) return 1;
     return 0;
 }
@@ -239,7 +230,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     /* Pass 0: decoding sequences (one token each), pass 1: prefill chunks, oldest first in
      * each, so a long prompt never delays the running decodes. A sequence that needs a block
      * when none is free preempts the newest running sequence not already in this step's
-     * batch; when there is none, it sits this step out (or, alone, finishes NOKV). */
+     * batch; when there is none, it sits this step out (or, alone, finishes with CM_ENOKV). */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
             seq *q = s->run[i];
@@ -257,7 +248,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             }
             if (rc == CM_ENOKV && s->n_run == 1) {
                 /* the pool cannot hold this sequence even alone */
-                push_pending(s, q, -1, EX_FINISH_NOKV);
+                push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
                 run_remove(s, i);
                 seq_free(s, q);
                 break;
@@ -294,8 +285,10 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     for (int b = 0; b < nb; b++) {
         seq *q = s->batch_seq[b];
         if (q->n_cached + s->batch_n[b] < q->n_toks) continue;
+        /* before min_tokens the stop ids cannot be drawn: their -inf entries join the bias */
+        int n_bias = q->n_bias + (q->n_gen < (int64_t)q->sp.min_tokens ? q->n_stop : 0);
         s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
-                                             .n_prev = q->n_toks, .pos = q->n_toks };
+                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias };
     }
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
@@ -314,14 +307,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         e->id = q->id;
         e->token = t;
         e->n_prompt = q->n_prompt;
-        if (t < 0) { e->token = -1; e->finish = EX_FINISH_ERROR; }
+        if (t < 0) { e->token = -1; e->finish = SHM_FINISH_ERROR; e->err = CM_EINVAL; }
         else {
             q->toks[q->n_toks++] = t;
             q->n_gen++;
             s->st.tokens_generated++;
-            if (is_stop(s, q, t)) e->finish = EX_FINISH_STOP;
-            else if (q->n_gen >= q->max_tokens) e->finish = EX_FINISH_LENGTH;
-            else if (q->n_toks >= s->lim.n_ctx) e->finish = EX_FINISH_CTX;
+            if (is_stop(q, t)) e->finish = SHM_FINISH_STOP;
+            else if (q->n_gen >= (int64_t)q->sp.max_tokens) e->finish = SHM_FINISH_LENGTH;
+            else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
         }
         e->n_gen = q->n_gen;
         if (e->finish) {

@@ -11,16 +11,18 @@
  * blocks are freed and it goes back to the front of the queue to be recomputed from its
  * tokens (prompt + generated); the sampler's (seed, position) draws make it produce the same
  * tokens again. With no such victim the sequence sits the step out; alone, it finishes with
- * EX_FINISH_NOKV. No request is admitted in a step that preempted.
+ * SHM_FINISH_ERROR and err CM_ENOKV. No request is admitted in a step that preempted.
  *
- * Sequences finish on max_tokens (LENGTH), an end-of-generation id or a stop id (STOP; the
- * token is reported with the finish), the context length (CTX: prompt + generated reached
- * n_ctx), cancel (CANCEL), or NOKV.
+ * Sequences finish (enum shm_finish, the ring's) on max_tokens (LENGTH), one of the request's
+ * stop ids (STOP; the token is reported with the finish; the scheduler knows no end-of-generation
+ * ids of its own: the caller puts text/'s among the stop ids), the context length (CONTEXT:
+ * prompt + generated reached n_ctx), cancel (CANCELLED), or ERROR (err CM_ENOKV as above, or
+ * CM_EINVAL when the sampler refused the sequence).
  *
  *   ex_sched *s; ex_sched_opts so; ex_sched_opts_default(&so);
  *   ex_sched_create(engine, &so, &s);
- *   ex_request r = { .id = 7, .prompt = ids, .n_prompt = n, .max_tokens = 100 };
- *   ex_sample_params_default(&r.sp);
+ *   ex_request r = { .id = 7, .prompt = ids, .n_prompt = n };
+ *   ex_sample_params_default(&r.sp); r.sp.max_tokens = 100;
  *   ex_sched_submit(s, &r);
  *   ex_event ev[256]; int n_ev;
  *   while (ex_sched_busy(s)) ex_sched_step(s, ev, 256, &n_ev);   // tokens + finishes
@@ -34,31 +36,27 @@
 
 #include <stdint.h>
 
+#include "../shm/shm.h"
 #include "engine.h"
 #include "sampler.h"
-
-enum ex_finish {
-    EX_FINISH_NONE = 0, EX_FINISH_LENGTH, EX_FINISH_STOP, EX_FINISH_CTX, EX_FINISH_CANCEL,
-    EX_FINISH_NOKV, EX_FINISH_ERROR
-};
-const char *ex_finish_name(int finish); /* "length", "stop", ... ; can't fail */
 
 typedef struct ex_request {
     uint64_t         id;          /* unique among the scheduler's live requests */
     const int32_t   *prompt;      /* [n_prompt] (copied) */
     int              n_prompt;    /* >= 1 and < n_ctx */
-    int              max_tokens;  /* >= 1 */
-    ex_sample_params sp;          /* bias array copied */
-    const int32_t   *stop_ids;    /* [n_stop] extra ids that end the sequence (copied) */
+    ex_sample_params sp;          /* sampling, and sp.max_tokens (>= 1) tokens at most */
+    const struct shm_logit_bias *bias; /* [n_bias] (copied) */
+    int              n_bias;
+    const int32_t   *stop_ids;    /* [n_stop] the ids that end the sequence (copied) */
     int              n_stop;
-    int              ignore_eos;  /* 1: the scheduler's end-of-generation ids do not stop it */
 } ex_request;
 
 /* One sequence's news from a step: a new token, a finish, or both. */
 typedef struct ex_event {
     uint64_t      id;
-    int32_t       token;      /* the new token, -1 when the event only finishes (cancel, NOKV) */
-    int           finish;     /* enum ex_finish; NONE while the sequence goes on */
+    int32_t       token;      /* the new token, -1 when the event only finishes (cancel, no KV) */
+    int           finish;     /* enum shm_finish; SHM_FINISH_NONE while the sequence goes on */
+    int           err;        /* finish ERROR: CM_ENOKV (the pool cannot hold it alone) or CM_EINVAL */
     int           n_prompt;   /* usage */
     int           n_gen;      /* tokens generated so far, this one included */
     ex_sample_out so;         /* so.token == token; logprobs when the request asked */
@@ -68,8 +66,6 @@ typedef struct ex_sched_opts {
     int max_running;      /* sequences in the running set; 0 = the engine's max_seqs */
     int max_tokens;       /* token budget per step; 0 = the engine's max_tokens */
     int max_waiting;      /* queue cap; submit beyond it returns CM_EFULL; 0 = 1024 */
-    const int32_t *eog;   /* end-of-generation ids (copied), e.g. EOS */
-    int n_eog;
 } ex_sched_opts;
 
 typedef struct ex_sched_stats {

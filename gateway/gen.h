@@ -1,78 +1,194 @@
-/* gen: the production gw_backend — requests to executor processes through shared-memory rings.
+/* gen: one generation request of the OpenAI API — the one object behind SSE, non-streaming JSON
+ * and WebSocket alike.
  *
- * It owns the executors (one gw_exec each: spawned, supervised, restarted) and, for each request:
- * renders the chat template and tokenizes on the libuv threadpool (a long prompt never stalls
- * the loop), checks the context length, sends one SUBMIT per choice to the least-loaded ready
- * executor, and turns the TOKENS records that come back into text: an incremental detokenizer
- * (complete UTF-8 only) and a stop-string matcher per choice, logprobs when asked, a CANCEL to
- * the executor as soon as a stop string matched or the client went away. Per-request token
- * sequence numbers are checked: a lost or duplicated token fails the request instead of
- * silently corrupting it. When an executor dies, every request it held fails with a 500 and
- * the supervisor restarts it.
+ * A gw_gen holds the parsed request, the prompt ids once prepared, the sampling parameters and
+ * stop ids the executors run, and per choice every token delivered so far (what lets a
+ * generation continue elsewhere), the text pipeline (detokenizer, stop-string matcher) and its
+ * timings. Its output goes to a sink: the transport that writes it (SSE, JSON or a WebSocket),
+ * which also settles the request's quota claim and records its metrics when it ends.
  *
- * Loop thread only (the threadpool work touches only the immutable vocabulary and template).
+ * The per-token path runs one way: the backend (gateway/pool.c, the executors' rings) hands
+ * each token to gw_gen_token, which checks its sequence number, keeps it, decodes it, matches
+ * stop strings and calls the sink. A sink only writes: it never ends, cancels or frees the
+ * generation from inside a call (a transport that sees its client leave calls gw_gen_cancel
+ * later, from its own callback), so nothing on this path checks whether the generation still
+ * exists after a call.
  *
- *   gw_gen_cfg c; gw_gen_cfg_default(&c);
- *   c.model_id = "stories260K"; c.vocab = v; c.chat = chat; c.n_ctx = 2048;
- *   c.exec = exec_cfg_template; c.exec_args = (const char *const *[]){args0, NULL}; c.n_exec = 1;
- *   gw_gen *g; gw_gen_start(loop, &c, &g);
- *   gw_backend be = gw_gen_backend(g);      ... routes serve through be ...
- *   gw_gen_stop(g, on_stopped, ud);         // executors drain; then on_stopped
- *   gw_gen_destroy(g);                      // after on_stopped
+ * Life: gw_gen_create, then gw_gen_start (checks what it can at once, then renders the chat
+ * template and tokenizes on the libuv threadpool, checks the context length and submits to the
+ * backend); the backend reports through gw_gen_token / gw_gen_choice_done / gw_gen_fail. A
+ * generation ends exactly once — every choice finished, a failure, or gw_gen_cancel — with the
+ * sink's end call; it is freed right after, or when the last hold (threadpool work, a pending
+ * admission) is released.
+ *
+ * Loop thread only; the threadpool work reads only the generation's own input and the
+ * immutable vocabulary and chat template.
+ *
+ *   gw_gen *g; gw_gen_create(env, &q, &sink, ud, &g);    // takes q
+ *   if (gw_gen_start(g) == 0) ... in flight: sink calls follow, end last ...
+ *   ... client gone: gw_gen_cancel(g);                    // sink end runs inside
  */
 #ifndef GW_GEN_H
 #define GW_GEN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <uv.h>
 
+#include "gateway/auth.h"
 #include "gateway/backend.h"
-#include "gateway/exec.h"
-#include "model/chat.h"
-#include "model/tok.h"
+#include "gateway/openai.h"
+#include "shm/shm.h"
+#include "text/chat.h"
+#include "text/detok.h"
+#include "text/stop.h"
+#include "text/tok.h"
 
-#define GW_GEN_MAX_EXEC 16
+struct gw_met;
 
-typedef struct gw_gen gw_gen;
+/* Ring ids: a generation's id << GW_GEN_RID_SHIFT | its choice index (choices <= 2^5). */
+#define GW_GEN_RID_SHIFT 5
+_Static_assert(GW_OAI_N_MAX <= 1 << GW_GEN_RID_SHIFT, "a choice index fits the ring id's low bits");
 
-typedef struct gw_gen_cfg {
-    const char      *model_id;   /* the served model's id (/v1/models, request "model") */
-    const tok_vocab *vocab;      /* borrowed; outlives the gw_gen */
-    const mdl_chat  *chat;       /* borrowed; may have no template (chat requests then get a 400) */
-    int              n_ctx;      /* positions per sequence, as the executors run them */
-    gw_exec_cfg      exec;       /* template for every executor: bin, timeouts, ring sizes (callbacks and args are set here) */
-    const char *const *exec_args[GW_GEN_MAX_EXEC]; /* per executor: NULL-terminated argument list (kept, must outlive) */
-    int              n_exec;     /* 1..GW_GEN_MAX_EXEC */
-    int              max_requests; /* requests in flight before new ones get 503 (default 4096) */
-} gw_gen_cfg;
+/* What every generation runs on, shared by all of them: fixed for the server's life except the
+ * counters. Owned by the server (serve.c) or a test; outlives every generation. */
+typedef struct gw_gen_env {
+    uv_loop_t       *loop;
+    const tok_vocab *vocab;
+    const tok_chat  *chat;        /* may have no template (chat requests then get a 400) */
+    int              n_ctx;       /* positions per sequence, as the executors run them */
+    int              max_requests; /* generations in flight before new ones get 503 */
+    gw_backend       backend;
+    struct gw_met   *met;         /* inter-token latency (NULL: none) */
+    /* counters (loop thread) */
+    int              inflight;    /* started and not yet ended */
+    int              preparing;   /* of those, on the threadpool */
+} gw_gen_env;
 
-/* Defaults: max_requests 4096, exec from gw_exec_cfg_default(). Can't fail. */
-void gw_gen_cfg_default(gw_gen_cfg *c);
+/* How a generation's output is written. Called by the generation only, loop thread, never
+ * re-entered. start, text and finish may be NULL. */
+typedef struct gw_gen_sink {
+    /* The prompt fits and generation begins: g->usage.prompt_tokens is known. */
+    void (*start)(gw_gen *g);
+    /* New text of choice i (complete UTF-8, possibly empty) and, when logprobs were asked, the
+     * tokens it came from. Pointers are valid during the call only. */
+    void (*text)(gw_gen *g, int i, const char *text, size_t len, const gw_oai_tok *toks, int n_toks);
+    /* Choice i is complete (finish: enum shm_finish). */
+    void (*finish)(gw_gen *g, int i, int finish);
+    /* The last call, exactly once: every choice finished (err NULL), the generation failed
+     * (err: its status, 400 for the context length, 503 overloaded, 500 executor failure, ...),
+     * or it was cancelled (g->cancelled; inside gw_gen_cancel). g->usage holds the final usage:
+     * the prompt when it reached an executor, every token received. The sink settles the quota
+     * claim and records the metrics here; g is freed after it returns (never keep it). */
+    void (*end)(gw_gen *g, const gw_oai_err *err);
+} gw_gen_sink;
 
-/* Spawns the executors. Returns 0, CM_EINVAL, CM_ENOMEM or CM_EIO (gw_exec_start failed). */
-int gw_gen_start(uv_loop_t *loop, const gw_gen_cfg *cfg, gw_gen **out);
+/* What the generation keeps of its output for a sink that writes it at the end (JSON, the
+ * WebSocket's response.done): text, and logprobs when asked. */
+enum { GW_GEN_KEEP_TEXT = 1, GW_GEN_KEEP_LOGPROBS = 2 };
 
-/* The backend view for gw_app_cfg.backend. */
-gw_backend gw_gen_backend(gw_gen *g);
+enum gw_gen_state { GW_GEN_NEW = 0, GW_GEN_PREPARING, GW_GEN_RUNNING, GW_GEN_ENDED };
 
-/* Stops every executor (they drain) and calls on_stopped once all are down; requests still in
- * flight then fail. */
-void gw_gen_stop(gw_gen *g, void (*on_stopped)(gw_gen *g, void *ud), void *ud);
-void gw_gen_destroy(gw_gen *g); /* after on_stopped; accepts NULL */
+typedef struct gw_gen_kept gw_gen_kept; /* gen.c: text and logprobs kept per choice */
 
-/* Prometheus text (gateway/metrics.h: vLLM's names with the prefix arka: and a model_name label)
- * of the gateway's request metrics and every executor's stats block. Returns a malloc'ed
- * string or NULL. */
-char *gw_gen_metrics(gw_gen *g, size_t *len);
-/* Final usage hook (routes' gw_app_usage_final, for quota settlement): called exactly once for
- * every id submit accepted, after that request's last sink callback, or inside cancel(id) with
- * the tokens delivered so far. The prompt counts only when the request reached an executor. */
-void gw_gen_set_usage_final(gw_gen *g, void (*fn)(void *ud, uint64_t id, const gw_oai_usage *u), void *ud);
-/* The registry, for the HTTP and auth layers' own counters (gw_met_http, ...). */
-struct gw_met *gw_gen_met(gw_gen *g);
+typedef struct gw_gen_choice {
+    int32_t  *toks;               /* [n_toks] the tokens delivered, in order */
+    int       n_toks, cap_toks;
+    uint32_t  next_seq;           /* the sequence number the next token must carry */
+    int       finish;             /* enum shm_finish; SHM_FINISH_NONE while running */
+    uint64_t  t_first, t_last, t_end; /* uv_hrtime: first / latest token, finish (0: not yet) */
+    tok_detok dt;
+    tok_stop  st;
+    gw_gen_kept *kept;            /* NULL unless the sink keeps output */
+} gw_gen_choice;
 
-/* Requests in flight (tokenizing, queued or running); for tests and logs. */
-int gw_gen_inflight(const gw_gen *g);
+struct gw_gen {
+    gw_gen_env    *env;
+    gw_oai_req     q;             /* the request as parsed (owned); q.sp as asked */
+    gw_oai_meta    meta;          /* repeated by every chunk and event of the response */
+    char           id[GW_OAI_ID_LEN]; /* "chatcmpl-..." / "cmpl-..." / "resp_..." */
+    int            state;         /* enum gw_gen_state */
+    int            cancelled;     /* ended by gw_gen_cancel */
+    int            n;             /* choices (q.n) */
+    /* what the executors run, once prepared */
+    int32_t       *prompt;        /* [n_prompt] */
+    int            n_prompt;
+    struct shm_sampling sp;       /* q.sp with max_tokens resolved; choice i draws with seed sp.seed + i */
+    int32_t        stop_ids[SHM_MAX_STOP]; /* text/'s end-of-generation ids (none with ignore_eos) */
+    int            n_stop_ids;
+    /* progress */
+    int            n_open;        /* choices running */
+    int            ran;           /* it reached RUNNING (the sink's start ran) */
+    int            reached;       /* its choices went to an executor: the prompt is billed */
+    int            cached;        /* prompt tokens served from a prefix cache (the executors report 0
+                                   * until they have one) */
+    gw_oai_usage   usage;         /* prompt tokens once prepared; completion tokens when it ends */
+    uint64_t       t_start;       /* uv_hrtime at gw_gen_start */
+    /* the transport's */
+    const gw_gen_sink *sink;
+    void          *sink_ud;
+    int            keep;          /* GW_GEN_KEEP_*, set before gw_gen_start */
+    gw_auth_ticket ticket;        /* the admission's quota claim, settled by the sink's end */
+    /* the backend's bookkeeping (gateway/pool.c links the generation into its tables here) */
+    struct {
+        uint64_t id;              /* ring ids are id << GW_GEN_RID_SHIFT | choice */
+        void    *ex;              /* the executor holding it, NULL before submit */
+        gw_gen  *hnext, *prev, *next, *qnext;
+        int      n_sent;          /* choices whose SUBMIT went out */
+    } be;
+    /* private to gen.c */
+    int            holds;
+    char          *text;          /* threadpool: the rendered prompt */
+    uv_work_t      work;
+    gw_oai_err     werr;
+    int            wrc;
+    gw_gen_choice  ch[];
+};
+
+/* Takes ownership of *q (zeroed on return, success or not) and makes a generation that writes
+ * to sink (sink_ud for the sink's own state). Returns 0, CM_EINVAL (stop strings the matcher
+ * refuses; e filled, 400) or CM_ENOMEM (e filled). Nothing is called back on failure. */
+int  gw_gen_create(gw_gen_env *env, gw_oai_req *q, const gw_gen_sink *sink, void *sink_ud, gw_gen **out,
+                   gw_oai_err *e);
+
+/* Starts g (state NEW): the checks that need no tokens (an executor ready, the in-flight cap,
+ * a chat template, token ids in the vocabulary), then the threadpool work. Returns 0 when g is
+ * on its way (its sink hears from it until end), or the error's code after ending g with it
+ * (the sink's end ran: 503 no executor or overloaded, 400 bad ids or no template, 500). */
+int  gw_gen_start(gw_gen *g);
+
+/* Ends g at once if it has not ended (the executors get a CANCEL for its open choices): the
+ * sink's end runs inside with g->cancelled set and the usage delivered so far. g must not be
+ * used after this returns. */
+void gw_gen_cancel(gw_gen *g);
+
+/* Ends g with err if it has not ended (an admission refusal, a backend failure): the sink's end
+ * runs inside. g must not be used after this returns. */
+void gw_gen_error(gw_gen *g, const gw_oai_err *err);
+
+/* Keeps g's memory past its end until gw_gen_release (a callback that will still receive g,
+ * such as a pending admission). Check g->state == GW_GEN_ENDED after waiting. */
+void gw_gen_hold(gw_gen *g);
+void gw_gen_release(gw_gen *g);
+
+/* ---- events from the backend (loop thread; nothing is called for g after it ends) -------- */
+
+/* A token of choice i; top: t->n_top alternatives (may be NULL when none). */
+void gw_gen_token(gw_gen *g, int i, const struct shm_tok *t, const struct shm_top *top);
+/* Choice i ended in the executor: d->finish, d->completion_tokens (must equal the tokens
+ * received), d->cached_prompt_tokens. */
+void gw_gen_choice_done(gw_gen *g, int i, const struct shm_done *d);
+/* gw_gen_error with an error made of status, OpenAI type and code, and a message. */
+void gw_gen_fail(gw_gen *g, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---- for sinks that write everything at the end ------------------------------------------ */
+
+/* Builds the choices from the kept output (text, finish, and logprobs when want_logprobs) and
+ * returns build(ctx, choices, n) (the choices are valid during that call). NULL when out of
+ * memory. */
+char *gw_gen_build(const gw_gen *g, int want_logprobs, char *(*build)(void *ctx, const gw_oai_choice *ch, int n),
+                   void *ctx);
 
 #endif

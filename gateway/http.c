@@ -581,10 +581,6 @@ int gw_resp_stream_end(gw_req *r) {
     return 0;
 }
 
-size_t gw_req_write_queue(const gw_req *r) {
-    return r && r->conn && !r->conn->closing ? uv_stream_get_write_queue_size((const uv_stream_t *)&r->conn->tcp) : 0;
-}
-
 void gw_req_on_abort(gw_req *r, void (*cb)(gw_req *r, void *ud), void *ud) {
     r->abort_cb = cb;
     r->abort_ud = ud;
@@ -592,7 +588,6 @@ void gw_req_on_abort(gw_req *r, void (*cb)(gw_req *r, void *ud), void *ud) {
 
 uv_loop_t *gw_req_loop(const gw_req *r) { return r->conn ? r->conn->srv->loop : NULL; }
 gw_server *gw_req_server(const gw_req *r) { return r->conn ? r->conn->srv : NULL; }
-const char *gw_req_peer(const gw_req *r) { return r->conn ? r->conn->peer : ""; }
 
 /* ---- upgraded connections ----------------------------------------------------------------- */
 
@@ -625,18 +620,7 @@ int gw_conn_write(gw_conn *c, const char *data, size_t len) {
 }
 
 void gw_conn_close(gw_conn *c) { conn_linger(c); }
-void gw_conn_abort(gw_conn *c) { conn_abort(c); }
-uv_loop_t *gw_conn_loop(const gw_conn *c) { return c->srv->loop; }
 gw_server *gw_conn_server(const gw_conn *c) { return c->srv; }
-
-size_t gw_conn_write_queue(const gw_conn *c) {
-    return c->closing ? 0 : uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
-}
-
-void gw_conn_pause_read(gw_conn *c, int paused) {
-    if (paused) read_stop(c);
-    else read_start(c);
-}
 
 /* ---- accepting ---------------------------------------------------------------------------- */
 

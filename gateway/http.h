@@ -146,8 +146,6 @@ int         gw_req_http_minor(const gw_req *r);
 int         gw_req_is_upgrade(const gw_req *r);
 uv_loop_t  *gw_req_loop(const gw_req *r);
 gw_server  *gw_req_server(const gw_req *r);
-/* Peer address as text ("127.0.0.1:53422"), for logs. */
-const char *gw_req_peer(const gw_req *r);
 
 /* Sets the callback that runs if the connection is lost before the response ended; cb NULL
  * detaches (do that before ending a response whose state is freed right after, so a failed final
@@ -178,9 +176,6 @@ int gw_resp_stream_write(gw_req *r, const char *data, size_t len);
  * the request is over afterwards (except after CM_ESTATE): no abort callback follows. */
 int gw_resp_stream_end(gw_req *r);
 
-/* Bytes queued on the connection and not yet handed to the kernel. */
-size_t gw_req_write_queue(const gw_req *r);
-
 /* Reason phrase for a status code ("Not Found"); "Unknown" for codes not in the table. */
 const char *gw_http_status_text(int status);
 
@@ -206,13 +201,7 @@ int gw_conn_write(gw_conn *c, const char *data, size_t len);
 /* Closes an upgraded connection after the queued bytes have been written (lingering close).
  * on_close runs later from the loop. */
 void gw_conn_close(gw_conn *c);
-/* Closes at once (no flushing). */
-void gw_conn_abort(gw_conn *c);
-uv_loop_t *gw_conn_loop(const gw_conn *c);
 gw_server *gw_conn_server(const gw_conn *c);
-size_t gw_conn_write_queue(const gw_conn *c);
-/* Stops / restarts reading (flow control for upgraded protocols). */
-void gw_conn_pause_read(gw_conn *c, int paused);
 
 /* ---- the request parser (pure: no I/O; exposed for tests and fuzzing) ------------------- */
 

@@ -295,17 +295,6 @@ static void series_set_cum(const gw_met_fam *f, struct series *s, const uint64_t
     s->sum = sum;
 }
 
-int gw_met_load_hist(gw_met_fam *f, const char *const *lv, const struct shm_hist_snap *sn, double div) {
-    if (!f || f->type != GW_MET_HISTOGRAM || !sn || !(div > 0)) return CM_EINVAL;
-    struct series *s = series_get(f, lv);
-    if (!s) return CM_ENOMEM;
-    uint64_t cum[GW_MET_BOUNDS_MAX + 1];
-    double sum;
-    rebin(f, sn, div, cum, &sum);
-    series_set_cum(f, s, cum, sum);
-    return 0;
-}
-
 /* ============================================================================================
  * Exposition
  * ========================================================================================== */

@@ -74,11 +74,6 @@ int gw_met_family(gw_met *m, enum gw_met_type type, const char *name, const char
 int gw_met_add(gw_met_fam *f, const char *const *lv, double v);      /* counter += v (v >= 0); gauge += v */
 int gw_met_set(gw_met_fam *f, const char *const *lv, double v);      /* gauge = v; counter = v (a mirrored total) */
 int gw_met_observe(gw_met_fam *f, const char *const *lv, double v);  /* histogram: one observation */
-/* Histogram: replaces the series with a shared-memory histogram snapshot whose bounds and sum are
- * divided by div (1e6: microseconds to seconds; 1: as they are). Bounds that differ from the family's are
- * re-binned conservatively: a family bucket counts the snapshot's buckets whose bound is <= its
- * own (exact when the bounds agree). */
-int gw_met_load_hist(gw_met_fam *f, const char *const *lv, const struct shm_hist_snap *s, double div);
 
 /* Label sets the family holds (the "other" set included); for tests. */
 int gw_met_series(const gw_met_fam *f);

@@ -362,19 +362,27 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     if ((err = kind == GW_OAI_CHAT ? parse_messages(o, q, e) : parse_prompt(o, q, e))) return err;
 
     /* max_tokens; max_completion_tokens (the newer name) wins when both are given */
+    struct shm_sampling *sp = &q->sp;
     int mt = -1, mct = -1;
     if ((err = get_int(o, "max_tokens", 1, INT32_MAX, &mt, e))) return err;
     if ((err = get_int(o, "max_completion_tokens", 1, INT32_MAX, &mct, e))) return err;
-    q->max_tokens = mct >= 0 ? mct : mt;
+    sp->max_tokens = (uint32_t)(mct >= 0 ? mct : mt >= 0 ? mt : 0);
+    /* vLLM's and llama-server's: at least min_tokens before an end (checked against the
+     * max_tokens that applies once the prompt is known: gateway/gen.c) */
+    int mint = 0, ieos = 0;
+    if ((err = get_int(o, "min_tokens", 0, INT32_MAX, &mint, e))) return err;
+    if ((err = get_bool(o, "ignore_eos", &ieos, e))) return err;
+    sp->min_tokens = (uint32_t)mint;
+    sp->ignore_eos = (uint8_t)ieos;
 
-    if ((err = get_num(o, "temperature", 0, 0, 2, 0, &q->temperature, e))) return err;
-    if ((err = get_num(o, "top_p", 0, 1, 1, 0, &q->top_p, e))) return err;
-    if ((err = get_int(o, "top_k", -1, INT32_MAX, &q->top_k, e))) return err;
-    if (q->top_k < 0) q->top_k = 0;
-    if ((err = get_num(o, "min_p", 0, 0, 1, 0, &q->min_p, e))) return err;
-    if ((err = get_num(o, "presence_penalty", -2, 0, 2, 0, &q->presence_penalty, e))) return err;
-    if ((err = get_num(o, "frequency_penalty", -2, 0, 2, 0, &q->frequency_penalty, e))) return err;
-    if ((err = get_num(o, "repetition_penalty", 0, 1, 1e9, 0, &q->repetition_penalty, e))) return err;
+    if ((err = get_num(o, "temperature", 0, 0, 2, 0, &sp->temperature, e))) return err;
+    if ((err = get_num(o, "top_p", 0, 1, 1, 0, &sp->top_p, e))) return err;
+    if ((err = get_int(o, "top_k", -1, INT32_MAX, &sp->top_k, e))) return err;
+    if (sp->top_k < 0) sp->top_k = 0;
+    if ((err = get_num(o, "min_p", 0, 0, 1, 0, &sp->min_p, e))) return err;
+    if ((err = get_num(o, "presence_penalty", -2, 0, 2, 0, &sp->presence_penalty, e))) return err;
+    if ((err = get_num(o, "frequency_penalty", -2, 0, 2, 0, &sp->frequency_penalty, e))) return err;
+    if ((err = get_num(o, "repetition_penalty", 0, 1, 1e9, 0, &sp->repeat_penalty, e))) return err;
     const cJSON *seed = field(o, "seed");
     if (seed) {
         /* doubles hold integers exactly up to 2^53: beyond that the value was already rounded */
@@ -382,21 +390,25 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
             return bad_type(e, "seed", "an integer", seed);
         if (fabs(seed->valuedouble) > 9007199254740992.0)
             return bad_value(e, "seed", "expected an integer of magnitude at most 2^53, but got %.17g instead.", seed->valuedouble);
-        q->has_seed = 1;
-        q->seed = (uint64_t)(int64_t)seed->valuedouble;
+        sp->has_seed = 1;
+        sp->seed = (uint64_t)(int64_t)seed->valuedouble;
     }
     if ((err = parse_stop(o, q, e))) return err;
     if ((err = get_int(o, "n", 1, GW_OAI_N_MAX, &q->n, e))) return err;
 
+    int lp_on = 0, lp_top = 0;
     if (kind == GW_OAI_CHAT) {
-        if ((err = get_bool(o, "logprobs", &q->logprobs, e))) return err;
-        if ((err = get_int(o, "top_logprobs", 0, GW_OAI_LOGPROBS_MAX, &q->top_logprobs, e))) return err;
-        if (field(o, "top_logprobs") && !q->logprobs)
+        if ((err = get_bool(o, "logprobs", &lp_on, e))) return err;
+        if ((err = get_int(o, "top_logprobs", 0, GW_OAI_LOGPROBS_MAX, &lp_top, e))) return err;
+        if (field(o, "top_logprobs") && !lp_on)
             return bad_value(e, "top_logprobs", "'logprobs' must be set to true when 'top_logprobs' is used.");
     } else {
         const cJSON *lp = field(o, "logprobs");
         if (lp && cJSON_IsBool(lp)) return bad_type(e, "logprobs", "an integer", lp);
-        if ((err = get_int(o, "logprobs", 0, GW_OAI_LOGPROBS_MAX, &q->logprobs, e))) return err;
+        lp_top = -1;
+        if ((err = get_int(o, "logprobs", 0, GW_OAI_LOGPROBS_MAX, &lp_top, e))) return err;
+        lp_on = lp_top >= 0; /* logprobs: N asks the token's logprob and N alternatives */
+        if (lp_top < 0) lp_top = 0;
         const cJSON *echo = field(o, "echo");
         if (echo && !cJSON_IsBool(echo)) return bad_type(e, "echo", "a boolean", echo);
         if (echo && cJSON_IsTrue(echo)) {
@@ -415,6 +427,8 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
             return CM_EINVAL;
         }
     }
+    sp->logprobs = (uint8_t)lp_on;
+    sp->top_logprobs = (uint8_t)lp_top;
     if ((err = parse_bias(o, q, e))) return err;
     if ((err = get_bool(o, "stream", &q->stream, e))) return err;
     const cJSON *so = field(o, "stream_options");
@@ -436,12 +450,9 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
 int gw_oai_parse(int kind, const char *body, size_t len, gw_oai_req *q, gw_oai_err *e) {
     memset(q, 0, sizeof *q);
     q->kind = kind;
-    q->max_tokens = -1;
-    q->temperature = 1.0f;
-    q->top_p = 1.0f;
-    q->repetition_penalty = 1.0f;
+    shm_sampling_default(&q->sp);
+    q->sp.temperature = 1.0f; /* the API's default (the sampler's is greedy) */
     q->n = 1;
-    q->logprobs = kind == GW_OAI_CHAT ? 0 : -1;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, NULL, 0);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -486,8 +497,9 @@ void gw_oai_req_free(gw_oai_req *q) {
 
 const char *gw_finish_name(int finish) {
     switch (finish) {
-    case GW_FINISH_STOP: return "stop";
-    case GW_FINISH_LENGTH: return "length";
+    case SHM_FINISH_STOP: return "stop";
+    case SHM_FINISH_LENGTH:
+    case SHM_FINISH_CONTEXT: return "length";
     default: return NULL;
     }
 }

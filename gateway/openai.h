@@ -23,16 +23,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shm/shm.h"
+
 #define GW_OAI_N_MAX         16   /* choices per request */
 #define GW_OAI_STOP_MAX      4    /* stop strings (OpenAI's limit) */
-#define GW_OAI_STOP_LEN_MAX  256  /* bytes per stop string (model/stop.h's TOK_STOP_MAX_LEN) */
+#define GW_OAI_STOP_LEN_MAX  256  /* bytes per stop string (text/stop.h's TOK_STOP_MAX_LEN) */
 #define GW_OAI_LOGPROBS_MAX  20   /* top alternatives per token */
 #define GW_OAI_BIAS_MAX      1024 /* logit_bias entries */
 #define GW_OAI_ID_LEN        40   /* buffer for a response id */
 
 enum gw_oai_kind { GW_OAI_COMPLETION = 0, GW_OAI_CHAT = 1 };
-
-enum gw_finish { GW_FINISH_NONE = 0, GW_FINISH_STOP, GW_FINISH_LENGTH };
 
 typedef struct gw_oai_err {
     int  status;          /* HTTP status (400, 404, 413, 500, 503, ...) */
@@ -50,11 +50,6 @@ typedef struct gw_oai_msg {
     char *tool_calls;     /* JSON array text (assistant), or NULL */
 } gw_oai_msg;
 
-typedef struct gw_oai_bias {
-    int32_t token;
-    float   bias;         /* -100..100 */
-} gw_oai_bias;
-
 typedef struct gw_oai_req {
     int      kind;                /* enum gw_oai_kind */
     char    *model;
@@ -67,23 +62,15 @@ typedef struct gw_oai_req {
     int      n_msgs;
     char    *messages_json;       /* the messages array re-serialized (for templates that need more) */
     char    *tools_json;          /* "tools" array, or NULL */
-    /* sampling */
-    int      max_tokens;          /* -1: not given (up to the context end) */
-    float    temperature;         /* 0..2, default 1 */
-    float    top_p;               /* (0,1], default 1 */
-    int      top_k;               /* 0: off (-1 accepted as off) */
-    float    min_p;               /* 0..1, default 0 */
-    float    presence_penalty;    /* -2..2 */
-    float    frequency_penalty;   /* -2..2 */
-    float    repetition_penalty;  /* > 0, default 1 */
-    int      has_seed;
-    uint64_t seed;
+    /* sampling: the ring's one struct (shm/shm.h), filled here from the API's names (the API's
+     * repetition_penalty is sp.repeat_penalty). sp.max_tokens 0: not given (max_tokens and
+     * max_completion_tokens, the newer name, which wins). Chat's logprobs/top_logprobs and
+     * completions' logprobs N become sp.logprobs (0/1) and sp.top_logprobs (0..20). */
+    struct shm_sampling sp;
     char    *stop[GW_OAI_STOP_MAX];
     int      n_stop;
     int      n;                   /* 1..GW_OAI_N_MAX */
-    int      logprobs;            /* chat: 0/1; completions: top alternatives 0..20, -1 = off */
-    int      top_logprobs;        /* chat: 0..20 */
-    gw_oai_bias *logit_bias;
+    struct shm_logit_bias *logit_bias;
     int      n_logit_bias;
     int      stream;
     int      include_usage;
@@ -144,7 +131,7 @@ typedef struct gw_oai_usage {
 typedef struct gw_oai_choice {
     const char *text;
     size_t      len;
-    int         finish;   /* enum gw_finish */
+    int         finish;   /* enum shm_finish (shm/shm.h) */
     const gw_oai_tok *toks; /* logprobs, or NULL when not asked */
     int         n_toks;
 } gw_oai_choice;
@@ -185,6 +172,8 @@ char *gw_rt_done_json(const char *event_id, const gw_oai_meta *m, const char *st
 /* {"type":"error","event_id","error":{"type","code","message","param","event_id"(client's, or null)}} */
 char *gw_rt_error_json(const char *event_id, const gw_oai_err *e, const char *client_event_id);
 
-const char *gw_finish_name(int finish); /* "stop", "length", or NULL for NONE */
+/* OpenAI's finish_reason of an enum shm_finish: "stop", "length" (LENGTH and CONTEXT), or NULL
+ * (NONE; a cancelled or failed choice has none either). */
+const char *gw_finish_name(int finish);
 
 #endif

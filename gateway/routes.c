@@ -1,7 +1,9 @@
-/* routes: the OpenAI-compatible API: routing, generation requests over HTTP (JSON and SSE) and
- * over WebSocket (Realtime-style events), all through a gw_backend. */
+/* routes: the OpenAI-compatible API: routing, and generation requests over HTTP (JSON and SSE)
+ * and over WebSocket (Realtime-style events). The three share one path — parse, admission
+ * (API keys and quotas), a gw_gen — and differ only in their sink: how the output is written.
+ * Every sink's end goes through finish(), which settles the quota claim with the generation's
+ * final usage and records its metrics. */
 #include "gateway/routes.h"
-#include "gateway/metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,24 +15,14 @@
 
 #include "common/cm_err.h"
 #include "common/cm_log.h"
+#include "gateway/gen.h"
+#include "gateway/metrics.h"
 #include "gateway/openai.h"
 #include "gateway/ws.h"
-
-/* A quota claim waiting for the backend's final usage (cfg.backend_final_usage). */
-typedef struct pend {
-    uint64_t bid;
-    uint64_t since;           /* loop ms when the request was submitted */
-    gw_auth_ticket t;
-    struct pend *prev, *next;
-} pend;
-
-/* Claims whose backend never reported are settled with their reservation after this long. */
-#define PEND_STALE_MS (30u * 60u * 1000u)
 
 struct gw_app {
     gw_app_cfg cfg;
     int active;
-    pend *pend_head, *pend_tail;  /* oldest first */
 };
 
 void gw_app_cfg_default(gw_app_cfg *cfg) {
@@ -44,7 +36,7 @@ void gw_app_cfg_default(gw_app_cfg *cfg) {
 
 int gw_app_create(const gw_app_cfg *cfg, gw_app **out) {
     *out = NULL;
-    if (!cfg || !cfg->backend || !cfg->backend->ops || cfg->ws_max_responses < 1) return CM_EINVAL;
+    if (!cfg || !cfg->env || !cfg->env->backend.ops || !cfg->model_id || cfg->ws_max_responses < 1) return CM_EINVAL;
     gw_app *a = calloc(1, sizeof *a);
     if (!a) return CM_ENOMEM;
     a->cfg = *cfg;
@@ -52,62 +44,11 @@ int gw_app_create(const gw_app_cfg *cfg, gw_app **out) {
     return 0;
 }
 
-static void pend_unlink(gw_app *a, pend *p) {
-    if (p->prev) p->prev->next = p->next;
-    else a->pend_head = p->next;
-    if (p->next) p->next->prev = p->prev;
-    else a->pend_tail = p->prev;
-}
+void gw_app_destroy(gw_app *app) { free(app); }
 
-void gw_app_destroy(gw_app *app) {
-    if (!app) return;
-    while (app->pend_head) { /* the backend is gone: charge what was reserved */
-        pend *p = app->pend_head;
-        pend_unlink(app, p);
-        gw_auth_settle(app->cfg.auth, &p->t, p->t.reserved);
-        free(p);
-    }
-    free(app);
-}
-
-void gw_app_usage_final(gw_app *a, uint64_t bid, const gw_oai_usage *u) {
-    for (pend *p = a->pend_head; p; p = p->next)
-        if (p->bid == bid) {
-            pend_unlink(a, p);
-            gw_auth_settle(a->cfg.auth, &p->t, (int64_t)u->prompt_tokens + u->completion_tokens);
-            gw_met_tenant_usage(a->cfg.met, p->t.tenant, (uint64_t)u->prompt_tokens, (uint64_t)u->completion_tokens);
-            free(p);
-            return;
-        }
-}
-
-/* Hands a live claim over to the pending list (settled by gw_app_usage_final). Returns 0, or
- * CM_ENOMEM (the caller keeps the claim). */
-static int pend_add(gw_app *a, uint64_t bid, uint64_t now, gw_auth_ticket *t) {
-    while (a->pend_head && now - a->pend_head->since > PEND_STALE_MS) {
-        pend *o = a->pend_head;
-        CM_LOG_WARN("gw", "no final usage from the backend; settling the reservation", "backend_id=%llu",
-                    (unsigned long long)o->bid);
-        pend_unlink(a, o);
-        gw_auth_settle(a->cfg.auth, &o->t, o->t.reserved);
-        free(o);
-    }
-    pend *p = calloc(1, sizeof *p);
-    if (!p) return CM_ENOMEM;
-    p->bid = bid;
-    p->since = now;
-    p->t = *t;
-    t->live = 0;
-    p->prev = a->pend_tail;
-    if (a->pend_tail) a->pend_tail->next = p;
-    else a->pend_head = p;
-    a->pend_tail = p;
-    return 0;
-}
 int gw_app_active(const gw_app *app) { return app->active; }
 
-static const gw_backend_ops *OPS(gw_app *a) { return a->cfg.backend->ops; }
-static void *IMPL(gw_app *a) { return a->cfg.backend->impl; }
+static int backend_ready(gw_app *a) { return a->cfg.env->backend.ops->ready(a->cfg.env->backend.impl); }
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
@@ -122,314 +63,248 @@ static void send_err(gw_req *r, const gw_oai_err *e, const char *extra) {
     free(js);
 }
 
-static int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *nb = realloc(*b, c);
-        if (!nb) return CM_ENOMEM;
-        *b = nb;
-        *cap = c;
-    }
-    if (n) memcpy(*b + *len, s, n);
-    *len += n;
-    (*b)[*len] = 0;
-    return 0;
-}
-
-/* Per-choice accumulation for non-streaming answers (text, finish, logprobs). */
-typedef struct acc {
-    char  *text;
-    size_t len, cap;
-    int    finish;
-    struct { size_t off, len; float lp; int top0, ntop; } *tk;
-    int    ntk, tkcap;
-    struct { size_t off, len; float lp; } *tp;
-    int    ntp, tpcap;
-    char  *sb;           /* token strings */
-    size_t sblen, sbcap;
-} acc;
-
-static int grow(void **p, int *cap, int need, size_t elem) {
-    if (need <= *cap) return 0;
-    int c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    void *np = realloc(*p, (size_t)c * elem);
-    if (!np) return CM_ENOMEM;
-    *p = np;
-    *cap = c;
-    return 0;
-}
-
-static int acc_add(acc *a, const char *text, size_t len, const gw_oai_tok *toks, int n_toks, int keep_toks) {
-    if (buf_add(&a->text, &a->len, &a->cap, text, len)) return CM_ENOMEM;
-    if (!keep_toks) return 0;
-    for (int i = 0; i < n_toks; i++) {
-        if (grow((void **)&a->tk, &a->tkcap, a->ntk + 1, sizeof *a->tk) ||
-            grow((void **)&a->tp, &a->tpcap, a->ntp + toks[i].n_top, sizeof *a->tp))
-            return CM_ENOMEM;
-        a->tk[a->ntk].off = a->sblen;
-        a->tk[a->ntk].len = toks[i].len;
-        a->tk[a->ntk].lp = toks[i].logprob;
-        a->tk[a->ntk].top0 = a->ntp;
-        a->tk[a->ntk].ntop = toks[i].n_top;
-        if (buf_add(&a->sb, &a->sblen, &a->sbcap, toks[i].text, toks[i].len)) return CM_ENOMEM;
-        for (int k = 0; k < toks[i].n_top; k++) {
-            a->tp[a->ntp].off = a->sblen;
-            a->tp[a->ntp].len = toks[i].top[k].len;
-            a->tp[a->ntp].lp = toks[i].top[k].logprob;
-            if (buf_add(&a->sb, &a->sblen, &a->sbcap, toks[i].top[k].text, toks[i].top[k].len)) return CM_ENOMEM;
-            a->ntp++;
-        }
-        a->ntk++;
-    }
-    return 0;
-}
-
-static void acc_free(acc *a, int n) {
-    for (int i = 0; a && i < n; i++) {
-        free(a[i].text);
-        free(a[i].tk);
-        free(a[i].tp);
-        free(a[i].sb);
-    }
-    free(a);
-}
-
-/* Builds choices (with logprobs pointing into the accumulators) and calls build(). */
-static char *acc_build(acc *a, int n, int want_lp, char *(*build)(void *ctx, const gw_oai_choice *ch, int n), void *ctx) {
-    gw_oai_choice *ch = calloc((size_t)n, sizeof *ch);
-    gw_oai_tok **toks = calloc((size_t)n, sizeof *toks);
-    gw_oai_top **tops = calloc((size_t)n, sizeof *tops);
-    char *out = NULL;
-    if (!ch || !toks || !tops) goto done;
-    for (int i = 0; i < n; i++) {
-        ch[i].text = a[i].text ? a[i].text : "";
-        ch[i].len = a[i].len;
-        ch[i].finish = a[i].finish;
-        if (!want_lp) continue;
-        toks[i] = calloc((size_t)a[i].ntk + 1, sizeof **toks);
-        tops[i] = calloc((size_t)a[i].ntp + 1, sizeof **tops);
-        if (!toks[i] || !tops[i]) goto done;
-        for (int k = 0; k < a[i].ntp; k++)
-            tops[i][k] = (gw_oai_top){a[i].sb + a[i].tp[k].off, a[i].tp[k].len, a[i].tp[k].lp};
-        for (int k = 0; k < a[i].ntk; k++)
-            toks[i][k] = (gw_oai_tok){a[i].sb + a[i].tk[k].off, a[i].tk[k].len, a[i].tk[k].lp, a[i].tk[k].ntop,
-                                      tops[i] + a[i].tk[k].top0};
-        ch[i].toks = toks[i];
-        ch[i].n_toks = a[i].ntk;
-    }
-    out = build(ctx, ch, n);
-done:
-    for (int i = 0; i < n && toks && tops; i++) {
-        free(toks[i]);
-        free(tops[i]);
-    }
-    free(toks);
-    free(tops);
-    free(ch);
-    return out;
-}
-
-/* ---- HTTP generations --------------------------------------------------------------------- */
-
-typedef struct gen {
-    gw_app     *app;
-    gw_req     *req;        /* NULL once the response ended or the client left */
-    gw_oai_req  q;
-    gw_oai_meta meta;
-    char        id[GW_OAI_ID_LEN];
-    char       *model;
-    uint64_t    bid;
-    int         live;       /* the backend still owns a request for us */
-    int         started;
-    acc        *ch;
-    size_t     *toff;       /* completions logprobs text_offset per choice */
-    gw_oai_usage usage;
-    uv_timer_t  ping;
-    int         ping_init;
-    uint64_t    last_write;
-    /* auth (cfg.auth set) */
-    int         admitting;  /* waiting for the admission callback */
-    int         gone;       /* the client left while admitting */
-    gw_auth_ticket ticket;  /* live while this request holds a quota claim */
-    int64_t     seen_tokens; /* completion tokens seen (estimate for failures and cancels) */
-    char        hdrs[640];  /* x-request-id and x-ratelimit-* lines for every response ("" without auth) */
-} gen;
-
-static const char *HDRS(const gen *g) { return g->hdrs[0] ? g->hdrs : NULL; }
-
-static void gen_closed(uv_handle_t *h) {
-    gen *g = h->data;
-    free(g);
-}
-
-static void gen_free(gen *g) {
-    g->app->active--;
-    if (g->ticket.live) { /* done: on_done's usage; failed or cancelled: what was seen */
-        gw_auth_settle(g->app->cfg.auth, &g->ticket, (int64_t)g->usage.prompt_tokens + g->seen_tokens);
-        gw_met_tenant_usage(g->app->cfg.met, g->ticket.tenant, (uint64_t)g->usage.prompt_tokens, (uint64_t)g->seen_tokens);
-    }
-    acc_free(g->ch, g->q.n); /* before the request is freed: it knows n */
-    gw_oai_req_free(&g->q);
-    free(g->toff);
-    free(g->model);
-    if (g->ping_init) {
-        uv_timer_stop(&g->ping);
-        uv_close((uv_handle_t *)&g->ping, gen_closed);
-    } else {
-        free(g);
-    }
-}
-
-static void sse(gen *g, const char *json) {
-    if (!g->req || !json) return;
-    size_t n;
-    char *s = gw_sse_data(json, &n);
-    if (s) gw_resp_stream_write(g->req, s, n);
-    free(s);
-    g->last_write = uv_now(gw_req_loop(g->req));
-}
-
-static void sse_json(gen *g, char *json) {
-    sse(g, json);
-    free(json);
-}
-
-static void ping_tick(uv_timer_t *t) {
-    gen *g = t->data;
-    if (!g->req) return;
-    uint64_t now = uv_now(t->loop);
-    if (now - g->last_write + 5 < g->app->cfg.ping_ms) return;
-    gw_resp_stream_write(g->req, GW_SSE_PING, sizeof GW_SSE_PING - 1);
-    g->last_write = now;
-}
-
-static void g_start(void *ud, int prompt_tokens, int cached_tokens) {
-    gen *g = ud;
-    g->started = 1;
-    g->usage.prompt_tokens = prompt_tokens;
-    g->usage.cached_tokens = cached_tokens;
-    if (!g->q.stream || !g->req) return;
-    char h[sizeof g->hdrs + 64];
-    snprintf(h, sizeof h, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s", g->hdrs);
-    gw_resp_stream_start(g->req, 200, "text/event-stream", h);
-    g->last_write = uv_now(gw_req_loop(g->req));
-    if (g->q.kind == GW_OAI_CHAT)
-        for (int i = 0; i < g->q.n; i++) sse_json(g, gw_oai_chunk_json(&g->meta, i, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
-    if (g->app->cfg.ping_ms && uv_timer_init(gw_req_loop(g->req), &g->ping) == 0) {
-        g->ping.data = g;
-        g->ping_init = 1;
-        uv_timer_start(&g->ping, ping_tick, g->app->cfg.ping_ms, g->app->cfg.ping_ms);
-    }
-}
-
-static void g_text(void *ud, int index, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
-    gen *g = ud;
-    if (index < 0 || index >= g->q.n) return;
-    g->seen_tokens += toks && n_toks > 0 ? n_toks : len > 0;
-    int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
-    if (!want_lp) toks = NULL;
-    if (!g->q.stream) {
-        acc_add(&g->ch[index], text, len, toks, n_toks, want_lp);
-        return;
-    }
-    if (len == 0 && !toks) return;
-    sse_json(g, gw_oai_chunk_json(&g->meta, index, 0, text, len, GW_FINISH_NONE, toks, toks ? n_toks : 0, &g->toff[index]));
-}
-
-static void g_finish(void *ud, int index, int finish) {
-    gen *g = ud;
-    if (index < 0 || index >= g->q.n) return;
-    g->ch[index].finish = finish;
-    if (g->q.stream) sse_json(g, gw_oai_chunk_json(&g->meta, index, 0, NULL, 0, finish, NULL, 0, NULL));
-}
-
-static char *build_response(void *ctx, const gw_oai_choice *ch, int n) {
-    gen *g = ctx;
-    int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
-    return gw_oai_response_json(&g->meta, ch, n, &g->usage, want_lp);
-}
-
-static void g_done(void *ud, const gw_oai_usage *u) {
-    gen *g = ud;
-    g->live = 0;
-    g->usage.completion_tokens = u->completion_tokens;
-    if (u->prompt_tokens) g->usage.prompt_tokens = u->prompt_tokens;
-    if (u->cached_tokens) g->usage.cached_tokens = u->cached_tokens;
-    g->seen_tokens = u->completion_tokens;
-    if (g->req) {
-        /* detach first: g is freed below whether or not the last write reaches the client */
-        gw_req_on_abort(g->req, NULL, NULL);
-        if (g->q.stream) {
-            if (g->q.include_usage) sse_json(g, gw_oai_usage_chunk_json(&g->meta, &g->usage));
-            gw_resp_stream_write(g->req, GW_SSE_DONE, sizeof GW_SSE_DONE - 1);
-            gw_resp_stream_end(g->req);
-        } else {
-            int want_lp = g->q.kind == GW_OAI_CHAT ? g->q.logprobs : g->q.logprobs >= 0;
-            char *js = acc_build(g->ch, g->q.n, want_lp, build_response, g);
-            if (js) send_json(g->req, 200, js, HDRS(g));
-            else gw_resp_send(g->req, 500, "text/plain", "out of memory\n", 14, HDRS(g));
-            free(js);
-        }
-    }
-    g->req = NULL;
-    gen_free(g);
-}
-
-static void g_error(void *ud, const gw_oai_err *e) {
-    gen *g = ud;
-    g->live = 0;
-    if (g->req) {
-        gw_req_on_abort(g->req, NULL, NULL); /* g is freed below, whatever the writes do */
-        if (g->q.stream && g->started) {
-            /* headers are out: the failure travels as an SSE event, and the stream ends without [DONE] */
-            char *js = gw_oai_error_json(e);
-            sse(g, js);
-            free(js);
-            gw_resp_stream_end(g->req);
-        } else {
-            send_err(g->req, e, HDRS(g));
-        }
-    }
-    g->req = NULL;
-    gen_free(g);
-}
-
-static const gw_gen_sink http_sink = {g_start, g_text, g_finish, g_done, g_error};
-
-static void g_abort(gw_req *r, void *ud) {
-    gen *g = ud;
-    CM_LOG_DEBUG("gw", "client left; cancelling", "id=%s", g->id);
-    g->req = NULL;
-    if (g->admitting) { /* the admission callback frees g */
-        g->gone = 1;
-        return;
-    }
-    if (g->live) OPS(g->app)->cancel(IMPL(g->app), g->bid);
-    g->live = 0;
-    gen_free(g);
-}
-
 static int check_model(gw_app *a, const char *model, gw_oai_err *e) {
-    const char *id = OPS(a)->model_id(IMPL(a));
-    if (id && strcmp(model, id) == 0) return 0;
+    if (strcmp(model, a->cfg.model_id) == 0) return 0;
     gw_oai_err_set(e, 404, "invalid_request_error", "model", "model_not_found",
                    "The model `%.200s` does not exist or you do not have access to it.", model);
     return CM_ENOTFOUND;
 }
 
-static int check_ready(gw_app *a, gw_req *r, gw_oai_err *e) {
-    gw_server *s = gw_req_server(r);
-    if (s && gw_server_draining(s)) {
-        gw_oai_err_set(e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
-        return CM_ESTATE;
+/* ---- generations: one path for every transport --------------------------------------------- */
+
+/* What every transport's per-generation state starts with. The state lives from the
+ * generation's creation to its sink's end, or past it until a pending admission answers. */
+typedef struct tport {
+    gw_app *app;
+    int     admitting;       /* an admission answer is pending: the state waits for it */
+    /* the admission answered and the generation goes on (NULL: nothing to do) */
+    void  (*admitted)(gw_gen *g, const gw_auth_result *res);
+    /* the generation started (NULL: nothing to do) */
+    void  (*accepted)(gw_gen *g);
+    void  (*release)(struct tport *t); /* frees the state */
+} tport;
+
+/* A generation of parsed request q (taken) writing to sink, for a transport whose state t is
+ * already set up. Returns 0, or fills e (404 another model, 400 bad stop strings, 500; nothing
+ * else to undo: q is gone either way). */
+static int gen_new(gw_app *a, gw_oai_req *q, const gw_gen_sink *sink, tport *t, const char *id_prefix, gw_gen **out,
+                   gw_oai_err *e) {
+    int kind = q->kind, include_usage = q->include_usage;
+    int rc = check_model(a, q->model, e);
+    if (rc) {
+        gw_oai_req_free(q);
+        return rc;
     }
-    if (!OPS(a)->ready(IMPL(a))) {
-        gw_oai_err_set(e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
-        return CM_ESTATE;
-    }
+    rc = gw_gen_create(a->cfg.env, q, sink, t, out, e);
+    if (rc) return rc;
+    gw_gen *g = *out;
+    gw_oai_make_id(g->id, sizeof g->id, id_prefix);
+    g->meta = (gw_oai_meta){ kind, g->id, (int64_t)time(NULL), g->q.model, a->cfg.fingerprint, include_usage };
+    a->active++;
     return 0;
+}
+
+static void start(gw_gen *g) {
+    tport *t = g->sink_ud;
+    if (gw_gen_start(g) == 0 && t->accepted) t->accepted(g);
+}
+
+/* The quota claim, settled once with what was used: the prompt when it reached an executor and
+ * every completion token received. */
+static void settle_quota(gw_app *a, gw_gen *g) {
+    if (!g->ticket.live) return;
+    int64_t prompt = g->reached ? g->n_prompt : 0, gen = g->usage.completion_tokens;
+    gw_auth_settle(a->cfg.auth, &g->ticket, prompt + gen);
+    gw_met_tenant_usage(a->cfg.met, g->ticket.tenant, (uint64_t)prompt, (uint64_t)gen);
+}
+
+/* Every sink's end starts here: the quota claim and the request's metrics (one line per choice:
+ * its finish reason, or "abort" for a cancel and "error" for a failure, when it ran; failures
+ * during preparation count as errors; a cancel before it ran counts nothing). */
+static void finish(gw_gen *g, const gw_oai_err *err) {
+    tport *t = g->sink_ud;
+    gw_app *a = t->app;
+    a->active--;
+    settle_quota(a, g);
+    if (!a->cfg.met || (!g->ran && !(err && g->t_start))) return;
+    for (int i = 0; i < g->n; i++) {
+        const gw_gen_choice *c = &g->ch[i];
+        const char *reason = c->finish ? gw_finish_name(c->finish) : err ? "error" : "abort";
+        double ttft = c->t_first ? (double)(c->t_first - g->t_start) * 1e-9 : -1.0;
+        gw_met_request_done(a->cfg.met, NULL, reason, (uint64_t)g->n_prompt, (uint64_t)c->n_toks, ttft,
+                            (double)(c->t_end - g->t_start) * 1e-9, -1.0);
+    }
+}
+
+/* The end of a sink's end: the state goes, unless an admission answer still has to come. */
+static void tport_done(tport *t) {
+    if (!t->admitting) t->release(t);
+}
+
+static void on_admit(void *ud, const gw_auth_result *res) {
+    gw_gen *g = ud;
+    tport *t = g->sink_ud;
+    t->admitting = 0;
+    if (res->status == 0) g->ticket = res->ticket;
+    if (g->state == GW_GEN_ENDED) { /* the client left meanwhile */
+        settle_quota(t->app, g);
+        t->release(t);
+        gw_gen_release(g);
+        return;
+    }
+    gw_gen_release(g);
+    if (t->admitted) t->admitted(g, res);
+    if (res->status) {
+        gw_oai_err e;
+        gw_oai_err_set(&e, res->status, res->type, NULL, res->code, "%s", res->msg);
+        gw_gen_error(g, &e);
+        return;
+    }
+    start(g);
+}
+
+/* Admission (when keys are on: bearer's key and quota for body_len bytes), then the start. */
+static void generate(gw_app *a, gw_gen *g, const char *bearer, size_t body_len) {
+    if (!a->cfg.auth) {
+        start(g);
+        return;
+    }
+    tport *t = g->sink_ud;
+    t->admitting = 1;
+    gw_gen_hold(g);
+    int max_tokens = g->q.sp.max_tokens ? (int)g->q.sp.max_tokens : -1;
+    gw_auth_admit(a->cfg.auth, bearer, g->q.model, gw_auth_reserve(a->cfg.auth, body_len, max_tokens, g->n), on_admit, g);
+}
+
+/* ---- HTTP: JSON and SSE ------------------------------------------------------------------- */
+
+typedef struct http_gen {
+    tport      t;
+    gw_req    *req;         /* NULL once the response ended or the client left */
+    gw_gen    *g;           /* NULL once it ended */
+    uv_timer_t ping;        /* SSE: ": ping" after ping_ms without a byte */
+    int        ping_init;
+    uint64_t   last_write;
+    size_t    *toff;        /* SSE completions logprobs: text_offset per choice */
+    char       hdrs[640];   /* x-request-id and x-ratelimit-* lines for every response ("" without auth) */
+} http_gen;
+
+static const char *HDRS(const http_gen *h) { return h->hdrs[0] ? h->hdrs : NULL; }
+
+static void http_free(http_gen *h) {
+    if (h) free(h->toff);
+    free(h);
+}
+
+static void http_closed(uv_handle_t *hd) { http_free(hd->data); }
+
+static void http_release(tport *t) {
+    http_gen *h = (http_gen *)t;
+    if (h->ping_init) {
+        uv_timer_stop(&h->ping);
+        uv_close((uv_handle_t *)&h->ping, http_closed);
+    } else {
+        http_free(h);
+    }
+}
+
+static void sse(http_gen *h, const char *json) {
+    if (!h->req || !json) return;
+    size_t n;
+    char *s = gw_sse_data(json, &n);
+    if (s) gw_resp_stream_write(h->req, s, n);
+    free(s);
+    h->last_write = uv_now(gw_req_loop(h->req));
+}
+
+static void sse_json(http_gen *h, char *json) {
+    sse(h, json);
+    free(json);
+}
+
+static void ping_tick(uv_timer_t *tm) {
+    http_gen *h = tm->data;
+    if (!h->req) return;
+    uint64_t now = uv_now(tm->loop);
+    if (now - h->last_write + 5 < h->t.app->cfg.ping_ms) return;
+    gw_resp_stream_write(h->req, GW_SSE_PING, sizeof GW_SSE_PING - 1);
+    h->last_write = now;
+}
+
+static void sse_start(gw_gen *g) {
+    http_gen *h = g->sink_ud;
+    if (!h->req) return;
+    char hd[sizeof h->hdrs + 64];
+    snprintf(hd, sizeof hd, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s", h->hdrs);
+    gw_resp_stream_start(h->req, 200, "text/event-stream", hd);
+    h->last_write = uv_now(gw_req_loop(h->req));
+    if (g->q.kind == GW_OAI_CHAT)
+        for (int i = 0; i < g->n; i++) sse_json(h, gw_oai_chunk_json(&g->meta, i, 1, NULL, 0, SHM_FINISH_NONE, NULL, 0, NULL));
+    uint32_t ms = h->t.app->cfg.ping_ms;
+    if (ms && uv_timer_init(gw_req_loop(h->req), &h->ping) == 0) {
+        h->ping.data = h;
+        h->ping_init = 1;
+        uv_timer_start(&h->ping, ping_tick, ms, ms);
+    }
+}
+
+static void sse_text(gw_gen *g, int i, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
+    http_gen *h = g->sink_ud;
+    if (len == 0 && !toks) return;
+    sse_json(h, gw_oai_chunk_json(&g->meta, i, 0, text, len, SHM_FINISH_NONE, toks, n_toks, &h->toff[i]));
+}
+
+static void sse_finish(gw_gen *g, int i, int finish) {
+    sse_json(g->sink_ud, gw_oai_chunk_json(&g->meta, i, 0, NULL, 0, finish, NULL, 0, NULL));
+}
+
+static char *build_response(void *ctx, const gw_oai_choice *ch, int n) {
+    gw_gen *g = ctx;
+    return gw_oai_response_json(&g->meta, ch, n, &g->usage, g->sp.logprobs);
+}
+
+/* The end of a JSON or SSE generation: the whole JSON answer, the stream's tail, or the error
+ * (a status before anything was sent; an SSE error event, without [DONE], after). */
+static void http_end(gw_gen *g, const gw_oai_err *err) {
+    http_gen *h = g->sink_ud;
+    finish(g, err);
+    h->g = NULL;
+    if (h->req) {
+        gw_req_on_abort(h->req, NULL, NULL); /* h goes below, whatever the last writes do */
+        if (err && g->q.stream && g->ran) {
+            char *js = gw_oai_error_json(err);
+            sse(h, js);
+            free(js);
+            gw_resp_stream_end(h->req);
+        } else if (err) {
+            char hd[sizeof h->hdrs + 32];
+            int retry = (err->status == 503 || err->status == 429) && !strstr(h->hdrs, "Retry-After:");
+            snprintf(hd, sizeof hd, "%s%s", retry ? "Retry-After: 1\r\n" : "", h->hdrs);
+            send_err(h->req, err, hd[0] ? hd : NULL);
+        } else if (g->q.stream) {
+            if (g->q.include_usage) sse_json(h, gw_oai_usage_chunk_json(&g->meta, &g->usage));
+            gw_resp_stream_write(h->req, GW_SSE_DONE, sizeof GW_SSE_DONE - 1);
+            gw_resp_stream_end(h->req);
+        } else {
+            char *js = gw_gen_build(g, g->sp.logprobs, build_response, g);
+            if (js) send_json(h->req, 200, js, HDRS(h));
+            else gw_resp_send(h->req, 500, "text/plain", "out of memory\n", 14, HDRS(h));
+            free(js);
+        }
+        h->req = NULL;
+    }
+    tport_done(&h->t);
+}
+
+static const gw_gen_sink sse_sink = { sse_start, sse_text, sse_finish, http_end };
+static const gw_gen_sink json_sink = { NULL, NULL, NULL, http_end }; /* the generation keeps the output */
+
+static void http_abort(gw_req *r, void *ud) {
+    http_gen *h = ud;
+    (void)r;
+    CM_LOG_DEBUG("gw", "client left; cancelling", "id=%s", h->g ? h->g->id : "");
+    h->req = NULL;
+    gw_gen_cancel(h->g); /* http_end runs inside */
 }
 
 /* The key after "Bearer " in Authorization, or NULL. */
@@ -474,50 +349,13 @@ static void auth_headers(char *out, size_t cap, const char *rid, const gw_auth_r
     }
 }
 
-/* Appends a header line to g->hdrs when it fits. */
-static void hdr_add(gen *g, const char *line) {
-    size_t n = strlen(g->hdrs);
-    if (n + strlen(line) < sizeof g->hdrs) strcpy(g->hdrs + n, line);
-}
-
-static void gen_submit(gen *g) {
-    gw_app *a = g->app;
-    gw_oai_err e;
-    if (OPS(a)->submit(IMPL(a), &g->q, &http_sink, g, &g->bid, &e)) {
-        gw_req_on_abort(g->req, NULL, NULL);
-        if (e.status == 503 || e.status == 429) hdr_add(g, "Retry-After: 1\r\n");
-        send_err(g->req, &e, g->hdrs[0] || e.status == 503 || e.status == 429 ? g->hdrs : NULL);
-        gen_free(g); /* settles the claim with 0 tokens */
-        return;
-    }
-    g->live = 1;
-    if (g->ticket.live && a->cfg.backend_final_usage && pend_add(a, g->bid, uv_now(gw_req_loop(g->req)), &g->ticket))
-        CM_LOG_WARN("gw", "out of memory: this request's quota is settled by the gateway's estimate", "id=%s", g->id);
-    gw_req_on_abort(g->req, g_abort, g);
-}
-
-static void on_admit(void *ud, const gw_auth_result *res) {
-    gen *g = ud;
-    g->admitting = 0;
-    if (res->status == 0) g->ticket = res->ticket;
-    if (g->gone) { /* the client left while Redis answered */
-        gen_free(g);
-        return;
-    }
+/* The admission's answer as header lines on every response of this request. */
+static void http_admitted(gw_gen *g, const gw_auth_result *res) {
+    http_gen *h = g->sink_ud;
     char rid[GW_OAI_ID_LEN + 16];
-    const char *p = strstr(g->hdrs, "x-request-id: ");
+    const char *p = strstr(h->hdrs, "x-request-id: ");
     snprintf(rid, sizeof rid, "%.*s", p ? (int)strcspn(p + 14, "\r") : 0, p ? p + 14 : "");
-    auth_headers(g->hdrs, sizeof g->hdrs, rid, res);
-    if (res->status) {
-        gw_req_on_abort(g->req, NULL, NULL);
-        gw_oai_err e;
-        gw_oai_err_set(&e, res->status, res->type, NULL, res->code, "%s", res->msg);
-        send_err(g->req, &e, g->hdrs);
-        g->req = NULL;
-        gen_free(g);
-        return;
-    }
-    gen_submit(g);
+    auth_headers(h->hdrs, sizeof h->hdrs, rid, res);
 }
 
 static void handle_generate(gw_app *a, gw_req *r, int kind) {
@@ -540,115 +378,108 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
             return;
         }
     }
-    if (check_ready(a, r, &e)) {
+    gw_server *srv = gw_req_server(r);
+    if ((srv && gw_server_draining(srv)) || !backend_ready(a)) {
         char h[sizeof hdrs + 32];
         snprintf(h, sizeof h, "Retry-After: 1\r\n%s", hdrs);
+        if (srv && gw_server_draining(srv))
+            gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+        else gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
         send_err(r, &e, h);
         return;
     }
-    gen *g = calloc(1, sizeof *g);
-    if (!g) {
-        gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        send_err(r, &e, hdrs[0] ? hdrs : NULL);
-        return;
-    }
+    gw_oai_req q;
     size_t blen;
     const char *body = gw_req_body(r, &blen);
-    if (gw_oai_parse(kind, body, blen, &g->q, &e) || check_model(a, g->q.model, &e)) {
+    if (gw_oai_parse(kind, body, blen, &q, &e)) {
         send_err(r, &e, hdrs[0] ? hdrs : NULL);
-        gw_oai_req_free(&g->q);
-        free(g);
         return;
     }
-    g->app = a;
-    g->req = r;
-    memcpy(g->hdrs, hdrs, sizeof hdrs);
-    a->active++;
-    g->ch = calloc((size_t)g->q.n, sizeof *g->ch);
-    g->toff = calloc((size_t)g->q.n, sizeof *g->toff);
-    g->model = strdup(g->q.model);
-    if (!g->ch || !g->toff || !g->model) {
+    int stream = q.stream, keep = GW_GEN_KEEP_TEXT | (q.sp.logprobs ? GW_GEN_KEEP_LOGPROBS : 0);
+    http_gen *h = calloc(1, sizeof *h);
+    if (!h || !(h->toff = calloc((size_t)q.n, sizeof *h->toff))) {
         gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        send_err(r, &e, HDRS(g));
-        gen_free(g);
+        send_err(r, &e, hdrs[0] ? hdrs : NULL);
+        gw_oai_req_free(&q);
+        http_free(h);
         return;
     }
-    gw_oai_make_id(g->id, sizeof g->id, kind == GW_OAI_CHAT ? "chatcmpl-" : "cmpl-");
-    g->meta = (gw_oai_meta){kind, g->id, (int64_t)time(NULL), g->model, a->cfg.fingerprint, g->q.include_usage};
-    if (!a->cfg.auth) {
-        gen_submit(g);
+    h->t = (tport){ a, 0, http_admitted, NULL, http_release };
+    h->req = r;
+    memcpy(h->hdrs, hdrs, sizeof hdrs);
+    if (gen_new(a, &q, stream ? &sse_sink : &json_sink, &h->t, kind == GW_OAI_CHAT ? "chatcmpl-" : "cmpl-", &h->g, &e)) {
+        send_err(r, &e, HDRS(h));
+        http_free(h);
         return;
     }
-    g->admitting = 1;
-    gw_req_on_abort(r, g_abort, g);
-    gw_auth_admit(a->cfg.auth, bearer, g->q.model, gw_auth_reserve(a->cfg.auth, blen, g->q.max_tokens, g->q.n), on_admit, g);
+    if (!stream) h->g->keep = keep;
+    gw_req_on_abort(r, http_abort, h);
+    generate(a, h->g, bearer, blen);
 }
 
 /* ---- WebSocket responses (Realtime-style events) ------------------------------------------ */
 
-typedef struct rt_sock rt_sock;
+typedef struct ws_sock ws_sock;
 
-typedef struct rt_resp {
-    rt_sock    *s;          /* NULL once the socket closed while admission was pending */
-    gw_app     *app;
-    int         admitting;
-    gw_auth_ticket ticket;
-    int64_t     seen_tokens;
-    char        client_ev[64];
-    struct rt_resp *prev, *next;
-    gw_oai_req  q;
-    gw_oai_meta meta;
-    char        id[GW_OAI_ID_LEN];
-    char       *model;
-    uint64_t    bid;
-    acc        *ch;
-    gw_oai_usage usage;
-} rt_resp;
+typedef struct ws_gen {
+    tport    t;
+    ws_sock *s;             /* NULL once unlinked from its socket */
+    gw_gen  *g;             /* NULL once it ended */
+    struct ws_gen *prev, *next; /* the socket's responses */
+    char     client_ev[64]; /* the response.create's event_id ("" when none) */
+    int      created;       /* response.created was sent */
+} ws_gen;
 
-struct rt_sock {
+struct ws_sock {
     gw_app  *app;
-    gw_ws   *ws;
+    gw_ws   *ws;            /* NULL once the connection is gone */
     char     bearer[GW_KEY_BUF]; /* the key of the upgrade request (auth on) */
-    rt_resp *list;
+    ws_gen  *list;
     int      n;
 };
 
-static void rt_send(rt_sock *s, char *json) {
-    if (json && s->ws && !gw_ws_closing(s->ws)) gw_ws_send_text(s->ws, json, strlen(json));
+static void ws_send(ws_sock *s, char *json) {
+    if (json && s && s->ws && !gw_ws_closing(s->ws)) gw_ws_send_text(s->ws, json, strlen(json));
     free(json);
 }
 
-static void rt_error(rt_sock *s, const gw_oai_err *e, const char *client_event_id) {
+static void ws_error(ws_sock *s, const gw_oai_err *e, const char *client_event_id) {
     char ev[GW_OAI_ID_LEN];
     gw_oai_make_id(ev, sizeof ev, "event_");
-    rt_send(s, gw_rt_error_json(ev, e, client_event_id));
+    ws_send(s, gw_rt_error_json(ev, e, client_event_id));
 }
 
-static void rt_unlink(rt_resp *r) {
-    rt_sock *s = r->s;
-    if (r->prev) r->prev->next = r->next;
-    else s->list = r->next;
-    if (r->next) r->next->prev = r->prev;
-    r->prev = r->next = NULL;
+static void ws_unlink(ws_gen *w) {
+    ws_sock *s = w->s;
+    if (!s) return;
+    if (w->prev) w->prev->next = w->next;
+    else s->list = w->next;
+    if (w->next) w->next->prev = w->prev;
+    w->prev = w->next = NULL;
     s->n--;
-    r->s = NULL;
+    w->s = NULL;
 }
 
-static void rt_free(rt_resp *r) {
-    if (r->s) rt_unlink(r);
-    r->app->active--;
-    if (r->ticket.live) {
-        gw_auth_settle(r->app->cfg.auth, &r->ticket, (int64_t)r->usage.prompt_tokens + r->seen_tokens);
-        gw_met_tenant_usage(r->app->cfg.met, r->ticket.tenant, (uint64_t)r->usage.prompt_tokens, (uint64_t)r->seen_tokens);
-    }
-    acc_free(r->ch, r->q.n);
-    gw_oai_req_free(&r->q);
-    free(r->model);
-    free(r);
+static void ws_release(tport *t) { free(t); }
+
+static void ws_accepted(gw_gen *g) {
+    ws_gen *w = g->sink_ud;
+    char ev[GW_OAI_ID_LEN];
+    gw_oai_make_id(ev, sizeof ev, "event_");
+    w->created = 1;
+    ws_send(w->s, gw_rt_created_json(ev, &g->meta));
+}
+
+static void ws_text(gw_gen *g, int i, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
+    ws_gen *w = g->sink_ud;
+    if (!len) return;
+    char ev[GW_OAI_ID_LEN];
+    gw_oai_make_id(ev, sizeof ev, "event_");
+    ws_send(w->s, gw_rt_delta_json(ev, g->id, i, text, len));
 }
 
 typedef struct done_ctx {
-    rt_resp *r;
+    const gw_gen *g;
     const char *status, *reason;
 } done_ctx;
 
@@ -656,143 +487,84 @@ static char *build_done(void *ctx, const gw_oai_choice *ch, int n) {
     done_ctx *d = ctx;
     char ev[GW_OAI_ID_LEN];
     gw_oai_make_id(ev, sizeof ev, "event_");
-    return gw_rt_done_json(ev, &d->r->meta, d->status, d->reason, ch, n, &d->r->usage);
+    return gw_rt_done_json(ev, &d->g->meta, d->status, d->reason, ch, n, &d->g->usage);
 }
 
-static void rt_done(rt_resp *r, const char *status, const char *reason) {
-    done_ctx d = {r, status, reason};
-    rt_send(r->s, acc_build(r->ch, r->q.n, 0, build_done, &d));
-    if (r->admitting) rt_unlink(r); /* the admission callback frees it */
-    else rt_free(r);
-}
-
-static void rt_start(void *ud, int prompt_tokens, int cached_tokens) {
-    rt_resp *r = ud;
-    r->usage.prompt_tokens = prompt_tokens;
-    r->usage.cached_tokens = cached_tokens;
-}
-
-static void rt_text(void *ud, int index, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
-    rt_resp *r = ud;
-    if (index < 0 || index >= r->q.n) return;
-    r->seen_tokens += toks && n_toks > 0 ? n_toks : len > 0;
-    acc_add(&r->ch[index], text, len, NULL, 0, 0);
-    if (!len) return;
-    char ev[GW_OAI_ID_LEN];
-    gw_oai_make_id(ev, sizeof ev, "event_");
-    rt_send(r->s, gw_rt_delta_json(ev, r->id, index, text, len));
-}
-
-static void rt_finish(void *ud, int index, int finish) {
-    rt_resp *r = ud;
-    if (index >= 0 && index < r->q.n) r->ch[index].finish = finish;
-}
-
-static void rt_done_cb(void *ud, const gw_oai_usage *u) {
-    rt_resp *r = ud;
-    r->usage.completion_tokens = u->completion_tokens;
-    if (u->prompt_tokens) r->usage.prompt_tokens = u->prompt_tokens;
-    r->seen_tokens = u->completion_tokens;
-    int cut = 0;
-    for (int i = 0; i < r->q.n; i++) cut |= r->ch[i].finish == GW_FINISH_LENGTH;
-    if (cut) rt_done(r, "incomplete", "max_output_tokens");
-    else rt_done(r, "completed", NULL);
-}
-
-static void rt_error_cb(void *ud, const gw_oai_err *e) {
-    rt_resp *r = ud;
-    rt_error(r->s, e, NULL);
-    rt_done(r, "failed", e->code[0] ? e->code : "error");
-}
-
-static const gw_gen_sink rt_sink = {rt_start, rt_text, rt_finish, rt_done_cb, rt_error_cb};
-
-static void rt_submit(rt_resp *r) {
-    rt_sock *s = r->s;
-    gw_app *a = r->app;
-    gw_oai_err e;
-    const char *client_ev = r->client_ev[0] ? r->client_ev : NULL;
-    if (OPS(a)->submit(IMPL(a), &r->q, &rt_sink, r, &r->bid, &e)) {
-        rt_error(s, &e, client_ev);
-        rt_free(r);
-        return;
+/* The end of a response: response.done (completed, incomplete at max_tokens, cancelled, or
+ * failed after an error event); a response that never started gets the error event only. */
+static void ws_end(gw_gen *g, const gw_oai_err *err) {
+    ws_gen *w = g->sink_ud;
+    finish(g, err);
+    w->g = NULL;
+    if (err && !w->created) {
+        ws_error(w->s, err, w->client_ev[0] ? w->client_ev : NULL);
+    } else {
+        done_ctx d = { g, "completed", NULL };
+        if (err) {
+            ws_error(w->s, err, NULL);
+            d.status = "failed";
+            d.reason = err->code[0] ? err->code : "error";
+        } else if (g->cancelled) {
+            d.status = "cancelled";
+            d.reason = "client_cancelled";
+        } else {
+            for (int i = 0; i < g->n; i++)
+                if (g->ch[i].finish == SHM_FINISH_LENGTH || g->ch[i].finish == SHM_FINISH_CONTEXT)
+                    d.status = "incomplete", d.reason = "max_output_tokens";
+        }
+        ws_send(w->s, gw_gen_build(g, 0, build_done, &d));
     }
-    if (r->ticket.live && a->cfg.backend_final_usage && s->ws && pend_add(a, r->bid, uv_now(gw_ws_loop(s->ws)), &r->ticket))
-        CM_LOG_WARN("gw", "out of memory: this response's quota is settled by the gateway's estimate", "id=%s", r->id);
-    char ev[GW_OAI_ID_LEN];
-    gw_oai_make_id(ev, sizeof ev, "event_");
-    rt_send(s, gw_rt_created_json(ev, &r->meta));
+    ws_unlink(w);
+    tport_done(&w->t);
 }
 
-static void rt_on_admit(void *ud, const gw_auth_result *res) {
-    rt_resp *r = ud;
-    r->admitting = 0;
-    if (res->status == 0) r->ticket = res->ticket;
-    if (!r->s) { /* the socket closed meanwhile */
-        rt_free(r);
-        return;
-    }
-    if (res->status) {
-        gw_oai_err e;
-        gw_oai_err_set(&e, res->status, res->type, NULL, res->code, "%s", res->msg);
-        rt_error(r->s, &e, r->client_ev[0] ? r->client_ev : NULL);
-        rt_free(r);
-        return;
-    }
-    rt_submit(r);
-}
+static const gw_gen_sink ws_sink = { NULL, ws_text, NULL, ws_end };
 
-static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
+static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     gw_app *a = s->app;
     gw_oai_err e;
     cJSON *body = cJSON_GetObjectItemCaseSensitive(msg, "response");
     if (!cJSON_IsObject(body)) {
         gw_oai_err_set(&e, 400, "invalid_request_error", "response", "missing_required_parameter",
                        "Missing required parameter: 'response' (the chat completion request).");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
         return;
     }
     if (s->n >= a->cfg.ws_max_responses) {
         gw_oai_err_set(&e, 429, "invalid_request_error", NULL, "too_many_responses",
                        "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
         return;
     }
     if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
         gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
         return;
     }
-    if (!OPS(a)->ready(IMPL(a))) {
+    if (!backend_ready(a)) {
         gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
         return;
     }
     /* the session's model is the served one when the response does not name it */
-    const char *mid = OPS(a)->model_id(IMPL(a));
-    if (!cJSON_GetObjectItemCaseSensitive(body, "model") && mid) cJSON_AddStringToObject(body, "model", mid);
+    if (!cJSON_GetObjectItemCaseSensitive(body, "model")) cJSON_AddStringToObject(body, "model", a->cfg.model_id);
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream");
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
     char *text = cJSON_PrintUnformatted(body);
     size_t len = text ? strlen(text) : 0;
-    rt_resp *r = calloc(1, sizeof *r);
-    if (!text || !r) {
-        free(text);
-        free(r);
-        gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        rt_error(s, &e, client_ev);
-        return;
-    }
-    int err = gw_oai_parse(GW_OAI_CHAT, text, strlen(text), &r->q, &e);
+    gw_oai_req q;
+    ws_gen *w = NULL;
+    int err = text ? gw_oai_parse(GW_OAI_CHAT, text, len, &q, &e) : CM_ENOMEM;
     free(text);
-    if (!err) err = check_model(a, r->q.model, &e);
+    if (!err && !(w = calloc(1, sizeof *w))) {
+        gw_oai_req_free(&q);
+        err = CM_ENOMEM;
+    }
+    if (err == CM_ENOMEM) gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
     if (!err) {
-        r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
-        r->model = strdup(r->q.model);
-        if (!r->ch || !r->model) {
-            err = CM_ENOMEM;
-            gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        }
+        w->t = (tport){ a, 0, NULL, ws_accepted, ws_release };
+        snprintf(w->client_ev, sizeof w->client_ev, "%s", client_ev ? client_ev : "");
+        err = gen_new(a, &q, &ws_sink, &w->t, "resp_", &w->g, &e);
     }
     if (err) {
         size_t pl = strlen(e.param);
@@ -800,59 +572,45 @@ static void rt_create(rt_sock *s, cJSON *msg, const char *client_ev) {
             memmove(e.param + 9, e.param, pl + 1);
             memcpy(e.param, "response.", 9);
         }
-        rt_error(s, &e, client_ev);
-        acc_free(r->ch, r->q.n);
-        free(r->model);
-        gw_oai_req_free(&r->q);
-        free(r);
+        ws_error(s, &e, client_ev);
+        free(w);
         return;
     }
-    r->s = s;
-    r->app = a;
-    snprintf(r->client_ev, sizeof r->client_ev, "%s", client_ev ? client_ev : "");
-    gw_oai_make_id(r->id, sizeof r->id, "resp_");
-    r->meta = (gw_oai_meta){GW_OAI_CHAT, r->id, (int64_t)time(NULL), r->model, a->cfg.fingerprint, 0};
-    r->next = s->list;
-    if (s->list) s->list->prev = r;
-    s->list = r;
+    w->g->keep = GW_GEN_KEEP_TEXT;
+    w->s = s;
+    w->next = s->list;
+    if (s->list) s->list->prev = w;
+    s->list = w;
     s->n++;
-    a->active++;
-    if (!a->cfg.auth) {
-        rt_submit(r);
-        return;
-    }
-    r->admitting = 1;
-    gw_auth_admit(a->cfg.auth, s->bearer, r->q.model, gw_auth_reserve(a->cfg.auth, len, r->q.max_tokens, r->q.n),
-                  rt_on_admit, r);
+    generate(a, w->g, s->bearer, len);
 }
 
-static void rt_cancel(rt_sock *s, cJSON *msg, const char *client_ev) {
+static void ws_cancel(ws_sock *s, cJSON *msg, const char *client_ev) {
     cJSON *rid = cJSON_GetObjectItemCaseSensitive(msg, "response_id");
     gw_oai_err e;
     if (rid && !cJSON_IsNull(rid) && !cJSON_IsString(rid)) {
         gw_oai_err_set(&e, 400, "invalid_request_error", "response_id", "invalid_type", "'response_id' must be a string.");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
         return;
     }
     int found = 0;
-    rt_resp *next;
-    for (rt_resp *r = s->list; r; r = next) {
-        next = r->next;
-        if (cJSON_IsString(rid) && strcmp(r->id, rid->valuestring) != 0) continue;
-        OPS(s->app)->cancel(IMPL(s->app), r->bid);
-        rt_done(r, "cancelled", "client_cancelled");
+    ws_gen *next;
+    for (ws_gen *w = s->list; w; w = next) {
+        next = w->next;
+        if (cJSON_IsString(rid) && strcmp(w->g->id, rid->valuestring) != 0) continue;
+        gw_gen_cancel(w->g); /* ws_end runs inside: response.done (cancelled), and w leaves the list */
         found++;
     }
     if (!found) {
         gw_oai_err_set(&e, 400, "invalid_request_error", "response_id", "response_not_found",
                        cJSON_IsString(rid) ? "No response in progress with id '%.64s'." : "No response in progress.%.0s",
                        cJSON_IsString(rid) ? rid->valuestring : "");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
     }
 }
 
-static void rt_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
-    rt_sock *s = ud;
+static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
+    ws_sock *s = ud;
     gw_oai_err e;
     cJSON *msg = cJSON_ParseWithLengthOpts(text, len, NULL, 0);
     cJSON *type = msg ? cJSON_GetObjectItemCaseSensitive(msg, "type") : NULL;
@@ -861,38 +619,30 @@ static void rt_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
     if (!cJSON_IsObject(msg) || !cJSON_IsString(type)) {
         gw_oai_err_set(&e, 400, "invalid_request_error", msg ? "type" : NULL, msg ? "missing_required_parameter" : "invalid_json",
                        msg ? "Events need a string 'type'." : "The event is not valid JSON.");
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
     } else if (strcmp(type->valuestring, "response.create") == 0) {
-        rt_create(s, msg, client_ev);
+        ws_create(s, msg, client_ev);
     } else if (strcmp(type->valuestring, "response.cancel") == 0) {
-        rt_cancel(s, msg, client_ev);
+        ws_cancel(s, msg, client_ev);
     } else {
         gw_oai_err_set(&e, 400, "invalid_request_error", "type", "unknown_event_type",
                        "Unknown event type '%.64s'; supported: response.create, response.cancel.", type->valuestring);
-        rt_error(s, &e, client_ev);
+        ws_error(s, &e, client_ev);
     }
     cJSON_Delete(msg);
 }
 
-static void rt_on_close(gw_ws *ws, void *ud) {
-    rt_sock *s = ud;
+static void ws_on_close(gw_ws *ws, void *ud) {
+    ws_sock *s = ud;
     s->ws = NULL;
-    while (s->list) {
-        rt_resp *r = s->list;
-        if (r->admitting) { /* its admission callback frees it */
-            rt_unlink(r);
-            continue;
-        }
-        OPS(s->app)->cancel(IMPL(s->app), r->bid);
-        rt_free(r);
-    }
+    while (s->list) gw_gen_cancel(s->list->g); /* ws_end sends nothing now and unlinks each */
     free(s);
 }
 
-static const gw_ws_ops rt_ops = {rt_on_message, rt_on_close};
+static const gw_ws_ops ws_ops = { ws_on_message, ws_on_close };
 
 static void handle_ws(gw_app *a, gw_req *r) {
-    rt_sock *s = calloc(1, sizeof *s);
+    ws_sock *s = calloc(1, sizeof *s);
     if (!s) {
         gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
         return;
@@ -910,7 +660,7 @@ static void handle_ws(gw_app *a, gw_req *r) {
         }
         snprintf(s->bearer, sizeof s->bearer, "%s", b);
     }
-    if (gw_ws_upgrade(r, a->cfg.ws_max_message, &rt_ops, s, &s->ws)) free(s); /* answered already */
+    if (gw_ws_upgrade(r, a->cfg.ws_max_message, &ws_ops, s, &s->ws)) free(s); /* answered already */
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -918,7 +668,7 @@ static void handle_ws(gw_app *a, gw_req *r) {
 static void handle_health(gw_app *a, gw_req *r, int ready_probe) {
     gw_server *s = gw_req_server(r);
     if (ready_probe && s && gw_server_draining(s)) send_json(r, 503, "{\"status\":\"draining\"}", NULL);
-    else if (!OPS(a)->ready(IMPL(a))) send_json(r, 503, "{\"status\":\"loading\"}", NULL);
+    else if (!backend_ready(a)) send_json(r, 503, "{\"status\":\"loading\"}", NULL);
     else send_json(r, 200, "{\"status\":\"ok\"}", NULL);
 }
 
@@ -932,7 +682,7 @@ static cJSON *model_obj(gw_app *a, const char *id) {
 }
 
 static void handle_models(gw_app *a, gw_req *r, const char *one) {
-    const char *id = OPS(a)->model_id(IMPL(a));
+    const char *id = a->cfg.model_id;
     cJSON *root;
     if (one) {
         if (!id || strcmp(one, id) != 0) {

@@ -1,6 +1,6 @@
-/* routes: the gateway's HTTP API on top of http.h, ws.h, openai.h and a gw_backend.
+/* routes: the gateway's HTTP API on top of http.h, ws.h, openai.h and gen.h.
  *
- *   GET  /health               200 {"status":"ok"}, 503 {"status":"loading"} while the backend is not ready
+ *   GET  /health               200 {"status":"ok"}, 503 {"status":"loading"} while no executor is ready
  *   GET  /ready                as /health, and 503 {"status":"draining"} during shutdown
  *   GET  /v1/models            {"object":"list","data":[{id,object:"model",created,owned_by}]}
  *   GET  /v1/models/{id}       the model, or 404
@@ -10,9 +10,14 @@
  *   GET  /metrics              Prometheus text from cfg.metrics (when set)
  *   anything else              404 (unknown path) or 405 (known path, wrong method), OpenAI-style body
  *
- * Loop thread only. The app borrows the backend; destroy the app after the server has closed.
+ * Every generation, whatever its transport, is one gw_gen (gateway/gen.h) made from the parsed
+ * request, admitted (cfg.auth), started, and written out by the transport's sink, whose end
+ * settles the quota claim with the generation's final usage and records its metrics.
  *
- *   gw_app_cfg ac; gw_app_cfg_default(&ac); ac.backend = &be;
+ * Loop thread only. The app borrows env, auth and met; destroy the app after the server has
+ * closed.
+ *
+ *   gw_app_cfg ac; gw_app_cfg_default(&ac); ac.env = &env; ac.model_id = "m";
  *   gw_app *app; gw_app_create(&ac, &app);
  *   gw_http_cfg hc; gw_http_cfg_default(&hc); hc.handler = gw_app_handle; hc.ud = app;
  *   ... gw_server_create(loop, &hc, &srv); uv_run(...);
@@ -25,11 +30,12 @@
 #include <stdint.h>
 
 #include "gateway/auth.h"
-#include "gateway/backend.h"
+#include "gateway/gen.h"
 #include "gateway/http.h"
 
 typedef struct gw_app_cfg {
-    gw_backend *backend;
+    gw_gen_env *env;            /* what generations run on (vocabulary, template, context, backend) */
+    const char *model_id;       /* the served model's id (/v1/models; requests must name it) */
     const char *fingerprint;    /* system_fingerprint in responses (NULL: null) */
     const char *owned_by;       /* /v1/models owned_by */
     uint32_t    ping_ms;        /* SSE ": ping" after this long without a byte (0: never) */
@@ -39,14 +45,11 @@ typedef struct gw_app_cfg {
     char     *(*metrics)(void *ud, size_t *len);
     void       *metrics_ud;
     /* Admission (API keys and quotas) in front of POST /v1/completions, /v1/chat/completions and
-     * WebSocket response.create; borrowed, outlives the app. NULL: no auth, no rate-limit headers. */
+     * WebSocket response.create; borrowed, outlives the app. NULL: no auth, no rate-limit headers.
+     * A claim is settled once, when its generation ends, with the prompt (when it reached an
+     * executor) and every completion token received: also for cancelled and failed ones. */
     gw_auth    *auth;
-    /* Set when the backend calls gw_app_usage_final() for every request it accepted: quotas are
-     * then settled with the backend's exact usage, also for cancelled and failed requests. Unset:
-     * routes settle at the request's end with on_done's usage, or, after a failure or a cancel,
-     * with the prompt tokens plus the tokens seen so far (an estimate). */
-    int         backend_final_usage;
-    /* Metrics registry for per-tenant usage and HTTP counters (gw_app_on_response); NULL: none. */
+    /* Metrics registry (serve.c's) for requests, per-tenant usage and HTTP counters; NULL: none. */
     struct gw_met *met;
 } gw_app_cfg;
 
@@ -55,23 +58,17 @@ typedef struct gw_app gw_app;
 /* Defaults: fingerprint "fp_arka", owned_by "arka", ping every 15 s, 16 responses per socket,
  * 8 MiB messages. Can't fail. */
 void gw_app_cfg_default(gw_app_cfg *cfg);
-/* Returns 0, CM_EINVAL (no backend), CM_ENOMEM. */
+/* Returns 0, CM_EINVAL (no env, backend or model id), CM_ENOMEM. */
 int  gw_app_create(const gw_app_cfg *cfg, gw_app **out);
 void gw_app_destroy(gw_app *app); /* accepts NULL */
 /* The gw_handler_fn to install in gw_http_cfg (ud = the app). */
 void gw_app_handle(gw_req *req, void *app);
 
-/* Final usage of backend request id (the id submit returned), from the backend, exactly once per
- * accepted request: after its last sink callback or after cancel(id), once the sequence has
- * stopped. Settles that request's quota claim with prompt + completion tokens. Unknown ids
- * (auth off, or already settled) are ignored. Loop thread; the app must still exist. */
-void gw_app_usage_final(gw_app *app, uint64_t backend_id, const gw_oai_usage *u);
-
 /* gw_http_cfg.on_response for this app (ud = the app): http_requests_total{route,status}, with
  * the route pattern ("/v1/models/{id}", "other"), never the raw path. */
 void gw_app_on_response(void *app, const char *path, int status);
 
-/* Requests in flight (HTTP generations + WebSocket responses); for tests and metrics. */
+/* Generations not yet ended (HTTP and WebSocket); for tests. */
 int  gw_app_active(const gw_app *app);
 
 #endif

@@ -10,12 +10,13 @@
 #include "common/cm_log.h"
 #include "gateway/auth.h"
 #include "gateway/gen.h"
+#include "gateway/pool.h"
 #include "gateway/http.h"
 #include "gateway/metrics.h"
 #include "gateway/routes.h"
-#include "model/chat.h"
+#include "text/chat.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 
 void gw_serve_opts_default(gw_serve_opts *o) {
     memset(o, 0, sizeof *o);
@@ -28,11 +29,15 @@ void gw_serve_opts_default(gw_serve_opts *o) {
     o->cuda_graph_budget_s = 60;
 }
 
+/* The server's parts. It owns the metrics registry: the app (HTTP counters, requests,
+ * tenants), the generations (inter-token latency) and the pool (executor restarts) write
+ * into it, and GET /metrics renders it after copying the executors' stats blocks. */
 typedef struct srv {
-    gw_gen    *gen;
+    gw_pool   *pool;
     gw_server *http;
-    gw_backend be;   /* the app keeps a pointer to it: lives as long as the loop */
     gw_auth   *auth; /* NULL: auth off */
+    gw_met    *met;
+    gw_gen_env env;  /* the app keeps a pointer to it: lives as long as the loop */
 } srv;
 
 static char *metrics_cb(void *ud, size_t *len) {
@@ -40,18 +45,20 @@ static char *metrics_cb(void *ud, size_t *len) {
     if (v->auth) {
         gw_auth_stats st;
         gw_auth_stats_get(v->auth, &st);
-        gw_met_auth_totals(gw_gen_met(v->gen), st.redis_errors, st.fallback_admits);
+        gw_met_auth_totals(v->met, st.redis_errors, st.fallback_admits);
     }
-    return gw_gen_metrics(v->gen, len);
+    int backlog = gw_pool_metrics(v->pool);
+    gw_met_set_queued(v->met, (uint64_t)(v->env.preparing + backlog));
+    gw_met_set_inflight(v->met, (uint64_t)v->env.inflight);
+    return gw_met_render(v->met, len);
 }
-static void usage_final_cb(void *ud, uint64_t id, const gw_oai_usage *u) { gw_app_usage_final(ud, id, u); }
 
 static void on_http_closed(gw_server *s, void *ud) {
     srv *v = ud;
     (void)s;
-    CM_LOG_INFO("serve", "http closed; stopping executors", "in_flight=%d", gw_gen_inflight(v->gen));
+    CM_LOG_INFO("serve", "http closed; stopping executors", "in_flight=%d", v->env.inflight);
     gw_auth_shutdown(v->auth); /* Redis connection and timer: uv_run can then return */
-    gw_gen_stop(v->gen, NULL, NULL);
+    gw_pool_stop(v->pool, NULL, NULL);
 }
 
 /* The served model id: the file or directory name without ".gguf", with characters that
@@ -123,16 +130,16 @@ int gw_serve_run(const gw_serve_opts *o) {
         fprintf(stderr, "arka serve: no model: give -m MODEL (a GGUF file or a Hugging Face directory)\n");
         return 1;
     }
-    int devs[GW_GEN_MAX_EXEC], n_dev = 1;
+    int devs[GW_POOL_MAX_EXEC], n_dev = 1;
     devs[0] = 0;
     int cuda = strcmp(o->backend, "cuda") == 0;
     if (!cuda && strcmp(o->backend, "cpu") != 0) {
         fprintf(stderr, "arka serve: unknown backend '%s' (cpu or cuda)\n", o->backend);
         return 1;
     }
-    if (cuda && (n_dev = parse_devices(o->devices, devs, GW_GEN_MAX_EXEC)) < 1) {
+    if (cuda && (n_dev = parse_devices(o->devices, devs, GW_POOL_MAX_EXEC)) < 1) {
         fprintf(stderr, "arka serve: --devices '%s': expected a comma-separated list of up to %d GPU ordinals\n", o->devices,
-                GW_GEN_MAX_EXEC);
+                GW_POOL_MAX_EXEC);
         return 1;
     }
     int auth_on;
@@ -161,8 +168,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         fprintf(stderr, "arka serve: tokenizer: %s\n", err);
         return 1;
     }
-    mdl_chat *chat;
-    if (mdl_chat_load(o->model, o->chat_template, v, &chat, err, sizeof err)) {
+    tok_chat *chat;
+    if (tok_chat_load(o->model, o->chat_template, v, &chat, err, sizeof err)) {
         fprintf(stderr, "arka serve: %s\n", err);
         tok_free(v);
         return 1;
@@ -170,32 +177,27 @@ int gw_serve_run(const gw_serve_opts *o) {
     char id[256];
     if (o->model_id && *o->model_id) snprintf(id, sizeof id, "%s", o->model_id);
     else default_id(o->model, id, sizeof id);
-    if (!mdl_chat_ready(chat))
+    if (!tok_chat_ready(chat))
         CM_LOG_WARN("serve", "no chat template: /v1/chat/completions answers 400 (use --chat-template NAME)", "model=%s", id);
-    else CM_LOG_INFO("serve", "chat template", "source=%s", mdl_chat_source(chat));
+    else CM_LOG_INFO("serve", "chat template", "source=%s", tok_chat_source(chat));
 
     /* executors: the binary is this one */
     static char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) {
         fprintf(stderr, "arka serve: cannot find the arka binary (/proc/self/exe)\n");
-        mdl_chat_free(chat);
+        tok_chat_free(chat);
         tok_free(v);
         return 1;
     }
     self[sl] = 0;
     enum { NARG = 28 };
-    static char nums[GW_GEN_MAX_EXEC][8][24];
-    static const char *args[GW_GEN_MAX_EXEC][NARG];
-    gw_gen_cfg gc;
-    gw_gen_cfg_default(&gc);
-    gc.model_id = id;
-    gc.vocab = v;
-    gc.chat = chat;
-    gc.n_ctx = n_ctx;
-    gc.exec.bin = self;
-    gc.n_exec = n_dev;
-    if (o->max_requests > 0) gc.max_requests = o->max_requests;
+    static char nums[GW_POOL_MAX_EXEC][8][24];
+    static const char *args[GW_POOL_MAX_EXEC][NARG];
+    gw_pool_cfg pc;
+    gw_pool_cfg_default(&pc);
+    pc.exec.bin = self;
+    pc.n_exec = n_dev;
     for (int k = 0; k < n_dev; k++) {
         const char **a = args[k];
         int i = 0;
@@ -215,13 +217,21 @@ int gw_serve_run(const gw_serve_opts *o) {
         a[i++] = "--gpu-memory-fraction", a[i++] = nums[k][6], a[i++] = "--cuda-graph-budget-s", a[i++] = nums[k][7];
         if (o->cuda_plan) a[i++] = "--cuda-plan", a[i++] = o->cuda_plan;
         a[i] = NULL;
-        gc.exec_args[k] = a;
+        pc.exec_args[k] = a;
     }
 
     uv_loop_t loop;
     uv_loop_init(&loop);
     srv s = { 0 };
-    int rc = 0;
+    int rc = gw_met_create(id, n_ctx, &s.met);
+    if (rc) {
+        fprintf(stderr, "arka serve: cannot create the metrics registry: %s\n", cm_err_str(rc));
+        uv_loop_close(&loop);
+        tok_chat_free(chat);
+        tok_free(v);
+        return 1;
+    }
+    pc.met = s.met;
     if (auth_on) {
         gw_auth_cfg auc;
         gw_auth_cfg_default(&auc);
@@ -234,26 +244,28 @@ int gw_serve_run(const gw_serve_opts *o) {
             fprintf(stderr, "arka serve: cannot open the key store (%s%s): %s\n", auc.redis_url ? auc.redis_url : auc.keys_file,
                     rc == CM_EUNSUPPORTED ? ", this build has no hiredis" : "", cm_err_str(rc));
             uv_loop_close(&loop);
-            mdl_chat_free(chat);
+            gw_met_destroy(s.met);
+            tok_chat_free(chat);
             tok_free(v);
             return 1;
         }
         CM_LOG_INFO("serve", "auth on", "store=%s", auc.redis_url ? auc.redis_url : auc.keys_file);
     }
-    rc = gw_gen_start(&loop, &gc, &s.gen);
+    rc = gw_pool_start(&loop, &pc, &s.pool);
     gw_app *app = NULL;
     if (rc == 0) {
+        s.env = (gw_gen_env){ .loop = &loop, .vocab = v, .chat = chat, .n_ctx = n_ctx,
+                              .max_requests = o->max_requests > 0 ? o->max_requests : 4096,
+                              .backend = gw_pool_backend(s.pool), .met = s.met };
         gw_app_cfg ac;
         gw_app_cfg_default(&ac);
-        s.be = gw_gen_backend(s.gen);
-        ac.backend = &s.be;
+        ac.env = &s.env;
+        ac.model_id = id;
         ac.metrics = metrics_cb;
         ac.metrics_ud = &s;
         ac.auth = s.auth;
-        ac.met = gw_gen_met(s.gen);
-        ac.backend_final_usage = 1; /* gen reports every request's exact final usage */
+        ac.met = s.met;
         if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
-        else gw_gen_set_usage_final(s.gen, usage_final_cb, app);
         gw_http_cfg hc;
         gw_http_cfg_default(&hc);
         hc.host = o->host;
@@ -278,16 +290,17 @@ int gw_serve_run(const gw_serve_opts *o) {
     if (rc) {
         fprintf(stderr, "arka serve: %s\n", err);
         gw_auth_shutdown(s.auth);
-        if (s.gen) gw_gen_stop(s.gen, NULL, NULL);
+        if (s.pool) gw_pool_stop(s.pool, NULL, NULL);
     }
     uv_run(&loop, UV_RUN_DEFAULT);
     gw_server_destroy(s.http);
     gw_app_destroy(app);
     gw_auth_destroy(s.auth);
     uv_run(&loop, UV_RUN_NOWAIT); /* handles closed by the last destroys */
-    gw_gen_destroy(s.gen);
+    gw_pool_destroy(s.pool);
+    gw_met_destroy(s.met);
     uv_loop_close(&loop);
-    mdl_chat_free(chat);
+    tok_chat_free(chat);
     tok_free(v);
     return rc ? 1 : 0;
 }

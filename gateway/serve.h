@@ -1,7 +1,7 @@
 /* serve: `arka serve` — the gateway process put together.
  *
  * Loads what the gateway needs of the model (vocabulary, chat template, context length; the
- * weights stay with the executors), spawns one executor per device through gw_gen, serves the
+ * weights stay with the executors), spawns one executor per device through gw_pool, serves the
  * HTTP API (routes.h) with /metrics, and shuts down gracefully on SIGINT/SIGTERM: no new
  * connections, running responses finish, then the executors drain and exit.
  *

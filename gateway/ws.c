@@ -443,5 +443,4 @@ int gw_ws_send_text(gw_ws *ws, const char *text, size_t len) {
 
 void gw_ws_close(gw_ws *ws, int code, const char *reason) { send_close(ws, code, reason); }
 int gw_ws_closing(const gw_ws *ws) { return ws->close_sent || ws->gone; }
-uv_loop_t *gw_ws_loop(const gw_ws *ws) { return gw_conn_loop(ws->conn); }
 gw_server *gw_ws_server(const gw_ws *ws) { return gw_conn_server(ws->conn); }

@@ -99,7 +99,6 @@ void gw_ws_close(gw_ws *ws, int code, const char *reason);
 
 /* 1 once a close frame was sent or the connection is gone. */
 int gw_ws_closing(const gw_ws *ws);
-uv_loop_t *gw_ws_loop(const gw_ws *ws);
 gw_server *gw_ws_server(const gw_ws *ws);
 
 #endif

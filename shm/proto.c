@@ -2,8 +2,8 @@
  *
  * Wire layouts (all offsets 8-byte aligned; the ring hands out 8-byte aligned payloads):
  *   header  {u32 type, u32 flags = 0}                                                   8 bytes
- *   SUBMIT  header, u64 req_id, u32 tenant, i32 priority, shm_sampling (48),
- *           u32 n_prompt, u16 n_stop, u16 n_bias                                        80 bytes
+ *   SUBMIT  header, u64 req_id, i32 priority, u32 reserved = 0, shm_sampling (56),
+ *           u32 n_prompt, u16 n_stop, u16 n_bias                                        88 bytes
  *           then i32 prompt[n_prompt] (padded to 8), i32 stop[n_stop] (padded to 8),
  *           shm_logit_bias bias[n_bias]
  *   CANCEL  header, u64 req_id                                                          16 bytes
@@ -28,8 +28,8 @@ struct wire_hdr {
 struct wire_submit {
     struct wire_hdr h;
     uint64_t req_id;
-    uint32_t tenant;
     int32_t  priority;
+    uint32_t reserved;      /* 0 */
     struct shm_sampling sp;
     uint32_t n_prompt;
     uint16_t n_stop;
@@ -50,8 +50,8 @@ struct wire_error {
     uint32_t msg_len;
 };
 
-_Static_assert(sizeof(struct shm_sampling) == 48, "shm_sampling wire size");
-_Static_assert(sizeof(struct wire_submit) == 80, "SUBMIT fixed part");
+_Static_assert(sizeof(struct shm_sampling) == 56, "shm_sampling wire size");
+_Static_assert(sizeof(struct wire_submit) == 88, "SUBMIT fixed part");
 _Static_assert(sizeof(struct wire_tokens) == 24, "TOKENS fixed part");
 _Static_assert(sizeof(struct shm_tok) == 24, "TOKENS entry");
 _Static_assert(sizeof(struct shm_top) == 8, "TOKENS alternative");
@@ -105,14 +105,26 @@ uint32_t shm_submit_ring_cap_for(uint32_t max_prompt) {
     return (uint32_t)cap;
 }
 
-static int sampling_ok(const struct shm_sampling *p) {
-    if (!isfinite(p->temperature) || !isfinite(p->top_p) || !isfinite(p->min_p) ||
-        !isfinite(p->repetition_penalty) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
-        return 0;
+void shm_sampling_default(struct shm_sampling *p) {
+    memset(p, 0, sizeof *p);
+    p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->penalty_last_n = 64;
+}
+
+int shm_sampling_check(const struct shm_sampling *p) {
+    if (!isfinite(p->temperature) || !isfinite(p->top_p) || !isfinite(p->min_p) || !isfinite(p->repeat_penalty) ||
+        !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return CM_EINVAL;
     if (p->temperature < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
-        !(p->repetition_penalty > 0) || p->top_k < 0 || p->max_tokens < 1)
-        return 0;
-    if (p->has_seed > 1 || p->logprobs > 1 || p->top_logprobs > SHM_MAX_TOP_LOGPROBS) return 0;
+        !(p->repeat_penalty > 0) || p->top_k < 0 || p->penalty_last_n < -1)
+        return CM_EINVAL;
+    if (p->has_seed > 1 || p->logprobs > 1 || p->top_logprobs > SHM_MAX_TOP_LOGPROBS || p->ignore_eos > 1) return CM_EINVAL;
+    return 0;
+}
+
+static int sampling_ok(const struct shm_sampling *p) {
+    if (shm_sampling_check(p) || p->max_tokens < 1 || p->min_tokens > p->max_tokens) return 0;
     for (size_t i = 0; i < sizeof p->reserved; i++)
         if (p->reserved[i]) return 0;
     return 1;
@@ -142,7 +154,6 @@ int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t 
     memset(&w, 0, sizeof w);
     w.h.type = SHM_MSG_SUBMIT;
     w.req_id = s->req_id;
-    w.tenant = s->tenant;
     w.priority = s->priority;
     w.sp = s->sp;
     w.n_prompt = s->n_prompt;
@@ -168,13 +179,12 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     struct wire_submit w;
     if (get_hdr(buf, len, SHM_MSG_SUBMIT) || len < sizeof w) return CM_EFORMAT;
     memcpy(&w, buf, sizeof w);
-    if (w.req_id == 0 || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP || w.n_bias > SHM_MAX_LOGIT_BIAS ||
+    if (w.req_id == 0 || w.reserved || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP || w.n_bias > SHM_MAX_LOGIT_BIAS ||
         !sampling_ok(&w.sp) || submit_size(w.n_prompt, w.n_stop, w.n_bias) != len)
         return CM_EFORMAT;
     const uint8_t *p = (const uint8_t *)buf + sizeof w;
     memset(out, 0, sizeof *out);
     out->req_id = w.req_id;
-    out->tenant = w.tenant;
     out->priority = w.priority;
     out->sp = w.sp;
     out->n_prompt = w.n_prompt;
@@ -214,7 +224,13 @@ int shm_cancel_decode(const void *buf, size_t len, uint64_t *req_id) {
 /* ---- DONE -------------------------------------------------------------------------------- */
 
 static int done_ok(const struct shm_done *d) {
-    return d->req_id != 0 && d->finish < SHM_FINISH_COUNT && d->cached_prompt_tokens <= d->prompt_tokens;
+    return d->req_id != 0 && d->finish > SHM_FINISH_NONE && d->finish < SHM_FINISH_COUNT &&
+           d->cached_prompt_tokens <= d->prompt_tokens;
+}
+
+const char *shm_finish_name(int finish) {
+    static const char *const names[SHM_FINISH_COUNT] = { "none", "stop", "length", "ctx", "cancelled", "error" };
+    return finish >= 0 && finish < SHM_FINISH_COUNT ? names[finish] : "?";
 }
 
 int shm_done_encode(const struct shm_done *d, void *buf, size_t cap, size_t *len) {

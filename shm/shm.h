@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -134,7 +134,8 @@ struct shm_stats {
     _Atomic uint64_t kv_blocks_used;          /* gauge */
     _Atomic uint64_t kv_blocks_total;         /* gauge (set once loaded) */
     _Atomic uint64_t prompt_tokens_total;     /* prompt tokens prefilled (cache hits excluded) */
-    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from the prefix cache */
+    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from a prefix cache (stays 0:
+                                              * the executor has none yet) */
     _Atomic uint64_t generation_tokens_total; /* tokens sampled */
     _Atomic uint64_t preemptions_total;
     _Atomic uint64_t requests_finished_total; /* DONE records published */
@@ -353,15 +354,20 @@ enum shm_msg_type {
     SHM_MSG_COUNT
 };
 
+/* How a sequence ended: the one finish enum of the scheduler's events, the DONE record and the
+ * gateway's choices. */
 enum shm_finish {
-    SHM_FINISH_STOP      = 0,   /* a stop token id was sampled */
-    SHM_FINISH_LENGTH    = 1,   /* max_tokens reached */
-    SHM_FINISH_CANCELLED = 2,   /* CANCEL received */
-    SHM_FINISH_ERROR     = 3,   /* failed (an ERROR record with the reason precedes the DONE) */
-    SHM_FINISH_EOS       = 4,   /* the model's end-of-sequence token */
-    SHM_FINISH_CONTEXT   = 5,   /* the context window is full */
+    SHM_FINISH_NONE      = 0,   /* not finished (scheduler events while a sequence runs; never in DONE) */
+    SHM_FINISH_STOP      = 1,   /* one of the request's stop ids was sampled (the end-of-generation ids
+                                 * the gateway sends among them), or the gateway matched a stop string */
+    SHM_FINISH_LENGTH    = 2,   /* max_tokens reached */
+    SHM_FINISH_CONTEXT   = 3,   /* the context window is full */
+    SHM_FINISH_CANCELLED = 4,   /* CANCEL received */
+    SHM_FINISH_ERROR     = 5,   /* failed: the executor sends an ERROR record with the code first */
     SHM_FINISH_COUNT
 };
+/* "none", "stop", "length", "ctx", "cancelled", "error" (for logs; "?" out of range). */
+const char *shm_finish_name(int finish);
 
 #define SHM_MAX_STOP         16    /* stop token ids per request */
 #define SHM_MAX_LOGIT_BIAS   300   /* logit bias entries per request */
@@ -373,31 +379,49 @@ struct shm_logit_bias {
     float   bias;          /* finite */
 };
 
-/* Sampling parameters as the executor applies them (the gateway has mapped the API names and
- * checked the API's ranges). Decode checks only sanity: finite values, non-negative where a
- * negative is meaningless, counts within their caps. */
+/* The sampling parameters of one sequence: the one struct from the OpenAI request (the gateway's
+ * parser fills it) through the SUBMIT record to the scheduler and both backends' samplers
+ * (executor/sampler.h names it ex_sample_params; the transforms are documented there), with
+ * one name per parameter everywhere. Plain values only: the ring carries it as it is. The
+ * logit bias list travels beside it (a variable-length array of struct shm_logit_bias).
+ * shm_sampling_check() holds the sampler's ranges; decode checks those and the caps below. */
 struct shm_sampling {
     float    temperature;         /* >= 0; 0 = greedy */
     float    top_p;               /* (0, 1]; 1 = off */
     float    min_p;               /* [0, 1]; 0 = off */
-    float    repetition_penalty;  /* > 0; 1 = off */
-    float    presence_penalty;    /* 0 = off */
-    float    frequency_penalty;   /* 0 = off */
+    float    repeat_penalty;      /* > 0; 1 = off (the API's repetition_penalty) */
+    float    presence_penalty;    /* finite; 0 = off */
+    float    frequency_penalty;   /* finite; 0 = off */
     int32_t  top_k;               /* >= 0; 0 = off */
-    uint32_t max_tokens;          /* >= 1 */
-    uint64_t seed;                /* used when has_seed */
+    int32_t  penalty_last_n;      /* previous tokens the penalties see: -1 all, 0 none (default 64) */
+    uint32_t max_tokens;          /* tokens to generate at most; >= 1 in a SUBMIT (the gateway's
+                                   * parser leaves 0 for "not given" and resolves it later) */
+    uint32_t min_tokens;          /* <= max_tokens: the stop ids cannot be sampled (the scheduler
+                                   * masks them) before this many tokens, and the gateway looks for
+                                   * stop strings only from the min_tokens-th token's text on */
+    uint64_t seed;                /* the draw's key; when !has_seed the executor picks one */
     uint8_t  has_seed;            /* 0/1 */
     uint8_t  logprobs;            /* 0/1: report the sampled token's logprob */
     uint8_t  top_logprobs;        /* 0..SHM_MAX_TOP_LOGPROBS alternatives per token */
-    uint8_t  reserved[5];         /* 0 */
+    uint8_t  ignore_eos;          /* 0/1: the gateway leaves the end-of-generation ids out of the
+                                   * stop ids, so the sequence runs to max_tokens */
+    uint8_t  reserved[4];         /* 0 */
 };
+
+/* Defaults: greedy (temperature 0), top_p 1, min_p 0, repeat_penalty 1, presence and frequency
+ * 0, top_k 0, penalty_last_n 64, max_tokens 0, min_tokens 0, no seed, no logprobs, ignore_eos
+ * 0. Can't fail. */
+void shm_sampling_default(struct shm_sampling *p);
+/* The sampler's ranges (above): 0 or CM_EINVAL. max_tokens and the reserved fields are the
+ * record's business (decode checks them), not the sampler's. */
+int  shm_sampling_check(const struct shm_sampling *p);
 
 /* A request. n (choices) is handled by the gateway as n separate requests. On decode the array
  * pointers point into the ring record: valid until shm_ring_release() (copy the prompt first). */
 struct shm_submit {
     uint64_t req_id;              /* != 0, unique per segment */
-    uint32_t tenant;
-    int32_t  priority;            /* higher runs first; 0 = normal */
+    int32_t  priority;            /* carried for priority scheduling, which the scheduler does not do
+                                   * yet: the gateway sends 0 and the executor ignores it */
     struct shm_sampling sp;
     const int32_t *prompt;        /* [n_prompt] token ids >= 0 */
     uint32_t n_prompt;            /* >= 1 */
@@ -428,8 +452,10 @@ struct shm_done {
     uint32_t finish;              /* enum shm_finish */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;   /* == number of TOKENS entries sent for the request */
-    uint32_t cached_prompt_tokens;/* <= prompt_tokens */
-    uint64_t queue_ns;            /* SUBMIT read -> first scheduled */
+    uint32_t cached_prompt_tokens;/* <= prompt_tokens: served from a prefix cache (0: the executor
+                                   * has none yet; the gateway reports it as usage's cached_tokens) */
+    uint64_t queue_ns;            /* SUBMIT read -> first scheduled (0: the scheduler does not report
+                                   * admission yet, so queueing counts in prefill_ns) */
     uint64_t prefill_ns;          /* first scheduled -> first token sampled */
     uint64_t decode_ns;           /* first token -> finished */
 };

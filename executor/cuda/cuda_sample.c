@@ -25,7 +25,7 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
         const ex_sample_params *p = rows[r].sp;
         if (mark[rows[r].row]++) return CM_EUNSUPPORTED;
         if ((penalties_on(p) && rows[r].n_prev > 0 && window_of(p, rows[r].n_prev) > KC_SAMPLE_MAX_WINDOW) ||
-            p->n_bias > KC_SAMPLE_MAX_BIAS)
+            rows[r].n_bias > KC_SAMPLE_MAX_BIAS)
             return CM_EUNSUPPORTED;
     }
     kc_sample_row *kr = pool;
@@ -37,7 +37,7 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
         const ex_sample_params *p = sr->sp;
         slot[r] = -1;
         /* the CPU sampler's refusals, in its order */
-        if (ex_sample_params_check(p, n_vocab) || sr->n_prev < 0 || (sr->n_prev && !sr->prev)) continue;
+        if (ex_sample_row_check(sr, n_vocab)) continue;
         int n_win = window_of(p, sr->n_prev), bad = 0;
         const int32_t *win = sr->prev + sr->n_prev - n_win;
         for (int i = 0; i < n_win && !bad; i++) bad = win[i] < 0 || win[i] >= n_vocab;
@@ -57,11 +57,11 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
         d->top_logprobs = p->top_logprobs;
         d->seed = p->seed;
         d->pos = sr->pos;
-        d->n_bias = p->n_bias;
+        d->n_bias = sr->n_bias;
         d->bias_off = (int32_t)w;
-        for (int i = 0; i < p->n_bias; i++) {
-            words[w++] = (uint32_t)p->bias[i].id;
-            memcpy(&words[w++], &p->bias[i].bias, 4);
+        for (int i = 0; i < sr->n_bias; i++) {
+            words[w++] = (uint32_t)sr->bias[i].token;
+            memcpy(&words[w++], &sr->bias[i].bias, 4);
         }
         d->n_win = n_win;
         d->win_off = (int32_t)w;

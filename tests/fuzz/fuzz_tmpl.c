@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/cm_json.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 static const char CONTEXT[] =
     "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_generation_prompt\":true,\"enable_thinking\":false,"

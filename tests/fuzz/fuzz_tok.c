@@ -15,8 +15,8 @@
  *    space (SentencePiece's space marker; the one lossy spot). */
 #include "common/cm_err.h"
 #include "model/gguf.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "text/tok.h"
+#include "text/tok_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  *      engine's logits (teacher-forced).
  * usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...] */
 #include "gpu_common.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "tests/unit/t.h"
 
 #include <math.h>

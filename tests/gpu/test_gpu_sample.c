@@ -83,7 +83,8 @@ static void top_ids(const float *z, int V, int32_t *out, int n) {
 
 typedef struct tcase {
     ex_sample_params sp;
-    ex_logit_bias bias[300];
+    struct shm_logit_bias bias[300];
+    int n_bias;
     int32_t prev[NPREV];
 } tcase;
 
@@ -94,6 +95,7 @@ static void make_case(tcase *t, int c, int set, int V, const int32_t *tops) {
     const int top_ks[5] = { 0, 1, 5, 50, V };
     ex_sample_params *p = &t->sp;
     ex_sample_params_default(p);
+    t->n_bias = 0;
     if (c > 0) {
         int k = c - 1;
         p->temperature = temps[k % 3];
@@ -112,24 +114,23 @@ static void make_case(tcase *t, int c, int set, int V, const int32_t *tops) {
     for (int i = 0; i < NPREV; i++) t->prev[i] = rnd() % 3 ? tops[rnd() % 12] : (int32_t)(rnd() % V);
     switch ((m / 5) % 4) {
     case 1:
-        p->n_bias = 10;
-        for (int i = 0; i < 10; i++) t->bias[i] = (ex_logit_bias){ (int32_t)(rnd() % V), (float)(gauss() * 3) };
-        t->bias[3] = (ex_logit_bias){ tops[0], -1e30f };
+        t->n_bias = 10;
+        for (int i = 0; i < 10; i++) t->bias[i] = (struct shm_logit_bias){ (int32_t)(rnd() % V), (float)(gauss() * 3) };
+        t->bias[3] = (struct shm_logit_bias){ tops[0], -1e30f };
         t->bias[6] = t->bias[1]; /* a duplicate: added twice */
-        t->bias[7] = (ex_logit_bias){ tops[2], 5.0f };
+        t->bias[7] = (struct shm_logit_bias){ tops[2], 5.0f };
         break;
     case 2:
-        p->n_bias = 3;
-        t->bias[0] = (ex_logit_bias){ tops[0], -INFINITY };
-        t->bias[1] = (ex_logit_bias){ tops[1], -100.0f };
-        t->bias[2] = (ex_logit_bias){ tops[5], 3.0f };
+        t->n_bias = 3;
+        t->bias[0] = (struct shm_logit_bias){ tops[0], -INFINITY };
+        t->bias[1] = (struct shm_logit_bias){ tops[1], -100.0f };
+        t->bias[2] = (struct shm_logit_bias){ tops[5], 3.0f };
         break;
     case 3:
-        p->n_bias = 300;
-        for (int i = 0; i < 300; i++) t->bias[i] = (ex_logit_bias){ (int32_t)(rnd() % V), (float)(urand() * 4 - 2) };
+        t->n_bias = 300;
+        for (int i = 0; i < 300; i++) t->bias[i] = (struct shm_logit_bias){ (int32_t)(rnd() % V), (float)(urand() * 4 - 2) };
         break;
     }
-    p->bias = t->bias;
     p->logprobs = m % 3 == 1;
     p->top_logprobs = m % 3 == 2 ? EX_MAX_LOGPROBS : 0;
 }
@@ -141,8 +142,9 @@ typedef struct tally {
 static int lp_close(float a, float b) { return (isinf(a) && a == b) || fabs((double)a - (double)b) <= LP_TOL; }
 
 /* Compares one result with the CPU's; prints the first few differences. */
-static void compare(const char *who, const ex_sample_out *got, const ex_sample_out *want, const ex_sample_params *p, int V,
+static void compare(const char *who, const ex_sample_out *got, const ex_sample_out *want, const ex_sample_row *row, int V,
                     int dist, const float *z, tally *t) {
+    const ex_sample_params *p = row->sp;
     t->rows++;
     int bad = 0;
     if (got->token != want->token) { t->tok_bad++; bad = 1; }
@@ -156,7 +158,7 @@ static void compare(const char *who, const ex_sample_out *got, const ex_sample_o
                 "%s differs: V=%d %s T=%g top_k=%d top_p=%g min_p=%g pen=(%g,%g,%g,last %d) bias=%d lp=%d/%d seed=%llu: "
                 "token %d (z %g) vs cpu %d (z %g), logprob %.8g vs %.8g, n_top %d vs %d\n",
                 who, V, dist_name[dist], p->temperature, p->top_k, p->top_p, p->min_p, p->repeat_penalty, p->presence_penalty,
-                p->frequency_penalty, p->penalty_last_n, p->n_bias, p->logprobs, p->top_logprobs, (unsigned long long)p->seed,
+                p->frequency_penalty, p->penalty_last_n, row->n_bias, p->logprobs, p->top_logprobs, (unsigned long long)p->seed,
                 got->token, got->token >= 0 && got->token < V ? z[got->token] : NAN, want->token, z[want->token], got->logprob,
                 want->logprob, got->n_top, want->n_top);
 }
@@ -198,8 +200,9 @@ static void test_against_cpu(tally *dev, tally *emu) {
                     for (int r = 0; r < n; r++) {
                         make_case(&tc[r], c0 + r, set, V, tops);
                         int64_t pos = (int64_t)(rnd() % 100000);
-                        rows[r] = (ex_sample_row){ .row = r, .sp = &tc[r].sp, .prev = tc[r].prev, .n_prev = NPREV, .pos = pos };
-                        T_EQ_INT(ex_sampler_sample(smp, &tc[r].sp, base, tc[r].prev, NPREV, pos, &want[r]), 0);
+                        rows[r] = (ex_sample_row){ .row = r, .sp = &tc[r].sp, .prev = tc[r].prev, .n_prev = NPREV, .pos = pos,
+                                                   .bias = tc[r].bias, .n_bias = tc[r].n_bias };
+                        T_EQ_INT(ex_sampler_sample(smp, &rows[r], base, &want[r]), 0);
                         memcpy(work + (size_t)r * V, base, sizeof(float) * V);
                     }
                     int n_dev;
@@ -215,14 +218,14 @@ static void test_against_cpu(tally *dev, tally *emu) {
                         CK(cudaMemcpy(kout, d_out, sizeof *kout * n, cudaMemcpyDeviceToHost));
                         for (int r = 0; r < n; r++) {
                             ex__cuda_sample_out(&kout[slot[r]], &got[r]);
-                            compare("device", &got[r], &want[r], &tc[r].sp, V, dist, base, dev);
+                            compare("device", &got[r], &want[r], &rows[r], V, dist, base, dev);
                         }
                     }
                     memset(kout, 0xff, sizeof *kout * MAXR);
                     T_EQ_INT(kc_sample_host(work, V, V, pool, n_dev, kout), 0);
                     for (int r = 0; r < n; r++) {
                         ex__cuda_sample_out(&kout[slot[r]], &got[r]);
-                        compare("host emulation", &got[r], &want[r], &tc[r].sp, V, dist, base, emu);
+                        compare("host emulation", &got[r], &want[r], &rows[r], V, dist, base, emu);
                     }
                 }
             printf("V=%-6d %-6s: %d cases x %d: device %ld, host emulation %ld differences\n", V, dist_name[dist], n_case,
@@ -273,11 +276,11 @@ static void test_stager(void) {
     rows[3].row = 0; /* the same logits row twice */
     T_EQ_INT(ex__cuda_sample_stage(pool, R, V, 4, rows, 4, mark, slot, &n_dev, &bytes), CM_EUNSUPPORTED);
     rows[3].row = 3;
-    ex_logit_bias *many = calloc(KC_SAMPLE_MAX_BIAS + 1, sizeof *many);
-    ok.bias = many;
-    ok.n_bias = KC_SAMPLE_MAX_BIAS + 1;
+    struct shm_logit_bias *many = calloc(KC_SAMPLE_MAX_BIAS + 1, sizeof *many);
+    rows[0].bias = rows[3].bias = many;
+    rows[0].n_bias = rows[3].n_bias = KC_SAMPLE_MAX_BIAS + 1;
     T_EQ_INT(ex__cuda_sample_stage(pool, R, V, 4, rows, 4, mark, slot, &n_dev, &bytes), CM_EUNSUPPORTED);
-    ok.n_bias = KC_SAMPLE_MAX_BIAS;
+    rows[0].n_bias = rows[3].n_bias = KC_SAMPLE_MAX_BIAS;
     T_EQ_INT(ex__cuda_sample_stage(pool, R, V, 4, rows, 4, mark, slot, &n_dev, &bytes), 0);
     free(many);
     free(prev);
@@ -346,7 +349,7 @@ static void test_backend(const char *path) {
         const float *logits;
         T_EQ_INT(ex_engine_forward(e, &bb.b, &logits), 0);
         for (int s = 0; s < S; s++) {
-            ex_sampler_sample(smp, &sp[s], logits + (size_t)rows[s].row * V, rows[s].prev, rows[s].n_prev, rows[s].pos, &want[s]);
+            ex_sampler_sample(smp, &rows[s], logits + (size_t)rows[s].row * V, &want[s]);
             total++;
             int ok = got[s].token == want[s].token && got[s].n_top == want[s].n_top;
             for (int j = 0; j < want[s].n_top && ok; j++) ok = got[s].top_id[j] == want[s].top_id[j];

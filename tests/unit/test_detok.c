@@ -2,10 +2,10 @@
  * fallback and byte-level pieces split across tokens, leading-space rule, control tokens) and
  * the UTF-8 repair on hand-made byte sequences. */
 #include "common/cm_err.h"
-#include "model/detok.h"
-#include "model/stop.h"
+#include "text/detok.h"
+#include "text/stop.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "t.h"
 
 #include <stdint.h>

@@ -8,7 +8,7 @@
 #include "common/cm_err.h"
 #include "model/dtype.h"
 #include "model/model.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "t.h"
 
 #include <math.h>

@@ -57,7 +57,7 @@ static void test_matches_forward_then_sample(void) {
     T_EQ_INT(ex_batch_buf_add(&bb, c, 5, 0, t[2].blocks, t[2].n, 0), 2);
 
     ex_sample_params sp[NROWS];
-    ex_logit_bias bias[4] = { { 5, 3.0f }, { 9, -1e30f }, { 5, 1.5f }, { 17, -INFINITY } };
+    struct shm_logit_bias bias[4] = { { 5, 3.0f }, { 9, -1e30f }, { 5, 1.5f }, { 17, -INFINITY } };
     for (int r = 0; r < NROWS; r++) {
         ex_sample_params_default(&sp[r]);
         sp[r].seed = 1000 + r;
@@ -72,8 +72,6 @@ static void test_matches_forward_then_sample(void) {
     sp[3].presence_penalty = 0.4f;
     sp[3].frequency_penalty = 0.2f;
     sp[3].penalty_last_n = -1;
-    sp[4].bias = bias;
-    sp[4].n_bias = 4;
     sp[6].top_logprobs = EX_MAX_LOGPROBS;
     sp[7].top_p = 0.0f;                  /* refused by the sampler: token -1 */
     int last_a = ex_batch_last_row(&bb.b, 0), first_b = bb.b.seq_out[1], last_c = ex_batch_last_row(&bb.b, 2);
@@ -85,6 +83,8 @@ static void test_matches_forward_then_sample(void) {
         int n_prev = row_of[r] == last_a ? 20 : row_of[r] == last_c ? 5 : row_of[r] - first_b + 1;
         rows[r] = (ex_sample_row){ .row = row_of[r], .sp = &sp[r], .prev = prev, .n_prev = n_prev, .pos = n_prev };
     }
+    rows[4].bias = bias;
+    rows[4].n_bias = 4;
 
     ex_sample_out got[NROWS], want[NROWS];
     memset(got, 0x5a, sizeof got); /* poison */
@@ -95,7 +95,7 @@ static void test_matches_forward_then_sample(void) {
     T_EQ_INT(ex_sampler_create(V, &smp), 0);
     int same = 0;
     for (int r = 0; r < NROWS; r++) {
-        int rc = ex_sampler_sample(smp, &sp[r], logits + (size_t)row_of[r] * V, rows[r].prev, rows[r].n_prev, rows[r].pos, &want[r]);
+        int rc = ex_sampler_sample(smp, &rows[r], logits + (size_t)row_of[r] * V, &want[r]);
         T_EQ_INT(rc, r == 7 ? CM_EINVAL : 0);
         same += same_out(&got[r], &want[r]);
     }

@@ -10,6 +10,13 @@
 #include <string.h>
 
 /* logits whose softmax is exactly probs */
+/* ex_sampler_sample on one row built from the arguments (bias may be NULL). */
+static int sample(ex_sampler *s, const ex_sample_params *p, const struct shm_logit_bias *bias, int n_bias, const float *z,
+                  const int32_t *prev, int n_prev, int64_t pos, ex_sample_out *o) {
+    ex_sample_row r = { .sp = p, .prev = prev, .n_prev = n_prev, .pos = pos, .bias = bias, .n_bias = n_bias };
+    return ex_sampler_sample(s, &r, z, o);
+}
+
 static void from_probs(const double *p, int n, float *z) {
     for (int i = 0; i < n; i++) z[i] = (float)log(p[i]);
 }
@@ -19,7 +26,7 @@ static void histogram(ex_sampler *s, const ex_sample_params *p, const float *z, 
     memset(cnt, 0, sizeof(int) * V);
     ex_sample_out o;
     for (int i = 0; i < n; i++) {
-        ex_sampler_sample(s, p, z, NULL, 0, i, &o);
+        sample(s, p, NULL, 0, z, NULL, 0, i, &o);
         cnt[o.token]++;
     }
 }
@@ -63,7 +70,7 @@ static void test_greedy_and_rng(void) {
     ex_sample_params_default(&p);
     float z[6] = { 0.5f, 3.0f, -1.0f, 3.0f, 2.9f, -INFINITY };
     ex_sample_out o;
-    T_EQ_INT(ex_sampler_sample(s, &p, z, NULL, 0, 0, &o), 0);
+    T_EQ_INT(sample(s, &p, NULL, 0, z, NULL, 0, 0, &o), 0);
     T_EQ_INT(o.token, 1); /* tie between 1 and 3: lowest id */
     /* the draw: repeatable, different positions and seeds differ, in range, mean 1/2 */
     T_CHECK(ex_rng_u01(42, 7) == ex_rng_u01(42, 7));
@@ -125,11 +132,11 @@ static void test_filters(void) {
     /* same seed, same position: same token whatever was sampled before (call order) */
     p.temperature = 1.0f;
     ex_sample_out a, b, junk;
-    ex_sampler_sample(s, &p, z, NULL, 0, 77, &a);
+    sample(s, &p, NULL, 0, z, NULL, 0, 77, &a);
     ex_sample_params q = p;
     q.seed = 999; q.top_k = 1;
-    ex_sampler_sample(s, &q, z, NULL, 0, 3, &junk);
-    ex_sampler_sample(s, &p, z, NULL, 0, 77, &b);
+    sample(s, &q, NULL, 0, z, NULL, 0, 3, &junk);
+    sample(s, &p, NULL, 0, z, NULL, 0, 77, &b);
     T_EQ_INT(a.token, b.token);
     ex_sampler_destroy(s);
 }
@@ -148,16 +155,16 @@ static void test_penalties_bias(void) {
     /* repetition: 0 positive -> 2/2 = 1 < 1.9; so 1 wins... but 1 is in prev too -> 0.95 */
     p.repeat_penalty = 2.0f;
     p.penalty_last_n = 1;                       /* only the last token (1) */
-    ex_sampler_sample(s, &p, z, prev, 6, 6, &o);
+    sample(s, &p, NULL, 0, z, prev, 6, 6, &o);
     T_EQ_INT(o.token, 0);
     p.penalty_last_n = -1;                      /* all: 0 -> 1.0, 1 -> 0.95 */
-    ex_sampler_sample(s, &p, z, prev, 6, 6, &o);
+    sample(s, &p, NULL, 0, z, prev, 6, 6, &o);
     T_EQ_INT(o.token, 0);
     p.penalty_last_n = 64;
-    ex_sampler_sample(s, &p, z, prev + 1, 5, 6, &o); /* 0 not in window: 2.0 vs 0.95 */
+    sample(s, &p, NULL, 0, z, prev + 1, 5, 6, &o); /* 0 not in window: 2.0 vs 0.95 */
     T_EQ_INT(o.token, 0);
     /* check exact processed values through logprobs (greedy: log-softmax of z) */
-    ex_sampler_sample(s, &p, z, prev, 6, 6, &o);
+    sample(s, &p, NULL, 0, z, prev, 6, 6, &o);
     {
         double zz[V] = { 1.0, 0.95, -2.0, -1.1 }, mx = 1.0, sum = 0; /* negative 2 multiplied */
         for (int i = 0; i < V; i++) sum += exp(zz[i] - mx);
@@ -172,22 +179,20 @@ static void test_penalties_bias(void) {
     p.repeat_penalty = 1.0f; p.presence_penalty = 0.5f; p.frequency_penalty = 0.3f;
     float z2[V] = { 0.0f, 1.9f, 0.9f, -5.0f };
     int32_t prev2[2] = { 1, 1 };
-    ex_sampler_sample(s, &p, z2, prev2, 2, 2, &o);
+    sample(s, &p, NULL, 0, z2, prev2, 2, 2, &o);
     T_EQ_INT(o.token, 2);
     /* logit bias */
     p.presence_penalty = p.frequency_penalty = 0;
-    ex_logit_bias bias[2] = { { 3, 100.0f }, { 0, -INFINITY } };
-    p.bias = bias; p.n_bias = 2;
-    ex_sampler_sample(s, &p, z, NULL, 0, 0, &o);
+    struct shm_logit_bias bias[2] = { { 3, 100.0f }, { 0, -INFINITY } };
+    sample(s, &p, bias, 2, z, NULL, 0, 0, &o);
     T_EQ_INT(o.token, 3);
     p.temperature = 1.0f;
     int ok = 1;
-    for (int i = 0; i < 200; i++) { ex_sampler_sample(s, &p, z, NULL, 0, i, &o); ok &= o.token != 0; }
+    for (int i = 0; i < 200; i++) { sample(s, &p, bias, 2, z, NULL, 0, i, &o); ok &= o.token != 0; }
     T_CHECK(ok); /* -inf bias never drawn */
-    p.n_bias = 0; p.bias = NULL;
     /* logprobs normalize; top sorted, sampled token's logprob matches its entry */
     p.temperature = 0.7f; p.seed = 5;
-    ex_sampler_sample(s, &p, z, NULL, 0, 11, &o);
+    sample(s, &p, NULL, 0, z, NULL, 0, 11, &o);
     T_EQ_INT(o.n_top, V);
     double tot = 0;
     int sorted = 1, match = 0;
@@ -200,7 +205,7 @@ static void test_penalties_bias(void) {
     T_CHECK(sorted && match);
     T_NEAR(o.top_logprob[0], 2.0 / 0.7 - log(exp(2.0 / 0.7) + exp(1.9 / 0.7) + exp(-1 / 0.7) + exp(-1.1 / 0.7)), 1e-5);
     p.top_logprobs = 2;
-    ex_sampler_sample(s, &p, z, NULL, 0, 11, &o);
+    sample(s, &p, NULL, 0, z, NULL, 0, 11, &o);
     T_EQ_INT(o.n_top, 2);
     T_CHECK(o.top_id[0] == 0 && o.top_id[1] == 1);
     ex_sampler_destroy(s);
@@ -221,7 +226,7 @@ static void test_big_vocab_topk(void) {
     int ok = 1;
     for (int pos = 0; pos < 300; pos++) {
         ex_sample_out o;
-        ex_sampler_sample(s, &p, z, NULL, 0, pos, &o);
+        sample(s, &p, NULL, 0, z, NULL, 0, pos, &o);
         int better = 0; /* tokens ordered before o.token */
         for (int i = 0; i < V; i++) better += z[i] > z[o.token] || (z[i] == z[o.token] && i < o.token);
         ok &= better < 40;
@@ -231,7 +236,7 @@ static void test_big_vocab_topk(void) {
     /* top_p alone over a big vocabulary with min_p */
     p.top_k = 0; p.top_p = 0.5f; p.min_p = 0.01f;
     ex_sample_out o;
-    T_EQ_INT(ex_sampler_sample(s, &p, z, NULL, 0, 1, &o), 0);
+    T_EQ_INT(sample(s, &p, NULL, 0, z, NULL, 0, 1, &o), 0);
     T_CHECK(z[o.token] > 9.0f);
     free(z); free(rank);
     ex_sampler_destroy(s);
@@ -244,19 +249,24 @@ static void test_checks(void) {
     ex_sample_out o;
     ex_sample_params p;
     ex_sample_params_default(&p);
-    T_EQ_INT(ex_sample_params_check(&p, 4), 0);
-    p.top_p = 0; T_EQ_INT(ex_sample_params_check(&p, 4), CM_EINVAL); p.top_p = 1;
-    p.min_p = 2; T_EQ_INT(ex_sample_params_check(&p, 4), CM_EINVAL); p.min_p = 0;
-    p.repeat_penalty = 0; T_EQ_INT(ex_sample_params_check(&p, 4), CM_EINVAL); p.repeat_penalty = 1;
-    p.temperature = NAN; T_EQ_INT(ex_sample_params_check(&p, 4), CM_EINVAL); p.temperature = 0;
-    p.top_logprobs = EX_MAX_LOGPROBS + 1; T_EQ_INT(ex_sample_params_check(&p, 4), CM_EINVAL); p.top_logprobs = 0;
-    ex_logit_bias b = { 4, 1.0f };
-    p.bias = &b; p.n_bias = 1;
-    T_EQ_INT(ex_sampler_sample(s, &p, z, NULL, 0, 0, &o), CM_EINVAL);
-    p.n_bias = 0;
+    T_EQ_INT(shm_sampling_check(&p), 0);
+    p.top_p = 0; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.top_p = 1;
+    p.min_p = 2; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.min_p = 0;
+    p.repeat_penalty = 0; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.repeat_penalty = 1;
+    p.temperature = NAN; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.temperature = 0;
+    p.temperature = -1; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.temperature = 0;
+    p.penalty_last_n = -2; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.penalty_last_n = 64;
+    p.top_logprobs = EX_MAX_LOGPROBS + 1; T_EQ_INT(shm_sampling_check(&p), CM_EINVAL); p.top_logprobs = 0;
+    struct shm_logit_bias b = { 4, 1.0f };
+    T_EQ_INT(sample(s, &p, &b, 1, z, NULL, 0, 0, &o), CM_EINVAL); /* id 4 in a vocabulary of 4 */
+    b.token = 3; b.bias = NAN;
+    T_EQ_INT(sample(s, &p, &b, 1, z, NULL, 0, 0, &o), CM_EINVAL);
+    b.bias = -INFINITY;
+    T_EQ_INT(sample(s, &p, &b, 1, z, NULL, 0, 0, &o), 0); /* -inf masks token 3 */
+    T_CHECK(o.token != 3);
     int32_t prev[1] = { 9 };
     p.repeat_penalty = 1.1f;
-    T_EQ_INT(ex_sampler_sample(s, &p, z, prev, 1, 1, &o), CM_EINVAL);
+    T_EQ_INT(sample(s, &p, NULL, 0, z, prev, 1, 1, &o), CM_EINVAL);
     ex_sampler_destroy(s);
 }
 

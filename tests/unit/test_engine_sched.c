@@ -48,8 +48,8 @@ static void mk_req(ex_request *r, int i) {
     r->id = 100 + i;
     r->prompt = prompts[i];
     r->n_prompt = plen[i];
-    r->max_tokens = MAXGEN - 3 * i;
     ex_sample_params_default(&r->sp);
+    r->sp.max_tokens = MAXGEN - 3 * i;
     r->sp.temperature = i == 0 ? 0.0f : 0.9f;
     r->sp.top_k = i == 3 ? 0 : 40;
     r->sp.top_p = 0.95f;
@@ -120,7 +120,7 @@ static void test_batched_equals_alone(void) {
     for (int j = 0; j < 8; j++) T_EQ_INT(alone[0].tok[j], ref_head[j]);
     for (int i = 0; i < NREQ; i++) {
         T_EQ_INT(alone[i].n, MAXGEN - 3 * i);
-        T_EQ_INT(alone[i].finish, EX_FINISH_LENGTH);
+        T_EQ_INT(alone[i].finish, SHM_FINISH_LENGTH);
     }
     /* together: token budget 10 (chunked prefill), 4 running at most, staggered arrivals */
     {
@@ -169,7 +169,9 @@ static void test_batched_equals_alone(void) {
     }
 }
 
-/* Runs one request alone; returns the event list's last finish and fills toks. */
+static int run1_err; /* the err of run1's last finish */
+
+/* Runs one request alone; returns the event list's last finish (its err in run1_err) and fills toks. */
 static int run1(ex_sched *s, ex_request *r, int32_t *toks, int *n, int cancel_at) {
     ex_event ev[16];
     int n_ev, fin = 0;
@@ -180,7 +182,7 @@ static int run1(ex_sched *s, ex_request *r, int32_t *toks, int *n, int cancel_at
         T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
         for (int k = 0; k < n_ev; k++) {
             if (ev[k].token >= 0) toks[(*n)++] = ev[k].token;
-            if (ev[k].finish) fin = ev[k].finish;
+            if (ev[k].finish) fin = ev[k].finish, run1_err = ev[k].err;
         }
     }
     return fin;
@@ -192,29 +194,42 @@ static void test_finishes(void) {
     int n;
     ex_request r;
     memset(&r, 0, sizeof r);
-    r.id = 1; r.prompt = once; r.n_prompt = 5; r.max_tokens = 100;
+    r.id = 1; r.prompt = once; r.n_prompt = 5;
     ex_sample_params_default(&r.sp);
+    r.sp.max_tokens = 100;
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     ex_sched *s;
 
     ex_engine *e = mk(32, 0, 16, 64);
-    /* end of generation: newline (13) is the 58th token of the reference */
-    int32_t nl = 13;
-    so.eog = &nl; so.n_eog = 1;
     ex_sched_create(e, &so, &s);
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_CTX); /* 5 + 27 = 32 = n_ctx first */
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_CONTEXT); /* 5 + 27 = 32 = n_ctx first */
     T_EQ_INT(n, 27);
     T_EQ_INT(toks[0], 432);
     /* a stop id: 426 is the 11th token */
     int32_t stop = 426;
     r.stop_ids = &stop; r.n_stop = 1;
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_STOP);
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_STOP);
     T_EQ_INT(n, 11);
     T_EQ_INT(toks[10], 426);
+    /* min_tokens: the stop id can be drawn from the (min_tokens + 1)-th token on */
+    r.sp.min_tokens = 10;
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_STOP);
+    T_EQ_INT(n, 11);
+    r.sp.min_tokens = 11; /* masked where greedy would pick it: generation goes on */
+    int fin = run1(s, &r, toks, &n, -1);
+    T_CHECK(n > 11 && toks[10] != 426);
+    int early = 0;
+    for (int k = 0; k < 11; k++) early |= toks[k] == 426;
+    T_CHECK(!early);
+    T_CHECK(fin == SHM_FINISH_CONTEXT || (fin == SHM_FINISH_STOP && toks[n - 1] == 426));
+    r.sp.min_tokens = 0;
+    int32_t far = 512; /* outside the vocabulary */
+    r.stop_ids = &far;
+    T_EQ_INT(ex_sched_submit(s, &r), CM_EINVAL);
     r.n_stop = 0; r.stop_ids = NULL;
     /* cancel while running */
-    T_EQ_INT(run1(s, &r, toks, &n, 3), EX_FINISH_CANCEL);
+    T_EQ_INT(run1(s, &r, toks, &n, 3), SHM_FINISH_CANCELLED);
     T_EQ_INT(n, 3);
     T_EQ_INT(ex_sched_cancel(s, 12345), CM_ENOTFOUND);
     /* cancel while waiting: submit two to a 1-slot... cancel the queued one before any step */
@@ -224,7 +239,7 @@ static void test_finishes(void) {
     int n_ev;
     T_EQ_INT(ex_sched_step(s, ev, 8, &n_ev), 0);
     T_EQ_INT(n_ev, 1);
-    T_EQ_INT(ev[0].finish, EX_FINISH_CANCEL);
+    T_EQ_INT(ev[0].finish, SHM_FINISH_CANCELLED);
     T_EQ_INT(ev[0].token, -1);
     T_CHECK(!ex_sched_busy(s));
     /* submit refusals */
@@ -233,9 +248,9 @@ static void test_finishes(void) {
     ex_request b = r;
     b.prompt = big; b.n_prompt = 32;
     T_EQ_INT(ex_sched_submit(s, &b), CM_ECTX);
-    b.n_prompt = 4; b.max_tokens = 0;
+    b.n_prompt = 4; b.sp.max_tokens = 0;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL);
-    b.max_tokens = 5; big[0] = 512;
+    b.sp.max_tokens = 5; big[0] = 512;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL); /* id outside the vocabulary */
     big[0] = 1; b.sp.top_p = 2.0f;
     T_EQ_INT(ex_sched_submit(s, &b), CM_EINVAL);
@@ -255,7 +270,7 @@ static void test_finishes(void) {
         ex_sched *s2;
         T_EQ_INT(ex_sched_create(e2, &q2, &s2), 0);
         ex_request c = r;
-        c.max_tokens = 3;
+        c.sp.max_tokens = 3;
         c.id = 10; T_EQ_INT(ex_sched_submit(s2, &c), 0);
         c.id = 11; T_EQ_INT(ex_sched_submit(s2, &c), 0);
         c.id = 12; T_EQ_INT(ex_sched_submit(s2, &c), CM_EFULL);
@@ -270,7 +285,7 @@ static void test_finishes(void) {
             for (int j = 0; j < ne; j++)
                 if (e3[j].finish) {
                     done++;
-                    T_EQ_INT(e3[j].finish, e3[j].id == 11 ? EX_FINISH_CANCEL : EX_FINISH_LENGTH);
+                    T_EQ_INT(e3[j].finish, e3[j].id == 11 ? SHM_FINISH_CANCELLED : SHM_FINISH_LENGTH);
                 }
         }
         T_EQ_INT(done, 3);
@@ -283,9 +298,9 @@ static void test_finishes(void) {
 
     /* a pool of 3 blocks of 4: a sequence alone runs out after 12 positions */
     e = mk(64, 3, 4, 64);
-    so.n_eog = 0;
     ex_sched_create(e, &so, &s);
-    T_EQ_INT(run1(s, &r, toks, &n, -1), EX_FINISH_NOKV);
+    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_ERROR);
+    T_EQ_INT(run1_err, CM_ENOKV);
     T_EQ_INT(n, 8);
     b.n_prompt = 13;
     T_EQ_INT(ex_sched_submit(s, &b), CM_ENOKV); /* 14 positions > 12 */

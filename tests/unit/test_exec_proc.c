@@ -6,7 +6,7 @@
 #include "common/cm_err.h"
 #include "common/cm_time.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "shm/shm.h"
 #include "t.h"
 
@@ -106,9 +106,8 @@ static int wait_done(const uint64_t *ids, int n, int timeout_ms) {
 
 static int submit(uint64_t id, const int32_t *prompt, int n, int max_tokens, float temp, int has_seed, uint64_t seed) {
     struct shm_submit s = { .req_id = id, .prompt = prompt, .n_prompt = (uint32_t)n };
+    shm_sampling_default(&s.sp);
     s.sp.temperature = temp;
-    s.sp.top_p = 1.0f;
-    s.sp.repetition_penalty = 1.0f;
     s.sp.max_tokens = (uint32_t)max_tokens;
     s.sp.has_seed = (uint8_t)has_seed;
     s.sp.seed = seed;

@@ -36,6 +36,7 @@ int main(void) {
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "gateway/routes.h"
+#include "tests/unit/gw_fake.h"
 #include "tests/unit/t.h"
 
 static const char SECRET[] = "redis-test-secret-0123456789";
@@ -45,88 +46,8 @@ static pid_t redis_pid;
 
 /* ---- the gateway child: routes + auth(redis) + a fake backend ----------------------------- */
 
-typedef struct job {
-    uv_timer_t t;
-    struct fb *b;
-    uint64_t id;
-    const gw_gen_sink *sink;
-    void *ud;
-    int prompt, max, step, mode;
-    struct job *next;
-} job;
-
-typedef struct fb {
-    uv_loop_t *loop;
-    uint64_t next_id;
-    job *jobs;
-} fb;
-
-enum { M_NORMAL, M_HOLD, M_FAIL };
-
-static void job_closed(uv_handle_t *h) { free(h->data); }
-
-static void job_end(job *j) {
-    job **pp = &j->b->jobs;
-    while (*pp && *pp != j) pp = &(*pp)->next;
-    if (*pp) *pp = j->next;
-    uv_timer_stop(&j->t);
-    uv_close((uv_handle_t *)&j->t, job_closed);
-}
-
-static void job_tick(uv_timer_t *t) {
-    job *j = t->data;
-    if (j->step == 0) j->sink->on_start(j->ud, j->prompt, 0);
-    if (j->mode == M_FAIL && j->step == 1) {
-        gw_oai_err e;
-        gw_oai_err_set(&e, 500, "server_error", NULL, "executor_failed", "the executor stopped");
-        job_end(j);
-        j->sink->on_error(j->ud, &e);
-        return;
-    }
-    if (j->step < j->max) {
-        j->step++;
-        j->sink->on_text(j->ud, 0, " t", 2, NULL, 0);
-        uv_timer_start(&j->t, job_tick, j->mode == M_HOLD ? 600000 : 5, 0);
-        return;
-    }
-    j->sink->on_finish(j->ud, 0, GW_FINISH_LENGTH);
-    gw_oai_usage u = {j->prompt, j->step, 0};
-    job_end(j);
-    j->sink->on_done(j->ud, &u);
-}
-
-static int fb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, void *ud, uint64_t *id, gw_oai_err *e) {
-    fb *b = impl;
-    job *j = calloc(1, sizeof *j);
-    j->b = b;
-    j->id = ++b->next_id;
-    j->sink = sink;
-    j->ud = ud;
-    j->prompt = q->prompt ? (int)strlen(q->prompt) : 1;
-    j->max = q->max_tokens > 0 ? q->max_tokens : 4;
-    if (q->prompt && !strncmp(q->prompt, "hold", 4)) j->mode = M_HOLD;
-    if (q->prompt && !strncmp(q->prompt, "fail", 4)) j->mode = M_FAIL;
-    uv_timer_init(b->loop, &j->t);
-    j->t.data = j;
-    j->next = b->jobs;
-    b->jobs = j;
-    uv_timer_start(&j->t, job_tick, 1, 0);
-    *id = j->id;
-    return 0;
-}
-
-static void fb_cancel(void *impl, uint64_t id) {
-    fb *b = impl;
-    for (job *j = b->jobs; j; j = j->next)
-        if (j->id == id) {
-            job_end(j);
-            return;
-        }
-}
-
-static int fb_ready(void *impl) { return 1; }
-static const char *fb_model(void *impl) { return "m1"; }
-static const gw_backend_ops fb_ops = {fb_submit, fb_cancel, fb_ready, fb_model};
+/* Generations run on gw_fake.h's backend (5 ms steps; "hold" holds after its first token, "fail"
+ * fails after it). */
 
 static gw_auth *child_auth;
 
@@ -146,8 +67,12 @@ static void child_main(int wfd) {
     if (getenv("T_CHILD_LOG")) cm_log_set_level(CM_LOG_LEVEL_DEBUG);
     uv_loop_t loop;
     uv_loop_init(&loop);
-    fb be = {.loop = &loop};
-    gw_backend backend = {&fb_ops, &be};
+    fake be;
+    fake_init(&be, &loop);
+    be.step_ms = 5;
+    be.hold_ms = 600000;
+    be.fail_at = 1;
+    gw_gen_env env = fake_env(&be, 4096);
     gw_auth_cfg c;
     gw_auth_cfg_default(&c);
     c.redis_url = url;
@@ -155,7 +80,8 @@ static void child_main(int wfd) {
     c.secret_len = strlen(SECRET);
     gw_app_cfg ac;
     gw_app_cfg_default(&ac);
-    ac.backend = &backend;
+    ac.env = &env;
+    ac.model_id = "m1";
     ac.metrics = child_metrics;
     gw_app *app = NULL;
     gw_server *s = NULL;
@@ -164,7 +90,7 @@ static void child_main(int wfd) {
     hc.port = 0;
     hc.handler = gw_app_handle;
     int port = -1;
-    if (gw_auth_create(&loop, &c, &child_auth) == 0 && (ac.auth = child_auth, gw_app_create(&ac, &app) == 0) &&
+    if (be.vocab && gw_auth_create(&loop, &c, &child_auth) == 0 && (ac.auth = child_auth, gw_app_create(&ac, &app) == 0) &&
         (hc.ud = app, gw_server_create(&loop, &hc, &s) == 0))
         port = gw_server_port(s);
     if (write(wfd, &port, sizeof port) != sizeof port || port < 0) _exit(1);
@@ -176,6 +102,7 @@ static void child_main(int wfd) {
     gw_app_destroy(app);
     gw_auth_destroy(child_auth);
     uv_run(&loop, UV_RUN_NOWAIT);
+    fake_free(&be);
     _exit(0);
 }
 

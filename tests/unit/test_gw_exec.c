@@ -80,9 +80,7 @@ static int submit(struct shm_seg *seg, uint64_t id, uint32_t max_tokens) {
     struct shm_submit q;
     memset(&q, 0, sizeof q);
     q.req_id = id;
-    q.sp.temperature = 0;
-    q.sp.top_p = 1;
-    q.sp.repetition_penalty = 1;
+    shm_sampling_default(&q.sp);
     q.sp.max_tokens = max_tokens;
     q.prompt = prompt;
     q.n_prompt = sizeof prompt / sizeof *prompt;

@@ -58,18 +58,22 @@ static void test_defaults(void) {
     T_EQ_STR(q.model, "m");
     T_EQ_STR(q.prompt, "hi");
     T_CHECK(q.prompt_tokens == NULL);
-    T_EQ_INT(q.max_tokens, -1);
-    T_NEAR(q.temperature, 1.0, 0);
-    T_NEAR(q.top_p, 1.0, 0);
-    T_EQ_INT(q.top_k, 0);
-    T_NEAR(q.min_p, 0, 0);
-    T_NEAR(q.presence_penalty, 0, 0);
-    T_NEAR(q.frequency_penalty, 0, 0);
-    T_NEAR(q.repetition_penalty, 1.0, 0);
-    T_EQ_INT(q.has_seed, 0);
+    T_EQ_INT(q.sp.max_tokens, 0); /* not given */
+    T_EQ_INT(q.sp.min_tokens, 0);
+    T_EQ_INT(q.sp.ignore_eos, 0);
+    T_NEAR(q.sp.temperature, 1.0, 0);
+    T_NEAR(q.sp.top_p, 1.0, 0);
+    T_EQ_INT(q.sp.top_k, 0);
+    T_NEAR(q.sp.min_p, 0, 0);
+    T_NEAR(q.sp.presence_penalty, 0, 0);
+    T_NEAR(q.sp.frequency_penalty, 0, 0);
+    T_NEAR(q.sp.repeat_penalty, 1.0, 0);
+    T_EQ_INT(q.sp.has_seed, 0);
     T_EQ_INT(q.n_stop, 0);
     T_EQ_INT(q.n, 1);
-    T_EQ_INT(q.logprobs, -1);
+    T_EQ_INT(q.sp.logprobs, 0);
+    T_EQ_INT(q.sp.top_logprobs, 0);
+    T_EQ_INT(q.sp.penalty_last_n, 64);
     T_EQ_INT(q.n_logit_bias, 0);
     T_EQ_INT(q.stream, 0);
     T_EQ_INT(q.include_usage, 0);
@@ -81,26 +85,29 @@ static void test_defaults(void) {
                        "\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":-1.5,\"frequency_penalty\":2,"
                        "\"repetition_penalty\":1.1,\"seed\":-5,\"stop\":[\"a\",\"\",\"bc\"],\"n\":3,\"logprobs\":5,"
                        "\"logit_bias\":{\"42\":-100,\"7\":3.5},\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-                       "\"user\":\"u1\",\"echo\":false,\"best_of\":3}";
+                       "\"user\":\"u1\",\"echo\":false,\"best_of\":3,\"min_tokens\":2,\"ignore_eos\":true}";
     T_EQ_INT(parse(GW_OAI_COMPLETION, full, &q, &e), 0);
     T_EQ_STR(q.model, "tiny");
     T_CHECK(q.prompt == NULL);
     T_EQ_INT(q.n_prompt_tokens, 3);
     T_EQ_INT(q.prompt_tokens[2], 3);
-    T_EQ_INT(q.max_tokens, 7);
-    T_NEAR(q.temperature, 0.5, 1e-7);
-    T_NEAR(q.top_p, 0.9, 1e-7);
-    T_EQ_INT(q.top_k, 40);
-    T_NEAR(q.min_p, 0.05, 1e-7);
-    T_NEAR(q.presence_penalty, -1.5, 0);
-    T_NEAR(q.frequency_penalty, 2, 0);
-    T_NEAR(q.repetition_penalty, 1.1, 1e-6);
-    T_EQ_INT(q.has_seed, 1);
-    T_CHECK(q.seed == (uint64_t)(int64_t)-5);
+    T_EQ_INT(q.sp.max_tokens, 7);
+    T_EQ_INT(q.sp.min_tokens, 2);
+    T_EQ_INT(q.sp.ignore_eos, 1);
+    T_NEAR(q.sp.temperature, 0.5, 1e-7);
+    T_NEAR(q.sp.top_p, 0.9, 1e-7);
+    T_EQ_INT(q.sp.top_k, 40);
+    T_NEAR(q.sp.min_p, 0.05, 1e-7);
+    T_NEAR(q.sp.presence_penalty, -1.5, 0);
+    T_NEAR(q.sp.frequency_penalty, 2, 0);
+    T_NEAR(q.sp.repeat_penalty, 1.1, 1e-6);
+    T_EQ_INT(q.sp.has_seed, 1);
+    T_CHECK(q.sp.seed == (uint64_t)(int64_t)-5);
     T_EQ_INT(q.n_stop, 2); /* the empty stop string is dropped */
     T_EQ_STR(q.stop[1], "bc");
     T_EQ_INT(q.n, 3);
-    T_EQ_INT(q.logprobs, 5);
+    T_EQ_INT(q.sp.logprobs, 1);
+    T_EQ_INT(q.sp.top_logprobs, 5);
     T_EQ_INT(q.n_logit_bias, 2);
     T_EQ_INT(q.logit_bias[0].token, 42);
     T_NEAR(q.logit_bias[0].bias, -100, 0);
@@ -126,8 +133,8 @@ static void test_defaults(void) {
     T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"stop\":\"\\n\",\"top_k\":-1,\"max_tokens\":5,\"max_completion_tokens\":9"), &q, &e), 0);
     T_EQ_INT(q.n_stop, 1);
     T_EQ_STR(q.stop[0], "\n");
-    T_EQ_INT(q.top_k, 0);
-    T_EQ_INT(q.max_tokens, 9);
+    T_EQ_INT(q.sp.top_k, 0);
+    T_EQ_INT(q.sp.max_tokens, 9);
     gw_oai_req_free(&q);
 
     /* chat: messages, parts, names, tool calls */
@@ -147,9 +154,8 @@ static void test_defaults(void) {
     T_EQ_STR(q.msgs[3].tool_call_id, "c1");
     T_CHECK(q.messages_json && q.messages_json[0] == '[');
     T_CHECK(q.tools_json && strstr(q.tools_json, "\"name\":\"f\""));
-    T_EQ_INT(q.logprobs, 1);
-    T_EQ_INT(q.top_logprobs, 3);
-    T_EQ_INT(q.logprobs, 1);
+    T_EQ_INT(q.sp.logprobs, 1);
+    T_EQ_INT(q.sp.top_logprobs, 3);
     gw_oai_req_free(&q);
 }
 
@@ -200,6 +206,9 @@ static void test_errors(void) {
     ERR_C(CO(",\"frequency_penalty\":{}"), "frequency_penalty", "invalid_type", "got an object");
     ERR_C(CO(",\"repetition_penalty\":0"), "repetition_penalty", "invalid_value", "> 0");
     ERR_C(CO(",\"repetition_penalty\":-1"), "repetition_penalty", "invalid_value", "> 0");
+    ERR_C(CO(",\"min_tokens\":-1"), "min_tokens", "invalid_value", "between 0 and");
+    ERR_C(CO(",\"min_tokens\":1.5"), "min_tokens", "invalid_type", "an integer");
+    ERR_C(CO(",\"ignore_eos\":1"), "ignore_eos", "invalid_type", "a boolean");
     /* seed */
     ERR_C(CO(",\"seed\":1.5"), "seed", "invalid_type", "an integer");
     ERR_C(CO(",\"seed\":\"1\""), "seed", "invalid_type", "an integer");
@@ -300,7 +309,7 @@ static void test_responses(void) {
     gw_oai_meta m = {.kind = GW_OAI_CHAT, .id = "chatcmpl-abc", .created = 1700000000, .model = "tiny", .fingerprint = "fp_x"};
     gw_oai_top tops[2] = {{"Hi", 2, -0.1f}, {"Hey", 3, -2.5f}};
     gw_oai_tok toks[2] = {{"Hi", 2, -0.1f, 2, tops}, {"\xC3", 1, -0.5f, 0, NULL}};
-    gw_oai_choice ch[2] = {{"Hi there", 8, GW_FINISH_STOP, toks, 2}, {"Yo", 2, GW_FINISH_LENGTH, NULL, 0}};
+    gw_oai_choice ch[2] = {{"Hi there", 8, SHM_FINISH_STOP, toks, 2}, {"Yo", 2, SHM_FINISH_LENGTH, NULL, 0}};
     gw_oai_usage u = {.prompt_tokens = 5, .completion_tokens = 3};
 
     cJSON *j = J(gw_oai_response_json(&m, ch, 2, &u, 1));
@@ -362,7 +371,7 @@ static void test_responses(void) {
     m.id = "chatcmpl-s";
     m.fingerprint = "fp_x";
     m.include_usage = 1;
-    j = J(gw_oai_chunk_json(&m, 0, 1, NULL, 0, GW_FINISH_NONE, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 1, NULL, 0, SHM_FINISH_NONE, NULL, 0, NULL));
     T_EQ_STR(S(j, "object"), "chat.completion.chunk");
     T_EQ_STR(S(j, "id"), "chatcmpl-s");
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
@@ -373,7 +382,7 @@ static void test_responses(void) {
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 1, 0, "tok\"en\n", 7, GW_FINISH_NONE, toks, 1, NULL));
+    j = J(gw_oai_chunk_json(&m, 1, 0, "tok\"en\n", 7, SHM_FINISH_NONE, toks, 1, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_NEAR(cJSON_GetObjectItem(c0, "index")->valuedouble, 1, 0);
     d = cJSON_GetObjectItem(c0, "delta");
@@ -381,7 +390,7 @@ static void test_responses(void) {
     T_CHECK(cJSON_GetObjectItem(d, "role") == NULL);
     T_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content")), 1);
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_LENGTH, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, SHM_FINISH_LENGTH, NULL, 0, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     d = cJSON_GetObjectItem(c0, "delta");
     T_CHECK(cJSON_IsObject(d) && cJSON_GetArraySize(d) == 0);
@@ -395,21 +404,21 @@ static void test_responses(void) {
     cJSON_Delete(j);
     /* without include_usage there is no usage key on chunks */
     m.include_usage = 0;
-    j = J(gw_oai_chunk_json(&m, 0, 0, "x", 1, GW_FINISH_NONE, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, "x", 1, SHM_FINISH_NONE, NULL, 0, NULL));
     T_CHECK(cJSON_GetObjectItem(j, "usage") == NULL);
     cJSON_Delete(j);
 
     /* completion chunks: text and finish_reason on the same choice object */
     m.kind = GW_OAI_COMPLETION;
     size_t off = 10;
-    j = J(gw_oai_chunk_json(&m, 0, 0, "abc", 3, GW_FINISH_NONE, toks, 2, &off));
+    j = J(gw_oai_chunk_json(&m, 0, 0, "abc", 3, SHM_FINISH_NONE, toks, 2, &off));
     T_EQ_STR(S(j, "object"), "text_completion");
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_EQ_STR(S(c0, "text"), "abc");
     T_NEAR(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "text_offset"), 1)->valuedouble, 12, 0);
     T_EQ_INT(off, 13);
     cJSON_Delete(j);
-    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_STOP, NULL, 0, NULL));
+    j = J(gw_oai_chunk_json(&m, 0, 0, NULL, 0, SHM_FINISH_STOP, NULL, 0, NULL));
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     T_EQ_STR(S(c0, "text"), "");
     T_EQ_STR(S(c0, "finish_reason"), "stop");

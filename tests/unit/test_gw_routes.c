@@ -1,10 +1,8 @@
-/* test_gw_routes: the OpenAI routes end to end over loopback (HTTP JSON, SSE, WebSocket events)
- * against a deterministic backend that exists only in this file.
- *
- * The test backend is NOT a model and is never registered anywhere else: it produces " c<choice>t<i>"
- * tokens on a timer so that every byte the routes send can be predicted. It honours the gw_backend
- * contract (no callback inside submit, none after cancel) and counts cancels, so client
- * disconnects and response.cancel can be checked. */
+/* test_gw_routes: the OpenAI routes end to end over loopback (HTTP JSON, SSE, WebSocket events):
+ * real generations (gateway/gen.h: tokenizing, the chat template, detokenizing) on the fake
+ * backend of gw_fake.h, which is NOT a model: it produces " c<choice>t<i>" tokens on a timer so
+ * that every byte the routes send can be predicted, and counts cancels, so client disconnects
+ * and response.cancel can be checked. */
 #include "gateway/routes.h"
 
 #include <arpa/inet.h>
@@ -26,127 +24,10 @@
 #include "common/cm_log.h"
 #include "common/cm_time.h"
 #include "gateway/ws.h"
+#include "tests/unit/gw_fake.h"
 #include "tests/unit/t.h"
 
-/* ---- the test backend --------------------------------------------------------------------- */
-
 #define TB_CTX 64
-
-typedef struct tb_job {
-    uv_timer_t t;
-    struct tb *tb;
-    uint64_t id;
-    const gw_gen_sink *sink;
-    void *ud;
-    int n, max_tokens, given_max, step, prompt_tokens, want_lp, ntop, mode, err_ctx;
-    struct tb_job *next;
-} tb_job;
-
-typedef struct tb {
-    uv_loop_t *loop;
-    atomic_int ready;
-    atomic_int cancels, submits;
-    uint64_t next_id;
-    tb_job *jobs;
-} tb;
-
-enum { MODE_NORMAL = 0, MODE_FAIL_MID, MODE_SLOW, MODE_HOLD };
-
-static void tb_job_closed(uv_handle_t *h) { free(h->data); }
-
-static void tb_job_end(tb_job *j) {
-    tb_job **pp = &j->tb->jobs;
-    while (*pp && *pp != j) pp = &(*pp)->next;
-    if (*pp) *pp = j->next;
-    uv_timer_stop(&j->t);
-    uv_close((uv_handle_t *)&j->t, tb_job_closed);
-}
-
-static void tb_tick(uv_timer_t *t) {
-    tb_job *j = t->data;
-    if (j->err_ctx) {
-        gw_oai_err e;
-        gw_oai_err_context(&e, GW_OAI_CHAT, TB_CTX, j->prompt_tokens, j->max_tokens);
-        tb_job_end(j);
-        j->sink->on_error(j->ud, &e);
-        return;
-    }
-    if (j->step == 0) j->sink->on_start(j->ud, j->prompt_tokens, 0);
-    if (j->mode == MODE_FAIL_MID && j->step == 2) {
-        gw_oai_err e;
-        gw_oai_err_set(&e, 500, "server_error", NULL, "executor_failed", "the executor stopped");
-        tb_job_end(j);
-        j->sink->on_error(j->ud, &e);
-        return;
-    }
-    if (j->step < j->max_tokens) {
-        for (int c = 0; c < j->n; c++) {
-            char text[32];
-            int len = snprintf(text, sizeof text, " c%dt%d", c, j->step);
-            gw_oai_top tops[3] = {{text, (size_t)len, -0.25f}, {"x", 1, -1.5f}, {"y", 1, -2.5f}};
-            gw_oai_tok tok = {text, (size_t)len, -0.25f, j->ntop, tops};
-            j->sink->on_text(j->ud, c, text, (size_t)len, j->want_lp ? &tok : NULL, j->want_lp ? 1 : 0);
-        }
-        j->step++;
-        uv_timer_start(&j->t, tb_tick, j->mode == MODE_SLOW ? 300 : j->mode == MODE_HOLD ? 60000 : 1, 0);
-        return;
-    }
-    for (int c = 0; c < j->n; c++) j->sink->on_finish(j->ud, c, j->given_max ? GW_FINISH_LENGTH : GW_FINISH_STOP);
-    gw_oai_usage u = {j->prompt_tokens, j->max_tokens * j->n, 0};
-    tb_job_end(j);
-    j->sink->on_done(j->ud, &u);
-}
-
-static int tb_submit(void *impl, const gw_oai_req *q, const gw_gen_sink *sink, void *ud, uint64_t *id, gw_oai_err *e) {
-    tb *b = impl;
-    tb_job *j = calloc(1, sizeof *j);
-    j->tb = b;
-    j->id = ++b->next_id;
-    j->sink = sink;
-    j->ud = ud;
-    j->n = q->n;
-    j->given_max = q->max_tokens > 0;
-    j->max_tokens = q->max_tokens > 0 ? q->max_tokens : 4;
-    /* "prompt tokens": one per byte of the prompt or of the messages' contents */
-    const char *text = q->prompt;
-    if (q->kind == GW_OAI_CHAT)
-        for (int i = 0; i < q->n_msgs; i++) {
-            j->prompt_tokens += q->msgs[i].content ? (int)strlen(q->msgs[i].content) : 0;
-            text = q->msgs[i].content;
-        }
-    else
-        j->prompt_tokens = q->prompt ? (int)strlen(q->prompt) : q->n_prompt_tokens;
-    if (text && strcmp(text, "fail-mid") == 0) j->mode = MODE_FAIL_MID;
-    if (text && strcmp(text, "slow") == 0) j->mode = MODE_SLOW;
-    if (text && strcmp(text, "hold") == 0) j->mode = MODE_HOLD;
-    j->want_lp = q->kind == GW_OAI_CHAT ? q->logprobs : q->logprobs >= 0;
-    j->ntop = q->kind == GW_OAI_CHAT ? q->top_logprobs : (q->logprobs > 0 ? q->logprobs : 0);
-    if (j->ntop > 3) j->ntop = 3;
-    j->err_ctx = j->prompt_tokens + j->max_tokens > TB_CTX;
-    uv_timer_init(b->loop, &j->t);
-    j->t.data = j;
-    j->next = b->jobs;
-    b->jobs = j;
-    uv_timer_start(&j->t, tb_tick, 1, 0);
-    atomic_fetch_add(&b->submits, 1);
-    *id = j->id;
-    (void)e;
-    return 0;
-}
-
-static void tb_cancel(void *impl, uint64_t id) {
-    tb *b = impl;
-    for (tb_job *j = b->jobs; j; j = j->next)
-        if (j->id == id) {
-            atomic_fetch_add(&b->cancels, 1);
-            tb_job_end(j);
-            return;
-        }
-}
-
-static int tb_ready(void *impl) { return atomic_load(&((tb *)impl)->ready); }
-static const char *tb_model(void *impl) { return "test-model"; }
-static const gw_backend_ops tb_ops = {tb_submit, tb_cancel, tb_ready, tb_model};
 
 /* ---- server thread ------------------------------------------------------------------------ */
 
@@ -155,19 +36,24 @@ typedef struct srv {
     uv_loop_t loop;
     gw_server *s;
     gw_app *app;
-    tb be;
-    gw_backend backend;
+    fake be;
+    gw_gen_env env;
     atomic_int ready;
 } srv;
 
 static void *srv_main(void *arg) {
     srv *st = arg;
     uv_loop_init(&st->loop);
-    st->be.loop = &st->loop;
-    st->backend = (gw_backend){&tb_ops, &st->be};
+    fake_init(&st->be, &st->loop);
+    if (!st->be.vocab) {
+        atomic_store(&st->ready, -1);
+        return NULL;
+    }
+    st->env = fake_env(&st->be, TB_CTX);
     gw_app_cfg ac;
     gw_app_cfg_default(&ac);
-    ac.backend = &st->backend;
+    ac.env = &st->env;
+    ac.model_id = "test-model";
     ac.ping_ms = 50;
     ac.ws_max_responses = 3;
     gw_app_create(&ac, &st->app);
@@ -365,6 +251,31 @@ static void test_completions(srv *st, int port) {
     T_NEAR(cJSON_GetObjectItem(u, "prompt_tokens")->valuedouble, 2, 0);
     T_NEAR(cJSON_GetObjectItem(u, "completion_tokens")->valuedouble, 6, 0);
     T_NEAR(cJSON_GetObjectItem(u, "total_tokens")->valuedouble, 8, 0);
+    cJSON_Delete(j);
+    free(r.body);
+
+    /* stop strings, and min_tokens: they are looked for from the min_tokens-th token's text on */
+    const char *stop_bodies[3] = {
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"]}",
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"],\"min_tokens\":2}",
+        "{\"model\":\"test-model\",\"prompt\":\"hi\",\"max_tokens\":4,\"stop\":[\" c0t1\"],\"min_tokens\":3}" };
+    const char *want_text[3] = { " c0t0", " c0t0", " c0t0 c0t1 c0t2 c0t3" }, *want_finish[3] = { "stop", "stop", "length" };
+    for (int k = 0; k < 3; k++) {
+        T_EQ_INT(http(port, "POST", "/v1/completions", stop_bodies[k], &r), 0);
+        T_EQ_INT(r.status, 200);
+        j = cJSON_Parse(r.body);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        T_EQ_STR(cJSON_GetObjectItem(c0, "text")->valuestring, want_text[k]);
+        T_EQ_STR(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, want_finish[k]);
+        cJSON_Delete(j);
+        free(r.body);
+    }
+    /* min_tokens above the max_tokens that applies (given, or completions' default of 16) */
+    T_EQ_INT(http(port, "POST", "/v1/completions", "{\"model\":\"test-model\",\"prompt\":\"hi\",\"min_tokens\":17}", &r), 0);
+    T_EQ_INT(r.status, 400);
+    j = err_of(&r, &code, &param);
+    T_EQ_STR(param, "min_tokens");
+    T_CHECK(strstr(r.body, "max_tokens=16") != NULL);
     cJSON_Delete(j);
     free(r.body);
 
@@ -772,5 +683,6 @@ int main(void) {
     gw_app_destroy(st.app);
     uv_run(&st.loop, UV_RUN_DEFAULT);
     T_EQ_INT(uv_loop_close(&st.loop), 0);
+    fake_free(&st.be);
     return t_done();
 }

@@ -923,8 +923,9 @@ static void test_sched_sliding(void) {
     ex_sched_opts_default(&so);
     T_EQ_INT(ex_sched_create(e, &so, &s), 0);
     for (int r = 0; r < 2; r++) {
-        ex_request q = { .id = (uint64_t)r + 1, .prompt = prompts[r], .n_prompt = NP, .max_tokens = NG - 1 };
+        ex_request q = { .id = (uint64_t)r + 1, .prompt = prompts[r], .n_prompt = NP };
         ex_sample_params_default(&q.sp);
+        q.sp.max_tokens = NG - 1;
         q.sp.temperature = 0;
         T_EQ_INT(ex_sched_submit(s, &q), 0);
     }

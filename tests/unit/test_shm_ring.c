@@ -383,16 +383,18 @@ static struct shm_submit sample_submit(int32_t *prompt, uint32_t n_prompt, struc
     struct shm_submit s;
     memset(&s, 0, sizeof s);
     s.req_id = 0x1122334455667788ull;
-    s.tenant = 77;
     s.priority = -3;
     s.sp.temperature = 0.7f;
     s.sp.top_p = 0.9f;
     s.sp.min_p = 0.05f;
-    s.sp.repetition_penalty = 1.1f;
+    s.sp.repeat_penalty = 1.1f;
+    s.sp.penalty_last_n = -1;
     s.sp.presence_penalty = -0.5f;
     s.sp.frequency_penalty = 0.25f;
     s.sp.top_k = 40;
     s.sp.max_tokens = 123;
+    s.sp.min_tokens = 7;
+    s.sp.ignore_eos = 1;
     s.sp.seed = 0xfeedfacecafebeefull;
     s.sp.has_seed = 1;
     s.sp.logprobs = 1;
@@ -409,7 +411,7 @@ static struct shm_submit sample_submit(int32_t *prompt, uint32_t n_prompt, struc
 }
 
 static int submit_equal(const struct shm_submit *a, const struct shm_submit *b) {
-    return a->req_id == b->req_id && a->tenant == b->tenant && a->priority == b->priority &&
+    return a->req_id == b->req_id && a->priority == b->priority &&
            memcmp(&a->sp, &b->sp, sizeof a->sp) == 0 && a->n_prompt == b->n_prompt &&
            memcmp(a->prompt, b->prompt, 4 * (size_t)a->n_prompt) == 0 && a->n_stop == b->n_stop &&
            memcmp(a->stop, b->stop, 4 * (size_t)a->n_stop) == 0 && a->n_bias == b->n_bias &&
@@ -502,12 +504,12 @@ static void test_proto_submit(void) {
     static uint8_t buf[16384] __attribute__((aligned(8)));
     struct shm_submit s = sample_submit(prompt, 1000, bias, 300), d;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 80 + 4000 + 16 + 2400);
+    T_EQ_INT(shm_submit_size(&s), 88 + 4000 + 16 + 2400);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, shm_submit_size(&s));
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s, &d));
-    T_CHECK((const uint8_t *)d.prompt == buf + 80);
+    T_CHECK((const uint8_t *)d.prompt == buf + 88);
     uint32_t type;
     T_EQ_INT(shm_msg_type(buf, len, &type), 0);
     T_EQ_INT(type, SHM_MSG_SUBMIT);
@@ -518,7 +520,7 @@ static void test_proto_submit(void) {
     s2.sp.has_seed = 0;
     s2.sp.seed = 0;
     T_EQ_INT(shm_submit_encode(&s2, buf, sizeof buf, &len), 0);
-    T_EQ_INT(len, 80 + 16 + 8);
+    T_EQ_INT(len, 88 + 16 + 8);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s2, &d));
     T_CHECK(d.bias == NULL);
@@ -542,6 +544,10 @@ static void test_proto_submit(void) {
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     e = s; e.sp.top_logprobs = SHM_MAX_TOP_LOGPROBS + 1;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.sp.min_tokens = e.sp.max_tokens + 1;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.sp.min_tokens = e.sp.max_tokens; /* the bound itself is fine */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), 0);
     e = s; e.req_id = 0;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     e = s; e.n_prompt = 0;
@@ -562,18 +568,22 @@ static void test_proto_submit(void) {
     struct { size_t off; uint32_t val; int width; const char *what; } cases[] = {
         { 0, SHM_MSG_CANCEL, 4, "type" },         { 4, 1, 4, "flags" },
         { 8, 0, 4, "req_id low" },                /* needs the high half too, below */
+        { 20, 1, 4, "reserved after priority" },
         { 24, 0x7fc00000u, 4, "temperature NaN" }, { 28, 0, 4, "top_p 0" },
         { 32, 0x3fc00000u, 4, "min_p 1.5" },       { 36, 0, 4, "repetition 0" },
-        { 48, 0xffffffffu, 4, "top_k -1" },        { 52, 0, 4, "max_tokens 0" },
-        { 64, 2, 1, "has_seed 2" },                { 65, 2, 1, "logprobs 2" },
-        { 66, 21, 1, "top_logprobs 21" },          { 67, 1, 1, "reserved" },
-        { 72, 1001, 4, "n_prompt +1" },            { 72, 998, 4, "n_prompt -2" },
-        { 72, 0, 4, "n_prompt 0" },                { 76, 17, 2, "n_stop 17" },
-        { 76, 5, 2, "n_stop 5" },                  { 78, 301, 2, "n_bias 301" },
-        { 80 + 4 * 10, 0x80000000u, 4, "negative prompt id" },
-        { 80 + 4000 + 4, 0xffffffffu, 4, "negative stop id" },
-        { 80 + 4000 + 16 + 8 * 3, 0xfffffff0u, 4, "negative bias token" },
-        { 80 + 4000 + 16 + 8 * 3 + 4, 0x7f800000u, 4, "infinite bias" },
+        { 48, 0xffffffffu, 4, "top_k -1" },        { 52, 0xfffffffeu, 4, "penalty_last_n -2" },
+        { 56, 0, 4, "max_tokens 0" },              { 60, 124, 4, "min_tokens over max_tokens" },
+        { 56, 6, 4, "max_tokens under min_tokens" },
+        { 72, 2, 1, "has_seed 2" },                { 73, 2, 1, "logprobs 2" },
+        { 74, 21, 1, "top_logprobs 21" },          { 75, 2, 1, "ignore_eos 2" },
+        { 76, 1, 1, "reserved" },
+        { 80, 1001, 4, "n_prompt +1" },            { 80, 998, 4, "n_prompt -2" },
+        { 80, 0, 4, "n_prompt 0" },                { 84, 17, 2, "n_stop 17" },
+        { 84, 5, 2, "n_stop 5" },                  { 86, 301, 2, "n_bias 301" },
+        { 88 + 4 * 10, 0x80000000u, 4, "negative prompt id" },
+        { 88 + 4000 + 4, 0xffffffffu, 4, "negative stop id" },
+        { 88 + 4000 + 16 + 8 * 3, 0xfffffff0u, 4, "negative bias token" },
+        { 88 + 4000 + 16 + 8 * 3 + 4, 0x7f800000u, 4, "infinite bias" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(m, buf, len);
@@ -587,7 +597,7 @@ static void test_proto_submit(void) {
     /* ring capacity for long prompts: 128k tokens fit the default 8 MiB ring */
     uint32_t cap = shm_submit_ring_cap_for(131072);
     T_CHECK(cap >= SHM_RING_CAP_MIN && cap <= SHM_SUBMIT_CAP_DEFAULT && (cap & (cap - 1)) == 0);
-    T_CHECK((uint64_t)cap / 4 >= 8 + 80 + 4 * 131072ull + 64 + 2400);
+    T_CHECK((uint64_t)cap / 4 >= 8 + 88 + 4 * 131072ull + 64 + 2400);
     T_EQ_INT(shm_submit_ring_cap_for(0x7fffffff), 0);
 }
 
@@ -605,7 +615,7 @@ static void test_proto_others(void) {
     T_EQ_INT(shm_cancel_encode(1, buf, 15, &len), CM_ERANGE);
 
     /* DONE */
-    struct shm_done d = { 5, SHM_FINISH_EOS, 100, 17, 64, 1000, 2000000, 3000000000ull }, d2;
+    struct shm_done d = { 5, SHM_FINISH_STOP, 100, 17, 64, 1000, 2000000, 3000000000ull }, d2;
     T_EQ_INT(shm_done_encode(&d, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, SHM_DONE_SIZE);
     T_EQ_INT(shm_done_decode(buf, len, &d2), 0);
@@ -619,7 +629,10 @@ static void test_proto_others(void) {
     struct shm_done dc = d;
     dc.cached_prompt_tokens = 101;
     T_EQ_INT(shm_done_encode(&dc, buf, sizeof buf, &len), CM_EINVAL);
-    for (int f = 0; f < SHM_FINISH_COUNT; f++) {
+    uint32_t none = SHM_FINISH_NONE; /* a DONE always says how the sequence ended */
+    memcpy(m + 16, &none, 4);
+    T_EQ_INT(shm_done_decode(m, len, &d2), CM_EFORMAT);
+    for (int f = SHM_FINISH_NONE + 1; f < SHM_FINISH_COUNT; f++) {
         d.finish = (uint32_t)f;
         T_EQ_INT(shm_done_encode(&d, buf, sizeof buf, &len), 0);
         T_EQ_INT(shm_done_decode(buf, len, &d2), 0);

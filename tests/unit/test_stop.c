@@ -1,7 +1,7 @@
 /* stop: stop strings across token boundaries, overlapping and nested stops, unicode, limits,
  * and a brute-force cross-check against a whole-text reference on random splits. */
 #include "common/cm_err.h"
-#include "model/stop.h"
+#include "text/stop.h"
 #include "t.h"
 
 #include <stdint.h>

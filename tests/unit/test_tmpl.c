@@ -3,7 +3,7 @@
  * value-building API and the built-in templates. */
 #include "common/cm_err.h"
 #include "common/cm_json.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 #include "t.h"
 
 #include <pthread.h>

@@ -9,7 +9,7 @@
  * there is none. */
 #include "common/cm_err.h"
 #include "common/cm_json.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 #include "t.h"
 
 #include <stdlib.h>

@@ -4,8 +4,8 @@
  * empty and duplicate tokens), which must load sanely or fail with a clear error. */
 #include "common/cm_err.h"
 #include "model/gguf.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "text/tok.h"
+#include "text/tok_internal.h"
 #include "t.h"
 
 #include <stdint.h>

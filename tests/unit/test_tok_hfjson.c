@@ -3,8 +3,8 @@
  * added tokens (special or not, lstrip/rstrip), unsupported constructs as clear errors, and
  * every truncation / many random corruptions of a tokenizer.json refused without a crash. */
 #include "common/cm_err.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "text/tok.h"
+#include "text/tok_internal.h"
 #include "t.h"
 
 #include <stdint.h>
@@ -93,6 +93,11 @@ static void test_bytelevel(void) {
     T_EQ_INT(enc(v, "[NOTE]   hello", 0, ids, 64), 2);
     T_CHECK(ids[0] == 301 && ids[1] == 259);
     T_EQ_INT(tok_type(v, 300), TOK_TYPE_CONTROL);
+    /* <|end|> is a known end of turn: an end-of-generation id, though no eos_token names it */
+    int32_t eog[TOK_EOG_MAX];
+    T_CHECK(tok_is_eog(v, 300) && !tok_is_eog(v, 301));
+    T_EQ_INT(tok_eog_ids(v, eog, TOK_EOG_MAX), 1);
+    T_EQ_INT(eog[0], 300);
     T_EQ_INT(tok_type(v, 301), TOK_TYPE_USER_DEFINED);
     /* decode: Ġ is a space again, bytes >= 0x80 too */
     char buf[16];

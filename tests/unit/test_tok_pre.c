@@ -3,7 +3,7 @@
  * regex splits each piece of the previous one into matches and the gaps between them) with
  * Python's `regex` module, for every pre-tokenizer on the same texts (gpt-4o and tekken: the
  * forms llama.cpp runs, letter case by ASCII). Pieces are joined by \001. */
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 #include "t.h"
 
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include "common/cm_err.h"
 #include "common/cm_time.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "text/tok.h"
 #include "t.h"
 
 #include <stdint.h>
@@ -155,6 +155,9 @@ static void stories(void) {
     T_CHECK(tok_add_bos(v));
     T_CHECK(tok_is_eog(v, 2));
     T_CHECK(!tok_is_eog(v, 1));
+    int32_t eog[TOK_EOG_MAX];
+    T_EQ_INT(tok_eog_ids(v, eog, TOK_EOG_MAX), 1); /* EOS only: the gateway's stop ids and generate's */
+    T_EQ_INT(eog[0], 2);
     int32_t ids[32];
     int n;
     const char *text = "Once upon a time";

@@ -19,7 +19,7 @@
  *    it from the first piece when tok_add_space_prefix().
  *  - Byte-level BPE ("gpt2" in GGUF, ByteLevel in tokenizer.json): the pre-tokenizer named by
  *    tokenizer.ggml.pre (or recognised from the Split regex of tokenizer.json), hand-written
- *    matchers over generated Unicode tables (model/tok_pre.c), then rank-ordered merges per word.
+ *    matchers over generated Unicode tables (text/tok_pre.c), then rank-ordered merges per word.
  *  - HF SentencePiece-converted BPE (Gemma, Llama-2 tokenizer.json): Replace/Prepend normalizers
  *    or Metaspace, rank-ordered merges over characters, byte fallback.
  *  - Normalizers other than those (NFKC, lowercasing, ...) and other models (WordPiece, Unigram)
@@ -32,13 +32,13 @@
  *
  * A tok_vocab is immutable after loading: any number of threads may encode/decode at once.
  */
-#ifndef MDL_TOK_H
-#define MDL_TOK_H
+#ifndef TXT_TOK_H
+#define TXT_TOK_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 
 typedef struct tok_vocab tok_vocab;
 
@@ -72,9 +72,6 @@ int     tok_kind(const tok_vocab *v);
 int     tok_n_vocab(const tok_vocab *v);
 int32_t tok_bos(const tok_vocab *v);   /* -1 when none */
 int32_t tok_eos(const tok_vocab *v);   /* -1 when none */
-int32_t tok_eot(const tok_vocab *v);   /* -1 when none */
-int32_t tok_pad(const tok_vocab *v);   /* -1 when none */
-int32_t tok_unk(const tok_vocab *v);   /* -1 when none */
 int     tok_add_bos(const tok_vocab *v); /* the model's default for add_bos */
 int     tok_add_eos(const tok_vocab *v); /* the model appends EOS when special tokens are added */
 /* 1 when SentencePiece-style decoding should drop the leading space of the first piece. */
@@ -82,8 +79,17 @@ int     tok_add_space_prefix(const tok_vocab *v);
 int     tok_type(const tok_vocab *v, int32_t id); /* enum tok_type; -1 when out of range */
 /* Pre-tokenizer name ("llama-bpe", "gpt-2", "none", ...) for diagnostics. */
 const char *tok_pre_name(const tok_vocab *v);
-/* 1 when id ends generation (EOS, EOT, and other end-of-generation tokens). */
+/* End of generation: the one definition. The ids that end a generation are EOS, EOT and EOM
+ * (GGUF's tokenizer.ggml.*_token_id; tokenizer_config.json's eos_token) and the control tokens
+ * known to end a turn (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, ...), at
+ * most TOK_EOG_MAX of them. `arka generate` stops at them, and the gateway sends them as every
+ * SUBMIT's stop ids (unless the request sets ignore_eos): the executor knows no end of its own,
+ * so both stop at the same tokens whatever the model's format. */
+#define TOK_EOG_MAX 16
+/* 1 when id is one of them. */
 int     tok_is_eog(const tok_vocab *v, int32_t id);
+/* Writes them (at most cap) into ids; returns how many there are (<= TOK_EOG_MAX). */
+int     tok_eog_ids(const tok_vocab *v, int32_t *ids, int cap);
 
 /* Encodes len bytes of UTF-8 text. add_bos: prepend BOS (when the vocab has one), and append
  * EOS when the vocab's add_eos is set (tok_add_eos).

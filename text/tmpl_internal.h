@@ -1,6 +1,6 @@
 /* tmpl_internal: shared between tmpl_value.c, tmpl_parse.c, tmpl_eval.c and tmpl_lib.c. */
-#ifndef MDL_TMPL_INTERNAL_H
-#define MDL_TMPL_INTERNAL_H
+#ifndef TXT_TMPL_INTERNAL_H
+#define TXT_TMPL_INTERNAL_H
 
 #include <stdarg.h>
 #include <stddef.h>

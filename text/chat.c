@@ -9,12 +9,12 @@
 #include "common/cm_err.h"
 #include "common/cm_file.h"
 #include "common/cm_json.h"
-#include "gguf.h"
+#include "model/gguf.h"
 #include "tmpl.h"
 
 #define CHAT_FILE_MAX ((size_t)64 << 20) /* tokenizer_config.json / chat_template.jinja */
 
-struct mdl_chat {
+struct tok_chat {
     tmpl *t;               /* NULL: the model has none and none was named */
     char source[64];
     char *bos, *eos;       /* texts of the vocabulary's BOS / EOS, "" when none */
@@ -96,10 +96,10 @@ static char *vocab_text(const tok_vocab *v, int32_t id) {
     return strdup(s ? s : "");
 }
 
-int mdl_chat_load(const char *path, const char *builtin, const tok_vocab *v, mdl_chat **out, char *err, size_t errlen) {
+int tok_chat_load(const char *path, const char *builtin, const tok_vocab *v, tok_chat **out, char *err, size_t errlen) {
     if (!path || !out) return CM_EINVAL;
     *out = NULL;
-    mdl_chat *c = calloc(1, sizeof *c);
+    tok_chat *c = calloc(1, sizeof *c);
     if (!c) return CM_ENOMEM;
     char *src = NULL;
     int rc = 0;
@@ -132,11 +132,11 @@ oom:
     snprintf(err, errlen, "out of memory");
 fail:
     free(src);
-    mdl_chat_free(c);
+    tok_chat_free(c);
     return rc;
 }
 
-void mdl_chat_free(mdl_chat *c) {
+void tok_chat_free(tok_chat *c) {
     if (!c) return;
     tmpl_free(c->t);
     free(c->bos);
@@ -144,8 +144,8 @@ void mdl_chat_free(mdl_chat *c) {
     free(c);
 }
 
-int mdl_chat_ready(const mdl_chat *c) { return c && c->t; }
-const char *mdl_chat_source(const mdl_chat *c) { return c ? c->source : "none"; }
+int tok_chat_ready(const tok_chat *c) { return c && c->t; }
+const char *tok_chat_source(const tok_chat *c) { return c ? c->source : "none"; }
 
 static tmpl_value *str_or_empty(tmpl_arena *a, const char *s) { return tmpl_str(a, s ? s : "", s ? strlen(s) : 0); }
 
@@ -162,7 +162,7 @@ static int json_value(tmpl_arena *a, const char *json, const char *what, tmpl_va
     return rc;
 }
 
-int mdl_chat_render(const mdl_chat *c, const mdl_chat_msg *msgs, int n, const char *tools_json, int add_generation_prompt,
+int tok_chat_render(const tok_chat *c, const tok_chat_msg *msgs, int n, const char *tools_json, int add_generation_prompt,
                     char **out, size_t *out_len, char *err, size_t errlen) {
     if (!c || (!msgs && n) || n < 0 || !out || !out_len) return CM_EINVAL;
     if (!c->t) {
@@ -175,7 +175,7 @@ int mdl_chat_render(const mdl_chat *c, const mdl_chat_msg *msgs, int n, const ch
     int rc = 0;
     tmpl_value *ctx = tmpl_dict(a), *list = tmpl_list(a);
     for (int i = 0; i < n && rc == 0; i++) {
-        const mdl_chat_msg *m = &msgs[i];
+        const tok_chat_msg *m = &msgs[i];
         tmpl_value *d = tmpl_dict(a);
         rc = tmpl_dict_set(a, d, "role", 4, str_or_empty(a, m->role));
         if (!rc) rc = tmpl_dict_set(a, d, "content", 7, str_or_empty(a, m->content));

@@ -26,8 +26,8 @@
  *
  * No allocation: the struct holds everything (about 4.5 KB). One thread at a time.
  */
-#ifndef MDL_STOP_H
-#define MDL_STOP_H
+#ifndef TXT_STOP_H
+#define TXT_STOP_H
 
 #include <stddef.h>
 

@@ -1,4 +1,4 @@
-/* arka bench serve: a load generator for an OpenAI-compatible server, measured as vLLM's
+/* loadgen: `arka bench serve`, a load generator for an OpenAI-compatible server, measured as vLLM's
  * benchmark_serving measures.
  *
  *   arka bench serve --url http://127.0.0.1:8080 --requests 200 --rate 4 --prompt-len 256 \
@@ -34,7 +34,7 @@
  * (at most 4 × max-tokens + 64) and a 19 KiB histogram. Exit codes: 0 when the run finished
  * with at least one successful request, 1 on a runtime error or when every request failed,
  * 2 on a usage error. */
-#include "cli.h"
+#include "bench/loadgen.h"
 #include "common/cm_config.h"
 #include "common/cm_err.h"
 #include "common/cm_json.h"
@@ -1172,7 +1172,7 @@ static int build_body(bench *b) {
     return 0;
 }
 
-int cli_bench_serve(int argc, char **argv) {
+int bench_serve(int argc, char **argv) {
     bench b = { .rate = INFINITY, .timeout = 300, .prompt_len = 128, .max_tokens = 128 };
     cm_opt opts[] = {
         { "url", 0, CM_OPT_STR, &b.url, "server base URL: http://HOST[:PORT][/PREFIX] (required)" },

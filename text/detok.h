@@ -29,8 +29,8 @@
  *
  * A tok_detok is used by one thread at a time; the vocabulary is only read.
  */
-#ifndef MDL_DETOK_H
-#define MDL_DETOK_H
+#ifndef TXT_DETOK_H
+#define TXT_DETOK_H
 
 #include <stddef.h>
 #include <stdint.h>

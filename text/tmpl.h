@@ -57,8 +57,8 @@
  * tmpl_arena and the values in it belong to one thread at a time; rendering only reads the
  * context (a template cannot modify the caller's lists or dicts: list.append on them errors).
  */
-#ifndef MDL_TMPL_H
-#define MDL_TMPL_H
+#ifndef TXT_TMPL_H
+#define TXT_TMPL_H
 
 #include <stddef.h>
 #include <stdint.h>

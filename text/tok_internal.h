@@ -1,7 +1,7 @@
 /* tok_internal: what the tokenizer's files (tok.c, tok_spm.c, tok_bpe.c, tok_pre.c, tok_hf.c,
  * tok_unicode_tables.c) share. Not a public header. */
-#ifndef MDL_TOK_INTERNAL_H
-#define MDL_TOK_INTERNAL_H
+#ifndef TXT_TOK_INTERNAL_H
+#define TXT_TOK_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -213,7 +213,7 @@ struct tok_vocab {
 
     int32_t bos, eos, eot, eom, unk, pad;
     int     add_bos, add_eos;
-    int32_t *eog;
+    int32_t  eog[TOK_EOG_MAX]; /* end-of-generation ids (tok_eog_ids), EOS first when there is one */
     int      n_eog;
 };
 

@@ -433,12 +433,9 @@ int tok__vocab_new(tok_vocab **out) {
 }
 
 void tok__eog_add(tok_vocab *v, int32_t id) {
-    if (id < 0 || id >= v->n) return;
+    if (id < 0 || id >= v->n || v->n_eog == TOK_EOG_MAX) return;
     for (int i = 0; i < v->n_eog; i++)
         if (v->eog[i] == id) return;
-    int32_t *e = realloc(v->eog, (size_t)(v->n_eog + 1) * sizeof *e);
-    if (!e) return; /* EOS itself is still checked directly */
-    v->eog = e;
     v->eog[v->n_eog++] = id;
 }
 
@@ -674,7 +671,6 @@ void tok_free(tok_vocab *v) {
     free(v->byte_join);
     free(v->ascii_pair);
     free(v->trie.nodes);
-    free(v->eog);
     free(v);
 }
 
@@ -1017,19 +1013,21 @@ int tok_kind(const tok_vocab *v) { return v ? v->kind : 0; }
 int tok_n_vocab(const tok_vocab *v) { return v ? v->n : 0; }
 int32_t tok_bos(const tok_vocab *v) { return v ? v->bos : -1; }
 int32_t tok_eos(const tok_vocab *v) { return v ? v->eos : -1; }
-int32_t tok_eot(const tok_vocab *v) { return v ? v->eot : -1; }
-int32_t tok_pad(const tok_vocab *v) { return v ? v->pad : -1; }
-int32_t tok_unk(const tok_vocab *v) { return v ? v->unk : -1; }
 int tok_add_bos(const tok_vocab *v) { return v ? v->add_bos : 0; }
 int tok_add_eos(const tok_vocab *v) { return v ? v->add_eos : 0; }
 int tok_add_space_prefix(const tok_vocab *v) { return v ? v->prefix != TOK__PREFIX_NONE : 0; }
 
 int tok_is_eog(const tok_vocab *v, int32_t id) {
     if (!v || id < 0) return 0;
-    if (id == v->eos) return 1;
     for (int i = 0; i < v->n_eog; i++)
         if (v->eog[i] == id) return 1;
     return 0;
+}
+
+int tok_eog_ids(const tok_vocab *v, int32_t *ids, int cap) {
+    int n = v ? v->n_eog : 0;
+    for (int i = 0; i < n && i < cap; i++) ids[i] = v->eog[i];
+    return n;
 }
 
 const char *tok_pre_name(const tok_vocab *v) { return v ? tok__pre_name(v->pre) : ""; }
