@@ -56,40 +56,6 @@ typedef struct pull_result {
     int      already;       /* the final file was already there (and matched the digest, if given) */
 } pull_result;
 
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static int pull_name_from_url(const char *url, char *name, size_t len) {
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    p = strchr(p, '/'); /* past the authority */
-    if (!p) return CM_EINVAL;
-    size_t end = strcspn(p, "?#");
-    const char *seg = p;
-    for (size_t i = 0; i < end; i++)
-        if (p[i] == '/') seg = p + i + 1;
-    size_t seglen = (size_t)(p + end - seg), n = 0;
-    for (size_t i = 0; i < seglen; i++) {
-        int c = (unsigned char)seg[i];
-        if (c == '%') {
-            if (i + 2 >= seglen) return CM_EINVAL;
-            int hi = hexval((unsigned char)seg[i + 1]), lo = hexval((unsigned char)seg[i + 2]);
-            if (hi < 0 || lo < 0) return CM_EINVAL;
-            c = hi << 4 | lo;
-            i += 2;
-        }
-        if (c < 0x20 || c == 0x7f || c == '/' || c == '\\') return CM_EINVAL;
-        if (n + 1 >= len) return CM_EINVAL;
-        name[n++] = (char)c;
-    }
-    name[n] = 0;
-    if (!n || !strcmp(name, ".") || !strcmp(name, "..")) return CM_EINVAL;
-    return 0;
-}
 
 static int pull_default_dir(char *out, size_t len) {
     const char *v = getenv("ARKA_CACHE_DIR");
@@ -144,6 +110,41 @@ static int hash_fd(int fd, uint64_t n, cm_sha256_ctx *c) {
 }
 
 #ifdef ARKA_WITH_CURL
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int pull_name_from_url(const char *url, char *name, size_t len) {
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    p = strchr(p, '/'); /* past the authority */
+    if (!p) return CM_EINVAL;
+    size_t end = strcspn(p, "?#");
+    const char *seg = p;
+    for (size_t i = 0; i < end; i++)
+        if (p[i] == '/') seg = p + i + 1;
+    size_t seglen = (size_t)(p + end - seg), n = 0;
+    for (size_t i = 0; i < seglen; i++) {
+        int c = (unsigned char)seg[i];
+        if (c == '%') {
+            if (i + 2 >= seglen) return CM_EINVAL;
+            int hi = hexval((unsigned char)seg[i + 1]), lo = hexval((unsigned char)seg[i + 2]);
+            if (hi < 0 || lo < 0) return CM_EINVAL;
+            c = hi << 4 | lo;
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7f || c == '/' || c == '\\') return CM_EINVAL;
+        if (n + 1 >= len) return CM_EINVAL;
+        name[n++] = (char)c;
+    }
+    name[n] = 0;
+    if (!n || !strcmp(name, ".") || !strcmp(name, "..")) return CM_EINVAL;
+    return 0;
+}
 
 typedef struct xfer {
     int           fd;
