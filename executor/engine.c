@@ -226,6 +226,10 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
         int64_t nb, ns = 0;
         if (!swa) {
             nb = o->kv_blocks > 0 ? o->kv_blocks : budget / (int64_t)bbytes;
+            /* sized automatically: at least one sequence of the whole context, so a request
+             * that fits the context fits the pool (an explicit budget below that is the user's
+             * choice: requests that could never fit it are refused, naming the limit) */
+            if (o->kv_blocks <= 0 && o->kv_cache_mb <= 0 && nb < L.max_blocks) nb = L.max_blocks;
         } else {
             /* Sliding layers keep about a window of blocks per sequence: their pool holds one
              * whole context (a prompt is admitted in one piece) plus a window and a step's

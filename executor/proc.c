@@ -1,5 +1,6 @@
 /* proc: the executor process's loop between the shared-memory rings and the scheduler. */
 #include "proc.h"
+#include "kv.h"
 #include "sched.h"
 #include "../common/cm_err.h"
 #include "../common/cm_log.h"
@@ -123,8 +124,18 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
     if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
     if (rc) {
-        const char *why = rc == CM_ECTX ? "prompt does not fit the context" : rc == CM_ENOKV ? "prompt needs more KV blocks than the pool has"
-                        : rc == CM_EFULL ? "executor queue is full" : "invalid request";
+        char why[256];
+        if (rc == CM_ENOKV) {
+            /* never fits: name the limit (the pool, in positions) and what the request needs */
+            int64_t longest = (int64_t)sb->n_prompt + sb->sp.max_tokens;
+            if (longest > L->n_ctx) longest = L->n_ctx;
+            snprintf(why, sizeof why, "the request needs %lld positions of KV cache (%u prompt tokens + max_tokens %d, at most "
+                     "the context of %d) and the whole KV pool holds %lld positions: lower max_tokens or the prompt",
+                     (long long)longest, sb->n_prompt, (int)sb->sp.max_tokens, L->n_ctx,
+                     (long long)ex_kv_n_blocks(ex_engine_kv(p->e)) * L->block_size);
+        } else
+            snprintf(why, sizeof why, "%s", rc == CM_ECTX ? "prompt does not fit the context"
+                                            : rc == CM_EFULL ? "executor queue is full" : "invalid request");
         fail_request(p, sb->req_id, rc, why, sb->n_prompt);
         return;
     }

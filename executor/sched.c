@@ -115,7 +115,11 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->lim.n_vocab) return CM_EINVAL;
     if (find(s, r->id, &where, &idx)) return CM_EINVAL;
     if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
-    if (blocks_for(s, r->n_prompt + 1) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
+    /* the longest the sequence can grow (prompt + max_tokens, at most n_ctx) must fit the pool
+     * alone, or it could never finish: refused now rather than failed mid-generation */
+    int64_t longest = (int64_t)r->n_prompt + r->sp.max_tokens;
+    if (longest > s->lim.n_ctx) longest = s->lim.n_ctx;
+    if (blocks_for(s, (int)longest) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
     /* pend holds one finish per sequence freed before the next step: keep live + pending
      * within its size */
     if (s->n_wait >= s->o.max_waiting || s->n_wait + s->n_run + s->n_pend >= s->o.max_running + s->o.max_waiting)

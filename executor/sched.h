@@ -83,8 +83,9 @@ int  ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out);
 void ex_sched_destroy(ex_sched *s); /* accepts NULL; drops every request without events */
 
 /* Queues a request. Returns 0, CM_EINVAL (bad fields or sampling parameters, an id already
- * live), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV (the prompt needs more KV blocks
- * than the whole pool has), CM_EFULL (queue full), CM_ENOMEM. */
+ * live), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV (prompt + max_tokens, at most
+ * n_ctx, needs more KV blocks than the whole pool has: it could never run to its end, whatever
+ * else is running), CM_EFULL (queue full), CM_ENOMEM. */
 int ex_sched_submit(ex_sched *s, const ex_request *r);
 /* Ends a request wherever it is; its CANCEL event comes with the next step. Returns 0 or
  * CM_ENOTFOUND. */

@@ -224,8 +224,10 @@ static void on_error_rec(gw_pool *p, pool_ex *e, const struct shm_error *er) {
     }
     gw_gen *g = lookup(p, er->req_id);
     if (!g) return;
-    if (er->code == CM_EFULL || er->code == CM_ENOKV)
+    if (er->code == CM_EFULL)
         gw_gen_fail(g, 503, "server_error", "overloaded", "The server is overloaded (%s); retry shortly.", er->msg);
+    else if (er->code == CM_ENOKV) /* the request can never fit the KV pool: retrying cannot help */
+        gw_gen_fail(g, 400, "invalid_request_error", "context_length_exceeded", "%s", er->msg);
     else if (er->code == CM_ECTX)
         gw_gen_fail(g, 400, "invalid_request_error", "context_length_exceeded", "%s", er->msg);
     else

@@ -296,12 +296,19 @@ static void test_finishes(void) {
         ex_engine_destroy(e2);
     }
 
-    /* a pool of 3 blocks of 4: a sequence alone runs out after 12 positions */
+    /* a pool of 3 blocks of 4 (12 positions): a request whose prompt + max_tokens could never
+     * fit it alone is refused at submit (the gateway answers 400 naming the limit) instead of
+     * failing mid-generation; one that fits runs to its end */
     e = mk(64, 3, 4, 64);
     ex_sched_create(e, &so, &s);
-    T_EQ_INT(run1(s, &r, toks, &n, -1), SHM_FINISH_ERROR);
-    T_EQ_INT(run1_err, CM_ENOKV);
-    T_EQ_INT(n, 8);
+    T_EQ_INT(ex_sched_submit(s, &r), CM_ENOKV);          /* 5 + 100 > 12 */
+    ex_request fits = r;
+    fits.sp.max_tokens = 7;                               /* 5 + 7 = 12 */
+    T_EQ_INT(run1(s, &fits, toks, &n, -1), SHM_FINISH_LENGTH);
+    T_EQ_INT(n, 7);
+    fits.id = 2;
+    fits.sp.max_tokens = 8;                               /* 13 > 12 */
+    T_EQ_INT(ex_sched_submit(s, &fits), CM_ENOKV);
     b.n_prompt = 13;
     T_EQ_INT(ex_sched_submit(s, &b), CM_ENOKV); /* 14 positions > 12 */
     ex_sched_stats st;
