@@ -534,7 +534,7 @@ static void error_text(const char *body, size_t len, char *out, size_t outlen) {
 /* ---- the benchmark ----------------------------------------------------------------------- */
 
 typedef struct {
-    double  ttft, e2e, tpot; /* seconds; tpot < 0 with fewer than two output tokens */
+    double  ttft, e2e, tpot; /* seconds; ttft < 0 when no text came, tpot < 0 with fewer than two output tokens */
     int32_t prompt_tokens;   /* from usage; -1 when the server sent none */
     int32_t output_tokens;
     int32_t ok;
@@ -783,9 +783,9 @@ static void finish(worker *w, int64_t idx, int rc, const char *err) {
     int64_t out = r->have_usage ? r->completion_tokens : r->chunks;
     req_result *q = &b->res[idx];
     q->ok = 1;
-    q->ttft = r->t_first - r->t_send;
+    q->ttft = r->chunks ? r->t_first - r->t_send : -1;
     q->e2e = r->t_done - r->t_send;
-    q->tpot = out > 1 ? (q->e2e - q->ttft) / (double)(out - 1) : -1;
+    q->tpot = out > 1 && r->chunks ? (q->e2e - q->ttft) / (double)(out - 1) : -1;
     q->prompt_tokens = r->have_usage && r->prompt_tokens >= 0 ? (int32_t)r->prompt_tokens : -1;
     q->output_tokens = (int32_t)(out < INT32_MAX ? out : INT32_MAX);
     for (size_t i = 0; i < w->n_gaps; i++) {
@@ -824,10 +824,8 @@ static void run_request(worker *w, int64_t idx) {
             snprintf(err, sizeof err, "the stream ended without data: [DONE]");
             rc = CM_EFORMAT;
         }
-        if (!rc && !r->chunks) {
-            snprintf(err, sizeof err, "the stream had no text");
-            rc = CM_EFORMAT;
-        }
+        /* a stream that ended properly without any text is a valid answer (the model ended at
+         * once, or its tokens make no text): completed, with no TTFT, ITL or TPOT */
     }
     if (fd >= 0) close(fd);
     finish(w, idx, rc, err);
@@ -994,6 +992,7 @@ static void stats_hist(const uint64_t *h, uint64_t n, double sum, stats *s) {
 
 typedef struct {
     int64_t completed, failed, out_tokens, prompt_tokens, n_prompt;
+    int64_t no_text; /* completed streams that carried no text (no TTFT) */
     double  duration;
     stats   ttft, itl, tpot, e2e;
 } report;
@@ -1003,7 +1002,7 @@ static int64_t gather(const bench *b, double *v, int which) {
     int64_t k = 0;
     for (int64_t i = 0; i < b->n; i++) {
         const req_result *q = &b->res[i];
-        if (!q->ok || (which == 2 && q->tpot < 0)) continue;
+        if (!q->ok || (which == 2 && q->tpot < 0) || (which == 0 && q->ttft < 0)) continue;
         v[k++] = which == 0 ? q->ttft : which == 1 ? q->e2e : q->tpot;
     }
     return k;
@@ -1017,6 +1016,7 @@ static int summarise(bench *b, double duration, report *R) {
         const req_result *q = &b->res[i];
         if (!q->ok) continue;
         R->completed++;
+        R->no_text += b->res[i].ttft < 0;
         R->out_tokens += q->output_tokens;
         if (q->prompt_tokens >= 0) R->prompt_tokens += q->prompt_tokens, R->n_prompt++;
     }
@@ -1051,7 +1051,8 @@ static void print_report(const bench *b, const report *R) {
     if (b->rate == 0 || isinf(b->rate)) printf("arrivals            all at once, concurrency %d\n", b->conc);
     else printf("arrivals            Poisson %.3g req/s (seed %lld), concurrency %d\n", b->rate, (long long)b->seed,
                 b->conc);
-    printf("requests            %d: %lld completed, %lld failed\n", b->n, (long long)R->completed, (long long)R->failed);
+    printf("requests            %d: %lld completed (%lld of them without text), %lld failed\n", b->n, (long long)R->completed,
+           (long long)R->no_text, (long long)R->failed);
     if (R->n_prompt)
         printf("prompt tokens       %d words asked, mean %.1f tokens (server's count)\n", b->prompt_len,
                (double)R->prompt_tokens / (double)R->n_prompt);
@@ -1092,8 +1093,8 @@ static int write_json(const bench *b, const report *R, char *err, size_t errlen)
     else fprintf(f, ",\n  \"rate\": %.6g", b->rate);
     fprintf(f, ",\n  \"seed\": %lld,\n  \"concurrency\": %d,\n  \"requests\": %d,\n  \"warmup\": %d,\n", (long long)b->seed,
             b->conc, b->n, b->warmup);
-    fprintf(f, "  \"prompt_len\": %d,\n  \"max_tokens\": %d,\n  \"completed\": %lld,\n  \"failed\": %lld,\n", b->prompt_len,
-            b->max_tokens, (long long)R->completed, (long long)R->failed);
+    fprintf(f, "  \"prompt_len\": %d,\n  \"max_tokens\": %d,\n  \"completed\": %lld,\n  \"completed_without_text\": %lld,\n  \"failed\": %lld,\n",
+            b->prompt_len, b->max_tokens, (long long)R->completed, (long long)R->no_text, (long long)R->failed);
     fprintf(f, "  \"first_error\": ");
     if (R->failed) json_str(f, b->first_err);
     else fprintf(f, "null");

@@ -18,6 +18,9 @@ Binds 127.0.0.1 on a free port and writes the port to --port-file once listening
 Faults, counted over completion requests (1-based, in the order they are read):
   --fail-every K    every K-th is answered HTTP 500 {"error": {"message": "injected failure ..."}}
   --error-every K   every K-th (unless already failed) gets an error event after two tokens
+  --empty-every K   every K-th (unless already failed) ends at once: no text chunk, a finish chunk
+                    with finish_reason "stop", usage with completion_tokens 0, [DONE] (a valid
+                    empty answer, as from a model whose first token ends the generation)
 Framing: HTTP/1.1 chunked transfer-encoding by default; --close-delimited answers HTTP/1.0 with
 no length and closes the connection at the end of the body.
 Each completion request appends one line to --log:
@@ -140,6 +143,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.write(b": ping\n\n")
         base = {"id": "cmpl-%d" % n, "object": "text_completion", "created": int(time.time()), "model": "fake-model"}
+        if srv.empty_every and n % srv.empty_every == 0:
+            m = 0
+            fin = dict(base, choices=[{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}], usage=None)
+            self.write(b"data: " + json.dumps(fin).encode() + b"\n\n")
         for k in range(m):
             delay = t0 + (srv.ttft + k * srv.itl) - time.monotonic()
             if delay > 0:
@@ -173,12 +180,14 @@ def main():
     ap.add_argument("--itl-ms", type=float, default=20)
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--error-every", type=int, default=0)
+    ap.add_argument("--empty-every", type=int, default=0)
     ap.add_argument("--close-delimited", action="store_true")
     a = ap.parse_args()
     srv = Server(("127.0.0.1", 0), Handler)
     srv.log_path = a.log
     srv.ttft, srv.itl = a.ttft_ms / 1e3, a.itl_ms / 1e3
     srv.fail_every, srv.error_every, srv.close_delimited = a.fail_every, a.error_every, a.close_delimited
+    srv.empty_every = a.empty_every
     srv.lock = threading.Lock()
     srv.count = srv.inflight = 0
     open(a.log, "a").close()

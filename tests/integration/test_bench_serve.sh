@@ -41,8 +41,16 @@ start() {
 start main
 start faults --fail-every 5 --error-every 7
 start close --close-delimited
+start empty --empty-every 4
 URL=http://127.0.0.1:$PORT_main
 bs() { "$ARKA_BIN" bench serve "$@"; }
+
+# 0. Empty answers are answers: every 4th stream ends with no text (finish "stop", 0 completion
+#    tokens); all 12 complete, 3 of them without text, and TTFT counts only the 9 with text.
+bs --url "http://127.0.0.1:$PORT_empty" --requests 12 --rate 0 --prompt-len 8 --max-tokens 4 --json "$tmp/e.json" >"$tmp/e.out" 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && [ "$(j "$tmp/e.json" "r[\"completed\"], r[\"completed_without_text\"], r[\"failed\"]")" = "12 3 0" ]' \
+    "empty answers: rc $rc, completed/without text/failed $(j "$tmp/e.json" "r[\"completed\"], r[\"completed_without_text\"], r[\"failed\"]") $(cat "$tmp/err")"
+check '[ "$(j "$tmp/e.json" "r[\"ttft_ms\"][\"n\"]")" = 9 ]' "TTFT over the 9 streams with text only: n = $(j "$tmp/e.json" "r[\"ttft_ms\"][\"n\"]")"
 
 # 1. All at once: 20 requests, 32-word prompts, 10 tokens each. The model comes from /v1/models.
 N=20 M=10
