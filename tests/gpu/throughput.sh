@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving-throughput checks and benchmarks on a GPU host, in parts that fit one call each:
 #
+#   tests/gpu/throughput.sh sample OUT    the device sampler against the CPU sampler (test_gpu_sample)
 #   tests/gpu/throughput.sh kernels OUT   attention kernels against the CPU reference (test_gpu_kernels),
 #                                         the attention kernels alone (gpu_bench_attn); starts the
 #                                         llama.cpp build in the background when its sources are carried
@@ -11,6 +12,11 @@
 #                                         CUDA vs CPU (test_gpu_e2e)
 #   tests/gpu/throughput.sh peer OUT      llama.cpp on the same llama3-8b GGUF (llama-bench, llama-batched-bench)
 #   tests/gpu/throughput.sh gemm OUT      F16 matmuls at llama3-8b's shapes: cublasGemmEx against cublasLt's algorithms
+#   tests/gpu/throughput.sh serve OUT     `arka serve --backend cuda` with default flags on llama3-8b F16: `arka bench serve`
+#                                         512 requests of ~1,000 in / 1,000 out at concurrency 256, then Poisson
+#                                         arrivals at 70 % of the measured capacity (TTFT, ITL); needs the gateway
+#                                         build (.carry/arka-srv: cmake -DARKA_WITH_CURL=OFF, target arka) and
+#                                         .carry/debs (apt-get download libuv1 libcjson1 libhiredis0.14)
 #   tests/gpu/throughput.sh refs OUT      tests/models/make_refs.py with transformers (checked by arka's CPU backend),
 #                                         packed as OUT/refs.tar.gz for tests/models/
 #
@@ -48,6 +54,12 @@ eng() { # eng NAME ARGS...: one bench_engine run, its output kept, the figures p
 }
 
 case "$MODE" in
+sample)
+  step "device sampler vs CPU sampler"
+  timeout 300 "$BIN/test_gpu_sample" .carry/stories260K.gguf >"$OUT/sample.log" 2>&1
+  echo "rc=$?"; grep -E '^(device|host emulation|backend path|kc_sample|test_gpu_sample)|passed' "$OUT/sample.log" | tail -8
+  grep -E 'FAIL|differs' "$OUT/sample.log" | head -5
+  ;;
 kernels)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
   if [ -f .carry/llama.cpp.tar.xz ] && [ ! -d /tmp/llama.cpp ]; then
@@ -99,6 +111,37 @@ regress)
   SF16=$(mk small f16); SQ8=$(mk small q8_0)
   timeout 300 "$BIN/test_gpu_e2e" .carry/stories260K.gguf "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1
   echo "rc=$?"; grep -v '^ts=' "$OUT/e2e.log" | tail -15
+  ;;
+serve)
+  LIBS=/tmp/arka-debs; mkdir -p "$LIBS"
+  for d in .carry/debs/*.deb; do dpkg -x "$d" "$LIBS"; done
+  export LD_LIBRARY_PATH="$LIBS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  SRV=/tmp/arka-srv; [ -x $SRV ] || { xz -dc .carry/arka-srv.xz >$SRV && chmod +x $SRV; }
+  M=$(mk llama3-8b f16)
+  step "arka serve --backend cuda -m llama3-8b-f16 (default flags)"
+  $SRV serve -m "$M" --backend cuda --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
+  SP=$!
+  URL=""
+  for _ in $(seq 600); do
+    URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$OUT/serve.log" | head -1)
+    [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && break
+    kill -0 $SP 2>/dev/null || break
+    sleep 0.2
+  done
+  grep -E 'kernel plan|KV pool|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-400
+  if [ -n "$URL" ]; then
+    step "512 requests, ~1000 in / 1000 out, concurrency 256"
+    timeout 420 $SRV bench serve --url "$URL" --requests 512 --concurrency 256 --rate 0 --prompt-len 1000 --max-tokens 1000 \
+      --json "$OUT/serve-c256.json" >"$OUT/serve-c256.txt" 2>&1; echo "rc=$?"; cat "$OUT/serve-c256.txt"
+    cap=$(python3 -c "import json; d=json.load(open('$OUT/serve-c256.json')); print(d['output_throughput'] if 'output_throughput' in d else d.get('output_tok_s', 0))" 2>/dev/null)
+    rate=$(python3 -c "print(round(0.7 * float('${cap:-0}') / 1000, 2))" 2>/dev/null)
+    if [ -n "${ARKA_SERVE_POISSON:-1}" ] && python3 -c "import sys; sys.exit(0 if float('${rate:-0}') > 0 else 1)"; then
+      step "Poisson arrivals at $rate req/s (70 % of $cap output tok/s), 200 requests"
+      timeout 300 $SRV bench serve --url "$URL" --requests 200 --rate "$rate" --prompt-len 1000 --max-tokens 1000 \
+        --json "$OUT/serve-poisson.json" >"$OUT/serve-poisson.txt" 2>&1; echo "rc=$?"; cat "$OUT/serve-poisson.txt"
+    fi
+  fi
+  kill $SP 2>/dev/null; wait $SP 2>/dev/null
   ;;
 refs)
   PYTHONUNBUFFERED=1 timeout 400 python3 tests/models/make_refs.py /tmp/refs --check "$BIN/arka" >"$OUT/refs.log" 2>&1
