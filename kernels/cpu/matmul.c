@@ -6,6 +6,7 @@
 #include "../../common/cm_err.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,11 +144,29 @@ void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
 
 /* ---- the pool job ------------------------------------------------------------------------ */
 
+/* ---- FP8 E4M3 rows ------------------------------------------------------------------------ */
+
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_init(void) {
+    for (int i = 0; i < 256; i++) e4m3_lut[i] = dt_e4m3_to_f32((uint8_t)i);
+}
+
+const float *k__e4m3_lut(void) {
+    pthread_once(&e4m3_once, e4m3_init);
+    return e4m3_lut;
+}
+
+static void decode_e4m3(const uint8_t *q, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = e4m3_lut[q[i]];
+}
+
 typedef struct {
     k__mm_args a;
     k__mm_fn fn;            /* kernel for a.w's type (or the F32 kernel for the generic path) */
     int wtype;
-    int generic;            /* 1: dequantize each row with dt_dequantize, then fn on it */
+    const float *scale;     /* F8_E4M3: [n_out] row scales, applied after the F32 kernel's sum */
+    int generic;            /* 1: dequantize each row with dt_dequantize (F8_E4M3: decode the codes), then fn on it */
     float *rowbuf;          /* generic: [nth][rowbuf_stride] floats */
     size_t rowbuf_stride;
     const float *xf;        /* f32 input, for the quantize job */
@@ -172,10 +191,16 @@ static void generic_rows(mm_job *j, int ith, int64_t o0, int64_t o1) {
     sub.w_row = (size_t)j->a.n_in * 4;
     sub.n_out = 1;
     for (int64_t o = o0; o < o1; o++) {
-        int rc = dt_dequantize(j->wtype, j->a.w + (size_t)o * j->a.w_row, buf, j->a.n_in);
-        if (rc) { atomic_store(&j->err, rc); return; }
+        if (j->scale) {
+            decode_e4m3(j->a.w + (size_t)o * j->a.w_row, j->a.n_in, buf);
+        } else {
+            int rc = dt_dequantize(j->wtype, j->a.w + (size_t)o * j->a.w_row, buf, j->a.n_in);
+            if (rc) { atomic_store(&j->err, rc); return; }
+        }
         sub.y = j->a.y + o;
         j->fn(&sub, 0, 1);
+        if (j->scale)
+            for (int64_t t = 0; t < j->a.n_tok; t++) sub.y[t * j->a.ldy] *= j->scale[o];
     }
 }
 
@@ -210,7 +235,13 @@ int k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in) {
 
 int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
              const float *x, int64_t n_tok, float *y) {
+    return k_matmul_scaled(p, W, wtype, NULL, n_in, n_out, x, n_tok, y);
+}
+
+int k_matmul_scaled(k_pool *p, const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                    const float *x, int64_t n_tok, float *y) {
     if (!p || !W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    if ((wtype == DT_F8_E4M3) != (scale != NULL)) return CM_EINVAL;
     size_t w_row = dt_row_size(wtype, n_in);
     if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
     int isa = k_get_isa();
@@ -224,7 +255,12 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
     j.act = k__act_for(wtype);
     j.quant = isa >= K_ISA_AVX512 && k__act_quantize_avx512 ? k__act_quantize_avx512 : k__act_quantize_row;
     j.fn = kernel_for(isa, wtype);
-    if (!j.fn) {
+    if (scale) {
+        pthread_once(&e4m3_once, e4m3_init);
+        j.scale = scale;
+        j.generic = 1;
+        j.fn = kernel_for(isa, DT_F32);
+    } else if (!j.fn) {
         /* generic path: the reference dequantizer must know the type; probe one block */
         if (!dt_is_supported(wtype) || dt_block_size(wtype) > 256) return CM_EUNSUPPORTED;
         float probe[256];
@@ -271,13 +307,21 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
 
 int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
                  const float *x, int64_t n_tok, double *y) {
+    return k_matmul_ref_scaled(W, wtype, NULL, n_in, n_out, x, n_tok, y);
+}
+
+int k_matmul_ref_scaled(const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                        const float *x, int64_t n_tok, double *y) {
     if (!W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    if ((wtype == DT_F8_E4M3) != (scale != NULL)) return CM_EINVAL;
     size_t w_row = dt_row_size(wtype, n_in);
     if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
     float *row = malloc((size_t)n_in * sizeof *row);
     if (!row) return CM_ENOMEM;
     for (int64_t o = 0; o < n_out; o++) {
-        int rc = dt_dequantize(wtype, (const uint8_t *)W + (size_t)o * w_row, row, n_in);
+        int rc = 0;
+        if (scale) dt_fp8_decode((const uint8_t *)W + (size_t)o * w_row, n_in, scale[o], row);
+        else rc = dt_dequantize(wtype, (const uint8_t *)W + (size_t)o * w_row, row, n_in);
         if (rc) { free(row); return rc; }
         for (int64_t t = 0; t < n_tok; t++) {
             double s = 0.0;
