@@ -173,6 +173,23 @@ int ex_quant_from_name(const char *name) {
     return -1;
 }
 
+int ex_engine_opts_types(ex_engine_opts *o, const char *quantize, const char *kv_cache_dtype, char *err, size_t errlen) {
+    int q = quantize ? ex_quant_from_name(quantize) : EX_QUANT_NONE;
+    int kv = kv_cache_dtype ? ex_kv_type_from_name(kv_cache_dtype) : -1;
+    if (q < 0) {
+        snprintf(err, errlen, "--quantize '%s': expected none or fp8 (F16/BF16 weights to FP8 E4M3 with per-output-channel "
+                 "scales at load)", quantize);
+        return CM_EINVAL;
+    }
+    if (kv == -2) {
+        snprintf(err, errlen, "--kv-cache-dtype '%s': expected auto, f32, f16, fp8 or q8_0", kv_cache_dtype);
+        return CM_EINVAL;
+    }
+    o->quantize = q;
+    o->kv_type = kv;
+    return 0;
+}
+
 /* One log line for what the weights and the KV cache are stored as. */
 static void log_types(const mdl_model *m, int quantize, int kv_type) {
     const mdl_config *c = &m->cfg;

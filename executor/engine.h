@@ -171,6 +171,10 @@ typedef struct ex_engine ex_engine;
 
 /* Fills the defaults above (zero = automatic, except the two cuda defaults). Can't fail. */
 void ex_engine_opts_default(ex_engine_opts *o);
+/* Sets o->quantize and o->kv_type from the command-line words of --quantize ("none", "fp8";
+ * NULL: none) and --kv-cache-dtype ("auto", "f32", "f16", "fp8", "q8_0"; NULL: auto).
+ * Returns 0, or CM_EINVAL with "--flag 'value': expected ..." in err. */
+int ex_engine_opts_types(ex_engine_opts *o, const char *quantize, const char *kv_cache_dtype, char *err, size_t errlen);
 
 /* Creates the backend for model m (which must outlive the engine), then the KV block
  * allocator for the pool the backend allocated (its size is known only then on cuda, where

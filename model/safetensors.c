@@ -656,6 +656,13 @@ static int weight_scales(mdl_model *m, const char *path, const st_entry *e, mdl_
     }
     int per_tensor = 0, rc;
     if ((rc = mdl__st_scales(m, path, sn, rows, &t->scale, &per_tensor, err, errlen))) return rc;
+    /* NaN codes (0x7f, 0xff) in weights: a broken file; the kernels assume finite codes */
+    const uint8_t *q = entry_data(st, e);
+    for (uint64_t i = 0; i < e->end - e->begin; i++)
+        if ((q[i] & 0x7f) == 0x7f) {
+            snprintf(err, errlen, "%s: F8_E4M3 tensor '%s' holds a NaN code at element %llu", path, name, (unsigned long long)i);
+            return CM_EFORMAT;
+        }
     t->scale_per_tensor = per_tensor;
     snprintf(sn, sizeof sn, "%sinput_scale", base);
     const float *in = NULL;

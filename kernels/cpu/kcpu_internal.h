@@ -102,6 +102,7 @@ typedef struct {
     int64_t n_in, n_out, n_tok;
     float *y;           /* y[t * ldy + o] */
     int64_t ldy;
+    const float *scale; /* F8_E4M3: [n_out] row scales; the kernel writes scale[o] * sum (kcpu.h) */
 } k__mm_args;
 
 typedef void (*k__mm_fn)(const k__mm_args *a, int64_t o0, int64_t o1);

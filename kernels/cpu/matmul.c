@@ -157,18 +157,13 @@ const float *k__e4m3_lut(void) {
     return e4m3_lut;
 }
 
-static void decode_e4m3(const uint8_t *q, int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i++) out[i] = e4m3_lut[q[i]];
-}
-
 typedef struct {
     k__mm_args a;
     k__mm_fn fn;            /* kernel for a.w's type (or the F32 kernel for the generic path) */
     int wtype;
-    const float *scale;     /* F8_E4M3: [n_out] row scales, applied after the F32 kernel's sum */
-    int generic;            /* 1: dequantize each row with dt_dequantize (F8_E4M3: decode the codes), then fn on it */
+    int generic;            /* 1: dequantize each row with dt_dequantize, then fn on it */
     float *rowbuf;          /* generic: [nth][rowbuf_stride] floats */
-    size_t rowbuf_stride;
+    size_t rowbuf_stride;   /* generic: FP8_TILE rows of n_in floats (F8_E4M3) or one row (others) */
     const float *xf;        /* f32 input, for the quantize job */
     int act;
     k__act_fn quant;        /* the ISA's activation quantizer */
@@ -191,16 +186,10 @@ static void generic_rows(mm_job *j, int ith, int64_t o0, int64_t o1) {
     sub.w_row = (size_t)j->a.n_in * 4;
     sub.n_out = 1;
     for (int64_t o = o0; o < o1; o++) {
-        if (j->scale) {
-            decode_e4m3(j->a.w + (size_t)o * j->a.w_row, j->a.n_in, buf);
-        } else {
-            int rc = dt_dequantize(j->wtype, j->a.w + (size_t)o * j->a.w_row, buf, j->a.n_in);
-            if (rc) { atomic_store(&j->err, rc); return; }
-        }
+        int rc = dt_dequantize(j->wtype, j->a.w + (size_t)o * j->a.w_row, buf, j->a.n_in);
+        if (rc) { atomic_store(&j->err, rc); return; }
         sub.y = j->a.y + o;
         j->fn(&sub, 0, 1);
-        if (j->scale)
-            for (int64_t t = 0; t < j->a.n_tok; t++) sub.y[t * j->a.ldy] *= j->scale[o];
     }
 }
 
@@ -254,13 +243,10 @@ int k_matmul_scaled(k_pool *p, const void *W, int wtype, const float *scale, int
     j.wtype = wtype;
     j.act = k__act_for(wtype);
     j.quant = isa >= K_ISA_AVX512 && k__act_quantize_avx512 ? k__act_quantize_avx512 : k__act_quantize_row;
+    j.a.scale = scale;
+    if (scale) pthread_once(&e4m3_once, e4m3_init); /* the scalar kernel's table */
     j.fn = kernel_for(isa, wtype);
-    if (scale) {
-        pthread_once(&e4m3_once, e4m3_init);
-        j.scale = scale;
-        j.generic = 1;
-        j.fn = kernel_for(isa, DT_F32);
-    } else if (!j.fn) {
+    if (!j.fn) {
         /* generic path: the reference dequantizer must know the type; probe one block */
         if (!dt_is_supported(wtype) || dt_block_size(wtype) > 256) return CM_EUNSUPPORTED;
         float probe[256];
