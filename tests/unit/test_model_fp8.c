@@ -121,6 +121,51 @@ static void test_tables(void) {
     T_EQ_INT(dt_row_size(DT_F8_E4M3, 48), 48);
 }
 
+/* PyTorch's own conversions (tests/models/fp8/e4m3_torch.bin, written by make_fp8_refs.py on a
+ * machine with PyTorch): every cast, saturating cast and decoded code must match bit for bit.
+ * Skipped (with a line saying so) while the file is not committed. */
+static void test_torch_table(void) {
+    const char *path = "tests/models/fp8/e4m3_torch.bin";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("%s absent: the conversions are checked against the hand-computed tables only\n", path);
+        return;
+    }
+    char magic[8];
+    uint32_t n = 0;
+    int ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, "ARKAE4M3", 8) && fread(&n, 4, 1, f) == 1 && n > 0 && n < (1u << 24);
+    float *x = ok ? malloc(sizeof(float) * n) : NULL;
+    uint8_t *cast = ok ? malloc(n) : NULL, *sat = ok ? malloc(n) : NULL;
+    float dec[256];
+    ok = ok && x && cast && sat && fread(x, 4, n, f) == n && fread(cast, 1, n, f) == n && fread(sat, 1, n, f) == n &&
+         fread(dec, 4, 256, f) == 256;
+    fclose(f);
+    T_CHECKF(ok, "%s: unreadable", path);
+    if (ok) {
+        int bad = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t a = dt_f32_to_e4m3(x[i]), b = dt_f32_to_e4m3_sat(x[i]);
+            /* NaN: PyTorch's NaN code carries the input's sign; compare the NaN-ness and sign */
+            int same_a = a == cast[i] || ((a & 0x7f) == 0x7f && (cast[i] & 0x7f) == 0x7f && isnan(x[i]));
+            int same_b = b == sat[i] || ((b & 0x7f) == 0x7f && (sat[i] & 0x7f) == 0x7f && isnan(x[i]));
+            if (!same_a || !same_b) {
+                if (bad++ < 5)
+                    fprintf(stderr, "  %.9g: cast 0x%02x (torch 0x%02x), saturating 0x%02x (torch 0x%02x)\n", x[i], a, cast[i], b,
+                            sat[i]);
+            }
+        }
+        for (int c = 0; c < 256; c++) {
+            float v = dt_e4m3_to_f32((uint8_t)c);
+            bad += !(v == dec[c] || (isnan(v) && isnan(dec[c])));
+        }
+        printf("e4m3 against PyTorch: %u casts, %u saturating casts, 256 codes, %d differ\n", n, n, bad);
+        T_EQ_INT(bad, 0);
+    }
+    free(x);
+    free(cast);
+    free(sat);
+}
+
 /* ---- a small safetensors writer -------------------------------------------------------------- */
 
 typedef struct {
@@ -714,6 +759,7 @@ int main(void) {
     snprintf(root, sizeof root, "/tmp/arka-fp8-XXXXXX");
     if (!mkdtemp(root)) { perror("mkdtemp"); return 1; }
     test_tables();
+    test_torch_table();
     test_layouts();
     test_quantize();
     test_refusals();
