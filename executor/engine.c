@@ -201,6 +201,9 @@ static void log_types(const mdl_model *m, int quantize, int kv_type) {
     if (quantize || c->fp8_weights || kv_type == DT_F8_E4M3 || kv_type == DT_Q8_0)
         CM_LOG_INFO("engine", "weight and KV cache types", "weights=\"%s\" quant_method=%s kv=%s%s", w,
                     c->quant_method[0] ? c->quant_method : "none", ex_kv_type_name(kv_type), kv);
+    if (c->kv_scales && kv_type != DT_F8_E4M3)
+        CM_LOG_INFO("engine", "the checkpoint's static KV-cache scales are not used (--kv-cache-dtype fp8 uses them)", "kv=%s",
+                    ex_kv_type_name(kv_type));
 }
 
 void ex_engine_opts_default(ex_engine_opts *o) {
