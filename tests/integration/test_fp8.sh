@@ -40,20 +40,20 @@ within() {
 }
 row() { printf '%-14s %-28s KL %-11s top-1 %7s %%  rel err %s\n' "$1" "$2" "$KL" "$TOP1" "$REL"; }
 
-# ---- random-weight models: 4 chunks of 128 random ids ----
-python3 -c 'import random; random.seed(3); print(" ".join(str(random.randrange(32000)) for _ in range(512)))' >"$TMP/ids.txt"
+# ---- random-weight models: 4 chunks of 64 random ids ----
+python3 -c 'import random; random.seed(3); print(" ".join(str(random.randrange(32000)) for _ in range(256)))' >"$TMP/ids.txt"
 echo "model          run                          against the model's own logits"
 for shape in tiny qwen3-tiny mixtral-tiny gemma2-tiny; do
     g=$TMP/$shape.gguf
     "$BIN" mkmodel "$shape" "$g" --type f16 --threads 2 >/dev/null 2>&1 || { bad "mkmodel $shape"; continue; }
-    "$BIN" perplexity -m "$g" --ids "$TMP/ids.txt" --ctx 128 --threads 2 --save-logits "$TMP/$shape.bin" >/dev/null 2>&1 ||
+    "$BIN" perplexity -m "$g" --ids "$TMP/ids.txt" --ctx 64 --threads 2 --save-logits "$TMP/$shape.bin" >/dev/null 2>&1 ||
         { bad "perplexity $shape"; continue; }
     declare -A K=()
     for run in "weights fp8|--quantize fp8" "KV fp8|--kv-cache-dtype fp8" "weights + KV fp8|--quantize fp8 --kv-cache-dtype fp8" \
                "KV q8_0|--kv-cache-dtype q8_0" "KV f16|--kv-cache-dtype f16"; do
         what=${run%%|*}
         # shellcheck disable=SC2086
-        kl "$g" "$TMP/$shape.bin" --ids "$TMP/ids.txt" --ctx 128 ${run#*|} || continue
+        kl "$g" "$TMP/$shape.bin" --ids "$TMP/ids.txt" --ctx 64 ${run#*|} || continue
         row "$shape" "$what" && K[$what]=$KL
         case $what in
         "KV f16") within 1e-6 98 "$shape $what" ;;
