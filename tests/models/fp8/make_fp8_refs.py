@@ -50,6 +50,7 @@ import sys
 
 import torch
 
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import make_refs  # noqa: E402  (tests/models/make_refs.py: configs, weights, logits format)
 
