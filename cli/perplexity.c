@@ -3,6 +3,7 @@
  *
  *   arka perplexity -m MODEL (-f TEXT | --ids IDS) [--ctx 512] [--first N] [--chunks N]
  *                   [--save-logits FILE] [--kl-divergence-base FILE] [--backend cpu|cuda]
+ *                   [--quantize fp8] [--kv-cache-dtype auto|f32|f16|fp8|q8_0]
  *
  * The tokens (the text tokenized without BOS, or the ids file's whitespace- or comma-separated
  * ids) are cut into chunks of --ctx; each chunk is one sequence from position 0 (a text
