@@ -68,7 +68,7 @@ static double median(double *v, int n) {
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *backend = "cpu";
+    const char *model = NULL, *backend = "cpu", *quantize = NULL, *kv_dtype = NULL;
     int prompt = 512, gen = 128, batch = 1, threads = 0, reps = 3, sample = 0;
     float temp = 0.8f;
     double bw = 0, mem_fraction = 0, graph_budget_s = 60;
@@ -76,6 +76,8 @@ int main(int argc, char **argv) {
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file" },
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
+        { "quantize", 0, CM_OPT_STR, &quantize, "none | fp8: F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
+        { "kv-cache-dtype", 0, CM_OPT_STR, &kv_dtype, "auto | f32 | f16 | fp8 | q8_0 (auto: the backend's default)" },
         { "prompt", 0, CM_OPT_INT, &prompt, "prompt tokens" },
         { "gen", 0, CM_OPT_INT, &gen, "generated tokens per sequence" },
         { "batch", 0, CM_OPT_INT, &batch, "sequences decoded together" },
@@ -118,13 +120,15 @@ int main(int argc, char **argv) {
     const mdl_config *c = &m->cfg;
     ex_engine_opts o;
     ex_engine_opts_default(&o);
+    if (ex_engine_opts_types(&o, quantize, kv_dtype, err, sizeof err)) { fprintf(stderr, "bench_engine: %s\n", err); return 2; }
+    int kv_type = o.kv_type >= 0 ? o.kv_type : ex_backend_default_kv_type(backend);
     o.backend = backend;
     o.n_threads = threads;
     o.n_ctx = prompt + gen + 16;
     o.max_tokens = prompt > batch ? prompt : batch;
     o.max_seqs = batch;
     o.max_out = batch;
-    int64_t kv_need = (int64_t)ex_kv_block_bytes(c, 16, ex_backend_default_kv_type(backend)) * batch *
+    int64_t kv_need = (int64_t)ex_kv_block_bytes(c, 16, kv_type) * batch *
                       ((o.n_ctx + 15) / 16 + 1);
     o.kv_cache_mb = kv_need / 1048576 + 16;
     o.cuda_graph_budget_s = graph_budget_s;
@@ -192,10 +196,12 @@ int main(int argc, char **argv) {
     }
     double dec_total = cm_time_s() - dec0;
     double step = median(st, gen);
-    size_t kv_el = (size_t)ex_kv_block_bytes(c, 1, ex_backend_default_kv_type(backend)); /* bytes per position */
-    double bytes = (double)m->weight_bytes + (double)kv_el * (prompt + gen / 2) * batch;
+    size_t kv_el = (size_t)ex_kv_block_bytes(c, 1, kv_type); /* bytes per position */
+    const mdl_model *run = ex_engine_model(e); /* the --quantize copy when there is one */
+    double bytes = (double)run->weight_bytes + (double)kv_el * (prompt + gen / 2) * batch;
     double bound = bw * 1e9 / bytes; /* steps per second the bandwidth allows */
-    printf("model %s backend %s: load %.2f s, weights %.2f GiB\n", model, backend, t_load, m->weight_bytes / 1073741824.0);
+    printf("model %s backend %s: load %.2f s, weights %.2f GiB, KV %s\n", model, backend, t_load, run->weight_bytes / 1073741824.0,
+           ex_kv_type_name(kv_type));
     printf("prefill %d tokens: %.1f ms, %.0f tok/s\n", prompt, prefill_s * 1e3, prompt / prefill_s);
     char how[64];
     snprintf(how, sizeof how, " with sampling (T=%g, top_p=0.95)", temp);

@@ -10,13 +10,15 @@
 int cli_executor(int argc, char **argv) {
     ex_proc_opts o;
     ex_proc_opts_default(&o);
-    const char *backend = "cpu";
+    const char *backend = "cpu", *quantize = NULL, *kv_dtype = NULL;
     int64_t kv_mb = 0;
     /* --log-level comes with every table: cm_config_parse applies it (cm_config.h) */
     cm_opt opts[] = {
         { "shm", 0, CM_OPT_STR, &o.spec, "attach spec of the shared-memory segment (from the gateway)" },
         { "model", 'm', CM_OPT_STR, &o.model, "model file (GGUF) or safetensors directory" },
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
+        { "quantize", 0, CM_OPT_STR, &quantize, "none | fp8: convert F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
+        { "kv-cache-dtype", 0, CM_OPT_STR, &kv_dtype, "KV cache type: auto (the backend's: cpu f32, cuda f16) | f32 | f16 | fp8 | q8_0" },
         { "device", 0, CM_OPT_INT, &o.engine.device, "cuda device ordinal" },
         { "threads", 't', CM_OPT_INT, &o.engine.n_threads, "cpu threads (0 = all cores)" },
         { "kv-cache-mb", 0, CM_OPT_I64, &kv_mb, "KV cache budget in MiB (0 = automatic: cuda from --gpu-memory-fraction)" },
@@ -42,6 +44,10 @@ int cli_executor(int argc, char **argv) {
         return 2;
     }
     if (cli_check_cuda_opts("executor", o.engine.gpu_mem_fraction, o.engine.cuda_graph_budget_s)) return 2;
+    if (ex_engine_opts_types(&o.engine, quantize, kv_dtype, err, sizeof err)) {
+        fprintf(stderr, "arka executor: %s\n", err);
+        return 2;
+    }
     o.engine.backend = backend;
     o.engine.kv_cache_mb = kv_mb;
     return ex_proc_run(&o);

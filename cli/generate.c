@@ -26,7 +26,7 @@
 #define MAX_THREADS     1024          /* what the CPU thread pool accepts (k_pool_create) */
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids, *backend;
+    const char *model, *prompt, *prompt_ids, *backend, *quantize, *kv_dtype;
     int     n_predict, top_k, threads, ctx, ids, block_size, batch, no_bos;
     float   temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int     repeat_last_n;
@@ -143,6 +143,8 @@ int cli_generate(int argc, char **argv) {
         { "ctx", 'c', CM_OPT_INT, &g.ctx, "context length; 0 = the model's training context" },
         { "batch", 'b', CM_OPT_INT, &g.batch, "tokens per forward pass (prefill chunk; default 512)" },
         { "backend", 0, CM_OPT_STR, &g.backend, "cpu | cuda" },
+        { "quantize", 0, CM_OPT_STR, &g.quantize, "none | fp8: convert F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
+        { "kv-cache-dtype", 0, CM_OPT_STR, &g.kv_dtype, "KV cache type: auto (the backend's: cpu f32, cuda f16) | f32 | f16 | fp8 | q8_0" },
         { "ids", 0, CM_OPT_BOOL, &g.ids, "print token ids instead of text" },
         { "no-bos", 0, CM_OPT_BOOL, &g.no_bos, "do not prepend BOS to a text prompt" },
         { 0 } };
@@ -252,6 +254,11 @@ int cli_generate(int argc, char **argv) {
 
     ex_engine_opts eo;
     ex_engine_opts_default(&eo);
+    if (ex_engine_opts_types(&eo, g.quantize, g.kv_dtype, err, sizeof err)) {
+        fprintf(stderr, "arka generate: %s\n", err);
+        rc = 2;
+        goto done;
+    }
     eo.backend = g.backend;
     eo.n_threads = g.threads;
     eo.kv_cache_mb = g.kv_cache_mb;
@@ -268,7 +275,7 @@ int cli_generate(int argc, char **argv) {
     if (g.kv_cache_mb == 0 && strcmp(g.backend, "cuda")) {
         /* exactly what this sequence needs, within the default budget (cuda sizes its pool from
          * --gpu-memory-fraction: one sequence of --ctx, max_seqs being 1) */
-        int kvt = ex_backend_default_kv_type(g.backend);
+        int kvt = eo.kv_type >= 0 ? eo.kv_type : ex_backend_default_kv_type(g.backend);
         size_t bb = kvt >= 0 ? ex_kv_block_bytes(c, bs, kvt) : 0;
         if (bb) {
             int64_t fit = ex_kv_default_bytes(need_blocks * (int64_t)bb) / (int64_t)bb;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define DEFAULT_VOCAB "../shared/models/vocab/ggml-vocab-llama-spm.gguf" /* relative to the project root */
@@ -447,6 +448,9 @@ int cli_mkmodel(int argc, char **argv) {
         if (!s) fprintf(stderr, "arka mkmodel: unknown shape '%s'\n", pos[0]);
         else if (n_threads < 1 || n_threads > MAX_THREADS) fprintf(stderr, "arka mkmodel: --threads must be 0..%d\n", MAX_THREADS);
         else if (vocab_size < 0 || vocab_size > (1 << 24)) fprintf(stderr, "arka mkmodel: --vocab-size must be 1..%d\n", 1 << 24);
+        else if (type == DT_F8_E4M3 || !strcasecmp(type_name, "fp8"))
+            fprintf(stderr, "arka mkmodel: --type '%s': GGUF has no FP8 type (write f16 or bf16 and load it with --quantize fp8)\n",
+                    type_name);
         else fprintf(stderr, "arka mkmodel: unsupported --type '%s'\n", type_name);
         usage(opts, stderr);
         return 2;

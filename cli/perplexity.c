@@ -3,6 +3,7 @@
  *
  *   arka perplexity -m MODEL (-f TEXT | --ids IDS) [--ctx 512] [--first N] [--chunks N]
  *                   [--save-logits FILE] [--kl-divergence-base FILE] [--backend cpu|cuda]
+ *                   [--quantize fp8] [--kv-cache-dtype auto|f32|f16|fp8|q8_0]
  *
  * The tokens (the text tokenized without BOS, or the ids file's whitespace- or comma-separated
  * ids) are cut into chunks of --ctx; each chunk is one sequence from position 0 (a text
@@ -140,7 +141,8 @@ static void usage(const cm_opt *opts, FILE *f) {
 }
 
 int cli_perplexity(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *ids_path = NULL, *save = NULL, *base = NULL, *backend = "cpu";
+    const char *model = NULL, *text = NULL, *ids_path = NULL, *save = NULL, *base = NULL, *backend = "cpu", *quantize = NULL,
+               *kv_dtype = NULL;
     int ctx = 512, first = -1, chunks = 0, batch = 512, threads = 0, no_bos = 0;
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file (GGUF) or safetensors directory" },
@@ -151,6 +153,8 @@ int cli_perplexity(int argc, char **argv) {
         { "chunks", 0, CM_OPT_INT, &chunks, "score at most this many chunks; 0 = all (default)" },
         { "batch", 'b', CM_OPT_INT, &batch, "tokens per forward pass (default 512)" },
         { "backend", 0, CM_OPT_STR, &backend, "cpu | cuda" },
+        { "quantize", 0, CM_OPT_STR, &quantize, "none | fp8: convert F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
+        { "kv-cache-dtype", 0, CM_OPT_STR, &kv_dtype, "KV cache type: auto (the backend's: cpu f32, cuda f16) | f32 | f16 | fp8 | q8_0" },
         { "threads", 't', CM_OPT_INT, &threads, "CPU threads; 0 = automatic" },
         { "no-bos", 0, CM_OPT_BOOL, &no_bos, "text: do not put BOS at the start of each chunk" },
         { "save-logits", 0, CM_OPT_STR, &save, "write the scored positions' float32 logits to FILE" },
@@ -173,6 +177,9 @@ int cli_perplexity(int argc, char **argv) {
     if (first < 0) first = ctx / 2;
     if (first >= ctx) USAGE_ERR("--first %d must be below --ctx %d", first, ctx);
     if (chunks < 0 || batch < 1 || threads < 0) USAGE_ERR("--chunks >= 0, --batch >= 1, --threads >= 0");
+    ex_engine_opts eo;
+    ex_engine_opts_default(&eo);
+    if (ex_engine_opts_types(&eo, quantize, kv_dtype, err, sizeof err)) USAGE_ERR("%s", err);
 
     int rc = 1;
     mdl_model *m = NULL;
@@ -265,8 +272,6 @@ int cli_perplexity(int argc, char **argv) {
         }
     }
 
-    ex_engine_opts eo;
-    ex_engine_opts_default(&eo);
     eo.backend = backend;
     eo.n_threads = threads;
     eo.n_ctx = ctx;

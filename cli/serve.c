@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "common/cm_config.h"
 #include "common/cm_log.h"
+#include "executor/engine.h"
 #include "gateway/serve.h"
 
 #include <stdio.h>
@@ -19,6 +20,8 @@ int cli_serve(int argc, char **argv) {
         { "host", 0, CM_OPT_STR, &o.host, "listen address (default 127.0.0.1)" },
         { "port", 0, CM_OPT_INT, &o.port, "listen port (default 8080; 0 = any free port)" },
         { "backend", 0, CM_OPT_STR, &o.backend, "cpu | cuda (default cpu)" },
+        { "quantize", 0, CM_OPT_STR, &o.quantize, "none | fp8: executors convert F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
+        { "kv-cache-dtype", 0, CM_OPT_STR, &o.kv_cache_dtype, "KV cache type: auto (the backend's: cpu f32, cuda f16) | f32 | f16 | fp8 | q8_0" },
         { "devices", 0, CM_OPT_STR, &o.devices, "cuda: GPU ordinals, one executor each (default 0)" },
         { "threads", 't', CM_OPT_INT, &o.threads, "cpu threads per executor (0 = all cores)" },
         { "kv-cache-mb", 0, CM_OPT_I64, &o.kv_cache_mb, "KV cache budget per executor in MiB (0 = automatic: cuda from --gpu-memory-fraction)" },
@@ -68,6 +71,12 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;
+    ex_engine_opts eo; /* the executors apply them: checked here so a bad value stops serve at once */
+    ex_engine_opts_default(&eo);
+    if (ex_engine_opts_types(&eo, o.quantize, o.kv_cache_dtype, err, sizeof err)) {
+        fprintf(stderr, "arka serve: %s\n", err);
+        return 2;
+    }
     return gw_serve_run(&o);
 }
 #endif

@@ -33,7 +33,9 @@ typedef struct ex_backend_opts {
                       * model has some (their own block ids: batch->block_tables_swa) */
     int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
-    int kv_type;     /* element type of the KV storage: DT_F32 or DT_F16 (model/dtype.h) */
+    int kv_type;     /* element type of the KV storage (executor/kv.h's layouts): cpu DT_F32, DT_F16,
+                      * DT_F8_E4M3, DT_Q8_0; cuda DT_F16 (the engine refuses a backend whose
+                      * ex_backend.kv_type differs from what was asked) */
     /* cuda, lim.n_kv_blocks == 0: the pool takes what is left of mem_fraction x the device's
      * memory after the weights, activations and workspaces (ex_kv_fit_blocks), at least one
      * sequence of n_ctx positions (max(2, lim.max_blocks) blocks, else CM_ENOKV) and at most
@@ -84,8 +86,9 @@ struct ex_backend {
 typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                                     char *err, size_t errlen);
 
-/* The CPU backend (always built). Weights are used in place (mmapped), K/V in F32. Every
- * model the loader accepts runs on it (mdl_features: all).
+/* The CPU backend (always built). Weights are used in place (mmapped; F8_E4M3 as code x row
+ * scale), K/V in any of its kv types. Every model the loader accepts runs on it (mdl_features:
+ * all).
  * Returns 0, CM_EUNSUPPORTED (architecture or a weight type without a kernel), CM_ENOMEM,
  * CM_EINVAL; writes one line into err. */
 int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,

@@ -1,7 +1,9 @@
 /* backend_cpu: the reference backend. Weights are read in place from the model's mapping
  * through k_matmul (every GGUF weight type kcpu has a kernel for; quantized experts stay
- * quantized); the KV pools are host f32 (one for the full-attention layers, one for the
- * sliding-window layers); all scratch is sized at create time for the engine's limits.
+ * quantized; F8_E4M3 matrices as code x row scale, k_matmul_scaled); the KV pools are host
+ * memory of the engine's KV type (f32 by default; f16, fp8 and q8_0 in executor/kv.h's layout,
+ * rounded exactly as that layout says), one for the full-attention layers, one for the
+ * sliding-window layers; all scratch is sized at create time for the engine's limits.
  *
  * One layer, top to bottom (model.h lists which model uses which step):
  *   xn = rmsnorm(x, attn_norm); q, k, v = xn Wq, Wk, Wv (+ biases); q, k = rmsnorm per head
@@ -43,9 +45,10 @@ typedef struct {
     k_rope_params rope, rope_swa; /* full-attention layers, sliding-window layers */
     cpu_layer *ly;       /* [n_layer] */
     float *out_norm;     /* [n_embd] */
-    float *kv;           /* [n_full layers][2][n_kv_blocks][block_size][n_head_kv][head_dim] */
-    float *kv_swa;       /* [n_swa layers][2][n_kv_blocks_swa][block_size][n_head_kv][head_dim] */
-    size_t kv_half, kv_half_swa; /* elements of one layer's K (or V) pool */
+    int kv_type;         /* executor/kv.h: the element type and block layout of K and V */
+    uint8_t *kv;         /* [n_full layers][2][n_kv_blocks] blocks of k_kv_block_bytes() */
+    uint8_t *kv_swa;     /* [n_swa layers][2][n_kv_blocks_swa] blocks */
+    size_t kv_half, kv_half_swa; /* bytes of one layer's K (or V) pool */
     /* scratch, T = lim.max_tokens, R = lim.max_out, F = max(n_ff, n_ff_exp) */
     float *x;            /* [T, n_embd] residual stream */
     float *xn;           /* [T, n_embd] normed input / projection output */
@@ -102,14 +105,16 @@ static void cpu_destroy(ex_backend *base) {
 }
 
 static int mm(cpu_be *b, const mdl_tensor *w, const float *x, int64_t n_tok, float *y) {
-    return k_matmul(b->pool, w->data, w->type, w->ne[0], w->ne[1], x, n_tok, y);
+    return k_matmul_scaled(b->pool, w->data, w->type, w->scale, w->ne[0], w->ne[1], x, n_tok, y);
 }
 
-/* 1 when the tensors lie back to back in memory with the same type and row length. */
+/* 1 when the tensors lie back to back in memory with the same type and row length (and their
+ * FP8 row scales too). */
 static int adjacent(const mdl_tensor *const *t, int n) {
     for (int i = 1; i < n; i++)
         if (!t[i]->data || t[i]->type != t[0]->type || t[i]->ne[0] != t[0]->ne[0] ||
-            (const uint8_t *)t[i - 1]->data + t[i - 1]->nbytes != (const uint8_t *)t[i]->data)
+            (const uint8_t *)t[i - 1]->data + t[i - 1]->nbytes != (const uint8_t *)t[i]->data ||
+            (t[0]->scale && t[i - 1]->scale + t[i - 1]->ne[1] != t[i]->scale))
             return 0;
     return 1;
 }
@@ -120,7 +125,7 @@ static int gated_mlp(cpu_be *b, const mdl_tensor *wg, const mdl_tensor *wu, int 
     int rc;
     void (*act)(const float *, const float *, int64_t, float *) = b->m->cfg.ffn_act == MDL_ACT_GELU_TANH ? k_geglu : k_swiglu;
     if (fused) {
-        if ((rc = k_matmul(b->pool, wg->data, wg->type, E, 2 * F, x, T, b->gu))) return rc;
+        if ((rc = k_matmul_scaled(b->pool, wg->data, wg->type, wg->scale, E, 2 * F, x, T, b->gu))) return rc;
         for (int64_t t = 0; t < T; t++) act(b->gu + t * 2 * F, b->gu + t * 2 * F + F, F, b->h + t * F);
     } else {
         if ((rc = mm(b, wg, x, T, b->gu)) || (rc = mm(b, wu, x, T, b->gu + T * F))) return rc;
@@ -188,7 +193,7 @@ static int run_layers(cpu_be *b, const ex_batch *bt, int *n_rows) {
         .block_size = b->lim.block_size, .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)D)),
         .softcap = c->attn_softcap,
         .q = b->q, .out = b->att, .tok_pos = bt->pos, .tok_seq = bt->seq,
-        .bt_stride = bt->bt_stride, .n_blocks = bt->n_blocks,
+        .bt_stride = bt->bt_stride, .n_blocks = bt->n_blocks, .kv_type = b->kv_type,
     };
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *L = &m->layers[l];
@@ -197,7 +202,7 @@ static int run_layers(cpu_be *b, const ex_batch *bt, int *n_rows) {
         k_rmsnorm(b->x, cl->attn_norm, T, E, c->norm_eps, b->xn);
         if (cl->qkv_fused) {
             const int64_t R = (H + 2 * HKV) * D;
-            if ((rc = k_matmul(b->pool, L->wq.data, L->wq.type, E, R, b->xn, T, b->qkv))) return rc;
+            if ((rc = k_matmul_scaled(b->pool, L->wq.data, L->wq.type, L->wq.scale, E, R, b->xn, T, b->qkv))) return rc;
             for (int64_t t = 0; t < T; t++) {
                 const float *r = b->qkv + t * R;
                 memcpy(b->q + t * H * D, r, sizeof(float) * (size_t)(H * D));
@@ -218,15 +223,17 @@ static int run_layers(cpu_be *b, const ex_batch *bt, int *n_rows) {
         const k_rope_params *rp = cl->swa ? &b->rope_swa : &b->rope;
         k_rope(rp, b->q, T, (int)H, (int)D, bt->pos);
         k_rope(rp, b->k, T, (int)HKV, (int)D, bt->pos);
+        a.k_scale = L->k_scale;
+        a.v_scale = L->v_scale;
         if (cl->swa) {
             a.k_pool = b->kv_swa + (size_t)cl->slot * 2 * b->kv_half_swa;
-            a.v_pool = a.k_pool + b->kv_half_swa;
+            a.v_pool = (uint8_t *)a.k_pool + b->kv_half_swa;
             a.block_tables = bt->block_tables_swa;
             a.n_pool_blocks = b->lim.n_kv_blocks_swa;
             a.window = c->n_swa;
         } else {
             a.k_pool = b->kv + (size_t)cl->slot * 2 * b->kv_half;
-            a.v_pool = a.k_pool + b->kv_half;
+            a.v_pool = (uint8_t *)a.k_pool + b->kv_half;
             a.block_tables = bt->block_tables;
             a.n_pool_blocks = b->lim.n_kv_blocks;
             a.window = 0;
@@ -284,15 +291,14 @@ static int cpu_forward_hidden(ex_backend *base, const ex_batch *bt, const float 
 static int cpu_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
     cpu_be *b = base->impl;
     const mdl_config *c = &b->m->cfg;
-    if (src < 0 || dst < 0 || src >= b->lim.n_kv_blocks || dst >= b->lim.n_kv_blocks || n_tok < 0 ||
-        n_tok > b->lim.block_size)
-        return CM_EINVAL;
-    size_t row = (size_t)c->n_head_kv * c->head_dim, blk = row * b->lim.block_size;
-    for (int l = 0; l < c->n_layer - c->n_layer_swa; l++)
-        for (int h = 0; h < 2; h++) {
-            float *pool = b->kv + ((size_t)l * 2 + h) * b->kv_half;
-            memmove(pool + dst * blk, pool + src * blk, sizeof(float) * row * (size_t)n_tok);
-        }
+    k_attn_args a = { .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .block_size = b->lim.block_size,
+                      .n_pool_blocks = b->lim.n_kv_blocks, .kv_type = b->kv_type };
+    for (int l = 0; l < c->n_layer - c->n_layer_swa; l++) {
+        a.k_pool = b->kv + (size_t)l * 2 * b->kv_half;
+        a.v_pool = (uint8_t *)a.k_pool + b->kv_half;
+        int rc = k_kv_copy(&a, src, dst, n_tok);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -300,7 +306,7 @@ static int cpu_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
  * which types they support, and this reports the first one they don't. */
 static int check_weight(cpu_be *b, const mdl_tensor *w, float *tmp, char *err, size_t errlen) {
     if (!w->data) return 0;
-    int rc = k_matmul(b->pool, w->data, w->type, w->ne[0], 1, tmp, 1, tmp + w->ne[0]);
+    int rc = k_matmul_scaled(b->pool, w->data, w->type, w->scale, w->ne[0], 1, tmp, 1, tmp + w->ne[0]);
     if (rc == CM_EUNSUPPORTED)
         snprintf(err, errlen, "tensor %s: type %s is not supported by the cpu backend", w->name,
                  dt_name(w->type) ? dt_name(w->type) : "?");
@@ -335,8 +341,11 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     *out = NULL;
     const mdl_config *c = &m->cfg;
     const ex_limits *L = &o->lim;
-    if (o->kv_type != DT_F32) {
-        snprintf(err, errlen, "cpu backend: KV cache type %s not supported (F32 only)", dt_name(o->kv_type) ? dt_name(o->kv_type) : "?");
+    size_t kv_blk = k_kv_block_bytes(o->kv_type, L->block_size, c->n_head_kv, c->head_dim);
+    if (!kv_blk || o->kv_type == DT_BF16) {
+        snprintf(err, errlen, "cpu backend: KV cache type %s not supported%s (f32, f16, fp8, q8_0)",
+                 dt_name(o->kv_type) ? dt_name(o->kv_type) : "?",
+                 o->kv_type == DT_Q8_0 && c->head_dim % 32 ? " for a head_dim that is not a multiple of 32" : "");
         return CM_EUNSUPPORTED;
     }
     if (L->n_kv_blocks <= 0 || (c->n_layer_swa > 0 && L->n_kv_blocks_swa <= 0)) {
@@ -359,7 +368,8 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->m = m;
     b->lim = *L;
     b->base.name = "cpu";
-    b->base.kv_type = DT_F32;
+    b->base.kv_type = o->kv_type;
+    b->kv_type = o->kv_type;
     b->base.n_kv_blocks = L->n_kv_blocks;
     b->base.n_kv_blocks_swa = c->n_layer_swa > 0 ? L->n_kv_blocks_swa : 0;
     b->lim.n_kv_blocks_swa = b->base.n_kv_blocks_swa;
@@ -428,11 +438,11 @@ int ex_backend_cpu_create(const mdl_model *m, const ex_backend_opts *o, ex_backe
     b->out_norm = f32_copy(&m->out_norm, E, &rc);
     if (rc || !b->out_norm) goto nomem;
 
-    b->kv_half = (size_t)L->n_kv_blocks * L->block_size * (size_t)KD;
-    b->kv_half_swa = (size_t)b->lim.n_kv_blocks_swa * L->block_size * (size_t)KD;
-    double kv_mib = sizeof(float) * 2.0 * ((double)b->kv_half * n_full + (double)b->kv_half_swa * n_swa) / 1048576.0;
-    if ((n_full && !(b->kv = malloc(sizeof(float) * b->kv_half * 2 * (size_t)n_full))) ||
-        (n_swa && !(b->kv_swa = malloc(sizeof(float) * b->kv_half_swa * 2 * (size_t)n_swa)))) {
+    b->kv_half = (size_t)L->n_kv_blocks * kv_blk;
+    b->kv_half_swa = (size_t)b->lim.n_kv_blocks_swa * kv_blk;
+    double kv_mib = 2.0 * ((double)b->kv_half * n_full + (double)b->kv_half_swa * n_swa) / 1048576.0;
+    if ((n_full && !(b->kv = malloc(b->kv_half * 2 * (size_t)n_full))) ||
+        (n_swa && !(b->kv_swa = malloc(b->kv_half_swa * 2 * (size_t)n_swa)))) {
         snprintf(err, errlen, "cpu backend: cannot allocate the KV cache (%.1f MiB)", kv_mib);
         rc = CM_ENOMEM;
         goto fail;

@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct ex_engine {
-    const mdl_model *m;
+    const mdl_model *m;  /* what the backend runs: the caller's model or qm */
+    mdl_model  *qm;      /* the --quantize copy, owned; NULL without one */
     ex_limits   lim;
     ex_kv      *kv;
     ex_backend *be;
@@ -165,6 +167,45 @@ int ex_backend_create(const char *name, const mdl_model *m, const ex_backend_opt
 
 /* ---- engine -------------------------------------------------------------------------- */
 
+int ex_quant_from_name(const char *name) {
+    if (name && !strcmp(name, "none")) return EX_QUANT_NONE;
+    if (name && !strcmp(name, "fp8")) return EX_QUANT_FP8;
+    return -1;
+}
+
+int ex_engine_opts_types(ex_engine_opts *o, const char *quantize, const char *kv_cache_dtype, char *err, size_t errlen) {
+    int q = quantize ? ex_quant_from_name(quantize) : EX_QUANT_NONE;
+    int kv = kv_cache_dtype ? ex_kv_type_from_name(kv_cache_dtype) : -1;
+    if (q < 0) {
+        snprintf(err, errlen, "--quantize '%s': expected none or fp8 (F16/BF16 weights to FP8 E4M3 with per-output-channel "
+                 "scales at load)", quantize);
+        return CM_EINVAL;
+    }
+    if (kv == -2) {
+        snprintf(err, errlen, "--kv-cache-dtype '%s': expected auto, f32, f16, fp8 or q8_0", kv_cache_dtype);
+        return CM_EINVAL;
+    }
+    o->quantize = q;
+    o->kv_type = kv;
+    return 0;
+}
+
+/* One log line for what the weights and the KV cache are stored as. */
+static void log_types(const mdl_model *m, int quantize, int kv_type) {
+    const mdl_config *c = &m->cfg;
+    const char *w = quantize == EX_QUANT_FP8 ? "fp8 (--quantize fp8: per-output-channel scales)"
+                    : c->fp8_weights       ? "fp8 (the checkpoint's scales)"
+                                           : "as stored";
+    const char *kv = kv_type != DT_F8_E4M3 ? "" : c->kv_scales ? " (static scales per head from the checkpoint)"
+                                                              : " (scales per position and head, amax/448 when written)";
+    if (quantize || c->fp8_weights || kv_type == DT_F8_E4M3 || kv_type == DT_Q8_0)
+        CM_LOG_INFO("engine", "weight and KV cache types", "weights=\"%s\" quant_method=%s kv=%s%s", w,
+                    c->quant_method[0] ? c->quant_method : "none", ex_kv_type_name(kv_type), kv);
+    if (c->kv_scales && kv_type != DT_F8_E4M3)
+        CM_LOG_INFO("engine", "the checkpoint's static KV-cache scales are not used (--kv-cache-dtype fp8 uses them)", "kv=%s",
+                    ex_kv_type_name(kv_type));
+}
+
 void ex_engine_opts_default(ex_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
@@ -175,7 +216,7 @@ void ex_engine_opts_default(ex_engine_opts *o) {
 
 int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **out, char *err, size_t errlen) {
     *out = NULL;
-    const mdl_config *c = &m->cfg;
+    const mdl_config *c = &m->cfg; /* the quantized copy's once there is one */
     const char *bname = o->backend ? o->backend : "cpu";
     ex_limits L;
     memset(&L, 0, sizeof L);
@@ -212,8 +253,13 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     int kv_type = o->kv_type >= 0 ? o->kv_type : ex_backend_default_kv_type(bname);
     size_t bbytes = kv_type >= 0 ? ex_kv_block_bytes(c, L.block_size, kv_type) : 0;
     if (!bbytes) {
-        snprintf(err, errlen, "engine: unsupported KV element type %d for backend '%s'", kv_type, bname);
+        snprintf(err, errlen, "engine: KV cache type %s cannot hold this model's heads (head_dim %d) or is unknown to backend '%s'",
+                 ex_kv_type_name(kv_type), c->head_dim, bname);
         return CM_EUNSUPPORTED;
+    }
+    if (o->quantize != EX_QUANT_NONE && o->quantize != EX_QUANT_FP8) {
+        snprintf(err, errlen, "engine: unknown weight quantization %d (none, fp8)", o->quantize);
+        return CM_EINVAL;
     }
     const int swa = c->n_layer_swa > 0;
     if (swa) L.swa_window = c->n_swa;
@@ -264,11 +310,25 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     ex_engine *e = calloc(1, sizeof *e);
     if (!e) return CM_ENOMEM;
     e->m = m;
+    int rc;
+    if (o->quantize == EX_QUANT_FP8) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int nt = o->n_threads > 0 ? o->n_threads : cores > 0 ? (int)cores : 1;
+        if ((rc = mdl_quantize(m, DT_F8_E4M3, nt, &e->qm, err, errlen))) goto fail;
+        e->m = m = e->qm;
+        c = &m->cfg;
+    }
     ex_backend_opts bo = { .lim = L, .n_threads = o->n_threads, .device = o->device, .kv_type = kv_type,
                            .mem_fraction = o->gpu_mem_fraction, .graph_budget_s = o->cuda_graph_budget_s,
                            .cuda = o->cuda };
-    int rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
+    rc = ex_backend_create(bname, m, &bo, &e->be, err, errlen);
     if (rc) goto fail;
+    if (e->be->kv_type != kv_type) {
+        snprintf(err, errlen, "backend '%s' keeps the KV cache as %s; --kv-cache-dtype %s is not implemented there", bname,
+                 ex_kv_type_name(e->be->kv_type), ex_kv_type_name(kv_type));
+        rc = CM_EUNSUPPORTED;
+        goto fail;
+    }
     unsigned missing = mdl_features(c) & ~e->be->features;
     if (missing) {
         char names[256];
@@ -290,6 +350,7 @@ int ex_engine_create(const mdl_model *m, const ex_engine_opts *o, ex_engine **ou
     if (rc) { snprintf(err, errlen, "engine: KV block allocator for %d blocks: %s", L.n_kv_blocks, cm_err_str(rc)); goto fail; }
     rc = ex_sampler_create(L.n_vocab, &e->smp);
     if (rc) { snprintf(err, errlen, "engine: sampler: %s", cm_err_str(rc)); goto fail; }
+    log_types(m, o->quantize, kv_type);
     *out = e;
     return 0;
 fail:
@@ -302,6 +363,7 @@ void ex_engine_destroy(ex_engine *e) {
     if (e->be) e->be->destroy(e->be);
     ex_sampler_destroy(e->smp);
     ex_kv_destroy(e->kv);
+    mdl_free(e->qm);
     free(e);
 }
 

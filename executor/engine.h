@@ -137,6 +137,11 @@ typedef struct ex_cuda_opts {
     int64_t     fault_at_step; /* testing: a trapping kernel in that step (--cuda-fault-at-step) */
 } ex_cuda_opts;
 
+/* Weight conversion at create (--quantize). */
+enum ex_quant { EX_QUANT_NONE = 0, EX_QUANT_FP8 = 1 };
+/* Parses --quantize: "none" -> EX_QUANT_NONE, "fp8" -> EX_QUANT_FP8; -1 for anything else. */
+int ex_quant_from_name(const char *name);
+
 typedef struct ex_engine_opts {
     const char *backend;    /* "cpu" (default) or "cuda" (when built) */
     int     n_threads;      /* cpu: threads including the caller; 0 = automatic (cores, fewer for tiny models) */
@@ -153,14 +158,23 @@ typedef struct ex_engine_opts {
     int     max_seqs;       /* sequences per step; 0 = cpu 64, cuda ex_backend_cuda_defaults */
     int     max_out;        /* logits rows per step; 0 = max_seqs */
     int     device;         /* cuda: device ordinal */
-    int     kv_type;        /* KV element type (DT_F32 / DT_F16); -1 = the backend's default */
+    int     kv_type;        /* KV element type (executor/kv.h: DT_F32, DT_F16, DT_F8_E4M3, DT_Q8_0; --kv-cache-dtype,
+                             * ex_kv_type_from_name); -1 = the backend's default. A backend that would
+                             * store another type than asked is refused at create, naming both */
     ex_cuda_opts cuda;
+    int     quantize;       /* enum ex_quant. EX_QUANT_FP8: the engine runs a copy of the model whose F32/F16/BF16
+                             * layer matrices are FP8 E4M3 with per-output-channel scales (mdl_quantize), made at
+                             * create with n_threads threads (0: every core) and freed with the engine */
 } ex_engine_opts;
 
 typedef struct ex_engine ex_engine;
 
 /* Fills the defaults above (zero = automatic, except the two cuda defaults). Can't fail. */
 void ex_engine_opts_default(ex_engine_opts *o);
+/* Sets o->quantize and o->kv_type from the command-line words of --quantize ("none", "fp8";
+ * NULL: none) and --kv-cache-dtype ("auto", "f32", "f16", "fp8", "q8_0"; NULL: auto).
+ * Returns 0, or CM_EINVAL with "--flag 'value': expected ..." in err. */
+int ex_engine_opts_types(ex_engine_opts *o, const char *quantize, const char *kv_cache_dtype, char *err, size_t errlen);
 
 /* Creates the backend for model m (which must outlive the engine), then the KV block
  * allocator for the pool the backend allocated (its size is known only then on cuda, where
@@ -176,6 +190,7 @@ void ex_engine_destroy(ex_engine *e); /* accepts NULL */
 const ex_limits *ex_engine_limits(const ex_engine *e);
 ex_kv           *ex_engine_kv(ex_engine *e);
 ex_backend      *ex_engine_backend(ex_engine *e);
+/* The model the backend runs: the one given to ex_engine_create, or its quantized copy. */
 const mdl_model *ex_engine_model(const ex_engine *e);
 
 /* Runs one forward pass. On success *logits points to [b->n_out, n_vocab] floats owned by

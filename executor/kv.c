@@ -22,15 +22,45 @@ struct ex_kv {
     pool p[2];          /* [0] full-attention layers, [1] sliding-window layers (n_blocks 0: none) */
 };
 
-static size_t el_size(int kv_type) { return kv_type == DT_F32 ? 4 : (kv_type == DT_F16 || kv_type == DT_BF16) ? 2 : 0; }
+size_t ex_kv_head_bytes(int kv_type, int head_dim) {
+    if (head_dim <= 0) return 0;
+    switch (kv_type) {
+    case DT_F32: return 4 * (size_t)head_dim;
+    case DT_F16: case DT_BF16: return 2 * (size_t)head_dim;
+    case DT_F8_E4M3: return (size_t)head_dim + 4; /* codes + one f32 scale */
+    case DT_Q8_0: return head_dim % QK8_0 ? 0 : (size_t)(head_dim / QK8_0) * sizeof(blk_q8_0);
+    default: return 0;
+    }
+}
 
 size_t ex_kv_group_bytes(const mdl_config *c, int swa, int block_size, int kv_type) {
     int layers = swa ? c->n_layer_swa : c->n_layer - c->n_layer_swa;
-    return 2 * (size_t)layers * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim * el_size(kv_type);
+    return 2 * (size_t)layers * (size_t)block_size * (size_t)c->n_head_kv * ex_kv_head_bytes(kv_type, c->head_dim);
 }
 
 size_t ex_kv_block_bytes(const mdl_config *c, int block_size, int kv_type) {
-    return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim * el_size(kv_type);
+    return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_head_kv * ex_kv_head_bytes(kv_type, c->head_dim);
+}
+
+int ex_kv_type_from_name(const char *name) {
+    static const struct { const char *name; int type; } t[] = {
+        { "auto", -1 }, { "f32", DT_F32 }, { "f16", DT_F16 }, { "fp8", DT_F8_E4M3 }, { "fp8_e4m3", DT_F8_E4M3 },
+        { "q8_0", DT_Q8_0 },
+    };
+    for (size_t i = 0; name && i < sizeof t / sizeof *t; i++)
+        if (!strcmp(name, t[i].name)) return t[i].type;
+    return -2;
+}
+
+const char *ex_kv_type_name(int kv_type) {
+    switch (kv_type) {
+    case DT_F32: return "f32";
+    case DT_F16: return "f16";
+    case DT_BF16: return "bf16";
+    case DT_F8_E4M3: return "fp8";
+    case DT_Q8_0: return "q8_0";
+    default: return "?";
+    }
 }
 
 int64_t ex_kv_default_bytes(int64_t want) {

@@ -32,8 +32,33 @@
 
 typedef struct ex_kv ex_kv;
 
+/* The KV element types (--kv-cache-dtype), the same layout for every backend. A block holds
+ * block_size positions of every layer's K and V; one layer's K (or V) part of a block, with
+ * B = block_size, H = n_head_kv, D = head_dim:
+ *
+ *   F32, F16, BF16  [B][H][D] elements
+ *   F8_E4M3 ("fp8") codes [B][H][D] bytes, then scales [B][H] f32. Position p, head h:
+ *                   code = e4m3_sat(x / s) (dt_f32_to_e4m3_sat of the f32 quotient), value =
+ *                   e4m3(code) * s (f32 product). s is chosen per (position, head): the
+ *                   layer's static scale of head h when the checkpoint has one
+ *                   (kv_cache_scheme: mdl_layer.k_scale / v_scale), else amax / 448 over
+ *                   the head's D values at that position, computed when the position is
+ *                   written (dt_fp8_scale; all-zero rows get s = 0 and codes 0). A position's
+ *                   bytes never change after they are written, whatever else the block holds
+ *                   later, so shared prefix blocks stay valid.
+ *   Q8_0            [B][H][D / 32] ggml Q8_0 blocks (D a multiple of 32): cpu backend only
+ *
+ * Bytes of one position of one head: ex_kv_head_bytes (0: the type cannot hold this head). */
+size_t ex_kv_head_bytes(int kv_type, int head_dim);
+/* Parses --kv-cache-dtype: "auto" (-1: the backend's default), "f32", "f16", "fp8" (or
+ * "fp8_e4m3"), "q8_0"; -2 for anything else. */
+int ex_kv_type_from_name(const char *name);
+/* "f32", "f16", "bf16", "fp8", "q8_0" for messages; "?" otherwise. */
+const char *ex_kv_type_name(int kv_type);
+
 /* Bytes one block takes in a backend's storage: K and V of every layer,
- * 2 * n_layer * block_size * n_head_kv * head_dim * sizeof(kv_type). 0 for a bad kv_type. */
+ * 2 * n_layer * block_size * n_head_kv * ex_kv_head_bytes(kv_type, head_dim). 0 for a bad
+ * kv_type (or one that cannot hold the model's heads). */
 size_t ex_kv_block_bytes(const mdl_config *c, int block_size, int kv_type);
 /* The default budget when none is configured: a quarter of MemAvailable (/proc/meminfo;
  * 1 GiB when unreadable), at most `want` bytes (what the configured sequences could use)

@@ -191,7 +191,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         return 1;
     }
     self[sl] = 0;
-    enum { NARG = 28 };
+    enum { NARG = 32 };
     static char nums[GW_POOL_MAX_EXEC][8][24];
     static const char *args[GW_POOL_MAX_EXEC][NARG];
     gw_pool_cfg pc;
@@ -216,6 +216,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         a[i++] = "--max-batch-tokens", a[i++] = nums[k][5], a[i++] = "--log-level", a[i++] = o->log_level;
         a[i++] = "--gpu-memory-fraction", a[i++] = nums[k][6], a[i++] = "--cuda-graph-budget-s", a[i++] = nums[k][7];
         if (o->cuda_plan) a[i++] = "--cuda-plan", a[i++] = o->cuda_plan;
+        if (o->quantize) a[i++] = "--quantize", a[i++] = o->quantize;
+        if (o->kv_cache_dtype) a[i++] = "--kv-cache-dtype", a[i++] = o->kv_cache_dtype;
         a[i] = NULL;
         pc.exec_args[k] = a;
     }

@@ -24,6 +24,8 @@ typedef struct gw_serve_opts {
     double      gpu_mem_fraction;    /* cuda: share of each GPU an executor fills (default 0.90) */
     double      cuda_graph_budget_s; /* cuda: decode-graph capture seconds per executor (default 60; 0: none) */
     const char *cuda_plan;      /* cuda: kernel-plan overrides "key=value,..." passed to the executors (NULL: none) */
+    const char *quantize;       /* --quantize passed to the executors ("none", "fp8"; NULL: none) */
+    const char *kv_cache_dtype; /* --kv-cache-dtype passed to the executors ("auto", "f32", "f16", "fp8", "q8_0"; NULL: auto) */
     int         n_ctx;          /* positions per sequence (0: the model's) */
     int         max_batch;      /* sequences per step (0: executor default) */
     int         max_batch_tokens; /* tokens per step (0: executor default) */

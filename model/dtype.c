@@ -29,6 +29,8 @@ static const traits type_traits[DT_COUNT] = {
     [DT_I64]  = { "I64",  1, 8, 0 },
     [DT_F64]  = { "F64",  1, 8, 0 },
     [DT_BF16] = { "BF16", 1, 2, 1 },
+    /* a plain byte per element; "supported" 0: its values need the tensor's scale (dtype.h) */
+    [DT_F8_E4M3] = { "F8_E4M3", 1, 1, 0 },
 };
 
 _Static_assert(sizeof(blk_q4_0) == 18, "q4_0 layout");
@@ -96,4 +98,38 @@ dt_bf16 dt_f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (dt_bf16)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fff + ((u >> 16) & 1);
     return (dt_bf16)(u >> 16);
+}
+
+/* ---- FP8 E4M3 ------------------------------------------------------------------------------ */
+
+float dt_e4m3_to_f32(uint8_t v) {
+    uint32_t sign = (uint32_t)(v & 0x80) << 24, e = (v >> 3) & 15, m = v & 7;
+    if (e == 15 && m == 7) return u2f(sign | 0x7fc00000u);
+    if (e == 0) {
+        float f = (float)m * 0.001953125f; /* m * 2^-9 */
+        return sign ? -f : f;
+    }
+    return u2f(sign | ((e + 120) << 23) | (m << 20));
+}
+
+uint8_t dt_f32_to_e4m3(float f) {
+    uint32_t u = f2u(f), a = u & 0x7fffffffu;
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    if (a >= 0x43f00000u) return sign | 0x7f; /* |f| >= 480, inf or NaN: NaN */
+    if (a < 0x3c800000u) {
+        /* below 2^-6, the smallest normal: multiples of 2^-9, nearest even (0..8; 8 is 2^-6) */
+        float r = nearbyintf(u2f(a) * 512.0f);
+        return sign | (uint8_t)r;
+    }
+    uint32_t e = (a >> 23) - 120, m3 = (a >> 20) & 7, rest = a & 0xfffff;
+    if (rest > 0x80000 || (rest == 0x80000 && (m3 & 1))) m3++;
+    if (m3 == 8) { m3 = 0; e++; }
+    return sign | (uint8_t)((e << 3) | m3); /* [464, 480) ends as e 15, m 7: NaN, as in PyTorch */
+}
+
+uint8_t dt_f32_to_e4m3_sat(float f) {
+    if (f != f) return dt_f32_to_e4m3(f);
+    if (f > DT_E4M3_MAX) f = DT_E4M3_MAX;
+    if (f < -DT_E4M3_MAX) f = -DT_E4M3_MAX;
+    return dt_f32_to_e4m3(f);
 }

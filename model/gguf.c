@@ -291,8 +291,9 @@ static int parse(gguf_ctx *g, char *err, size_t errlen) {
         }
         if ((rc = rd_u32(&r, &type, name)) || (rc = rd_u64(&r, &t->offset, name))) return rc;
         t->type = (int)type;
-        if (!dt_block_size(t->type))
-            return fail(&r, CM_EUNSUPPORTED, "tensor '%s': unknown tensor type %u", name, type);
+        if (type >= DT_GGUF_COUNT || !dt_block_size(t->type))
+            return fail(&r, CM_EUNSUPPORTED, "tensor '%s': unknown tensor type %u (GGUF defines no FP8 type; FP8 weights come "
+                        "from safetensors checkpoints or --quantize fp8)", name, type);
         if (t->ne[0] % dt_block_size(t->type))
             return fail(&r, CM_EFORMAT, "tensor '%s': row of %lld elements is not a multiple of the %s block size %d", name,
                         (long long)t->ne[0], dt_name(t->type), dt_block_size(t->type));

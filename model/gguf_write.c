@@ -289,7 +289,9 @@ int gguf_w_add_tensor(gguf_writer *w, const char *name, int type, int n_dims, co
     if (w->begun) return seterr(w, CM_ESTATE, "tensor added after the header was written");
     size_t nl = name ? strlen(name) : 0;
     if (!nl || nl > GGUF_W_MAX_NAME) return seterr(w, CM_EINVAL, "tensor name '%s' must be 1..%d bytes", name ? name : "", GGUF_W_MAX_NAME);
-    if (!dt_block_size(type)) return seterr(w, CM_EUNSUPPORTED, "tensor '%s': unknown type %d", name, type);
+    if (type == DT_F8_E4M3)
+        return seterr(w, CM_EUNSUPPORTED, "tensor '%s': GGUF has no FP8 type (write F16 or BF16 and load with --quantize fp8)", name);
+    if (type < 0 || type >= DT_GGUF_COUNT || !dt_block_size(type)) return seterr(w, CM_EUNSUPPORTED, "tensor '%s': unknown type %d", name, type);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS) return seterr(w, CM_EINVAL, "tensor '%s': %d dimensions (1..4 allowed)", name, n_dims);
     uint64_t nel = 1;
     for (int d = 0; d < n_dims; d++) {

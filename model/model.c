@@ -91,6 +91,7 @@ mdl_tensor *mdl__expert_views(mdl_model *m, const mdl_tensor *t3, int n_expert, 
         v[e].ne[2] = 1;
         v[e].data = (const uint8_t *)t3->data + ((size_t)e * (size_t)t3->ne[1] + (size_t)first_row) * rs;
         v[e].nbytes = (uint64_t)n_rows * rs;
+        if (t3->scale) v[e].scale = t3->scale + (size_t)e * (size_t)t3->ne[1] + (size_t)first_row;
     }
     return v;
 }
@@ -129,6 +130,7 @@ unsigned mdl_features(const mdl_config *c) {
     if (c->rope_swa_own) f |= MDL_FEAT_ROPE_SWA_BASE;
     if (c->rope_dim < c->head_dim) f |= MDL_FEAT_ROPE_PARTIAL;
     if (c->n_head > 0 && c->head_dim * c->n_head != c->n_embd) f |= MDL_FEAT_HEAD_DIM;
+    if (c->fp8_weights) f |= MDL_FEAT_FP8;
     return f;
 }
 
@@ -136,7 +138,7 @@ const char *mdl_features_str(unsigned mask, char *buf, size_t n) {
     static const char *const names[] = { "qk-norm", "post-norms", "moe", "sliding-window", "attention soft-cap",
                                          "final soft-cap", "gelu", "embedding scale", "attention scale", "yarn rope",
                                          "longrope", "sliding-layer rope base", "partial rope",
-                                         "head_dim apart from n_embd/n_head", "rope attention factor" };
+                                         "head_dim apart from n_embd/n_head", "rope attention factor", "fp8 weights" };
     size_t at = 0;
     if (n) buf[0] = 0;
     for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
@@ -180,6 +182,13 @@ static int check_shape(const mdl_tensor *t, int64_t ne0, int64_t ne1, const char
         snprintf(err, errlen, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]", path, t->name,
                  (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)ne0, (long long)want1);
         return CM_EFORMAT;
+    }
+    if (t->type == DT_F8_E4M3) {
+        if (!t->scale) {
+            snprintf(err, errlen, "%s: tensor '%s' is F8_E4M3 without scales", path, t->name);
+            return CM_EFORMAT;
+        }
+        return 0;
     }
     if (!dt_is_supported(t->type)) {
         snprintf(err, errlen, "%s: tensor '%s' has unsupported type %s", path, t->name,
@@ -256,6 +265,11 @@ int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen) {
     }
     int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
     int rc;
+    if (m->tok_embd.type == DT_F8_E4M3) {
+        snprintf(err, errlen, "%s: tensor '%s' is F8_E4M3: FP8 is read for linear layers, not for the token embeddings%s", path,
+                 m->tok_embd.name, c->tied_output ? " (tied to the output head)" : "");
+        return CM_EUNSUPPORTED;
+    }
     if ((rc = check_shape(&m->tok_embd, c->n_embd, c->n_vocab, path, err, errlen)) ||
         (rc = check_shape(&m->output, c->n_embd, c->n_vocab, path, err, errlen)) ||
         (rc = check_vec(&m->out_norm, 1, c->n_embd, "output norm", -1, path, err, errlen)))
@@ -321,6 +335,16 @@ int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen) {
     }
     m->weight_bytes = bytes;
     m->active_bytes = active;
+    c->fp8_weights = 0;
+    for (int l = 0; l < c->n_layer && !c->fp8_weights; l++) {
+        const mdl_layer *ly = &m->layers[l];
+        const mdl_tensor *ts[] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down, &ly->ffn_gate_inp };
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) c->fp8_weights |= ts[i]->type == DT_F8_E4M3;
+        for (int e = 0; ly->exp_gate && e < c->n_expert; e++)
+            c->fp8_weights |= ly->exp_gate[e].type == DT_F8_E4M3 || ly->exp_up[e].type == DT_F8_E4M3 ||
+                              ly->exp_down[e].type == DT_F8_E4M3;
+    }
+    c->fp8_weights |= m->output.type == DT_F8_E4M3;
     return 0;
 }
 

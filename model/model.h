@@ -112,6 +112,11 @@ typedef struct mdl_config {
     int   has_post_norms;  /* RMSNorm of the attention and MLP outputs before the residual add (gemma) */
     int   pooling;         /* enum mdl_pooling: how the model's files say to pool for embeddings */
     int   embd_normalize;  /* 1: pooled embeddings are L2-normalised */
+
+    /* ---- added with FP8 ---- */
+    int   fp8_weights;     /* 1: some matrices are F8_E4M3 with scales (a checkpoint's, or mdl_quantize) */
+    int   kv_scales;       /* 1: every layer carries static FP8 KV-cache scales (mdl_layer.k_scale) */
+    char  quant_method[32]; /* the checkpoint's quantization_config.quant_method ("" when none) */
 } mdl_config;
 
 typedef struct mdl_tensor {
@@ -121,6 +126,14 @@ typedef struct mdl_tensor {
     int         n_dims;
     int64_t     ne[4];
     uint64_t    nbytes;
+    /* F8_E4M3 only (NULL / 0 otherwise). Row r's values are dt_e4m3_to_f32(code) * scale[r]
+     * (an f32 product), rows = ne[1] * ne[2] * ne[3]: the scales are per output row whatever
+     * the checkpoint gave (a per-tensor scale is repeated, scale_per_tensor then says so).
+     * Owned by the model. */
+    const float *scale;    /* [rows] */
+    int         scale_per_tensor;
+    float       in_scale;  /* the checkpoint's static activation scale (activation_scheme static, one per
+                            * tensor), 0 when it has none; informational: activations are scaled per token */
 } mdl_tensor;
 
 typedef struct mdl_layer {
@@ -136,6 +149,10 @@ typedef struct mdl_layer {
     mdl_tensor *exp_gate, *exp_up;   /* MoE: [n_expert] matrices {n_embd, n_ff_exp}, views into the file */
     mdl_tensor *exp_down;            /* MoE: [n_expert] matrices {n_ff_exp, n_embd} */
     int        swa;                  /* 1: sliding-window attention (cfg.n_swa positions) */
+    /* added with FP8: the checkpoint's static KV-cache scales (kv_cache_scheme; cfg.kv_scales),
+     * [n_head_kv] f32 each (a per-tensor scale is repeated), NULL when it has none. With an FP8
+     * KV cache, K of head h is stored as e4m3(k / k_scale[h]) (executor/kv.h). */
+    const float *k_scale, *v_scale;
 } mdl_layer;
 
 typedef struct mdl_model {
@@ -191,6 +208,7 @@ enum mdl_feature {
     MDL_FEAT_ROPE_PARTIAL = 1u << 12, /* rope_dim < head_dim */
     MDL_FEAT_HEAD_DIM     = 1u << 13, /* head_dim != n_embd / n_head */
     MDL_FEAT_ROPE_ATTN    = 1u << 14, /* cos/sin multiplied by rope_attn_factor (yarn, longrope) */
+    MDL_FEAT_FP8          = 1u << 15, /* F8_E4M3 matrices with per-row scales (cfg.fp8_weights) */
 };
 unsigned mdl_features(const mdl_config *c);
 /* Comma-separated names of the bits in mask ("qk-norm, moe"); returns buf. */
@@ -212,6 +230,31 @@ void mdl_layer_rope(const mdl_config *c, int swa, mdl_rope *out);
  * non-positive sizes, src == dst). For tests comparing the two layouts; the engine never
  * permutes (see cfg.rope_layout). */
 int mdl_permute_qk_hf_to_gguf(const float *src, float *dst, int n_head, int head_dim, int n_embd);
+
+/* ---- FP8 --------------------------------------------------------------------------------------
+ *
+ * An F8_E4M3 matrix is n_out rows of n_in codes (row-major, as GGUF's layout: ne = {n_in,
+ * n_out}) plus mdl_tensor.scale[n_out] f32; its value is code x scale of the row. They come
+ * from a safetensors checkpoint with a quantization_config (model_hf.c lists the formats) or
+ * from mdl_quantize. GGUF has no FP8 type. */
+
+/* The values of rows [r0, r0 + n) of a matrix (or the elements of a vector: one row) as f32
+ * into out ([n][ne[0]]): the F8_E4M3 codes times their row's scale, other types through
+ * dt_dequantize. Returns 0, CM_EINVAL (rows outside the tensor, an F8_E4M3 tensor without
+ * scales) or CM_EUNSUPPORTED. Any thread. */
+int mdl_tensor_rows_f32(const mdl_tensor *t, int64_t r0, int64_t n, float *out);
+
+/* `--quantize fp8`: a copy of src whose layer matrices (Q, K, V, O, gate, up, down and every
+ * expert's; not the embeddings, the output head nor a router) stored as F32, F16 or BF16 are
+ * converted to type (DT_F8_E4M3 only) with one scale per output row: scale = amax / 448 of
+ * the row (dt_fp8_scale), codes dt_fp8_encode. Matrices already F8_E4M3 stay as they are; a
+ * matrix of another type (Q8_0, Q4_K, ...) is refused with its name (no double
+ * quantization). Q|K|V and gate|up of a layer (and of each expert) are converted into one
+ * buffer each, rows back to back, so backends can still fuse them. The copy shares src's
+ * other tensors and configuration arrays: src must outlive it; mdl_free frees only what the
+ * copy owns. n_threads (>= 1) convert in parallel. Returns 0, CM_EUNSUPPORTED, CM_EINVAL or
+ * CM_ENOMEM with one line in err. Loading thread only. */
+int mdl_quantize(const mdl_model *src, int type, int n_threads, mdl_model **out, char *err, size_t errlen);
 
 /* Shared by the GGUF and safetensors paths: checks cfg and the tensors' shapes; writes an error. */
 int mdl__validate(mdl_model *m, const char *path, char *err, size_t errlen);

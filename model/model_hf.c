@@ -65,7 +65,7 @@ static const char *const k_ignored[] = {
 static const char *const k_common[] = {
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings",
-    "attention_bias", "intermediate_size",
+    "attention_bias", "intermediate_size", "quantization_config",
 };
 
 typedef struct {
@@ -510,6 +510,155 @@ static int read_pooling(ctx *x, mdl_model *m, const char *dir) {
     return 0;
 }
 
+/* ---- quantization_config (FP8 checkpoints) -------------------------------------------------- */
+
+/* Checks that every key of o is in keys; names the first that is not. */
+static int known_keys(ctx *x, const cm_json *o, const char *what, const char *const *keys, size_t n) {
+    for (const cm_json *v = o->child; v; v = v->next)
+        if (!in_list(v->key, keys, n))
+            return bad(x, CM_EUNSUPPORTED, "%s has key '%.40s', a quantization setting this engine does not implement", what, v->key);
+    return 0;
+}
+
+static int str_is(const cm_json *o, const char *key, const char *want) {
+    const char *s;
+    return cm_json_get_str(o, key, &s) == 0 && !strcmp(s, want);
+}
+
+/* A null or empty object (sparsity_config, transform_config: nothing to apply). */
+static int empty_or_null(const cm_json *v) { return is_null(v) || (v->type == CM_JSON_OBJECT && v->n == 0); }
+
+/* compressed-tensors QuantizationArgs of FP8 (8-bit float, symmetric). strategies: the ones
+ * accepted, "|"-separated; dyn: -1 any, 0 static only, 1 dynamic only. */
+static int ct_args(ctx *x, const cm_json *a, const char *what, const char *strategies, int dyn) {
+    static const char *const keys[] = { "num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
+                                        "actorder", "observer", "observer_kwargs", "scale_dtype", "zp_dtype" };
+    if (a->type != CM_JSON_OBJECT) return bad(x, CM_EFORMAT, "%s must be an object", what);
+    int rc;
+    if ((rc = known_keys(x, a, what, keys, sizeof keys / sizeof *keys))) return rc;
+    int64_t bits = 8;
+    const char *type = "int", *strategy = "tensor";
+    int sym = 1, dynamic = 0;
+    if (cm_json_get_int(a, "num_bits", &bits) == CM_EFORMAT) return bad(x, CM_EFORMAT, "%s.num_bits is not an integer", what);
+    cm_json_get_str(a, "type", &type);
+    cm_json_get_str(a, "strategy", &strategy);
+    cm_json_get_bool(a, "symmetric", &sym);
+    const cm_json *d = cm_json_get(a, "dynamic");
+    if (d && d->type == CM_JSON_STRING) return bad(x, CM_EUNSUPPORTED, "%s.dynamic '%.20s' is not supported", what, d->str);
+    cm_json_get_bool(a, "dynamic", &dynamic);
+    if (bits != 8 || strcmp(type, "float"))
+        return bad(x, CM_EUNSUPPORTED, "%s: %lld-bit %.16s quantization is not supported (FP8: 8-bit float)", what, (long long)bits, type);
+    if (!sym) return bad(x, CM_EUNSUPPORTED, "%s: asymmetric quantization is not supported", what);
+    char list[64];
+    snprintf(list, sizeof list, "|%s|", strategies);
+    char key[32];
+    snprintf(key, sizeof key, "|%.24s|", strategy);
+    if (!strstr(list, key))
+        return bad(x, CM_EUNSUPPORTED, "%s: strategy '%.24s' is not implemented (%s: %s)", what, strategy,
+                   !strcmp(strategy, "block") || !strcmp(strategy, "group") ? "block-wise scales are not" : "supported", strategies);
+    if (dyn >= 0 && dynamic != dyn)
+        return bad(x, CM_EUNSUPPORTED, "%s: %s scales with strategy '%s' are not supported", what, dynamic ? "dynamic" : "static", strategy);
+    const cm_json *g = cm_json_get(a, "group_size"), *b = cm_json_get(a, "block_structure"), *ao = cm_json_get(a, "actorder");
+    if (!is_null(g) || !is_null(b)) return bad(x, CM_EUNSUPPORTED, "%s: group or block scales are not implemented", what);
+    if (!is_null(ao) && !(ao->type == CM_JSON_BOOL && !ao->boolean))
+        return bad(x, CM_EUNSUPPORTED, "%s: activation ordering (actorder) is not supported", what);
+    return 0;
+}
+
+/* One config group: {targets, weights, input_activations, output_activations, format}, or a
+ * preset name ("FP8", "FP8_DYNAMIC") mapped to its targets. */
+static int ct_group(ctx *x, const cm_json *g) {
+    char what[96];
+    snprintf(what, sizeof what, "quantization_config.config_groups.%.40s", g->key);
+    if (g->type == CM_JSON_ARRAY) {
+        if (!strcmp(g->key, "FP8") || !strcmp(g->key, "FP8_DYNAMIC")) return 0;
+        return bad(x, CM_EUNSUPPORTED, "%s: preset scheme '%.40s' is not supported (FP8, FP8_DYNAMIC)", what, g->key);
+    }
+    static const char *const keys[] = { "targets", "weights", "input_activations", "output_activations", "format" };
+    int rc;
+    if (g->type != CM_JSON_OBJECT) return bad(x, CM_EFORMAT, "%s must be an object", what);
+    if ((rc = known_keys(x, g, what, keys, sizeof keys / sizeof *keys))) return rc;
+    const cm_json *w = cm_json_get(g, "weights"), *in = cm_json_get(g, "input_activations"), *out = cm_json_get(g, "output_activations");
+    const cm_json *f = cm_json_get(g, "format");
+    char sub[128];
+    if (is_null(w)) return bad(x, CM_EUNSUPPORTED, "%s quantizes no weights (only FP8 weight quantization is implemented)", what);
+    snprintf(sub, sizeof sub, "%s.weights", what);
+    if ((rc = ct_args(x, w, sub, "tensor|channel", 0))) return rc;
+    snprintf(sub, sizeof sub, "%s.input_activations", what);
+    if (!is_null(in)) {
+        if ((rc = ct_args(x, in, sub, "token|tensor", -1))) return rc;
+        int dyn = 0;
+        cm_json_get_bool(in, "dynamic", &dyn);
+        if (str_is(in, "strategy", "token") && !dyn) return bad(x, CM_EUNSUPPORTED, "%s: static per-token scales are not supported", sub);
+    }
+    if (!is_null(out)) return bad(x, CM_EUNSUPPORTED, "%s: output activation quantization is not supported", what);
+    if (!is_null(f) && !str_is(g, "format", "float-quantized"))
+        return bad(x, CM_EUNSUPPORTED, "%s: format '%.32s' is not supported (float-quantized)", what, f->type == CM_JSON_STRING ? f->str : "?");
+    return 0;
+}
+
+/* Reads quantization_config into hf->fp8: FP8 E4M3 weights with per-tensor or per-channel
+ * scales as llm-compressor (compressed-tensors, format float-quantized), FBGEMM (fbgemm_fp8)
+ * and transformers / AutoFP8 ("fp8", weight_scale or weight_scale_inv) write them, and a
+ * static FP8 kv_cache_scheme. Anything else (another method or format, int or 4-bit
+ * quantization, block-wise scales, asymmetric scales, output activations) is refused by name. */
+static int read_quant(ctx *x, mdl_model *m, const cm_json *q, mdl__hf *hf) {
+    mdl__fp8 *f = &hf->fp8;
+    if (is_null(q)) return 0;
+    if (q->type != CM_JSON_OBJECT) return bad(x, CM_EFORMAT, "'quantization_config' must be an object");
+    const char *method;
+    if (cm_json_get_str(q, "quant_method", &method)) return bad(x, CM_EFORMAT, "quantization_config has no string 'quant_method'");
+    snprintf(m->cfg.quant_method, sizeof m->cfg.quant_method, "%.31s", method);
+    snprintf(f->what, sizeof f->what, "%.40s", method);
+    int rc;
+    if (!strcmp(method, "compressed-tensors")) {
+        static const char *const keys[] = { "quant_method", "config_groups", "format", "quantization_status", "global_compression_ratio",
+                                            "ignore", "kv_cache_scheme", "sparsity_config", "transform_config", "version" };
+        if ((rc = known_keys(x, q, "quantization_config", keys, sizeof keys / sizeof *keys))) return rc;
+        const char *fmt = "?", *status = "compressed";
+        cm_json_get_str(q, "format", &fmt);
+        if (strcmp(fmt, "float-quantized"))
+            return bad(x, CM_EUNSUPPORTED, "compressed-tensors format '%.32s' is not supported (float-quantized: FP8 weights)", fmt);
+        cm_json_get_str(q, "quantization_status", &status);
+        if (strcmp(status, "compressed"))
+            return bad(x, CM_EUNSUPPORTED, "compressed-tensors quantization_status '%.20s' is not supported (compressed)", status);
+        if (!empty_or_null(cm_json_get(q, "sparsity_config")) || !empty_or_null(cm_json_get(q, "transform_config")))
+            return bad(x, CM_EUNSUPPORTED, "compressed-tensors sparsity or transforms are not implemented");
+        const cm_json *groups = cm_json_get(q, "config_groups");
+        if (!groups || groups->type != CM_JSON_OBJECT || groups->n == 0)
+            return bad(x, CM_EFORMAT, "quantization_config.config_groups must be a non-empty object");
+        for (const cm_json *g = groups->child; g; g = g->next)
+            if ((rc = ct_group(x, g))) return rc;
+        const cm_json *kv = cm_json_get(q, "kv_cache_scheme");
+        if (!is_null(kv)) {
+            if ((rc = ct_args(x, kv, "quantization_config.kv_cache_scheme", "tensor|attn_head", 0))) return rc;
+            f->kv_static = 1;
+        }
+    } else if (!strcmp(method, "fbgemm_fp8")) {
+        static const char *const keys[] = { "quant_method", "activation_scale_ub", "modules_to_not_convert" };
+        if ((rc = known_keys(x, q, "quantization_config", keys, sizeof keys / sizeof *keys))) return rc;
+    } else if (!strcmp(method, "fp8")) {
+        static const char *const keys[] = { "quant_method", "activation_scheme", "fmt", "weight_block_size", "ignored_layers",
+                                            "modules_to_not_convert", "dequantize" };
+        if ((rc = known_keys(x, q, "quantization_config", keys, sizeof keys / sizeof *keys))) return rc;
+        const char *as = "dynamic", *fmt = "e4m3";
+        cm_json_get_str(q, "activation_scheme", &as);
+        cm_json_get_str(q, "fmt", &fmt);
+        if (strcmp(as, "dynamic") && strcmp(as, "static"))
+            return bad(x, CM_EUNSUPPORTED, "quantization_config.activation_scheme '%.20s' is not supported (dynamic, static)", as);
+        if (strcmp(fmt, "e4m3") && strcmp(fmt, "float8_e4m3fn"))
+            return bad(x, CM_EUNSUPPORTED, "quantization_config.fmt '%.20s' is not supported (e4m3)", fmt);
+        if (!is_null(cm_json_get(q, "weight_block_size")))
+            return bad(x, CM_EUNSUPPORTED, "quantization_config.weight_block_size: block-wise FP8 scales are not implemented "
+                       "(per-tensor and per-channel scales are)");
+    } else {
+        return bad(x, CM_EUNSUPPORTED, "quantization_config.quant_method '%.40s' is not supported (FP8 E4M3 checkpoints: "
+                   "compressed-tensors float-quantized, fbgemm_fp8, fp8)", method);
+    }
+    f->on = 1;
+    return 0;
+}
+
 /* ---- config.json ---------------------------------------------------------------------------- */
 
 /* transformers' Gemma3TextConfig defaults: a vision + text gemma3 config.json writes only the
@@ -525,7 +674,7 @@ static const char gemma3_text_defaults[] =
  * is not loaded, so its settings change nothing here. */
 static const char *const k_gemma3_vision[] = {
     "text_config", "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
-    "tie_word_embeddings",
+    "tie_word_embeddings", "quantization_config",
 };
 
 int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf *hf, char *err, size_t errlen) {
@@ -660,6 +809,9 @@ int mdl__hf_config(const char *cfg_path, const char *dir, mdl_model *m, mdl__hf 
     if (rc == CM_ENOTFOUND) hf->tied = -1;
     else if (rc) { rc = bad(&x, CM_EFORMAT, "'tie_word_embeddings' is not a boolean"); goto out; }
     if ((rc = read_pooling(&x, m, dir))) goto out;
+    x.root = top; /* a vision model's quantization_config is at the top level */
+    x.fallback = NULL;
+    if ((rc = read_quant(&x, m, cm_json_get(top, "quantization_config"), hf))) goto out;
     rc = 0;
 out:
     cm_json_free(doc);
@@ -678,6 +830,7 @@ static void split_rows(const mdl_tensor *t, mdl_tensor *const *parts, const int6
         parts[i]->ne[1] = rows[i];
         parts[i]->data = (const uint8_t *)t->data + (size_t)at * rs;
         parts[i]->nbytes = (uint64_t)rows[i] * rs;
+        if (t->scale) parts[i]->scale = t->scale + at;
         at += rows[i];
     }
 }
@@ -690,7 +843,7 @@ static int experts(mdl_model *m, const char *path, const mdl__hf *hf, int l, cha
     int rc;
     /* router: mlp.gate (qwen3_moe, transformers 5) or block_sparse_moe.gate (mixtral files) */
     snprintf(tn, sizeof tn, "%slayers.%d.%s.gate.weight", hf->prefix, l, mix && mdl__st_has(m, "model.layers.0.block_sparse_moe.gate.weight") ? "block_sparse_moe" : "mlp");
-    if ((rc = mdl__st_take(m, path, tn, &ly->ffn_gate_inp, 1, MDL__ST_AS_STORED, err, errlen))) return rc;
+    if ((rc = mdl__st_take(m, path, tn, &ly->ffn_gate_inp, 1, MDL__ST_WEIGHT, err, errlen))) return rc;
     snprintf(tn, sizeof tn, "%slayers.%d.mlp.experts.gate_up_proj", hf->prefix, l);
     if (mdl__st_has(m, tn)) {
         /* transformers 5: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I] */
@@ -728,8 +881,42 @@ static int experts(mdl_model *m, const char *path, const mdl__hf *hf, int l, cha
             char part[96];
             snprintf(part, sizeof part, mix ? mn[i] : qn[i], e);
             snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, part);
-            if ((rc = mdl__st_take(m, path, tn, dst[i], 1, MDL__ST_AS_STORED, err, errlen))) return rc;
+            if ((rc = mdl__st_take(m, path, tn, dst[i], 1, MDL__ST_WEIGHT, err, errlen))) return rc;
         }
+    }
+    return 0;
+}
+
+/* Static FP8 KV-cache scales of layer l: self_attn.k_scale / v_scale (compressed-tensors'
+ * kv_cache_scheme: one value or one per KV head) or self_attn.k_proj.output_scale /
+ * v_proj.output_scale (AutoFP8's names); every layer has them or none does (layer 0 decides);
+ * a kv_cache_scheme requires them. */
+static int kv_scales(mdl_model *m, const char *path, const mdl__hf *hf, int l, char *err, size_t errlen) {
+    mdl_config *c = &m->cfg;
+    mdl_layer *ly = &m->layers[l];
+    static const char *const names[2][2] = { { "self_attn.k_scale", "self_attn.v_scale" },
+                                             { "self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale" } };
+    const float **dst[2] = { &ly->k_scale, &ly->v_scale };
+    char tn[160];
+    int found = 0;
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < 2; i++) {
+            snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, names[v][i]);
+            int rc = mdl__st_scales(m, path, tn, c->n_head_kv, dst[i], NULL, err, errlen);
+            if (rc == CM_ENOTFOUND) continue;
+            if (rc) return rc;
+            if (found & (1 << i)) {
+                snprintf(err, errlen, "%s: layer %d has its %s scale under two names", path, l, i ? "V" : "K");
+                return CM_EFORMAT;
+            }
+            found |= 1 << i;
+        }
+    if (l == 0) c->kv_scales = found != 0;
+    if (found != (c->kv_scales ? 3 : 0) || (hf->fp8.kv_static && found != 3)) {
+        snprintf(err, errlen, "%s: layer %d %s (%s)", path, l,
+                 found ? "has only one of the K and V cache scales" : "lacks the K and V cache scales (self_attn.k_scale, v_scale)",
+                 hf->fp8.kv_static ? "quantization_config.kv_cache_scheme asks for them" : "layer 0 has them");
+        return CM_EFORMAT;
     }
     return 0;
 }
@@ -764,7 +951,7 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
         m->output = m->tok_embd;
         c->tied_output = 1;
         if (has_head) mdl__st_skip(m, head); /* transformers ties it to the embeddings */
-    } else if ((rc = mdl__st_take(m, path, head, &m->output, 1, MDL__ST_AS_STORED, err, errlen))) {
+    } else if ((rc = mdl__st_take(m, path, head, &m->output, 1, MDL__ST_WEIGHT, err, errlen))) {
         if (rc == CM_ENOTFOUND) {
             size_t l = strlen(err);
             snprintf(err + l, errlen - l, " (config.json sets tie_word_embeddings false)");
@@ -777,7 +964,7 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
 #define TAKE(suffix, t, req, conv)                                                                       \
         (snprintf(tn, sizeof tn, "%slayers.%d.%s", hf->prefix, l, (suffix)), mdl__st_take(m, path, tn, (t), (req), (conv), err, errlen))
         if ((rc = TAKE("input_layernorm.weight", &ly->attn_norm, 1, norm)) ||
-            (rc = TAKE("self_attn.o_proj.weight", &ly->wo, 1, MDL__ST_AS_STORED)))
+            (rc = TAKE("self_attn.o_proj.weight", &ly->wo, 1, MDL__ST_WEIGHT)))
             return rc;
         if (gemma) {
             if ((rc = TAKE("post_attention_layernorm.weight", &ly->attn_post_norm, 1, norm)) ||
@@ -789,7 +976,7 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
         }
         if (phi3) {
             mdl_tensor qkv;
-            if ((rc = TAKE("self_attn.qkv_proj.weight", &qkv, 1, MDL__ST_AS_STORED))) return rc;
+            if ((rc = TAKE("self_attn.qkv_proj.weight", &qkv, 1, MDL__ST_WEIGHT))) return rc;
             int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
             if (qkv.ne[1] != qd + 2 * kvd || qkv.n_dims != 2) {
                 snprintf(err, errlen, "%s: tensor '%s' has %lld rows, expected %lld (Q, K, V)", path, tn, (long long)qkv.ne[1], (long long)(qd + 2 * kvd));
@@ -798,9 +985,9 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
             mdl_tensor *parts[3] = { &ly->wq, &ly->wk, &ly->wv };
             int64_t rows[3] = { qd, kvd, kvd };
             split_rows(&qkv, parts, rows, 3);
-        } else if ((rc = TAKE("self_attn.q_proj.weight", &ly->wq, 1, MDL__ST_AS_STORED)) ||
-                   (rc = TAKE("self_attn.k_proj.weight", &ly->wk, 1, MDL__ST_AS_STORED)) ||
-                   (rc = TAKE("self_attn.v_proj.weight", &ly->wv, 1, MDL__ST_AS_STORED))) {
+        } else if ((rc = TAKE("self_attn.q_proj.weight", &ly->wq, 1, MDL__ST_WEIGHT)) ||
+                   (rc = TAKE("self_attn.k_proj.weight", &ly->wk, 1, MDL__ST_WEIGHT)) ||
+                   (rc = TAKE("self_attn.v_proj.weight", &ly->wv, 1, MDL__ST_WEIGHT))) {
             return rc;
         }
         /* Q/K/V biases (qwen2): all three in every layer, or none anywhere (layer 0 decides) */
@@ -814,11 +1001,12 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
         if (c->has_qk_norm && ((rc = TAKE("self_attn.q_norm.weight", &ly->attn_q_norm, 1, norm)) ||
                                (rc = TAKE("self_attn.k_norm.weight", &ly->attn_k_norm, 1, norm))))
             return rc;
+        if ((rc = kv_scales(m, path, hf, l, err, errlen))) return rc;
         if (hf->sparse[l]) {
             if ((rc = experts(m, path, hf, l, err, errlen))) return rc;
         } else if (phi3) {
             mdl_tensor gu;
-            if ((rc = TAKE("mlp.gate_up_proj.weight", &gu, 1, MDL__ST_AS_STORED))) return rc;
+            if ((rc = TAKE("mlp.gate_up_proj.weight", &gu, 1, MDL__ST_WEIGHT))) return rc;
             if (gu.ne[1] != 2 * (int64_t)c->n_ff || gu.n_dims != 2) {
                 snprintf(err, errlen, "%s: tensor '%s' has %lld rows, expected %d (gate, up)", path, tn, (long long)gu.ne[1], 2 * c->n_ff);
                 return CM_EFORMAT;
@@ -826,10 +1014,10 @@ int mdl__hf_tensors(mdl_model *m, const char *path, mdl__hf *hf, char *err, size
             mdl_tensor *parts[2] = { &ly->w_gate, &ly->w_up };
             int64_t rows[2] = { c->n_ff, c->n_ff };
             split_rows(&gu, parts, rows, 2);
-            if ((rc = TAKE("mlp.down_proj.weight", &ly->w_down, 1, MDL__ST_AS_STORED))) return rc;
-        } else if ((rc = TAKE("mlp.gate_proj.weight", &ly->w_gate, 1, MDL__ST_AS_STORED)) ||
-                   (rc = TAKE("mlp.up_proj.weight", &ly->w_up, 1, MDL__ST_AS_STORED)) ||
-                   (rc = TAKE("mlp.down_proj.weight", &ly->w_down, 1, MDL__ST_AS_STORED))) {
+            if ((rc = TAKE("mlp.down_proj.weight", &ly->w_down, 1, MDL__ST_WEIGHT))) return rc;
+        } else if ((rc = TAKE("mlp.gate_proj.weight", &ly->w_gate, 1, MDL__ST_WEIGHT)) ||
+                   (rc = TAKE("mlp.up_proj.weight", &ly->w_up, 1, MDL__ST_WEIGHT)) ||
+                   (rc = TAKE("mlp.down_proj.weight", &ly->w_down, 1, MDL__ST_WEIGHT))) {
             return rc;
         }
 #undef TAKE

@@ -31,14 +31,30 @@ void mdl__st_free(void *st);
 struct cm_json_doc;
 int  mdl__read_json(const char *path, struct cm_json_doc **doc, char *err, size_t errlen);
 
-enum { MDL__ST_AS_STORED = 0, MDL__ST_TO_F32, MDL__ST_TO_F32_PLUS1 };
+/* How a checkpoint holds FP8 matrices (model_hf.c reads it from quantization_config). */
+typedef struct mdl__fp8 {
+    int  on;           /* F8_E4M3 matrices may appear: a supported quantization_config was read */
+    int  kv_static;    /* kv_cache_scheme: every layer has static K and V scales */
+    char what[64];     /* the scheme, for messages ("compressed-tensors", "fbgemm_fp8", "fp8") */
+} mdl__fp8;
+
+enum { MDL__ST_AS_STORED = 0, MDL__ST_TO_F32, MDL__ST_TO_F32_PLUS1, MDL__ST_WEIGHT };
 /* Fills t from the checkpoint's tensor `name` and marks it used. Absent: CM_ENOTFOUND with
  * "PATH: missing tensor 'name'" when required, else 0 with t->data NULL. TO_F32 converts
  * F16/BF16 to an owned F32 copy (norms, biases); TO_F32_PLUS1 also adds 1 to every element
- * (gemma's (1 + w) norms). */
+ * (gemma's (1 + w) norms). WEIGHT: a linear layer's matrix "X.weight" as stored; when it is
+ * F8_E4M3 (the checkpoint's quantization_config allowing it) its scales come from the sibling
+ * "X.weight_scale" or "X.weight_scale_inv" (one value, or one per output row; F32/F16/BF16)
+ * into t->scale, "X.input_scale" into t->in_scale, and "X.weight_zero_point" /
+ * "X.input_zero_point" must be zeros. Any other F8_E4M3 tensor is refused. */
 int  mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
                   size_t errlen);
 int  mdl__st_has(const mdl_model *m, const char *name);
+/* A small float tensor (F32/F16/BF16) of one value or of n values, finite and >= 0, as n
+ * owned floats (one value repeated) in *out; marks it used. *per_tensor (may be NULL): 1 when
+ * the file held one value. Absent: CM_ENOTFOUND (err untouched). */
+int  mdl__st_scales(mdl_model *m, const char *path, const char *name, int64_t n, const float **out, int *per_tensor, char *err,
+                    size_t errlen);
 /* Marks a tensor used without reading it (an lm_head transformers ties away), or every tensor
  * whose name starts with prefix (a vision tower the engine does not load). */
 void mdl__st_skip(mdl_model *m, const char *name);
@@ -52,6 +68,7 @@ typedef struct mdl__hf {
     uint8_t *sparse;          /* [n_layer] 1: a mixture-of-experts layer (owned by the model) */
     int      vision;          /* a vision + text checkpoint: the text model is loaded */
     char     prefix[32];      /* the language model's tensor names start with it ("model.") */
+    mdl__fp8 fp8;             /* quantization_config */
 } mdl__hf;
 /* Parses cfg_path into m->cfg, allocates m->layers (with their sliding flags); dir is the
  * model's directory (sentence-transformers pooling files). */

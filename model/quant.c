@@ -572,6 +572,29 @@ static void quant_q8_K(const float *x, blk_q8_K *y, int64_t nb) {
     }
 }
 
+/* ---- FP8 E4M3 with a scale --------------------------------------------------------------- */
+
+float dt_fp8_scale(const float *x, int64_t n) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a; /* NaN compares false: skipped */
+    }
+    return amax / DT_E4M3_MAX;
+}
+
+void dt_fp8_encode(const float *x, int64_t n, float s, uint8_t *q) {
+    if (!(s != 0.0f)) {
+        memset(q, 0, (size_t)n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) q[i] = dt_f32_to_e4m3_sat(x[i] / s);
+}
+
+void dt_fp8_decode(const uint8_t *q, int64_t n, float s, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = dt_e4m3_to_f32(q[i]) * s;
+}
+
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
 static int check_args(int type, int64_t n) {

@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,8 @@ typedef struct st_state {
     size_t    n_owned, cap_owned;
     size_t    n_realigned; /* matrices copied because their data was misaligned in the file */
     uint64_t  realigned_bytes;
+    const mdl__fp8 *fp8;   /* the checkpoint's quantization_config while tensors are taken, else NULL */
+    size_t    n_in_scales; /* static activation scales recorded (informational) */
 } st_state;
 
 void mdl__st_free(void *p) {
@@ -176,10 +179,11 @@ static int is_file(const char *path) {
 
 static const struct { const char *name; int type; size_t esize; } dtypes[] = {
     { "F32", DT_F32, 4 }, { "F16", DT_F16, 2 }, { "BF16", DT_BF16, 2 },
+    { "F8_E4M3", DT_F8_E4M3, 1 }, /* linear layers of FP8 checkpoints only (mdl__st_take WEIGHT) */
     /* Known to the format, not usable by ArkaTensor: sizes are still checked. */
     { "F64", -1, 8 }, { "I64", -1, 8 }, { "U64", -1, 8 }, { "I32", -1, 4 }, { "U32", -1, 4 },
     { "I16", -1, 2 }, { "U16", -1, 2 }, { "I8", -1, 1 }, { "U8", -1, 1 }, { "BOOL", -1, 1 },
-    { "F8_E4M3", -1, 1 }, { "F8_E5M2", -1, 1 }, { "F8_E8M0", -1, 1 },
+    { "F8_E5M2", -1, 1 }, { "F8_E8M0", -1, 1 },
 };
 
 static int add_entry(st_state *st, st_entry *e) {
@@ -533,6 +537,147 @@ void mdl__st_skip_prefix(mdl_model *m, const char *prefix) {
         if (!strncmp(st->entries[i].name, prefix, n)) st->entries[i].used = 1;
 }
 
+static const char *float_name(int type) { return type == DT_F32 ? "F32" : type == DT_F16 ? "F16" : type == DT_BF16 ? "BF16" : NULL; }
+
+static float elem_f32(const st_entry *e, const uint8_t *p, uint64_t i) {
+    if (e->type == DT_F32) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return e->type == DT_F16 ? dt_f16_to_f32(h) : dt_bf16_to_f32(h);
+}
+
+static const uint8_t *entry_data(const st_state *st, const st_entry *e) {
+    const st_shard *sh = &st->shards[e->shard];
+    return (const uint8_t *)sh->map + sh->data_off + e->begin;
+}
+
+int mdl__st_scales(mdl_model *m, const char *path, const char *name, int64_t n, const float **out, int *per_tensor, char *err,
+                   size_t errlen) {
+    st_state *st = m->st;
+    st_entry *e = (st_entry *)find_entry(st, name);
+    if (!e) return CM_ENOTFOUND;
+    e->used = 1;
+    uint64_t nel = e->esize ? (e->end - e->begin) / e->esize : 0;
+    if (!float_name(e->type) || (nel != 1 && nel != (uint64_t)n)) {
+        snprintf(err, errlen, "%s: scale tensor '%s' is %s with %llu values; expected F32, F16 or BF16 with 1 (per tensor) or %lld "
+                 "(per output row or head)", path, name, e->dtype, (unsigned long long)nel, (long long)n);
+        return CM_EUNSUPPORTED;
+    }
+    float *f = own(st, sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!f) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return CM_ENOMEM;
+    }
+    const uint8_t *src = entry_data(st, e);
+    for (int64_t i = 0; i < n; i++) {
+        f[i] = elem_f32(e, src, nel == 1 ? 0 : (uint64_t)i);
+        if (!(f[i] >= 0) || !isfinite(f[i])) {
+            snprintf(err, errlen, "%s: scale tensor '%s' holds %g at %lld (scales must be finite and >= 0)", path, name, f[i],
+                     (long long)(nel == 1 ? 0 : i));
+            return CM_EFORMAT;
+        }
+    }
+    *out = f;
+    if (per_tensor) *per_tensor = nel == 1;
+    return 0;
+}
+
+/* A zero point beside an FP8 weight: symmetric quantization writes none or zeros. */
+static int zero_point_ok(st_state *st, const char *path, const char *name, char *err, size_t errlen) {
+    st_entry *z = (st_entry *)find_entry(st, name);
+    if (!z) return 0;
+    z->used = 1;
+    const uint8_t *p = entry_data(st, z);
+    for (uint64_t i = 0; i < z->end - z->begin; i++)
+        if (p[i]) {
+            snprintf(err, errlen, "%s: tensor '%s' is not zero: asymmetric quantization is not supported (FP8 scales are symmetric)",
+                     path, name);
+            return CM_EUNSUPPORTED;
+        }
+    return 0;
+}
+
+/* MDL__ST_WEIGHT: the scales of an F8_E4M3 matrix "X.weight" from its siblings (contract in
+ * model_internal.h); a float matrix must have none. */
+static int weight_scales(mdl_model *m, const char *path, const st_entry *e, mdl_tensor *t, char *err, size_t errlen) {
+    st_state *st = m->st;
+    const char *name = e->name;
+    size_t n = strlen(name);
+    char base[256], sn[288];
+    int has_weight = n >= 6 && !strcmp(name + n - 6, "weight") && n - 6 < sizeof base;
+    if (has_weight) snprintf(base, sizeof base, "%.*s", (int)(n - 6), name);
+    static const char *const sfx[2] = { "weight_scale", "weight_scale_inv" };
+    int found = -1;
+    for (int i = 0; has_weight && i < 2; i++) {
+        snprintf(sn, sizeof sn, "%s%s", base, sfx[i]);
+        if (find_entry(st, sn)) {
+            if (found >= 0) {
+                snprintf(err, errlen, "%s: tensor '%s' has both %s and %s", path, name, sfx[0], sfx[1]);
+                return CM_EFORMAT;
+            }
+            found = i;
+        }
+    }
+    if (e->type != DT_F8_E4M3) {
+        if (found >= 0) {
+            snprintf(err, errlen, "%s: tensor '%s' is %s but has a %s: only F8_E4M3 weights are read with scales", path, name, e->dtype,
+                     sfx[found]);
+            return CM_EUNSUPPORTED;
+        }
+        return 0;
+    }
+    if (!st->fp8 || !st->fp8->on) {
+        snprintf(err, errlen, "%s: tensor '%s' is F8_E4M3 but config.json has no quantization_config saying how it is scaled", path,
+                 name);
+        return CM_EUNSUPPORTED;
+    }
+    if (!has_weight || found < 0) {
+        snprintf(err, errlen, "%s: F8_E4M3 tensor '%s' has no %sweight_scale (or weight_scale_inv) beside it", path, name,
+                 has_weight ? base : "");
+        return CM_EFORMAT;
+    }
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < e->n_dims; d++) rows *= e->shape[d];
+    if (e->n_dims < 2) {
+        snprintf(err, errlen, "%s: F8_E4M3 tensor '%s' is not a matrix", path, name);
+        return CM_EFORMAT;
+    }
+    snprintf(sn, sizeof sn, "%s%s", base, sfx[found]);
+    /* per tensor: [], [1], [1, 1]; per output row: [rows], [rows, 1] */
+    const st_entry *se = find_entry(st, sn);
+    if (se->n_dims > 2 || (se->n_dims == 2 && se->shape[1] != 1)) {
+        snprintf(err, errlen, "%s: '%s' has shape [%lld, %lld%s]: block-wise FP8 scales are not implemented (per-tensor and "
+                 "per-channel scales are)", path, sn, (long long)se->shape[0], (long long)se->shape[1], se->n_dims > 2 ? ", ..." : "");
+        return CM_EUNSUPPORTED;
+    }
+    int per_tensor = 0, rc;
+    if ((rc = mdl__st_scales(m, path, sn, rows, &t->scale, &per_tensor, err, errlen))) return rc;
+    /* NaN codes (0x7f, 0xff) in weights: a broken file; the kernels assume finite codes */
+    const uint8_t *q = entry_data(st, e);
+    for (uint64_t i = 0; i < e->end - e->begin; i++)
+        if ((q[i] & 0x7f) == 0x7f) {
+            snprintf(err, errlen, "%s: F8_E4M3 tensor '%s' holds a NaN code at element %llu", path, name, (unsigned long long)i);
+            return CM_EFORMAT;
+        }
+    t->scale_per_tensor = per_tensor;
+    snprintf(sn, sizeof sn, "%sinput_scale", base);
+    const float *in = NULL;
+    rc = mdl__st_scales(m, path, sn, 1, &in, NULL, err, errlen);
+    if (rc && rc != CM_ENOTFOUND) return rc;
+    if (!rc) {
+        t->in_scale = in[0];
+        st->n_in_scales++;
+    }
+    snprintf(sn, sizeof sn, "%sweight_zero_point", base);
+    if ((rc = zero_point_ok(st, path, sn, err, errlen))) return rc;
+    snprintf(sn, sizeof sn, "%sinput_zero_point", base);
+    return zero_point_ok(st, path, sn, err, errlen);
+}
+
 int mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t, int required, int conv, char *err,
                  size_t errlen) {
     st_state *st = m->st;
@@ -546,7 +691,14 @@ int mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t
     }
     e->used = 1;
     if (e->type < 0) {
-        snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", st->shards[e->shard].path, name, e->dtype);
+        snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16; F8_E4M3 for the linear layers of an FP8 "
+                 "checkpoint)", st->shards[e->shard].path, name, e->dtype);
+        return CM_EUNSUPPORTED;
+    }
+    int rc;
+    if (conv == MDL__ST_WEIGHT && (rc = weight_scales(m, path, e, t, err, errlen))) return rc;
+    if (e->type == DT_F8_E4M3 && conv != MDL__ST_WEIGHT) {
+        snprintf(err, errlen, "%s: tensor '%s' is F8_E4M3: FP8 is read for the weights of linear layers only", path, name);
         return CM_EUNSUPPORTED;
     }
     const st_shard *sh = &st->shards[e->shard];
@@ -557,7 +709,7 @@ int mdl__st_take(mdl_model *m, const char *path, const char *name, mdl_tensor *t
     for (int d = 0; d < 4; d++) t->ne[d] = d < e->n_dims ? e->shape[e->n_dims - 1 - d] : 1;
     t->nbytes = e->end - e->begin;
     t->data = src;
-    if (conv != MDL__ST_AS_STORED && (e->type != DT_F32 || conv == MDL__ST_TO_F32_PLUS1 || (uintptr_t)src % 4)) {
+    if ((conv == MDL__ST_TO_F32 || conv == MDL__ST_TO_F32_PLUS1) && (e->type != DT_F32 || conv == MDL__ST_TO_F32_PLUS1 || (uintptr_t)src % 4)) {
         float *f = own(st, (size_t)nelem * sizeof *f);
         if (!f) goto oom;
         for (uint64_t i = 0; i < nelem; i++) {
@@ -654,6 +806,7 @@ int mdl__load_safetensors(const char *path, mdl_model **out, char *err, size_t e
     }
     m->format = MDL_FORMAT_SAFETENSORS;
     m->st = st;
+    st->fp8 = NULL;
     mdl_config *c = &m->cfg;
     mdl__hf hf;
     memset(&hf, 0, sizeof hf);
@@ -682,9 +835,21 @@ int mdl__load_safetensors(const char *path, mdl_model **out, char *err, size_t e
         if (!(st->shards = calloc(1, sizeof *st->shards))) goto oom;
         if ((rc = open_shard(st, p, err, errlen)) || (rc = sort_entries(st, err, errlen))) goto fail;
     }
-    if ((rc = check_layer_range(st, path, c->n_layer, err, errlen)) || (rc = mdl__hf_tensors(m, path, &hf, err, errlen)) ||
-        (rc = mdl__validate(m, path, err, errlen)) || (rc = check_unused(st, path, c->arch_name, err, errlen)))
+    st->fp8 = &hf.fp8;
+    rc = check_layer_range(st, path, c->n_layer, err, errlen);
+    if (!rc) rc = mdl__hf_tensors(m, path, &hf, err, errlen);
+    st->fp8 = NULL;
+    if (rc || (rc = mdl__validate(m, path, err, errlen)) || (rc = check_unused(st, path, c->arch_name, err, errlen)))
         goto fail;
+    if (hf.fp8.on && !c->fp8_weights) {
+        snprintf(err, errlen, "%s: config.json's quantization_config (%s) describes FP8 weights but no tensor is F8_E4M3", path,
+                 hf.fp8.what);
+        rc = CM_EFORMAT;
+        goto fail;
+    }
+    if (st->n_in_scales)
+        CM_LOG_INFO("safetensors", "static activation scales (input_scale) recorded; activations are scaled per token at run time",
+                    "path=%s tensors=%zu", path, st->n_in_scales);
     if (st->n_realigned)
         CM_LOG_WARN("safetensors", "tensor data not aligned to element size in the file: copied", "path=%s tensors=%zu bytes=%llu",
                     path, st->n_realigned, (unsigned long long)st->realigned_bytes);

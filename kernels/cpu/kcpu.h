@@ -8,7 +8,8 @@
  * (override with k_set_isa / env ARKA_ISA=scalar|avx2|avx512 for tests). Results are bitwise
  * reproducible for a given ISA; different ISAs differ in the last bits (float summation order).
  * Quantized types take the activations as two int8 levels per value (~16 significant bits;
- * kcpu_internal.h).
+ * kcpu_internal.h). F8_E4M3 weights are expanded exactly (to f16 bits on AVX2) against f32
+ * activations, the row's scale applied after the sum (k_matmul_scaled).
  *
  *   k_pool *pool; k_pool_create(2, &pool);
  *   k_matmul(pool, w->data, w->type, n_in, n_out, x, n_tok, y);   // y = x · Wᵀ
@@ -59,9 +60,22 @@ const char *k_isa_name(int isa);
 int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
              const float *x, int64_t n_tok, float *y);
 
+/* The same with per-row scales, for F8_E4M3 weights (model.h): row o's values are
+ * dt_e4m3_to_f32(code) * scale[o], and y[t][o] = scale[o] * (sum_i code_value[o][i] * x[t][i])
+ * with the sum in f32 as the ISA's float kernels sum (the scale applied once, after the sum,
+ * as a GEMM epilogue applies it). Codes must not be NaN (0x7f, 0xff; the loader refuses them).
+ * scale: [n_out], required for F8_E4M3; must be NULL for every other type (then this is
+ * k_matmul). Returns what k_matmul returns; CM_EINVAL for a scale missing or given where it
+ * does not belong. */
+int k_matmul_scaled(k_pool *p, const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                    const float *x, int64_t n_tok, float *y);
+
 /* Scalar double-accumulating reference of k_matmul (tests only; single-threaded, slow). */
 int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
                  const float *x, int64_t n_tok, double *y);
+/* ... and of k_matmul_scaled: the weights' values (code x scale, an f32 product) times x. */
+int k_matmul_ref_scaled(const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                        const float *x, int64_t n_tok, double *y);
 
 /* out[j][:] = row ids[j] of table (n_rows rows of n_embd elements of `type`) as f32.
  * Returns 0, CM_EINVAL (bad sizes), CM_ERANGE (an id outside [0, n_rows)) or CM_EUNSUPPORTED. */

@@ -81,6 +81,9 @@ static inline void k__q4k_scales(const uint8_t *q, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
+/* The value of each F8_E4M3 code (dt_e4m3_to_f32), a table built once. Any thread. */
+const float *k__e4m3_lut(void);
+
 /* Which activation format a weight type's integer kernel wants (K_ACT_NONE: f32 rows). */
 int k__act_for(int wtype);
 /* Quantizes one f32 row of n_in into the format above (scalar). The AVX-512 version (NULL
@@ -99,6 +102,7 @@ typedef struct {
     int64_t n_in, n_out, n_tok;
     float *y;           /* y[t * ldy + o] */
     int64_t ldy;
+    const float *scale; /* F8_E4M3: [n_out] row scales; the kernel writes scale[o] * sum (kcpu.h) */
 } k__mm_args;
 
 typedef void (*k__mm_fn)(const k__mm_args *a, int64_t o0, int64_t o1);

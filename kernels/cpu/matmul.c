@@ -6,6 +6,7 @@
 #include "../../common/cm_err.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,13 +144,26 @@ void k__act_quantize_row(int act, const float *x, int64_t n_in, uint8_t *row) {
 
 /* ---- the pool job ------------------------------------------------------------------------ */
 
+/* ---- FP8 E4M3 rows ------------------------------------------------------------------------ */
+
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_init(void) {
+    for (int i = 0; i < 256; i++) e4m3_lut[i] = dt_e4m3_to_f32((uint8_t)i);
+}
+
+const float *k__e4m3_lut(void) {
+    pthread_once(&e4m3_once, e4m3_init);
+    return e4m3_lut;
+}
+
 typedef struct {
     k__mm_args a;
     k__mm_fn fn;            /* kernel for a.w's type (or the F32 kernel for the generic path) */
     int wtype;
     int generic;            /* 1: dequantize each row with dt_dequantize, then fn on it */
     float *rowbuf;          /* generic: [nth][rowbuf_stride] floats */
-    size_t rowbuf_stride;
+    size_t rowbuf_stride;   /* generic: FP8_TILE rows of n_in floats (F8_E4M3) or one row (others) */
     const float *xf;        /* f32 input, for the quantize job */
     int act;
     k__act_fn quant;        /* the ISA's activation quantizer */
@@ -210,7 +224,13 @@ int k_pool_reserve(k_pool *p, int64_t max_n_tok, int64_t max_n_in) {
 
 int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
              const float *x, int64_t n_tok, float *y) {
+    return k_matmul_scaled(p, W, wtype, NULL, n_in, n_out, x, n_tok, y);
+}
+
+int k_matmul_scaled(k_pool *p, const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                    const float *x, int64_t n_tok, float *y) {
     if (!p || !W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    if ((wtype == DT_F8_E4M3) != (scale != NULL)) return CM_EINVAL;
     size_t w_row = dt_row_size(wtype, n_in);
     if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
     int isa = k_get_isa();
@@ -223,6 +243,8 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
     j.wtype = wtype;
     j.act = k__act_for(wtype);
     j.quant = isa >= K_ISA_AVX512 && k__act_quantize_avx512 ? k__act_quantize_avx512 : k__act_quantize_row;
+    j.a.scale = scale;
+    if (scale) pthread_once(&e4m3_once, e4m3_init); /* the scalar kernel's table */
     j.fn = kernel_for(isa, wtype);
     if (!j.fn) {
         /* generic path: the reference dequantizer must know the type; probe one block */
@@ -271,13 +293,21 @@ int k_matmul(k_pool *p, const void *W, int wtype, int64_t n_in, int64_t n_out,
 
 int k_matmul_ref(const void *W, int wtype, int64_t n_in, int64_t n_out,
                  const float *x, int64_t n_tok, double *y) {
+    return k_matmul_ref_scaled(W, wtype, NULL, n_in, n_out, x, n_tok, y);
+}
+
+int k_matmul_ref_scaled(const void *W, int wtype, const float *scale, int64_t n_in, int64_t n_out,
+                        const float *x, int64_t n_tok, double *y) {
     if (!W || !x || !y || n_in <= 0 || n_out <= 0 || n_tok <= 0) return CM_EINVAL;
+    if ((wtype == DT_F8_E4M3) != (scale != NULL)) return CM_EINVAL;
     size_t w_row = dt_row_size(wtype, n_in);
     if (!w_row) return dt_block_size(wtype) ? CM_EINVAL : CM_EUNSUPPORTED;
     float *row = malloc((size_t)n_in * sizeof *row);
     if (!row) return CM_ENOMEM;
     for (int64_t o = 0; o < n_out; o++) {
-        int rc = dt_dequantize(wtype, (const uint8_t *)W + (size_t)o * w_row, row, n_in);
+        int rc = 0;
+        if (scale) dt_fp8_decode((const uint8_t *)W + (size_t)o * w_row, n_in, scale[o], row);
+        else rc = dt_dequantize(wtype, (const uint8_t *)W + (size_t)o * w_row, row, n_in);
         if (rc) { free(row); return rc; }
         for (int64_t t = 0; t < n_tok; t++) {
             double s = 0.0;

@@ -34,10 +34,20 @@ AVX2_INLINE float hsum8(__m256 v) {
 
 AVX2_INLINE float f16_to_f32(dt_f16 h) { return _cvtsh_ss(h); }
 
-/* ---- float weights: F32, F16, BF16 ------------------------------------------------------ */
+/* ---- float weights: F32, F16, BF16, F8_E4M3 --------------------------------------------- */
+
+/* F8_E4M3 codes become f16 bits (sign to bit 15, exponent and mantissa to bits 13..7): the
+ * same value x 2^-8 exactly, subnormals included (the loader refuses NaN codes). The kernel
+ * multiplies the sum back by 2^8 (exact) before the row's scale. */
+AVX2_INLINE __m128i e4m3_to_f16x8(__m128i b8) {
+    __m128i h = _mm_cvtepu8_epi16(b8);
+    __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+    return _mm_or_si128(mag, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8));
+}
 
 AVX2_INLINE __m256 load_w8(int type, const uint8_t *w, int64_t i) {
     if (type == DT_F32) return _mm256_loadu_ps((const float *)w + i);
+    if (type == DT_F8_E4M3) return _mm256_cvtph_ps(e4m3_to_f16x8(_mm_loadl_epi64((const __m128i *)(w + i))));
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
     if (type == DT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -46,6 +56,7 @@ AVX2_INLINE __m256 load_w8(int type, const uint8_t *w, int64_t i) {
 AVX2_INLINE float load_w1(int type, const uint8_t *w, int64_t i) {
     if (type == DT_F32) return ((const float *)w)[i];
     if (type == DT_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    if (type == DT_F8_E4M3) return f16_to_f32((dt_f16)(((w[i] & 0x7f) << 7) | ((w[i] & 0x80) << 8)));
     return dt_bf16_to_f32(((const uint16_t *)w)[i]);
 }
 
@@ -79,6 +90,7 @@ AVX2_INLINE void tile_float(int type, int R, int T, const k__mm_args *a, int64_t
         for (int t = 0; t < T; t++) {
             float s = hsum8(acc[r][t]);
             for (int64_t i = n8; i < n; i++) s = __builtin_fmaf(load_w1(type, w[r], i), x[t][i], s);
+            if (type == DT_F8_E4M3) s = (s * 256.0f) * a->scale[o + r];
             a->y[(t0 + t) * a->ldy + o + r] = s;
         }
 }
@@ -122,6 +134,7 @@ AVX2_INLINE void mm_float(int type, const k__mm_args *a, int64_t o0, int64_t o1)
 AVX2_FN void mm_f32(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F32, a, o0, o1); }
 AVX2_FN void mm_f16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F16, a, o0, o1); }
 AVX2_FN void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_BF16, a, o0, o1); }
+AVX2_FN void mm_f8(const k__mm_args *a, int64_t o0, int64_t o1) { mm_float(DT_F8_E4M3, a, o0, o1); }
 
 /* ---- Q8_0 and Q4_0: blocks of 32 against two-level activations in group order ---------- */
 
@@ -457,7 +470,7 @@ AVX2_FN void mm_q6_K(const k__mm_args *a, int64_t o0, int64_t o1) { mm_quant(DT_
 
 const k__mm_fn k__mm_avx2[DT_COUNT] = {
     [DT_F32] = mm_f32, [DT_F16] = mm_f16, [DT_BF16] = mm_bf16,
-    [DT_Q8_0] = mm_q8_0, [DT_Q4_0] = mm_q4_0, [DT_Q4_K] = mm_q4_K, [DT_Q6_K] = mm_q6_K,
+    [DT_Q8_0] = mm_q8_0, [DT_Q4_0] = mm_q4_0, [DT_Q4_K] = mm_q4_K, [DT_Q6_K] = mm_q6_K, [DT_F8_E4M3] = mm_f8,
 };
 
 #else

@@ -162,6 +162,20 @@ static inline void mm_rows(const k__mm_args *a, int64_t o0, int64_t o1, dot_fn d
             a->y[t * a->ldy + o] = dot(a->w + (size_t)o * a->w_row, a->x + (size_t)t * a->x_row, a->n_in);
 }
 
+/* F8_E4M3: the codes' values summed as the float types are, then the row's scale. */
+static void mm_f8(const k__mm_args *a, int64_t o0, int64_t o1) {
+    const float *lut = k__e4m3_lut();
+    for (int64_t o = o0; o < o1; o++)
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const uint8_t *w = a->w + (size_t)o * a->w_row;
+            const float *x = (const float *)(a->x + (size_t)t * a->x_row);
+            float l[8] = { 0 };
+            for (int64_t i = 0; i < a->n_in; i += 8)
+                for (int k = 0; k < 8 && i + k < a->n_in; k++) l[k] += lut[w[i + k]] * x[i + k];
+            a->y[t * a->ldy + o] = sum8(l) * a->scale[o];
+        }
+}
+
 static void mm_f32(const k__mm_args *a, int64_t o0, int64_t o1) { mm_rows(a, o0, o1, dot_f32); }
 static void mm_f16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_rows(a, o0, o1, dot_f16); }
 static void mm_bf16(const k__mm_args *a, int64_t o0, int64_t o1) { mm_rows(a, o0, o1, dot_bf16); }
@@ -172,5 +186,5 @@ static void mm_q6_K(const k__mm_args *a, int64_t o0, int64_t o1) { mm_rows(a, o0
 
 const k__mm_fn k__mm_scalar[DT_COUNT] = {
     [DT_F32] = mm_f32, [DT_F16] = mm_f16, [DT_BF16] = mm_bf16,
-    [DT_Q8_0] = mm_q8_0, [DT_Q4_0] = mm_q4_0, [DT_Q4_K] = mm_q4_K, [DT_Q6_K] = mm_q6_K,
+    [DT_Q8_0] = mm_q8_0, [DT_Q4_0] = mm_q4_0, [DT_Q4_K] = mm_q4_K, [DT_Q6_K] = mm_q6_K, [DT_F8_E4M3] = mm_f8,
 };

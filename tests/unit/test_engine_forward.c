@@ -1,7 +1,9 @@
 /* Forward pass of the CPU backend on a real model (stories260K): the greedy continuation of
  * the README's reference (ids and text through tok.h), batch invariance (alone vs. batched
  * with other sequences, one prefill vs. chunks vs. token by token: bitwise equal logits),
- * thread-count invariance, and refusals of bad batches. */
+ * thread-count invariance, and refusals of bad batches. Batch invariance and prefix forks
+ * (shared blocks, a copied partial block) again with FP8 weights (--quantize fp8) and an FP8
+ * or f16 KV cache: the KV types compose with the block manager. */
 #include "executor/backend.h"
 #include "executor/engine.h"
 #include "executor/kv.h"
@@ -40,6 +42,7 @@ static const char *ref_text =
 
 static mdl_model *m;
 static int V;
+static int g_kv_type = -1, g_quant = EX_QUANT_NONE; /* what mk_engine asks for */
 
 static ex_engine *mk_engine(int threads, int max_tokens, int max_out) {
     ex_engine_opts o;
@@ -50,6 +53,8 @@ static ex_engine *mk_engine(int threads, int max_tokens, int max_out) {
     o.max_tokens = max_tokens;
     o.max_seqs = 8;
     o.max_out = max_out;
+    o.kv_type = g_kv_type;
+    o.quantize = g_quant;
     ex_engine *e = NULL;
     char err[256];
     int rc = ex_engine_create(m, &o, &e, err, sizeof err);
@@ -325,6 +330,20 @@ static void test_refusals(void) {
     ex_backend *be = NULL;
     T_EQ_INT(ex_backend_create("cpu", m, &bo, &be, err, sizeof err), CM_EINVAL);
     T_CHECK(be == NULL);
+    /* KV types: q8_0 needs heads of whole 32-blocks (stories260K's are 8 wide); bad option words */
+    ex_engine_opts_default(&o);
+    o.kv_blocks = 4;
+    o.kv_type = DT_Q8_0;
+    T_EQ_INT(ex_engine_create(m, &o, &x, err, sizeof err), CM_EUNSUPPORTED);
+    T_CHECKF(strstr(err, "q8_0 cannot hold this model's heads (head_dim 8)") != NULL, "%s", err);
+    T_EQ_INT(ex_engine_opts_types(&o, "fp8", "q8_0", err, sizeof err), 0);
+    T_CHECK(o.quantize == EX_QUANT_FP8 && o.kv_type == DT_Q8_0);
+    T_EQ_INT(ex_engine_opts_types(&o, NULL, "auto", err, sizeof err), 0);
+    T_CHECK(o.quantize == EX_QUANT_NONE && o.kv_type == -1);
+    T_EQ_INT(ex_engine_opts_types(&o, "int4", NULL, err, sizeof err), CM_EINVAL);
+    T_CHECKF(strstr(err, "--quantize 'int4': expected none or fp8") != NULL, "%s", err);
+    T_EQ_INT(ex_engine_opts_types(&o, NULL, "fp4", err, sizeof err), CM_EINVAL);
+    T_CHECKF(strstr(err, "--kv-cache-dtype 'fp4': expected auto, f32, f16, fp8 or q8_0") != NULL, "%s", err);
 }
 
 int main(void) {
@@ -339,6 +358,18 @@ int main(void) {
     test_batch_invariance();
     test_prefix_fork();
     test_refusals();
+    static const struct { int kv, quant; const char *what; } variants[] = {
+        { DT_F8_E4M3, EX_QUANT_NONE, "kv fp8" }, { DT_F16, EX_QUANT_FP8, "kv f16, weights fp8" },
+        { DT_F8_E4M3, EX_QUANT_FP8, "kv fp8, weights fp8" },
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+        int before = t_failed;
+        g_kv_type = variants[i].kv;
+        g_quant = variants[i].quant;
+        test_batch_invariance();
+        test_prefix_fork();
+        printf("%s: batch invariance and prefix forks %s\n", variants[i].what, t_failed == before ? "hold" : "FAIL");
+    }
     mdl_free(m);
     return t_done();
 }

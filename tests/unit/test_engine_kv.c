@@ -2,6 +2,7 @@
  * prefix sharing, budget arithmetic; batch building and checking. */
 #include "executor/engine.h"
 #include "executor/kv.h"
+#include "kernels/cpu/attn.h"
 #include "common/cm_err.h"
 #include "model/dtype.h"
 #include "t.h"
@@ -87,6 +88,21 @@ static void test_budget(void) {
     T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_F32), 2 * 5 * 16 * 4 * 8 * 4);
     T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_F16), 2 * 5 * 16 * 4 * 8 * 2);
     T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_Q4_0), 0);
+    /* fp8: a byte per value and an f32 scale per position and head; q8_0: ggml blocks of 32 */
+    T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_F8_E4M3), 2 * 5 * 16 * 4 * (8 + 4));
+    T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_Q8_0), 0); /* head_dim 8: not whole blocks */
+    c.head_dim = 128;
+    T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_Q8_0), 2 * 5 * 16 * 4 * (4 * 34));
+    T_EQ_INT(ex_kv_block_bytes(&c, 16, DT_F8_E4M3), 2 * 5 * 16 * 4 * 132);
+    /* the cpu kernels' layout takes the bytes kv.h states, per layer and K or V */
+    static const int kts[] = { DT_F32, DT_F16, DT_F8_E4M3, DT_Q8_0 };
+    for (int i = 0; i < 4; i++)
+        T_EQ_INT(ex_kv_block_bytes(&c, 16, kts[i]), 2 * 5 * k_kv_block_bytes(kts[i], 16, 4, 128));
+    T_EQ_INT(ex_kv_type_from_name("fp8"), DT_F8_E4M3);
+    T_EQ_INT(ex_kv_type_from_name("auto"), -1);
+    T_EQ_INT(ex_kv_type_from_name("bf8"), -2);
+    T_EQ_STR(ex_kv_type_name(DT_Q8_0), "q8_0");
+    c.head_dim = 8;
     T_EQ_INT(ex_kv_default_bytes(12345), 12345);      /* capped by what is wanted */
     T_CHECK(ex_kv_default_bytes(1LL << 50) <= (16LL << 30));
     T_CHECK(ex_kv_default_bytes(1LL << 50) > 0);

@@ -16,7 +16,9 @@
  * level, a full one where it clamps at 127; 1 % slack for float rounding), and bitwise the
  * same on every ISA (the AVX-512 activation quantizer must give the scalar one's bytes).
  * Random data: x ~ U(-1, 1); weights are random blocks (every quant bit pattern) with
- * random small positive scales, so the reference is exact on what the kernel reads.
+ * random small positive scales, so the reference is exact on what the kernel reads. F8_E4M3
+ * (k_matmul_scaled): every finite code, a different random scale per row; bound 1e-5 (its
+ * values are exact; f32 accumulation only).
  */
 #include "t.h"
 #include "common/cm_err.h"
@@ -34,8 +36,29 @@ static uint32_t rnd(void) {
 }
 static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; } /* [-1, 1) */
 
+/* F8_E4M3's row scales of the weights make_weights made last ([n_out]). */
+static float *g_scale;
+
+/* k_matmul / k_matmul_ref with g_scale for F8_E4M3 */
+static int mm(k_pool *p, const void *w, int type, int64_t n_in, int64_t n_out, const float *x, int64_t n_tok, float *y) {
+    return k_matmul_scaled(p, w, type, type == DT_F8_E4M3 ? g_scale : NULL, n_in, n_out, x, n_tok, y);
+}
+
+/* Row o of the weights as values. */
+static int row_values(int type, const void *w, int64_t n_in, int64_t o, float *out) {
+    const uint8_t *r = (const uint8_t *)w + (size_t)o * dt_row_size(type, n_in);
+    if (type != DT_F8_E4M3) return dt_dequantize(type, r, out, n_in);
+    dt_fp8_decode(r, n_in, g_scale[o], out);
+    return 0;
+}
+
 /* Fills n_out rows of random weights of `type`. */
 static void *make_weights(int type, int64_t n_in, int64_t n_out) {
+    if (type == DT_F8_E4M3) {
+        free(g_scale);
+        g_scale = malloc(sizeof(float) * (size_t)n_out);
+        for (int64_t o = 0; o < n_out; o++) g_scale[o] = 0.0005f + 0.01f * (float)(rnd() % 1000) / 1000.0f;
+    }
     size_t row = dt_row_size(type, n_in), bytes = row * (size_t)n_out;
     uint8_t *w = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
@@ -48,6 +71,7 @@ static void *make_weights(int type, int64_t n_in, int64_t n_out) {
         case DT_F32: ((float *)w)[b] = rndf(); break;
         case DT_F16: ((dt_f16 *)w)[b] = dt_f32_to_f16(rndf()); break;
         case DT_BF16: ((dt_bf16 *)w)[b] = dt_f32_to_bf16(rndf()); break;
+        case DT_F8_E4M3: if ((w[b] & 0x7f) == 0x7f) w[b] ^= 1; break; /* no NaN codes */
         case DT_Q8_0: {
             blk_q8_0 *q = blk;
             q->d = d;
@@ -93,11 +117,11 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
     float *y2 = poisoned(ny), *y1 = poisoned(ny), *y3 = poisoned(ny), *yt = poisoned((size_t)n_out);
     const char *isa = k_isa_name(k_get_isa());
 
-    T_EQ_INT(k_matmul_ref(w, type, n_in, n_out, x, n_tok, ref), 0);
+    T_EQ_INT(k_matmul_ref_scaled(w, type, type == DT_F8_E4M3 ? g_scale : NULL, n_in, n_out, x, n_tok, ref), 0);
     double *scale2 = calloc((size_t)n_tok, sizeof *scale2); /* ||s_t||^2 */
     float *wrow = malloc((size_t)n_in * sizeof *wrow);
     for (int64_t o = 0; o < n_out; o++) {
-        T_EQ_INT(dt_dequantize(type, (uint8_t *)w + (size_t)o * dt_row_size(type, n_in), wrow, n_in), 0);
+        T_EQ_INT(row_values(type, w, n_in, o, wrow), 0);
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t i = 0; i < n_in; i++) {
                 double p = (double)wrow[i] * x[t * n_in + i];
@@ -105,7 +129,7 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
             }
     }
     free(wrow);
-    int rc = k_matmul(pool2, w, type, n_in, n_out, x, n_tok, y2);
+    int rc = mm(pool2, w, type, n_in, n_out, x, n_tok, y2);
     T_CHECKF(rc == 0, "%s %s k_matmul: %s", dt_name(type), isa, cm_err_str(rc));
 
     int finite = 1;
@@ -131,7 +155,7 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
     int cur = k_get_isa();
     if (cur != K_ISA_SCALAR) {
         k_set_isa(K_ISA_SCALAR);
-        T_EQ_INT(k_matmul(pool1, w, type, n_in, n_out, x, n_tok, y1), 0);
+        T_EQ_INT(mm(pool1, w, type, n_in, n_out, x, n_tok, y1), 0);
         k_set_isa(cur);
         double ws = 0.0;
         for (int64_t t = 0; t < n_tok; t++) {
@@ -148,8 +172,8 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
     }
 
     /* thread-count invariance: 1 and 3 threads give the same bits as 2 */
-    T_EQ_INT(k_matmul(pool1, w, type, n_in, n_out, x, n_tok, y1), 0);
-    T_EQ_INT(k_matmul(pool3, w, type, n_in, n_out, x, n_tok, y3), 0);
+    T_EQ_INT(mm(pool1, w, type, n_in, n_out, x, n_tok, y1), 0);
+    T_EQ_INT(mm(pool3, w, type, n_in, n_out, x, n_tok, y3), 0);
     T_CHECKF(!memcmp(y1, y2, ny * sizeof *y1) && !memcmp(y3, y2, ny * sizeof *y3),
              "%s %s %lldx%lld n_tok=%lld: result depends on thread count", dt_name(type), isa,
              (long long)n_in, (long long)n_out, (long long)n_tok);
@@ -161,7 +185,7 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
         for (int64_t t = 0; t < n_tok; t++) {
             memcpy(xt, x + t * n_in, (size_t)n_in * sizeof *xt);
             for (int64_t o = 0; o < n_out; o++) yt[o] = NAN;
-            T_EQ_INT(k_matmul(pool2, w, type, n_in, n_out, xt, 1, yt), 0);
+            T_EQ_INT(mm(pool2, w, type, n_in, n_out, xt, 1, yt), 0);
             same &= !memcmp(yt, y2 + t * n_out, (size_t)n_out * sizeof *yt);
         }
         T_CHECKF(same, "%s %s %lldx%lld n_tok=%lld: row differs from the n_tok=1 call", dt_name(type), isa,
@@ -172,7 +196,7 @@ static void check_shape(int type, int64_t n_in, int64_t n_out, int64_t n_tok) {
 }
 
 static const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K,
-                             DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q5_K };
+                             DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q5_K, DT_F8_E4M3 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
 static void check_isa(int isa) {
@@ -282,6 +306,7 @@ static void check_readback(void) {
 static void check_get_rows(void) {
     for (int ti = 0; ti < N_TYPES; ti++) {
         int type = types[ti];
+        if (type == DT_F8_E4M3) continue; /* FP8 is for linear layers (the loader refuses FP8 embeddings) */
         int64_t n_embd = dt_block_size(type) == 256 ? 512 : 96, n_rows = 9;
         void *tab = make_weights(type, n_embd, n_rows);
         int32_t ids[5] = { 8, 0, 3, 3, 7 };
@@ -313,6 +338,17 @@ static void check_errors(void) {
     T_EQ_INT(k_matmul(pool2, w, DT_I32, 8, 1, x, 1, y), CM_EUNSUPPORTED);
     T_EQ_INT(k_matmul(pool2, w, 99, 8, 1, x, 1, y), CM_EUNSUPPORTED);
     T_EQ_INT(k_get_rows(w, 99, 8, 1, (int32_t[]){ 0 }, 1, y), CM_EUNSUPPORTED);
+    float sc[4] = { 1, 1, 1, 1 };
+    T_EQ_INT(k_matmul(pool2, w, DT_F8_E4M3, 8, 1, x, 1, y), CM_EINVAL);               /* FP8 needs its scales */
+    T_EQ_INT(k_matmul_scaled(pool2, w, DT_F32, sc, 8, 1, x, 1, y), CM_EINVAL);      /* scales are FP8's only */
+    T_EQ_INT(k_matmul_ref_scaled(w, DT_F8_E4M3, NULL, 8, 1, x, 1, (double[1]){ 0 }), CM_EINVAL);
+    w[0] = 0x38; w[1] = 0xc0; /* 1, -2 */
+    x[0] = 3.0f; x[1] = 0.25f;
+    sc[0] = 0.5f;
+    T_EQ_INT(k_matmul_scaled(pool2, w, DT_F8_E4M3, sc, 2, 1, x, 1, y), 0);
+    T_NEAR(y[0], 0.5 * (3.0 - 0.5), 0.0);
+    memset(w, 0, 8);
+    memset(x, 0, sizeof x);
     T_EQ_INT(k_pool_reserve(pool2, 0, 16), CM_EINVAL);
     T_EQ_INT(k_pool_reserve(pool2, 64, 4096), 0);
     /* n_in a multiple of 8 but not of 32 works for float types */
@@ -340,5 +376,6 @@ int main(void) {
     k_pool_destroy(pool1);
     k_pool_destroy(pool2);
     k_pool_destroy(pool3);
+    free(g_scale);
     return t_done();
 }

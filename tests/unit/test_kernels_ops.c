@@ -6,6 +6,7 @@
 #include "kernels/cpu/kcpu.h"
 #include "kernels/cpu/ops.h"
 #include "common/cm_err.h"
+#include "model/dtype.h"
 #include "t.h"
 
 #include <math.h>
@@ -308,6 +309,142 @@ static void test_attention(void) {
     free(kp); free(vp); free(tpos); free(tseq); free(knew); free(vnew); free(q); free(out); free(out2); free(ref);
 }
 
+/* The values a KV type keeps of x[D] (attn.h's rounding, written here from the dtype
+ * functions): what attention must read back. st: a static scale or 0 (online, amax / 448). */
+static void kv_emulate(int type, const float *x, int d, float st, float *out) {
+    uint8_t buf[4 * 256];
+    if (type == DT_F8_E4M3) {
+        float s = st > 0 ? st : dt_fp8_scale(x, d);
+        dt_fp8_encode(x, d, s, buf);
+        dt_fp8_decode(buf, d, s, out);
+    } else {
+        dt_quantize(type, x, buf, d);
+        dt_dequantize(type, buf, out, d);
+    }
+}
+
+/* Attention over a cache of each KV type: the output equals double-precision attention over
+ * the values the type keeps (so the kernel rounds exactly as attn.h says, no more, no less);
+ * the F8_E4M3 bytes sit where attn.h puts them; k_kv_copy moves codes and scales; a static
+ * scale saturates what it cannot hold; thread and batch invariance as for f32. */
+static void test_attention_kv_types(void) {
+    enum { H = 4, HKV = 2, D = 32, BS = 4, NB = 8, LEN = 13 };
+    static const struct { int type; float st; const char *what; } cases[] = {
+        { DT_F16, 0, "f16" }, { DT_F8_E4M3, 0, "fp8 online" }, { DT_F8_E4M3, 0.004f, "fp8 static" }, { DT_Q8_0, 0, "q8_0" },
+    };
+    T_EQ_INT(k_kv_block_bytes(DT_F8_E4M3, BS, HKV, D), BS * HKV * (D + 4));
+    T_EQ_INT(k_kv_block_bytes(DT_Q8_0, BS, HKV, D), BS * HKV * 34);
+    T_EQ_INT(k_kv_block_bytes(DT_Q8_0, BS, HKV, 16), 0);
+    T_EQ_INT(k_kv_block_bytes(DT_F16, BS, HKV, D), BS * HKV * D * 2);
+    T_EQ_INT(k_kv_block_bytes(DT_Q4_0, BS, HKV, D), 0);
+    k_pool *p1, *p2;
+    k_pool_create(1, &p1);
+    k_pool_create(2, &p2);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int type = cases[c].type;
+        const size_t blk = k_kv_block_bytes(type, BS, HKV, D);
+        uint8_t *kp = malloc(blk * NB), *vp = malloc(blk * NB);
+        memset(kp, 0xa5, blk * NB);
+        memset(vp, 0xa5, blk * NB);
+        static float K[LEN * HKV * D], V[LEN * HKV * D], Kq[LEN * HKV * D], Vq[LEN * HKV * D], q[LEN * H * D], out[LEN * H * D],
+            out2[LEN * H * D];
+        float kst[HKV], vst[HKV];
+        for (int h = 0; h < HKV; h++) { kst[h] = cases[c].st; vst[h] = cases[c].st * 2; }
+        for (int i = 0; i < LEN * HKV * D; i++) {
+            K[i] = frand(2.0f) * (1 + i % 5);   /* rows of different ranges */
+            V[i] = frand(1.0f);
+        }
+        K[7] = 0; /* a zero and a row of zeros */
+        for (int i = 0; i < D; i++) V[3 * HKV * D + i] = 0;
+        for (int i = 0; i < LEN * H * D; i++) q[i] = frand(1.0f);
+        for (int p = 0; p < LEN; p++)
+            for (int h = 0; h < HKV; h++) {
+                int64_t at = ((int64_t)p * HKV + h) * D;
+                kv_emulate(type, K + at, D, cases[c].st, Kq + at);
+                kv_emulate(type, V + at, D, cases[c].st * 2, Vq + at);
+            }
+        int32_t bt[4] = { 5, 1, 6, 2 }, nb = 4, pos[LEN], seq[LEN];
+        for (int p = 0; p < LEN; p++) { pos[p] = p; seq[p] = 0; }
+        k_attn_args a = { .n_tok = LEN, .n_head = H, .n_head_kv = HKV, .head_dim = D, .block_size = BS, .scale = 0.2f,
+                          .q = q, .out = out, .tok_pos = pos, .tok_seq = seq, .block_tables = bt, .bt_stride = 4,
+                          .n_blocks = &nb, .k_pool = kp, .v_pool = vp, .n_pool_blocks = NB, .kv_type = type,
+                          .k_scale = cases[c].st > 0 ? kst : NULL, .v_scale = cases[c].st > 0 ? vst : NULL };
+        T_EQ_INT(k_kv_write(&a, K, V), 0);
+        T_EQ_INT(k_attn_paged(p2, &a), 0);
+        a.out = out2;
+        T_EQ_INT(k_attn_paged(p1, &a), 0);
+        T_CHECKF(!memcmp(out, out2, sizeof out), "%s: thread count changes the result", cases[c].what);
+        double e = 0, moved = 0;
+        for (int t = 0; t < LEN; t++)
+            for (int h = 0; h < H; h++) {
+                int kh = h / (H / HKV);
+                double sc[LEN], mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * Kq[(j * HKV + kh) * D + i];
+                    sc[j] = d * 0.2;
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j <= t; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int j = 0; j <= t; j++) o += sc[j] * Vq[(j * HKV + kh) * D + i];
+                    e = fmax(e, fabs(out[(t * H + h) * D + i] - o / sum));
+                }
+            }
+        for (int i = 0; i < LEN * HKV * D; i++) moved = fmax(moved, fabs((double)Kq[i] - K[i]));
+        printf("kv %-10s: attention vs the kept values max abs err %.2e (the type moved K by up to %.3g)\n", cases[c].what, e,
+               moved);
+        T_CHECKF(e < 1e-5, "%s: attention max abs err %g", cases[c].what, e);
+        T_CHECKF(moved > 0, "%s: the type kept K exactly?", cases[c].what);
+        if (type == DT_F8_E4M3) {
+            /* position 6 (block bt[1] = 1, row 2), head 1: codes at [row][head][D], scale after the codes */
+            const uint8_t *codes = kp + 1 * blk + ((size_t)2 * HKV + 1) * D;
+            float s;
+            memcpy(&s, kp + 1 * blk + (size_t)BS * HKV * D + ((size_t)2 * HKV + 1) * 4, 4);
+            const float *x = K + (6 * HKV + 1) * D;
+            float want_s = cases[c].st > 0 ? cases[c].st : dt_fp8_scale(x, D);
+            T_CHECK(s == want_s);
+            int bad = 0;
+            for (int i = 0; i < D; i++) bad += codes[i] != dt_f32_to_e4m3_sat(x[i] / want_s);
+            T_EQ_INT(bad, 0);
+            if (cases[c].st > 0) {
+                int sat = 0;
+                for (int i = 0; i < D; i++) sat += (codes[i] & 0x7f) == 0x7e;
+                T_CHECKF(sat > 0, "a static scale of %g saturates values up to %g", cases[c].st, 448 * cases[c].st);
+            }
+        }
+        /* the last token alone gives the same bits (batch invariance) */
+        float o1[H * D];
+        k_attn_args b1 = a;
+        b1.n_tok = 1; b1.q = q + (LEN - 1) * H * D; b1.out = o1; b1.tok_pos = pos + LEN - 1; b1.tok_seq = seq;
+        T_EQ_INT(k_attn_paged(p2, &b1), 0);
+        T_CHECK(!memcmp(o1, out + (LEN - 1) * H * D, sizeof o1));
+        /* k_kv_copy: block 6 (positions 8..11) copied to block 3 for 3 positions, then read through a table using it */
+        T_EQ_INT(k_kv_copy(&a, 6, 3, 3), 0);
+        int32_t bt2[4] = { 5, 1, 3, 2 }, pos11 = 10;
+        k_attn_args b2 = a;
+        b2.block_tables = bt2; b2.n_tok = 1; b2.q = q + 10 * H * D; b2.out = o1; b2.tok_pos = &pos11;
+        T_EQ_INT(k_attn_paged(p2, &b2), 0);
+        T_CHECKF(!memcmp(o1, out + 10 * H * D, sizeof o1), "%s: attention over the copied block differs", cases[c].what);
+        T_EQ_INT(k_kv_copy(&a, 6, 3, BS + 1), CM_EINVAL);
+        T_EQ_INT(k_kv_copy(&a, NB, 3, 1), CM_EINVAL);
+        free(kp);
+        free(vp);
+    }
+    /* a type without a layout, or Q8_0 heads that are not whole blocks of 32 */
+    float z[64] = { 0 };
+    int32_t bt0 = 0, nb1 = 1, p0 = 0, s0 = 0;
+    k_attn_args bad = { .n_tok = 1, .n_head = 1, .n_head_kv = 1, .head_dim = 16, .block_size = 4, .scale = 1, .q = z, .out = z,
+                        .tok_pos = &p0, .tok_seq = &s0, .block_tables = &bt0, .bt_stride = 1, .n_blocks = &nb1, .k_pool = z,
+                        .v_pool = z, .n_pool_blocks = 1, .kv_type = DT_Q8_0 };
+    T_EQ_INT(k_kv_write(&bad, z, z), CM_EINVAL);
+    bad.kv_type = DT_Q4_0;
+    T_EQ_INT(k_attn_paged(p1, &bad), CM_EINVAL);
+    k_pool_destroy(p1);
+    k_pool_destroy(p2);
+}
+
 static double gelu_tanh(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 static void test_geglu_softcap_route(void) {
@@ -390,5 +527,6 @@ int main(void) {
     test_rope();
     test_swiglu_softmax_add();
     test_attention();
+    test_attention_kv_types();
     return t_done();
 }

@@ -1082,7 +1082,8 @@ static void test_refusals(void) {
         { ",\"layer_types\":[\"full_attention\"]}", "layer_types" },
         { ",\"use_sliding_window\":true,\"sliding_window\":8,\"max_window_layers\":0,\"layer_types\":null,"
           "\"rope_parameters\":{\"full_attention\":{\"rope_theta\":10000}}}", "per-layer-type" },
-        { ",\"quantization_config\":{\"quant_method\":\"fp8\"}}", "'quantization_config'" },
+        { ",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4}}", "quant_method 'gptq' is not supported" },
+        { ",\"quantization_config\":{\"quant_method\":\"fp8\"}}", "no tensor is F8_E4M3" },
     };
     snprintf(dir, sizeof dir, "%s/refuse", root);
     write_hf(&m, dir, "{}", "F32", 1);
