@@ -159,6 +159,22 @@ static uint32_t hbits_perm(uint32_t qh) {
     return r;
 }
 
+// Q4_1, Q5_1 blocks: {d | m << 16} per block in d (Q5_1: then the block's high-bit word), the
+// nibbles in qs.
+template <typename B> static void repack_dm(const B *b, size_t nblk, uint8_t *qs, uint32_t *dm) {
+    constexpr bool HI = std::is_same<B, blk_q5_1>::value;
+    for (size_t i = 0; i < nblk; i++) {
+        uint32_t *o = dm + (HI ? 2 * i : i);
+        o[0] = (uint32_t)b[i].d | (uint32_t)b[i].m << 16;
+        if constexpr (HI) {
+            uint32_t qh;
+            memcpy(&qh, b[i].qh, 4);
+            o[1] = hbits_perm(qh);
+        }
+        memcpy(qs + i * 16, b[i].qs, 16);
+    }
+}
+
 // Q6_K super-block b as kcuda.h's 192 data bytes (qs) and its 16 scales and d at sc / dh.
 static void repack_q6k(const blk_q6_K *b, uint8_t *qs, uint8_t *sc, uint8_t *dh) {
     uint8_t q[256]; // the 6-bit values 0..63 (value = d sc (q - 32)), in element order
@@ -219,16 +235,8 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
         }
         return 0;
     }
-    case DT_Q4_1: {
-        const blk_q4_1 *b = (const blk_q4_1 *)src;
-        uint8_t *qs = (uint8_t *)qs_out;
-        uint32_t *dm = (uint32_t *)d_out;
-        for (size_t i = 0; i < n / 32; i++) {
-            dm[i] = (uint32_t)b[i].d | (uint32_t)b[i].m << 16;
-            memcpy(qs + i * 16, b[i].qs, 16);
-        }
-        return 0;
-    }
+    case DT_Q4_1: repack_dm((const blk_q4_1 *)src, n / 32, (uint8_t *)qs_out, (uint32_t *)d_out); return 0;
+    case DT_Q5_1: repack_dm((const blk_q5_1 *)src, n / 32, (uint8_t *)qs_out, (uint32_t *)d_out); return 0;
     case DT_Q5_0: { // per row: nb high-bit words, nb halves, padding
         const blk_q5_0 *b = (const blk_q5_0 *)src;
         uint8_t *qs = (uint8_t *)qs_out;
@@ -244,19 +252,6 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
                 memcpy(dr + 4 * nb + 2 * j, &x->d, 2);
                 memcpy(qs + (r * nb + j) * 16, x->qs, 16);
             }
-        }
-        return 0;
-    }
-    case DT_Q5_1: {
-        const blk_q5_1 *b = (const blk_q5_1 *)src;
-        uint8_t *qs = (uint8_t *)qs_out;
-        uint32_t *dm = (uint32_t *)d_out;
-        for (size_t i = 0; i < n / 32; i++) {
-            uint32_t qh;
-            memcpy(&qh, b[i].qh, 4);
-            dm[2 * i] = (uint32_t)b[i].d | (uint32_t)b[i].m << 16;
-            dm[2 * i + 1] = hbits_perm(qh);
-            memcpy(qs + i * 16, b[i].qs, 16);
         }
         return 0;
     }
