@@ -44,9 +44,9 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  *   Q6_K: data [n_out][nsb] 192 bytes: per quarter of 64 elements, 32 nibble bytes (byte l:
  *         elements l and 32 + l) then 16 bytes of the 2-bit high parts (kc_common.cuh); d per
  *         row: nsb x 16 int8 scales (GGUF order), then nsb half d, padded to 16 bytes.
- * A high-bit word holds the fifth bit of element 4i + b of its 32 at bit 8b + i, so that the
- * bits of the nibble bytes 4i .. 4i + 3 (Q4_K, Q5_K: 8 words of low, then 8 of high nibbles;
- * Q4_0 order: 4 of low, 4 of high) are one shift and one mask away.
+ * A high-bit word holds the fifth bit of element 4i + b of its block of 32 at bit 8b + i: the
+ * four elements whose low (or high) nibbles share a 32-bit word of nibbles get their fifth bits
+ * with one shift and one mask (kc_hbit4).
  *
  * Fused matrices whose parts differ in quantized type (Q|K|V of a Q4_K_M file: wq and wk Q4_K,
  * wv Q6_K in about half of the layers) keep every part in its own type: type KC_WEIGHT_MIXED,
@@ -54,9 +54,9 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  * its offsets in data and d. kc_matmul multiplies each range with its type's kernels (one launch
  * per range) into its rows of y. Why not the alternatives: converting such a matrix to F16 (what
  * the backend did) reads 3.6x the bytes of Q4_K (2.4x of Q6_K) on every token and takes that
- * much memory; one
- * kernel branching on the row range would carry every type's code and registers in each launch
- * and lose the per-type tuning (rows per warp, tile shapes, the plan's limits). The price is one
+ * much memory; one kernel branching on the row range would carry every type's code and
+ * registers in each launch and lose the per-type tuning (rows per warp, tile shapes, the plan's
+ * limits). The price is one
  * more launch per mixed matrix, and the activations are quantized (or converted to half) once
  * for all ranges. Parts must be quantized types; anything else (and interleaved gate|up pairs
  * of different types, which llama.cpp's K-quant mixes do not make) is converted to F16 by the
