@@ -18,7 +18,9 @@
 #                                        tokens) against the GEMV / dequantize + cuBLAS
 #   tests/gpu/quant_types.sh engine OUT  llama2-7b Q4_K_M and Q6_K (random weights): the `weight
 #                                        types` line, prefill 512 and decode batch 1, decode
-#                                        batches 4 and 64 (bench_engine)
+#                                        batches 4 and 64 (bench_engine); llama.cpp's llama-bench
+#                                        on the same files when /tmp/llama.cpp is built (see
+#                                        throughput.sh kernels)
 #
 # Binaries: $ARKA_GPU_BIN (default /tmp/arka-bin), unpacked from .carry/bin.tar.xz when absent
 # (built on the CPU machine: cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release
@@ -45,12 +47,15 @@ if [ ! -x "$BIN/test_gpu_kernels" ]; then
 fi
 fail=0
 step() { echo "== $* ($(date +%T))"; }
-# model SHAPE RECIPE -> path: `arka mkmodel` F16, rewritten by gpu_requant (q4_k_m, q5_k_m or a type)
+# model SHAPE RECIPE -> path: `arka mkmodel` (random weights) in a type, or for q4_k_m / q5_k_m its
+# Q8_0 model rewritten by gpu_requant
 model() {
-  local f16="$MODELS/$1-f16.gguf" f="$MODELS/$1-$2.gguf"
-  [ -f "$f16" ] || "$BIN/arka" mkmodel "$1" "$f16" --type f16 --seed 1 --vocab "$VOCAB" --threads "$(nproc)" >/dev/null \
-    2>"$OUT/mkmodel-$1.log" || { echo "mkmodel $1 failed: $(tail -2 "$OUT/mkmodel-$1.log")" >&2; }
-  [ -f "$f" ] || "$BIN/gpu_requant" "$f16" "$f" "$2" "$(nproc)" >>"$OUT/requant.log" 2>&1 || echo "requant $1 $2 failed" >&2
+  local f="$MODELS/$1-$2.gguf" src=$2
+  case $2 in q4_k_m|q5_k_m) src=q8_0 ;; esac
+  local g="$MODELS/$1-$src.gguf"
+  [ -f "$g" ] || "$BIN/arka" mkmodel "$1" "$g" --type "$src" --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel-$1-$src.log" ||
+    echo "mkmodel $1 $src failed: $(tail -2 "$OUT/mkmodel-$1-$src.log")" >&2
+  [ -f "$f" ] || "$BIN/gpu_requant" "$g" "$f" "$2" "$(nproc)" >>"$OUT/requant.log" 2>&1 || echo "requant $1 $2 failed" >&2
   echo "$f"
 }
 # types_line MODEL: the `weight types` start-up line of the cuda backend on MODEL
@@ -104,6 +109,11 @@ engine)
     for b in 4 64; do
       timeout 120 "$BIN/bench_engine" -m "$f" --backend cuda --prompt 128 --gen 32 --batch $b 2>/dev/null | grep 'decode batch'
     done
+    # the peer on the same file, when throughput.sh kernels has built llama.cpp on this machine
+    LB=/tmp/llama.cpp/build/bin
+    if [ -x "$LB/llama-bench" ]; then
+      timeout 200 "$LB/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 2 2>&1 | tee "$OUT/llama-bench-$r.txt" | grep -E '^\|'
+    fi
   done
   ;;
 *) echo "usage: quant_types.sh kernels|models|bench|engine OUT"; exit 2 ;;
