@@ -350,8 +350,8 @@ static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
         CK(cudaMalloc((void **)&dx, n_embd * 4));
         const int rc = kc_embed(&w, dids, 1, dx, s);
         CK(cudaStreamSynchronize(s));
-        T_CHECKF((rc == 0) == (kc_embed_type_ok(t) != 0) && (rc == 0 || rc == CM_EUNSUPPORTED), "kc_embed_type_ok(%s) = %d, kc_embed rc %d",
-                 dt_name(t), kc_embed_type_ok(t), rc);
+        T_CHECKF((rc == 0) == (kc_embed_type_ok(t) != 0) && (rc == 0 || rc == CM_EUNSUPPORTED),
+                 "kc_embed_type_ok(%s) = %d, kc_embed rc %d", dt_name(t), kc_embed_type_ok(t), rc);
         cudaFree(dx); cudaFree(dids); cudaFree(w.data); cudaFree(w.d); free(blocks);
     }
 }
@@ -939,7 +939,8 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(yp, dp, (size_t)nt * r * 4, cudaMemcpyDeviceToHost));
                 int same = rc == 0;
-                for (int tk = 0; tk < nt; tk++) same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
+                for (int tk = 0; tk < nt; tk++)
+                    same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
             }
             /* kc_gemmq on the fused matrix, range by range */
