@@ -1,5 +1,6 @@
-/* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0 and
- * Q4_0 kept quantized, repacked for aligned loads), Q|K|V and gate|up fused into one matrix
+/* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept quantized, repacked for aligned loads; other types
+ * converted to F16, logged), Q|K|V and gate|up fused into one matrix
  * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
  * create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
  * to hand the logits to the host (forward), or only the sampled tokens and their logprobs
@@ -174,74 +175,102 @@ static int32_t *meta_chunk(cu_state *s, int32_t *base) { return meta_dtoks(s, ba
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
-/* The type parts are uploaded as: their own when the GPU kernels read it, all parts share it
- * and the row width fits it; F16 otherwise (see upload_rows). */
-static int upload_type(const mdl_tensor *const *parts, int n_parts, int n_out) {
-    int type = parts[0]->type, same = 1;
-    size_t data_bytes, d_bytes;
-    for (int i = 0; i < n_parts; i++) same &= parts[i]->type == type;
-    if (same && kc_weight_type_ok(type) && kc_weight_sizes(type, (int)parts[0]->ne[0], n_out, &data_bytes, &d_bytes) == 0)
-        return type;
-    return DT_F16;
+/* upload_rows / upload_need flags: gate|up rows interleaved (kc_swiglu's layout), the token
+ * table (kc_embed reads it), float vectors uploaded as f32 (upload_f32). */
+enum { UP_INTERLEAVE = 1, UP_TABLE = 2, UP_F32 = 4 };
+
+/* How parts (same n_in) are uploaded as one matrix: w's type, shape and row ranges
+ * (kc_weight_layout) and the bytes of its two regions. In their own types when the GPU kernels
+ * read them: all one type, or quantized types in row ranges (Q|K|V of a Q4_K_M file: Q4_K and
+ * Q6_K, a KC_WEIGHT_MIXED weight, see kcuda.h for why). Converted to F16 (returns 1, *why says
+ * why) otherwise: a type without GPU kernels, parts of different types that are interleaved or
+ * not all quantized, a row width that is not whole blocks, a token table kc_embed cannot read. */
+static int upload_plan(const mdl_tensor *const *parts, int n_parts, int flags, kc_weight *w, size_t *data_bytes,
+                       size_t *d_bytes, const char **why) {
+    int types[KC_WEIGHT_MAX_PARTS], rows[KC_WEIGHT_MAX_PARTS], n_in = (int)parts[0]->ne[0], n_out = 0, same = 1;
+    *why = NULL;
+    for (int i = 0; i < n_parts; i++) {
+        n_out += (int)parts[i]->ne[1];
+        same &= parts[i]->type == parts[0]->type;
+        if (!kc_weight_type_ok(parts[i]->type)) *why = "no GPU kernel for the type";
+        if (i < KC_WEIGHT_MAX_PARTS) {
+            types[i] = parts[i]->type;
+            rows[i] = (int)parts[i]->ne[1];
+        }
+    }
+    if (!*why && n_parts > KC_WEIGHT_MAX_PARTS) *why = "more parts than a fused matrix holds";
+    if (!*why && !same && (flags & UP_INTERLEAVE)) *why = "interleaved parts of different types";
+    if (!*why && (flags & UP_TABLE) && !kc_embed_type_ok(parts[0]->type)) *why = "no embedding kernel for the type";
+    if (!*why) {
+        int rc = kc_weight_layout(types, rows, n_parts, n_in, w, data_bytes, d_bytes);
+        if (rc == 0) return 0;
+        *why = rc == CM_EINVAL ? "rows are not whole blocks of the type" : "parts of different types, not all quantized";
+    }
+    const int f16 = DT_F16;
+    kc_weight_layout(&f16, &n_out, 1, n_in, w, data_bytes, d_bytes);
+    return 1;
 }
 
-/* Device bytes upload_rows / upload_f32 will take for parts (as_f32: upload_f32). */
-static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int as_f32) {
+/* Device bytes upload_rows / upload_f32 (flags & UP_F32) will take for parts; *file (may be
+ * NULL) grows by the parts' bytes in the file. */
+static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int flags, size_t *file) {
     size_t n = 0, data_bytes = 0, d_bytes = 0;
-    int n_out = 0;
     for (int i = 0; i < n_parts; i++) {
         n += (size_t)parts[i]->ne[0] * parts[i]->ne[1];
-        n_out += (int)parts[i]->ne[1];
+        if (file) *file += parts[i]->nbytes;
     }
-    if (as_f32) return n * 4;
-    if (kc_weight_sizes(upload_type(parts, n_parts, n_out), (int)parts[0]->ne[0], n_out, &data_bytes, &d_bytes)) return 0;
+    if (flags & UP_F32) return n * 4;
+    kc_weight w;
+    const char *why;
+    upload_plan(parts, n_parts, flags, &w, &data_bytes, &d_bytes, &why);
     return data_bytes + d_bytes;
 }
 
-/* Device bytes of every weight as ex_backend_cuda_create uploads them. */
-static size_t weights_need(const mdl_model *m) {
+/* Device bytes of every weight as ex_backend_cuda_create uploads them; *file (may be NULL):
+ * the same tensors' bytes in the file. */
+static size_t weights_need(const mdl_model *m, size_t *file) {
     const mdl_config *c = &m->cfg;
     const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output }, *on[] = { &m->out_norm };
-    size_t n = upload_need(emb, 1, 0) + upload_need(on, 1, 1) + (c->tied_output ? 0 : upload_need(outp, 1, 0));
+    size_t fb = 0;
+    size_t n = upload_need(emb, 1, UP_TABLE, &fb) + upload_need(on, 1, UP_F32, &fb) +
+               (c->tied_output ? 0 : upload_need(outp, 1, 0, &fb));
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *ly = &m->layers[l];
         const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                          *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                          *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-        n += upload_need(qkv, 3, 0) + upload_need(wo, 1, 0) + upload_need(gu, 2, 0) + upload_need(dn, 1, 0) +
-             upload_need(an, 1, 1) + upload_need(fn, 1, 1);
-        if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, 1);
+        n += upload_need(qkv, 3, 0, &fb) + upload_need(wo, 1, 0, &fb) + upload_need(gu, 2, UP_INTERLEAVE, &fb) +
+             upload_need(dn, 1, 0, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
+        if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, UP_F32, &fb);
     }
+    if (file) *file = fb;
     return n;
 }
 
-/* Uploads the row-concatenation of parts (same n_in) as one kc_weight. Parts keep their type
- * when the GPU kernels read it and all parts share it; otherwise (a type without GPU kernels
- * such as Q6_K, or fused parts of different types, as in Q4_K_M files) every part is converted
- * to F16 on the way (exact for the 8-bit and smaller formats up to f16 rounding; more memory
- * and bandwidth, logged). */
-/* interleave (two parts of as many rows: gate and up): row 2j of w is row j of the first part,
- * 2j + 1 row j of the second (kc_swiglu's layout; a warp of the F16 GEMV then holds both). */
-static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, int interleave, char *err,
+/* Uploads the row-concatenation of parts (same n_in) as one kc_weight, laid out as upload_plan
+ * says: repacked in their own types (rows of a mixed matrix at their range's offsets), or every
+ * part converted to F16 on the way (exact for the 8-bit and smaller formats up to f16 rounding;
+ * more memory and bandwidth, logged with the reason). flags & UP_INTERLEAVE (two parts of as
+ * many rows: gate and up): row 2j of w is row j of the first part, 2j + 1 row j of the second
+ * (kc_swiglu's layout; a warp of the F16 GEMV then holds both). */
+static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts, kc_weight *w, int flags, char *err,
                        size_t errlen) {
-    int type = parts[0]->type, n_in = (int)parts[0]->ne[0], n_out = 0, same = 1;
+    const int interleave = flags & UP_INTERLEAVE;
+    int n_in = (int)parts[0]->ne[0];
     if (interleave && (n_parts != 2 || parts[0]->ne[1] != parts[1]->ne[1])) {
         snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in rows and cannot be interleaved", parts[0]->name,
                  parts[n_parts - 1]->name);
         return CM_EUNSUPPORTED;
     }
-    for (int i = 0; i < n_parts; i++) {
-        const mdl_tensor *t = parts[i];
-        if (t->ne[0] != n_in) {
-            snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in width and cannot be fused", parts[0]->name, t->name);
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i]->ne[0] != n_in) {
+            snprintf(err, errlen, "cuda backend: tensors '%s' and '%s' differ in width and cannot be fused", parts[0]->name,
+                     parts[i]->name);
             return CM_EUNSUPPORTED;
         }
-        same &= t->type == type;
-        n_out += (int)t->ne[1];
-    }
     size_t data_bytes, d_bytes;
-    int convert = upload_type(parts, n_parts, n_out) != type || !same;
-    if (!convert) kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
+    const char *why;
+    const int convert = upload_plan(parts, n_parts, flags, w, &data_bytes, &d_bytes, &why);
     if (convert) {
         for (int i = 0; i < n_parts; i++)
             if (!dt_is_supported(parts[i]->type)) {
@@ -249,14 +278,11 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
                          dt_name(parts[i]->type) ? dt_name(parts[i]->type) : "?");
                 return CM_EUNSUPPORTED;
             }
-        CM_LOG_INFO("cuda", "weights converted to F16 (no GPU kernel for their type or mixed types)", "tensor=%s type=%s",
-                    parts[0]->name, dt_name(type) ? dt_name(type) : "?");
-        type = DT_F16;
-        kc_weight_sizes(type, n_in, n_out, &data_bytes, &d_bytes);
+        CM_LOG_INFO("cuda", "weights converted to F16", "tensor=%s type=%s reason=\"%s\"", parts[0]->name,
+                    dt_name(parts[0]->type) ? dt_name(parts[0]->type) : "?", why);
     }
-    w->type = type;
-    w->n_in = n_in;
-    w->n_out = n_out;
+    w->data = NULL;
+    w->d = NULL;
     if (cudaMalloc(&w->data, data_bytes) != cudaSuccess || (d_bytes && cudaMalloc((void **)&w->d, d_bytes) != cudaSuccess)) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
@@ -264,9 +290,9 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
                  (data_bytes + d_bytes) / 1048576.0, fr / 1073741824.0, tot / 1073741824.0);
         return CM_ENOMEM;
     }
-    size_t off_data = 0, off_d = 0;
-    for (int i = 0; i < n_parts; i++) {
+    for (int i = 0, row = 0; i < n_parts; row += (int)parts[i++]->ne[1]) {
         const mdl_tensor *t = parts[i];
+        const int type = convert ? DT_F16 : t->type;
         size_t pd, ps, nel = (size_t)n_in * (size_t)t->ne[1];
         kc_weight_sizes(type, n_in, (int)t->ne[1], &pd, &ps);
         void *hq = malloc(pd ? pd : 1);
@@ -295,7 +321,9 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
             const size_t rows = (size_t)t->ne[1], rd = pd / rows, rs = ps / rows;
             e = cudaMemcpy2D((char *)w->data + i * rd, 2 * rd, hq, rd, rd, rows, cudaMemcpyHostToDevice);
             if (e == cudaSuccess && ps) e = cudaMemcpy2D((char *)w->d + i * rs, 2 * rs, hs, rs, rs, rows, cudaMemcpyHostToDevice);
-        } else {
+        } else { /* at the offsets of its first row (a mixed matrix: in its range) */
+            size_t off_data, off_d;
+            kc_weight_row_at(w, row, &off_data, &off_d);
             e = cudaMemcpy((char *)w->data + off_data, hq, pd, cudaMemcpyHostToDevice);
             if (e == cudaSuccess && ps) e = cudaMemcpy((char *)w->d + off_d, hs, ps, cudaMemcpyHostToDevice);
         }
@@ -305,11 +333,60 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
             snprintf(err, errlen, "cuda backend: copying '%s' to the GPU failed: %s", t->name, cudaGetErrorString(e));
             return CM_ECUDA;
         }
-        off_data += pd;
-        off_d += ps;
     }
     s->weight_bytes += data_bytes + d_bytes;
     return 0;
+}
+
+/* Adds the file types of parts uploaded as w to *kept (read as they are by the GPU kernels) or
+ * *conv (converted to F16): bit t for type t. */
+static void note_types(const kc_weight *w, const mdl_tensor *const *parts, int n_parts, uint64_t *kept, uint64_t *conv) {
+    for (int i = 0; i < n_parts; i++) {
+        const int t = parts[i]->type;
+        if (t < 0 || t >= 64) continue;
+        if (w->type == KC_WEIGHT_MIXED || w->type == t) *kept |= 1ull << t;
+        else *conv |= 1ull << t;
+    }
+}
+
+static void types_str(uint64_t mask, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int t = 0; t < 64; t++)
+        if (mask >> t & 1) {
+            int r = snprintf(buf + k, k < n ? n - k : 0, "%s%s", k ? "," : "", dt_name(t) ? dt_name(t) : "?");
+            if (r > 0) k += (size_t)r;
+        }
+    if (!k) snprintf(buf, n, "none");
+}
+
+/* The start-up line that says which of the file's matrix types the GPU reads as they are and
+ * which were converted to F16, how many fused matrices keep row ranges of different types, and
+ * the weights' device bytes against the same tensors' bytes in the file. */
+static void log_weight_types(const cu_state *s, const mdl_model *m, size_t file_bytes) {
+    uint64_t kept = 0, conv = 0;
+    int mixed = 0;
+    const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output };
+    note_types(&s->tok_embd, emb, 1, &kept, &conv);
+    if (!s->cfg.tied_output) note_types(&s->output, outp, 1, &kept, &conv);
+    for (int l = 0; l < s->cfg.n_layer; l++) {
+        const mdl_layer *ly = &m->layers[l];
+        const cu_layer *L = &s->layers[l];
+        const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
+                         *dn[] = { &ly->w_down };
+        note_types(&L->qkv, qkv, 3, &kept, &conv);
+        note_types(&L->wo, wo, 1, &kept, &conv);
+        note_types(&L->gu, gu, 2, &kept, &conv);
+        note_types(&L->down, dn, 1, &kept, &conv);
+        mixed += (L->qkv.type == KC_WEIGHT_MIXED) + (L->wo.type == KC_WEIGHT_MIXED) + (L->gu.type == KC_WEIGHT_MIXED) +
+                 (L->down.type == KC_WEIGHT_MIXED);
+    }
+    char k[128], c[128];
+    types_str(kept, k, sizeof k);
+    types_str(conv, c, sizeof c);
+    CM_LOG_INFO("cuda", "weight types", "kept=%s converted_to_f16=%s mixed_matrices=%d weights_gib=%.3f file_tensors_gib=%.3f "
+                "ratio=%.3f", k, c, mixed, s->weight_bytes / GIB, file_bytes / GIB,
+                file_bytes ? (double)s->weight_bytes / (double)file_bytes : 0.0);
 }
 
 /* Uploads one or more float vectors (norm weights, biases of any float type) concatenated as f32. */
@@ -995,7 +1072,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         rc = CM_ECUDA;
         goto fail;
     }
-    size_t need = weights_need(m);
+    size_t file_bytes = 0, need = weights_need(m, &file_bytes);
     if (need > free0) {
         snprintf(err, errlen, "cuda backend: the weights need %.2f GiB, %.2f GiB free on device %d (%s)", need / GIB,
                  free0 / GIB, o->device, prop.name);
@@ -1009,7 +1086,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     /* weights */
     {
         const mdl_tensor *emb[] = { &m->tok_embd };
-        if ((rc = upload_rows(s, emb, 1, &s->tok_embd, 0, err, errlen))) goto fail;
+        if ((rc = upload_rows(s, emb, 1, &s->tok_embd, UP_TABLE, err, errlen))) goto fail;
         if (c->tied_output) s->output = s->tok_embd;
         else {
             const mdl_tensor *outp[] = { &m->output };
@@ -1026,7 +1103,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                              *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                              *bias[] = { &ly->bq, &ly->bk, &ly->bv };
             if ((rc = upload_rows(s, qkv, 3, &L->qkv, 0, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, 0, err, errlen)) ||
-                (rc = upload_rows(s, gu, 2, &L->gu, 1, err, errlen)) || (rc = upload_rows(s, dn, 1, &L->down, 0, err, errlen)) ||
+                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE, err, errlen)) ||
+                (rc = upload_rows(s, dn, 1, &L->down, 0, err, errlen)) ||
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
@@ -1116,6 +1194,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     }
     CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f seconds=%.2f", o->device, prop.name,
                 s->weight_bytes / GIB, cm_time_s() - t0);
+    log_weight_types(s, m, file_bytes);
 
     /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */
     if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;

@@ -1,4 +1,4 @@
-// gemmq: quantized weights (Q8_0, Q4_0, Q4_K) times half activations on tensor cores, for
+// gemmq: quantized weights (every type kc_weight_is_quant takes) times half activations on tensor cores, for
 // token counts past the GEMV's (prefill chunks, large decode batches). The weights are read
 // in their kc_weight layout and dequantized in registers straight into the mma fragments:
 // no dequantized copy of the matrix is written anywhere.
@@ -6,8 +6,8 @@
 // Work split: a CTA owns BM = 16 MT WM output rows and BN tokens; its WM x WK warps each own
 // 16 MT rows, and the K range is split over the WK warps of a row group by steps of BK = 128
 // (warp kw takes steps kw, kw + WK, ...); their partial sums are added in a fixed order at the
-// end. Within a step, lane quad q owns 32 of the 128 elements (one Q8_0/Q4_0 block, or half of
-// a Q4_K quarter) and feeds them to 8 m16n8k16 MMAs in an order of its choice: the logical k
+// end. Within a step, lane quad q owns 32 of the 128 elements (one block of the 32-element types,
+// or half of a K-quant quarter) and feeds them to 8 m16n8k16 MMAs in an order of its choice: the logical k
 // of an MMA operand pair is mapped to the same physical element for the weights (A, from
 // registers) and the activations (B, read from a shared-memory tile stored in that order),
 // so the dot product is unchanged. The activation tile is double-buffered with cp.async;
@@ -16,6 +16,8 @@
 // The summation order of an output depends on WK and n_in only (not on BN, BM or where the
 // token sits in the batch), so a configuration of fixed WK is batch-invariant.
 #include "kc_common.cuh"
+
+#include <type_traits>
 
 extern "C" {
 #include "kcuda.h"
@@ -60,35 +62,101 @@ template <> struct qt<DT_Q8_0> {
     }
 };
 
-template <> struct qt<DT_Q4_0> {
-    struct raw { uint4 w; __half2 d; };
+// Q4_0, Q4_1, Q5_0, Q5_1: quad q takes block 4 ks + q of the row; its elements 0..15 are the low
+// nibbles of bytes 0..15, 16..31 the high nibbles (Q5: the fifth bits from the high-bit word).
+// Each pair of elements becomes half exactly (1024 + q as bits), then d (q - offset) or d q + m
+// in one half operation.
+template <int TYPE> struct qt_b32 {
+    static constexpr bool HI = TYPE == DT_Q5_0 || TYPE == DT_Q5_1, MIN = TYPE == DT_Q4_1 || TYPE == DT_Q5_1;
+    struct raw_min { uint4 w; uint32_t qh; __half2 d, m; };
+    struct raw_sym { uint4 w; uint32_t qh; __half2 d; };
+    struct raw_q4 { uint4 w; __half2 d; };
+    typedef typename std::conditional<MIN, raw_min, typename std::conditional<HI, raw_sym, raw_q4>::type>::type raw;
     __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const size_t b = row * (size_t)(n_in / 32) + (size_t)ks * 4 + q;
         r.w = __ldg((const uint4 *)W + b);
-        r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + b)));
+        if constexpr (TYPE == DT_Q4_0) {
+            r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + b)));
+        } else {
+            uint32_t dm;
+            if constexpr (TYPE == DT_Q4_1) {
+                dm = __ldg((const uint32_t *)D + b);
+            } else if constexpr (TYPE == DT_Q5_1) {
+                const uint2 v = __ldg((const uint2 *)D + b);
+                dm = v.x;
+                r.qh = v.y;
+            } else { // Q5_0: a row is n_in / 32 high-bit words, then as many halves
+                const uint8_t *p = (const uint8_t *)D + row * kc_wq_d_row(DT_Q5_0, n_in);
+                const int bi = ks * 4 + q;
+                r.qh = __ldg((const uint32_t *)p + bi);
+                dm = __ldg((const unsigned short *)(p + (size_t)n_in / 8) + bi);
+            }
+            r.d = __half2half2(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
+            if constexpr (MIN) r.m = __half2half2(__ushort_as_half((unsigned short)(dm >> 16)));
+        }
     }
     __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
-    // elements 0..15: low nibbles of bytes 0..15; 16..31: high nibbles
+    // elements 4i .. 4i + 3: bytes 4 (i % 4) .. of the low (i < 4) or high nibbles
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int sh = i < 4 ? 0 : 4;
         const uint32_t v = u[i & 3] >> sh;
-        const __half2 off = __half2half2(__ushort_as_half(0x6408)); // 1032 = 1024 + 8
-        lo = h2_bits(__hmul2(__hsub2(bits_h2((spread2<0>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
-        hi = h2_bits(__hmul2(__hsub2(bits_h2((spread2<1>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
+        if constexpr (TYPE == DT_Q4_0) {
+            const __half2 off = __half2half2(__ushort_as_half(0x6408)); // 1032 = 1024 + 8
+            lo = h2_bits(__hmul2(__hsub2(bits_h2((spread2<0>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
+            hi = h2_bits(__hmul2(__hsub2(bits_h2((spread2<1>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
+        } else {
+            uint32_t q5 = v & 0x0F0F0F0Fu;
+            if constexpr (HI) q5 |= kc_hbit4(r.qh, i);
+            const __half2 a = bits_h2(spread2<0>(q5) | 0x64006400u), b = bits_h2(spread2<1>(q5) | 0x64006400u);
+            if constexpr (TYPE == DT_Q5_0) {
+                const __half2 off = __half2half2(__ushort_as_half(0x6410)); // 1040 = 1024 + 16
+                lo = h2_bits(__hmul2(__hsub2(a, off), r.d));
+                hi = h2_bits(__hmul2(__hsub2(b, off), r.d));
+            } else {
+                const __half2 off = __half2half2(__ushort_as_half(0x6400)); // 1024
+                lo = h2_bits(__hfma2(__hsub2(a, off), r.d, r.m));
+                hi = h2_bits(__hfma2(__hsub2(b, off), r.d, r.m));
+            }
+        }
     }
 };
+template <> struct qt<DT_Q4_0> : qt_b32<DT_Q4_0> {};
+template <> struct qt<DT_Q4_1> : qt_b32<DT_Q4_1> {};
+template <> struct qt<DT_Q5_0> : qt_b32<DT_Q5_0> {};
+template <> struct qt<DT_Q5_1> : qt_b32<DT_Q5_1> {};
 
-template <> struct qt<DT_Q4_K> {
-    // step ks covers half of super-block ks / 2; quad q takes its 16-byte piece u = 4 (ks % 2) + q:
-    // quarter j = u / 2, half h = u % 2. Low nibbles: elements 64j + 16h + 0..15 (sub-block 2j),
-    // high nibbles: 64j + 32 + 16h + 0..15 (sub-block 2j + 1).
-    struct raw { uint4 w; float ds[2], dm[2]; };
+// Q4_K, Q5_K, Q6_K: step ks covers half of super-block ks / 2; quad q takes its 16-byte piece
+// u = 4 (ks % 2) + q: quarter j = u / 2, half h = u % 2. Low nibbles: elements 64j + 16h + 0..15,
+// high nibbles: 64j + 32 + 16h + 0..15 (Q4_K, Q5_K: sub-blocks 2j and 2j + 1; Q6_K: sub-blocks of
+// 16 4j + h and 4j + 2 + h).
+__device__ __forceinline__ int xoff_k(int ks, int q, int e4) {
+    const int u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
+    return (ks >> 1) * 256 + 64 * j + 16 * h + (e4 < 4 ? 4 * e4 : 32 + 4 * (e4 - 4));
+}
+__device__ __forceinline__ float nib(uint32_t v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
+
+// Q4_K, Q5_K (Q5_K: the fifth bits from the two sub-blocks' high-bit words, shifted to the
+// quad's half so that nibble word i % 4 takes bits i % 4 + 8b)
+template <int TYPE> struct qt_k {
+    static constexpr bool HI = TYPE == DT_Q5_K;
+    struct raw_q4 { uint4 w; float ds[2], dm[2]; };
+    struct raw_q5 { uint4 w; uint32_t qh[2]; float ds[2], dm[2]; };
+    typedef typename std::conditional<HI, raw_q5, raw_q4>::type raw;
     __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const size_t sb = row * (size_t)(n_in / 256) + (size_t)(ks >> 1);
         const int u = 4 * (ks & 1) + q, j = u >> 1;
         r.w = __ldg((const uint4 *)(W + sb * 128) + u);
-        const uint4 h = __ldg((const uint4 *)D + sb);
+        uint4 h;
+        if constexpr (HI) {
+            const uint8_t *p = (const uint8_t *)D + sb * 48;
+            h = __ldg((const uint4 *)p);
+            const uint2 qh = __ldg((const uint2 *)(p + 16) + j);
+            r.qh[0] = qh.x >> (4 * (u & 1));
+            r.qh[1] = qh.y >> (4 * (u & 1));
+        } else {
+            h = __ldg((const uint4 *)D + sb);
+        }
         const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xFFFF)));
         const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
 #pragma unroll
@@ -99,15 +167,12 @@ template <> struct qt<DT_Q4_K> {
             r.dm[k] = dmin * m;
         }
     }
-    __device__ static int xoff(int ks, int q, int e4) {
-        const int u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
-        return (ks >> 1) * 256 + 64 * j + 16 * h + (e4 < 4 ? 4 * e4 : 32 + 4 * (e4 - 4));
-    }
-    __device__ static float nib(uint32_t v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
+    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int k = i < 4 ? 0 : 1;
-        const uint32_t v = (u[i & 3] >> (4 * k)) & 0x0F0F0F0Fu;
+        uint32_t v = (u[i & 3] >> (4 * k)) & 0x0F0F0F0Fu;
+        if constexpr (HI) v |= kc_hbit4(r.qh[k], i & 3);
         const float ds = r.ds[k], dm = -r.dm[k];
         float f[4];
 #pragma unroll
@@ -116,11 +181,44 @@ template <> struct qt<DT_Q4_K> {
         hi = h2_bits(__floats2half2_rn(f[2], f[3]));
     }
 };
+template <> struct qt<DT_Q4_K> : qt_k<DT_Q4_K> {};
+template <> struct qt<DT_Q5_K> : qt_k<DT_Q5_K> {};
+
+// Q6_K: the quad's 16 nibble bytes of its quarter and the two words of 2-bit high parts they
+// need (kc_common.cuh's layout: words 2h and 2h + 1 of the quarter's four), the two sub-blocks'
+// d sc. Values d sc (q - 32) in f32 as the reference computes them, then rounded to half.
+template <> struct qt<DT_Q6_K> {
+    struct raw { uint4 w; uint2 hb; float ds[2]; };
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        const int nsb = n_in / 256, sb = ks >> 1, u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
+        const uint8_t *p = W + row * (size_t)(192 * nsb) + (size_t)sb * 192 + 48 * j;
+        r.w = __ldg((const uint4 *)p + h);
+        r.hb = __ldg((const uint2 *)(p + 32) + h);
+        const uint8_t *dr = (const uint8_t *)D + row * kc_wq_d_row(DT_Q6_K, n_in);
+        const uint32_t sc = __ldg((const uint32_t *)dr + 4 * sb + j); // scales 4j .. 4j + 3
+        const float d = __half2float(__ushort_as_half(__ldg((const unsigned short *)(dr + 16 * (size_t)nsb) + sb)));
+        r.ds[0] = d * (float)(int8_t)(sc >> (8 * h));
+        r.ds[1] = d * (float)(int8_t)(sc >> (8 * (2 + h)));
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w;
+        const int k = i < 4 ? 0 : 1, ww = i & 3;
+        const uint32_t hw = k ? r.hb.y : r.hb.x;
+        const uint32_t v = ((u[ww] >> (4 * k)) & 0x0F0F0F0Fu) | (((hw >> (2 * ww)) & 0x03030303u) << 4);
+        const float ds = r.ds[k];
+        float f[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) f[b] = (__uint_as_float(0x4B000000u | ((v >> (8 * b)) & 0xFF)) - 8388640.0f) * ds; // q - 32
+        lo = h2_bits(__floats2half2_rn(f[0], f[1]));
+        hi = h2_bits(__floats2half2_rn(f[2], f[3]));
+    }
+};
 
 template <int TYPE, int WM, int WK, int BN, int MT>
 __global__ void __launch_bounds__(WM * WK * 32)
 gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const __half *x, float *y, int n_in,
-             int n_out, int n_tok, int accumulate) {
+             int n_out, int ldy, int n_tok, int accumulate) {
     KC_TRACE_SCOPE(KC_TR_GEMMQ);
     typedef qt<TYPE> T;
     constexpr int NT = BN / 8, NTHR = WM * WK * 32, BM = 16 * MT * WM;
@@ -234,13 +332,13 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
             for (int c = 0; c < 4; c++) {
                 const int row = row_a + 16 * m + (c >> 1) * 8, tok = n0 + n * 8 + 2 * q + (c & 1);
                 if (row >= n_out || tok >= n_tok) continue;
-                float *p = y + (size_t)tok * n_out + row;
+                float *p = y + (size_t)tok * ldy + row;
                 *p = accumulate ? *p + acc[m][n][c] : acc[m][n][c];
             }
 }
 
 template <int TYPE, int WM, int WK, int BN, int MT>
-int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cudaStream_t s) {
+int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
     const size_t tile = (size_t)WK * BN * XROW * 2;
     const size_t red = (size_t)(WK - 1) * WM * MT * (BN / 8) * 32 * 4 * 4;
     const size_t smem = tile > red ? tile : red;
@@ -249,26 +347,27 @@ int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cu
         if (int rc = kc_smem_limit_once(gemmq_kernel<TYPE, WM, WK, BN, MT>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 16 * MT * WM - 1) / (16 * MT * WM), (n_tok + BN - 1) / BN), block(WM * WK * 32);
     kc_launch(gemmq_kernel<TYPE, WM, WK, BN, MT>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d,
-              x, y, w->n_in, w->n_out, n_tok, acc);
+              x, y, w->n_in, w->n_out, ldy, n_tok, acc);
     KC_LAUNCH_CHECK();
 }
 
 // Tile configurations (warps over rows x over K, tokens, MMA rows per warp / 16). Chosen per
 // token count from gpu_bench_gemmq on an H100 (bench/RESULTS.md).
 constexpr int NCFG = 11;
-template <int TYPE> int dispatch(const kc_weight *w, const __half *x, int n_tok, float *y, int acc, cudaStream_t s, int cfg) {
+template <int TYPE>
+int dispatch(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
     switch (cfg) {
-    case 0: return launch<TYPE, 2, 4, 16, 1>(w, x, n_tok, y, acc, s);
-    case 1: return launch<TYPE, 2, 4, 32, 1>(w, x, n_tok, y, acc, s);
-    case 2: return launch<TYPE, 4, 2, 64, 1>(w, x, n_tok, y, acc, s);
-    case 3: return launch<TYPE, 8, 1, 64, 1>(w, x, n_tok, y, acc, s);
-    case 4: return launch<TYPE, 4, 1, 128, 1>(w, x, n_tok, y, acc, s);
-    case 5: return launch<TYPE, 4, 1, 64, 2>(w, x, n_tok, y, acc, s);
-    case 6: return launch<TYPE, 4, 2, 32, 2>(w, x, n_tok, y, acc, s);
-    case 7: return launch<TYPE, 1, 8, 16, 2>(w, x, n_tok, y, acc, s);
-    case 8: return launch<TYPE, 2, 8, 16, 1>(w, x, n_tok, y, acc, s);
-    case 9: return launch<TYPE, 2, 8, 8, 1>(w, x, n_tok, y, acc, s);
-    default: return launch<TYPE, 4, 4, 16, 1>(w, x, n_tok, y, acc, s);
+    case 0: return launch<TYPE, 2, 4, 16, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 1: return launch<TYPE, 2, 4, 32, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 2: return launch<TYPE, 4, 2, 64, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 3: return launch<TYPE, 8, 1, 64, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 4: return launch<TYPE, 4, 1, 128, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 5: return launch<TYPE, 4, 1, 64, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 6: return launch<TYPE, 4, 2, 32, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 7: return launch<TYPE, 1, 8, 16, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 8: return launch<TYPE, 2, 8, 16, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 9: return launch<TYPE, 2, 8, 8, 1>(w, x, n_tok, y, ldy, acc, s);
+    default: return launch<TYPE, 4, 4, 16, 1>(w, x, n_tok, y, ldy, acc, s);
     }
 }
 
@@ -278,8 +377,17 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
     static int arch = -1; // the SASS this build runs on the device: mma.sync / cp.async need sm_80
     if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
     if (arch < 80) return 0;
-    if (w->type == DT_Q4_K) return w->n_in % 256 == 0;
-    return (w->type == DT_Q8_0 || w->type == DT_Q4_0) && w->n_in % BK == 0;
+    switch (w->type) {
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return w->n_in % 256 == 0;
+    case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: return w->n_in % BK == 0;
+    case KC_WEIGHT_MIXED:
+        for (int i = 0; i < w->n_parts; i++) {
+            const kc_weight v = kc_weight_part_view(w, i);
+            if (!kc_gemmq_ok(&v)) return 0;
+        }
+        return w->n_parts > 0;
+    default: return 0;
+    }
 }
 
 extern "C" int kc_gemmq_ncfg(void) { return NCFG; }
@@ -288,13 +396,15 @@ extern "C" int kc_gemmq_ncfg(void) { return NCFG; }
 // fastest configuration per token count. Past the plan's gemmq_max_tok dequantizing into a half copy
 // for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost is
 // spread over many tokens); the configurations chosen above 64 tokens serve larger plan limits.
+// Q4_1, Q5_0 and Q5_1 take Q4_0's choices, Q5_K and Q6_K Q4_K's (not measured yet).
 static int gemmq_choose(int type, int n_tok) {
+    const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
     if (n_tok <= 8) return 9;
     if (n_tok <= 16) return 8;
     if (n_tok <= 32) return 10;
     if (n_tok <= 64) return type == DT_Q8_0 ? 1 : 6;
-    if (type == DT_Q4_0) return 6;
-    return type == DT_Q4_K && n_tok > 128 ? 3 : 2;
+    if (type != DT_Q8_0 && !k_quant) return 6;
+    return k_quant && n_tok > 128 ? 3 : 2;
 }
 
 // Within the GEMV's range (up to KC_GEMV_MAX_TOK tokens) kc_gemmq would win from about 8
@@ -303,13 +413,31 @@ static int gemmq_choose(int type, int n_tok) {
 // of up to 8 sequences stay batch-invariant. Where it stops beating dequantize + cuBLAS is the
 // plan's gemmq_max_tok (plan.cu).
 
-extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
-    if (!w || !x || !y || n_tok <= 0 || !kc_gemmq_ok(w) || cfg >= NCFG) return CM_EINVAL;
-    if (cfg < 0) cfg = gemmq_choose(w->type, n_tok);
+extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
+                              cudaStream_t s) {
+    if (!w || !x || !y || n_tok <= 0 || !kc_gemmq_ok(w) || cfg >= NCFG || ldy < w->n_out) return CM_EINVAL;
     const __half *xh = (const __half *)x;
-    switch (w->type) {
-    case DT_Q8_0: return dispatch<DT_Q8_0>(w, xh, n_tok, y, accumulate, s, cfg);
-    case DT_Q4_0: return dispatch<DT_Q4_0>(w, xh, n_tok, y, accumulate, s, cfg);
-    default: return dispatch<DT_Q4_K>(w, xh, n_tok, y, accumulate, s, cfg);
+    if (w->type == KC_WEIGHT_MIXED) { // range by range, into its rows of y
+        for (int i = 0; i < w->n_parts; i++) {
+            const kc_weight v = kc_weight_part_view(w, i);
+            if (int rc = kc__gemmq_rows(&v, x, n_tok, y + w->part[i].row0, ldy, accumulate, cfg, s)) return rc;
+        }
+        return 0;
     }
+    if (cfg < 0) cfg = gemmq_choose(w->type, n_tok);
+    switch (w->type) {
+    case DT_Q8_0: return dispatch<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q4_0: return dispatch<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q4_1: return dispatch<DT_Q4_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q5_0: return dispatch<DT_Q5_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q5_1: return dispatch<DT_Q5_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q4_K: return dispatch<DT_Q4_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q5_K: return dispatch<DT_Q5_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    default: return dispatch<DT_Q6_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    }
+}
+
+extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
+    if (!w) return CM_EINVAL;
+    return kc__gemmq_rows(w, x, n_tok, y, w->n_out, accumulate, cfg, s);
 }

@@ -10,6 +10,7 @@ extern "C" {
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
 }
 
 // Logs the failed launch with file and line and returns CM_ECUDA from the launcher.
@@ -194,6 +195,50 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
     else { s = (bw & 0xF) | ((by >> 6) << 4); m = (bw >> 4) | ((bz >> 6) << 4); }
     sc = (float)s;
     mn = (float)m;
+}
+
+// gemmq.cu: kc_gemmq into the rows of a wider output (row stride ldy >= W->n_out): kc_matmul's
+// path for one row range of a KC_WEIGHT_MIXED weight.
+extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
+                              cudaStream_t s);
+
+// ---- quantized weight layouts (kcuda.h, kc_weight) ----------------------------------------------
+// Bytes of one row of a quantized kc_weight's data and d regions (n_in whole blocks of the type;
+// 0 for other types). Rows of Q5_0 and Q6_K scales are padded so that every row starts aligned
+// for the loads the kernels make (4 and 16 bytes).
+__host__ __device__ __forceinline__ size_t kc_wq_data_row(int type, int n_in) {
+    switch (type) {
+    case DT_Q8_0: return (size_t)n_in;
+    case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: return (size_t)n_in / 2;
+    case DT_Q6_K: return (size_t)n_in / 256 * 192;
+    default: return 0;
+    }
+}
+__host__ __device__ __forceinline__ size_t kc_wq_d_row(int type, int n_in) {
+    const size_t nb = (size_t)n_in / 32, nsb = (size_t)n_in / 256;
+    switch (type) {
+    case DT_Q8_0: case DT_Q4_0: return nb * 2;
+    case DT_Q4_1: return nb * 4;
+    case DT_Q5_0: return nb * 4 + (nb * 2 + 3) / 4 * 4;
+    case DT_Q5_1: return nb * 8;
+    case DT_Q4_K: return nsb * 16;
+    case DT_Q5_K: return nsb * 48;
+    case DT_Q6_K: return nsb * 16 + (nsb * 2 + 15) / 16 * 16;
+    default: return 0;
+    }
+}
+
+// The fifth bits of the four elements 4i .. 4i + 3 in a high-bit word (kcuda.h: element 4i + b
+// at bit 8b + i), as bit 4 of bytes 0..3: ORed onto the nibbles of those elements.
+__device__ __forceinline__ uint32_t kc_hbit4(uint32_t qh, int i) { return ((qh >> i) & 0x01010101u) << 4; }
+
+// Q6_K: the quarter (64 elements) of a super-block a lane works on is 48 bytes: nibble words
+// k = 0..7 (byte b of word k: element 4k + b in its low nibble, 32 + 4k + b in its high one),
+// then four words of 2-bit high parts, where the parts of nibble word k sit at bits 2 (k & 3)
+// of the bytes of word 2 (k >> 2) (low nibbles) and 2 (k >> 2) + 1 (high nibbles). The high
+// parts of nibble word k's low (hi = 0) or high (hi = 1) nibbles, as bits 4-5 of its bytes:
+__device__ __forceinline__ uint32_t kc_q6_hi4(const uint32_t *h, int k, int hi) {
+    return ((h[2 * (k >> 2) + hi] >> (2 * (k & 3))) & 0x03030303u) << 4;
 }
 
 __device__ __forceinline__ float kc_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }

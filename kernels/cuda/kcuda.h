@@ -23,24 +23,88 @@ extern "C" {
 
 typedef uint16_t kc_half; /* __half bits on the host side */
 
-/* A weight matrix on the device, in the layout our kernels read.
- * F32: data = [n_out][n_in] floats. F16: [n_out][n_in] halves. BF16: [n_out][n_in] bf16.
- * Q8_0 / Q4_0: repacked at upload so vector loads are aligned: qs = [n_out][n_in] int8
- * (Q8_0) or [n_out][n_in/2] nibble bytes in GGUF order (Q4_0), and d = [n_out][n_in/32]
- * half scales. Q4_K: qs = [n_out][n_in/2] (each super-block's 128 nibble bytes in GGUF
- * order), d = [n_out][n_in/256] 16-byte heads {half d, half dmin, 12 bytes of 6-bit scales
- * and mins}. */
+/* A weight matrix on the device, in the layout our kernels read. Every region is row-major
+ * with a fixed number of bytes per row (nb = n_in / 32 blocks, nsb = n_in / 256 super-blocks):
+ *   F32: data = [n_out][n_in] floats. F16: [n_out][n_in] halves. BF16: [n_out][n_in] bf16.
+ * Quantized types are repacked at upload so that vector loads are aligned and each lane's unit
+ * of work is contiguous; data holds the quants, d the scales and whatever else a block carries,
+ * in as many bytes as the file's blocks (rows of Q5_0 and Q6_K padded by a few bytes):
+ *   Q8_0: data [n_out][n_in] int8; d [n_out][nb] half.
+ *   Q4_0: data [n_out][n_in/2] nibble bytes in GGUF order (byte j of a block: elements j and
+ *         j + 16 in its low and high nibble); d [n_out][nb] half.
+ *   Q4_1: data as Q4_0; d [n_out][nb] {half d, half m}.
+ *   Q5_0: data as Q4_0 (the low four bits); d per row: nb 32-bit high-bit words, then nb half d,
+ *         padded to 4 bytes.
+ *   Q5_1: data as Q4_0; d [n_out][nb] {half d, half m, 32-bit high-bit word}.
+ *   Q4_K: data [n_out][n_in/2] (each super-block's 128 nibble bytes in GGUF order: quarter j of
+ *         64 elements is 32 bytes, low nibbles its sub-block 2j, high nibbles 2j + 1); d
+ *         [n_out][nsb] 16-byte heads {half d, half dmin, 12 bytes of 6-bit scales and mins}.
+ *   Q5_K: data as Q4_K (the low four bits); d [n_out][nsb] 48 bytes: the Q4_K head, then the
+ *         high-bit words of its 8 sub-blocks of 32.
+ *   Q6_K: data [n_out][nsb] 192 bytes: per quarter of 64 elements, 32 nibble bytes (byte l:
+ *         elements l and 32 + l) then 16 bytes of the 2-bit high parts (kc_common.cuh); d per
+ *         row: nsb x 16 int8 scales (GGUF order), then nsb half d, padded to 16 bytes.
+ * A high-bit word holds the fifth bit of element 4i + b of its block of 32 at bit 8b + i: the
+ * four elements whose low (or high) nibbles share a 32-bit word of nibbles get their fifth bits
+ * with one shift and one mask (kc_hbit4).
+ *
+ * Fused matrices whose parts differ in quantized type (Q|K|V of a Q4_K_M file: wq and wk Q4_K,
+ * wv Q6_K in about half of the layers) keep every part in its own type: type KC_WEIGHT_MIXED,
+ * and a table of row ranges (kc_weight_layout), each range laid out as a matrix of its own at
+ * its offsets in data and d. kc_matmul multiplies each range with its type's kernels (one launch
+ * per range) into its rows of y. Why not the alternatives: converting such a matrix to F16 (what
+ * the backend did) reads 3.6x the bytes of Q4_K (2.4x of Q6_K) on every token and takes that
+ * much memory; one kernel branching on the row range would carry every type's code and
+ * registers in each launch and lose the per-type tuning (rows per warp, tile shapes, the plan's
+ * limits). The price is one
+ * more launch per mixed matrix, and the activations are quantized (or converted to half) once
+ * for all ranges. Parts must be quantized types; anything else (and interleaved gate|up pairs
+ * of different types, which llama.cpp's K-quant mixes do not make) is converted to F16 by the
+ * backend. */
+#define KC_WEIGHT_MAX_PARTS 4
+#define KC_WEIGHT_MIXED     1000 /* kc_weight.type of a matrix whose row ranges differ in type */
+typedef struct kc_weight_part {
+    int    type;             /* a quantized type (kc_weight_is_quant) */
+    int    row0, n_rows;     /* the rows of the fused matrix it holds */
+    size_t data_off, d_off;  /* where its regions start in data and d (bytes) */
+} kc_weight_part;
+
 typedef struct kc_weight {
-    int      type;     /* enum dt_type: DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K */
+    int      type;     /* enum dt_type (kc_weight_type_ok), or KC_WEIGHT_MIXED */
     int      n_in, n_out;
     void    *data;     /* F16/BF16 elements, or qs for quantized types */
-    kc_half *d;        /* quantized types: scales (Q4_K: the 16-byte heads) */
+    kc_half *d;        /* quantized types: scales (and what else the layout above puts there) */
+    int      n_parts;  /* KC_WEIGHT_MIXED: 2 .. KC_WEIGHT_MAX_PARTS row ranges in part[]; else 0 */
+    kc_weight_part part[KC_WEIGHT_MAX_PARTS];
 } kc_weight;
 
 /* Whether the GPU kernels read this weight type as it is (others are converted at upload). */
 int kc_weight_type_ok(int type);
-/* Whether the type is one of the quantized types the integer GEMVs read (Q8_0, Q4_0, Q4_K). */
+/* Whether the type is one of the quantized types the integer GEMVs read (Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K), or KC_WEIGHT_MIXED (whose parts all are). */
 int kc_weight_is_quant(int type);
+/* Whether kc_embed reads a table of this type (F32, F16, BF16, Q8_0, Q4_0, Q4_K). */
+int kc_embed_type_ok(int type);
+/* The quantized types in the order of kc_plan.gemmq_max_tok: Q8_0, Q4_0, Q4_K, Q4_1, Q5_0, Q5_1,
+ * Q5_K, Q6_K. Index of type in it, or -1. */
+#define KC_N_QTYPES 8
+int kc_qtype_index(int type);
+
+/* Lays out a fused matrix of n_parts row ranges (rows[i] rows of types[i], n_in columns each)
+ * for upload: fills w's type, shape and part table (consecutive ranges of one type merge; when
+ * all are one type, w is an ordinary weight of that type with n_parts 0) and the bytes its two
+ * regions need (ranges start 256-byte aligned). data and d are left to the caller; row r of the
+ * matrix goes at the offsets kc_weight_row_at gives. Returns 0, CM_EINVAL (a row width the type
+ * does not take) or CM_EUNSUPPORTED (types differ and one is not quantized, more ranges than
+ * KC_WEIGHT_MAX_PARTS, or a type the kernels do not read). */
+int kc_weight_layout(const int *types, const int *rows, int n_parts, int n_in, kc_weight *w, size_t *data_bytes,
+                     size_t *d_bytes);
+/* Byte offsets in data and d where row r of w starts (w laid out by kc_weight_layout or
+ * kc_weight_sizes). */
+void kc_weight_row_at(const kc_weight *w, int r, size_t *data_off, size_t *d_off);
+/* Part i of a KC_WEIGHT_MIXED weight as an ordinary weight (its rows only, pointers into w's
+ * regions). */
+kc_weight kc_weight_part_view(const kc_weight *w, int i);
 
 /* Whether this build has GPU code the current device can run (*arch: the SASS version used,
  * e.g. 90; 0 when none). */
@@ -57,8 +121,9 @@ typedef struct kc_plan {
     int pdl;              /* programmatic dependent launch of the forward's kernels (sm_90 code) */
     int norm_split;       /* RMSNorm rows of n % 512 == 0, n <= 4096 over n / 512 CTAs (same bits) */
     int swiglu_fuse;      /* F16 gate|up GEMV with the SwiGLU in its epilogue up to this many tokens */
-    int gemmq_max_tok[3]; /* Q8_0, Q4_0, Q4_K: the tensor-core quantized matmul from KC_GEMV_MAX_TOK + 1
-                           * up to this many tokens (0: never), then dequantize + cuBLAS */
+    int gemmq_max_tok[KC_N_QTYPES]; /* per quantized type (kc_qtype_index): the tensor-core quantized
+                           * matmul from KC_GEMV_MAX_TOK + 1 up to this many tokens (0: never),
+                           * then dequantize + cuBLAS */
     int att_tc;           /* tensor-core attention where kc_attention_tc_ok (0: the per-head kernels) */
     int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
@@ -72,7 +137,8 @@ void kc_plan_default(kc_plan *p);
 /* The plan for device `device` and a model of these attention shapes. Returns 0 or CM_ECUDA. */
 int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p);
 /* Applies "key=value[,key=value...]" (keys: the field names above; gemmq_max_tok_q8_0 / _q4_0 /
- * _q4_k for the array). CM_EINVAL with the offending key or value named in err. */
+ * _q4_k / _q4_1 / _q5_0 / _q5_1 / _q5_k / _q6_k for the array). CM_EINVAL with the offending key
+ * or value named in err. */
 int  kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen);
 /* "key=value ..." of every field, for the start-up log. */
 void kc_plan_format(const kc_plan *p, char *buf, size_t n);
@@ -101,7 +167,9 @@ typedef struct kc_xq {
 int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaStream_t s);
 
 /* Repacks n_rows rows of GGUF blocks (host memory, `type`) into the kc_weight layout in
- * host buffers qs_out / d_out (sized by kc_weight_sizes). F32/F16/BF16 are copied as they are. */
+ * host buffers qs_out / d_out (sized by kc_weight_sizes: the bytes of n_out rows of a uniform
+ * weight; CM_EINVAL when n_in is not whole blocks, CM_EUNSUPPORTED for types the kernels do not
+ * read). F32/F16/BF16 are copied as they are. */
 int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes, size_t *d_bytes);
 int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out);
 
@@ -140,17 +208,19 @@ int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accum
               const kc_gemm_ws *ws, cudaStream_t s);
 /* The same, for quantized weights taking their activations already quantized when xq holds
  * them (xq->n == W->n_in and n_tok <= KC_GEMV_MAX_TOK): the producer (kc_rmsnorm_xq,
- * kc_swiglu_xq) wrote them, saving the quantization launch. Q8_0/Q4_0/Q4_K GEMVs run on
+ * kc_swiglu_xq) wrote them, saving the quantization launch. The quantized GEMVs run on
  * integer dot products (dp4a) against these two-level activations; without xq, kc_matmul
- * quantizes x into ws->xq first. x is still read by the cuBLAS path. */
+ * quantizes x into ws->xq first. x is still read by the cuBLAS path. KC_WEIGHT_MIXED weights:
+ * each row range on its type's path (activations quantized or converted once for all). */
 int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                  const kc_gemm_ws *ws, cudaStream_t s);
 
-/* Quantized weights (Q8_0, Q4_0, Q4_K) times half activations on tensor cores, dequantizing
- * in registers (kc_matmul's path past KC_GEMV_MAX_TOK tokens; no dequantized copy of W).
- * x: [n_tok, n_in] half, y: [n_tok, n_out] f32 (+= with accumulate). cfg: the tile
- * configuration (0 .. kc_gemmq_ncfg() - 1, see gemmq.cu) or -1 to choose by n_tok. kc_gemmq_ok: whether W's
- * shape is taken (n_in % 128 == 0; Q4_K: % 256). */
+/* Quantized weights (every kc_weight_is_quant type, mixed ones range by range) times half
+ * activations on tensor cores, dequantizing in registers (kc_matmul's path past
+ * KC_GEMV_MAX_TOK tokens; no dequantized copy of W). x: [n_tok, n_in] half, y: [n_tok, n_out]
+ * f32 (+= with accumulate). cfg: the tile configuration (0 .. kc_gemmq_ncfg() - 1, see
+ * gemmq.cu) or -1 to choose by n_tok. kc_gemmq_ok: whether W's shape is taken (n_in % 128 ==
+ * 0; K-quants: % 256). */
 int  kc_gemmq_ok(const kc_weight *W);
 int  kc_gemmq_ncfg(void);
 /* kc_matmul takes kc_gemmq for quantized weights from KC_GEMV_MAX_TOK + 1 tokens up to the

@@ -16,33 +16,121 @@ KC_TRACE_TU(matmul)
 
 // ---- weight layout ---------------------------------------------------------------------------
 
+static bool is_quant(int type) {
+    switch (type) {
+    case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return true;
+    default: return false;
+    }
+}
+extern "C" int kc_weight_is_quant(int type) { return type == KC_WEIGHT_MIXED || is_quant(type); }
+
+extern "C" int kc_weight_type_ok(int type) { return type == DT_F32 || type == DT_F16 || type == DT_BF16 || is_quant(type); }
+
+// The types embed.cu's kernel reads.
+extern "C" int kc_embed_type_ok(int type) {
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K;
+}
+
+extern "C" int kc_qtype_index(int type) {
+    static const int order[KC_N_QTYPES] = { DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q5_K, DT_Q6_K };
+    for (int i = 0; i < KC_N_QTYPES; i++)
+        if (order[i] == type) return i;
+    return -1;
+}
+
 extern "C" int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes, size_t *d_bytes) {
     size_t n = (size_t)n_in * (size_t)n_out;
     *d_bytes = 0;
     switch (type) {
     case DT_F32: *data_bytes = n * 4; return 0;
     case DT_F16: case DT_BF16: *data_bytes = n * 2; return 0;
-    case DT_Q8_0:
-        if (n_in % 32) return CM_EINVAL;
-        *data_bytes = n;
-        *d_bytes = n / 32 * 2;
+    default:
+        if (!is_quant(type)) return CM_EUNSUPPORTED;
+        if (n_in <= 0 || n_in % dt_block_size(type)) return CM_EINVAL;
+        *data_bytes = kc_wq_data_row(type, n_in) * (size_t)n_out;
+        *d_bytes = kc_wq_d_row(type, n_in) * (size_t)n_out;
         return 0;
-    case DT_Q4_0:
-        if (n_in % 32) return CM_EINVAL;
-        *data_bytes = n / 2;
-        *d_bytes = n / 32 * 2;
-        return 0;
-    case DT_Q4_K:
-        if (n_in % 256) return CM_EINVAL;
-        *data_bytes = n / 2;
-        *d_bytes = n / 256 * 16;
-        return 0;
-    default: return CM_EUNSUPPORTED;
     }
 }
 
-extern "C" int kc_weight_type_ok(int type) {
-    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K;
+extern "C" int kc_weight_layout(const int *types, const int *rows, int n_parts, int n_in, kc_weight *w, size_t *data_bytes,
+                                size_t *d_bytes) {
+    if (n_parts <= 0) return CM_EINVAL;
+    kc_weight v = {};
+    v.n_in = n_in;
+    v.type = types[0];
+    size_t db = 0, sb = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (types[i] != types[0]) v.type = KC_WEIGHT_MIXED;
+        if (rows[i] <= 0) return CM_EINVAL;
+        v.n_out += rows[i];
+    }
+    if (v.type != KC_WEIGHT_MIXED) {
+        if (int rc = kc_weight_sizes(v.type, n_in, v.n_out, data_bytes, d_bytes)) return rc;
+        *w = v;
+        return 0;
+    }
+    for (int i = 0, row = 0; i < n_parts; row += rows[i++]) {
+        if (!is_quant(types[i])) return CM_EUNSUPPORTED;
+        if (i > 0 && types[i] == types[i - 1]) { /* the same type as the range before: one range */
+            v.part[v.n_parts - 1].n_rows += rows[i];
+        } else {
+            if (v.n_parts == KC_WEIGHT_MAX_PARTS) return CM_EUNSUPPORTED;
+            kc_weight_part *p = &v.part[v.n_parts++];
+            p->type = types[i];
+            p->row0 = row;
+            p->n_rows = rows[i];
+        }
+    }
+    for (int i = 0; i < v.n_parts; i++) {
+        kc_weight_part *p = &v.part[i];
+        size_t pd, ps;
+        if (int rc = kc_weight_sizes(p->type, n_in, p->n_rows, &pd, &ps)) return rc;
+        p->data_off = db;
+        p->d_off = sb;
+        db += (pd + 255) & ~(size_t)255;
+        sb += (ps + 255) & ~(size_t)255;
+    }
+    *data_bytes = db;
+    *d_bytes = sb;
+    *w = v;
+    return 0;
+}
+
+// Bytes per row of a uniform weight's regions.
+static void row_bytes(int type, int n_in, size_t *data_row, size_t *d_row) {
+    switch (type) {
+    case DT_F32: *data_row = (size_t)n_in * 4; *d_row = 0; break;
+    case DT_F16: case DT_BF16: *data_row = (size_t)n_in * 2; *d_row = 0; break;
+    default: *data_row = kc_wq_data_row(type, n_in); *d_row = kc_wq_d_row(type, n_in); break;
+    }
+}
+
+extern "C" void kc_weight_row_at(const kc_weight *w, int r, size_t *data_off, size_t *d_off) {
+    int type = w->type;
+    size_t base_data = 0, base_d = 0;
+    for (int i = 0; i < w->n_parts; i++)
+        if (r >= w->part[i].row0 && r < w->part[i].row0 + w->part[i].n_rows) {
+            type = w->part[i].type;
+            base_data = w->part[i].data_off;
+            base_d = w->part[i].d_off;
+            r -= w->part[i].row0;
+        }
+    size_t dr, sr;
+    row_bytes(type, w->n_in, &dr, &sr);
+    *data_off = base_data + (size_t)r * dr;
+    *d_off = base_d + (size_t)r * sr;
+}
+
+extern "C" kc_weight kc_weight_part_view(const kc_weight *w, int i) {
+    const kc_weight_part *p = &w->part[i];
+    kc_weight v = {};
+    v.type = p->type;
+    v.n_in = w->n_in;
+    v.n_out = p->n_rows;
+    v.data = (uint8_t *)w->data + p->data_off;
+    v.d = (kc_half *)((uint8_t *)w->d + p->d_off);
+    return v;
 }
 
 // PDL needs the kernels' griddepcontrol instructions, which exist only in code built for
@@ -63,8 +151,58 @@ extern "C" int kc_code_for_device(int *arch) {
 }
 extern "C" int kc_pdl_on(void) { return kc_plan_get()->pdl && pdl_capable(); }
 
+// A block's high-bit word (bit e: the fifth bit of element e) in kcuda.h's order: element
+// 4i + b at bit 8b + i.
+static uint32_t hbits_perm(uint32_t qh) {
+    uint32_t r = 0;
+    for (int e = 0; e < 32; e++) r |= ((qh >> e) & 1u) << (8 * (e & 3) + (e >> 2));
+    return r;
+}
+
+// Q4_1, Q5_1 blocks: {d | m << 16} per block in d (Q5_1: then the block's high-bit word), the
+// nibbles in qs.
+template <typename B> static void repack_dm(const B *b, size_t nblk, uint8_t *qs, uint32_t *dm) {
+    constexpr bool HI = std::is_same<B, blk_q5_1>::value;
+    for (size_t i = 0; i < nblk; i++) {
+        uint32_t *o = dm + (HI ? 2 * i : i);
+        o[0] = (uint32_t)b[i].d | (uint32_t)b[i].m << 16;
+        if constexpr (HI) {
+            uint32_t qh;
+            memcpy(&qh, b[i].qh, 4);
+            o[1] = hbits_perm(qh);
+        }
+        memcpy(qs + i * 16, b[i].qs, 16);
+    }
+}
+
+// Q6_K super-block b as kcuda.h's 192 data bytes (qs) and its 16 scales and d at sc / dh.
+static void repack_q6k(const blk_q6_K *b, uint8_t *qs, uint8_t *sc, uint8_t *dh) {
+    uint8_t q[256]; // the 6-bit values 0..63 (value = d sc (q - 32)), in element order
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t ql0 = b->ql[64 * n + l], ql1 = b->ql[64 * n + l + 32], qh = b->qh[32 * n + l];
+            q[128 * n + l] = (uint8_t)((ql0 & 15) | ((qh & 3) << 4));
+            q[128 * n + l + 32] = (uint8_t)((ql1 & 15) | (((qh >> 2) & 3) << 4));
+            q[128 * n + l + 64] = (uint8_t)((ql0 >> 4) | (((qh >> 4) & 3) << 4));
+            q[128 * n + l + 96] = (uint8_t)((ql1 >> 4) | (((qh >> 6) & 3) << 4));
+        }
+    memset(qs, 0, 192);
+    for (int j = 0; j < 4; j++) {
+        uint8_t *o = qs + 48 * j, *h = o + 32;
+        for (int l = 0; l < 32; l++) o[l] = (uint8_t)((q[64 * j + l] & 15) | ((q[64 * j + 32 + l] & 15) << 4));
+        for (int e = 0; e < 64; e++) { // element e of the quarter: nibble word k = (e % 32) / 4, byte e % 4
+            const int hi = e >= 32, k = (e & 31) >> 2, bt = e & 3;
+            h[4 * (2 * (k >> 2) + hi) + bt] |= (uint8_t)((q[64 * j + e] >> 4) << (2 * (k & 3)));
+        }
+    }
+    memcpy(sc, b->scales, 16);
+    memcpy(dh, &b->d, 2);
+}
+
 extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows, void *qs_out, kc_half *d_out) {
     size_t n = (size_t)n_in * (size_t)n_rows;
+    if (is_quant(type) && (n_in <= 0 || n_in % dt_block_size(type))) return CM_EINVAL;
+    const size_t nb = (size_t)n_in / 32, drow = kc_wq_d_row(type, n_in);
     switch (type) {
     case DT_F32: memcpy(qs_out, src, n * 4); return 0;
     case DT_F16: case DT_BF16: memcpy(qs_out, src, n * 2); return 0;
@@ -94,6 +232,55 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
             memcpy(head + i * 16 + 2, &b[i].dmin, 2);
             memcpy(head + i * 16 + 4, b[i].scales, 12);
             memcpy(qs + i * 128, b[i].qs, 128);
+        }
+        return 0;
+    }
+    case DT_Q4_1: repack_dm((const blk_q4_1 *)src, n / 32, (uint8_t *)qs_out, (uint32_t *)d_out); return 0;
+    case DT_Q5_1: repack_dm((const blk_q5_1 *)src, n / 32, (uint8_t *)qs_out, (uint32_t *)d_out); return 0;
+    case DT_Q5_0: { // per row: nb high-bit words, nb halves, padding
+        const blk_q5_0 *b = (const blk_q5_0 *)src;
+        uint8_t *qs = (uint8_t *)qs_out;
+        for (size_t r = 0; r < (size_t)n_rows; r++) {
+            uint8_t *dr = (uint8_t *)d_out + r * drow;
+            memset(dr, 0, drow);
+            for (size_t j = 0; j < nb; j++) {
+                const blk_q5_0 *x = &b[r * nb + j];
+                uint32_t qh;
+                memcpy(&qh, x->qh, 4);
+                qh = hbits_perm(qh);
+                memcpy(dr + 4 * j, &qh, 4);
+                memcpy(dr + 4 * nb + 2 * j, &x->d, 2);
+                memcpy(qs + (r * nb + j) * 16, x->qs, 16);
+            }
+        }
+        return 0;
+    }
+    case DT_Q5_K: { // per super-block: the Q4_K head, then the high-bit words of its 8 sub-blocks
+        const blk_q5_K *b = (const blk_q5_K *)src;
+        uint8_t *qs = (uint8_t *)qs_out, *head = (uint8_t *)d_out;
+        for (size_t i = 0; i < n / 256; i++) {
+            uint8_t *h = head + i * 48;
+            memcpy(h, &b[i].d, 2);
+            memcpy(h + 2, &b[i].dmin, 2);
+            memcpy(h + 4, b[i].scales, 12);
+            for (int sb = 0; sb < 8; sb++) { // bit sb of qh[l]: element l of sub-block sb
+                uint32_t w = 0;
+                for (int l = 0; l < 32; l++) w |= (uint32_t)((b[i].qh[l] >> sb) & 1) << l;
+                w = hbits_perm(w);
+                memcpy(h + 16 + 4 * sb, &w, 4);
+            }
+            memcpy(qs + i * 128, b[i].qs, 128);
+        }
+        return 0;
+    }
+    case DT_Q6_K: { // per row: nsb x 192 data bytes; nsb x 16 scales, nsb halves, padding
+        const blk_q6_K *b = (const blk_q6_K *)src;
+        const size_t nsb = (size_t)n_in / 256;
+        for (size_t r = 0; r < (size_t)n_rows; r++) {
+            uint8_t *dr = (uint8_t *)d_out + r * drow;
+            memset(dr, 0, drow);
+            for (size_t j = 0; j < nsb; j++)
+                repack_q6k(&b[r * nsb + j], (uint8_t *)qs_out + (r * nsb + j) * 192, dr + 16 * j, dr + 16 * nsb + 2 * j);
         }
         return 0;
     }
@@ -165,27 +352,28 @@ template <> struct wchunk<DT_F16> {
 
 // When accumulating (the residual), lane 0 loads what y holds right after the programmatic
 // wait, so the add at the end does not wait for a memory round trip on the kernel's tail.
+// ldy: y's row stride (n_out, or the whole fused matrix's for one range of a mixed weight).
 template <int R, int NT>
-__device__ __forceinline__ void gemv_load_residual(float (*res)[NT], const float *y, int row0, int n_out, int lane,
+__device__ __forceinline__ void gemv_load_residual(float (*res)[NT], const float *y, int row0, int n_out, int ldy, int lane,
                                                    int accumulate) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++)
-            res[r][t] = accumulate && lane == 0 && row0 + r < n_out ? y[(size_t)t * n_out + row0 + r] : 0.0f;
+            res[r][t] = accumulate && lane == 0 && row0 + r < n_out ? y[(size_t)t * ldy + row0 + r] : 0.0f;
 }
 
 // The warp's R x NT sums to y (lane 0), added to the residual loaded before when accumulating.
 template <int R, int NT>
-__device__ __forceinline__ void gemv_store(float (*acc)[NT], const float (*res)[NT], float *y, int row0, int n_out, int lane,
-                                           int accumulate) {
+__device__ __forceinline__ void gemv_store(float (*acc)[NT], const float (*res)[NT], float *y, int row0, int n_out, int ldy,
+                                           int lane, int accumulate) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float v = kc_warp_sum(acc[r][t]);
             if (lane == 0 && row0 + r < n_out) {
-                float *dst = y + (size_t)t * n_out + row0 + r;
+                float *dst = y + (size_t)t * ldy + row0 + r;
                 *dst = accumulate ? res[r][t] + v : v;
             }
         }
@@ -298,7 +486,7 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
         }
     kc_pdl_wait();
     float res[R][NT];
-    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
+    gemv_load_residual<R, NT>(res, y, row0, n_out, n_out, lane, accumulate);
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
@@ -314,7 +502,7 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     for (int u = 0; u < U; u++)
         if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
     if constexpr (SWI) gemv_store_swiglu<R, NT>(acc, sw, row0, lane);
-    else gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
+    else gemv_store<R, NT>(acc, res, y, row0, n_out, n_out, lane, accumulate);
 }
 
 // Rows whose length is not a multiple of the vector width (tiny models): one element at a time.
@@ -381,13 +569,15 @@ static bool launch_gemv(const kc_weight *W, const void *x, int n_tok, float *y, 
 }
 
 // ---- integer GEMV: quantized weights against two-level int8 activations (kc_xq) -------------
-// A lane's unit of work is a chunk of EPC elements: one Q8_0 / Q4_0 block, or two Q4_K
-// sub-blocks (a quarter super-block), NV 16-byte weight loads. Per block of 32 the dot
-// product is exact in int32, I = 256 sum(w qh) + sum(w ql) (dp4a), and becomes a float once:
-// d_w (d_x / 256) I for Q8_0, with I - 8 S for Q4_0's offset nibbles, d sc I - dmin m S per
-// Q4_K sub-block. About a fifth of the instructions of the f32 path per weight, so these
-// kernels stay bound by memory. The summation order of a (token, row) is fixed by the row
-// length alone, as in the f32 GEMV.
+// A lane's unit of work is a chunk of EPC elements: one block of 32 (Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1) or a quarter super-block (Q4_K, Q5_K: two sub-blocks of 32; Q6_K: four of 16), NV
+// 16-byte weight loads. Per block of 32 the dot product is exact in int32, I = 256 sum(w qh) +
+// sum(w ql) (dp4a), and becomes a float once: d_w (d_x / 256) I for Q8_0, with I - 8 S for
+// Q4_0's offset nibbles (I - 16 S: Q5_0), d I + m S for Q4_1 / Q5_1, d sc I - dmin m S per
+// Q4_K / Q5_K sub-block, d sc (I - 32 S) per Q6_K sub-block of 16. The fifth (Q5) or fifth and
+// sixth bits (Q6_K) are ORed onto the nibbles before the dot products. About a fifth of the
+// instructions of the f32 path per weight, so these kernels stay bound by memory. The
+// summation order of a (token, row) is fixed by the row length alone, as in the f32 GEMV.
 
 template <int TYPE> struct qchunk;
 
@@ -409,42 +599,87 @@ template <> struct qchunk<DT_Q8_0> {
     }
 };
 
-template <> struct qchunk<DT_Q4_0> {
+// Q4_0, Q4_1, Q5_0, Q5_1: byte j of the block holds element j (low nibble) and j + 16 (high
+// nibble); Q5 types OR the fifth bits from the block's high-bit word.
+template <int TYPE> struct qchunk_b32 {
+    static constexpr bool HI = TYPE == DT_Q5_0 || TYPE == DT_Q5_1;
     static constexpr int EPC = 32, NV = 1;
-    typedef uint32_t scale_t;
+    // Q4_0: the block's half d; Q4_1: d | m << 16; Q5_0, Q5_1: { d (| m << 16), high-bit word }
+    typedef typename std::conditional<HI, uint2, uint32_t>::type scale_t;
     __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
-        return __ldg((const uint16_t *)sc + row * nchunks + c);
+        if constexpr (TYPE == DT_Q4_0) return __ldg((const uint16_t *)sc + row * nchunks + c);
+        else if constexpr (TYPE == DT_Q4_1) return __ldg((const uint32_t *)sc + row * nchunks + c);
+        else if constexpr (TYPE == DT_Q5_1) return __ldg((const uint2 *)sc + row * nchunks + c);
+        else { // Q5_0: a row is nchunks high-bit words, then nchunks halves
+            const uint8_t *r = sc + row * kc_wq_d_row(DT_Q5_0, 32 * nchunks);
+            return make_uint2(__ldg((const uint16_t *)(r + 4 * (size_t)nchunks) + c), __ldg((const uint32_t *)r + c));
+        }
     }
-    // byte j of the block holds element j (low nibble) and j + 16 (high nibble)
     __device__ static float dot(const uint4 *w, scale_t sc, const int *xh, const int *xl, const int2 *xm) {
         const uint32_t u[4] = { w[0].x, w[0].y, w[0].z, w[0].w };
         int ih = 0, il = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            if constexpr (HI) {
+                lo |= (int)kc_hbit4(sc.y, k);
+                hi |= (int)kc_hbit4(sc.y, k + 4);
+            }
             ih = __dp4a(lo, xh[k], ih);
             ih = __dp4a(hi, xh[k + 4], ih);
             il = __dp4a(lo, xl[k], il);
             il = __dp4a(hi, xl[k + 4], il);
         }
-        return kc_h2f((uint16_t)sc) * __int_as_float(xm[0].x) * (float)(ih * 256 + il - 8 * xm[0].y);
+        if constexpr (TYPE == DT_Q4_0)
+            return kc_h2f((uint16_t)sc) * __int_as_float(xm[0].x) * (float)(ih * 256 + il - 8 * xm[0].y);
+        else if constexpr (TYPE == DT_Q5_0)
+            return kc_h2f((uint16_t)sc.x) * __int_as_float(xm[0].x) * (float)(ih * 256 + il - 16 * xm[0].y);
+        else {
+            uint32_t dm;
+            if constexpr (TYPE == DT_Q4_1) dm = sc;
+            else dm = sc.x;
+            return __int_as_float(xm[0].x) *
+                   (kc_h2f((uint16_t)(dm & 0xFFFF)) * (float)(ih * 256 + il) + kc_h2f((uint16_t)(dm >> 16)) * (float)xm[0].y);
+        }
     }
 };
+template <> struct qchunk<DT_Q4_0> : qchunk_b32<DT_Q4_0> {};
+template <> struct qchunk<DT_Q4_1> : qchunk_b32<DT_Q4_1> {};
+template <> struct qchunk<DT_Q5_0> : qchunk_b32<DT_Q5_0> {};
+template <> struct qchunk<DT_Q5_1> : qchunk_b32<DT_Q5_1> {};
 
-template <> struct qchunk<DT_Q4_K> {
+// Q4_K, Q5_K: chunk c is quarter j = c % 4 of its super-block: 32 bytes whose low nibbles are
+// sub-block 2j (elements in order) and high nibbles sub-block 2j + 1; Q5_K ORs the fifth bits
+// from those sub-blocks' high-bit words.
+template <int TYPE> struct qchunk_k {
+    static constexpr bool HI = TYPE == DT_Q5_K;
     static constexpr int EPC = 64, NV = 2;
-    typedef uint4 scale_t; // the super-block's head: d | dmin << 16, then the 12 scale bytes
+    struct q5 { uint4 h; uint2 qh; };
+    // the super-block's head: d | dmin << 16, then the 12 scale bytes (Q5_K: and the high-bit
+    // words of the quarter's two sub-blocks)
+    typedef typename std::conditional<HI, q5, uint4>::type scale_t;
     __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
-        return __ldg((const uint4 *)sc + row * (nchunks / 4) + c / 4);
+        if constexpr (HI) {
+            const uint8_t *p = sc + (row * (nchunks / 4) + c / 4) * 48;
+            return { __ldg((const uint4 *)p), __ldg((const uint2 *)(p + 16) + (c & 3)) };
+        } else {
+            return __ldg((const uint4 *)sc + row * (nchunks / 4) + c / 4);
+        }
     }
-    // chunk c is quarter j = c % 4 of its super-block: 32 bytes whose low nibbles are sub-block
-    // 2j (elements in order) and high nibbles sub-block 2j + 1
-    __device__ static float dot_c(const uint4 *w, const uint4 &h, int c, const int *xh, const int *xl, const int2 *xm) {
+    __device__ static float dot_c(const uint4 *w, const scale_t &s, int c, const int *xh, const int *xl, const int2 *xm) {
+        const uint4 *hp;
+        if constexpr (HI) hp = &s.h;
+        else hp = &s;
+        const uint4 &h = *hp;
         const uint32_t *u = (const uint32_t *)w;
         int ha = 0, la = 0, hb = 0, lb = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            int lo = (int)(u[k] & 0x0F0F0F0Fu), hi = (int)((u[k] >> 4) & 0x0F0F0F0Fu);
+            if constexpr (HI) {
+                lo |= (int)kc_hbit4(s.qh.x, k);
+                hi |= (int)kc_hbit4(s.qh.y, k);
+            }
             ha = __dp4a(lo, xh[k], ha);
             la = __dp4a(lo, xl[k], la);
             hb = __dp4a(hi, xh[k + 8], hb);
@@ -460,17 +695,76 @@ template <> struct qchunk<DT_Q4_K> {
         return __int_as_float(xm[0].x) * ra + __int_as_float(xm[1].x) * rb;
     }
 };
+template <> struct qchunk<DT_Q4_K> : qchunk_k<DT_Q4_K> {};
+template <> struct qchunk<DT_Q5_K> : qchunk_k<DT_Q5_K> {};
+
+// Q6_K: chunk c is quarter c % 4 of its super-block (kc_common.cuh's 48 bytes), four sub-blocks
+// of 16 with their own scales. The quants are used as they are (0..63) and the offset of 32
+// comes off with the activations' sums over each sub-block of 16: the first of each block of 32
+// by dp4a once per token (shared by the warp's rows, qaux), the second is the block's S less it.
+template <> struct qchunk<DT_Q6_K> {
+    static constexpr int EPC = 64, NV = 3;
+    typedef uint2 scale_t; // x: the quarter's four int8 scales, y: the super-block's half d
+    __device__ static scale_t load_scale(const uint8_t *sc, size_t row, int nchunks, int c) {
+        const uint8_t *r = sc + row * kc_wq_d_row(DT_Q6_K, 64 * nchunks);
+        return make_uint2(__ldg((const uint32_t *)r + c), __ldg((const uint16_t *)(r + 4 * (size_t)nchunks) + c / 4));
+    }
+    // 256 sum(qh) + sum(ql) over the chunk's elements 0..15 and 32..47
+    __device__ static int2 xsums(const int *xh, const int *xl) {
+        int h0 = 0, l0 = 0, h2 = 0, l2 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            h0 = __dp4a(xh[k], 0x01010101, h0);
+            l0 = __dp4a(xl[k], 0x01010101, l0);
+            h2 = __dp4a(xh[k + 8], 0x01010101, h2);
+            l2 = __dp4a(xl[k + 8], 0x01010101, l2);
+        }
+        return make_int2(256 * h0 + l0, 256 * h2 + l2);
+    }
+    __device__ static float dot(const uint4 *w, scale_t sc, const int *xh, const int *xl, const int2 *xm, int2 xs) {
+        const uint32_t *u = (const uint32_t *)w; // nibble words 0..7, then the high parts' 8..11
+        int ih[4] = { 0, 0, 0, 0 }, il[4] = { 0, 0, 0, 0 };
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int lo = (int)((u[k] & 0x0F0F0F0Fu) | kc_q6_hi4(u + 8, k, 0));
+            const int hi = (int)(((u[k] >> 4) & 0x0F0F0F0Fu) | kc_q6_hi4(u + 8, k, 1));
+            const int a = k >> 2, b = 2 + (k >> 2); // the sub-blocks of elements 4k.. and 32 + 4k..
+            ih[a] = __dp4a(lo, xh[k], ih[a]);
+            il[a] = __dp4a(lo, xl[k], il[a]);
+            ih[b] = __dp4a(hi, xh[k + 8], ih[b]);
+            il[b] = __dp4a(hi, xl[k + 8], il[b]);
+        }
+        const int S[4] = { xs.x, xm[0].y - xs.x, xs.y, xm[1].y - xs.y };
+        float r[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) r[i] = (float)(int8_t)(sc.x >> (8 * i)) * (float)(ih[i] * 256 + il[i] - 32 * S[i]);
+        return kc_h2f((uint16_t)sc.y) * (__int_as_float(xm[0].x) * (r[0] + r[1]) + __int_as_float(xm[1].x) * (r[2] + r[3]));
+    }
+};
+
+// What a type's dot products of one token share over the warp's rows, computed once per token
+// and chunk (Q6_K: the sub-block sums of the activations; nothing for the others).
+template <int TYPE> struct qaux {
+    struct type {};
+    __device__ static type make(const int *, const int *) { return {}; }
+};
+template <> struct qaux<DT_Q6_K> {
+    typedef int2 type;
+    __device__ static type make(const int *xh, const int *xl) { return qchunk<DT_Q6_K>::xsums(xh, xl); }
+};
 
 template <int TYPE> __device__ __forceinline__ float qdot(const uint4 *w, const typename qchunk<TYPE>::scale_t &sc, int c,
-                                                         const int *xh, const int *xl, const int2 *xm) {
-    if constexpr (TYPE == DT_Q4_K) return qchunk<TYPE>::dot_c(w, sc, c, xh, xl, xm);
+                                                         const int *xh, const int *xl, const int2 *xm,
+                                                         const typename qaux<TYPE>::type &aux) {
+    if constexpr (TYPE == DT_Q4_K || TYPE == DT_Q5_K) return qchunk<TYPE>::dot_c(w, sc, c, xh, xl, xm);
+    else if constexpr (TYPE == DT_Q6_K) return qchunk<TYPE>::dot(w, sc, xh, xl, xm, aux);
     else return qchunk<TYPE>::dot(w, sc, xh, xl, xm);
 }
 
 template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
-             const int2 *xm, float *y, int n_in, int n_out, int accumulate) {
+             const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate) {
     KC_TRACE_SCOPE(KC_TR_GEMVQ);
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
@@ -520,7 +814,7 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
     load(c, w, s);
     kc_pdl_wait();
     float res[R][NT];
-    gemv_load_residual<R, NT>(res, y, row0, n_out, lane, accumulate);
+    gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, accumulate);
     for (;;) {
         load(c + 32 * U, wn, sn); // the next batch, in flight while this one is multiplied
 #pragma unroll
@@ -541,8 +835,9 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 }
 #pragma unroll
                 for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
+                const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb);
+                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
             }
         }
         c += 32 * U;
@@ -556,26 +851,34 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 s[u][r] = sn[u][r];
             }
     }
-    gemv_store<R, NT>(acc, res, y, row0, n_out, lane, accumulate);
+    gemv_store<R, NT>(acc, res, y, row0, n_out, ldy, lane, accumulate);
 }
 
 template <int TYPE, int NT, int R, int U>
-static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
     kc_launch(gemvq_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh,
-              (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, acc);
+              (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, ldy, acc);
 }
 
 // Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
 // one row per warp their loads, not the weights, bound the kernel as tokens are added. Chosen
 // on an H100 from whole decode steps of llama2-7b at batch 2, 4 and 8 (bench/RESULTS.md
-// "2026-11-24 (gemmq)"): 4 rows, but 2 for Q8_0 up to 4 tokens. A row's summation order does
-// not depend on it (batch invariance).
+// "2026-11-24 (gemmq)"): 4 rows, but 2 for Q8_0 up to 4 tokens. Q4_1, Q5_0 and Q5_1 take
+// Q4_0's 4 rows; Q5_K takes 2 rows from 4 tokens and Q6_K (48 bytes a row per chunk) from 3,
+// where 4 rows spill 24 to 176 bytes of registers (nvcc -Xptxas -v; Q4_K's measured choice
+// spills up to 128 there). Not yet measured on a GPU. A row's summation order does not depend
+// on it (batch invariance).
+template <int TYPE, int NT> constexpr int gemvq_rows() {
+    if (TYPE == DT_Q8_0 && NT <= 4) return 2;
+    if (TYPE == DT_Q5_K && NT >= 4) return 2;
+    if (TYPE == DT_Q6_K && NT >= 3) return 2;
+    return 4;
+}
 template <int TYPE, int NT>
-static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
-    if (TYPE == DT_Q8_0 && NT <= 4) launch_gemvq_r<TYPE, NT, 2, 1>(W, xq, y, acc, s);
-    else launch_gemvq_r<TYPE, NT, 4, 1>(W, xq, y, acc, s);
+static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
+    launch_gemvq_r<TYPE, NT, gemvq_rows<TYPE, NT>(), 1>(W, xq, y, ldy, acc, s);
 }
 
 // One token: rows per warp x chunks in flight, as 0xRU, per matrix shape: chosen on an H100
@@ -585,35 +888,39 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int a
 // batches of chunks in flight. Then retuned on whole steps (bench/RESULTS.md "fourth
 // session"), where the microbenchmark's order did not hold: Q4_0 8x1 for every matrix over
 // 8192 rows (gate|up and the head too: +0.6 %), 2x1 for wo and 4x2 for down (+0.5 %); Q8_0
-// 2x2 for down (+1.2 %).
+// 2x2 for down (+1.2 %). The types added since take their nearest measured type's choice
+// (Q4_1, Q5_0, Q5_1: Q4_0's; Q5_K, Q6_K: Q4_K's, but 2x2 where Q4_K takes 4x2, which spills
+// 100-170 bytes of registers with their larger chunks) until gpu_bench_gemv has been run on
+// them.
 template <int TYPE>
-static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int n_in = W->n_in, n_out = W->n_out;
-    if constexpr (TYPE == DT_Q4_0) {
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s);
-        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, acc, s);
-        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
-    } else if constexpr (TYPE == DT_Q4_K) {
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, acc, s);
-        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, acc, s);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+    if constexpr (TYPE == DT_Q4_0 || TYPE == DT_Q4_1 || TYPE == DT_Q5_0 || TYPE == DT_Q5_1) {
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, ldy, acc, s);
+        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
+    } else if constexpr (TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K) {
+        constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
+        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, RN, 2>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     } else { // Q8_0
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, acc, s);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, acc, s);
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     }
 }
 
 template <int TYPE>
-static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int acc, cudaStream_t s) {
+static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
     switch (n_tok) {
-    case 1: launch_gemvq1<TYPE>(W, xq, y, acc, s); break;
-    case 2: launch_gemvq_nt<TYPE, 2>(W, xq, y, acc, s); break;
-    case 3: launch_gemvq_nt<TYPE, 3>(W, xq, y, acc, s); break;
-    case 4: launch_gemvq_nt<TYPE, 4>(W, xq, y, acc, s); break;
-    case 5: launch_gemvq_nt<TYPE, 5>(W, xq, y, acc, s); break;
-    case 6: launch_gemvq_nt<TYPE, 6>(W, xq, y, acc, s); break;
-    case 7: launch_gemvq_nt<TYPE, 7>(W, xq, y, acc, s); break;
-    case 8: launch_gemvq_nt<TYPE, 8>(W, xq, y, acc, s); break;
+    case 1: launch_gemvq1<TYPE>(W, xq, y, ldy, acc, s); break;
+    case 2: launch_gemvq_nt<TYPE, 2>(W, xq, y, ldy, acc, s); break;
+    case 3: launch_gemvq_nt<TYPE, 3>(W, xq, y, ldy, acc, s); break;
+    case 4: launch_gemvq_nt<TYPE, 4>(W, xq, y, ldy, acc, s); break;
+    case 5: launch_gemvq_nt<TYPE, 5>(W, xq, y, ldy, acc, s); break;
+    case 6: launch_gemvq_nt<TYPE, 6>(W, xq, y, ldy, acc, s); break;
+    case 7: launch_gemvq_nt<TYPE, 7>(W, xq, y, ldy, acc, s); break;
+    case 8: launch_gemvq_nt<TYPE, 8>(W, xq, y, ldy, acc, s); break;
     }
 }
 
@@ -645,9 +952,10 @@ extern "C" int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaSt
 // Quantized weights as half for the cuBLAS path, eight consecutive elements per thread (four
 // threads a block of 32): every store of a warp is 512 contiguous bytes. One element per
 // thread moved the copy at ~1.2 TB/s: a 512-token prefill of llama2-7b Q4_0 took 33.2 ms
-// against 24.2 ms now (F16: 18.0; bench/RESULTS.md, third 2026-11-24 entry).
+// against 24.2 ms now (F16: 18.0; bench/RESULTS.md, third 2026-11-24 entry). qs and d: the
+// slice's first row in W's regions (n_in: the row length, for the types with padded rows).
 template <int TYPE>
-__global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t n8, __half *out) {
+__global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, int n_in, size_t n8, __half *out) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
         const size_t b = i / 4;
@@ -666,10 +974,56 @@ __global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t
             const int sh = part >= 2 ? 4 : 0;
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = sc * (float)((int)((q[k] >> sh) & 15) - 8);
-        } else { // Q4_K: sub-block is = b % 8 of super-block b / 8
+        } else if constexpr (TYPE == DT_Q4_1 || TYPE == DT_Q5_0 || TYPE == DT_Q5_1) {
+            const uint32_t *d32 = (const uint32_t *)d;
+            uint32_t dm, qh = 0;
+            if constexpr (TYPE == DT_Q4_1) dm = d32[b];
+            else if constexpr (TYPE == DT_Q5_1) {
+                dm = d32[2 * b];
+                qh = d32[2 * b + 1];
+            } else { // Q5_0: a row is nb high-bit words, then nb halves
+                const size_t nb = (size_t)n_in / 32, row = b / nb, bi = b % nb;
+                const uint8_t *r = (const uint8_t *)d + row * kc_wq_d_row(DT_Q5_0, n_in);
+                qh = ((const uint32_t *)r)[bi];
+                dm = ((const uint16_t *)(r + 4 * nb))[bi];
+            }
+            const float sc = kc_h2f((uint16_t)(dm & 0xFFFF)), mn = kc_h2f((uint16_t)(dm >> 16));
+            const uint2 q0 = __ldg((const uint2 *)(qs + b * 16 + (part & 1) * 8));
+            const uint8_t *q = (const uint8_t *)&q0;
+            const int sh = part >= 2 ? 4 : 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int e = 8 * part + k; // element of the block: bit 8 (e % 4) + e / 4 of qh
+                const int qv = ((q[k] >> sh) & 15) | (int)((qh >> (8 * (e & 3) + (e >> 2))) & 1) << 4;
+                if constexpr (TYPE == DT_Q5_0) v[k] = sc * (float)(qv - 16);
+                else v[k] = sc * (float)qv + mn;
+            }
+        } else if constexpr (TYPE == DT_Q6_K) { // block b: half p = b % 2 of quarter j = b % 8 / 2
+            const size_t nb = (size_t)n_in / 32, nsb = nb / 8, row = b / nb, sbl = b % nb / 8;
+            const int j = (int)(b % 8) / 2, p = (int)(b % 2);
+            const uint8_t *base = qs + b / 8 * 192 + 48 * j;
+            const uint8_t *r = (const uint8_t *)d + row * kc_wq_d_row(DT_Q6_K, n_in);
+            const float dd = kc_h2f(((const uint16_t *)(r + 16 * nsb))[sbl]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int l = 8 * part + k, kw = l >> 2; // nibble word kw, byte l % 4
+                const int hb = (base[32 + 4 * (2 * (kw >> 2) + p) + (l & 3)] >> (2 * (kw & 3))) & 3;
+                const int qv = ((base[l] >> (4 * p)) & 15) | hb << 4;
+                const int sc = (int8_t)r[16 * sbl + 4 * j + 2 * p + l / 16];
+                v[k] = dd * (float)sc * (float)(qv - 32);
+            }
+        } else { // Q4_K, Q5_K: sub-block is = b % 8 of super-block b / 8 (Q5_K: its high-bit word)
             const size_t sb = b / 8;
             const int is = (int)(b % 8), j = is / 2;
-            const uint4 h = __ldg((const uint4 *)d + sb);
+            uint4 h;
+            uint32_t qh = 0;
+            if constexpr (TYPE == DT_Q4_K) {
+                h = __ldg((const uint4 *)d + sb);
+            } else {
+                const uint8_t *hp = (const uint8_t *)d + sb * 48;
+                h = __ldg((const uint4 *)hp);
+                qh = __ldg((const uint32_t *)(hp + 16) + is);
+            }
             float scf, mnf;
             kc_q4k_scale_min(h, is, scf, mnf);
             const float dd = kc_h2f((uint16_t)(h.x & 0xFFFF)), dm = kc_h2f((uint16_t)(h.x >> 16));
@@ -677,7 +1031,11 @@ __global__ void dequant_half8_kernel(const uint8_t *qs, const kc_half *d, size_t
             const uint8_t *q = (const uint8_t *)&q0;
             const int sh = (is & 1) ? 4 : 0;
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = dd * scf * (float)((q[k] >> sh) & 15) - dm * mnf;
+            for (int k = 0; k < 8; k++) {
+                int qv = (q[k] >> sh) & 15;
+                if constexpr (TYPE == DT_Q5_K) qv |= (int)((qh >> (8 * (k & 3) + 2 * part + (k >> 2))) & 1) << 4;
+                v[k] = dd * scf * (float)qv - dm * mnf;
+            }
         }
         uint4 o;
         __half2 *oh = (__half2 *)&o;
@@ -719,19 +1077,23 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
     to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)out);
 }
 
-static bool is_quant(int type) { return type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K; }
-extern "C" int kc_weight_is_quant(int type) { return is_quant(type); }
 
-// Whether kc_matmul sends W x n_tok tokens to kc_gemmq (tensor cores, dequantized in
-// registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
+// Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
+// in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
 // plan's gemmq_max_tok for the type.
 static bool gemmq_use(const kc_weight *W, int n_tok) {
     if (!is_quant(W->type) || !kc_gemmq_ok(W) || n_tok <= KC_GEMV_MAX_TOK) return false;
-    const int *mx = kc_plan_get()->gemmq_max_tok;
-    return n_tok <= (W->type == DT_Q8_0 ? mx[0] : W->type == DT_Q4_0 ? mx[1] : mx[2]);
+    return n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
 }
 
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
+    if (W->type == KC_WEIGHT_MIXED) {
+        for (int i = 0; i < W->n_parts; i++) {
+            const kc_weight v = kc_weight_part_view(W, i);
+            if (kc_matmul_reads_x(&v, n_tok)) return 1;
+        }
+        return 0;
+    }
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
     if (gemmq_use(W, n_tok)) return 1;
     if (is_quant(W->type)) return 0;
@@ -743,28 +1105,45 @@ extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y
     return kc_matmul_xq(W, x, NULL, n_tok, y, accumulate, ws, s);
 }
 
-extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
-                            const kc_gemm_ws *ws, cudaStream_t s) {
-    if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
+// The integer GEMVs' activations: *xq when it holds x quantized for W (its producer wrote it),
+// else x quantized here into the workspace's scratch (*xq pointed at it).
+static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq, int n_tok, const kc_gemm_ws *ws,
+                            cudaStream_t s) {
+    const kc_xq *q = *xq;
+    if (q && !q->no_ints && q->n == W->n_in && q->cap_tok >= n_tok) return 0;
+    if (!ws || ws->xq.cap_tok < n_tok || ws->xq.cap_n < W->n_in) return CM_EINVAL;
+    kc_xq *wq = (kc_xq *)&ws->xq; /* scratch: the workspace's buffers, not its shape */
+    if (int rc = kc_quantize_x(x, n_tok, W->n_in, wq, s)) return rc;
+    *xq = wq;
+    return 0;
+}
+
+// y (row stride ldy) = W x for a matrix of one type (a whole weight, or one range of a mixed
+// one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
+// already holds x as half (converted once for every range).
+static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
+                      const kc_gemm_ws *ws, bool xh_ready, cudaStream_t s) {
+    if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
-        to_half(x, nx, ws->x_half, s);
-        if (int rc = launch_ok(__LINE__)) return rc;
-        return kc_gemmq(W, ws->x_half, n_tok, y, accumulate, -1, s);
+        if (!xh_ready) {
+            to_half(x, nx, ws->x_half, s);
+            if (int rc = launch_ok(__LINE__)) return rc;
+        }
+        return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
-        if (!xq || xq->no_ints || xq->n != W->n_in || xq->cap_tok < n_tok) { /* quantize here */
-            if (!ws || ws->xq.cap_tok < n_tok || ws->xq.cap_n < W->n_in) return CM_EINVAL;
-            kc_xq *wq = (kc_xq *)&ws->xq; /* scratch: the workspace's buffers, not its shape */
-            int rc = kc_quantize_x(x, n_tok, W->n_in, wq, s);
-            if (rc) return rc;
-            xq = wq;
-        }
+        if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
         switch (W->type) {
-        case DT_Q8_0: launch_gemvq<DT_Q8_0>(W, xq, n_tok, y, accumulate, s); break;
-        case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, accumulate, s); break;
-        default: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, accumulate, s); break;
+        case DT_Q8_0: launch_gemvq<DT_Q8_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_1: launch_gemvq<DT_Q4_1>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_0: launch_gemvq<DT_Q5_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_1: launch_gemvq<DT_Q5_1>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_K: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_K: launch_gemvq<DT_Q5_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        default: launch_gemvq<DT_Q6_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
         }
         KC_LAUNCH_CHECK();
     }
@@ -797,7 +1176,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
                                      W->n_in, x, W->n_in, &beta, y, W->n_out), __LINE__);
     size_t nx = (size_t)n_tok * W->n_in;
     if (nx > ws->x_cap) return CM_EINVAL;
-    to_half(x, nx, ws->x_half, s);
+    if (!xh_ready) to_half(x, nx, ws->x_half, s);
     if (W->type == DT_F16) {
         if (int rc = launch_ok(__LINE__)) return rc;
         return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,
@@ -809,26 +1188,58 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     // (sized by the caller, at least one row), each multiplied into its rows of y.
     const size_t per = ws->w_cap / (size_t)W->n_in;
     if (per == 0) return CM_EINVAL;
+    size_t data_row, d_row;
+    row_bytes(W->type, W->n_in, &data_row, &d_row);
     for (size_t o0 = 0; o0 < (size_t)W->n_out; o0 += per) {
         const size_t nr = (size_t)W->n_out - o0 < per ? (size_t)W->n_out - o0 : per, ne = nr * W->n_in;
         if (W->type == DT_BF16) {
             bf16_to_half_kernel<<<4096, 256, 0, s>>>((const uint16_t *)W->data + o0 * W->n_in, ne, (__half *)ws->w_half);
         } else {
-            size_t qs_off = W->type == DT_Q8_0 ? o0 * W->n_in : o0 * W->n_in / 2;
-            size_t d_off = W->type == DT_Q4_K ? o0 * (W->n_in / 256) * 8 : o0 * (W->n_in / 32); // in halves (Q4_K: 16-byte heads)
-            const uint8_t *q = (const uint8_t *)W->data + qs_off;
+            const uint8_t *q = (const uint8_t *)W->data + o0 * data_row;
+            const kc_half *d = (const kc_half *)((const uint8_t *)W->d + o0 * d_row);
             const size_t n8 = ne / 8;
             const unsigned g8 = (unsigned)((n8 + 255) / 256 < 16384 ? (n8 + 255) / 256 : 16384);
-            if (W->type == DT_Q8_0) dequant_half8_kernel<DT_Q8_0><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
-            else if (W->type == DT_Q4_0) dequant_half8_kernel<DT_Q4_0><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
-            else dequant_half8_kernel<DT_Q4_K><<<g8, 256, 0, s>>>(q, W->d + d_off, n8, (__half *)ws->w_half);
+            __half *wh = (__half *)ws->w_half;
+            switch (W->type) {
+            case DT_Q8_0: dequant_half8_kernel<DT_Q8_0><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q4_0: dequant_half8_kernel<DT_Q4_0><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q4_1: dequant_half8_kernel<DT_Q4_1><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q5_0: dequant_half8_kernel<DT_Q5_0><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q5_1: dequant_half8_kernel<DT_Q5_1><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q4_K: dequant_half8_kernel<DT_Q4_K><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            case DT_Q5_K: dequant_half8_kernel<DT_Q5_K><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            default: dequant_half8_kernel<DT_Q6_K><<<g8, 256, 0, s>>>(q, d, W->n_in, n8, wh); break;
+            }
         }
         if (int rc = launch_ok(__LINE__)) return rc;
         int rc = cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n_tok, W->n_in, &one, ws->w_half, CUDA_R_16F, W->n_in,
-                                        ws->x_half, CUDA_R_16F, W->n_in, &beta, y + o0, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
+                                        ws->x_half, CUDA_R_16F, W->n_in, &beta, y + o0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT),
                            __LINE__);
         if (rc) return rc;
+    }
+    return 0;
+}
+
+extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
+                            const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
+    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, false, s);
+    if (W->n_parts < 1 || W->n_parts > KC_WEIGHT_MAX_PARTS) return CM_EINVAL;
+    // the activations once for every range: quantized for the GEMVs, as half for the others
+    // (every range is a quantized type: the integer GEMV up to KC_GEMV_MAX_TOK tokens, kc_gemmq
+    // or dequantize + cuBLAS above, both reading x_half)
+    if (n_tok <= KC_GEMV_MAX_TOK) {
+        if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
+    } else {
+        const size_t nx = (size_t)n_tok * W->n_in;
+        if (!ws || nx > ws->x_cap) return CM_EINVAL;
+        to_half(x, nx, ws->x_half, s);
+        if (int rc = launch_ok(__LINE__)) return rc;
+    }
+    for (int i = 0; i < W->n_parts; i++) {
+        const kc_weight v = kc_weight_part_view(W, i);
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, s)) return rc;
     }
     return 0;
 }

@@ -29,6 +29,11 @@ const field k_fields[] = {
     { "gemmq_max_tok_q8_0", offsetof(kc_plan, gemmq_max_tok) + 0 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q4_0", offsetof(kc_plan, gemmq_max_tok) + 1 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q4_k", offsetof(kc_plan, gemmq_max_tok) + 2 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q4_1", offsetof(kc_plan, gemmq_max_tok) + 3 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q5_0", offsetof(kc_plan, gemmq_max_tok) + 4 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q5_1", offsetof(kc_plan, gemmq_max_tok) + 5 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q5_k", offsetof(kc_plan, gemmq_max_tok) + 6 * sizeof(int), 0, 1 << 20 },
+    { "gemmq_max_tok_q6_k", offsetof(kc_plan, gemmq_max_tok) + 7 * sizeof(int), 0, 1 << 20 },
     F(att_tc, 0, 1),
     F(att_tc_min_tok, 1, 1 << 20),
     F(att_tc_long_ctx, 1, 1 << 30),
@@ -38,6 +43,7 @@ const field k_fields[] = {
     F(graph_max_tok, 1, 4096),
 };
 #undef F
+static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
 
 int *slot(kc_plan *p, const field &f) { return (int *)((char *)p + f.off); }
 
@@ -55,6 +61,9 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->gemmq_max_tok[0] = 80;
     p->gemmq_max_tok[1] = 96;
     p->gemmq_max_tok[2] = 48;
+    // not measured yet: the nearest measured type's (Q4_1, Q5_0, Q5_1: Q4_0's; Q5_K, Q6_K: Q4_K's)
+    p->gemmq_max_tok[3] = p->gemmq_max_tok[4] = p->gemmq_max_tok[5] = 96;
+    p->gemmq_max_tok[6] = p->gemmq_max_tok[7] = 48;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

@@ -1,9 +1,11 @@
 /* gpu_bench_gemmq: quantized weights times many tokens (prefill chunks, batched decode) at
  * llama2-7b layer shapes: kc_gemmq (dequantized in registers, each tile configuration and the
  * automatic choice) against kc_matmul's other path (the integer GEMV up to KC_GEMV_MAX_TOK
- * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs. Each matrix is timed over >= 20 launches rotating over enough copies that
- * they do not stay in the 50 MB L2. Random weights.
- * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_k; default all) */
+ * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs.
+ * Each matrix is timed over >= 20 launches rotating over enough copies that they do not stay in
+ * the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
+ * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K).
+ * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m; default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -17,6 +19,7 @@
 #include "gpu_bench_w.h"
 #include "gpu_ck.h"
 #include "gpu_plan.h"
+#include "gpu_wfused.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -27,8 +30,9 @@ static float frand(void) {
 enum { MAXC = 16, NCFG = 11, MAXT = 512 };
 
 int main(int argc, char **argv) {
-    const char *names[] = { "q8_0", "q4_0", "q4_k" };
-    const int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const char *names[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m" };
+    const int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, KC_WEIGHT_MIXED };
+    const int n_types = (int)(sizeof types / sizeof *types);
     const struct { const char *name; int n_in, n_out; } shapes[] = {
         { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 },
     };
@@ -67,7 +71,7 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < n_types; ti++) {
         int want = argc < 2;
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
@@ -78,7 +82,14 @@ int main(int argc, char **argv) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
             size_t wbytes;
             kc_weight w[MAXC];
-            const int nc = bench_w_upload(type, n_in, n_out, frand, w, MAXC, &wbytes);
+            int nc;
+            if (type == KC_WEIGHT_MIXED) {
+                int pt[2], pr[2], np;
+                q4km_parts(shapes[si].name, n_out, pt, pr, &np);
+                nc = bench_wfused_upload(pt, pr, np, n_in, frand, w, MAXC, &wbytes);
+            } else {
+                nc = bench_w_upload(type, n_in, n_out, frand, w, MAXC, &wbytes);
+            }
             layer_mb += wbytes / 1e6;
             for (int ni = 0; ni < NNT; ni++) {
                 int nt = ntoks[ni];

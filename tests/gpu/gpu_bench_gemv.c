@@ -1,8 +1,11 @@
 /* gpu_bench_gemv: one-token GEMV time per weight type at llama2-7b shapes, against the bytes it
  * must read (weights + scales) over the copy bandwidth. Each matrix is timed over >= 200
  * launches between two events (back to back, as in a decode step), rotating over enough
- * copies of it that they do not stay in the 50 MB L2. Random weights.
- * usage: gpu_bench_gemv [--no-pdl] [TYPE...]   (f16 q8_0 q4_0 q4_k; default all) */
+ * copies of it that they do not stay in the 50 MB L2. Random weights. q4_k_m: the matrices of a
+ * Q4_K_M file's layers that take more bits (Q|K|V with wv Q6_K as two row ranges, down and the
+ * head Q6_K, the rest Q4_K).
+ * usage: gpu_bench_gemv [--no-pdl] [TYPE...]   (f16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m;
+ *        default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -15,6 +18,7 @@
 #include "gpu_bench_w.h"
 #include "gpu_ck.h"
 #include "gpu_plan.h"
+#include "gpu_wfused.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -23,8 +27,9 @@ static float frand(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *names[] = { "f16", "q8_0", "q4_0", "q4_k" };
-    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const char *names[] = { "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m" };
+    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, KC_WEIGHT_MIXED };
+    const int n_types = (int)(sizeof types / sizeof *types);
     const struct { const char *name; int n_in, n_out; } shapes[] = {
         { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 }, { "head", 4096, 32000 },
     };
@@ -52,17 +57,24 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     printf("%-6s %-8s %12s %10s %10s %8s\n", "type", "matrix", "MB", "us", "GB/s", "of 3.0TB/s");
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < n_types; ti++) {
         int want = argc < 2;
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         double tot_us = 0, tot_mb = 0;
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
-            if (n_in % dt_block_size(type)) continue;
             size_t wbytes;
             kc_weight w[32];
-            const int nc = bench_w_upload(type, n_in, n_out, frand, w, 32, &wbytes);
+            int nc;
+            if (type == KC_WEIGHT_MIXED) {
+                int pt[2], pr[2], np;
+                q4km_parts(shapes[si].name, n_out, pt, pr, &np);
+                nc = bench_wfused_upload(pt, pr, np, n_in, frand, w, 32, &wbytes);
+            } else {
+                if (n_in % dt_block_size(type)) continue;
+                nc = bench_w_upload(type, n_in, n_out, frand, w, 32, &wbytes);
+            }
             /* producer-quantized activations, as in the forward pass */
             if (type != DT_F16) kc_quantize_x(dx, 1, n_in, &ws.xq, s);
             for (int i = 0; i < 20; i++) kc_matmul_xq(&w[i % nc], dx, &ws.xq, 1, dy, 0, &ws, s);

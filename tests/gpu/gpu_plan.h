@@ -10,7 +10,7 @@
 static inline void gpu_plan_gemmq(int on) {
     kc_plan p = *kc_plan_get(), d;
     kc_plan_default(&d);
-    for (int i = 0; i < 3; i++) p.gemmq_max_tok[i] = on ? d.gemmq_max_tok[i] : 0;
+    for (int i = 0; i < KC_N_QTYPES; i++) p.gemmq_max_tok[i] = on ? d.gemmq_max_tok[i] : 0;
     kc_plan_set(&p);
 }
 

@@ -1,5 +1,6 @@
 /* GPU kernels against double-precision CPU references on random inputs: matmul (every weight
- * type, GEMV and cuBLAS paths), embedding, RMSNorm, SwiGLU, RoPE + paged KV store, paged
+ * type, GEMV, tensor-core and cuBLAS paths; fused matrices whose row ranges differ in type),
+ * embedding, RMSNorm, SwiGLU, RoPE + paged KV store, paged
  * attention (with and without split-K; the tensor-core kernels at GQA 1/4/8, head dims 64/128,
  * contexts up to 32k), argmax. Outputs are poisoned (NaN) before each launch.
  * Runs on a GPU host only (tests/gpu/run.sh). */
@@ -18,6 +19,7 @@
 
 #include "gpu_ck.h"
 #include "gpu_plan.h"
+#include "gpu_wfused.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -60,14 +62,18 @@ static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out
     return w;
 }
 
+/* Every weight type at shapes with short tails (333 rows, Q6_K's padded rows at 11008 = 43
+ * super-blocks) for every GEMV token count 1..8 and the tensor-core / cuBLAS paths from 9 to
+ * 512 tokens (each type's plan limit falls in between). The tokens of a call are the first
+ * n_tok of one set of 512 (the reference is computed once). */
 static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
-    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
     const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 11008, 64 } };
-    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 40, 64, 130, 300 };
+    const int ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 40, 64, 130, 300, 512 };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int type = types[ti], n_in = shapes[si][0], n_out = shapes[si][1];
-            if (n_in % dt_block_size(type)) continue; /* Q4_K rows are whole super-blocks */
+            if (n_in % dt_block_size(type)) continue; /* K-quant rows are whole super-blocks */
             size_t nw = (size_t)n_in * n_out;
             float *wf = malloc(nw * 4);
             for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f;
@@ -76,7 +82,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             kc_weight w = upload_weight(type, blocks, n_in, n_out);
             kc_gemm_ws ws = { .cublas = cb };
             ws.w_cap = nw;
-            ws.x_cap = (size_t)300 * n_in;
+            ws.x_cap = (size_t)512 * n_in;
             CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
             CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
             ws.xq.cap_tok = KC_GEMV_MAX_TOK;
@@ -84,12 +90,14 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
             CK(cudaMalloc((void **)&ws.xq.qh, (size_t)KC_GEMV_MAX_TOK * n_in));
             CK(cudaMalloc((void **)&ws.xq.ql, (size_t)KC_GEMV_MAX_TOK * n_in));
             CK(cudaMalloc((void **)&ws.xq.m, (size_t)KC_GEMV_MAX_TOK * n_in / 32 * 8 + 8));
+            const int nt_max = ntoks[sizeof ntoks / sizeof *ntoks - 1];
+            float *x = malloc((size_t)nt_max * n_in * 4);
+            double *ref = malloc((size_t)nt_max * n_out * 8);
+            for (size_t i = 0; i < (size_t)nt_max * n_in; i++) x[i] = frand();
+            k_matmul_ref(blocks, type, n_in, n_out, x, nt_max, ref);
             for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
                 int nt = ntoks[ni];
-                float *x = malloc((size_t)nt * n_in * 4), *y = malloc((size_t)nt * n_out * 4);
-                double *ref = malloc((size_t)nt * n_out * 8);
-                for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
-                k_matmul_ref(blocks, type, n_in, n_out, x, nt, ref);
+                float *y = malloc((size_t)nt * n_out * 4);
                 float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy;
                 CK(cudaMalloc((void **)&dy, (size_t)nt * n_out * 4));
                 poison(dy, (size_t)nt * n_out * 4);
@@ -104,7 +112,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                          n_out, nt, rc, e, tol);
                 /* quantized weights past the GEMV: the in-register path (kc_gemmq) against
                  * dequantize + cuBLAS, both f16 operands and f32 sums (differences: summation order) */
-                if (nt > KC_GEMV_MAX_TOK && (type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K)) {
+                if (nt > KC_GEMV_MAX_TOK && kc_weight_is_quant(type)) {
                     float *yb = malloc((size_t)nt * n_out * 4);
                     gpu_plan_gemmq(0);
                     int rc2 = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
@@ -118,7 +126,8 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                         num += ((double)y[i] - yb[i]) * ((double)y[i] - yb[i]);
                         den += (double)yb[i] * yb[i];
                     }
-                    T_CHECKF(kc_gemmq_ok(&w) || n_in % 128, "gemmq takes %s n_in=%d", dt_name(type), n_in);
+                    T_CHECKF(kc_gemmq_ok(&w) || n_in % (dt_block_size(type) == 256 ? 256 : 128), "gemmq takes %s n_in=%d",
+                             dt_name(type), n_in);
                     T_CHECKF(sqrt(num / den) < 1e-3, "gemmq vs dequant+cublas %s %dx%d n_tok=%d rel_diff=%.3g", dt_name(type), n_in,
                              n_out, nt, sqrt(num / den));
                     /* every tile configuration: the same accuracy; accumulate adds onto y; the
@@ -183,13 +192,13 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 }
                 cudaFree(dx);
                 cudaFree(dy);
-                free(x);
                 free(y);
-                free(ref);
             }
+            free(x);
+            free(ref);
             /* batch invariance of kc_gemmq in a fixed configuration: the first 17 tokens of a
-             * batch of 40 equal a batch of those 17 (x_half holds the last n_tok above, 130) */
-            if ((type == DT_Q8_0 || type == DT_Q4_0 || type == DT_Q4_K) && kc_gemmq_ok(&w))
+             * batch of 40 equal a batch of those 17 (x_half holds the last n_tok above, 512) */
+            if (kc_weight_is_quant(type) && kc_gemmq_ok(&w))
                 for (int cfg = 0; cfg < kc_gemmq_ncfg(); cfg++) {
                     float *ya = malloc((size_t)40 * n_out * 4), *yb = malloc((size_t)17 * n_out * 4), *dy;
                     CK(cudaMalloc((void **)&dy, (size_t)40 * n_out * 4));
@@ -325,6 +334,25 @@ static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
         cudaFree(w.d);
         free(blocks);
         free(tf);
+    }
+    /* kc_embed_type_ok (what the backend asks before keeping a token table in its type) says
+     * what kc_embed takes */
+    const int all[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
+    for (size_t ti = 0; ti < sizeof all / sizeof *all; ti++) {
+        const int t = all[ti], n_embd = 256, n_vocab = 4;
+        float tf[256 * 4];
+        for (int i = 0; i < n_embd * n_vocab; i++) tf[i] = frand();
+        void *blocks = malloc(dt_row_size(t, n_embd) * n_vocab);
+        dt_quantize(t, tf, blocks, (int64_t)n_embd * n_vocab);
+        kc_weight w = upload_weight(t, blocks, n_embd, n_vocab);
+        int32_t ids[1] = { 1 }, *dids = dev_upload(ids, sizeof ids);
+        float *dx;
+        CK(cudaMalloc((void **)&dx, n_embd * 4));
+        const int rc = kc_embed(&w, dids, 1, dx, s);
+        CK(cudaStreamSynchronize(s));
+        T_CHECKF((rc == 0) == (kc_embed_type_ok(t) != 0) && (rc == 0 || rc == CM_EUNSUPPORTED),
+                 "kc_embed_type_ok(%s) = %d, kc_embed rc %d", dt_name(t), kc_embed_type_ok(t), rc);
+        cudaFree(dx); cudaFree(dids); cudaFree(w.data); cudaFree(w.d); free(blocks);
     }
 }
 
@@ -817,6 +845,127 @@ static void test_attention_tc(cudaStream_t s) {
         }
 }
 
+/* A fused matrix of parts (rows[i] rows of types[i], GGUF blocks[i]) on the device, laid out
+ * as the backend uploads it. */
+static kc_weight upload_fused(const int *types, const int *rows, int n_parts, int n_in, void *const *blocks) {
+    kc_weight w;
+    void *hq, *hd;
+    size_t db, sb;
+    wfused_host(types, rows, n_parts, n_in, blocks, &w, &hq, &hd, &db, &sb);
+    w.data = dev_upload(hq, db);
+    w.d = dev_upload(hd, sb);
+    free(hq);
+    free(hd);
+    return w;
+}
+
+/* Fused matrices whose row ranges differ in quantized type (Q|K|V of Q4_K_M files and others;
+ * the layout itself: test_gpu_layout): kc_matmul against the double reference for 1..8 tokens (the GEMVs),
+ * 9..512 (kc_gemmq up to each type's plan limit, dequantize + cuBLAS above), accumulating, with
+ * each range's rows the same bits as that part multiplied alone where the kernels are the same
+ * (the GEMVs and kc_gemmq; cuBLAS may choose its algorithm by the output's stride). */
+static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
+    const struct { int n_in, n_parts, types[3], rows[3]; } cases[] = {
+        { 4096, 3, { DT_Q4_K, DT_Q4_K, DT_Q6_K }, { 512, 128, 128 } }, /* wq wk wv of a Q4_K_M layer (scaled down) */
+        { 11008, 3, { DT_Q5_K, DT_Q6_K, DT_Q5_K }, { 40, 77, 19 } },  /* odd super-blocks, odd rows */
+        { 1024, 3, { DT_Q8_0, DT_Q5_0, DT_Q4_1 }, { 64, 33, 96 } },
+        { 768, 3, { DT_Q5_1, DT_Q4_0, DT_Q6_K }, { 17, 64, 50 } },
+    };
+    const int ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 40, 64, 130, 512 };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int n_in = cases[ci].n_in, np = cases[ci].n_parts;
+        int n_out = 0;
+        void *blocks[3];
+        kc_weight part[3];
+        for (int i = 0; i < np; i++) {
+            const int t = cases[ci].types[i], r = cases[ci].rows[i];
+            float *wf = malloc((size_t)n_in * r * 4);
+            for (size_t k = 0; k < (size_t)n_in * r; k++) wf[k] = frand() * 0.1f;
+            blocks[i] = malloc(dt_row_size(t, n_in) * r);
+            dt_quantize(t, wf, blocks[i], (int64_t)n_in * r);
+            part[i] = upload_weight(t, blocks[i], n_in, r);
+            free(wf);
+            n_out += r;
+        }
+        kc_weight w = upload_fused(cases[ci].types, cases[ci].rows, np, n_in, blocks);
+        T_CHECK(w.type == KC_WEIGHT_MIXED && w.n_out == n_out && kc_gemmq_ok(&w));
+        kc_gemm_ws ws = { .cublas = cb };
+        ws.w_cap = (size_t)n_in * n_out;
+        ws.x_cap = (size_t)512 * n_in;
+        CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+        CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+        ws.xq = xq_alloc(KC_GEMV_MAX_TOK, n_in);
+        /* the tokens of a call: the first n_tok of one set (the reference computed once) */
+        const int nt_max = ntoks[sizeof ntoks / sizeof *ntoks - 1];
+        float *x = malloc((size_t)nt_max * n_in * 4);
+        double *ref = malloc((size_t)nt_max * n_out * 8);
+        for (size_t k = 0; k < (size_t)nt_max * n_in; k++) x[k] = frand();
+        for (int i = 0, row0 = 0; i < np; row0 += cases[ci].rows[i++]) {
+            const int r = cases[ci].rows[i];
+            double *rp = malloc((size_t)nt_max * r * 8);
+            k_matmul_ref(blocks[i], cases[ci].types[i], n_in, r, x, nt_max, rp);
+            for (int t = 0; t < nt_max; t++)
+                for (int o = 0; o < r; o++) ref[(size_t)t * n_out + row0 + o] = rp[(size_t)t * r + o];
+            free(rp);
+        }
+        for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+            const int nt = ntoks[ni];
+            const size_t ny = (size_t)nt * n_out;
+            float *y = malloc(ny * 4), *y2 = malloc(ny * 4), *yp = malloc(ny * 4);
+            float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy, *dp;
+            CK(cudaMalloc((void **)&dy, ny * 4));
+            CK(cudaMalloc((void **)&dp, ny * 4));
+            poison(dy, ny * 4);
+            int rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+            const double e = rel_err(y, ref, ny), tol = nt <= KC_GEMV_MAX_TOK ? 1e-4 : 5e-3;
+            T_CHECKF(rc == 0 && e < tol, "mixed matmul case %zu n_tok=%d rc=%d rel_err=%.3g", ci, nt, rc, e);
+            T_CHECKF(kc_matmul_reads_x(&w, nt) == (nt > KC_GEMV_MAX_TOK), "mixed reads_x n_tok=%d", nt);
+            /* accumulate adds onto y */
+            rc = kc_matmul(&w, dx, nt, dy, 1, &ws, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
+            int ok = rc == 0;
+            for (size_t k = 0; k < ny; k++) ok &= fabsf(y2[k] - 2 * y[k]) <= 1e-5f * (1 + fabsf(y[k]));
+            T_CHECKF(ok, "mixed matmul accumulate case %zu n_tok=%d", ci, nt);
+            /* each range: the same bits as its part alone, where the same kernels run */
+            const int *mx = kc_plan_get()->gemmq_max_tok;
+            for (int i = 0, row0 = 0; i < np; row0 += cases[ci].rows[i++]) {
+                const int r = cases[ci].rows[i], t = cases[ci].types[i];
+                if (nt > KC_GEMV_MAX_TOK && nt > mx[kc_qtype_index(t)]) continue;
+                poison(dp, (size_t)nt * r * 4);
+                rc = kc_matmul(&part[i], dx, nt, dp, 0, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(yp, dp, (size_t)nt * r * 4, cudaMemcpyDeviceToHost));
+                int same = rc == 0;
+                for (int tk = 0; tk < nt; tk++)
+                    same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
+                T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
+            }
+            /* kc_gemmq on the fused matrix, range by range */
+            if (nt > KC_GEMV_MAX_TOK) {
+                poison(dy, ny * 4);
+                rc = kc_gemmq(&w, ws.x_half, nt, dy, 0, -1, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
+                const double eg = rel_err(y2, ref, ny);
+                T_CHECKF(rc == 0 && eg < tol, "mixed gemmq case %zu n_tok=%d rel_err=%.3g", ci, nt, eg);
+            }
+            cudaFree(dx); cudaFree(dy); cudaFree(dp);
+            free(y); free(y2); free(yp);
+        }
+        free(x);
+        free(ref);
+        for (int i = 0; i < np; i++) {
+            cudaFree(part[i].data);
+            cudaFree(part[i].d);
+            free(blocks[i]);
+        }
+        cudaFree(w.data); cudaFree(w.d); cudaFree(ws.w_half); cudaFree(ws.x_half); xq_free(&ws.xq);
+    }
+}
+
 static void test_xq(cublasHandle_t cb, cudaStream_t s) {
     const int ns[] = { 32, 96, 4096, 11008 };
     for (int si = 0; si < 4; si++) {
@@ -914,8 +1063,8 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
         /* a quantized GEMV fed by the producer's blocks = one quantizing itself; an F16 GEMV on the
          * producer's half copy = one converting f32 activations itself */
         if (n % 256 == 0) {
-            int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_F16 }, n_out = 200;
-            for (int ti = 0; ti < 4; ti++) {
+            int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_F16 }, n_out = 200;
+            for (int ti = 0; ti < (int)(sizeof types / sizeof *types); ti++) {
                 float *wf = malloc((size_t)n * n_out * 4);
                 for (size_t i = 0; i < (size_t)n * n_out; i++) wf[i] = frand() * 0.1f;
                 void *blocks = malloc(dt_row_size(types[ti], n) * n_out);
@@ -1048,6 +1197,7 @@ int main(void) {
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, s);
     test_matmul(cb, s);
+    test_matmul_mixed(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
