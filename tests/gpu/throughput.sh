@@ -17,6 +17,8 @@
 #                                         arrivals at 70 % of the measured capacity (TTFT, ITL); needs the gateway
 #                                         build (.carry/arka-srv: cmake -DARKA_WITH_CURL=OFF, target arka) and
 #                                         .carry/debs (apt-get download libuv1 libcjson1 libhiredis0.14)
+#   tests/gpu/throughput.sh fp8refs OUT   tests/models/fp8/make_fp8_refs.py (PyTorch's float8_e4m3fn checkpoints), packed as
+#                                         OUT/fp8refs.tar.gz for tests/models/fp8/
 #   tests/gpu/throughput.sh refs OUT      tests/models/make_refs.py with transformers (checked by arka's CPU backend),
 #                                         packed as OUT/refs.tar.gz for tests/models/
 #
@@ -142,6 +144,11 @@ serve)
     fi
   fi
   kill $SP 2>/dev/null; wait $SP 2>/dev/null
+  ;;
+fp8refs)
+  PYTHONUNBUFFERED=1 timeout 300 python3 tests/models/fp8/make_fp8_refs.py /tmp/fp8refs >"$OUT/fp8refs.log" 2>&1
+  echo "make_fp8_refs rc=$?"; tail -12 "$OUT/fp8refs.log"
+  tar czf "$OUT/fp8refs.tar.gz" -C /tmp/fp8refs . && ls -la "$OUT/fp8refs.tar.gz"
   ;;
 refs)
   PYTHONUNBUFFERED=1 timeout 400 python3 tests/models/make_refs.py /tmp/refs --check "$BIN/arka" >"$OUT/refs.log" 2>&1
