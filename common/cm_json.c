@@ -403,8 +403,3 @@ int cm_json_get_str(const cm_json *obj, const char *key, const char **out) {
     if (!rc) *out = v->str;
     return rc;
 }
-
-const char *cm_json_type_name(int type) {
-    static const char *const names[] = { "null", "boolean", "number", "string", "array", "object" };
-    return type >= 0 && type <= CM_JSON_OBJECT ? names[type] : "?";
-}

@@ -67,7 +67,5 @@ int cm_json_get_num(const cm_json *obj, const char *key, double *out);
 int cm_json_get_bool(const cm_json *obj, const char *key, int *out);
 int cm_json_get_str(const cm_json *obj, const char *key, const char **out);
 
-/* Name of a type ("object") for error messages. Can't fail. */
-const char *cm_json_type_name(int type);
 
 #endif

@@ -12,7 +12,6 @@ uint64_t cm_time_ns(void) {
 
 double cm_time_s(void) { return (double)cm_time_ns() * 1e-9; }
 
-int64_t cm_time_unix(void) { return (int64_t)time(NULL); }
 
 void cm_time_sleep_ms(uint32_t ms) {
     struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };

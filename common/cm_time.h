@@ -8,7 +8,6 @@
 uint64_t cm_time_ns(void);
 double   cm_time_s(void);
 /* Wall-clock Unix time in seconds. */
-int64_t  cm_time_unix(void);
 /* Sleeps for ms milliseconds (restarts on EINTR). */
 void     cm_time_sleep_ms(uint32_t ms);
 

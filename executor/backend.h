@@ -1,4 +1,4 @@
-/* backend: the interface every compute backend implements (cpu: backend_cpu.c; cuda: later,
+/* backend: the interface every compute backend implements (cpu: backend_cpu.c; cuda:
  * executor/cuda/). A small struct of function pointers, created from a model description and
  * the engine's limits, driven by the engine's step thread.
  *

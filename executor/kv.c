@@ -133,7 +133,6 @@ int ex_kv_n_blocks(const ex_kv *kv) {
     return has_swa(kv) && kv->p[1].n_blocks < kv->p[0].n_blocks ? kv->p[1].n_blocks : kv->p[0].n_blocks;
 }
 int ex_kv_n_free(const ex_kv *kv) { return has_swa(kv) && kv->p[1].n_free < kv->p[0].n_free ? kv->p[1].n_free : kv->p[0].n_free; }
-int ex_kv_block_size(const ex_kv *kv) { return kv->block_size; }
 int ex_kv_n_blocks_swa(const ex_kv *kv) { return kv->p[1].n_blocks; }
 int ex_kv_n_free_swa(const ex_kv *kv) { return kv->p[1].n_free; }
 int ex_kv_window(const ex_kv *kv) { return kv->window; }

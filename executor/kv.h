@@ -93,7 +93,6 @@ void ex_kv_destroy(ex_kv *kv); /* accepts NULL */
 /* Blocks (free blocks) one sequence can get: the smaller pool's when there are two. */
 int ex_kv_n_blocks(const ex_kv *kv);
 int ex_kv_n_free(const ex_kv *kv);
-int ex_kv_block_size(const ex_kv *kv);
 /* The sliding-window pool: its blocks, free blocks, window (all 0 without one). */
 int ex_kv_n_blocks_swa(const ex_kv *kv);
 int ex_kv_n_free_swa(const ex_kv *kv);

@@ -323,7 +323,6 @@ int gguf_w_add_tensor(gguf_writer *w, const char *name, int type, int n_dims, co
     return 0;
 }
 
-int64_t gguf_w_n_tensors(const gguf_writer *w) { return w->n_t; }
 uint64_t gguf_w_tensor_nbytes(const gguf_writer *w, int64_t i) { return i >= 0 && i < w->n_t ? w->t[i].nbytes : 0; }
 int64_t gguf_w_current_tensor(const gguf_writer *w) { return w->cur; }
 

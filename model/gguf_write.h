@@ -82,7 +82,6 @@ int gguf_w_copy_kv(gguf_writer *w, const gguf_ctx *g, const char *prefix, int64_
  * CM_EINVAL / CM_EUNSUPPORTED for a bad declaration (message in gguf_w_errmsg). */
 int gguf_w_add_tensor(gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne);
 
-int64_t  gguf_w_n_tensors(const gguf_writer *w);
 /* Bytes of tensor i's data (no padding); 0 when out of range. */
 uint64_t gguf_w_tensor_nbytes(const gguf_writer *w, int64_t i);
 /* Size of the header with its padding (where tensor data starts) and of the whole file, as

@@ -13,7 +13,6 @@
 static const char *const arch_names[MDL_ARCH_COUNT] = { "llama", "mistral", "qwen2", "qwen3", "qwen3moe",
                                                         "mixtral", "gemma2", "gemma3", "phi3" };
 
-const char *mdl_arch_name(int arch) { return arch >= 0 && arch < MDL_ARCH_COUNT ? arch_names[arch] : "?"; }
 
 int mdl_arch_from_name(const char *name) {
     for (int i = 0; i < MDL_ARCH_COUNT; i++)

@@ -177,7 +177,6 @@ int  mdl_load(const char *path, mdl_model **out, char *err, size_t errlen);
 int  mdl_from_gguf(gguf_ctx *g, mdl_model **out, char *err, size_t errlen);
 void mdl_free(mdl_model *m);
 
-const char *mdl_arch_name(int arch);
 /* Parses "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3moe" | "mixtral" | "gemma2" | "gemma3" |
  * "phi3"; -1 when unknown. */
 int mdl_arch_from_name(const char *name);
