@@ -425,6 +425,24 @@ static int xq_xh_only_ok(const kc_xq *full, const kc_xq *xo, int nt, int n) {
     return ok;
 }
 
+/* Tiles of up to tt consecutive tokens per sequence (lens[n_seq], flat order) for the tensor-core
+ * prefill kernel, uploaded; *nt: how many. */
+static int32_t *make_tiles(const int *lens, int n_seq, int tt, int *nt) {
+    int cap = n_seq;
+    for (int q = 0; q < n_seq; q++) cap += lens[q] / tt;
+    int32_t *tiles = malloc((size_t)cap * 8);
+    *nt = 0;
+    for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
+        for (int j = 0; j < lens[q]; j += tt) {
+            tiles[2 * *nt] = t0 + j;
+            tiles[2 * *nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
+            (*nt)++;
+        }
+    int32_t *d = dev_upload(tiles, (size_t)*nt * 8);
+    free(tiles);
+    return d;
+}
+
 static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128 };
     for (int hi = 0; hi < 3; hi++)
@@ -612,16 +630,8 @@ static void test_rope_attention(cudaStream_t s) {
                 if (kc_attention_tc_ok(hd, n_head, n_kv, bs)) {
                     /* the tensor-core prefill kernel over the same cache (rope-written), 4 and 8 warps */
                     for (int warps = 4; warps <= 8; warps += 4) {
-                        const int tt = kc_attention_tc_tile_tok(warps, n_head, n_kv);
-                        int32_t tiles[2 * 160];
-                        int nt = 0;
-                        for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
-                            for (int j = 0; j < lens[q]; j += tt) {
-                                tiles[2 * nt] = t0 + j;
-                                tiles[2 * nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
-                                nt++;
-                            }
-                        int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
+                        int nt;
+                        int32_t *dtiles = make_tiles(lens, n_seq, kc_attention_tc_tile_tok(warps, n_head, n_kv), &nt);
                         poison(dout, no * 4);
                         rc = kc_attention_prefill_tc(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
                                                      bs, 1.0f / sqrtf((float)hd), warps, s);
@@ -735,16 +745,8 @@ static void test_attention_tc(cudaStream_t s) {
             float *all = malloc((size_t)n_tok * nq * 4), *all2 = malloc((size_t)n_tok * nq * 4), *got = malloc((size_t)n_rows * nq * 4);
             /* prefill */
             for (int warps = 4; warps <= 8; warps += 4) {
-                const int tt = kc_attention_tc_tile_tok(warps, n_head, n_kv);
-                int32_t *tiles = malloc((size_t)(n_tok / tt + n_seq + 1) * 8);
-                int nt = 0;
-                for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
-                    for (int j = 0; j < lens[q]; j += tt) {
-                        tiles[2 * nt] = t0 + j;
-                        tiles[2 * nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
-                        nt++;
-                    }
-                int32_t *dtiles = dev_upload(tiles, (size_t)nt * 8);
+                int nt;
+                int32_t *dtiles = make_tiles(lens, n_seq, kc_attention_tc_tile_tok(warps, n_head, n_kv), &nt);
                 poison(dout, (size_t)n_tok * nq * 4);
                 int rc = kc_attention_prefill_tc(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
                                                  1.0f / sqrtf((float)hd), warps, s);
@@ -768,7 +770,6 @@ static void test_attention_tc(cudaStream_t s) {
                 T_CHECKF(rc == 0 && memcmp(all, all2, (size_t)n_tok * nq * 4) == 0, "tc prefill in two launches = one: hd=%d G=%d warps=%d",
                          hd, G, warps);
                 cudaFree(dtiles);
-                free(tiles);
             }
             /* decode: the last token of each sequence, compact, in a shuffled list */
             {
