@@ -5,7 +5,7 @@
  * Weights come from a counter-based PRNG keyed by (seed, tensor, row), so the file is the same
  * whatever the thread count. Rows are generated and quantized in parallel in bounded chunks and
  * streamed through gguf_write, so a 7B file needs tens of MB of memory, not GB. The vocabulary
- * (every tokenizer.* key) is copied from a vocab-only GGUF and padded with <extra_N> control
+ * (every tokenizer.* key) is copied from a vocab-only GGUF and padded with <extra_N> user-defined
  * tokens when the shape's vocabulary is larger. The file is written as OUT.part and renamed.
  */
 #include "cli.h"
@@ -239,9 +239,13 @@ static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, 
             uint8_t *raw = calloc((size_t)n_vocab, es);
             if (!raw) { rc = CM_ENOMEM; break; }
             memcpy(raw, v->v.arr.raw, n_tok * es);
-            /* token types: 3 = CONTROL, so nothing ever tokenizes to the padding */
+            /* token types: 4 = USER_DEFINED: text matches them only where it holds "<extra_N>"
+             * literally, and they detokenize to that text. A random model picks padding most of
+             * the time (a 32k vocabulary padded to llama3's 128k is 3/4 padding): as CONTROL
+             * tokens they streamed no text, so a serving benchmark's inter-token gaps spanned
+             * several tokens. */
             if (kv->key.len == 25 && !memcmp(kv->key.ptr, "tokenizer.ggml.token_type", 25) && et == GGUF_INT32)
-                for (uint64_t k = 0; k < extra; k++) { int32_t c = 3; memcpy(raw + (n_tok + k) * 4, &c, 4); }
+                for (uint64_t k = 0; k < extra; k++) { int32_t c = 4; memcpy(raw + (n_tok + k) * 4, &c, 4); }
             nv.v.arr.raw = raw;
             mem = raw;
         } else continue;
@@ -254,7 +258,7 @@ static int copy_vocab(gguf_writer *w, const char *path, int n_vocab, char *err, 
     }
     if (rc) snprintf(err, errlen, "%s: padding the vocabulary: %s", path, rc == CM_ENOMEM ? "out of memory" : gguf_w_errmsg(w));
     else if (extra)
-        fprintf(stderr, "mkmodel: %s has %llu tokens; padded to %d with %llu <extra_N> control tokens\n", path,
+        fprintf(stderr, "mkmodel: %s has %llu tokens; padded to %d with %llu <extra_N> user-defined tokens\n", path,
                 (unsigned long long)n_tok, n_vocab, (unsigned long long)extra);
     gguf_close(g);
     return rc;

@@ -2,7 +2,7 @@
 # arka mkmodel: tiny random models of each --type are valid GGUF for our reader (arka inspect)
 # and for an independent one (the npm package @huggingface/gguf, installed into a cache outside
 # the repository); metadata keys/values and tensor infos agree between the two. Also: the same
-# seed gives the same bytes, the vocabulary is padded with <extra_N> control tokens when the
+# seed gives the same bytes, the vocabulary is padded with <extra_N> user-defined tokens when the
 # shape needs more tokens than the vocab file has, and bad arguments are refused.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -116,7 +116,7 @@ if "$ARKA" mkmodel tiny "$TMP/padded.gguf" --type q4_0 --vocab "$MODELS/stories2
     grep -qF "vocab: 32000" <<<"$out" && grep -qF "32000 tokens" <<<"$out" && ok || bad "padded model: $out"
     if [ $HAVE_NODE -eq 1 ]; then
         NPM_DIR=$NPM_DIR node "$TMP/list.mjs" "$TMP/padded.gguf" 512 >"$TMP/hf.txt" 2>&1
-        grep -qx "token 512 <extra_0> 3 32000" "$TMP/hf.txt" && ok || bad "token 512 is not <extra_0> CONTROL: $(grep ^token "$TMP/hf.txt")"
+        grep -qx "token 512 <extra_0> 4 32000" "$TMP/hf.txt" && ok || bad "token 512 is not <extra_0> USER_DEFINED: $(grep ^token "$TMP/hf.txt")"
         grep -qx "kv tokenizer.ggml.scores \[32000\]" "$TMP/hf.txt" && ok || bad "scores not padded"
     fi
 else
