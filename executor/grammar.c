@@ -947,9 +947,12 @@ int ex_gram_finished(ex_gram *g, ex_gram_state *st) {
 
 /* ---- compaction ----------------------------------------------------------------------------- */
 
+int ex_gram_wants_compact(const ex_gram *g) {
+    return g->n_nodes >= SOFT_NODES || g->n_sets >= SOFT_SETS || g->trans.n >= SOFT_TRANS || g->smask_bytes >= SOFT_MASK_BYTES;
+}
+
 int ex_gram_compact(ex_gram *g, ex_gram_state *const *live, int n_live, int force) {
-    if (!force && g->n_nodes < SOFT_NODES && g->n_sets < SOFT_SETS && g->trans.n < SOFT_TRANS && g->smask_bytes < SOFT_MASK_BYTES)
-        return 0;
+    if (!force && !ex_gram_wants_compact(g)) return 0;
     /* the live stacks, bottom to top: per state flags, tops, then per top depth + positions */
     size_t cap = 256, n = 0;
     uint32_t *buf = malloc(sizeof(uint32_t) * cap);

@@ -145,6 +145,8 @@ int ex_gram_finished(ex_gram *g, ex_gram_state *st);
  * invalid: CM_ESTATE) and drops the cached masks of states. Returns 1 when it did, 0 when not
  * needed, CM_ENOMEM. */
 int ex_gram_compact(ex_gram *g, ex_gram_state *const *live, int n_live, int force);
+/* 1 when g's tables have passed their soft size (ex_gram_compact would rebuild them). */
+int ex_gram_wants_compact(const ex_gram *g);
 
 /* Statistics, for logs and benchmarks. */
 typedef struct ex_gram_stats {

@@ -130,28 +130,55 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits
     memcpy(s->z, logits, sizeof(float) * (size_t)V);
     for (int i = 0; i < r->n_bias; i++) s->z[r->bias[i].token] += r->bias[i].bias;
     apply_penalties(s, p, prev, n_prev);
+    const uint32_t *mk = r->mask;
+    int first = 0; /* the lowest allowed id */
+    if (mk) {
+        first = -1;
+        for (int w = 0; w < (V + 31) / 32; w++) {
+            uint32_t m = mk[w];
+            if (w == V / 32) m &= (V % 32) ? (1u << (V % 32)) - 1 : 0;
+            if (first < 0 && m) first = w * 32 + __builtin_ctz(m);
+            if (m == ~0u) continue;
+            for (int i = w * 32; i < w * 32 + 32 && i < V; i++)
+                if (!((m >> (i & 31)) & 1)) s->z[i] = -INFINITY;
+        }
+        if (first < 0) return CM_EINVAL; /* nothing allowed */
+    }
 
     int32_t tok;
     if (p->temperature <= 0) {
-        tok = 0;
-        for (int i = 1; i < V; i++) if (s->z[i] > s->z[tok]) tok = i;
+        tok = first;
+        for (int i = first + 1; i < V; i++) if (s->z[i] > s->z[tok] && (!mk || ((mk[i >> 5] >> (i & 31)) & 1))) tok = i;
     } else {
         float inv_t = 1.0f / p->temperature;
         cand *c = s->c;
-        for (int i = 0; i < V; i++) { c[i].z = s->z[i] * inv_t; c[i].id = i; }
-        int n = V;
-        if (p->top_k > 0 && p->top_k < V) { select_k(c, V, p->top_k); n = p->top_k; }
+        int n = 0;
+        if (mk) {
+            for (int i = 0; i < V; i++)
+                if ((mk[i >> 5] >> (i & 31)) & 1) { c[n].z = s->z[i] * inv_t; c[n].id = i; n++; }
+        } else {
+            for (int i = 0; i < V; i++) { c[i].z = s->z[i] * inv_t; c[i].id = i; }
+            n = V;
+        }
+        const int n_all = n;
+        if (p->top_k > 0 && p->top_k < n_all) { select_k(c, n_all, p->top_k); n = p->top_k; }
         else if (p->min_p > 0) {
             /* min-p's threshold is known before sorting: p_i >= min_p * p_max  <=>
              * z_i >= z_max + log(min_p). Dropping the rest first keeps the sort short. */
             float mx = c[0].z;
-            for (int i = 1; i < V; i++) if (c[i].z > mx) mx = c[i].z;
+            for (int i = 1; i < n_all; i++) if (c[i].z > mx) mx = c[i].z;
             double thr = mx + log((double)p->min_p);
             int m = 0;
-            for (int i = 0; i < V; i++) if (c[i].z >= thr) c[m++] = c[i];
-            n = m;
+            for (int i = 0; i < n_all; i++) if (c[i].z >= thr) c[m++] = c[i];
+            n = m ? m : n_all; /* every allowed token at -inf: all stay */
         }
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        if (!(c[0].z > -INFINITY)) { /* every candidate is impossible: the lowest allowed id */
+            o->token = c[0].id;
+            for (int i = 1; i < n; i++) if (c[i].id < o->token) o->token = c[i].id;
+            if (p->logprobs || p->top_logprobs) fill_logprobs(s, p, o);
+            return 0;
+        }
         double *pr = s->p, sum = 0;
         for (int i = 0; i < n; i++) { pr[i] = exp((double)c[i].z - (double)c[0].z); sum += pr[i]; }
         for (int i = 0; i < n; i++) pr[i] /= sum;
