@@ -239,6 +239,8 @@ int tok_chat_render_ex(const tok_chat *c, const tok_chat_msg *msgs, int n, const
         if (!rc) rc = tmpl_dict_set(a, d, "content", 7, str_or_empty(a, m->content));
         if (!rc && m->name) rc = tmpl_dict_set(a, d, "name", 4, str_or_empty(a, m->name));
         if (!rc && m->tool_call_id) rc = tmpl_dict_set(a, d, "tool_call_id", 12, str_or_empty(a, m->tool_call_id));
+        if (!rc && m->reasoning_content)
+            rc = tmpl_dict_set(a, d, "reasoning_content", 17, str_or_empty(a, m->reasoning_content));
         if (!rc && m->tool_calls_json) {
             tmpl_value *tc;
             if (!(rc = tool_calls_value(a, m->tool_calls_json, &tc, err, errlen))) rc = tmpl_dict_set(a, d, "tool_calls", 10, tc);

@@ -36,6 +36,7 @@ typedef struct tok_chat_msg {
     const char *name;            /* or NULL */
     const char *tool_call_id;    /* or NULL */
     const char *tool_calls_json; /* JSON array text, or NULL */
+    const char *reasoning_content; /* an assistant turn's reasoning, or NULL */
 } tok_chat_msg;
 
 /* Finds and compiles the chat template of the model at path (GGUF file or Hugging Face
