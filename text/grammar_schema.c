@@ -53,8 +53,11 @@ static void prim(tok_gbnf *d, unsigned p) {
                         "json-object ::= \"{\" ws ( json-string ws \":\" ws json-value ( ws \",\" ws json-string ws \":\" ws json-value )* ws )? \"}\"\n"
                         "json-array ::= \"[\" ws ( json-value ( ws \",\" ws json-value )* ws )? \"]\"\n");
         break;
-    case P_DATE:
-        tok_gbnf_add(d, "fmt-date ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )\n");
+    case P_DATE: /* a real calendar day (29 February in leap years only), years 1000-9999 */
+        tok_gbnf_add(d, "fmt-md ::= ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
+                        "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )\n"
+                        "fmt-leap ::= [1-9] [0-9] ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( [2468] [048] | [13579] [26] ) \"00\"\n"
+                        "fmt-date ::= [1-9] [0-9]{3} \"-\" fmt-md | fmt-leap \"-02-29\"\n");
         break;
     case P_TIME:
         tok_gbnf_add(d, "fmt-time ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
