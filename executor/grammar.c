@@ -383,6 +383,8 @@ struct ex_gram {
     size_t    prog_len;
     prog_view pv;
     uint32_t *alt0, *nalt, *alts; /* per rule: its alternatives' first positions alts[alt0 .. alt0 + nalt) */
+    uint32_t *rule_of;         /* [n_elems] the rule each position belongs to */
+    uint32_t *follow;          /* [n_rules][8] the bytes that may come right after each rule */
     int32_t  *end_ids;
     int       n_end;
     int       words;
@@ -640,9 +642,10 @@ static int unc_push_range(ex_gram *g, uint32_t lo, uint32_t hi) {
 }
 
 /* Walks the trie below node t with s the set after t's bytes; o: some path left the position's
- * rule before t's end (what follows then depends on the caller). Ranks are visited in order,
- * so the uncertain list comes out sorted. */
-static void ci_walk(ex_gram *g, uint32_t t, uint32_t s, int o) {
+ * rule before t's end and the byte after that point may follow the rule (fol: FOLLOW of the
+ * rule): what comes next then depends on the caller. Ranks are visited in order, so the
+ * uncertain list comes out sorted. */
+static void ci_walk(ex_gram *g, uint32_t t, uint32_t s, int o, const uint32_t *fol) {
     const ex_gram_vocab *v = g->v;
     if (v->t_nend[t]) {
         uint32_t lo = v->t_lo[t], hi = lo + v->t_nend[t];
@@ -650,17 +653,90 @@ static void ci_walk(ex_gram *g, uint32_t t, uint32_t s, int o) {
             for (uint32_t r = lo; r < hi; r++) g->wacc[r >> 5] |= 1u << (r & 31);
         else if (o) unc_push_range(g, lo, hi);
     }
-    int o2 = o || (g->s_flags[s] & F_OUT);
+    int out_here = (g->s_flags[s] & F_OUT) != 0;
     for (uint32_t c = 0; c < v->t_nchild[t] && !g->oom; c++) {
         uint32_t ch = v->c_node[v->t_child0[t] + c];
-        uint32_t s2 = trans(g, s, v->c_byte[v->t_child0[t] + c]);
+        uint8_t b = v->c_byte[v->t_child0[t] + c];
+        int o2 = o || (out_here && ((fol[b >> 5] >> (b & 31)) & 1));
+        uint32_t s2 = trans(g, s, b);
         if (s2 == UINT32_MAX) return;
         if (s2 == SET_DEAD) {
             if (o2) unc_push_range(g, v->t_lo[ch], v->t_hi[ch]);
             continue;
         }
-        ci_walk(g, ch, s2, o2);
+        ci_walk(g, ch, s2, o2, fol);
     }
+}
+
+/* FIRST (the bytes a rule may start with, and whether it may be empty) and FOLLOW (the bytes
+ * that may come right after it anywhere), by fixpoint. The classification uses FOLLOW: a token
+ * that leaves a position's rule can only go on with one of those bytes, so the others are
+ * rejected there instead of left uncertain. Token elements add no bytes (they are matched by
+ * id only). */
+static int follow_sets(ex_gram *g) {
+    const prog_view *pv = &g->pv;
+    uint32_t R = pv->n_rules;
+    uint32_t *first = calloc((size_t)R * 8, sizeof(uint32_t));
+    uint8_t *nul = calloc(R, 1);
+    g->follow = calloc((size_t)R * 8, sizeof(uint32_t));
+    if (!first || !nul || !g->follow) { free(first); free(nul); return CM_ENOMEM; }
+    for (int changed = 1; changed;) { /* FIRST and nullable */
+        changed = 0;
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t a = 0; a < g->nalt[r]; a++) {
+                int live = 1;
+                for (uint32_t p = g->alts[g->alt0[r] + a]; live; p++) {
+                    uint32_t e = pv->el[p], k = EX_GE_KIND(e);
+                    if (k == EX_GE_END) {
+                        if (!nul[r]) { nul[r] = 1; changed = 1; }
+                        break;
+                    }
+                    if (k == EX_GE_CLASS) {
+                        for (int w = 0; w < 8; w++) {
+                            uint32_t nb = first[8 * r + w] | pv->cls[8 * EX_GE_ARG(e) + w];
+                            if (nb != first[8 * r + w]) { first[8 * r + w] = nb; changed = 1; }
+                        }
+                        live = 0;
+                    } else if (k == EX_GE_REF) {
+                        uint32_t t = EX_GE_ARG(e);
+                        for (int w = 0; w < 8; w++) {
+                            uint32_t nb = first[8 * r + w] | first[8 * t + w];
+                            if (nb != first[8 * r + w]) { first[8 * r + w] = nb; changed = 1; }
+                        }
+                        live = nul[t];
+                    } else {
+                        live = 0; /* a token element */
+                    }
+                }
+            }
+    }
+    for (int changed = 1; changed;) { /* FOLLOW */
+        changed = 0;
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t a = 0; a < g->nalt[r]; a++)
+                for (uint32_t p = g->alts[g->alt0[r] + a]; EX_GE_KIND(pv->el[p]) != EX_GE_END; p++) {
+                    uint32_t e = pv->el[p];
+                    if (EX_GE_KIND(e) != EX_GE_REF) continue;
+                    uint32_t t = EX_GE_ARG(e), add[8] = { 0 };
+                    int rest_nul = 1;
+                    for (uint32_t q = p + 1; rest_nul; q++) { /* FIRST of what follows in the alternative */
+                        uint32_t f = pv->el[q], k = EX_GE_KIND(f);
+                        if (k == EX_GE_END) break;
+                        if (k == EX_GE_CLASS) { for (int w = 0; w < 8; w++) add[w] |= pv->cls[8 * EX_GE_ARG(f) + w]; rest_nul = 0; }
+                        else if (k == EX_GE_REF) { for (int w = 0; w < 8; w++) add[w] |= first[8 * EX_GE_ARG(f) + w]; rest_nul = nul[EX_GE_ARG(f)]; }
+                        else rest_nul = 0;
+                    }
+                    if (rest_nul)
+                        for (int w = 0; w < 8; w++) add[w] |= g->follow[8 * r + w];
+                    for (int w = 0; w < 8; w++) {
+                        uint32_t nb = g->follow[8 * t + w] | add[w];
+                        if (nb != g->follow[8 * t + w]) { g->follow[8 * t + w] = nb; changed = 1; }
+                    }
+                }
+    }
+    free(first);
+    free(nul);
+    return 0;
 }
 
 static pos_ci *classify(ex_gram *g, uint32_t pos) {
@@ -674,7 +750,7 @@ static pos_ci *classify(ex_gram *g, uint32_t pos) {
     if (n == UINT32_MAX) return NULL;
     uint32_t s = set_single(g, n);
     if (s == UINT32_MAX) return NULL;
-    ci_walk(g, 0, s, 0);
+    ci_walk(g, 0, s, 0, g->follow + 8 * (size_t)g->rule_of[pos]);
     if (g->oom) return NULL;
     uint32_t n_acc = 0;
     for (uint32_t w = 0; w < rwords; w++) n_acc += (uint32_t)__builtin_popcount(g->wacc[w]);
@@ -713,24 +789,45 @@ static inline void set_bit(uint32_t *m, uint32_t t) { m[t >> 5] |= 1u << (t & 31
 
 /* Sets the bits of the uncertain ranks U[a, b) (all inside node t's range) that the real set s
  * (after t's bytes) accepts. */
+/* The first index in U[a, b) whose rank is >= x (U is sorted). */
+static uint32_t lower(const uint32_t *U, uint32_t a, uint32_t b, uint32_t x) {
+    while (a < b) {
+        uint32_t mid = a + (b - a) / 2;
+        if (U[mid] < x) a = mid + 1;
+        else b = mid;
+    }
+    return a;
+}
+
+/* Sets the bits of the uncertain ranks U[a, b) (all inside node t's range) that the real set s
+ * (after t's bytes) accepts. Children are found by binary search, so a subtree the set rejects
+ * costs nothing however many uncertain tokens it holds. */
 static void unc_walk(ex_gram *g, uint32_t *m, uint32_t t, uint32_t s, const uint32_t *U, uint32_t a, uint32_t b) {
     const ex_gram_vocab *v = g->v;
     uint32_t k = a;
     if (v->t_nend[t]) {
-        uint32_t end = v->t_lo[t] + v->t_nend[t];
-        int ok = g->s_n[s] || (g->s_flags[s] & F_ACCEPT);
-        for (; k < b && U[k] < end; k++)
-            if (ok) set_bit(m, (uint32_t)v->rank_id[U[k]]);
+        uint32_t end = lower(U, a, b, v->t_lo[t] + v->t_nend[t]);
+        if (g->s_n[s] || (g->s_flags[s] & F_ACCEPT))
+            for (; k < end; k++) set_bit(m, (uint32_t)v->rank_id[U[k]]);
+        k = end;
     }
-    for (uint32_t c = 0; c < v->t_nchild[t] && k < b && !g->oom; c++) {
-        uint32_t ch = v->c_node[v->t_child0[t] + c];
-        while (k < b && U[k] < v->t_lo[ch]) k++;
-        uint32_t k2 = k;
-        while (k2 < b && U[k2] < v->t_hi[ch]) k2++;
-        if (k2 == k) continue;
-        uint32_t s2 = trans(g, s, v->c_byte[v->t_child0[t] + c]);
+    const uint32_t c0 = v->t_child0[t], nc = v->t_nchild[t];
+    uint32_t c = 0;
+    while (k < b && c < nc && !g->oom) {
+        /* the child holding rank U[k]: the last whose range starts at or before it */
+        uint32_t lo = c, hi = nc;
+        while (hi - lo > 1) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (v->t_lo[v->c_node[c0 + mid]] <= U[k]) lo = mid;
+            else hi = mid;
+        }
+        c = lo;
+        uint32_t ch = v->c_node[c0 + c];
+        uint32_t k2 = lower(U, k, b, v->t_hi[ch]);
+        uint32_t s2 = trans(g, s, v->c_byte[c0 + c]);
         if (s2 != SET_DEAD && s2 != UINT32_MAX) unc_walk(g, m, ch, s2, U, k, k2);
         k = k2;
+        c++;
     }
 }
 
@@ -808,17 +905,21 @@ int ex_gram_create(const void *prog, size_t len, const ex_gram_vocab *v, const i
     if (n_end) memcpy(g->end_ids, end_ids, sizeof(int32_t) * (size_t)n_end);
     g->n_end = n_end;
     uint32_t na = 0;
+    g->rule_of = malloc(sizeof(uint32_t) * pv->n_elems);
+    if (!g->rule_of) goto fail;
     for (uint32_t r = 0; r < pv->n_rules; r++) {
         g->alt0[r] = na;
         uint32_t p = pv->rstart[r];
         g->alts[na++] = p;
         for (;; p++) {
             uint32_t k = EX_GE_KIND(pv->el[p]);
+            g->rule_of[p] = r;
             if (k == EX_GE_RULE_END) break;
             if (k == EX_GE_END && EX_GE_KIND(pv->el[p + 1]) != EX_GE_RULE_END) g->alts[na++] = p + 1;
         }
         g->nalt[r] = na - g->alt0[r];
     }
+    if (follow_sets(g)) goto fail;
     if (u64map_init(&g->node_map, 1024) || u64map_init(&g->trans, 1024)) goto fail;
     g->set_slots = calloc(1024, sizeof(uint32_t));
     g->set_mask_bits = 1023;
@@ -864,7 +965,7 @@ void ex_gram_destroy(ex_gram *g) {
             free(g->ci[p].unc);
         }
     free(g->ci);
-    free(g->prog); free(g->alt0); free(g->nalt); free(g->alts); free(g->end_ids);
+    free(g->prog); free(g->alt0); free(g->nalt); free(g->alts); free(g->end_ids); free(g->rule_of); free(g->follow);
     free(g->npos); free(g->npar); free(g->nmark);
     u64map_free(&g->node_map);
     u64map_free(&g->trans);

@@ -22,6 +22,7 @@ typedef struct alt { uint32_t *el; int n, cap; } alt;
 typedef struct rule {
     char *name;     /* NULL for generated rules */
     int   defined;
+    int   loop;     /* made by a repetition: x loop | ... (inline_loops may take x's alternatives in) */
     size_t at;      /* byte offset of its first mention, for "undefined rule" */
     alt  *alts;
     int   n_alts, cap_alts;
@@ -512,6 +513,7 @@ static void repeat(gb *b, int r, uint32_t x, int min, int max) {
         int s = new_rule(b, NULL, 0);
         if (s < 0) return;
         b->rules[s].defined = 1;
+        b->rules[s].loop = 1;
         alt *sa = new_alt(b, s);
         alt_push(b, sa, x);
         alt_push(b, sa, EX_GE(EX_GE_REF, s));
@@ -523,6 +525,7 @@ static void repeat(gb *b, int r, uint32_t x, int min, int max) {
             int o = new_rule(b, NULL, 0);
             if (o < 0) return;
             b->rules[o].defined = 1;
+            b->rules[o].loop = 1;
             alt *oa = new_alt(b, o);
             alt_push(b, oa, x);
             if (prev >= 0) alt_push(b, oa, EX_GE(EX_GE_REF, prev));
@@ -623,6 +626,109 @@ static int parse_rule(ps *P) {
     return 0;
 }
 
+/* 1 when rule r can be taken into a repetition loop's alternatives: a few short alternatives,
+ * each starting with a terminal (so the loop stays free of left recursion), none referring to r. */
+static int inlinable(const gb *b, int r) {
+    const rule *ru = &b->rules[r];
+    if (!ru->defined || ru->n_alts < 1 || ru->n_alts > 64) return 0;
+    for (int k = 0; k < ru->n_alts; k++) {
+        const alt *a = &ru->alts[k];
+        if (a->n < 2 || a->n > 13) return 0; /* at least one element and its END */
+        uint32_t k0 = EX_GE_KIND(a->el[0]);
+        if (k0 != EX_GE_CLASS && k0 != EX_GE_TOKEN) return 0;
+        for (int i = 0; i < a->n; i++)
+            if (EX_GE_KIND(a->el[i]) == EX_GE_REF && (int)EX_GE_ARG(a->el[i]) == r) return 0;
+    }
+    return 1;
+}
+
+/* 1 when every alternative of rule r starts with a terminal. */
+static int terminal_led(const gb *b, int r) {
+    const rule *ru = &b->rules[r];
+    if (!ru->defined || ru->n_alts < 1) return 0;
+    for (int k = 0; k < ru->n_alts; k++) {
+        uint32_t k0 = EX_GE_KIND(ru->alts[k].el[0]);
+        if (ru->alts[k].n < 2 || (k0 != EX_GE_CLASS && k0 != EX_GE_TOKEN)) return 0;
+    }
+    return 1;
+}
+
+/* An alternative that is one reference to a generated, terminal-led rule (a character class
+ * over code points, a group) takes that rule's alternatives in: json-char ::= <class> | ...
+ * becomes json-char ::= <its UTF-8 byte sequences> | ..., which inline_loops can then take
+ * into a loop. */
+static void flatten_alts(gb *b) {
+    int n = b->n_rules;
+    for (int r = 0; r < n && !b->oom; r++) {
+        rule *ru = &b->rules[r];
+        int changed = 0;
+        for (int k = 0; k < ru->n_alts; k++) {
+            const alt *a = &ru->alts[k];
+            int x = a->n == 2 && EX_GE_KIND(a->el[0]) == EX_GE_REF ? (int)EX_GE_ARG(a->el[0]) : -1;
+            changed |= x >= 0 && x != r && !b->rules[x].name && terminal_led(b, x) && b->rules[x].n_alts <= 64;
+        }
+        if (!changed) continue;
+        alt *old = ru->alts;
+        int n_old = ru->n_alts;
+        ru->alts = NULL;
+        ru->n_alts = ru->cap_alts = 0;
+        for (int k = 0; k < n_old && !b->oom; k++) {
+            const alt *a = &old[k];
+            int x = a->n == 2 && EX_GE_KIND(a->el[0]) == EX_GE_REF ? (int)EX_GE_ARG(a->el[0]) : -1;
+            if (x >= 0 && x != r && !b->rules[x].name && terminal_led(b, x) && b->rules[x].n_alts <= 64) {
+                for (int j = 0; j < b->rules[x].n_alts; j++) {
+                    alt *na = new_alt(b, r);
+                    for (int i = 0; i < b->rules[x].alts[j].n; i++) alt_push(b, na, b->rules[x].alts[j].el[i]);
+                }
+            } else {
+                alt *na = new_alt(b, r);
+                for (int i = 0; i < a->n; i++) alt_push(b, na, a->el[i]);
+            }
+        }
+        for (int k = 0; k < n_old; k++) free(old[k].el);
+        free(old);
+    }
+}
+
+/* Repetition loops (S ::= x S | ε, and the chains of bounded repetitions) take a small x's
+ * alternatives in: S ::= x1 S | x2 S | ... | ε. A run of x is then one frame of the parse
+ * stack, so the mask engine decides the tokens that stay inside the run once per position
+ * (a JSON string's characters: nearly every token) instead of leaving them uncertain. */
+static void inline_loops(gb *b) {
+    int n = b->n_rules;
+    for (int r = 0; r < n && !b->oom; r++) {
+        rule *ru = &b->rules[r];
+        if (!ru->loop) continue;
+        int changed = 0;
+        for (int k = 0; k < ru->n_alts; k++) {
+            const alt *a = &ru->alts[k];
+            changed |= a->n >= 2 && EX_GE_KIND(a->el[0]) == EX_GE_REF && (int)EX_GE_ARG(a->el[0]) != r && inlinable(b, (int)EX_GE_ARG(a->el[0]));
+        }
+        if (!changed) continue;
+        alt *old = ru->alts;
+        int n_old = ru->n_alts;
+        ru->alts = NULL;
+        ru->n_alts = ru->cap_alts = 0;
+        for (int k = 0; k < n_old && !b->oom; k++) {
+            alt *a = &old[k];
+            int x = a->n >= 2 && EX_GE_KIND(a->el[0]) == EX_GE_REF ? (int)EX_GE_ARG(a->el[0]) : -1;
+            if (x < 0 || x == r || !inlinable(b, x)) { /* kept as it is */
+                alt *na = new_alt(b, r);
+                for (int i = 0; i < a->n; i++) alt_push(b, na, a->el[i]);
+                continue;
+            }
+            for (int j = 0; j < b->rules[x].n_alts && !b->oom; j++) {
+                alt *na = new_alt(b, r);
+                const alt *xa = &b->rules[x].alts[j];
+                for (int i = 0; i < xa->n - 1; i++) alt_push(b, na, xa->el[i]);
+                for (int i = 1; i < a->n; i++) alt_push(b, na, a->el[i]);
+            }
+        }
+        for (int k = 0; k < n_old; k++) free(old[k].el);
+        free(old);
+    }
+}
+
 /* Serializes the rules into a program. */
 static int emit(gb *b, int root, uint32_t **prog, size_t *prog_len) {
     size_t n_el = 0;
@@ -688,6 +794,9 @@ int tok_gram_compile(const char *src, size_t len, const tok_vocab *v, uint32_t *
             rc = CM_EINVAL;
             goto out;
         }
+    flatten_alts(&b);
+    inline_loops(&b);
+    if (b.oom) { snprintf(err, errlen, "out of memory"); rc = CM_ENOMEM; goto out; }
     if ((rc = emit(&b, root, prog, prog_len))) {
         snprintf(err, errlen, rc == CM_ETOOBIG ? "grammar: the compiled grammar is larger than %zu bytes" : "out of memory",
                  EX_GRAM_MAX_BYTES);

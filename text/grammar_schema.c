@@ -445,11 +445,19 @@ static int gen_string(sc *c, const cm_json *s, const char *path, char *expr, siz
     if (mn == 0 && mx < 0) {
         prim(c->d, P_STRING);
         snprintf(expr, cap, "json-string");
-    } else if (mx < 0) {
-        snprintf(expr, cap, "\"\\\"\" json-char{%lld,} \"\\\"\"", mn);
-    } else {
-        snprintf(expr, cap, "\"\\\"\" json-char{%lld,%lld} \"\\\"\"", mn, mx);
+        return 0;
     }
+    /* one rule per length range, shared by every string that has it (the mask engine then
+     * classifies its positions once) */
+    char name[NAME_MAX_LEN], head[NAME_MAX_LEN + 8];
+    if (mx < 0) snprintf(name, sizeof name, "json-string-%lld-", mn);
+    else snprintf(name, sizeof name, "json-string-%lld-%lld", mn, mx);
+    snprintf(head, sizeof head, "\n%s ::=", name);
+    if (!c->d->s || (strncmp(c->d->s, head + 1, strlen(head) - 1) && !strstr(c->d->s, head))) {
+        if (mx < 0) tok_gbnf_add(c->d, "%s ::= \"\\\"\" json-char{%lld,} \"\\\"\"\n", name, mn);
+        else tok_gbnf_add(c->d, "%s ::= \"\\\"\" json-char{%lld,%lld} \"\\\"\"\n", name, mn, mx);
+    }
+    snprintf(expr, cap, "%s", name);
     return 0;
 }
 
