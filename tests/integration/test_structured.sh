@@ -55,6 +55,37 @@ curl -sN -D "$TMP/h4" -o /dev/null "$URL/v1/chat/completions" -H "Origin: http:/
     -d '{"model":"stories260K","messages":[{"role":"user","content":"x"}],"max_tokens":2,"stream":true}'
 check 'grep -qi "^Access-Control-Allow-Origin: http://app.example" "$TMP/h4"' "CORS on a stream: $(cat "$TMP/h4")"
 
+# ---- reasoning: <think>...</think> split off as reasoning_content (a grammar makes the tiny model
+# write one), streamed and not ----
+start think --log-level warn --chat-template chatml --reasoning-parser think || bad "reasoning server did not start"
+python3 - "$URL" >"$TMP/think.txt" 2>&1 <<'EOF'
+import json, sys, urllib.request
+url = sys.argv[1]
+G = 'root ::= "<think>" [a-c]{3} "</think>" "\\n\\n" "Hello" [!.]'
+body = {"model": "stories260K", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "grammar": G, "seed": 5}
+def post(path, b):
+    req = urllib.request.Request(url + path, data=json.dumps(b).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r: return r.read().decode()
+p = f = 0
+def check(c, what):
+    global p, f
+    if c: p += 1
+    else: f += 1; print("FAIL", what)
+m = json.loads(post("/v1/chat/completions", body))["choices"][0]["message"]
+check(len(m.get("reasoning_content", "")) == 3 and set(m["reasoning_content"]) <= set("abc") and m["content"] in ("Hello!", "Hello."), f"split: {m}")
+rs, cs = "", ""
+for line in post("/v1/chat/completions", {**body, "stream": True}).split("\n"):
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])["choices"]
+        if d: rs += d[0]["delta"].get("reasoning_content", ""); cs += d[0]["delta"].get("content", "") or ""
+check(rs == m["reasoning_content"] and cs == m["content"], f"streamed split: {rs!r} {cs!r}")
+r = json.loads(post("/v1/responses", {"model": "stories260K", "input": "Hi", "max_output_tokens": 8}))
+check(r["object"] == "response", "responses on a reasoning server")
+print(f"{p} passed, {f} failed")
+EOF
+script_checks cat "$TMP/think.txt"
+kill "$SPID"; wait "$SPID" 2>/dev/null
+
 # ---- a template without tool markers: tools need --tool-parser ----
 start nofmt --log-level warn --chat-template llama2 || bad "llama2 server did not start"
 CODE=$(curl -s -o "$TMP/b1" -w '%{http_code}' "$URL/v1/chat/completions" \

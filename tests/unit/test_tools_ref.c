@@ -1,4 +1,4 @@
-/* Tools through the gateway's chat path against the reference renderings (the real Qwen3
+/* Tools and chat_template_kwargs through the gateway's chat path against the reference renderings (the real Qwen3
  * template, Hermes tool format, rendered by @huggingface/jinja: tests/integration/tmpl_ref.mjs,
  * and by Python Jinja2: tmpl_ref.py): every reference case with tools or tool calls is sent the
  * way an OpenAI client sends it — tools as JSON text, each call's arguments as a JSON *string* —
@@ -159,7 +159,8 @@ int main(void) {
         if (!model || strcmp(model, "qwen3") || !want || !msgs) continue;
         int has_calls = 0;
         for (const cm_json *m = msgs->child; m; m = m->next) has_calls |= cm_json_get(m, "tool_calls") != NULL;
-        if (!tools && !has_calls) continue;
+        /* tools, tool calls, or chat_template_kwargs (enable_thinking) */
+        if (!tools && !has_calls && !cm_json_get(ctx, "enable_thinking")) continue;
         int n = (int)msgs->n;
         tok_chat_msg *mm = calloc((size_t)n, sizeof *mm);
         char **owned = calloc((size_t)n, sizeof *owned);
@@ -230,8 +231,8 @@ int main(void) {
         free(tj.s);
         free(kw.s);
     }
-    printf("%d tool conversations rendered through the request path, %d assistant turns parsed back\n", rendered, parsed);
-    T_CHECK(rendered >= 4 && parsed >= 2);
+    printf("%d conversations (tools, enable_thinking) rendered through the request path, %d assistant turns parsed back\n", rendered, parsed);
+    T_CHECK(rendered >= 6 && parsed >= 2);
     tok_chat_free(chat);
     unlink(tp);
     rmdir(dir);
