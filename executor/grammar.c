@@ -405,6 +405,7 @@ struct ex_gram {
     uint32_t **smask;          /* [cap_sets] cached masks of states */
     size_t    smask_bytes;
     uint32_t  epoch, gen;
+    int       depth;           /* expand's recursion */
     /* scratch */
     uint32_t *tops;
     uint32_t  n_tops, cap_tops;
@@ -460,12 +461,23 @@ static void tops_add(ex_gram *g, uint32_t n) {
     g->tops[g->n_tops++] = n;
 }
 
+static void expand_at(ex_gram *g, uint32_t n, uint32_t pos, uint32_t par);
+
 /* Adds to the set under construction every stack reached from position pos above parent par
  * (closure: rule references are expanded, ended alternatives popped), each (pos, par) once per
  * construction (the epoch marks). */
+#define MAX_EXPAND 4096 /* nested expansion (references leading to references): a deeper grammar fails */
+
 static void expand(ex_gram *g, uint32_t pos, uint32_t par) {
     uint32_t n = node_get(g, pos, par);
     if (n == UINT32_MAX || g->nmark[n] == g->epoch) return;
+    if (g->depth >= MAX_EXPAND) { g->oom = 1; return; }
+    g->depth++;
+    expand_at(g, n, pos, par);
+    g->depth--;
+}
+
+static void expand_at(ex_gram *g, uint32_t n, uint32_t pos, uint32_t par) {
     g->nmark[n] = g->epoch;
     uint32_t e = g->pv.el[pos], k = EX_GE_KIND(e);
     if (k == EX_GE_END) {

@@ -259,12 +259,16 @@ static int cp_normalize(cprange *rg, int n, int negate, cprange *out) {
  * The parser
  * ========================================================================================== */
 
+#define MAX_NEST 64 /* ( groups ) inside each other */
+
 typedef struct ps {
     const char *s, *end, *p;
     gb  *b;
     char *err;
     size_t errlen;
     int  failed;
+    int  depth;     /* groups open */
+    int  cur_rule;  /* the rule whose alternative parse_class appends to */
 } ps;
 
 static void where(const ps *P, const char *at, int *line, int *col) {
@@ -363,6 +367,37 @@ static int read_char(ps *P, uint32_t *cp) {
 }
 
 static int parse_alts(ps *P, int r, int nested);
+/* A [character class] into the last alternative of rule P->cur_rule (the caller refreshes its
+ * pointer). Not inlined into parse_primary: its buffers stay off the recursion's stack. */
+__attribute__((noinline)) static int parse_class(ps *P) {
+    gb *b = P->b;
+    const char *at = P->p++;
+    int neg = 0;
+    if (P->p < P->end && *P->p == '^') { neg = 1; P->p++; }
+    cprange rg[256], out[2 * 256 + 8];
+    int n = 0;
+    while (P->p < P->end && *P->p != ']') {
+        if (*P->p == '\n') { perr(P, at, "unterminated character class"); return -1; }
+        uint32_t lo, hi;
+        if (read_char(P, &lo)) return -1;
+        hi = lo;
+        if (P->p + 1 < P->end && *P->p == '-' && P->p[1] != ']') {
+            P->p++;
+            if (read_char(P, &hi)) return -1;
+            if (hi < lo) { perr(P, at, "character range is backwards"); return -1; }
+        }
+        if (n == 256) { perr(P, at, "character class with more than 256 ranges"); return -1; }
+        rg[n++] = (cprange){ lo, hi };
+    }
+    if (P->p >= P->end) { perr(P, at, "unterminated character class"); return -1; }
+    P->p++;
+    int m = cp_normalize(rg, n, neg, out);
+    if (m == 0) { perr(P, at, "the character class matches nothing"); return -1; }
+    uint32_t e = cp_class(b, out, m);
+    rule *ru = &b->rules[P->cur_rule];
+    alt_push(b, &ru->alts[ru->n_alts - 1], e);
+    return 1;
+}
 
 /* A symbol for the items of a sequence: appended to a, possibly as a reference to a new rule.
  * Returns the number of elements appended (a literal appends one per byte) or -1. */
@@ -388,31 +423,9 @@ static int parse_primary(ps *P, alt **pa, int r, int *first) {
         return n;
     }
     if (c == '[') {
-        P->p++;
-        int neg = 0;
-        if (P->p < P->end && *P->p == '^') { neg = 1; P->p++; }
-        cprange rg[256], out[2 * 256 + 8];
-        int n = 0;
-        while (P->p < P->end && *P->p != ']') {
-            if (*P->p == '\n') { perr(P, at, "unterminated character class"); return -1; }
-            uint32_t lo, hi;
-            if (read_char(P, &lo)) return -1;
-            hi = lo;
-            if (P->p + 1 < P->end && *P->p == '-' && P->p[1] != ']') {
-                P->p++;
-                if (read_char(P, &hi)) return -1;
-                if (hi < lo) { perr(P, at, "character range is backwards"); return -1; }
-            }
-            if (n == 256) { perr(P, at, "character class with more than 256 ranges"); return -1; }
-            rg[n++] = (cprange){ lo, hi };
-        }
-        if (P->p >= P->end) { perr(P, at, "unterminated character class"); return -1; }
-        P->p++;
-        int m = cp_normalize(rg, n, neg, out);
-        if (m == 0) { perr(P, at, "the character class matches nothing"); return -1; }
-        uint32_t e = cp_class(b, out, m);
+        P->cur_rule = r;
+        if (parse_class(P) < 0) return -1;
         *pa = &b->rules[r].alts[b->rules[r].n_alts - 1]; /* the rules array may have moved */
-        alt_push(b, *pa, e);
         return 1;
     }
     if (c == '.') {
@@ -428,6 +441,7 @@ static int parse_primary(ps *P, alt **pa, int r, int *first) {
         return 1;
     }
     if (c == '(') {
+        if (++P->depth > MAX_NEST) { perr(P, at, "groups nested deeper than %d", MAX_NEST); return -1; }
         P->p++;
         int g = new_rule(b, NULL, 0);
         if (g < 0) return -1;
@@ -437,6 +451,7 @@ static int parse_primary(ps *P, alt **pa, int r, int *first) {
         skip(P, 1);
         if (P->p >= P->end || *P->p != ')') { perr(P, at, "'(' without its ')'"); return -1; }
         P->p++;
+        P->depth--;
         *pa = &b->rules[r].alts[b->rules[r].n_alts - 1];
         alt_push(b, *pa, EX_GE(EX_GE_REF, g));
         return 1;
