@@ -783,7 +783,7 @@ static pos_ci *classify(ex_gram *g, uint32_t pos) {
             if (dense) acc[id >> 5] |= 1u << (id & 31);
             else acc[k++] = (uint32_t)id;
         }
-    memcpy(unc, g->wunc, sizeof(uint32_t) * g->n_unc);
+    if (g->n_unc) memcpy(unc, g->wunc, sizeof(uint32_t) * g->n_unc);
     ci->acc = acc;
     ci->unc = unc;
     ci->n_acc = n_acc;

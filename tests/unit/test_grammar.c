@@ -110,7 +110,7 @@ static void rset_copy(rset *dst, const rset *src) {
     dst->n = dst->cap = src->n;
     dst->accept = src->accept;
     dst->v = malloc(sizeof(rstk) * (size_t)(src->n ? src->n : 1));
-    memcpy(dst->v, src->v, sizeof(rstk) * (size_t)src->n);
+    if (src->n) memcpy(dst->v, src->v, sizeof(rstk) * (size_t)src->n);
 }
 
 /* The reference state after bytes s[0..n): 1 when they are a valid prefix. */

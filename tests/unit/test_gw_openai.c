@@ -581,7 +581,9 @@ static void test_structured_build(void) {
     gw_oai_call calls[2] = { { "call_a", "f", "{\"x\":1}", 7 }, { "call_b", "g", "{}", 2 } };
     gw_oai_choice ch = { .text = "", .len = 0, .finish = SHM_FINISH_STOP, .reasoning = "hmm", .reasoning_len = 3, .calls = calls, .n_calls = 2 };
     gw_oai_usage u = { 3, 4, 0 };
-    cJSON *j = cJSON_Parse(gw_oai_response_json(&m, &ch, 1, &u, 0)); /* leaks the text: fine in a test */
+    char *rj = gw_oai_response_json(&m, &ch, 1, &u, 0);
+    cJSON *j = cJSON_Parse(rj);
+    free(rj);
     cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
     T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
     T_EQ_STR(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "hmm");

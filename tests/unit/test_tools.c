@@ -132,9 +132,10 @@ static void test_parser(void) {
     memset(&r, 0, sizeof r);
     tok_out o;
     tok_out_init(&o, TOK_TOOLS_HERMES, 0, 0, &CB, &r);
-    tok_out_feed(&o, "<tool_call>{\"name\": \"f\", \"arguments\": {\"text\": \"a long", 56);
+    const char *p1 = "<tool_call>{\"name\": \"f\", \"arguments\": {\"text\": \"a long", *p2 = " story\"}}</tool_call>";
+    tok_out_feed(&o, p1, strlen(p1));
     T_CHECK(r.n_calls == 1 && strstr(r.args[0], "a long") && r.ended == 0);
-    tok_out_feed(&o, " story\"}}</tool_call>", 21);
+    tok_out_feed(&o, p2, strlen(p2));
     tok_out_end(&o);
     T_CHECK(r.ended == 1 && !strcmp(r.args[0], "{\"text\": \"a long story\"}"));
     tok_out_free(&o);
