@@ -3,6 +3,7 @@
 #include "../common/cm_err.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,6 +116,62 @@ static void fill_logprobs(ex_sampler *s, const ex_sample_params *p, ex_sample_ou
     o->n_top = n;
 }
 
+/* The greedy draw: the highest logit among the allowed tokens (all when mk is NULL), the lowest
+ * id on ties, the lowest allowed id when every allowed logit is -inf or NaN; -1 when nothing is
+ * allowed. Blocks of 32 (one mask word): a branch-free maximum over the block in four independent
+ * lanes, then the block is searched for its index only when it beats the best so far (rare), so
+ * the pass runs at the loads' rate whatever the mask's shape. */
+static float mask_add[256][8]; /* byte of a mask -> eight addends: 0 where the bit is set, -inf not */
+static pthread_once_t mask_add_once = PTHREAD_ONCE_INIT;
+static void mask_add_init(void) {
+    for (int b = 0; b < 256; b++)
+        for (int l = 0; l < 8; l++) mask_add[b][l] = ((b >> l) & 1) ? 0.0f : -INFINITY;
+}
+
+static int32_t argmax_masked(const float *z, const uint32_t *mk, int V) {
+    if (mk) pthread_once(&mask_add_once, mask_add_init);
+    float best = -INFINITY;
+    int32_t tok = -1, first = -1;
+    const int W = (V + 31) / 32;
+    for (int w = 0; w < W; w++) {
+        const int base = w * 32, n = V - base < 32 ? V - base : 32;
+        uint32_t m = mk ? mk[w] : ~0u;
+        if (n < 32) m &= (1u << n) - 1;
+        if (!m) continue;
+        if (first < 0) first = base + __builtin_ctz(m);
+        const float *zb = z + base;
+        float bm;
+        if (n == 32) {
+            float a[8];
+            for (int l = 0; l < 8; l++) a[l] = -INFINITY;
+            if (m == ~0u) {
+                for (int j = 0; j < 32; j += 8)
+                    for (int l = 0; l < 8; l++) a[l] = zb[j + l] > a[l] ? zb[j + l] : a[l];
+            } else {
+                for (int j = 0; j < 32; j += 8) {
+                    const float *add = mask_add[(m >> j) & 255]; /* 0 allowed, -inf not */
+                    for (int l = 0; l < 8; l++) {
+                        float v = zb[j + l] + add[l];
+                        a[l] = v > a[l] ? v : a[l];
+                    }
+                }
+            }
+            bm = a[0];
+            for (int l = 1; l < 8; l++) bm = a[l] > bm ? a[l] : bm;
+        } else {
+            bm = -INFINITY;
+            for (int j = 0; j < n; j++)
+                if (((m >> j) & 1) && zb[j] > bm) bm = zb[j];
+        }
+        if (bm > best) {
+            best = bm;
+            for (int j = 0; j < n; j++)
+                if (((m >> j) & 1) && zb[j] == bm) { tok = base + j; break; }
+        }
+    }
+    return tok >= 0 ? tok : first;
+}
+
 int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits, ex_sample_out *o) {
     const int V = s->n_vocab;
     const ex_sample_params *p = r->sp;
@@ -149,30 +206,8 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits
     }
 
     int32_t tok;
-    const float *z = s->z;
-    /* A new maximum is rare: the empty asm keeps it a predicted branch. Without it the compiler
-     * may if-convert the update into a conditional move, chaining every load of z[tok] to the
-     * one before: 10x slower over a large vocabulary. */
-#define NEW_MAX(i) do { tok = (i); __asm__ volatile("" ::: "memory"); } while (0)
-    if (p->temperature <= 0 && mk) {
-        tok = -1; /* ascending ids with a strict comparison: the lowest id wins ties */
-        for (int w = 0; w < W; w++) {
-            uint32_t m = MASK_WORD(w);
-            if (tok < 0 && m) tok = w * 32 + __builtin_ctz(m);
-            if (m == ~0u) {
-                for (int i = w * 32; i < w * 32 + 32; i++)
-                    if (z[i] > z[tok]) NEW_MAX(i);
-            } else {
-                for (; m; m &= m - 1) {
-                    int i = w * 32 + __builtin_ctz(m);
-                    if (z[i] > z[tok]) NEW_MAX(i);
-                }
-            }
-        }
-    } else if (p->temperature <= 0) {
-        tok = 0;
-        for (int i = 1; i < V; i++)
-            if (z[i] > z[tok]) NEW_MAX(i);
+    if (p->temperature <= 0) {
+        tok = argmax_masked(s->z, mk, V);
     } else {
         float inv_t = 1.0f / p->temperature;
         cand *c = s->c;
@@ -239,5 +274,4 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits
     if (p->logprobs || p->top_logprobs) fill_logprobs(s, p, o);
     return 0;
 #undef MASK_WORD
-#undef NEW_MAX
 }

@@ -86,6 +86,54 @@ static void test_sampler_mask(void) {
     r.mask = none;
     T_CHECK(ex_sampler_sample(s, &r, logits, &o) == CM_EINVAL && o.token == -1);
     ex_sampler_destroy(s);
+
+    /* greedy against a plain scan: vocabularies that end inside a mask word, masks from empty-ish
+     * to full, logits with ties, -inf, +inf and NaN */
+    enum { V2 = 1000, W2 = (V2 + 31) / 32 };
+    T_CHECK(ex_sampler_create(V2, &s) == 0);
+    float z[V2];
+    uint32_t mk[W2];
+    uint64_t x = 88172645463325252ull;
+    int bad = 0;
+    p.temperature = 0;
+    p.logprobs = 0;
+    for (int trial = 0; trial < 2000; trial++) {
+        int v = 1 + (int)(trial * 7919u % V2);
+        int density = trial % 5; /* 0 sparse .. 4 full */
+        for (int i = 0; i < v; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            int k = (int)(x % 64);
+            z[i] = k == 0 ? -INFINITY : k == 1 && trial % 3 == 0 ? NAN : k == 2 && trial % 7 == 0 ? INFINITY : (float)(x >> 40 & 15);
+        }
+        for (int w = 0; w < W2; w++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint32_t m = (uint32_t)x;
+            mk[w] = density == 0 ? m & (uint32_t)(x >> 32) & (uint32_t)(x >> 16) & 0x01010101u : density == 1 ? m & (uint32_t)(x >> 32)
+                  : density == 2 ? m : density == 3 ? m | (uint32_t)(x >> 32) : ~0u;
+        }
+        int want = -1, lowest = -1;
+        for (int i = 0; i < v; i++) {
+            if (!((mk[i >> 5] >> (i & 31)) & 1)) continue;
+            if (lowest < 0) lowest = i;
+            if (!isnan(z[i]) && z[i] != -INFINITY && (want < 0 || z[i] > z[want])) want = i;
+        }
+        if (want < 0) want = lowest;
+        ex_sampler *sv;
+        T_CHECK(ex_sampler_create(v, &sv) == 0);
+        ex_sample_row rr = { .sp = &p, .pos = 0, .mask = mk };
+        int rc = ex_sampler_sample(sv, &rr, z, &o);
+        if (lowest < 0) bad += rc != CM_EINVAL;
+        else bad += rc != 0 || o.token != want;
+        rr.mask = NULL; /* and without a mask */
+        want = -1;
+        for (int i = 0; i < v; i++)
+            if (!isnan(z[i]) && z[i] != -INFINITY && (want < 0 || z[i] > z[want])) want = i;
+        if (want < 0) want = 0;
+        bad += ex_sampler_sample(sv, &rr, z, &o) != 0 || o.token != want;
+        ex_sampler_destroy(sv);
+    }
+    T_EQ_INT(bad, 0);
+    ex_sampler_destroy(s);
 }
 
 /* The detokenized text of tokens (their bytes, stop ids left out). */
