@@ -37,6 +37,7 @@
 #include "bench/loadgen.h"
 #include "common/cm_config.h"
 #include "common/cm_err.h"
+#include "common/cm_file.h"
 #include "common/cm_json.h"
 #include "common/cm_time.h"
 
@@ -576,7 +577,8 @@ struct bench {
     int         n, prompt_len, max_tokens, concurrency, warmup;
     target      tgt;
     char       *body_head;   /* {"model":"…","prompt":" */
-    char        body_tail[256];
+    char       *body_tail;   /* malloc'ed */
+    const char *response_format; /* --response-format FILE's JSON, or NULL */
     size_t      body_head_len, body_tail_len;
     req_result *res;         /* [n] */
     worker     *w;           /* [n_workers] */
@@ -1166,15 +1168,21 @@ static int build_body(bench *b) {
     }
     b->body_head = h.p;
     b->body_head_len = h.len;
-    b->body_tail_len = (size_t)snprintf(b->body_tail, sizeof b->body_tail,
+    /* with a response format the grammar ends the output (ignore_eos cannot be combined with it):
+     * give it room to run to max_tokens, e.g. a string with a large minLength */
+    const char *rf = b->response_format;
+    size_t cap = 256 + (rf ? strlen(rf) : 0);
+    if (!(b->body_tail = malloc(cap))) return CM_ENOMEM;
+    b->body_tail_len = (size_t)snprintf(b->body_tail, cap,
                                         "\",\"max_tokens\":%d,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-                                        "\"temperature\":0,\"ignore_eos\":true}",
-                                        b->max_tokens);
+                                        "\"temperature\":0,%s%s}",
+                                        b->max_tokens, rf ? "\"response_format\":" : "\"ignore_eos\":true", rf ? rf : "");
     return 0;
 }
 
 int bench_serve(int argc, char **argv) {
     bench b = { .rate = INFINITY, .timeout = 300, .prompt_len = 128, .max_tokens = 128 };
+    const char *rf_path = NULL;
     cm_opt opts[] = {
         { "url", 0, CM_OPT_STR, &b.url, "server base URL: http://HOST[:PORT][/PREFIX] (required)" },
         { "requests", 'n', CM_OPT_INT, &b.n, "requests to measure, 1..1000000 (required)" },
@@ -1188,6 +1196,8 @@ int bench_serve(int argc, char **argv) {
         { "timeout", 0, CM_OPT_F64, &b.timeout, "limit per request in seconds (default 300)" },
         { "warmup", 0, CM_OPT_INT, &b.warmup, "requests sent all at once before the run and not counted (default 0)" },
         { "json", 0, CM_OPT_STR, &b.json_path, "also write the results as JSON to FILE" },
+        { "response-format", 0, CM_OPT_STR, &rf_path, "send every request with the response_format in FILE (JSON), to measure "
+                                                      "constrained decoding (instead of ignore_eos: the grammar ends the output)" },
         { 0 } };
     char err[512], host[256], port[8], model[MAX_NAME + 1];
     int npos;
@@ -1231,6 +1241,17 @@ int bench_serve(int argc, char **argv) {
             return 1;
         }
         b.model = model;
+    }
+    char *rf = NULL;
+    if (rf_path) { /* the response_format, as one line of JSON text */
+        size_t rl;
+        if (cm_file_read(rf_path, 1 << 20, &rf, &rl, err, sizeof err)) {
+            fprintf(stderr, "arka bench serve: --response-format: %s\n", err);
+            return 2;
+        }
+        for (size_t i = 0; i < rl; i++)
+            if (rf[i] == '\n' || rf[i] == '\r') rf[i] = ' ';
+        b.response_format = rf;
     }
     int conc = b.concurrency ? b.concurrency : MAX_CONCURRENCY;
     int most = b.n > b.warmup ? b.n : b.warmup;
@@ -1281,6 +1302,8 @@ int bench_serve(int argc, char **argv) {
     rc = 0;
 out:
     bench_free(&b);
+    free(b.body_tail);
+    free(rf);
     pthread_cond_destroy(&b.cv);
     pthread_mutex_destroy(&b.mu);
     return rc;

@@ -41,6 +41,10 @@ int cli_serve(int argc, char **argv) {
         { "auth-secret", 0, CM_OPT_STR, &o.auth_secret, "HMAC secret for API keys (default: the file KEYS_FILE.secret)" },
         { "no-auth", 0, CM_OPT_BOOL, &o.no_auth, "serve without API keys, also beyond loopback" },
         { "redis-fail-closed", 0, CM_OPT_BOOL, &o.redis_fail_closed, "Redis unavailable: answer 503 instead of limiting locally" },
+        { "tool-parser", 0, CM_OPT_STR, &o.tool_parser, "tool-call format of the model: hermes, llama3, mistral or none (default: from the chat template)" },
+        { "reasoning-parser", 0, CM_OPT_STR, &o.reasoning_parser, "split <think>...</think> off chat replies as reasoning_content: auto (when the template thinks), think, none" },
+        { "task", 0, CM_OPT_STR, &o.task, "generate | embed (/v1/embeddings) | auto (embed when the model's files say how to pool; default)" },
+        { "cors-origin", 0, CM_OPT_STR, &o.cors_origin, "allow browsers from these origins: * or a comma-separated list (CORS preflight and headers)" },
         { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
         { 0 },
     };

@@ -81,7 +81,22 @@ struct ex_backend {
      * model needing any other, naming them, so a backend that predates a feature never runs a
      * model wrong: one that leaves this 0 runs the Llama-2 forward pass only. */
     unsigned features;
+    /* What forward_sample does beyond the plain rows (EX_SAMPLE_CAP_* bits). A backend that
+     * leaves a bit clear never sees such rows: the engine runs forward and samples on the host
+     * for that step instead, so nothing is silently ignored. */
+    unsigned sample_caps;
 };
+
+/* forward_sample applies the rows' token masks (ex_sample_row.mask, executor/sampler.h): the
+ * contract for a device sampler that sets it. Per row with mask != NULL: the mask is host
+ * memory of ex_gram_mask_words(n_vocab) u32 words (bit t of word t / 32 = token t allowed),
+ * valid for the call only (copy it to the device within the call: upload the step's masks as
+ * one [n_rows, words] bitmask block). In the sampler's step 1, after the bias, every token whose
+ * bit is clear gets z = -inf, so it is never a candidate (greedy included) and its logprob is
+ * -inf; top-k / top-p / min-p and the draw then run over the allowed tokens exactly as the CPU
+ * sampler does (when every allowed token has z = -inf: the lowest allowed id); a row whose mask
+ * allows nothing gets token -1. Rows without a mask are sampled as before. */
+#define EX_SAMPLE_CAP_MASK 1u
 
 typedef int (*ex_backend_create_fn)(const mdl_model *m, const ex_backend_opts *o, ex_backend **out,
                                     char *err, size_t errlen);

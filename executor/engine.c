@@ -400,7 +400,11 @@ int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_ro
         CM_LOG_WARN("engine", "batch refused", "reason=\"%s\"", err);
         return rc;
     }
-    if (e->be->forward_sample) {
+    /* a row with a token mask goes to a device sampler only when it applies masks; else the
+     * whole step samples on the host (the logits cross once) */
+    int masked = 0;
+    for (int r = 0; r < n_rows; r++) masked |= rows[r].mask != NULL;
+    if (e->be->forward_sample && (!masked || (e->be->sample_caps & EX_SAMPLE_CAP_MASK))) {
         rc = e->be->forward_sample(e->be, b, rows, n_rows, out);
         if (rc != CM_EUNSUPPORTED) return rc;
     }
@@ -410,6 +414,20 @@ int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_ro
         ex_sampler_sample(e->smp, &rows[r], logits + (size_t)rows[r].row * e->lim.n_vocab, &out[r]);
     return 0;
 }
+
+int ex_engine_forward_hidden(ex_engine *e, const ex_batch *b, const float **hidden) {
+    char err[256];
+    *hidden = NULL;
+    int rc = ex_batch_check(b, &e->lim, err, sizeof err);
+    if (rc) {
+        CM_LOG_WARN("engine", "batch refused", "reason=\"%s\"", err);
+        return rc;
+    }
+    if (!e->be->forward_hidden) return CM_EUNSUPPORTED;
+    return e->be->forward_hidden(e->be, b, hidden);
+}
+
+int ex_engine_has_hidden(const ex_engine *e) { return e->be->forward_hidden != NULL; }
 
 int ex_engine_embed(ex_engine *e, const ex_batch *b, int pooling, int normalize, float *out) {
     char err[256];

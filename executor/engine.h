@@ -219,4 +219,13 @@ int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_ro
  * has no hidden-state forward) or a backend error. Allocates nothing. */
 int ex_engine_embed(ex_engine *e, const ex_batch *b, int pooling, int normalize, float *out);
 
+/* One forward pass returning, instead of logits, the final-norm hidden states of the rows the
+ * batch asks for: *hidden [b->n_out, n_embd], owned by the engine, valid until the next call
+ * (what ex_engine_embed pools; the scheduler pools prompts longer than a step itself). Returns
+ * 0, CM_EINVAL (batch), CM_EUNSUPPORTED (no hidden-state forward on this backend) or a backend
+ * error. Allocates nothing. */
+int ex_engine_forward_hidden(ex_engine *e, const ex_batch *b, const float **hidden);
+/* 1 when the backend has a hidden-state forward (embeddings). */
+int ex_engine_has_hidden(const ex_engine *e);
+
 #endif

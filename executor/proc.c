@@ -32,8 +32,17 @@ typedef struct req_slot {
     uint64_t t_submit, t_first;
 } req_slot;
 
+/* The vocabulary's token bytes as VOCAB records bring them (grammars need them). */
+typedef struct vocab_in {
+    uint32_t n_total, next;   /* tokens announced / received so far */
+    uint32_t *off;            /* [n_total + 1] */
+    uint8_t  *bytes;
+    size_t    len, cap;
+} vocab_in;
+
 typedef struct proc {
     struct shm_seg seg;
+    vocab_in vin;
     mdl_model *m;
     ex_engine *e;
     ex_sched *s;
@@ -88,6 +97,7 @@ static int send_retry(proc *p, int (*fn)(struct shm_ring *, const void *), const
 }
 
 static int send_done_fn(struct shm_ring *r, const void *d) { return shm_send_done(r, d); }
+static int send_embed_fn(struct shm_ring *r, const void *e) { return shm_send_embed(r, e); }
 
 typedef struct err_arg { uint64_t id; int code; const char *msg; } err_arg;
 static int send_error_fn(struct shm_ring *r, const void *a) {
@@ -119,7 +129,9 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
             return;
         }
     ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt, .sp = sb->sp,
-                     .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop };
+                     .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop,
+                     .grammar = sb->grammar, .grammar_len = sb->grammar_len, .embed = !!(sb->flags & SHM_SUBMIT_EMBED),
+                     .pooling = sb->pooling, .normalize = sb->normalize };
     /* without a seed each request still gets its own stream, fixed for its lifetime */
     if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
@@ -133,7 +145,9 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
                      "the context of %d) and the whole KV pool holds %lld positions: lower max_tokens or the prompt",
                      (long long)longest, sb->n_prompt, (int)sb->sp.max_tokens, L->n_ctx,
                      (long long)ex_kv_n_blocks(ex_engine_kv(p->e)) * L->block_size);
-        } else
+        } else if (ex_sched_error(p->s)[0])
+            snprintf(why, sizeof why, "%s", ex_sched_error(p->s));
+        else
             snprintf(why, sizeof why, "%s", rc == CM_ECTX ? "prompt does not fit the context"
                                             : rc == CM_EFULL ? "executor queue is full" : "invalid request");
         fail_request(p, sb->req_id, rc, why, sb->n_prompt);
@@ -144,6 +158,45 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
         sl->t_submit = cm_time_ns();
         sl->logprobs = sb->sp.logprobs || sb->sp.top_logprobs;
     }
+}
+
+/* A VOCAB chunk: appended in order; the whole table goes to the scheduler. */
+static void take_vocab(proc *p, const struct shm_vocab *v) {
+    vocab_in *in = &p->vin;
+    if (v->first == 0) { /* a (new) table starts */
+        free(in->off);
+        in->off = calloc((size_t)v->n_total + 1, sizeof(uint32_t));
+        in->n_total = in->off ? v->n_total : 0;
+        in->next = 0;
+        in->len = 0;
+    }
+    if (!in->off || v->n_total != in->n_total || v->first != in->next) {
+        CM_LOG_WARN("executor", "VOCAB chunk out of order dropped", "first=%u expected=%u", v->first, in->next);
+        return;
+    }
+    if (in->len + v->bytes_len > in->cap) {
+        size_t c = in->cap ? in->cap : 1 << 20;
+        while (c < in->len + v->bytes_len) c *= 2;
+        uint8_t *nb = realloc(in->bytes, c);
+        if (!nb) { CM_LOG_ERROR("executor", "out of memory for the vocabulary", NULL); return; }
+        in->bytes = nb;
+        in->cap = c;
+    }
+    memcpy(in->bytes + in->len, v->bytes, v->bytes_len);
+    for (uint32_t i = 0; i < v->count; i++) in->off[v->first + i] = (uint32_t)in->len + v->off[i];
+    in->len += v->bytes_len;
+    in->next += v->count;
+    in->off[in->next] = (uint32_t)in->len;
+    if (in->next < in->n_total) return;
+    int nv = ex_engine_limits(p->e)->n_vocab, n = (int)in->n_total < nv ? (int)in->n_total : nv;
+    ex_gram_vocab *gv;
+    int rc = ex_gram_vocab_create(nv, n, in->off, in->bytes, &gv);
+    if (!rc) rc = ex_sched_set_vocab(p->s, gv);
+    if (rc) CM_LOG_ERROR("executor", "vocabulary for grammars refused", "rc=%s", cm_err_str(rc));
+    else CM_LOG_INFO("executor", "vocabulary for grammars", "tokens=%u bytes=%zu", in->n_total, in->len);
+    free(in->off);
+    free(in->bytes);
+    memset(in, 0, sizeof *in);
 }
 
 /* Drains the submit ring. Returns 0 or CM_EFORMAT (the gateway's ring is corrupt: fatal). */
@@ -162,6 +215,10 @@ static int drain_submits(proc *p) {
         } else if (type == SHM_MSG_CANCEL) {
             uint64_t id;
             if (shm_cancel_decode(buf, len, &id) == 0) ex_sched_cancel(p->s, id); /* unknown ids: already done */
+        } else if (type == SHM_MSG_VOCAB) {
+            struct shm_vocab v;
+            if (shm_vocab_decode(buf, len, &v) == 0) take_vocab(p, &v);
+            else CM_LOG_WARN("executor", "malformed VOCAB record dropped", NULL);
         } else {
             CM_LOG_WARN("executor", "unexpected record on the submit ring", "type=%u", type);
         }
@@ -221,8 +278,14 @@ static int publish(proc *p, int n_ev) {
         req_slot *sl = slot_find(p, ev->id);
         if (ev->finish == SHM_FINISH_ERROR) {
             err_arg ea = { ev->id, ev->err ? ev->err : CM_ESTATE,
-                           ev->err == CM_ENOKV ? "out of KV cache blocks while running alone" : "the sampler refused the request" };
+                           ev->err == CM_ENOKV    ? "out of KV cache blocks while running alone"
+                           : ev->err == CM_ENOMEM ? "the grammar's parse states outgrew their limit"
+                                                  : "the sampler refused the request (or its grammar allowed no token)" };
             send_retry(p, send_error_fn, &ea);
+        }
+        if (ev->embd) {
+            struct shm_embed em = { ev->id, (uint32_t)ev->n_embd, (uint32_t)ev->n_prompt, ev->embd };
+            send_retry(p, send_embed_fn, &em);
         }
         struct shm_done d = { .req_id = ev->id, .finish = (uint32_t)ev->finish, .prompt_tokens = (uint32_t)ev->n_prompt,
                               .completion_tokens = sl ? sl->seq : 0 };
@@ -342,6 +405,8 @@ out:
     ex_sched_destroy(p->s);
     ex_engine_destroy(p->e);
     mdl_free(p->m);
+    free(p->vin.off);
+    free(p->vin.bytes);
     free(p->slots);
     free(p->ev);
     shm_seg_close(&p->seg);

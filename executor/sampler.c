@@ -3,6 +3,7 @@
 #include "../common/cm_err.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,6 +116,62 @@ static void fill_logprobs(ex_sampler *s, const ex_sample_params *p, ex_sample_ou
     o->n_top = n;
 }
 
+/* The greedy draw: the highest logit among the allowed tokens (all when mk is NULL), the lowest
+ * id on ties, the lowest allowed id when every allowed logit is -inf or NaN; -1 when nothing is
+ * allowed. Blocks of 32 (one mask word): a branch-free maximum over the block in four independent
+ * lanes, then the block is searched for its index only when it beats the best so far (rare), so
+ * the pass runs at the loads' rate whatever the mask's shape. */
+static float mask_add[256][8]; /* byte of a mask -> eight addends: 0 where the bit is set, -inf not */
+static pthread_once_t mask_add_once = PTHREAD_ONCE_INIT;
+static void mask_add_init(void) {
+    for (int b = 0; b < 256; b++)
+        for (int l = 0; l < 8; l++) mask_add[b][l] = ((b >> l) & 1) ? 0.0f : -INFINITY;
+}
+
+static int32_t argmax_masked(const float *z, const uint32_t *mk, int V) {
+    if (mk) pthread_once(&mask_add_once, mask_add_init);
+    float best = -INFINITY;
+    int32_t tok = -1, first = -1;
+    const int W = (V + 31) / 32;
+    for (int w = 0; w < W; w++) {
+        const int base = w * 32, n = V - base < 32 ? V - base : 32;
+        uint32_t m = mk ? mk[w] : ~0u;
+        if (n < 32) m &= (1u << n) - 1;
+        if (!m) continue;
+        if (first < 0) first = base + __builtin_ctz(m);
+        const float *zb = z + base;
+        float bm;
+        if (n == 32) {
+            float a[8];
+            for (int l = 0; l < 8; l++) a[l] = -INFINITY;
+            if (m == ~0u) {
+                for (int j = 0; j < 32; j += 8)
+                    for (int l = 0; l < 8; l++) a[l] = zb[j + l] > a[l] ? zb[j + l] : a[l];
+            } else {
+                for (int j = 0; j < 32; j += 8) {
+                    const float *add = mask_add[(m >> j) & 255]; /* 0 allowed, -inf not */
+                    for (int l = 0; l < 8; l++) {
+                        float v = zb[j + l] + add[l];
+                        a[l] = v > a[l] ? v : a[l];
+                    }
+                }
+            }
+            bm = a[0];
+            for (int l = 1; l < 8; l++) bm = a[l] > bm ? a[l] : bm;
+        } else {
+            bm = -INFINITY;
+            for (int j = 0; j < n; j++)
+                if (((m >> j) & 1) && zb[j] > bm) bm = zb[j];
+        }
+        if (bm > best) {
+            best = bm;
+            for (int j = 0; j < n; j++)
+                if (((m >> j) & 1) && zb[j] == bm) { tok = base + j; break; }
+        }
+    }
+    return tok >= 0 ? tok : first;
+}
+
 int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits, ex_sample_out *o) {
     const int V = s->n_vocab;
     const ex_sample_params *p = r->sp;
@@ -130,28 +187,62 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits
     memcpy(s->z, logits, sizeof(float) * (size_t)V);
     for (int i = 0; i < r->n_bias; i++) s->z[r->bias[i].token] += r->bias[i].bias;
     apply_penalties(s, p, prev, n_prev);
+    /* a mask is walked word by word (skipping empty words, taking full ones whole): only the
+     * allowed tokens are looked at, and -inf is written only when logprobs need it */
+    const uint32_t *mk = r->mask;
+    const int W = (V + 31) / 32;
+#define MASK_WORD(w) (mk[w] & ((w) == V / 32 ? (V % 32 ? (1u << (V % 32)) - 1 : 0u) : ~0u))
+    if (mk) {
+        int any = 0;
+        for (int w = 0; w < W && !any; w++) any = MASK_WORD(w) != 0;
+        if (!any) return CM_EINVAL; /* nothing allowed */
+        if (p->logprobs || p->top_logprobs)
+            for (int w = 0; w < W; w++) {
+                uint32_t m = MASK_WORD(w);
+                if (m == ~0u) continue;
+                for (int i = w * 32; i < w * 32 + 32 && i < V; i++)
+                    if (!((m >> (i & 31)) & 1)) s->z[i] = -INFINITY;
+            }
+    }
 
     int32_t tok;
     if (p->temperature <= 0) {
-        tok = 0;
-        for (int i = 1; i < V; i++) if (s->z[i] > s->z[tok]) tok = i;
+        tok = argmax_masked(s->z, mk, V);
     } else {
         float inv_t = 1.0f / p->temperature;
         cand *c = s->c;
-        for (int i = 0; i < V; i++) { c[i].z = s->z[i] * inv_t; c[i].id = i; }
-        int n = V;
-        if (p->top_k > 0 && p->top_k < V) { select_k(c, V, p->top_k); n = p->top_k; }
+        int n = 0;
+        if (mk) {
+            for (int w = 0; w < W; w++)
+                for (uint32_t m = MASK_WORD(w); m; m &= m - 1) {
+                    int i = w * 32 + __builtin_ctz(m);
+                    c[n].z = s->z[i] * inv_t;
+                    c[n].id = i;
+                    n++;
+                }
+        } else {
+            for (int i = 0; i < V; i++) { c[i].z = s->z[i] * inv_t; c[i].id = i; }
+            n = V;
+        }
+        const int n_all = n;
+        if (p->top_k > 0 && p->top_k < n_all) { select_k(c, n_all, p->top_k); n = p->top_k; }
         else if (p->min_p > 0) {
             /* min-p's threshold is known before sorting: p_i >= min_p * p_max  <=>
              * z_i >= z_max + log(min_p). Dropping the rest first keeps the sort short. */
             float mx = c[0].z;
-            for (int i = 1; i < V; i++) if (c[i].z > mx) mx = c[i].z;
+            for (int i = 1; i < n_all; i++) if (c[i].z > mx) mx = c[i].z;
             double thr = mx + log((double)p->min_p);
             int m = 0;
-            for (int i = 0; i < V; i++) if (c[i].z >= thr) c[m++] = c[i];
-            n = m;
+            for (int i = 0; i < n_all; i++) if (c[i].z >= thr) c[m++] = c[i];
+            n = m ? m : n_all; /* every allowed token at -inf: all stay */
         }
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        if (!(c[0].z > -INFINITY)) { /* every candidate is impossible: the lowest allowed id */
+            o->token = c[0].id;
+            for (int i = 1; i < n; i++) if (c[i].id < o->token) o->token = c[i].id;
+            if (p->logprobs || p->top_logprobs) fill_logprobs(s, p, o);
+            return 0;
+        }
         double *pr = s->p, sum = 0;
         for (int i = 0; i < n; i++) { pr[i] = exp((double)c[i].z - (double)c[0].z); sum += pr[i]; }
         for (int i = 0; i < n; i++) pr[i] /= sum;
@@ -182,4 +273,5 @@ int ex_sampler_sample(ex_sampler *s, const ex_sample_row *r, const float *logits
     o->token = tok;
     if (p->logprobs || p->top_logprobs) fill_logprobs(s, p, o);
     return 0;
+#undef MASK_WORD
 }

@@ -11,7 +11,9 @@
  *
  * Order of the transforms (documented because the cuda backend's device sampler must do the
  * same):
- *   1. z = logits + bias[id]
+ *   1. z = logits + bias[id]; z = -inf where the row's mask (when it has one) clears the bit:
+ *      only allowed tokens are candidates below (when every allowed token has z = -inf, the
+ *      lowest allowed id is taken)
  *   2. penalties over the last penalty_last_n previous tokens (each distinct token once):
  *      repetition (llama.cpp): z > 0 ? z / r : z * r;  then z -= presence + frequency * count
  *   3. logprobs (when asked): log-softmax of z / temperature (z itself when greedy) over the
@@ -55,6 +57,11 @@ typedef struct ex_sample_row {
     int64_t                 pos;    /* position being sampled (usually n_prev) */
     const struct shm_logit_bias *bias; /* [n_bias] ids in [0, n_vocab), bias not NaN (-inf masks a token) */
     int                     n_bias;
+    /* Constrained decoding (executor/grammar.h): NULL, or a bitmask of ceil(n_vocab / 32) words,
+     * bit t (word t / 32, bit t % 32) set when token t is allowed. Applied with the bias (step 1
+     * below): a token outside it is never drawn, and its logprob is -inf. An empty mask refuses
+     * the row (token -1). */
+    const uint32_t         *mask;
 } ex_sample_row;
 
 typedef struct ex_sample_out {

@@ -4,8 +4,11 @@
 #include "../common/cm_err.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define GRAM_CACHE 64     /* compiled grammars kept (unused ones are dropped oldest first) */
 
 typedef struct seq {
     uint64_t id;
@@ -20,7 +23,20 @@ typedef struct seq {
     int32_t *stop;
     int      n_stop;
     int      in_batch;    /* scheduled in the step being built */
+    int      gslot;       /* grammar cache slot, -1: none */
+    ex_gram_state gs;     /* the grammar's parse state after the generated tokens */
+    int      gerr;        /* the grammar failed this step (CM_ENOMEM): finish with ERROR */
+    /* embedding requests */
+    int      embed, pooling, normalize;
+    double  *acc;         /* [n_embd] MEAN: sum of the rows so far; LAST/CLS: the chosen row */
 } seq;
+
+typedef struct gslot {
+    uint64_t key;         /* program hash ^ stop ids */
+    ex_gram *g;
+    int      refs;        /* sequences using it */
+    uint64_t used;        /* last use (submit counter) */
+} gslot;
 
 struct ex_sched {
     ex_engine *e;
@@ -39,6 +55,21 @@ struct ex_sched {
     ex_event  *pend;      /* [max_running + max_waiting] finishes waiting to be reported */
     int        n_pend;
     ex_sched_stats st;
+    /* grammars */
+    ex_gram_vocab *vocab; /* token bytes (ex_sched_set_vocab), NULL: grammars refused */
+    gslot     *gc;        /* [n_gc] */
+    int        n_gc, cap_gc;
+    uint64_t   gc_tick;
+    ex_gram_state **glive; /* [max_running + max_waiting] scratch for compaction */
+    /* embeddings: their own queue and batch */
+    seq      **eq;        /* ring [max_waiting] */
+    int        eq_head, n_eq;
+    ex_batch_buf ebb;
+    seq      **ebatch;    /* [max_running] sequences of the embedding batch */
+    int       *ebatch_n;
+    float     *eout;      /* [max_running, n_embd] vectors of the step's finished embeddings */
+    int        n_embd;
+    char       err[256];  /* why the last submit was refused */
 };
 
 void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
@@ -46,7 +77,8 @@ void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
 static void seq_free(ex_sched *s, seq *q) {
     if (!q) return;
     if (q->kv.blocks) { ex_kv_table_release(s->kv, &q->kv); ex_kv_table_free(&q->kv); }
-    free(q->toks); free(q->bias); free(q->stop);
+    if (q->gslot >= 0) s->gc[q->gslot].refs--;
+    free(q->toks); free(q->bias); free(q->stop); free(q->acc);
     free(q);
 }
 
@@ -72,8 +104,17 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     s->srow = calloc((size_t)R, sizeof *s->srow);
     s->sout = calloc((size_t)R, sizeof *s->sout);
     s->pend = calloc((size_t)(R + W), sizeof *s->pend);
-    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->srow || !s->sout || !s->pend) goto fail;
+    s->glive = calloc((size_t)(R + W), sizeof *s->glive);
+    s->eq = calloc((size_t)W, sizeof *s->eq);
+    s->ebatch = calloc((size_t)R, sizeof *s->ebatch);
+    s->ebatch_n = calloc((size_t)R, sizeof *s->ebatch_n);
+    s->n_embd = ex_engine_model(e)->cfg.n_embd;
+    s->eout = calloc((size_t)R * (size_t)s->n_embd, sizeof *s->eout);
+    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->srow || !s->sout || !s->pend || !s->glive || !s->eq ||
+        !s->ebatch || !s->ebatch_n || !s->eout)
+        goto fail;
     if ((rc = ex_batch_buf_init(&s->bb, L))) goto fail;
+    if ((rc = ex_batch_buf_init(&s->ebb, L))) goto fail;
     *out = s;
     return 0;
 fail:
@@ -85,9 +126,62 @@ void ex_sched_destroy(ex_sched *s) {
     if (!s) return;
     for (int i = 0; i < s->n_run; i++) seq_free(s, s->run[i]);
     for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
+    for (int i = 0; i < s->n_eq; i++) seq_free(s, s->eq[(s->eq_head + i) % s->o.max_waiting]);
     ex_batch_buf_free(&s->bb);
+    ex_batch_buf_free(&s->ebb);
+    for (int i = 0; i < s->n_gc; i++) ex_gram_destroy(s->gc[i].g);
+    free(s->gc);
+    ex_gram_vocab_destroy(s->vocab);
     free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout); free(s->pend);
+    free(s->glive); free(s->eq); free(s->ebatch); free(s->ebatch_n); free(s->eout);
     free(s);
+}
+
+const char *ex_sched_error(const ex_sched *s) { return s->err; }
+
+int ex_sched_set_vocab(ex_sched *s, ex_gram_vocab *v) {
+    for (int i = 0; i < s->n_gc; i++)
+        if (s->gc[i].refs) {
+            ex_gram_vocab_destroy(v);
+            return CM_ESTATE;
+        }
+    for (int i = 0; i < s->n_gc; i++) ex_gram_destroy(s->gc[i].g);
+    s->n_gc = 0;
+    ex_gram_vocab_destroy(s->vocab);
+    s->vocab = v;
+    return 0;
+}
+
+/* The cache slot of a grammar program for these stop ids (made when new). Returns the slot, or
+ * a negative code with s->err set. */
+static int gram_get(ex_sched *s, const void *prog, size_t len, const int32_t *stop, int n_stop) {
+    uint64_t key = ex_gram_hash(prog, len);
+    for (int i = 0; i < n_stop; i++) key = ex_rng_mix(key ^ (uint64_t)(uint32_t)stop[i]);
+    for (int i = 0; i < s->n_gc; i++)
+        if (s->gc[i].key == key) {
+            s->gc[i].used = ++s->gc_tick;
+            return i;
+        }
+    ex_gram *g;
+    int rc = ex_gram_create(prog, len, s->vocab, stop, n_stop, &g, s->err, sizeof s->err);
+    if (rc) return rc == CM_EFORMAT ? CM_EINVAL : rc;
+    int slot = -1;
+    if (s->n_gc >= GRAM_CACHE) /* the least recently used grammar no sequence uses */
+        for (int i = 0; i < s->n_gc; i++)
+            if (!s->gc[i].refs && (slot < 0 || s->gc[i].used < s->gc[slot].used)) slot = i;
+    if (slot >= 0) ex_gram_destroy(s->gc[slot].g);
+    else {
+        if (s->n_gc == s->cap_gc) {
+            int cap = s->cap_gc ? s->cap_gc * 2 : 8;
+            gslot *n = realloc(s->gc, sizeof *n * (size_t)cap);
+            if (!n) { ex_gram_destroy(g); return CM_ENOMEM; }
+            s->gc = n;
+            s->cap_gc = cap;
+        }
+        slot = s->n_gc++;
+    }
+    s->gc[slot] = (gslot){ key, g, 0, ++s->gc_tick };
+    return slot;
 }
 
 static seq *find(ex_sched *s, uint64_t id, int *where, int *idx) {
@@ -97,36 +191,93 @@ static seq *find(ex_sched *s, uint64_t id, int *where, int *idx) {
         seq *q = s->wq[(s->wq_head + i) % s->o.max_waiting];
         if (q->id == id) { *where = 1; *idx = i; return q; }
     }
+    for (int i = 0; i < s->n_eq; i++) {
+        seq *q = s->eq[(s->eq_head + i) % s->o.max_waiting];
+        if (q->id == id) { *where = 2; *idx = i; return q; }
+    }
     return NULL;
 }
 
 static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.block_size - 1) / s->lim.block_size; }
 
+#define REFUSE(rc, ...) do { snprintf(s->err, sizeof s->err, __VA_ARGS__); return (rc); } while (0)
+
+/* An embedding request: its own queue. */
+static int embed_submit(ex_sched *s, const ex_request *r) {
+    int where, idx;
+    if (!ex_engine_has_hidden(s->e)) REFUSE(CM_EUNSUPPORTED, "this backend has no hidden-state forward (embeddings run on the cpu backend)");
+    if (r->pooling != MDL_POOL_MEAN && r->pooling != MDL_POOL_LAST && r->pooling != MDL_POOL_CLS)
+        REFUSE(CM_EINVAL, "pooling %d", r->pooling);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) REFUSE(CM_EINVAL, "prompt token id out of the vocabulary");
+    if (find(s, r->id, &where, &idx)) REFUSE(CM_EINVAL, "duplicate request id");
+    for (int i = 0; i < s->n_eq; i++)
+        if (s->eq[(s->eq_head + i) % s->o.max_waiting]->id == r->id) REFUSE(CM_EINVAL, "duplicate request id");
+    if (r->n_prompt > s->lim.n_ctx) REFUSE(CM_ECTX, "the input does not fit the context");
+    if (blocks_for(s, r->n_prompt) > ex_kv_n_blocks(s->kv)) REFUSE(CM_ENOKV, "the input could never fit the KV pool");
+    if (s->n_eq >= s->o.max_waiting || s->n_wait + s->n_run + s->n_eq + s->n_pend >= s->o.max_running + s->o.max_waiting)
+        REFUSE(CM_EFULL, "executor queue is full");
+    seq *q = calloc(1, sizeof *q);
+    if (!q) return CM_ENOMEM;
+    q->gslot = -1;
+    q->id = r->id;
+    q->embed = 1;
+    q->pooling = r->pooling;
+    q->normalize = r->normalize;
+    q->cap = q->n_prompt = q->n_toks = r->n_prompt;
+    q->toks = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
+    q->acc = calloc((size_t)s->n_embd, sizeof(double));
+    if (!q->toks || !q->acc || ex_kv_table_init(&q->kv, s->lim.max_blocks)) {
+        seq_free(s, q);
+        return CM_ENOMEM;
+    }
+    memcpy(q->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    s->eq[(s->eq_head + s->n_eq) % s->o.max_waiting] = q;
+    s->n_eq++;
+    return 0;
+}
+
 int ex_sched_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
-    if (!r->prompt || r->n_prompt <= 0 || r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX || r->n_stop < 0 ||
-        (r->n_stop && !r->stop_ids))
-        return CM_EINVAL;
+    s->err[0] = 0;
+    if (!r->prompt || r->n_prompt <= 0 || (!r->embed && (r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX)) ||
+        r->n_stop < 0 || (r->n_stop && !r->stop_ids))
+        REFUSE(CM_EINVAL, "invalid request");
+    if (r->embed) return embed_submit(s, r);
     ex_sample_row check = { .sp = &r->sp, .bias = r->bias, .n_bias = r->n_bias };
-    if (ex_sample_row_check(&check, s->lim.n_vocab)) return CM_EINVAL;
+    if (ex_sample_row_check(&check, s->lim.n_vocab)) REFUSE(CM_EINVAL, "invalid sampling parameters");
     for (int i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) return CM_EINVAL;
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) REFUSE(CM_EINVAL, "prompt token id out of the vocabulary");
     for (int i = 0; i < r->n_stop; i++)
-        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->lim.n_vocab) return CM_EINVAL;
-    if (find(s, r->id, &where, &idx)) return CM_EINVAL;
-    if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->lim.n_vocab) REFUSE(CM_EINVAL, "stop id out of the vocabulary");
+    if (find(s, r->id, &where, &idx)) REFUSE(CM_EINVAL, "duplicate request id");
+    if (r->n_prompt >= s->lim.n_ctx) REFUSE(CM_ECTX, "prompt does not fit the context");
     /* the longest the sequence can grow (prompt + max_tokens, at most n_ctx) must fit the pool
      * alone, or it could never finish: refused now rather than failed mid-generation */
     int64_t longest = (int64_t)r->n_prompt + r->sp.max_tokens;
     if (longest > s->lim.n_ctx) longest = s->lim.n_ctx;
-    if (blocks_for(s, (int)longest) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
+    if (blocks_for(s, (int)longest) > ex_kv_n_blocks(s->kv)) REFUSE(CM_ENOKV, "the request could never fit the KV pool");
     /* pend holds one finish per sequence freed before the next step: keep live + pending
      * within its size */
-    if (s->n_wait >= s->o.max_waiting || s->n_wait + s->n_run + s->n_pend >= s->o.max_running + s->o.max_waiting)
-        return CM_EFULL;
+    if (s->n_wait >= s->o.max_waiting || s->n_wait + s->n_run + s->n_eq + s->n_pend >= s->o.max_running + s->o.max_waiting)
+        REFUSE(CM_EFULL, "executor queue is full");
+    int gslot = -1;
+    if (r->grammar) {
+        if (!s->vocab) REFUSE(CM_ESTATE, "a grammar came before the vocabulary");
+        if ((gslot = gram_get(s, r->grammar, r->grammar_len, r->stop_ids, r->n_stop)) < 0) {
+            if (!s->err[0]) snprintf(s->err, sizeof s->err, "grammar: %s", cm_err_str(gslot));
+            return gslot;
+        }
+    }
 
     seq *q = calloc(1, sizeof *q);
     if (!q) return CM_ENOMEM;
+    q->gslot = -1;
+    if (gslot >= 0) {
+        if (ex_gram_state_init(s->gc[gslot].g, &q->gs)) { free(q); REFUSE(CM_ENOMEM, "grammar: out of memory"); }
+        q->gslot = gslot;
+        s->gc[gslot].refs++;
+    }
     q->id = r->id;
     int64_t cap = (int64_t)r->n_prompt + r->sp.max_tokens;
     q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
@@ -186,7 +337,13 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     /* pend has room for every live sequence, so this cannot overflow */
     push_pending(s, q, -1, SHM_FINISH_CANCELLED, 0);
     if (where == 0) run_remove(s, idx);
-    else wait_remove(s, idx);
+    else if (where == 1) wait_remove(s, idx);
+    else {
+        int W = s->o.max_waiting;
+        for (int k = idx; k > 0; k--) s->eq[(s->eq_head + k) % W] = s->eq[(s->eq_head + k - 1) % W];
+        s->eq_head = (s->eq_head + 1) % W;
+        s->n_eq--;
+    }
     seq_free(s, q);
     return 0;
 }
@@ -216,9 +373,103 @@ static int is_stop(const seq *q, int32_t t) {
     return 0;
 }
 
+/* Embedding requests: one hidden-state forward over the next chunks of the queue's requests,
+ * in order, pooled into their accumulators; each finished one gets its event (vector in
+ * s->eout). Returns 0 or the forward's error. */
+static int embed_step(ex_sched *s, ex_event *ev, int *n_ev, int cap) {
+    if (!s->n_eq) return 0;
+    int W = s->o.max_waiting, budget = s->o.max_tokens, rows = s->lim.max_out, nb = 0;
+    ex_batch_buf_clear(&s->ebb);
+    for (int i = 0; i < s->n_eq && budget > 0 && rows > 0 && nb < s->o.max_running && *n_ev + nb < cap; i++) {
+        seq *q = s->eq[(s->eq_head + i) % W];
+        int want = q->n_toks - q->n_cached;
+        if (want > budget) want = budget;
+        /* the mean needs every row, the first token's row its first chunk's */
+        int all = q->pooling == MDL_POOL_MEAN || (q->pooling == MDL_POOL_CLS && q->n_cached == 0);
+        if (all && want > rows) want = rows;
+        if (ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) break; /* no blocks now: wait, in order */
+        if (ex_batch_buf_add_kv(&s->ebb, q->toks + q->n_cached, want, q->n_cached, &q->kv, all) < 0) break;
+        s->ebatch[nb] = q;
+        s->ebatch_n[nb] = want;
+        nb++;
+        budget -= want;
+        rows -= all ? want : 1;
+    }
+    if (!nb) return 0;
+    const float *h;
+    int rc = ex_engine_forward_hidden(s->e, &s->ebb.b, &h);
+    if (rc) return rc;
+    s->st.steps++;
+    s->st.tokens_forwarded += (uint64_t)s->ebb.b.n_tokens;
+    const int E = s->n_embd;
+    const ex_batch *bt = &s->ebb.b;
+    int done = 0;
+    for (int b = 0; b < nb; b++) {
+        seq *q = s->ebatch[b];
+        int n = bt->out_all[b] ? bt->seq_len[b] : 1;
+        const float *r0 = h + (size_t)bt->seq_out[b] * E;
+        if (q->pooling == MDL_POOL_MEAN)
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < E; i++) q->acc[i] += r0[(size_t)r * E + i];
+        else if (q->pooling == MDL_POOL_CLS && q->n_cached == 0)
+            for (int i = 0; i < E; i++) q->acc[i] = r0[i];
+        q->n_cached += s->ebatch_n[b];
+        ex_kv_table_slide(s->kv, &q->kv, q->n_cached);
+        if (q->n_cached < q->n_toks) continue;
+        if (q->pooling == MDL_POOL_LAST)
+            for (int i = 0; i < E; i++) q->acc[i] = r0[(size_t)(n - 1) * E + i];
+        float *o = s->eout + (size_t)done++ * E;
+        double ss = 0;
+        for (int i = 0; i < E; i++) {
+            o[i] = (float)(q->pooling == MDL_POOL_MEAN ? q->acc[i] / q->n_toks : q->acc[i]);
+            ss += (double)o[i] * o[i];
+        }
+        if (q->normalize && ss > 0) {
+            float inv = (float)(1.0 / sqrt(ss));
+            for (int i = 0; i < E; i++) o[i] *= inv;
+        }
+        ex_event *e = &ev[(*n_ev)++];
+        memset(e, 0, sizeof *e);
+        e->id = q->id;
+        e->token = -1;
+        e->so.token = -1;
+        e->finish = SHM_FINISH_STOP;
+        e->n_prompt = q->n_prompt;
+        e->embd = o;
+        e->n_embd = E;
+        q->embed = 2; /* finished: leaves the queue below */
+    }
+    /* the finished ones leave the queue, the others keep their order */
+    int k = 0;
+    for (int i = 0; i < s->n_eq; i++) {
+        seq *q = s->eq[(s->eq_head + i) % W];
+        if (q->embed == 2) seq_free(s, q);
+        else s->eq[(s->eq_head + k++) % W] = q;
+    }
+    s->n_eq = k;
+    return 0;
+}
+
+/* Compacts the tables of every grammar in use that has grown past its soft size, passing the
+ * parse states of the sequences using it. */
+static void gram_maintain(ex_sched *s) {
+    for (int gi = 0; gi < s->n_gc; gi++) {
+        if (!s->gc[gi].refs || !ex_gram_wants_compact(s->gc[gi].g)) continue;
+        int n = 0;
+        for (int i = 0; i < s->n_run; i++)
+            if (s->run[i]->gslot == gi) s->glive[n++] = &s->run[i]->gs;
+        for (int i = 0; i < s->n_wait; i++) {
+            seq *q = s->wq[(s->wq_head + i) % s->o.max_waiting];
+            if (q->gslot == gi) s->glive[n++] = &q->gs;
+        }
+        ex_gram_compact(s->gc[gi].g, s->glive, n, 0); /* on failure the states' masks fail: ERROR */
+    }
+}
+
 int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     *n_ev = 0;
     if (cap < s->o.max_running) return CM_EINVAL;
+    gram_maintain(s);
     int n = 0;
     /* finishes from cancels and earlier preemption failures first */
     int take = s->n_pend < cap ? s->n_pend : cap;
@@ -281,7 +532,10 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         nb++;
         budget -= want;
     }
-    if (nb == 0) { *n_ev = n; return 0; }
+    if (nb == 0) {
+        *n_ev = n;
+        return embed_step(s, ev, n_ev, cap);
+    }
 
     /* every sequence whose whole context is in the cache after this step samples its next
      * token from its last logits row (a prefill chunk that leaves some prompt has nothing yet) */
@@ -291,8 +545,11 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         if (q->n_cached + s->batch_n[b] < q->n_toks) continue;
         /* before min_tokens the stop ids cannot be drawn: their -inf entries join the bias */
         int n_bias = q->n_bias + (q->n_gen < (int64_t)q->sp.min_tokens ? q->n_stop : 0);
+        const uint32_t *mask = NULL;
+        if (q->gslot >= 0 && ex_gram_mask(s->gc[q->gslot].g, &q->gs, &mask)) q->gerr = CM_ENOMEM; /* mask: none allowed */
         s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
-                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias };
+                                             .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias,
+                                             .mask = mask };
     }
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
@@ -311,7 +568,9 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         e->id = q->id;
         e->token = t;
         e->n_prompt = q->n_prompt;
-        if (t < 0) { e->token = -1; e->finish = SHM_FINISH_ERROR; e->err = CM_EINVAL; }
+        ex_gram *g = q->gslot >= 0 ? s->gc[q->gslot].g : NULL;
+        if (t >= 0 && g && !is_stop(q, t) && ex_gram_advance(g, &q->gs, t)) t = -1; /* outside the grammar */
+        if (t < 0) { e->token = -1; e->finish = SHM_FINISH_ERROR; e->err = q->gerr ? q->gerr : CM_EINVAL; }
         else {
             q->toks[q->n_toks++] = t;
             q->n_gen++;
@@ -319,6 +578,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             if (is_stop(q, t)) e->finish = SHM_FINISH_STOP;
             else if (q->n_gen >= (int64_t)q->sp.max_tokens) e->finish = SHM_FINISH_LENGTH;
             else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
+            else if (g && ex_gram_finished(g, &q->gs)) e->finish = SHM_FINISH_STOP; /* nothing more is allowed */
         }
         e->n_gen = q->n_gen;
         if (e->finish) {
@@ -327,14 +587,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         }
     }
     *n_ev = n;
-    return 0;
+    return embed_step(s, ev, n_ev, cap);
 }
 
-int ex_sched_busy(const ex_sched *s) { return s->n_run > 0 || s->n_wait > 0 || s->n_pend > 0; }
+int ex_sched_busy(const ex_sched *s) { return s->n_run > 0 || s->n_wait > 0 || s->n_pend > 0 || s->n_eq > 0; }
 
 void ex_sched_stats_get(const ex_sched *s, ex_sched_stats *st) {
     *st = s->st;
-    st->n_waiting = s->n_wait;
+    st->n_waiting = s->n_wait + s->n_eq;
     st->n_running = s->n_run;
     st->kv_free = ex_kv_n_free(s->kv);
     st->kv_total = ex_kv_n_blocks(s->kv);

@@ -28,7 +28,22 @@
  *   while (ex_sched_busy(s)) ex_sched_step(s, ev, 256, &n_ev);   // tokens + finishes
  *   ex_sched_destroy(s);
  *
- * One thread drives a scheduler (submit, cancel, step). A step allocates nothing; submit
+ * Constrained decoding: a request may carry a grammar program (executor/grammar.h). The
+ * scheduler keeps the compiled grammars, bound to the vocabulary's token bytes
+ * (ex_sched_set_vocab), in a cache keyed by the program's hash and the request's stop ids, and
+ * one parse state per sequence: each step the sequence's row gets the state's token mask, and
+ * the token drawn advances the state. The stop ids are allowed only where the grammar may end;
+ * a grammar that allows nothing more (complete, with no stop id to end on) finishes the sequence
+ * (STOP). A mask the grammar cannot compute finishes it with ERROR (err CM_ENOMEM).
+ *
+ * Embeddings: a request with embed set is not sampled. Its prompt runs through the hidden-state
+ * forward (ex_engine_forward_hidden) in steps of its own, chunked by the token budget, its KV
+ * blocks held only meanwhile; the rows are pooled as the request says (enum mdl_pooling, the
+ * mean in double precision), L2-normalised when asked, and the vector comes back in the
+ * finishing event (STOP, token -1, embd valid until the next step).
+ *
+ * One thread drives a scheduler (submit, cancel, step). A step allocates nothing except the
+ * first time a grammar state is seen (its mask, bounded by the grammar's soft sizes); submit
  * allocates the request's own storage.
  */
 #ifndef EX_SCHED_H
@@ -38,6 +53,7 @@
 
 #include "../shm/shm.h"
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 
 typedef struct ex_request {
@@ -49,6 +65,12 @@ typedef struct ex_request {
     int              n_bias;
     const int32_t   *stop_ids;    /* [n_stop] the ids that end the sequence (copied) */
     int              n_stop;
+    const void      *grammar;     /* a grammar program the output must follow, or NULL (read during
+                                   * submit only; 4-byte aligned) */
+    size_t           grammar_len; /* bytes */
+    int              embed;       /* 1: an embedding request (no sampling; sp.max_tokens unused) */
+    int              pooling;     /* embed: enum mdl_pooling (MEAN, LAST or CLS) */
+    int              normalize;   /* embed: L2-normalise the pooled vector */
 } ex_request;
 
 /* One sequence's news from a step: a new token, a finish, or both. */
@@ -60,6 +82,9 @@ typedef struct ex_event {
     int           n_prompt;   /* usage */
     int           n_gen;      /* tokens generated so far, this one included */
     ex_sample_out so;         /* so.token == token; logprobs when the request asked */
+    const float  *embd;       /* an embedding request's vector [n_embd] (finish STOP), valid until the
+                               * next step; NULL otherwise */
+    int           n_embd;
 } ex_event;
 
 typedef struct ex_sched_opts {
@@ -83,10 +108,18 @@ int  ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out);
 void ex_sched_destroy(ex_sched *s); /* accepts NULL; drops every request without events */
 
 /* Queues a request. Returns 0, CM_EINVAL (bad fields or sampling parameters, an id already
- * live), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV (prompt + max_tokens, at most
- * n_ctx, needs more KV blocks than the whole pool has: it could never run to its end, whatever
- * else is running), CM_EFULL (queue full), CM_ENOMEM. */
+ * live, a malformed grammar program), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV
+ * (prompt + max_tokens, at most n_ctx, needs more KV blocks than the whole pool has: it could
+ * never run to its end, whatever else is running), CM_ESTATE (a grammar but no vocabulary yet),
+ * CM_EUNSUPPORTED (an embedding on a backend without a hidden-state forward), CM_EFULL (queue
+ * full), CM_ENOMEM. ex_sched_error() then says why in
+ * a line. */
 int ex_sched_submit(ex_sched *s, const ex_request *r);
+/* The reason of the last refused submit ("" when none). */
+const char *ex_sched_error(const ex_sched *s);
+/* Gives the scheduler the vocabulary's token bytes for grammars (takes ownership of v). Returns
+ * 0, or CM_ESTATE while grammars made with an earlier vocabulary are in use (v is then freed). */
+int ex_sched_set_vocab(ex_sched *s, ex_gram_vocab *v);
 /* Ends a request wherever it is; its CANCEL event comes with the next step. Returns 0 or
  * CM_ENOTFOUND. */
 int ex_sched_cancel(ex_sched *s, uint64_t id);

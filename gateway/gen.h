@@ -44,12 +44,16 @@
 #include "text/detok.h"
 #include "text/stop.h"
 #include "text/tok.h"
+#include "text/tools.h"
 
 struct gw_met;
+struct tok_gram_cache;
 
-/* Ring ids: a generation's id << GW_GEN_RID_SHIFT | its choice index (choices <= 2^5). */
-#define GW_GEN_RID_SHIFT 5
+/* Ring ids: a generation's id << GW_GEN_RID_SHIFT | its choice index (choices, and an
+ * embedding request's inputs, <= 2^11). */
+#define GW_GEN_RID_SHIFT 11
 _Static_assert(GW_OAI_N_MAX <= 1 << GW_GEN_RID_SHIFT, "a choice index fits the ring id's low bits");
+_Static_assert(GW_OAI_INPUTS_MAX <= 1 << GW_GEN_RID_SHIFT, "an input index fits the ring id's low bits");
 
 /* What every generation runs on, shared by all of them: fixed for the server's life except the
  * counters. Owned by the server (serve.c) or a test; outlives every generation. */
@@ -61,6 +65,21 @@ typedef struct gw_gen_env {
     int              max_requests; /* generations in flight before new ones get 503 */
     gw_backend       backend;
     struct gw_met   *met;         /* inter-token latency (NULL: none) */
+    /* structured output (text/grammar.h, text/tools.h) */
+    struct tok_gram_cache *gcache; /* compiled grammars by their source (NULL: compiled every time) */
+    int              tool_fmt;    /* enum tok_tools the model writes calls in (TOK_TOOLS_NONE: tools refused) */
+    int              reasoning;   /* split <think> ... </think> off chat replies as reasoning_content */
+    int32_t          markers[8];  /* control tokens whose text the output parser reads (tok_tools_markers) */
+    int              n_markers;
+    /* the vocabulary's token bytes the executors' grammars match (gw_gen_vocab_init) */
+    uint32_t        *vb_off;      /* [vb_n + 1] */
+    uint8_t         *vb_bytes;
+    int              vb_n;
+    /* embeddings (--task embed) */
+    int              embed;       /* the model is served for /v1/embeddings (generation routes refuse) */
+    int              pooling;     /* enum mdl_pooling */
+    int              normalize;
+    int              n_embd;
     /* counters (loop thread) */
     int              inflight;    /* started and not yet ended */
     int              preparing;   /* of those, on the threadpool */
@@ -82,6 +101,11 @@ typedef struct gw_gen_sink {
      * the prompt when it reached an executor, every token received. The sink settles the quota
      * claim and records the metrics here; g is freed after it returns (never keep it). */
     void (*end)(gw_gen *g, const gw_oai_err *err);
+    /* Chat replies, when the reply is parsed (reasoning, tool calls): reasoning text of choice i. */
+    void (*reasoning)(gw_gen *g, int i, const char *text, size_t len);
+    /* Tool call k of choice i: begins (id and name set, args NULL), an argument fragment (id
+     * NULL), or ends (end 1). */
+    void (*call)(gw_gen *g, int i, int k, const char *id, const char *name, const char *args, size_t len, int end);
 } gw_gen_sink;
 
 /* What the generation keeps of its output for a sink that writes it at the end (JSON, the
@@ -92,6 +116,16 @@ enum gw_gen_state { GW_GEN_NEW = 0, GW_GEN_PREPARING, GW_GEN_RUNNING, GW_GEN_END
 
 typedef struct gw_gen_kept gw_gen_kept; /* gen.c: text and logprobs kept per choice */
 
+/* A tool call of a choice, as parsed (always kept: the finish reason and the Responses API's
+ * items need them). */
+typedef struct gw_gen_call {
+    char   id[GW_OAI_ID_LEN];     /* "call_..." */
+    char  *name;
+    char  *args;                  /* the arguments' JSON text so far */
+    size_t len, cap;
+    int    ended;
+} gw_gen_call;
+
 typedef struct gw_gen_choice {
     int32_t  *toks;               /* [n_toks] the tokens delivered, in order */
     int       n_toks, cap_toks;
@@ -101,6 +135,21 @@ typedef struct gw_gen_choice {
     tok_detok dt;
     tok_stop  st;
     gw_gen_kept *kept;            /* NULL unless the sink keeps output */
+    /* chat replies: the output parser and what it found */
+    tok_out   op;
+    int       op_on, op_ended;
+    gw_gen   *g;                  /* back pointers for the parser's callbacks */
+    int       idx;
+    const gw_oai_tok *ptoks;      /* logprobs waiting for the next content text */
+    int       pn;
+    gw_gen_call *calls;
+    int       n_calls, cap_calls;
+    int       call_stop;          /* parallel_tool_calls false: a call ended, the choice stops */
+    int       oom;
+    /* embeddings: input i's tokens and its vector */
+    int32_t  *prompt;             /* NULL: the generation's prompt */
+    int       n_prompt;
+    float    *embd;               /* [n_embd] once it came */
 } gw_gen_choice;
 
 struct gw_gen {
@@ -117,6 +166,9 @@ struct gw_gen {
     struct shm_sampling sp;       /* q.sp with max_tokens resolved; choice i draws with seed sp.seed + i */
     int32_t        stop_ids[SHM_MAX_STOP]; /* text/'s end-of-generation ids (none with ignore_eos) */
     int            n_stop_ids;
+    uint32_t      *gram;          /* the grammar program the output follows (NULL: none) */
+    size_t         gram_len;
+    int            in_reasoning;  /* the prompt ended inside <think>: the reply starts in reasoning */
     /* progress */
     int            n_open;        /* choices running */
     int            ran;           /* it reached RUNNING (the sink's start ran) */
@@ -179,16 +231,25 @@ void gw_gen_token(gw_gen *g, int i, const struct shm_tok *t, const struct shm_to
 /* Choice i ended in the executor: d->finish, d->completion_tokens (must equal the tokens
  * received), d->cached_prompt_tokens. */
 void gw_gen_choice_done(gw_gen *g, int i, const struct shm_done *d);
+/* Input i of an embedding request: its vector (the DONE follows). */
+void gw_gen_embedding(gw_gen *g, int i, const struct shm_embed *em);
 /* gw_gen_error with an error made of status, OpenAI type and code, and a message. */
 void gw_gen_fail(gw_gen *g, int status, const char *type, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 /* ---- for sinks that write everything at the end ------------------------------------------ */
 
-/* Builds the choices from the kept output (text, finish, and logprobs when want_logprobs) and
- * returns build(ctx, choices, n) (the choices are valid during that call). NULL when out of
- * memory. */
+/* Builds the choices from the kept output (text, reasoning, tool calls, finish, and logprobs
+ * when want_logprobs) and returns build(ctx, choices, n) (the choices are valid during that
+ * call). NULL when out of memory. */
 char *gw_gen_build(const gw_gen *g, int want_logprobs, char *(*build)(void *ctx, const gw_oai_choice *ch, int n),
                    void *ctx);
+
+/* Makes env's table of token bytes from its vocabulary (once, at start). Returns 0 or CM_ENOMEM. */
+int gw_gen_vocab_init(gw_gen_env *env);
+/* Sends the next VOCAB records of env's table on ring r, from token *next on (advanced), until
+ * all went (0) or the ring is full (CM_EFULL: call again later). The pool calls it before the
+ * first SUBMIT with a grammar to each executor, and again after an executor restarts. */
+int gw_gen_send_vocab(const gw_gen_env *env, struct shm_ring *r, uint32_t *next);
 
 #endif

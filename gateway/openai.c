@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/cm_err.h"
+#include "gateway/openai_internal.h"
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
@@ -290,6 +291,25 @@ static int parse_content(const cJSON *c, int i, gw_oai_msg *m, gw_oai_err *e) {
     return 0;
 }
 
+/* An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}]. */
+static int check_tool_calls(const cJSON *tc, const char *param, gw_oai_err *e) {
+    const cJSON *c;
+    int k = 0;
+    cJSON_ArrayForEach(c, tc) {
+        char p[96];
+        snprintf(p, sizeof p, "%s[%d]", param, k++);
+        const cJSON *f = cJSON_IsObject(c) ? field(c, "function") : NULL, *type = cJSON_IsObject(c) ? field(c, "type") : NULL;
+        const cJSON *name = f ? field(f, "name") : NULL, *args = f ? field(f, "arguments") : NULL, *id = cJSON_IsObject(c) ? field(c, "id") : NULL;
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f)) return bad_type(e, p, "a tool call {id, type, function: {name, arguments}}", c);
+        if (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function")))
+            return bad_value(e, p, "only tool calls of type 'function' are supported.");
+        if (!cJSON_IsString(name)) return bad_type(e, p, "a function name string", name);
+        if (args && !cJSON_IsString(args)) return bad_type(e, p, "arguments as a JSON string", args);
+        if (id && !cJSON_IsString(id)) return bad_type(e, p, "a string id", id);
+    }
+    return 0;
+}
+
 static int parse_messages(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!v || cJSON_IsNull(v)) {
@@ -333,7 +353,31 @@ static int parse_messages(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
         if (tcid && dup_str(tcid->valuestring, &dst->tool_call_id, e)) return CM_ENOMEM;
         snprintf(param, sizeof param, "messages[%d].tool_calls", i);
         if (tc && !cJSON_IsArray(tc)) return bad_type(e, param, "an array", tc);
+        if (tc && (err = check_tool_calls(tc, param, e))) return err;
         if (tc && !(dst->tool_calls = cJSON_PrintUnformatted(tc))) return oom(e);
+        const cJSON *rc = field(m, "reasoning_content");
+        snprintf(param, sizeof param, "messages[%d].reasoning_content", i);
+        if (rc && !cJSON_IsString(rc)) return bad_type(e, param, "a string", rc);
+        if (rc && dup_str(rc->valuestring, &dst->reasoning, e)) return CM_ENOMEM;
+        if (!strcmp(dst->role, "tool") && !dst->tool_call_id) {
+            snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+            gw_oai_err_set(e, 400, "invalid_request_error", param, "missing_required_parameter",
+                           "Missing required parameter: '%s'.", param);
+            return CM_EINVAL;
+        }
+        const cJSON *k;
+        cJSON_ArrayForEach(k, m) {
+            static const char *const known[] = { "role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
+                                                 "refusal", "annotations", NULL };
+            int ok = 0;
+            for (int j = 0; known[j] && !ok; j++) ok = !strcmp(k->string, known[j]);
+            if (!ok) {
+                snprintf(param, sizeof param, "messages[%d].%.30s", i, k->string);
+                gw_oai_err_set(e, 400, "invalid_request_error", param, "unknown_parameter",
+                               "Unrecognized message field supplied: %.60s (messages[%d]).", k->string, i);
+                return CM_EINVAL;
+            }
+        }
         if (!dst->content && !dst->tool_calls && strcmp(dst->role, "assistant") != 0) {
             snprintf(param, sizeof param, "messages[%d].content", i);
             gw_oai_err_set(e, 400, "invalid_request_error", param, "missing_required_parameter",
@@ -343,14 +387,511 @@ static int parse_messages(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
         i++;
     }
     if (!(q->messages_json = cJSON_PrintUnformatted(v))) return oom(e);
-    const cJSON *tools = field(o, "tools");
-    if (tools && !cJSON_IsArray(tools)) return bad_type(e, "tools", "an array", tools);
-    if (tools && !(q->tools_json = cJSON_PrintUnformatted(tools))) return oom(e);
+    return 0;
+}
+
+/* ---- fields: every one implemented, a documented no-op, or refused --------------------------- */
+
+static const char *const FIELDS_COMMON[] = { "model", "user", "service_tier", "store", "metadata", NULL };
+static const char *const FIELDS_SAMPLING[] = { "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                               "frequency_penalty", "repetition_penalty", "seed", "stop", "n", "logit_bias",
+                                               "stream", "stream_options", "max_tokens", "min_tokens", "ignore_eos",
+                                               "response_format", "grammar", NULL };
+static const char *const FIELDS_CHAT[] = { "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools",
+                                           "tool_choice", "parallel_tool_calls", "chat_template_kwargs", NULL };
+static const char *const FIELDS_CMPL[] = { "prompt", "logprobs", "echo", "suffix", "best_of", "max_completion_tokens", NULL };
+static const char *const FIELDS_RESP[] = { "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+                                           "text", "temperature", "top_p", "max_output_tokens", "stream", "store", "metadata",
+                                           "user", "service_tier", "truncation", "include", "background",
+                                           "chat_template_kwargs", "top_k", "min_p", "seed", "presence_penalty",
+                                           "frequency_penalty", "reasoning", NULL };
+static const char *const FIELDS_EMBD[] = { "model", "input", "encoding_format", "dimensions", "user", NULL };
+
+static int in_list(const char *const *l, const char *k) {
+    for (; l && *l; l++)
+        if (!strcmp(*l, k)) return 1;
+    return 0;
+}
+
+static int check_fields(int kind, const cJSON *o, gw_oai_err *e) {
+    const cJSON *k;
+    cJSON_ArrayForEach(k, o) {
+        int ok;
+        if (kind == GW_OAI_RESPONSES) ok = in_list(FIELDS_RESP, k->string);
+        else if (kind == GW_OAI_EMBEDDINGS) ok = in_list(FIELDS_EMBD, k->string);
+        else ok = in_list(FIELDS_COMMON, k->string) || in_list(FIELDS_SAMPLING, k->string) ||
+                  in_list(kind == GW_OAI_CHAT ? FIELDS_CHAT : FIELDS_CMPL, k->string);
+        if (!ok) {
+            gw_oai_err_set(e, 400, "invalid_request_error", k->string, "unknown_parameter",
+                           "Unrecognized request argument supplied: %.100s", k->string);
+            return CM_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The accepted no-ops: their types are still checked. */
+static int parse_noops(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
+    const cJSON *v;
+    if ((v = field(o, "service_tier")) && !cJSON_IsString(v)) return bad_type(e, "service_tier", "a string", v);
+    if ((v = field(o, "store")) && !cJSON_IsBool(v)) return bad_type(e, "store", "a boolean", v);
+    q->store = v ? cJSON_IsTrue(v) : 1;
+    if ((v = field(o, "metadata"))) {
+        if (!cJSON_IsObject(v)) return bad_type(e, "metadata", "an object", v);
+        const cJSON *m;
+        cJSON_ArrayForEach(m, v) if (!cJSON_IsString(m)) return bad_type(e, "metadata", "an object of strings", m);
+        if (!(q->metadata_json = cJSON_PrintUnformatted(v))) return oom(e);
+    }
+    return 0;
+}
+
+/* A function name: [a-zA-Z0-9_-]{1,64}. */
+static int name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* tools: chat's [{type: "function", function: {name, description, parameters, strict}}], or
+ * (responses) [{type: "function", name, description, parameters, strict}]; kept in chat's form
+ * for the template. */
+static int parse_tools(const cJSON *o, gw_oai_req *q, int flat, gw_oai_err *e) {
+    const cJSON *v = field(o, "tools");
+    if (!v) return 0;
+    if (!cJSON_IsArray(v)) return bad_type(e, "tools", "an array", v);
+    int n = cJSON_GetArraySize(v);
+    if (n > GW_OAI_TOOLS_MAX) return bad_value(e, "tools", "at most %d tools are supported, got %d.", GW_OAI_TOOLS_MAX, n);
+    if (n == 0) return 0;
+    q->tools = calloc((size_t)n, sizeof *q->tools);
+    cJSON *chat = cJSON_CreateArray();
+    if (!q->tools || !chat) { cJSON_Delete(chat); return oom(e); }
+    const cJSON *t;
+    int i = 0, rc = 0;
+    cJSON_ArrayForEach(t, v) {
+        char p[64];
+        snprintf(p, sizeof p, "tools[%d]", i);
+        const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
+        if (!cJSON_IsObject(t)) { rc = bad_type(e, p, "an object", t); break; }
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function")) {
+            gw_oai_err_set(e, 400, "invalid_request_error", p, "unsupported_value",
+                           "Only tools of type 'function' are supported (tools[%d] is '%.40s').", i,
+                           cJSON_IsString(type) ? type->valuestring : "missing");
+            rc = CM_EINVAL;
+            break;
+        }
+        const cJSON *f = flat ? t : field(t, "function");
+        if (!cJSON_IsObject(f)) { rc = bad_type(e, p, "a function tool {type, function: {name, ...}}", f); break; }
+        const cJSON *k;
+        cJSON_ArrayForEach(k, f) {
+            static const char *const known[] = { "type", "name", "description", "parameters", "strict", NULL };
+            if (!in_list(known, k->string) || (!flat && !strcmp(k->string, "type"))) {
+                snprintf(p, sizeof p, "tools[%d].%.30s", i, k->string);
+                gw_oai_err_set(e, 400, "invalid_request_error", p, "unknown_parameter", "Unrecognized tool field supplied: %.60s",
+                               k->string);
+                rc = CM_EINVAL;
+                break;
+            }
+        }
+        if (rc) break;
+        if (!flat) {
+            cJSON_ArrayForEach(k, t) if (strcmp(k->string, "type") && strcmp(k->string, "function")) {
+                snprintf(p, sizeof p, "tools[%d].%.30s", i, k->string);
+                gw_oai_err_set(e, 400, "invalid_request_error", p, "unknown_parameter", "Unrecognized tool field supplied: %.60s",
+                               k->string);
+                rc = CM_EINVAL;
+                break;
+            }
+            if (rc) break;
+        }
+        const cJSON *name = field(f, "name"), *params = field(f, "parameters"), *desc = field(f, "description"), *strict = field(f, "strict");
+        snprintf(p, sizeof p, "tools[%d].%sname", i, flat ? "" : "function.");
+        if (!cJSON_IsString(name)) { rc = bad_type(e, p, "a string", name); break; }
+        if (!name_ok(name->valuestring)) { rc = bad_value(e, p, "'%.80s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", name->valuestring); break; }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(q->tools[j].name, name->valuestring)) { rc = bad_value(e, p, "duplicate function name '%s'.", name->valuestring); break; }
+        if (rc) break;
+        snprintf(p, sizeof p, "tools[%d].%sparameters", i, flat ? "" : "function.");
+        if (params && !cJSON_IsObject(params)) { rc = bad_type(e, p, "an object (a JSON schema)", params); break; }
+        if (desc && !cJSON_IsString(desc)) { rc = bad_type(e, "tools", "a string description", desc); break; }
+        if (strict && !cJSON_IsBool(strict)) { rc = bad_type(e, "tools", "a boolean strict", strict); break; }
+        q->n_tools = i + 1;
+        if ((rc = dup_str(name->valuestring, &q->tools[i].name, e))) break;
+        if (params && !(q->tools[i].params_json = cJSON_PrintUnformatted(params))) { rc = oom(e); break; }
+        /* chat's form for the template */
+        cJSON *ct = cJSON_CreateObject(), *cf = cJSON_CreateObject();
+        cJSON_AddStringToObject(ct, "type", "function");
+        cJSON_AddStringToObject(cf, "name", name->valuestring);
+        if (desc) cJSON_AddStringToObject(cf, "description", desc->valuestring);
+        if (params) cJSON_AddItemToObject(cf, "parameters", cJSON_Duplicate(params, 1));
+        if (strict) cJSON_AddBoolToObject(cf, "strict", cJSON_IsTrue(strict));
+        cJSON_AddItemToObject(ct, "function", cf);
+        cJSON_AddItemToArray(chat, ct);
+        i++;
+    }
+    if (!rc && !(q->tools_json = cJSON_PrintUnformatted(chat))) rc = oom(e);
+    cJSON_Delete(chat);
+    return rc;
+}
+
+/* tool_choice: "none" | "auto" | "required" | {type: "function", function: {name}} (responses:
+ * {type: "function", name}). */
+static int parse_tool_choice(const cJSON *o, gw_oai_req *q, int flat, gw_oai_err *e) {
+    q->parallel_tool_calls = 1;
+    int err = get_bool(o, "parallel_tool_calls", &q->parallel_tool_calls, e);
+    if (err) return err;
+    const cJSON *v = field(o, "tool_choice");
+    q->tool_choice = GW_TC_AUTO;
+    if (!v) return 0;
+    if (!(q->tool_choice_json = cJSON_PrintUnformatted(v))) return oom(e);
+    if (cJSON_IsString(v)) {
+        const char *c = v->valuestring;
+        if (!strcmp(c, "none")) q->tool_choice = GW_TC_NONE;
+        else if (!strcmp(c, "auto")) q->tool_choice = GW_TC_AUTO;
+        else if (!strcmp(c, "required")) q->tool_choice = GW_TC_REQUIRED;
+        else return bad_value(e, "tool_choice", "expected 'none', 'auto', 'required' or a named function, got '%.40s'.", c);
+    } else if (cJSON_IsObject(v)) {
+        const cJSON *type = field(v, "type"), *f = flat ? v : field(v, "function"), *name = cJSON_IsObject(f) ? field(f, "name") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
+            return bad_value(e, "tool_choice", "a named choice is {\"type\": \"function\", %s}.",
+                             flat ? "\"name\": NAME" : "\"function\": {\"name\": NAME}");
+        q->tool_choice = GW_TC_NAMED;
+        if (dup_str(name->valuestring, &q->tool_choice_name, e)) return CM_ENOMEM;
+    } else {
+        return bad_type(e, "tool_choice", "a string or an object", v);
+    }
+    if (q->tool_choice != GW_TC_NONE && q->tool_choice != GW_TC_AUTO && !q->n_tools)
+        return bad_value(e, "tool_choice", "'tool_choice' is only allowed when 'tools' are specified.");
+    if (q->tool_choice == GW_TC_NAMED) {
+        int found = 0;
+        for (int i = 0; i < q->n_tools; i++) found |= !strcmp(q->tools[i].name, q->tool_choice_name);
+        if (!found) return bad_value(e, "tool_choice", "function '%.64s' is not among the tools.", q->tool_choice_name);
+    }
+    return 0;
+}
+
+/* response_format (chat, completions) or text.format (responses, flat): text | json_object |
+ * json_schema; and llama-server's grammar. */
+static int parse_format(const cJSON *o, gw_oai_req *q, int kind, gw_oai_err *e) {
+    const cJSON *v, *g = field(o, "grammar");
+    const char *param = "response_format";
+    if (kind == GW_OAI_RESPONSES) {
+        const cJSON *t = field(o, "text");
+        if (t && !cJSON_IsObject(t)) return bad_type(e, "text", "an object", t);
+        const cJSON *k;
+        if (t) cJSON_ArrayForEach(k, t) if (strcmp(k->string, "format") && !(strcmp(k->string, "verbosity") == 0 && cJSON_IsNull(k))) {
+            gw_oai_err_set(e, 400, "invalid_request_error", "text", "unknown_parameter", "Unrecognized argument supplied: text.%.60s", k->string);
+            return CM_EINVAL;
+        }
+        v = t ? field(t, "format") : NULL;
+        param = "text.format";
+    } else {
+        v = field(o, "response_format");
+    }
+    if (g) {
+        if (!cJSON_IsString(g)) return bad_type(e, "grammar", "a string (GBNF)", g);
+        if (v && !(cJSON_IsObject(v) && cJSON_IsString(field(v, "type")) && !strcmp(field(v, "type")->valuestring, "text")))
+            return bad_value(e, "grammar", "'grammar' and '%s' cannot be combined.", param);
+        q->fmt = GW_FMT_GRAMMAR;
+        return dup_str(g->valuestring, &q->grammar, e);
+    }
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return bad_type(e, param, "an object", v);
+    const cJSON *type = field(v, "type");
+    char p[64];
+    snprintf(p, sizeof p, "%s.type", param);
+    if (!cJSON_IsString(type)) return bad_type(e, p, "a string", type);
+    const char *t = type->valuestring;
+    if (!strcmp(t, "text")) { q->fmt = GW_FMT_TEXT; return 0; }
+    if (!strcmp(t, "json_object")) { q->fmt = GW_FMT_JSON_OBJECT; return 0; }
+    if (strcmp(t, "json_schema")) return bad_value(e, p, "expected 'text', 'json_object' or 'json_schema', got '%.40s'.", t);
+    q->fmt = GW_FMT_JSON_SCHEMA;
+    const cJSON *js = kind == GW_OAI_RESPONSES ? v : field(v, "json_schema");
+    snprintf(p, sizeof p, "%s%s", param, kind == GW_OAI_RESPONSES ? "" : ".json_schema");
+    if (!cJSON_IsObject(js)) {
+        gw_oai_err_set(e, 400, "invalid_request_error", p, "missing_required_parameter", "Missing required parameter: '%s'.", p);
+        return CM_EINVAL;
+    }
+    const cJSON *k;
+    cJSON_ArrayForEach(k, js) {
+        static const char *const known[] = { "name", "schema", "strict", "description", "type", NULL };
+        if (!in_list(known, k->string) || (kind != GW_OAI_RESPONSES && !strcmp(k->string, "type"))) {
+            gw_oai_err_set(e, 400, "invalid_request_error", p, "unknown_parameter", "Unrecognized argument supplied: %s.%.60s", p, k->string);
+            return CM_EINVAL;
+        }
+    }
+    const cJSON *name = field(js, "name"), *schema = field(js, "schema"), *strict = field(js, "strict");
+    if (name && !cJSON_IsString(name)) return bad_type(e, p, "a string name", name);
+    if (name && !name_ok(name->valuestring)) return bad_value(e, p, "the name '%.80s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", name->valuestring);
+    if (!name && kind != GW_OAI_RESPONSES) {
+        snprintf(p, sizeof p, "%s.json_schema.name", param);
+        gw_oai_err_set(e, 400, "invalid_request_error", p, "missing_required_parameter", "Missing required parameter: '%s'.", p);
+        return CM_EINVAL;
+    }
+    if (strict && !cJSON_IsBool(strict)) return bad_type(e, p, "a boolean strict", strict);
+    q->schema_strict = strict && cJSON_IsTrue(strict);
+    if (dup_str(name ? name->valuestring : "", &q->schema_name, e)) return CM_ENOMEM;
+    if (schema && !cJSON_IsObject(schema) && !cJSON_IsBool(schema)) return bad_type(e, p, "a JSON schema object", schema);
+    /* no schema: any JSON (OpenAI requires one in strict mode) */
+    if (!schema) { q->fmt = GW_FMT_JSON_OBJECT; return 0; }
+    if (!(q->schema_json = cJSON_PrintUnformatted(schema))) return oom(e);
+    return 0;
+}
+
+static int parse_kwargs(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
+    const cJSON *v = field(o, "chat_template_kwargs");
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return bad_type(e, "chat_template_kwargs", "an object", v);
+    return (q->template_kwargs_json = cJSON_PrintUnformatted(v)) ? 0 : oom(e);
+}
+
+/* ---- /v1/responses ------------------------------------------------------------------------- */
+
+/* Text of a responses content: a string, or parts {type: input_text | output_text | text, text}. */
+static int resp_text(const cJSON *c, const char *param, char **out, gw_oai_err *e) {
+    if (cJSON_IsString(c)) return dup_str(c->valuestring, out, e);
+    if (!cJSON_IsArray(c)) return bad_type(e, param, "a string or an array of content parts", c);
+    size_t total = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL, *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
+        if (!cJSON_IsString(type)) return bad_type(e, param, "content parts with a type", p);
+        const char *t = type->valuestring;
+        if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text") && strcmp(t, "reasoning_text") &&
+            strcmp(t, "summary_text")) {
+            gw_oai_err_set(e, 400, "invalid_request_error", param, "unsupported_value",
+                           "Content parts of type '%.40s' are not supported; only text parts are.", t);
+            return CM_EINVAL;
+        }
+        if (!cJSON_IsString(text)) return bad_type(e, param, "a text part with a string 'text'", text);
+        total += strlen(text->valuestring);
+    }
+    if (!(*out = malloc(total + 1))) return oom(e);
+    size_t off = 0;
+    cJSON_ArrayForEach(p, c) {
+        const char *t = field(p, "text")->valuestring;
+        size_t l = strlen(t);
+        memcpy(*out + off, t, l);
+        off += l;
+    }
+    (*out)[off] = 0;
+    return 0;
+}
+
+static int parse_input_items(const cJSON *in, gw_oai_req *q, gw_oai_err *e) {
+    int n = cJSON_GetArraySize(in), i = 0, err;
+    gw_oai_msg *m = q->msgs;
+    char *pending_reasoning = NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, in) {
+        char p[64];
+        snprintf(p, sizeof p, "input[%d]", i++);
+        if (!cJSON_IsObject(it)) { free(pending_reasoning); return bad_type(e, p, "an input item object", it); }
+        const cJSON *type = field(it, "type"), *role = field(it, "role");
+        const char *t = cJSON_IsString(type) ? type->valuestring : role ? "message" : "";
+        err = 0;
+        if (!strcmp(t, "message")) {
+            if (!cJSON_IsString(role) || (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant") &&
+                                          strcmp(role->valuestring, "system") && strcmp(role->valuestring, "developer"))) {
+                err = bad_value(e, p, "a message needs a role: user, assistant, system or developer.");
+            } else {
+                gw_oai_msg *d = &m[q->n_msgs++];
+                err = dup_str(role->valuestring, &d->role, e);
+                if (!err) err = resp_text(field(it, "content"), p, &d->content, e);
+                if (!err && !strcmp(d->role, "assistant") && pending_reasoning) { d->reasoning = pending_reasoning; pending_reasoning = NULL; }
+            }
+        } else if (!strcmp(t, "function_call")) {
+            const cJSON *cid = field(it, "call_id"), *name = field(it, "name"), *args = field(it, "arguments");
+            if (!cJSON_IsString(cid) || !cJSON_IsString(name) || !cJSON_IsString(args)) {
+                err = bad_value(e, p, "a function_call item needs string call_id, name and arguments.");
+            } else {
+                /* calls in a row are one assistant turn */
+                gw_oai_msg *d = q->n_msgs && !strcmp(m[q->n_msgs - 1].role, "assistant") && m[q->n_msgs - 1].tool_calls ? &m[q->n_msgs - 1] : NULL;
+                cJSON *calls = d ? cJSON_Parse(d->tool_calls) : cJSON_CreateArray(), *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
+                cJSON_AddStringToObject(c, "id", cid->valuestring);
+                cJSON_AddStringToObject(c, "type", "function");
+                cJSON_AddStringToObject(f, "name", name->valuestring);
+                cJSON_AddStringToObject(f, "arguments", args->valuestring);
+                cJSON_AddItemToObject(c, "function", f);
+                cJSON_AddItemToArray(calls, c);
+                char *txt = cJSON_PrintUnformatted(calls);
+                cJSON_Delete(calls);
+                if (!txt) err = oom(e);
+                else if (d) { free(d->tool_calls); d->tool_calls = txt; }
+                else {
+                    d = &m[q->n_msgs++];
+                    d->tool_calls = txt;
+                    err = dup_str("assistant", &d->role, e);
+                    if (pending_reasoning) { d->reasoning = pending_reasoning; pending_reasoning = NULL; }
+                }
+            }
+        } else if (!strcmp(t, "function_call_output")) {
+            const cJSON *cid = field(it, "call_id"), *out = field(it, "output");
+            if (!cJSON_IsString(cid) || !out) err = bad_value(e, p, "a function_call_output item needs a string call_id and an output.");
+            else {
+                gw_oai_msg *d = &m[q->n_msgs++];
+                err = dup_str("tool", &d->role, e);
+                if (!err) err = dup_str(cid->valuestring, &d->tool_call_id, e);
+                if (!err) err = resp_text(out, p, &d->content, e);
+            }
+        } else if (!strcmp(t, "reasoning")) {
+            /* earlier reasoning goes with the assistant turn it preceded */
+            const cJSON *c = field(it, "content"), *sum = field(it, "summary");
+            char *txt = NULL;
+            if (c) err = resp_text(c, p, &txt, e);
+            else if (sum) err = resp_text(sum, p, &txt, e);
+            if (!err) { free(pending_reasoning); pending_reasoning = txt; }
+        } else {
+            gw_oai_err_set(e, 400, "invalid_request_error", p, "unsupported_value",
+                           "Input items of type '%.40s' are not supported (message, function_call, function_call_output and "
+                           "reasoning are; responses are not stored, so item_reference cannot be resolved).", t);
+            err = CM_EINVAL;
+        }
+        if (err) { free(pending_reasoning); return err; }
+    }
+    (void)n;
+    free(pending_reasoning);
+    return 0;
+}
+
+static int parse_responses(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
+    int err;
+    q->kind = GW_OAI_RESPONSES;
+    struct shm_sampling *sp = &q->sp;
+    const cJSON *in = field(o, "input"), *ins = field(o, "instructions"), *v;
+    if (!in) {
+        gw_oai_err_set(e, 400, "invalid_request_error", "input", "missing_required_parameter", "Missing required parameter: 'input'.");
+        return CM_EINVAL;
+    }
+    if (!cJSON_IsString(in) && !cJSON_IsArray(in)) return bad_type(e, "input", "a string or an array of input items", in);
+    if (ins && !cJSON_IsString(ins)) return bad_type(e, "instructions", "a string", ins);
+    int n_items = cJSON_IsArray(in) ? cJSON_GetArraySize(in) : 1;
+    if (!(q->msgs = calloc((size_t)n_items + 1, sizeof *q->msgs))) return oom(e);
+    if (ins) {
+        if ((err = dup_str(ins->valuestring, &q->instructions, e)) || (err = dup_str("system", &q->msgs[0].role, e)) ||
+            (err = dup_str(ins->valuestring, &q->msgs[0].content, e)))
+            return err;
+        q->n_msgs = 1;
+    }
+    if (cJSON_IsString(in)) {
+        gw_oai_msg *d = &q->msgs[q->n_msgs++];
+        if ((err = dup_str("user", &d->role, e)) || (err = dup_str(in->valuestring, &d->content, e))) return err;
+    } else if ((err = parse_input_items(in, q, e))) {
+        return err;
+    }
+    if (q->n_msgs == 0) return bad_value(e, "input", "the input is empty.");
+    if ((err = parse_tools(o, q, 1, e)) || (err = parse_tool_choice(o, q, 1, e)) || (err = parse_format(o, q, GW_OAI_RESPONSES, e)) ||
+        (err = parse_kwargs(o, q, e)))
+        return err;
+    int mt = -1;
+    if ((err = get_int(o, "max_output_tokens", 1, INT32_MAX, &mt, e))) return err;
+    sp->max_tokens = (uint32_t)(mt > 0 ? mt : 0);
+    if ((err = get_num(o, "temperature", 0, 0, 2, 0, &sp->temperature, e))) return err;
+    if ((err = get_num(o, "top_p", 0, 1, 1, 0, &sp->top_p, e))) return err;
+    if ((err = get_int(o, "top_k", -1, INT32_MAX, &sp->top_k, e))) return err;
+    if (sp->top_k < 0) sp->top_k = 0;
+    if ((err = get_num(o, "min_p", 0, 0, 1, 0, &sp->min_p, e))) return err;
+    if ((err = get_num(o, "presence_penalty", -2, 0, 2, 0, &sp->presence_penalty, e))) return err;
+    if ((err = get_num(o, "frequency_penalty", -2, 0, 2, 0, &sp->frequency_penalty, e))) return err;
+    if ((v = field(o, "seed"))) {
+        if (!is_integral(v, -9007199254740992.0, 9007199254740992.0)) return bad_type(e, "seed", "an integer", v);
+        sp->has_seed = 1;
+        sp->seed = (uint64_t)(int64_t)v->valuedouble;
+    }
+    if ((err = get_bool(o, "stream", &q->stream, e))) return err;
+    if ((v = field(o, "truncation")) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "disabled")))
+        return bad_value(e, "truncation", "only 'disabled' is supported (a prompt longer than the context is refused).");
+    if ((v = field(o, "background")) && !(cJSON_IsBool(v) && !cJSON_IsTrue(v)))
+        return bad_value(e, "background", "background responses are not supported.");
+    if ((v = field(o, "include")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return bad_value(e, "include", "no additional output data is supported (the array must be empty).");
+    if ((v = field(o, "reasoning"))) {
+        const cJSON *k;
+        if (!cJSON_IsObject(v)) return bad_type(e, "reasoning", "an object", v);
+        cJSON_ArrayForEach(k, v) if (!cJSON_IsNull(k))
+            return bad_value(e, "reasoning", "'reasoning.%.40s' is not supported (use chat_template_kwargs, e.g. enable_thinking).", k->string);
+    }
+    const cJSON *user = field(o, "user");
+    if (user && !cJSON_IsString(user)) return bad_type(e, "user", "a string", user);
+    if (user && (err = dup_str(user->valuestring, &q->user, e))) return err;
+    return 0;
+}
+
+/* ---- /v1/embeddings ------------------------------------------------------------------------- */
+
+static int ids_of(const cJSON *a, const char *param, int32_t **out, int *n, gw_oai_err *e) {
+    int k = cJSON_GetArraySize(a);
+    if (k == 0) return bad_value(e, param, "a token array must not be empty.");
+    if (!(*out = malloc(sizeof(int32_t) * (size_t)k))) return oom(e);
+    const cJSON *t;
+    int i = 0;
+    cJSON_ArrayForEach(t, a) {
+        if (!is_integral(t, 0, INT32_MAX)) return bad_value(e, param, "token ids must be integers >= 0 (item %d).", i);
+        (*out)[i++] = (int32_t)t->valuedouble;
+    }
+    *n = k;
+    return 0;
+}
+
+static int parse_embeddings(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
+    int err;
+    const cJSON *in = field(o, "input"), *v;
+    if (!in) {
+        gw_oai_err_set(e, 400, "invalid_request_error", "input", "missing_required_parameter", "Missing required parameter: 'input'.");
+        return CM_EINVAL;
+    }
+    int n = 1, ids = 0;
+    if (cJSON_IsArray(in)) {
+        n = cJSON_GetArraySize(in);
+        if (n == 0) return bad_value(e, "input", "the input must not be an empty array.");
+        const cJSON *first = cJSON_GetArrayItem(in, 0);
+        if (cJSON_IsNumber(first)) { ids = 1; n = 1; }
+    } else if (!cJSON_IsString(in)) {
+        return bad_type(e, "input", "a string, an array of strings, an array of token ids or an array of them", in);
+    }
+    if (n > GW_OAI_INPUTS_MAX) return bad_value(e, "input", "at most %d inputs per request, got %d.", GW_OAI_INPUTS_MAX, n);
+    if ((v = field(o, "encoding_format"))) {
+        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "float") && strcmp(v->valuestring, "base64")))
+            return bad_value(e, "encoding_format", "expected 'float' or 'base64'.");
+        q->encoding_base64 = !strcmp(v->valuestring, "base64");
+    }
+    if ((err = get_int(o, "dimensions", 1, 1 << 20, &q->dimensions, e))) return err;
+    const cJSON *user = field(o, "user");
+    if (user && !cJSON_IsString(user)) return bad_type(e, "user", "a string", user);
+    if (user && (err = dup_str(user->valuestring, &q->user, e))) return err;
+    q->inputs = calloc((size_t)n, sizeof *q->inputs);
+    q->input_ids = calloc((size_t)n, sizeof *q->input_ids);
+    q->n_input_ids = calloc((size_t)n, sizeof *q->n_input_ids);
+    if (!q->inputs || !q->input_ids || !q->n_input_ids) return oom(e);
+    q->n = n;
+    if (cJSON_IsString(in)) {
+        if (!in->valuestring[0]) return bad_value(e, "input", "the input must not be empty.");
+        return dup_str(in->valuestring, &q->inputs[0], e);
+    }
+    if (ids) return ids_of(in, "input", &q->input_ids[0], &q->n_input_ids[0], e);
+    const cJSON *it;
+    int i = 0;
+    cJSON_ArrayForEach(it, in) {
+        char p[48];
+        snprintf(p, sizeof p, "input[%d]", i);
+        if (cJSON_IsString(it)) {
+            if (!it->valuestring[0]) return bad_value(e, p, "an input must not be empty.");
+            if ((err = dup_str(it->valuestring, &q->inputs[i], e))) return err;
+        } else if (cJSON_IsArray(it)) {
+            if ((err = ids_of(it, p, &q->input_ids[i], &q->n_input_ids[i], e))) return err;
+        } else {
+            return bad_type(e, p, "a string or an array of token ids", it);
+        }
+        i++;
+    }
     return 0;
 }
 
 static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     int err;
+    if ((err = check_fields(kind, o, e)) || (err = parse_noops(o, q, e))) return err;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
     if (!model || cJSON_IsNull(model)) {
         gw_oai_err_set(e, 400, "invalid_request_error", "model", "missing_required_parameter",
@@ -359,7 +900,12 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     }
     if (!cJSON_IsString(model)) return bad_type(e, "model", "a string", model);
     if ((err = dup_str(model->valuestring, &q->model, e))) return err;
+    if (kind == GW_OAI_RESPONSES) return parse_responses(o, q, e);
+    if (kind == GW_OAI_EMBEDDINGS) return parse_embeddings(o, q, e);
     if ((err = kind == GW_OAI_CHAT ? parse_messages(o, q, e) : parse_prompt(o, q, e))) return err;
+    if (kind == GW_OAI_CHAT && ((err = parse_tools(o, q, 0, e)) || (err = parse_tool_choice(o, q, 0, e)) || (err = parse_kwargs(o, q, e))))
+        return err;
+    if ((err = parse_format(o, q, kind, e))) return err;
 
     /* max_tokens; max_completion_tokens (the newer name) wins when both are given */
     struct shm_sampling *sp = &q->sp;
@@ -481,10 +1027,29 @@ void gw_oai_req_free(gw_oai_req *q) {
         free(q->msgs[i].name);
         free(q->msgs[i].tool_call_id);
         free(q->msgs[i].tool_calls); /* cJSON_Print uses malloc (default hooks) */
+        free(q->msgs[i].reasoning);
     }
     free(q->msgs);
     free(q->messages_json);
     free(q->tools_json);
+    for (int i = 0; i < q->n_tools; i++) {
+        free(q->tools[i].name);
+        free(q->tools[i].params_json);
+    }
+    free(q->tools);
+    free(q->tool_choice_name);
+    free(q->tool_choice_json);
+    free(q->template_kwargs_json);
+    free(q->schema_json);
+    free(q->schema_name);
+    free(q->grammar);
+    free(q->instructions);
+    free(q->metadata_json);
+    for (int i = 0; q->inputs && i < q->n; i++) free(q->inputs[i]);
+    for (int i = 0; q->input_ids && i < q->n; i++) free(q->input_ids[i]);
+    free(q->inputs);
+    free(q->input_ids);
+    free(q->n_input_ids);
     for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
     free(q->logit_bias);
     free(q->user);
@@ -494,6 +1059,10 @@ void gw_oai_req_free(gw_oai_req *q) {
 }
 
 /* ---- building ----------------------------------------------------------------------------- */
+
+const char *gw_finish_name_chat(int finish, int n_calls) {
+    return finish == SHM_FINISH_STOP && n_calls > 0 ? "tool_calls" : gw_finish_name(finish);
+}
 
 const char *gw_finish_name(int finish) {
     switch (finish) {
@@ -511,8 +1080,8 @@ static char *finish_print(cJSON *root) {
 }
 
 /* Strings with explicit lengths (token text may hold NUL or partial UTF-8: invalid bytes become
- * U+FFFD so the JSON stays valid UTF-8). */
-static cJSON *str_n(const char *s, size_t len) {
+ * U+FFFD so the JSON stays valid UTF-8). Shared with openai_resp.c. */
+cJSON *gw__oai_str(const char *s, size_t len) {
     char stackbuf[256];
     char *buf = len * 3 + 1 <= sizeof stackbuf ? stackbuf : malloc(len * 3 + 1);
     if (!buf) return NULL;
@@ -546,6 +1115,8 @@ static cJSON *str_n(const char *s, size_t len) {
     if (buf != stackbuf) free(buf);
     return j;
 }
+
+#define str_n gw__oai_str
 
 static cJSON *bytes_array(const char *s, size_t len) {
     cJSON *a = cJSON_CreateArray();
@@ -630,7 +1201,22 @@ char *gw_oai_response_json(const gw_oai_meta *m, const gw_oai_choice *ch, int n,
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", str_n(ch[i].text, ch[i].len));
+            /* content is null when the reply is tool calls alone */
+            if (ch[i].n_calls && !ch[i].len) cJSON_AddNullToObject(msg, "content");
+            else cJSON_AddItemToObject(msg, "content", str_n(ch[i].text, ch[i].len));
+            if (ch[i].reasoning) cJSON_AddItemToObject(msg, "reasoning_content", str_n(ch[i].reasoning, ch[i].reasoning_len));
+            if (ch[i].n_calls) {
+                cJSON *tc = cJSON_AddArrayToObject(msg, "tool_calls");
+                for (int k = 0; tc && k < ch[i].n_calls; k++) {
+                    cJSON *x = cJSON_CreateObject(), *f = cJSON_CreateObject();
+                    cJSON_AddStringToObject(x, "id", ch[i].calls[k].id);
+                    cJSON_AddStringToObject(x, "type", "function");
+                    cJSON_AddItemToObject(f, "name", str_n(ch[i].calls[k].name, strlen(ch[i].calls[k].name)));
+                    cJSON_AddItemToObject(f, "arguments", str_n(ch[i].calls[k].args, ch[i].calls[k].args_len));
+                    cJSON_AddItemToObject(x, "function", f);
+                    cJSON_AddItemToArray(tc, x);
+                }
+            }
             cJSON_AddNullToObject(msg, "refusal");
         } else {
             cJSON_AddItemToObject(c, "text", str_n(ch[i].text, ch[i].len));
@@ -639,13 +1225,49 @@ char *gw_oai_response_json(const gw_oai_meta *m, const gw_oai_choice *ch, int n,
             cJSON_AddItemToObject(c, "logprobs", chat ? chat_logprobs(ch[i].toks, ch[i].n_toks)
                                                       : cmpl_logprobs(ch[i].toks, ch[i].n_toks, NULL));
         else cJSON_AddNullToObject(c, "logprobs");
-        const char *fr = gw_finish_name(ch[i].finish);
+        const char *fr = gw_finish_name_chat(ch[i].finish, ch[i].n_calls);
         if (fr) cJSON_AddStringToObject(c, "finish_reason", fr);
         else cJSON_AddNullToObject(c, "finish_reason");
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(root, "usage", usage_obj(u));
     return finish_print(root);
+}
+
+/* A chat chunk with delta d (taken) for choice index. */
+static char *chat_chunk(const gw_oai_meta *m, int index, cJSON *d) {
+    cJSON *root = cJSON_CreateObject();
+    add_head(root, m, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddItemToObject(c, "delta", d);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    if (m->include_usage) cJSON_AddNullToObject(root, "usage");
+    return finish_print(root);
+}
+
+char *gw_oai_chunk_reasoning_json(const gw_oai_meta *m, int index, const char *text, size_t len) {
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddItemToObject(d, "reasoning_content", str_n(text, len));
+    return chat_chunk(m, index, d);
+}
+
+char *gw_oai_chunk_call_json(const gw_oai_meta *m, int index, int k, const char *id, const char *name, const char *args,
+                             size_t args_len) {
+    cJSON *d = cJSON_CreateObject(), *tc = cJSON_AddArrayToObject(d, "tool_calls"), *x = cJSON_CreateObject(),
+          *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "index", k);
+    if (id) {
+        cJSON_AddStringToObject(x, "id", id);
+        cJSON_AddStringToObject(x, "type", "function");
+        cJSON_AddItemToObject(f, "name", str_n(name, strlen(name)));
+    }
+    cJSON_AddItemToObject(f, "arguments", str_n(args ? args : "", args ? args_len : 0));
+    cJSON_AddItemToObject(x, "function", f);
+    cJSON_AddItemToArray(tc, x);
+    return chat_chunk(m, index, d);
 }
 
 char *gw_oai_chunk_json(const gw_oai_meta *m, int index, int role, const char *text, size_t len, int finish,
@@ -669,7 +1291,7 @@ char *gw_oai_chunk_json(const gw_oai_meta *m, int index, int role, const char *t
     }
     if (toks) cJSON_AddItemToObject(c, "logprobs", chat ? chat_logprobs(toks, n_toks) : cmpl_logprobs(toks, n_toks, text_offset));
     else cJSON_AddNullToObject(c, "logprobs");
-    const char *fr = gw_finish_name(finish);
+    const char *fr = finish == GW_FINISH_TOOL_CALLS ? "tool_calls" : gw_finish_name(finish);
     if (fr) cJSON_AddStringToObject(c, "finish_reason", fr);
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);

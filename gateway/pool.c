@@ -24,6 +24,8 @@ typedef struct pool_ex {
     uint64_t cancels[CANCEL_CAP];   /* CANCELs waiting for ring space */
     int      n_cancels;
     int      stopped;
+    uint32_t vocab_next;            /* VOCAB records sent to this executor instance (tokens) */
+    int      vocab_done;
 } pool_ex;
 
 struct gw_pool {
@@ -103,11 +105,22 @@ static int send_submits(gw_gen *g) {
     pool_ex *e = g->be.ex;
     struct shm_seg *seg = gw_exec_seg(e->x);
     if (!seg) return CM_EFULL;
+    if (g->gram && !e->vocab_done) { /* grammars need the token bytes, once per executor start */
+        int rc = gw_gen_send_vocab(g->env, &seg->submit, &e->vocab_next);
+        if (rc) return rc;
+        e->vocab_done = 1;
+    }
     while (g->be.n_sent < g->n) {
         int i = g->be.n_sent;
-        struct shm_submit s = { .req_id = rid_of(g, i), .sp = g->sp, .prompt = g->prompt, .n_prompt = (uint32_t)g->n_prompt,
+        const gw_gen_choice *c = &g->ch[i];
+        int embed = g->q.kind == GW_OAI_EMBEDDINGS;
+        struct shm_submit s = { .req_id = rid_of(g, i), .sp = g->sp, .prompt = c->prompt ? c->prompt : g->prompt,
+                                .n_prompt = (uint32_t)(c->prompt ? c->n_prompt : g->n_prompt),
                                 .n_stop = (uint32_t)g->n_stop_ids, .bias = g->q.logit_bias,
-                                .n_bias = (uint32_t)g->q.n_logit_bias };
+                                .n_bias = (uint32_t)g->q.n_logit_bias,
+                                .flags = embed ? SHM_SUBMIT_EMBED : g->gram ? SHM_SUBMIT_GRAMMAR : 0,
+                                .pooling = (uint8_t)(embed ? g->env->pooling : 0), .normalize = (uint8_t)(embed && g->env->normalize),
+                                .grammar = g->gram, .grammar_len = (uint32_t)g->gram_len };
         if (s.sp.has_seed) s.sp.seed += (uint64_t)i; /* n choices with one seed: distinct, reproducible */
         memcpy(s.stop, g->stop_ids, sizeof g->stop_ids);
         int rc = shm_send_submit(&seg->submit, &s);
@@ -261,6 +274,10 @@ static void ex_events(gw_exec *x, void *ud, struct shm_seg *seg) {
                 struct shm_done d;
                 if (shm_done_decode(buf, n, &d) == 0 && (g = lookup(p, d.req_id)) && (i = choice_of(g, d.req_id)) >= 0)
                     gw_gen_choice_done(g, i, &d);
+            } else if (type == SHM_MSG_EMBED) {
+                struct shm_embed em;
+                if (shm_embed_decode(buf, n, &em) == 0 && (g = lookup(p, em.req_id)) && (i = choice_of(g, em.req_id)) >= 0)
+                    gw_gen_embedding(g, i, &em);
             } else if (type == SHM_MSG_ERROR) {
                 struct shm_error er;
                 if (shm_error_decode(buf, n, &er) == 0) on_error_rec(p, e, &er);
@@ -274,6 +291,8 @@ static void ex_events(gw_exec *x, void *ud, struct shm_seg *seg) {
 static void ex_state(gw_exec *x, void *ud, int up, const char *why) {
     pool_ex *e = ud;
     (void)x;
+    e->vocab_next = 0; /* a new executor instance has no vocabulary yet */
+    e->vocab_done = 0;
     if (up) {
         CM_LOG_INFO("pool", "executor ready", "executor=%d", e->idx);
         return;

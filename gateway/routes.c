@@ -5,6 +5,8 @@
  * final usage and records its metrics. */
 #include "gateway/routes.h"
 
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,8 @@
 #include "gateway/metrics.h"
 #include "gateway/openai.h"
 #include "gateway/ws.h"
+#include "text/chat.h"
+#include "text/detok.h"
 
 struct gw_app {
     gw_app_cfg cfg;
@@ -52,14 +56,84 @@ static int backend_ready(gw_app *a) { return a->cfg.env->backend.ops->ready(a->c
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-static void send_json(gw_req *r, int status, const char *json, const char *extra) {
+/* The client's x-request-id when it is printable ASCII of at most 128 bytes, else NULL. */
+static const char *client_rid(gw_req *r) {
+    const char *v = gw_req_header(r, "x-request-id");
+    if (!v || !*v || strlen(v) > 128) return NULL;
+    for (const char *p = v; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) return NULL;
+    return v;
+}
+
+/* The CORS origin to allow for r's Origin ("*" or the origin when it is listed), or NULL. */
+static const char *cors_allow(const gw_app *a, gw_req *r, char *buf, size_t cap) {
+    const char *list = a->cfg.cors_origin;
+    if (!list || !*list) return NULL;
+    if (!strcmp(list, "*")) return "*";
+    const char *o = gw_req_header(r, "Origin");
+    if (!o) return NULL;
+    size_t ol = strlen(o);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && *p == ' ') { p++; n--; }
+        while (n && p[n - 1] == ' ') n--;
+        if (n == ol && !strncmp(p, o, n) && ol < cap) {
+            memcpy(buf, o, ol + 1);
+            return buf;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return NULL;
+}
+
+/* The header lines every response to r carries: the client's x-request-id echoed, and the
+ * CORS headers. Returns the length written. */
+static size_t common_headers(const gw_app *a, gw_req *r, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = 0;
+    const char *rid = client_rid(r);
+    if (rid) n += (size_t)snprintf(out, cap, "x-request-id: %s\r\n", rid);
+    char ob[256];
+    const char *allow = cors_allow(a, r, ob, sizeof ob);
+    if (allow && n < cap)
+        n += (size_t)snprintf(out + n, cap - n,
+                              "Access-Control-Allow-Origin: %s\r\n%sAccess-Control-Expose-Headers: x-request-id, "
+                              "x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, "
+                              "x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens, retry-after, "
+                              "x-should-retry\r\n",
+                              allow, strcmp(allow, "*") ? "Vary: Origin\r\n" : "");
+    return n < cap ? n : cap - 1;
+}
+
+static void send_raw(gw_req *r, int status, const char *json, const char *extra) {
     gw_resp_send(r, status, "application/json", json, strlen(json), extra);
 }
 
-static void send_err(gw_req *r, const gw_oai_err *e, const char *extra) {
+static void send_err_raw(gw_req *r, const gw_oai_err *e, const char *extra) {
     char *js = gw_oai_error_json(e);
-    if (js) send_json(r, e->status, js, extra);
-    else gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+    if (js) send_raw(r, e->status, js, extra);
+    else gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, extra);
+    free(js);
+}
+
+/* A whole response with the common header lines and extra. */
+static void reply(gw_app *a, gw_req *r, int status, const char *ctype, const char *body, size_t len, const char *extra) {
+    char hd[2048];
+    size_t n = common_headers(a, r, hd, sizeof hd);
+    snprintf(hd + n, sizeof hd - n, "%s", extra ? extra : "");
+    gw_resp_send(r, status, ctype, body, len, hd[0] ? hd : NULL);
+}
+
+static void send_json(gw_app *a, gw_req *r, int status, const char *json, const char *extra) {
+    reply(a, r, status, "application/json", json, strlen(json), extra);
+}
+
+static void send_err(gw_app *a, gw_req *r, const gw_oai_err *e, const char *extra) {
+    char *js = gw_oai_error_json(e);
+    if (js) send_json(a, r, e->status, js, extra);
+    else reply(a, r, 500, "text/plain", "out of memory\n", 14, extra);
     free(js);
 }
 
@@ -178,6 +252,15 @@ static void generate(gw_app *a, gw_gen *g, const char *bearer, size_t body_len) 
 
 /* ---- HTTP: JSON and SSE ------------------------------------------------------------------- */
 
+/* A /v1/responses output item being streamed, with its text (message, reasoning) or arguments. */
+typedef struct rsp_item {
+    gw_rsp_item it;
+    char  *buf;
+    size_t len, cap;
+    char   call_id[GW_OAI_ID_LEN];
+    char  *name;
+} rsp_item;
+
 typedef struct http_gen {
     tport      t;
     gw_req    *req;         /* NULL once the response ended or the client left */
@@ -186,13 +269,25 @@ typedef struct http_gen {
     int        ping_init;
     uint64_t   last_write;
     size_t    *toff;        /* SSE completions logprobs: text_offset per choice */
-    char       hdrs[640];   /* x-request-id and x-ratelimit-* lines for every response ("" without auth) */
+    char       hdrs[1536];  /* the common lines (x-request-id, CORS), then x-ratelimit-* (auth) for every response */
+    size_t     common_len;  /* bytes of hdrs that are the common lines */
+    /* /v1/responses streams: the output items so far */
+    rsp_item  *items;
+    int        n_items, cap_items;
+    int        open;        /* the item being written (-1: none) */
+    int        seq;         /* next sequence_number */
 } http_gen;
 
 static const char *HDRS(const http_gen *h) { return h->hdrs[0] ? h->hdrs : NULL; }
 
 static void http_free(http_gen *h) {
-    if (h) free(h->toff);
+    if (!h) return;
+    free(h->toff);
+    for (int i = 0; i < h->n_items; i++) {
+        free(h->items[i].buf);
+        free(h->items[i].name);
+    }
+    free(h->items);
     free(h);
 }
 
@@ -255,12 +350,224 @@ static void sse_text(gw_gen *g, int i, const char *text, size_t len, const gw_oa
 }
 
 static void sse_finish(gw_gen *g, int i, int finish) {
-    sse_json(g->sink_ud, gw_oai_chunk_json(&g->meta, i, 0, NULL, 0, finish, NULL, 0, NULL));
+    int f = finish == SHM_FINISH_STOP && g->ch[i].n_calls ? GW_FINISH_TOOL_CALLS : finish;
+    sse_json(g->sink_ud, gw_oai_chunk_json(&g->meta, i, 0, NULL, 0, f, NULL, 0, NULL));
+}
+
+static void sse_reasoning(gw_gen *g, int i, const char *text, size_t len) {
+    if (len) sse_json(g->sink_ud, gw_oai_chunk_reasoning_json(&g->meta, i, text, len));
+}
+
+static void sse_call(gw_gen *g, int i, int k, const char *id, const char *name, const char *args, size_t len, int end) {
+    if (end || (!id && !len)) return; /* the finish chunk says when calls are over */
+    sse_json(g->sink_ud, gw_oai_chunk_call_json(&g->meta, i, k, id, name, args, len));
 }
 
 static char *build_response(void *ctx, const gw_oai_choice *ch, int n) {
     gw_gen *g = ctx;
     return gw_oai_response_json(&g->meta, ch, n, &g->usage, g->sp.logprobs);
+}
+
+/* ---- /v1/responses: the items of the reply, and their streamed events ---------------------- */
+
+static gw_rsp_info rsp_info(const gw_gen *g) {
+    return (gw_rsp_info){ &g->q, g->id, g->meta.created, g->q.model, g->q.sp.max_tokens };
+}
+
+/* "completed", or "incomplete" when the reply was cut by max_output_tokens or the context. */
+static const char *rsp_status(const gw_gen *g) {
+    int f = g->ch[0].finish;
+    return f == SHM_FINISH_LENGTH || f == SHM_FINISH_CONTEXT ? "incomplete" : "completed";
+}
+
+static void rsp_send(http_gen *h, char *json) {
+    if (h->req && json) {
+        size_t n;
+        char *f = gw_sse_event(json, &n);
+        if (f) gw_resp_stream_write(h->req, f, n);
+        free(f);
+        h->last_write = uv_now(gw_req_loop(h->req));
+    }
+    free(json);
+}
+
+static gw_rsp_item *rsp_items(http_gen *h) {
+    gw_rsp_item *it = calloc((size_t)h->n_items + 1, sizeof *it);
+    for (int i = 0; it && i < h->n_items; i++) {
+        it[i] = h->items[i].it;
+        it[i].text = h->items[i].buf;
+        it[i].len = h->items[i].len;
+        it[i].name = h->items[i].name;
+        it[i].call_id = h->items[i].call_id;
+    }
+    return it;
+}
+
+/* Closes the open item: its done events. */
+static void rsp_close(http_gen *h) {
+    if (h->open < 0) return;
+    rsp_item *x = &h->items[h->open];
+    int oi = h->open;
+    x->it.done = 1;
+    const char *t = x->buf ? x->buf : "";
+    if (x->it.type == 0) {
+        rsp_send(h, gw_rsp_event_text("response.output_text.done", h->seq++, oi, x->it.id, t, x->len));
+        rsp_send(h, gw_rsp_event_text("response.content_part.done", h->seq++, oi, x->it.id, t, x->len));
+    } else if (x->it.type == 2) {
+        rsp_send(h, gw_rsp_event_text("response.reasoning_text.done", h->seq++, oi, x->it.id, t, x->len));
+    } else {
+        rsp_send(h, gw_rsp_event_text("response.function_call_arguments.done", h->seq++, oi, x->it.id, t, x->len));
+    }
+    gw_rsp_item it = x->it;
+    it.text = t;
+    it.len = x->len;
+    it.name = x->name;
+    it.call_id = x->call_id;
+    rsp_send(h, gw_rsp_event_item("response.output_item.done", h->seq++, oi, &it));
+    h->open = -1;
+}
+
+/* Opens a new item of type (0 message, 1 function_call, 2 reasoning) unless one is open. */
+static rsp_item *rsp_open(http_gen *h, int type, const char *call_id, const char *name) {
+    if (h->open >= 0 && h->items[h->open].it.type == type && type != 1) return &h->items[h->open];
+    rsp_close(h);
+    if (h->n_items == h->cap_items) {
+        int cap = h->cap_items ? h->cap_items * 2 : 4;
+        rsp_item *n = realloc(h->items, sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        h->items = n;
+        h->cap_items = cap;
+    }
+    rsp_item *x = &h->items[h->n_items];
+    memset(x, 0, sizeof *x);
+    x->it.type = type;
+    gw_oai_make_id(x->it.id, sizeof x->it.id, type == 0 ? "msg_" : type == 1 ? "fc_" : "rs_");
+    if (call_id) snprintf(x->call_id, sizeof x->call_id, "%s", call_id);
+    if (name && !(x->name = strdup(name))) return NULL;
+    h->open = h->n_items++;
+    gw_rsp_item it = x->it;
+    it.name = x->name;
+    it.call_id = x->call_id;
+    rsp_send(h, gw_rsp_event_item("response.output_item.added", h->seq++, h->open, &it));
+    if (type == 0) rsp_send(h, gw_rsp_event_text("response.content_part.added", h->seq++, h->open, x->it.id, "", 0));
+    return x;
+}
+
+static void rsp_append(rsp_item *x, const char *s, size_t n) {
+    if (x->len + n + 1 > x->cap) {
+        size_t c = x->cap ? x->cap * 2 : 256;
+        while (c < x->len + n + 1) c *= 2;
+        char *nb = realloc(x->buf, c);
+        if (!nb) return;
+        x->buf = nb;
+        x->cap = c;
+    }
+    memcpy(x->buf + x->len, s, n);
+    x->len += n;
+    x->buf[x->len] = 0;
+}
+
+static void rsp_start(gw_gen *g) {
+    http_gen *h = g->sink_ud;
+    if (!h->req) return;
+    char hd[sizeof h->hdrs + 64];
+    snprintf(hd, sizeof hd, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n%s", h->hdrs);
+    gw_resp_stream_start(h->req, 200, "text/event-stream", hd);
+    h->last_write = uv_now(gw_req_loop(h->req));
+    h->open = -1;
+    gw_rsp_info ri = rsp_info(g);
+    rsp_send(h, gw_rsp_event_response("response.created", h->seq++, &ri, "in_progress", NULL, 0, NULL, NULL));
+    rsp_send(h, gw_rsp_event_response("response.in_progress", h->seq++, &ri, "in_progress", NULL, 0, NULL, NULL));
+    uint32_t ms = h->t.app->cfg.ping_ms;
+    if (ms && uv_timer_init(gw_req_loop(h->req), &h->ping) == 0) {
+        h->ping.data = h;
+        h->ping_init = 1;
+        uv_timer_start(&h->ping, ping_tick, ms, ms);
+    }
+}
+
+static void rsp_text(gw_gen *g, int i, const char *text, size_t len, const gw_oai_tok *toks, int n_toks) {
+    http_gen *h = g->sink_ud;
+    if (!len) return;
+    rsp_item *x = rsp_open(h, 0, NULL, NULL);
+    if (!x) return;
+    rsp_append(x, text, len);
+    rsp_send(h, gw_rsp_event_text("response.output_text.delta", h->seq++, h->open, x->it.id, text, len));
+}
+
+static void rsp_reasoning(gw_gen *g, int i, const char *text, size_t len) {
+    http_gen *h = g->sink_ud;
+    if (!len) return;
+    rsp_item *x = rsp_open(h, 2, NULL, NULL);
+    if (!x) return;
+    rsp_append(x, text, len);
+    rsp_send(h, gw_rsp_event_text("response.reasoning_text.delta", h->seq++, h->open, x->it.id, text, len));
+}
+
+static void rsp_call(gw_gen *g, int i, int k, const char *id, const char *name, const char *args, size_t len, int end) {
+    http_gen *h = g->sink_ud;
+    if (id) { rsp_open(h, 1, id, name); return; }
+    if (h->open < 0 || h->items[h->open].it.type != 1) return;
+    rsp_item *x = &h->items[h->open];
+    if (end) { rsp_close(h); return; }
+    if (!len) return;
+    rsp_append(x, args, len);
+    rsp_send(h, gw_rsp_event_text("response.function_call_arguments.delta", h->seq++, h->open, x->it.id, args, len));
+}
+
+/* The whole reply as items (non-streaming): reasoning, the message, then the calls. */
+typedef struct rsp_ctx { const gw_gen *g; } rsp_ctx;
+static char *build_rsp(void *ctx, const gw_oai_choice *ch, int n) {
+    const gw_gen *g = ((rsp_ctx *)ctx)->g;
+    gw_rsp_item it[2 + 64];
+    int k = 0;
+    if (n < 1) return NULL;
+    if (ch[0].reasoning && ch[0].reasoning_len) {
+        it[k] = (gw_rsp_item){ .type = 2, .text = ch[0].reasoning, .len = ch[0].reasoning_len, .done = 1 };
+        gw_oai_make_id(it[k].id, sizeof it[k].id, "rs_");
+        k++;
+    }
+    if (ch[0].len || !ch[0].n_calls) {
+        it[k] = (gw_rsp_item){ .type = 0, .text = ch[0].text, .len = ch[0].len, .done = 1 };
+        gw_oai_make_id(it[k].id, sizeof it[k].id, "msg_");
+        k++;
+    }
+    for (int c = 0; c < ch[0].n_calls && k < 66; c++) {
+        it[k] = (gw_rsp_item){ .type = 1, .text = ch[0].calls[c].args, .len = ch[0].calls[c].args_len, .name = ch[0].calls[c].name,
+                               .call_id = ch[0].calls[c].id, .done = 1 };
+        gw_oai_make_id(it[k].id, sizeof it[k].id, "fc_");
+        k++;
+    }
+    gw_rsp_info ri = rsp_info(g);
+    return gw_rsp_json(&ri, rsp_status(g), it, k, &g->usage);
+}
+
+/* The embeddings answer: each input's vector, cut to `dimensions` (then normalised again when
+ * the model normalises). */
+static char *build_embeddings(const gw_gen *g) {
+    int dim = g->q.dimensions ? g->q.dimensions : g->env->n_embd;
+    const float **v = calloc((size_t)g->n, sizeof *v);
+    float *cut = dim < g->env->n_embd ? malloc(sizeof(float) * (size_t)dim * (size_t)g->n) : NULL;
+    char *js = NULL;
+    if (!v || (dim < g->env->n_embd && !cut)) goto out;
+    for (int i = 0; i < g->n; i++) {
+        v[i] = g->ch[i].embd;
+        if (!cut) continue;
+        float *o = cut + (size_t)i * dim;
+        double ss = 0;
+        for (int j = 0; j < dim; j++) {
+            o[j] = g->ch[i].embd[j];
+            ss += (double)o[j] * o[j];
+        }
+        if (g->env->normalize && ss > 0)
+            for (int j = 0; j < dim; j++) o[j] = (float)(o[j] / sqrt(ss));
+        v[i] = o;
+    }
+    js = gw_oai_embeddings_json(g->q.model, v, g->n, dim, g->q.encoding_base64, g->usage.prompt_tokens);
+out:
+    free(v);
+    free(cut);
+    return js;
 }
 
 /* The end of a JSON or SSE generation: the whole JSON answer, the stream's tail, or the error
@@ -269,25 +576,46 @@ static void http_end(gw_gen *g, const gw_oai_err *err) {
     http_gen *h = g->sink_ud;
     finish(g, err);
     h->g = NULL;
+    int rsp = g->q.kind == GW_OAI_RESPONSES;
     if (h->req) {
         gw_req_on_abort(h->req, NULL, NULL); /* h goes below, whatever the last writes do */
         if (err && g->q.stream && g->ran) {
-            char *js = gw_oai_error_json(err);
-            sse(h, js);
-            free(js);
+            if (rsp) { /* the Responses stream ends with response.failed */
+                rsp_close(h);
+                gw_rsp_item *it = rsp_items(h);
+                gw_rsp_info ri = rsp_info(g);
+                rsp_send(h, gw_rsp_event_response("response.failed", h->seq++, &ri, "failed", it, it ? h->n_items : 0, &g->usage, err));
+                free(it);
+            } else {
+                char *js = gw_oai_error_json(err);
+                sse(h, js);
+                free(js);
+            }
             gw_resp_stream_end(h->req);
         } else if (err) {
             char hd[sizeof h->hdrs + 32];
             int retry = (err->status == 503 || err->status == 429) && !strstr(h->hdrs, "Retry-After:");
             snprintf(hd, sizeof hd, "%s%s", retry ? "Retry-After: 1\r\n" : "", h->hdrs);
-            send_err(h->req, err, hd[0] ? hd : NULL);
+            send_err_raw(h->req, err, hd[0] ? hd : NULL);
+        } else if (g->q.stream && rsp) {
+            rsp_close(h);
+            gw_rsp_item *it = rsp_items(h);
+            gw_rsp_info ri = rsp_info(g);
+            const char *st = rsp_status(g);
+            rsp_send(h, gw_rsp_event_response(!strcmp(st, "completed") ? "response.completed" : "response.incomplete", h->seq++, &ri,
+                                              st, it, it ? h->n_items : 0, &g->usage, NULL));
+            free(it);
+            gw_resp_stream_end(h->req);
         } else if (g->q.stream) {
             if (g->q.include_usage) sse_json(h, gw_oai_usage_chunk_json(&g->meta, &g->usage));
             gw_resp_stream_write(h->req, GW_SSE_DONE, sizeof GW_SSE_DONE - 1);
             gw_resp_stream_end(h->req);
         } else {
-            char *js = gw_gen_build(g, g->sp.logprobs, build_response, g);
-            if (js) send_json(h->req, 200, js, HDRS(h));
+            rsp_ctx rc = { g };
+            char *js = g->q.kind == GW_OAI_EMBEDDINGS ? build_embeddings(g)
+                       : rsp                          ? gw_gen_build(g, 0, build_rsp, &rc)
+                                                      : gw_gen_build(g, g->sp.logprobs, build_response, g);
+            if (js) send_raw(h->req, 200, js, HDRS(h));
             else gw_resp_send(h->req, 500, "text/plain", "out of memory\n", 14, HDRS(h));
             free(js);
         }
@@ -296,8 +624,9 @@ static void http_end(gw_gen *g, const gw_oai_err *err) {
     tport_done(&h->t);
 }
 
-static const gw_gen_sink sse_sink = { sse_start, sse_text, sse_finish, http_end };
-static const gw_gen_sink json_sink = { NULL, NULL, NULL, http_end }; /* the generation keeps the output */
+static const gw_gen_sink sse_sink = { sse_start, sse_text, sse_finish, http_end, sse_reasoning, sse_call };
+static const gw_gen_sink rsp_sink = { rsp_start, rsp_text, NULL, http_end, rsp_reasoning, rsp_call };
+static const gw_gen_sink json_sink = { NULL, NULL, NULL, http_end, NULL, NULL }; /* the generation keeps the output */
 
 static void http_abort(gw_req *r, void *ud) {
     http_gen *h = ud;
@@ -307,10 +636,14 @@ static void http_abort(gw_req *r, void *ud) {
     gw_gen_cancel(h->g); /* http_end runs inside */
 }
 
-/* The key after "Bearer " in Authorization, or NULL. */
+/* The API key: after "Bearer " in Authorization, else x-api-key (as llama-server and
+ * Anthropic-style clients send it), or NULL. */
 static const char *bearer_of(gw_req *r) {
     const char *h = gw_req_header(r, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) {
+        const char *k = gw_req_header(r, "x-api-key");
+        return k && *k ? k : NULL;
+    }
     h += 7;
     while (*h == ' ') h++;
     return h;
@@ -323,10 +656,12 @@ static void fmt_reset(char *out, size_t cap, int64_t ms) {
     else snprintf(out, cap, "%llds", (long long)(ms / 1000));
 }
 
-/* Header lines for an admission result: x-request-id, x-ratelimit-* (limited dimensions only),
- * and for refusals Retry-After and x-should-retry. */
+/* Header lines for an admission result: x-request-id (rid NULL: the client's is among the
+ * common lines already), x-ratelimit-* (limited dimensions only), and for refusals Retry-After
+ * and x-should-retry. */
 static void auth_headers(char *out, size_t cap, const char *rid, const gw_auth_result *res) {
-    size_t n = (size_t)snprintf(out, cap, "x-request-id: %s\r\n", rid);
+    size_t n = rid ? (size_t)snprintf(out, cap, "x-request-id: %s\r\n", rid) : 0;
+    out[n < cap ? n : 0] = 0;
     char reset[32];
     if (res && res->lim_req && n < cap) {
         fmt_reset(reset, sizeof reset, res->reset_req_ms);
@@ -349,32 +684,35 @@ static void auth_headers(char *out, size_t cap, const char *rid, const gw_auth_r
     }
 }
 
-/* The admission's answer as header lines on every response of this request. */
+/* The admission's answer as header lines on every response of this request (after the common
+ * lines, which carry the client's x-request-id when it sent one). */
 static void http_admitted(gw_gen *g, const gw_auth_result *res) {
     http_gen *h = g->sink_ud;
-    char rid[GW_OAI_ID_LEN + 16];
-    const char *p = strstr(h->hdrs, "x-request-id: ");
-    snprintf(rid, sizeof rid, "%.*s", p ? (int)strcspn(p + 14, "\r") : 0, p ? p + 14 : "");
-    auth_headers(h->hdrs, sizeof h->hdrs, rid, res);
+    char rid[160] = "";
+    const char *p = strstr(h->hdrs + h->common_len, "x-request-id: ");
+    if (p) snprintf(rid, sizeof rid, "%.*s", (int)strcspn(p + 14, "\r"), p + 14);
+    auth_headers(h->hdrs + h->common_len, sizeof h->hdrs - h->common_len, rid[0] ? rid : NULL, res);
 }
 
 static void handle_generate(gw_app *a, gw_req *r, int kind) {
     gw_oai_err e;
-    char hdrs[256] = "";
+    char hdrs[1536] = "";
+    size_t common = common_headers(a, r, hdrs, sizeof hdrs);
     const char *bearer = NULL;
     if (a->cfg.auth) {
         char rid[GW_OAI_ID_LEN];
         gw_oai_make_id(rid, sizeof rid, "req_");
-        auth_headers(hdrs, sizeof hdrs, rid, NULL);
+        const char *crid = client_rid(r);
+        auth_headers(hdrs + common, sizeof hdrs - common, crid ? NULL : rid, NULL);
         bearer = bearer_of(r);
         if (!bearer || !gw_key_well_formed(bearer, strlen(bearer))) {
             gw_auth_result res = {0};
             gw_oai_err_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "%s",
                            bearer ? "Incorrect API key provided. Keys look like 'ak-' followed by 48 hex digits."
-                                  : "You didn't provide an API key. Send 'Authorization: Bearer ak-...'.");
+                                  : "You didn't provide an API key. Send 'Authorization: Bearer ak-...' or 'x-api-key: ak-...'.");
             res.status = 401;
-            auth_headers(hdrs, sizeof hdrs, rid, &res);
-            send_err(r, &e, hdrs);
+            auth_headers(hdrs + common, sizeof hdrs - common, crid ? NULL : rid, &res);
+            send_err_raw(r, &e, hdrs);
             return;
         }
     }
@@ -385,30 +723,34 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         if (srv && gw_server_draining(srv))
             gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
         else gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
-        send_err(r, &e, h);
+        send_err_raw(r, &e, h);
         return;
     }
     gw_oai_req q;
     size_t blen;
     const char *body = gw_req_body(r, &blen);
     if (gw_oai_parse(kind, body, blen, &q, &e)) {
-        send_err(r, &e, hdrs[0] ? hdrs : NULL);
+        send_err_raw(r, &e, hdrs[0] ? hdrs : NULL);
         return;
     }
     int stream = q.stream, keep = GW_GEN_KEEP_TEXT | (q.sp.logprobs ? GW_GEN_KEEP_LOGPROBS : 0);
     http_gen *h = calloc(1, sizeof *h);
     if (!h || !(h->toff = calloc((size_t)q.n, sizeof *h->toff))) {
         gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        send_err(r, &e, hdrs[0] ? hdrs : NULL);
+        send_err_raw(r, &e, hdrs[0] ? hdrs : NULL);
         gw_oai_req_free(&q);
         http_free(h);
         return;
     }
     h->t = (tport){ a, 0, http_admitted, NULL, http_release };
     h->req = r;
+    h->open = -1;
+    h->common_len = common;
     memcpy(h->hdrs, hdrs, sizeof hdrs);
-    if (gen_new(a, &q, stream ? &sse_sink : &json_sink, &h->t, kind == GW_OAI_CHAT ? "chatcmpl-" : "cmpl-", &h->g, &e)) {
-        send_err(r, &e, HDRS(h));
+    const gw_gen_sink *sink = !stream ? &json_sink : kind == GW_OAI_RESPONSES ? &rsp_sink : &sse_sink;
+    const char *prefix = kind == GW_OAI_CHAT ? "chatcmpl-" : kind == GW_OAI_RESPONSES ? "resp_" : kind == GW_OAI_EMBEDDINGS ? "embd-" : "cmpl-";
+    if (gen_new(a, &q, sink, &h->t, prefix, &h->g, &e)) {
+        send_err_raw(r, &e, HDRS(h));
         http_free(h);
         return;
     }
@@ -654,7 +996,7 @@ static void handle_ws(gw_app *a, gw_req *r) {
             gw_oai_err e;
             gw_oai_err_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "%s",
                            b ? "Incorrect API key provided." : "You didn't provide an API key. Send 'Authorization: Bearer ak-...'.");
-            send_err(r, &e, "x-should-retry: false\r\n");
+            send_err(a, r, &e, "x-should-retry: false\r\n");
             free(s);
             return;
         }
@@ -667,9 +1009,9 @@ static void handle_ws(gw_app *a, gw_req *r) {
 
 static void handle_health(gw_app *a, gw_req *r, int ready_probe) {
     gw_server *s = gw_req_server(r);
-    if (ready_probe && s && gw_server_draining(s)) send_json(r, 503, "{\"status\":\"draining\"}", NULL);
-    else if (!backend_ready(a)) send_json(r, 503, "{\"status\":\"loading\"}", NULL);
-    else send_json(r, 200, "{\"status\":\"ok\"}", NULL);
+    if (ready_probe && s && gw_server_draining(s)) send_json(a, r, 503, "{\"status\":\"draining\"}", NULL);
+    else if (!backend_ready(a)) send_json(a, r, 503, "{\"status\":\"loading\"}", NULL);
+    else send_json(a, r, 200, "{\"status\":\"ok\"}", NULL);
 }
 
 static cJSON *model_obj(gw_app *a, const char *id) {
@@ -678,6 +1020,7 @@ static cJSON *model_obj(gw_app *a, const char *id) {
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", a->cfg.owned_by ? a->cfg.owned_by : "arka");
+    cJSON_AddNumberToObject(m, "max_model_len", a->cfg.env->n_ctx);
     return m;
 }
 
@@ -689,7 +1032,7 @@ static void handle_models(gw_app *a, gw_req *r, const char *one) {
             gw_oai_err e;
             gw_oai_err_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                            "The model `%.200s` does not exist or you do not have access to it.", one);
-            send_err(r, &e, NULL);
+            send_err(a, r, &e, NULL);
             return;
         }
         root = model_obj(a, id);
@@ -701,9 +1044,211 @@ static void handle_models(gw_app *a, gw_req *r, const char *one) {
     }
     char *js = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (js) send_json(r, 200, js, NULL);
-    else gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+    if (js) send_json(a, r, 200, js, NULL);
+    else reply(a, r, 500, "text/plain", "out of memory\n", 14, NULL);
     free(js);
+}
+
+/* ---- /tokenize and /detokenize (vLLM's) ------------------------------------------------------ */
+
+typedef struct tok_job {
+    uv_work_t work;
+    gw_app   *app;
+    gw_req   *req;          /* NULL once the client left */
+    int       detok;
+    cJSON    *body;
+    int       status;       /* the answer */
+    char     *json;
+    gw_oai_err err;
+    char      hdrs[1536];
+} tok_job;
+
+static void tok_abort(gw_req *r, void *ud) {
+    (void)r;
+    ((tok_job *)ud)->req = NULL;
+}
+
+static int tok_bad(tok_job *j, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int tok_bad(tok_job *j, const char *param, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    gw_oai_err_set(&j->err, 400, "invalid_request_error", param, NULL, "%s", msg);
+    j->status = 400;
+    return -1;
+}
+
+/* Threadpool: {prompt | messages (+ add_generation_prompt, tools, chat_template_kwargs),
+ * add_special_tokens, return_token_strs} -> {count, max_model_len, tokens, token_strs}; or
+ * {tokens} -> {prompt}. */
+static void tok_work(uv_work_t *w) {
+    tok_job *j = w->data;
+    const gw_gen_env *env = j->app->cfg.env;
+    const cJSON *o = j->body, *k;
+    static const char *const tk[] = { "model", "prompt", "messages", "add_generation_prompt", "add_special_tokens",
+                                      "return_token_strs", "tools", "chat_template_kwargs", "continue_final_message", NULL };
+    static const char *const dk[] = { "model", "tokens", NULL };
+    cJSON_ArrayForEach(k, o) {
+        int ok = 0;
+        for (const char *const *l = j->detok ? dk : tk; *l && !ok; l++) ok = !strcmp(*l, k->string);
+        if (!ok) { tok_bad(j, k->string, "Unrecognized request argument supplied: %.100s", k->string); return; }
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, j->app->cfg.model_id))) {
+        gw_oai_err_set(&j->err, 404, "invalid_request_error", "model", "model_not_found", "The model does not exist.");
+        j->status = 404;
+        return;
+    }
+    cJSON *out = cJSON_CreateObject();
+    if (j->detok) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *x;
+        if (!cJSON_IsArray(t)) { cJSON_Delete(out); tok_bad(j, "tokens", "'tokens' must be an array of token ids"); return; }
+        tok_detok d;
+        tok_detok_init(&d, env->vocab, 0);
+        size_t cap = tok_detok_out_cap(&d), len = 0, tc = 1024;
+        char *piece = malloc(cap), *txt = malloc(tc);
+        int nv = tok_n_vocab(env->vocab), bad = -1, i = 0;
+        cJSON_ArrayForEach(x, t) {
+            size_t n = 0;
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= nv || x->valuedouble != (int)x->valuedouble) { bad = i; break; }
+            tok_detok_push(&d, (int32_t)x->valuedouble, piece, cap, &n);
+            if (len + n + 8 > tc) txt = realloc(txt, tc = (len + n + 8) * 2);
+            memcpy(txt + len, piece, n);
+            len += n;
+            i++;
+        }
+        size_t n = 0;
+        tok_detok_flush(&d, piece, cap, &n);
+        if (len + n + 1 > tc) txt = realloc(txt, tc = len + n + 1);
+        memcpy(txt + len, piece, n);
+        len += n;
+        txt[len] = 0;
+        if (bad >= 0) tok_bad(j, "tokens", "tokens[%d] is not a token id of this model (0..%d)", bad, nv - 1);
+        else cJSON_AddStringToObject(out, "prompt", txt);
+        free(piece);
+        free(txt);
+    } else {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt"), *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+        const cJSON *ast = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens"), *strs = cJSON_GetObjectItemCaseSensitive(o, "return_token_strs");
+        char *text = NULL;
+        int chat = msgs != NULL;
+        if (!!prompt == !!msgs) { cJSON_Delete(out); tok_bad(j, "prompt", "give either 'prompt' or 'messages'"); return; }
+        if (prompt && !cJSON_IsString(prompt)) { cJSON_Delete(out); tok_bad(j, "prompt", "'prompt' must be a string"); return; }
+        if (ast && !cJSON_IsBool(ast)) { cJSON_Delete(out); tok_bad(j, "add_special_tokens", "expected a boolean"); return; }
+        if (strs && !cJSON_IsBool(strs)) { cJSON_Delete(out); tok_bad(j, "return_token_strs", "expected a boolean"); return; }
+        if (chat) { /* the chat request's own parser checks the messages (and tools, kwargs) */
+            cJSON *req = cJSON_Duplicate(o, 1);
+            cJSON_DeleteItemFromObject(req, "add_generation_prompt");
+            cJSON_DeleteItemFromObject(req, "add_special_tokens");
+            cJSON_DeleteItemFromObject(req, "return_token_strs");
+            cJSON_DeleteItemFromObject(req, "continue_final_message");
+            if (!cJSON_GetObjectItem(req, "model")) cJSON_AddStringToObject(req, "model", j->app->cfg.model_id);
+            char *rt = cJSON_PrintUnformatted(req);
+            cJSON_Delete(req);
+            gw_oai_req q;
+            if (!rt || gw_oai_parse(GW_OAI_CHAT, rt, strlen(rt), &q, &j->err)) {
+                free(rt);
+                cJSON_Delete(out);
+                if (!rt) gw_oai_err_set(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+                j->status = j->err.status;
+                return;
+            }
+            free(rt);
+            const cJSON *agp = cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt");
+            tok_chat_msg *m = calloc((size_t)q.n_msgs, sizeof *m);
+            for (int i = 0; m && i < q.n_msgs; i++)
+                m[i] = (tok_chat_msg){ q.msgs[i].role, q.msgs[i].content, q.msgs[i].name, q.msgs[i].tool_call_id, q.msgs[i].tool_calls,
+                                       q.msgs[i].reasoning };
+            size_t len;
+            char err[400] = "";
+            int rc = m ? tok_chat_render_ex(env->chat, m, q.n_msgs, q.tools_json, NULL, q.template_kwargs_json,
+                                            !agp || cJSON_IsTrue(agp), &text, &len, err, sizeof err)
+                       : CM_ENOMEM;
+            free(m);
+            gw_oai_req_free(&q);
+            if (rc) {
+                cJSON_Delete(out);
+                tok_bad(j, "messages", "chat template: %s", err[0] ? err : cm_err_str(rc));
+                return;
+            }
+        }
+        const char *t = chat ? text : prompt->valuestring;
+        size_t len = strlen(t);
+        int add = ast ? cJSON_IsTrue(ast) : !chat, cap = (int)(len < (size_t)1 << 28 ? len : (size_t)1 << 28) + 4, n = 0;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+        int rc = ids ? tok_encode(env->vocab, t, len, add, chat, ids, cap, &n) : CM_ENOMEM;
+        free(text);
+        if (rc) {
+            free(ids);
+            cJSON_Delete(out);
+            tok_bad(j, chat ? "messages" : "prompt", "cannot tokenize: %s", cm_err_str(rc));
+            return;
+        }
+        cJSON_AddNumberToObject(out, "count", n);
+        cJSON_AddNumberToObject(out, "max_model_len", env->n_ctx);
+        cJSON *a = cJSON_AddArrayToObject(out, "tokens");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+        if (strs && cJSON_IsTrue(strs)) {
+            cJSON *ts = cJSON_AddArrayToObject(out, "token_strs");
+            for (int i = 0; i < n; i++) {
+                const char *tt = tok_text(env->vocab, ids[i]);
+                cJSON_AddItemToArray(ts, cJSON_CreateString(tt ? tt : ""));
+            }
+        } else cJSON_AddNullToObject(out, "token_strs");
+        free(ids);
+    }
+    if (!j->status) {
+        j->json = cJSON_PrintUnformatted(out);
+        j->status = 200;
+    }
+    cJSON_Delete(out);
+}
+
+static void tok_done(uv_work_t *w, int status) {
+    tok_job *j = w->data;
+    if (j->req) {
+        gw_req_on_abort(j->req, NULL, NULL);
+        if (status || (j->status == 200 && !j->json)) gw_resp_send(j->req, 500, "text/plain", "out of memory\n", 14, j->hdrs[0] ? j->hdrs : NULL);
+        else if (j->status == 200) send_raw(j->req, 200, j->json, j->hdrs[0] ? j->hdrs : NULL);
+        else send_err_raw(j->req, &j->err, j->hdrs[0] ? j->hdrs : NULL);
+    }
+    cJSON_Delete(j->body);
+    free(j->json);
+    free(j);
+}
+
+static void handle_tokenize(gw_app *a, gw_req *r, int detok) {
+    gw_oai_err e;
+    size_t blen;
+    const char *body = gw_req_body(r, &blen);
+    cJSON *o = cJSON_ParseWithLengthOpts(body, blen, NULL, 0);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        gw_oai_err_set(&e, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
+        send_err(a, r, &e, NULL);
+        return;
+    }
+    tok_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        cJSON_Delete(o);
+        reply(a, r, 500, "text/plain", "out of memory\n", 14, NULL);
+        return;
+    }
+    j->app = a;
+    j->req = r;
+    j->detok = detok;
+    j->body = o;
+    common_headers(a, r, j->hdrs, sizeof j->hdrs);
+    j->work.data = j;
+    gw_req_on_abort(r, tok_abort, j);
+    if (uv_queue_work(gw_req_loop(r), &j->work, tok_work, tok_done)) {
+        gw_req_on_abort(r, NULL, NULL);
+        cJSON_Delete(o);
+        free(j);
+        reply(a, r, 500, "text/plain", "cannot queue the request\n", 25, NULL);
+    }
 }
 
 /* Percent-decodes src into dst (cap bytes); returns -1 on a bad escape or overflow. */
@@ -730,10 +1275,12 @@ static int pct_decode(const char *src, char *dst, size_t cap) {
 /* The route pattern of a path, for metrics labels (never the raw path: ids stay out). */
 static const char *route_of(const char *path) {
     static const char *const exact[] = { "/health", "/ready", "/metrics", "/v1/models", "/v1/completions",
-                                         "/v1/chat/completions", "/v1/ws" };
+                                         "/v1/chat/completions", "/v1/ws", "/v1/responses", "/v1/embeddings", "/tokenize",
+                                         "/detokenize" };
     for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
         if (strcmp(path, exact[i]) == 0) return exact[i];
     if (strncmp(path, "/v1/models/", 11) == 0) return "/v1/models/{id}";
+    if (strncmp(path, "/v1/responses/", 14) == 0) return "/v1/responses/{id}";
     return "other";
 }
 
@@ -742,12 +1289,29 @@ void gw_app_on_response(void *ud, const char *path, int status) {
     gw_met_http(a->cfg.met, route_of(path ? path : ""), status);
 }
 
+/* CORS preflight: the origin, the methods and the headers a browser may send. */
+static void handle_preflight(gw_app *a, gw_req *r) {
+    const char *rh = gw_req_header(r, "Access-Control-Request-Headers");
+    char hd[1024];
+    int ok = 1;
+    for (const char *p = rh; p && *p && ok; p++) ok = *p >= 0x20 && *p < 0x7f;
+    snprintf(hd, sizeof hd,
+             "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: %s\r\n"
+             "Access-Control-Max-Age: 86400\r\n",
+             rh && ok && strlen(rh) < 512 ? rh : "Authorization, Content-Type, x-api-key, x-request-id");
+    reply(a, r, 204, NULL, "", 0, hd);
+}
+
 void gw_app_handle(gw_req *r, void *ud) {
     gw_app *a = ud;
     const char *path = gw_req_path(r);
     int m = gw_req_method(r);
     int get = m == HTTP_GET || m == HTTP_HEAD, post = m == HTTP_POST;
     const char *allow = NULL;
+    if (m == HTTP_OPTIONS && a->cfg.cors_origin && *a->cfg.cors_origin) {
+        handle_preflight(a, r);
+        return;
+    }
     if (strcmp(path, "/health") == 0 || strcmp(path, "/ready") == 0) {
         if (get) {
             handle_health(a, r, path[1] == 'r');
@@ -783,12 +1347,37 @@ void gw_app_handle(gw_req *r, void *ud) {
             return;
         }
         allow = "Allow: POST\r\n";
+    } else if (strcmp(path, "/v1/responses") == 0) {
+        if (post) {
+            handle_generate(a, r, GW_OAI_RESPONSES);
+            return;
+        }
+        allow = "Allow: POST\r\n";
+    } else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14]) {
+        gw_oai_err e;
+        gw_oai_err_set(&e, 404, "invalid_request_error", NULL, "response_not_found",
+                       "Responses are not stored by this server (every response is as with store: false), so '%.100s' "
+                       "cannot be retrieved, cancelled or deleted.", path + 14);
+        send_err(a, r, &e, NULL);
+        return;
+    } else if (strcmp(path, "/v1/embeddings") == 0) {
+        if (post) {
+            handle_generate(a, r, GW_OAI_EMBEDDINGS);
+            return;
+        }
+        allow = "Allow: POST\r\n";
+    } else if (strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0) {
+        if (post) {
+            handle_tokenize(a, r, path[1] == 'd');
+            return;
+        }
+        allow = "Allow: POST\r\n";
     } else if (strcmp(path, "/metrics") == 0 && a->cfg.metrics) {
         if (get) {
             size_t len = 0;
             char *txt = a->cfg.metrics(a->cfg.metrics_ud, &len);
-            if (txt) gw_resp_send(r, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len, NULL);
-            else gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+            if (txt) reply(a, r, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len, NULL);
+            else reply(a, r, 500, "text/plain", "out of memory\n", 14, NULL);
             free(txt);
             return;
         }
@@ -804,10 +1393,10 @@ void gw_app_handle(gw_req *r, void *ud) {
     if (allow) {
         gw_oai_err_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "Method %s is not allowed on %.200s.",
                        gw_req_method_name(r), path);
-        send_err(r, &e, allow);
+        send_err(a, r, &e, allow);
     } else {
         gw_oai_err_set(&e, 404, "invalid_request_error", NULL, "unknown_url", "Invalid URL (%s %.200s)", gw_req_method_name(r),
                        path);
-        send_err(r, &e, NULL);
+        send_err(a, r, &e, NULL);
     }
 }

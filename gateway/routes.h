@@ -6,8 +6,17 @@
  *   GET  /v1/models/{id}       the model, or 404
  *   POST /v1/completions       OpenAI completions, JSON or SSE (stream: true)
  *   POST /v1/chat/completions  OpenAI chat completions, JSON or SSE
+ *   POST /v1/responses         OpenAI Responses API, JSON or its SSE event stream (responses are not
+ *                              stored: GET /v1/responses/{id} is a 404 saying so)
+ *   POST /v1/embeddings        embeddings (a model served with --task embed)
+ *   POST /tokenize, /detokenize  vLLM's: a prompt or messages to ids (and token strings), ids to text
  *   GET  /v1/ws                WebSocket with Realtime-style events (response.create / response.cancel)
  *   GET  /metrics              Prometheus text from cfg.metrics (when set)
+ *   OPTIONS *                  CORS preflight (with cfg.cors_origin)
+ *
+ * Every response carries the client's x-request-id back (and, with auth, a generated one when
+ * the client sent none); with cfg.cors_origin, the CORS headers. An API key comes in
+ * "Authorization: Bearer KEY" or "x-api-key: KEY".
  *   anything else              404 (unknown path) or 405 (known path, wrong method), OpenAI-style body
  *
  * Every generation, whatever its transport, is one gw_gen (gateway/gen.h) made from the parsed
@@ -51,6 +60,9 @@ typedef struct gw_app_cfg {
     gw_auth    *auth;
     /* Metrics registry (serve.c's) for requests, per-tenant usage and HTTP counters; NULL: none. */
     struct gw_met *met;
+    /* CORS (--cors-origin): "*" or a comma-separated list of origins allowed to call the API from a
+     * browser. NULL: no CORS headers, and OPTIONS is answered 405 like any other method. */
+    const char *cors_origin;
 } gw_app_cfg;
 
 typedef struct gw_app gw_app;

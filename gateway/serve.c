@@ -16,7 +16,9 @@
 #include "gateway/routes.h"
 #include "text/chat.h"
 #include "model/model.h"
+#include "text/grammar.h"
 #include "text/tok.h"
+#include "text/tools.h"
 
 void gw_serve_opts_default(gw_serve_opts *o) {
     memset(o, 0, sizeof *o);
@@ -158,7 +160,16 @@ int gw_serve_run(const gw_serve_opts *o) {
         return 1;
     }
     int n_ctx = o->n_ctx > 0 ? o->n_ctx : m->cfg.n_ctx_train;
+    /* embeddings: asked for, or detected from the files (they say how to pool) */
+    const char *task = o->task && *o->task ? o->task : "auto";
+    int embed = !strcmp(task, "embed") || (!strcmp(task, "auto") && m->cfg.pooling != MDL_POOL_NONE);
+    int pooling = m->cfg.pooling != MDL_POOL_NONE ? m->cfg.pooling : MDL_POOL_LAST, normalize = m->cfg.pooling != MDL_POOL_NONE ? m->cfg.embd_normalize : 1;
+    int n_embd = m->cfg.n_embd;
     mdl_free(m);
+    if (strcmp(task, "auto") && strcmp(task, "embed") && strcmp(task, "generate")) {
+        fprintf(stderr, "arka serve: --task '%s': expected auto, generate or embed\n", task);
+        return 1;
+    }
     if (n_ctx < 2) {
         fprintf(stderr, "arka serve: context length %d is too small\n", n_ctx);
         return 1;
@@ -180,6 +191,18 @@ int gw_serve_run(const gw_serve_opts *o) {
     if (!tok_chat_ready(chat))
         CM_LOG_WARN("serve", "no chat template: /v1/chat/completions answers 400 (use --chat-template NAME)", "model=%s", id);
     else CM_LOG_INFO("serve", "chat template", "source=%s", tok_chat_source(chat));
+    int tool_fmt = o->tool_parser && *o->tool_parser ? tok_tools_parse(o->tool_parser) : tok_chat_tool_format(chat);
+    const char *rp = o->reasoning_parser && *o->reasoning_parser ? o->reasoning_parser : "auto";
+    int reasoning = !strcmp(rp, "auto") ? tok_chat_thinks(chat) : !strcmp(rp, "think") || !strcmp(rp, "qwen3") || !strcmp(rp, "deepseek_r1");
+    if (tool_fmt < 0 || (!reasoning && strcmp(rp, "none") && strcmp(rp, "auto"))) {
+        fprintf(stderr, "arka serve: %s\n", tool_fmt < 0 ? "--tool-parser: expected hermes, llama3, mistral or none"
+                                                         : "--reasoning-parser: expected auto, think or none");
+        tok_chat_free(chat);
+        tok_free(v);
+        return 1;
+    }
+    CM_LOG_INFO("serve", "output parsing", "tool_calls=%s reasoning=%s task=%s", tok_tools_name(tool_fmt), reasoning ? "think" : "none",
+                embed ? "embed" : "generate");
 
     /* executors: the binary is this one */
     static char self[4096];
@@ -255,10 +278,26 @@ int gw_serve_run(const gw_serve_opts *o) {
     }
     rc = gw_pool_start(&loop, &pc, &s.pool);
     gw_app *app = NULL;
+    tok_gram_cache *gcache = NULL;
     if (rc == 0) {
         s.env = (gw_gen_env){ .loop = &loop, .vocab = v, .chat = chat, .n_ctx = n_ctx,
                               .max_requests = o->max_requests > 0 ? o->max_requests : 4096,
-                              .backend = gw_pool_backend(s.pool), .met = s.met };
+                              .backend = gw_pool_backend(s.pool), .met = s.met, .tool_fmt = tool_fmt,
+                              .reasoning = reasoning, .embed = embed, .pooling = pooling, .normalize = normalize, .n_embd = n_embd };
+        /* control tokens whose text the output parser needs (the detokenizer drops them) */
+        const char *const *mk = tok_tools_markers(tool_fmt);
+        for (int i = 0; mk[i] && s.env.n_markers < 8; i++) {
+            int32_t t = tok_find(v, mk[i], strlen(mk[i]));
+            if (t >= 0 && tok_type(v, t) == TOK_TYPE_CONTROL) s.env.markers[s.env.n_markers++] = t;
+        }
+        const char *think[] = { "<think>", "</think>" };
+        for (int i = 0; i < 2 && reasoning; i++) {
+            int32_t t = tok_find(v, think[i], strlen(think[i]));
+            if (t >= 0 && tok_type(v, t) == TOK_TYPE_CONTROL && s.env.n_markers < 8) s.env.markers[s.env.n_markers++] = t;
+        }
+        if ((rc = tok_gram_cache_create(64, &gcache)) || (rc = gw_gen_vocab_init(&s.env)))
+            snprintf(err, sizeof err, "cannot build the grammar cache or vocabulary table: %s", cm_err_str(rc));
+        s.env.gcache = gcache;
         gw_app_cfg ac;
         gw_app_cfg_default(&ac);
         ac.env = &s.env;
@@ -267,7 +306,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         ac.metrics_ud = &s;
         ac.auth = s.auth;
         ac.met = s.met;
-        if ((rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
+        ac.cors_origin = o->cors_origin;
+        if (!rc && (rc = gw_app_create(&ac, &app))) snprintf(err, sizeof err, "cannot create the app: %s", cm_err_str(rc));
         gw_http_cfg hc;
         gw_http_cfg_default(&hc);
         hc.host = o->host;
@@ -302,6 +342,9 @@ int gw_serve_run(const gw_serve_opts *o) {
     gw_pool_destroy(s.pool);
     gw_met_destroy(s.met);
     uv_loop_close(&loop);
+    tok_gram_cache_destroy(gcache);
+    free(s.env.vb_off);
+    free(s.env.vb_bytes);
     tok_chat_free(chat);
     tok_free(v);
     return rc ? 1 : 0;

@@ -41,6 +41,11 @@ typedef struct gw_serve_opts {
     const char *auth_secret;    /* HMAC secret (NULL: keys_file + ".secret") */
     int         no_auth;
     int         redis_fail_closed; /* Redis unavailable: 503 instead of the local fallback */
+    /* structured output, embeddings, browsers */
+    const char *tool_parser;    /* hermes | llama3 | mistral | none (NULL: from the chat template) */
+    const char *reasoning_parser; /* auto (the template mentions <think>) | think | none */
+    const char *task;           /* auto (embed when the files say how to pool) | generate | embed */
+    const char *cors_origin;    /* "*" or origins allowed from browsers (NULL: no CORS) */
 } gw_serve_opts;
 
 void gw_serve_opts_default(gw_serve_opts *o);

@@ -8,6 +8,7 @@ PKGS=(
   libuv1-dev node-llhttp libhiredis-dev libcjson-dev libssl-dev libcurl4-openssl-dev
   redis-server python3
   python3-jinja2  # tests/integration/test_tmpl_real.sh: the Python Jinja2 cross-check of chat templates
+  python3-jsonschema  # tests/integration/test_structured.sh: outputs validated against their schemas
   prometheus  # promtool: test_gw_metrics checks /metrics text, test_dashboards checks rules and config
   clang libclang-rt-dev
 )

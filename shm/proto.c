@@ -5,7 +5,14 @@
  *   SUBMIT  header, u64 req_id, i32 priority, u32 reserved = 0, shm_sampling (56),
  *           u32 n_prompt, u16 n_stop, u16 n_bias                                        88 bytes
  *           then i32 prompt[n_prompt] (padded to 8), i32 stop[n_stop] (padded to 8),
- *           shm_logit_bias bias[n_bias]
+ *           shm_logit_bias bias[n_bias],
+ *           then (version 3) u32 flags, u8 pooling, u8 normalize, u16 reserved = 0,
+ *           u32 grammar_len, u32 reserved = 0                                           16 bytes
+ *           and the grammar program (grammar_len bytes, padded to 8)
+ *   VOCAB   header, u32 n_total, u32 first, u32 count, u32 bytes_len                    24 bytes
+ *           then u32 off[count + 1] (padded to 8), bytes (padded to 8)
+ *   EMBED   header, u64 req_id, u32 n_embd, u32 prompt_tokens                           24 bytes
+ *           then f32 v[n_embd] (padded to 8)
  *   CANCEL  header, u64 req_id                                                          16 bytes
  *   TOKENS  header, u32 n, u32 reserved = 0, u64 step                                   24 bytes
  *           then n entries: shm_tok (24 bytes), shm_top top[n_top] (8 bytes each)
@@ -36,6 +43,26 @@ struct wire_submit {
     uint16_t n_bias;
 };
 
+struct wire_submit_ext {
+    uint32_t flags;
+    uint8_t  pooling;
+    uint8_t  normalize;
+    uint16_t reserved;      /* 0 */
+    uint32_t grammar_len;
+    uint32_t reserved2;     /* 0 */
+};
+
+struct wire_vocab {
+    struct wire_hdr h;
+    uint32_t n_total, first, count, bytes_len;
+};
+
+struct wire_embed {
+    struct wire_hdr h;
+    uint64_t req_id;
+    uint32_t n_embd, prompt_tokens;
+};
+
 struct wire_tokens {
     struct wire_hdr h;
     uint32_t n;
@@ -58,6 +85,9 @@ _Static_assert(sizeof(struct shm_top) == 8, "TOKENS alternative");
 _Static_assert(sizeof(struct shm_logit_bias) == 8, "logit bias entry");
 _Static_assert(sizeof(struct wire_hdr) + sizeof(struct shm_done) == SHM_DONE_SIZE, "DONE size");
 _Static_assert(sizeof(struct wire_error) == 24, "ERROR fixed part");
+_Static_assert(sizeof(struct wire_submit_ext) == 16, "SUBMIT version-3 part");
+_Static_assert(sizeof(struct wire_vocab) == 24, "VOCAB fixed part");
+_Static_assert(sizeof(struct wire_embed) == 24, "EMBED fixed part");
 
 static inline uint64_t align8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 
@@ -85,18 +115,18 @@ int shm_msg_type(const void *buf, size_t len, uint32_t *type) {
 
 /* ---- SUBMIT ------------------------------------------------------------------------------ */
 
-static uint64_t submit_size(uint64_t n_prompt, uint64_t n_stop, uint64_t n_bias) {
+static uint64_t submit_size(uint64_t n_prompt, uint64_t n_stop, uint64_t n_bias, uint64_t grammar_len) {
     return sizeof(struct wire_submit) + align8(4 * n_prompt) + align8(4 * n_stop) +
-           sizeof(struct shm_logit_bias) * n_bias;
+           sizeof(struct shm_logit_bias) * n_bias + sizeof(struct wire_submit_ext) + align8(grammar_len);
 }
 
 size_t shm_submit_size(const struct shm_submit *s) {
-    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS) return 0;
-    return (size_t)submit_size(s->n_prompt, s->n_stop, s->n_bias);
+    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS || s->grammar_len > SHM_MAX_GRAMMAR) return 0;
+    return (size_t)submit_size(s->n_prompt, s->n_stop, s->n_bias, s->grammar_len);
 }
 
 uint32_t shm_submit_ring_cap_for(uint32_t max_prompt) {
-    uint64_t rec = 8 + submit_size(max_prompt, SHM_MAX_STOP, SHM_MAX_LOGIT_BIAS);
+    uint64_t rec = 8 + submit_size(max_prompt, SHM_MAX_STOP, SHM_MAX_LOGIT_BIAS, SHM_MAX_GRAMMAR);
     uint64_t cap = SHM_RING_CAP_MIN;
     while (cap / 4 < rec) {
         cap <<= 1;
@@ -142,13 +172,24 @@ static int bias_ok(const struct shm_logit_bias *b, uint32_t n) {
     return 1;
 }
 
+/* The version-3 fields: flags known, a grammar exactly when flagged, embedding options only
+ * for embeddings, never both. */
+static int ext_ok(uint32_t flags, uint32_t pooling, uint32_t normalize, uint32_t grammar_len) {
+    if (flags & ~(SHM_SUBMIT_EMBED | SHM_SUBMIT_GRAMMAR)) return 0;
+    if ((flags & SHM_SUBMIT_EMBED) && (flags & SHM_SUBMIT_GRAMMAR)) return 0;
+    if (!!(flags & SHM_SUBMIT_GRAMMAR) != (grammar_len > 0) || grammar_len % 4 || grammar_len > SHM_MAX_GRAMMAR) return 0;
+    if (flags & SHM_SUBMIT_EMBED) return pooling >= 1 && pooling <= 3 && normalize <= 1;
+    return pooling == 0 && normalize == 0;
+}
+
 int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t *len) {
-    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS) return CM_ETOOBIG;
+    if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS || s->grammar_len > SHM_MAX_GRAMMAR) return CM_ETOOBIG;
     if (s->req_id == 0 || s->n_prompt < 1 || !s->prompt || (s->n_bias && !s->bias) ||
         !sampling_ok(&s->sp) || !ids_ok(s->prompt, s->n_prompt) || !ids_ok(s->stop, s->n_stop) ||
-        !bias_ok(s->bias, s->n_bias))
+        !bias_ok(s->bias, s->n_bias) || !ext_ok(s->flags, s->pooling, s->normalize, s->grammar_len) ||
+        (s->grammar_len && !s->grammar))
         return CM_EINVAL;
-    uint64_t need = submit_size(s->n_prompt, s->n_stop, s->n_bias);
+    uint64_t need = submit_size(s->n_prompt, s->n_stop, s->n_bias, s->grammar_len);
     if (need > cap) return CM_ERANGE;
     struct wire_submit w;
     memset(&w, 0, sizeof w);
@@ -171,6 +212,12 @@ int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t 
     memset(p + n, 0, align8(n) - n);
     p += align8(n);
     if (s->n_bias) memcpy(p, s->bias, sizeof(struct shm_logit_bias) * s->n_bias);
+    p += sizeof(struct shm_logit_bias) * s->n_bias;
+    struct wire_submit_ext x = { s->flags, s->pooling, s->normalize, 0, s->grammar_len, 0 };
+    memcpy(p, &x, sizeof x);
+    p += sizeof x;
+    if (s->grammar_len) memcpy(p, s->grammar, s->grammar_len);
+    memset(p + s->grammar_len, 0, align8(s->grammar_len) - s->grammar_len);
     *len = (size_t)need;
     return 0;
 }
@@ -180,7 +227,13 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     if (get_hdr(buf, len, SHM_MSG_SUBMIT) || len < sizeof w) return CM_EFORMAT;
     memcpy(&w, buf, sizeof w);
     if (w.req_id == 0 || w.reserved || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP || w.n_bias > SHM_MAX_LOGIT_BIAS ||
-        !sampling_ok(&w.sp) || submit_size(w.n_prompt, w.n_stop, w.n_bias) != len)
+        !sampling_ok(&w.sp) || submit_size(w.n_prompt, w.n_stop, w.n_bias, 0) > len)
+        return CM_EFORMAT;
+    struct wire_submit_ext x;
+    uint64_t xoff = submit_size(w.n_prompt, w.n_stop, w.n_bias, 0) - sizeof x;
+    memcpy(&x, (const uint8_t *)buf + xoff, sizeof x);
+    if (x.reserved || x.reserved2 || !ext_ok(x.flags, x.pooling, x.normalize, x.grammar_len) ||
+        submit_size(w.n_prompt, w.n_stop, w.n_bias, x.grammar_len) != len)
         return CM_EFORMAT;
     const uint8_t *p = (const uint8_t *)buf + sizeof w;
     memset(out, 0, sizeof *out);
@@ -195,6 +248,11 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     p += align8(4 * (uint64_t)w.n_stop);
     out->n_bias = w.n_bias;
     out->bias = w.n_bias ? (const struct shm_logit_bias *)p : NULL;
+    out->flags = x.flags;
+    out->pooling = x.pooling;
+    out->normalize = x.normalize;
+    out->grammar_len = x.grammar_len;
+    out->grammar = x.grammar_len ? (const uint8_t *)buf + xoff + sizeof x : NULL;
     if (!ids_ok(out->prompt, out->n_prompt) || !ids_ok(out->stop, out->n_stop) ||
         !bias_ok(out->bias, out->n_bias))
         return CM_EFORMAT;
@@ -380,6 +438,114 @@ int shm_tokens_next(struct shm_tokens_r *rd, struct shm_tok *t, const struct shm
     rd->off += sz;
     rd->i++;
     return 0;
+}
+
+/* ---- VOCAB ------------------------------------------------------------------------------- */
+
+size_t shm_vocab_size(uint32_t count, uint32_t bytes_len) {
+    return sizeof(struct wire_vocab) + (size_t)align8(4 * ((uint64_t)count + 1)) + (size_t)align8(bytes_len);
+}
+
+static int vocab_ok(uint32_t n_total, uint32_t first, uint32_t count, const uint32_t *off, uint32_t bytes_len) {
+    if (n_total < 1 || count < 1 || first >= n_total || count > n_total - first) return 0;
+    if (off) {
+        uint32_t prev = 0;
+        if (off[0] != 0 || off[count] != bytes_len) return 0;
+        for (uint32_t i = 1; i <= count; i++) {
+            if (off[i] < prev) return 0;
+            prev = off[i];
+        }
+    }
+    return 1;
+}
+
+int shm_vocab_encode(const struct shm_vocab *v, void *buf, size_t cap, size_t *len) {
+    if (!v->off || (v->bytes_len && !v->bytes) || !vocab_ok(v->n_total, v->first, v->count, v->off, v->bytes_len))
+        return CM_EINVAL;
+    size_t need = shm_vocab_size(v->count, v->bytes_len);
+    if (need > cap) return CM_ERANGE;
+    struct wire_vocab w = { { SHM_MSG_VOCAB, 0 }, v->n_total, v->first, v->count, v->bytes_len };
+    uint8_t *p = buf;
+    memcpy(p, &w, sizeof w);
+    p += sizeof w;
+    size_t n = 4 * ((size_t)v->count + 1);
+    memcpy(p, v->off, n);
+    memset(p + n, 0, align8(n) - n);
+    p += align8(n);
+    if (v->bytes_len) memcpy(p, v->bytes, v->bytes_len);
+    memset(p + v->bytes_len, 0, align8(v->bytes_len) - v->bytes_len);
+    *len = need;
+    return 0;
+}
+
+int shm_vocab_decode(const void *buf, size_t len, struct shm_vocab *out) {
+    struct wire_vocab w;
+    if (get_hdr(buf, len, SHM_MSG_VOCAB) || len < sizeof w) return CM_EFORMAT;
+    memcpy(&w, buf, sizeof w);
+    if (!vocab_ok(w.n_total, w.first, w.count, NULL, w.bytes_len) || shm_vocab_size(w.count, w.bytes_len) != len)
+        return CM_EFORMAT;
+    const uint8_t *p = (const uint8_t *)buf + sizeof w;
+    out->n_total = w.n_total;
+    out->first = w.first;
+    out->count = w.count;
+    out->bytes_len = w.bytes_len;
+    out->off = (const uint32_t *)p;
+    out->bytes = p + align8(4 * ((uint64_t)w.count + 1));
+    return vocab_ok(w.n_total, w.first, w.count, out->off, w.bytes_len) ? 0 : CM_EFORMAT;
+}
+
+int shm_send_vocab(struct shm_ring *r, const struct shm_vocab *v) {
+    size_t need = shm_vocab_size(v->count, v->bytes_len), len;
+    void *p;
+    int rc = shm_ring_reserve(r, need, &p);
+    if (rc) return rc;
+    rc = shm_vocab_encode(v, p, need, &len);
+    return rc ? rc : shm_ring_commit(r, len);
+}
+
+/* ---- EMBED ------------------------------------------------------------------------------- */
+
+size_t shm_embed_size(uint32_t n_embd) { return sizeof(struct wire_embed) + (size_t)align8(4 * (uint64_t)n_embd); }
+
+static int floats_ok(const float *v, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+int shm_embed_encode(const struct shm_embed *e, void *buf, size_t cap, size_t *len) {
+    if (e->req_id == 0 || e->n_embd < 1 || e->n_embd > SHM_MAX_EMBD || !e->v || !floats_ok(e->v, e->n_embd)) return CM_EINVAL;
+    size_t need = shm_embed_size(e->n_embd);
+    if (need > cap) return CM_ERANGE;
+    struct wire_embed w = { { SHM_MSG_EMBED, 0 }, e->req_id, e->n_embd, e->prompt_tokens };
+    uint8_t *p = buf;
+    memcpy(p, &w, sizeof w);
+    memcpy(p + sizeof w, e->v, 4 * (size_t)e->n_embd);
+    memset(p + sizeof w + 4 * (size_t)e->n_embd, 0, need - sizeof w - 4 * (size_t)e->n_embd);
+    *len = need;
+    return 0;
+}
+
+int shm_embed_decode(const void *buf, size_t len, struct shm_embed *out) {
+    struct wire_embed w;
+    if (get_hdr(buf, len, SHM_MSG_EMBED) || len < sizeof w) return CM_EFORMAT;
+    memcpy(&w, buf, sizeof w);
+    if (w.req_id == 0 || w.n_embd < 1 || w.n_embd > SHM_MAX_EMBD || shm_embed_size(w.n_embd) != len) return CM_EFORMAT;
+    out->req_id = w.req_id;
+    out->n_embd = w.n_embd;
+    out->prompt_tokens = w.prompt_tokens;
+    out->v = (const float *)((const uint8_t *)buf + sizeof w);
+    return floats_ok(out->v, w.n_embd) ? 0 : CM_EFORMAT;
+}
+
+int shm_send_embed(struct shm_ring *r, const struct shm_embed *e) {
+    size_t need = shm_embed_size(e->n_embd), len;
+    if (e->n_embd < 1 || e->n_embd > SHM_MAX_EMBD) return CM_EINVAL;
+    void *p;
+    int rc = shm_ring_reserve(r, need, &p);
+    if (rc) return rc;
+    rc = shm_embed_encode(e, p, need, &len);
+    return rc ? rc : shm_ring_commit(r, len);
 }
 
 /* ---- ring convenience -------------------------------------------------------------------- */

@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u  /* 3: SUBMIT's flags and grammar, VOCAB and EMBED records */
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -351,6 +351,8 @@ enum shm_msg_type {
     SHM_MSG_TOKENS = 3,   /* executor -> gateway */
     SHM_MSG_DONE   = 4,   /* executor -> gateway */
     SHM_MSG_ERROR  = 5,   /* executor -> gateway */
+    SHM_MSG_VOCAB  = 6,   /* gateway -> executor: a chunk of the token bytes grammars match */
+    SHM_MSG_EMBED  = 7,   /* executor -> gateway: an embedding request's vector (its DONE follows) */
     SHM_MSG_COUNT
 };
 
@@ -416,6 +418,13 @@ void shm_sampling_default(struct shm_sampling *p);
  * record's business (decode checks them), not the sampler's. */
 int  shm_sampling_check(const struct shm_sampling *p);
 
+/* SUBMIT flags */
+#define SHM_SUBMIT_EMBED   0x1u   /* an embedding request: the prompt's pooled hidden state comes back
+                                   * in an EMBED record, nothing is sampled (sp.max_tokens is 1) */
+#define SHM_SUBMIT_GRAMMAR 0x2u   /* the output follows the grammar program carried (executor/grammar.h) */
+#define SHM_MAX_GRAMMAR    (1u << 20) /* bytes of a grammar program in a SUBMIT */
+#define SHM_MAX_EMBD       65536u /* floats of an EMBED vector */
+
 /* A request. n (choices) is handled by the gateway as n separate requests. On decode the array
  * pointers point into the ring record: valid until shm_ring_release() (copy the prompt first). */
 struct shm_submit {
@@ -429,6 +438,12 @@ struct shm_submit {
     int32_t  stop[SHM_MAX_STOP];  /* stop token ids >= 0 (copied) */
     const struct shm_logit_bias *bias;  /* [n_bias] */
     uint32_t n_bias;              /* <= SHM_MAX_LOGIT_BIAS */
+    /* version 3 */
+    uint32_t flags;               /* SHM_SUBMIT_* */
+    uint8_t  pooling;             /* EMBED: enum mdl_pooling (1 mean, 2 last, 3 cls); else 0 */
+    uint8_t  normalize;           /* EMBED: 0/1 L2-normalise; else 0 */
+    const void *grammar;          /* GRAMMAR: the program (4-byte aligned; on decode, in the record) */
+    uint32_t grammar_len;         /* GRAMMAR: bytes, a multiple of 4, 1..SHM_MAX_GRAMMAR; else 0 */
 };
 
 /* One generated token inside a TOKENS record (wire layout, 24 bytes; n_top shm_top pairs follow). */
@@ -465,6 +480,27 @@ struct shm_error {
     int32_t  code;                /* a CM_E* code (< 0) */
     uint32_t msg_len;             /* <= SHM_ERR_MSG_MAX */
     char     msg[SHM_ERR_MSG_MAX + 1]; /* NUL-terminated on decode */
+};
+
+/* A chunk of the vocabulary's token bytes (gateway -> executor; grammars match them): tokens
+ * [first, first + count) of n_total, token first + i being bytes[off[i] .. off[i + 1]) (empty:
+ * a token grammars match only by id). The gateway sends chunks in order from token 0, before
+ * the first SUBMIT that carries a grammar; a chunk with first 0 starts the table over. On decode
+ * off and bytes point into the record. */
+struct shm_vocab {
+    uint32_t n_total;             /* tokens in the whole table, >= 1 */
+    uint32_t first, count;        /* first + count <= n_total; count >= 1 */
+    const uint32_t *off;          /* [count + 1], off[0] = 0, ascending, off[count] = bytes_len */
+    const uint8_t  *bytes;
+    uint32_t bytes_len;
+};
+
+/* An embedding request's vector (executor -> gateway), before its DONE. */
+struct shm_embed {
+    uint64_t req_id;
+    uint32_t n_embd;              /* 1..SHM_MAX_EMBD */
+    uint32_t prompt_tokens;
+    const float *v;               /* [n_embd] finite (on decode: in the record, 4-byte aligned) */
 };
 
 /* Reads the record header: *type is a known enum shm_msg_type. Returns 0 or CM_EFORMAT. */
@@ -536,5 +572,15 @@ int shm_send_submit(struct shm_ring *r, const struct shm_submit *s);
 int shm_send_cancel(struct shm_ring *r, uint64_t req_id);
 int shm_send_done(struct shm_ring *r, const struct shm_done *d);
 int shm_send_error(struct shm_ring *r, uint64_t req_id, int code, const char *msg);
+
+/* VOCAB and EMBED: sizes, encoders and decoders as above (same returns). */
+size_t shm_vocab_size(uint32_t count, uint32_t bytes_len);
+int shm_vocab_encode(const struct shm_vocab *v, void *buf, size_t cap, size_t *len);
+int shm_vocab_decode(const void *buf, size_t len, struct shm_vocab *out);
+int shm_send_vocab(struct shm_ring *r, const struct shm_vocab *v);
+size_t shm_embed_size(uint32_t n_embd);
+int shm_embed_encode(const struct shm_embed *e, void *buf, size_t cap, size_t *len);
+int shm_embed_decode(const void *buf, size_t len, struct shm_embed *out);
+int shm_send_embed(struct shm_ring *r, const struct shm_embed *e);
 
 #endif

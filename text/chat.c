@@ -11,6 +11,7 @@
 #include "common/cm_json.h"
 #include "model/gguf.h"
 #include "tmpl.h"
+#include "tools.h"
 
 #define CHAT_FILE_MAX ((size_t)64 << 20) /* tokenizer_config.json / chat_template.jinja */
 
@@ -18,6 +19,8 @@ struct tok_chat {
     tmpl *t;               /* NULL: the model has none and none was named */
     char source[64];
     char *bos, *eos;       /* texts of the vocabulary's BOS / EOS, "" when none */
+    int tool_format;       /* enum tok_tools of the template's source */
+    int thinks;            /* the source mentions <think> */
 };
 
 static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
@@ -117,6 +120,8 @@ int tok_chat_load(const char *path, const char *builtin, const tok_vocab *v, tok
         goto fail;
     }
     if (src) {
+        c->tool_format = tok_tools_detect(src);
+        c->thinks = strstr(src, "<think>") != NULL;
         char terr[256];
         if ((rc = tmpl_compile(src, strlen(src), &c->t, terr, sizeof terr))) {
             snprintf(err, errlen, "%s: chat template (%s) does not compile: %s", path, c->source, terr);
@@ -145,6 +150,8 @@ void tok_chat_free(tok_chat *c) {
 }
 
 int tok_chat_ready(const tok_chat *c) { return c && c->t; }
+int tok_chat_tool_format(const tok_chat *c) { return c ? c->tool_format : TOK_TOOLS_NONE; }
+int tok_chat_thinks(const tok_chat *c) { return c && c->thinks; }
 const char *tok_chat_source(const tok_chat *c) { return c ? c->source : "none"; }
 
 static tmpl_value *str_or_empty(tmpl_arena *a, const char *s) { return tmpl_str(a, s ? s : "", s ? strlen(s) : 0); }
@@ -162,8 +169,59 @@ static int json_value(tmpl_arena *a, const char *json, const char *what, tmpl_va
     return rc;
 }
 
+/* tool_calls JSON -> values, each call's function.arguments string turned into the object it
+ * encodes when it parses (vLLM's convention; templates write arguments with tojson). */
+static int tool_calls_value(tmpl_arena *a, const char *json, tmpl_value **out, char *err, size_t errlen) {
+    cm_json_doc *d;
+    char jerr[128];
+    if (cm_json_parse(json, strlen(json), &d, jerr, sizeof jerr)) {
+        snprintf(err, errlen, "tool_calls: %s", jerr);
+        return CM_EINVAL;
+    }
+    const cm_json *root = cm_json_root(d);
+    int rc = 0;
+    if (root->type != CM_JSON_ARRAY) {
+        rc = tmpl_from_json(a, root, out);
+        cm_json_free(d);
+        return rc;
+    }
+    tmpl_value *list = tmpl_list(a);
+    for (const cm_json *call = root->child; call && !rc; call = call->next) {
+        tmpl_value *cv;
+        if (call->type != CM_JSON_OBJECT) { rc = tmpl_from_json(a, call, &cv); if (!rc) rc = tmpl_list_push(a, list, cv); continue; }
+        cv = tmpl_dict(a);
+        for (const cm_json *k = call->child; k && !rc; k = k->next) {
+            tmpl_value *kv = NULL;
+            if (!strcmp(k->key, "function") && k->type == CM_JSON_OBJECT) {
+                kv = tmpl_dict(a);
+                for (const cm_json *f = k->child; f && !rc; f = f->next) {
+                    tmpl_value *fv = NULL;
+                    cm_json_doc *ad = NULL;
+                    if (!strcmp(f->key, "arguments") && f->type == CM_JSON_STRING &&
+                        cm_json_parse(f->str, f->str_len, &ad, jerr, sizeof jerr) == 0)
+                        rc = tmpl_from_json(a, cm_json_root(ad), &fv);
+                    else rc = tmpl_from_json(a, f, &fv);
+                    cm_json_free(ad);
+                    if (!rc) rc = tmpl_dict_set(a, kv, f->key, f->key_len, fv);
+                }
+            } else rc = tmpl_from_json(a, k, &kv);
+            if (!rc) rc = tmpl_dict_set(a, cv, k->key, k->key_len, kv);
+        }
+        if (!rc) rc = tmpl_list_push(a, list, cv);
+    }
+    cm_json_free(d);
+    if (!rc) *out = list;
+    return rc;
+}
+
 int tok_chat_render(const tok_chat *c, const tok_chat_msg *msgs, int n, const char *tools_json, int add_generation_prompt,
                     char **out, size_t *out_len, char *err, size_t errlen) {
+    return tok_chat_render_ex(c, msgs, n, tools_json, NULL, NULL, add_generation_prompt, out, out_len, err, errlen);
+}
+
+int tok_chat_render_ex(const tok_chat *c, const tok_chat_msg *msgs, int n, const char *tools_json,
+                       const char *tool_choice_json, const char *kwargs_json, int add_generation_prompt, char **out,
+                       size_t *out_len, char *err, size_t errlen) {
     if (!c || (!msgs && n) || n < 0 || !out || !out_len) return CM_EINVAL;
     if (!c->t) {
         snprintf(err, errlen, "this model has no chat template; start the server with --chat-template NAME (one of: %s)",
@@ -181,10 +239,11 @@ int tok_chat_render(const tok_chat *c, const tok_chat_msg *msgs, int n, const ch
         if (!rc) rc = tmpl_dict_set(a, d, "content", 7, str_or_empty(a, m->content));
         if (!rc && m->name) rc = tmpl_dict_set(a, d, "name", 4, str_or_empty(a, m->name));
         if (!rc && m->tool_call_id) rc = tmpl_dict_set(a, d, "tool_call_id", 12, str_or_empty(a, m->tool_call_id));
+        if (!rc && m->reasoning_content)
+            rc = tmpl_dict_set(a, d, "reasoning_content", 17, str_or_empty(a, m->reasoning_content));
         if (!rc && m->tool_calls_json) {
             tmpl_value *tc;
-            if (!(rc = json_value(a, m->tool_calls_json, "tool_calls", &tc, err, errlen)))
-                rc = tmpl_dict_set(a, d, "tool_calls", 10, tc);
+            if (!(rc = tool_calls_value(a, m->tool_calls_json, &tc, err, errlen))) rc = tmpl_dict_set(a, d, "tool_calls", 10, tc);
         }
         if (!rc) rc = tmpl_list_push(a, list, d);
     }
@@ -196,6 +255,36 @@ int tok_chat_render(const tok_chat *c, const tok_chat_msg *msgs, int n, const ch
     if (!rc) rc = tmpl_dict_set(a, ctx, "add_generation_prompt", 21, tmpl_bool(a, add_generation_prompt));
     if (!rc) rc = tmpl_dict_set(a, ctx, "bos_token", 9, str_or_empty(a, c->bos));
     if (!rc) rc = tmpl_dict_set(a, ctx, "eos_token", 9, str_or_empty(a, c->eos));
+    if (!rc && tool_choice_json) {
+        tmpl_value *tcv;
+        if (!(rc = json_value(a, tool_choice_json, "tool_choice", &tcv, err, errlen))) rc = tmpl_dict_set(a, ctx, "tool_choice", 11, tcv);
+    }
+    if (!rc && kwargs_json) {
+        cm_json_doc *kd;
+        char jerr[128];
+        if (cm_json_parse(kwargs_json, strlen(kwargs_json), &kd, jerr, sizeof jerr)) {
+            snprintf(err, errlen, "chat_template_kwargs: %s", jerr);
+            rc = CM_EINVAL;
+        } else {
+            static const char *const reserved[] = { "messages", "tools", "tool_choice", "add_generation_prompt", "bos_token",
+                                                    "eos_token", NULL };
+            const cm_json *root = cm_json_root(kd);
+            if (root->type != CM_JSON_OBJECT) {
+                snprintf(err, errlen, "chat_template_kwargs: expected an object");
+                rc = CM_EINVAL;
+            }
+            for (const cm_json *k = root->type == CM_JSON_OBJECT ? root->child : NULL; k && !rc; k = k->next) {
+                for (int r = 0; reserved[r]; r++)
+                    if (!strcmp(k->key, reserved[r])) {
+                        snprintf(err, errlen, "chat_template_kwargs: '%s' is set by the request itself", k->key);
+                        rc = CM_EINVAL;
+                    }
+                tmpl_value *kv;
+                if (!rc && !(rc = tmpl_from_json(a, k, &kv))) rc = tmpl_dict_set(a, ctx, k->key, k->key_len, kv);
+            }
+            cm_json_free(kd);
+        }
+    }
     if (rc == CM_ENOMEM) snprintf(err, errlen, "out of memory");
     if (!rc) rc = tmpl_render(c->t, ctx, NULL, out, out_len, err, errlen);
     tmpl_arena_destroy(a);

@@ -36,6 +36,7 @@ typedef struct tok_chat_msg {
     const char *name;            /* or NULL */
     const char *tool_call_id;    /* or NULL */
     const char *tool_calls_json; /* JSON array text, or NULL */
+    const char *reasoning_content; /* an assistant turn's reasoning, or NULL */
 } tok_chat_msg;
 
 /* Finds and compiles the chat template of the model at path (GGUF file or Hugging Face
@@ -57,8 +58,24 @@ const char *tok_chat_source(const tok_chat *c);
 /* Renders n messages (and tools_json, a JSON array text, or NULL) into a malloc'ed prompt the
  * caller frees. Returns 0, CM_ESTATE (no template loaded: err says how to name one), CM_EINVAL
  * (tools_json or a tool_calls_json is not valid JSON), CM_ETEMPLATE (the template refused the
- * conversation, e.g. raise_exception: err is its message), CM_ETOOBIG, CM_ENOMEM. */
+ * conversation, e.g. raise_exception: err is its message), CM_ETOOBIG, CM_ENOMEM. As vLLM
+ * does, a tool call's function.arguments given as a JSON string reaches the template as the
+ * object it encodes (templates write it with tojson). */
 int tok_chat_render(const tok_chat *c, const tok_chat_msg *msgs, int n, const char *tools_json, int add_generation_prompt,
                     char **out, size_t *out_len, char *err, size_t errlen);
+
+/* The same with more of the request: tool_choice_json (the request's tool_choice as JSON text,
+ * or NULL) as the variable tool_choice, and kwargs_json (chat_template_kwargs, a JSON object
+ * text, or NULL) whose members become variables (enable_thinking, ...); a member named like
+ * one of the variables above is refused (CM_EINVAL, err names it). */
+int tok_chat_render_ex(const tok_chat *c, const tok_chat_msg *msgs, int n, const char *tools_json,
+                       const char *tool_choice_json, const char *kwargs_json, int add_generation_prompt, char **out,
+                       size_t *out_len, char *err, size_t errlen);
+
+/* The tool-call format the template writes calls in (text/tools.h enum tok_tools; NONE when it
+ * has no tool markers). */
+int tok_chat_tool_format(const tok_chat *c);
+/* 1 when the template knows reasoning blocks (it mentions <think>). */
+int tok_chat_thinks(const tok_chat *c);
 
 #endif

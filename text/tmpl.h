@@ -41,7 +41,8 @@
  *
  * Context conventions for the gateway (what transformers and vLLM pass): messages as a list
  * of dicts (role, content as a string or a list of {type, text} parts, tool_calls with
- * function.arguments as the JSON *string* the client sent, tool_call_id, name, ...), with a
+ * function.arguments as the object the client's JSON string encodes (vLLM's convention: chat.c
+ * converts it), tool_call_id, name, ...), with a
  * null content turned into "" (templates concatenate content; None fails in Python too);
  * tools only when the request has tools (leave it undefined otherwise); bos_token and
  * eos_token as the vocabulary's text; add_generation_prompt as a bool; request extras

@@ -15,9 +15,33 @@
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"     \
     "{%- endif -%}\n"
 
+/* ChatML with tools as Hermes and Qwen2.5 write them: the functions in the system turn,
+ * <tool_call> blocks in assistant turns, tool results as <tool_response> in a user turn. */
 static const char CHATML[] = TEXT_MACRO
+    "{%- if tools -%}\n"
+    "{{- '<|im_start|>system\\n' -}}\n"
+    "{%- if messages and messages[0]['role'] == 'system' -%}{{- text(messages[0]['content']) ~ '\\n\\n' -}}{%- endif -%}\n"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>' -}}\n"
+    "{%- for tool in tools -%}{{- '\\n' ~ (tool | tojson) -}}{%- endfor -%}\n"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n"
+    "</tool_call><|im_end|>\\n' -}}\n"
+    "{%- endif -%}\n"
     "{%- for message in messages -%}\n"
+    "{%- if message['role'] == 'system' and loop.first and tools -%}\n"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] -%}\n"
+    "{{- '<|im_start|>assistant' -}}{%- if message['content'] -%}{{- '\\n' ~ text(message['content']) -}}{%- endif -%}\n"
+    "{%- for tc in message['tool_calls'] -%}{%- set f = tc['function'] if tc['function'] is defined else tc -%}\n"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' ~ f['name'] ~ '\", \"arguments\": ' ~ (f['arguments'] | tojson) ~ '}\\n</tool_call>' -}}\n"
+    "{%- endfor -%}{{- '<|im_end|>\\n' -}}\n"
+    "{%- elif message['role'] == 'tool' -%}\n"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}\n"
+    "{{- '\\n<tool_response>\\n' ~ text(message['content']) ~ '\\n</tool_response>' -}}\n"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}\n"
+    "{%- else -%}\n"
     "{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ text(message['content']) ~ '<|im_end|>\\n' -}}\n"
+    "{%- endif -%}\n"
     "{%- endfor -%}\n"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}\n";
 

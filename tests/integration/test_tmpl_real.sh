@@ -5,6 +5,8 @@
 # them (tests/integration/tmpl_ref.mjs), then runs test_tmpl_ref, which renders the same
 # conversations with our engine and compares byte for byte. Needs node and npm (fails without).
 # Then, when python3 has jinja2, the same against Python Jinja2 (tests/integration/tmpl_ref.py).
+# test_tools_ref sends the tool conversations through the gateway's chat path and parses the
+# reference's tool calls back.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(pwd)}
 BUILD=${ARKA_BUILD:-$ROOT/build}
@@ -40,6 +42,8 @@ node "$ROOT/tests/integration/tmpl_ref.mjs" "$CACHE" "$ROOT/tests/integration/da
     fail "reference rendering with @huggingface/jinja failed"
 mv -f "$tmp" "$CACHE/ref.json" || fail "cannot write $CACHE/ref.json"
 ARKA_TMPL_REF="$CACHE/ref.json" "$BUILD/bin/test_tmpl_ref" || exit 1
+# tools through the gateway's request path (arguments as JSON strings) and parsed back
+if [ -x "$BUILD/bin/test_tools_ref" ]; then ARKA_TMPL_REF="$CACHE/ref.json" "$BUILD/bin/test_tools_ref" || exit 1; fi
 
 # Second reference: Python Jinja2 as transformers configures it (where @huggingface/jinja and
 # Python differ, we follow Python). Optional: only when python3 has jinja2.

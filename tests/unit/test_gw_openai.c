@@ -54,7 +54,14 @@ static void expect_err(int kind, const char *body, const char *param, const char
 static void test_defaults(void) {
     gw_oai_req q;
     gw_oai_err e;
-    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"unknown_field\":{\"x\":[1,2]},\"temperature\":null"), &q, &e), 0);
+    /* no field is silently ignored: an unknown one is a 400 naming it */
+    ERR_C(CO(",\"unknown_field\":{\"x\":[1,2]}"), "unknown_field", "unknown_parameter", "Unrecognized request argument supplied: unknown_field");
+    ERR_CH(CH(",\"functions\":[]"), "functions", "unknown_parameter", "Unrecognized request argument supplied: functions");
+    ERR_CH(CH(",\"echo\":true"), "echo", "unknown_parameter", "Unrecognized request argument supplied: echo");
+    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"temperature\":null,\"user\":\"u\",\"service_tier\":\"auto\",\"store\":false,\"metadata\":{\"k\":\"v\"}"), &q, &e), 0);
+    gw_oai_req_free(&q);
+    ERR_C(CO(",\"metadata\":{\"k\":1}"), "metadata", "invalid_type", "an object of strings");
+    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"temperature\":null"), &q, &e), 0);
     T_EQ_STR(q.model, "m");
     T_EQ_STR(q.prompt, "hi");
     T_CHECK(q.prompt_tokens == NULL);
@@ -488,7 +495,174 @@ static void test_responses(void) {
     cJSON_Delete(j);
 }
 
+#define ERR_K(kind, body, param, code, needle) expect_err(kind, body, param, code, needle, __LINE__)
+#define TOOLS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_w\",\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\",\"function\":{\"name\":\"b\"}}]"
+
+static void test_structured_parse(void) {
+    gw_oai_req q;
+    gw_oai_err e;
+    /* response_format */
+    T_EQ_INT(parse(GW_OAI_CHAT, CH(",\"response_format\":{\"type\":\"json_object\"}"), &q, &e), 0);
+    T_EQ_INT(q.fmt, GW_FMT_JSON_OBJECT);
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_CHAT, CH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}"), &q, &e), 0);
+    T_CHECK(q.fmt == GW_FMT_JSON_SCHEMA && q.schema_strict && !strcmp(q.schema_name, "p") && !strcmp(q.schema_json, "{\"type\":\"object\"}"));
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_COMPLETION, CO(",\"grammar\":\"root ::= \\\"a\\\"\""), &q, &e), 0);
+    T_CHECK(q.fmt == GW_FMT_GRAMMAR && !strcmp(q.grammar, "root ::= \"a\""));
+    gw_oai_req_free(&q);
+    ERR_CH(CH(",\"response_format\":{\"type\":\"xml\"}"), "response_format.type", "invalid_value", "expected 'text', 'json_object' or 'json_schema'");
+    ERR_CH(CH(",\"response_format\":{\"type\":\"json_schema\"}"), "response_format.json_schema", "missing_required_parameter", "Missing");
+    ERR_CH(CH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}"), "response_format.json_schema.name", "missing_required_parameter", "Missing");
+    ERR_CH(CH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schemas\":{}}}"), "response_format.json_schema", "unknown_parameter", "schemas");
+    ERR_CH(CH(",\"grammar\":\"root ::= x\",\"response_format\":{\"type\":\"json_object\"}"), "grammar", "invalid_value", "cannot be combined");
+    /* tools and tool_choice */
+    T_EQ_INT(parse(GW_OAI_CHAT, CH(TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"b\"}},\"parallel_tool_calls\":false"), &q, &e), 0);
+    T_CHECK(q.n_tools == 2 && !strcmp(q.tools[0].name, "get_w") && q.tools[0].params_json && !q.tools[1].params_json);
+    T_CHECK(q.tool_choice == GW_TC_NAMED && !strcmp(q.tool_choice_name, "b") && !q.parallel_tool_calls && q.tool_choice_json);
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_CHAT, CH(TOOLS ",\"tool_choice\":\"required\""), &q, &e), 0);
+    T_CHECK(q.tool_choice == GW_TC_REQUIRED && q.parallel_tool_calls);
+    gw_oai_req_free(&q);
+    ERR_CH(CH(TOOLS ",\"tool_choice\":\"bogus\""), "tool_choice", "invalid_value", "expected 'none', 'auto', 'required'");
+    ERR_CH(CH(",\"tool_choice\":\"required\""), "tool_choice", "invalid_value", "only allowed when 'tools' are specified");
+    ERR_CH(CH(TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"zz\"}}"), "tool_choice", "invalid_value", "'zz' is not among the tools");
+    ERR_CH(CH(",\"tools\":[{\"type\":\"code_interpreter\"}]"), "tools[0]", "unsupported_value", "Only tools of type 'function'");
+    ERR_CH(CH(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]"), "tools[0].function.name", "invalid_value", "does not match");
+    ERR_CH(CH(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\",\"function\":{\"name\":\"a\"}}]"), "tools[1].function.name", "invalid_value", "duplicate");
+    ERR_CH(CH(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"params\":{}}}]"), "tools[0].params", "unknown_parameter", "params");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].tool_call_id", "missing_required_parameter", "Missing");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}",
+           "messages[0].tool_calls[0]", "invalid_type", "arguments as a JSON string");
+    ERR_CH("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"audio\":1}]}", "messages[0].audio", "unknown_parameter", "audio");
+    T_EQ_INT(parse(GW_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"r\",\"refusal\":null}],\"chat_template_kwargs\":{\"enable_thinking\":false}}", &q, &e), 0);
+    T_CHECK(!strcmp(q.msgs[0].reasoning, "r") && q.template_kwargs_json && strstr(q.template_kwargs_json, "enable_thinking"));
+    gw_oai_req_free(&q);
+    ERR_CH(CH(",\"chat_template_kwargs\":[]"), "chat_template_kwargs", "invalid_type", "an object");
+
+    /* responses: input items, instructions, flat tools, text.format */
+    const char *rq = "{\"model\":\"m\",\"instructions\":\"sys\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"hi\"}]},"
+                     "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"think\"}]},"
+                     "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                     "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"},"
+                     "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}],"
+                     "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\"},\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+                     "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\",\"schema\":{\"type\":\"object\"},\"strict\":true}},\"max_output_tokens\":50,\"store\":false}";
+    T_EQ_INT(parse(GW_OAI_RESPONSES, rq, &q, &e), 0);
+    T_EQ_INT(q.n_msgs, 4);
+    T_CHECK(!strcmp(q.msgs[0].role, "system") && !strcmp(q.msgs[0].content, "sys") && !strcmp(q.msgs[1].content, "hi"));
+    T_CHECK(!strcmp(q.msgs[2].role, "assistant") && q.msgs[2].tool_calls && strstr(q.msgs[2].tool_calls, "\"c2\"") && !strcmp(q.msgs[2].reasoning, "think"));
+    T_CHECK(!strcmp(q.msgs[3].role, "tool") && !strcmp(q.msgs[3].tool_call_id, "c1") && !strcmp(q.msgs[3].content, "42"));
+    T_CHECK(q.n_tools == 1 && q.tool_choice == GW_TC_NAMED && q.fmt == GW_FMT_JSON_SCHEMA && q.sp.max_tokens == 50 && !q.store);
+    T_CHECK(q.tools_json && strstr(q.tools_json, "\"function\":{\"name\":\"f\""));
+    gw_oai_req_free(&q);
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":\"r\"}", "previous_response_id", "unknown_parameter", "previous_response_id");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", "input[0]", "unsupported_value", "item_reference");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\"}", "input", "missing_required_parameter", "input");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"truncation\":\"auto\"}", "truncation", "invalid_value", "disabled");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"include\":[\"reasoning.encrypted_content\"]}", "include", "invalid_value", "must be empty");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"high\"}}", "reasoning", "invalid_value", "reasoning.effort");
+    ERR_K(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0]", "unsupported_value", "input_image");
+
+    /* embeddings */
+    T_EQ_INT(parse(GW_OAI_EMBEDDINGS, "{\"model\":\"m\",\"input\":[\"a\",[1,2,3]],\"encoding_format\":\"base64\",\"dimensions\":8}", &q, &e), 0);
+    T_CHECK(q.n == 2 && !strcmp(q.inputs[0], "a") && q.n_input_ids[1] == 3 && q.input_ids[1][2] == 3 && q.encoding_base64 && q.dimensions == 8);
+    gw_oai_req_free(&q);
+    T_EQ_INT(parse(GW_OAI_EMBEDDINGS, "{\"model\":\"m\",\"input\":[5,6]}", &q, &e), 0);
+    T_CHECK(q.n == 1 && q.n_input_ids[0] == 2);
+    gw_oai_req_free(&q);
+    ERR_K(GW_OAI_EMBEDDINGS, "{\"model\":\"m\",\"input\":[]}", "input", "invalid_value", "empty");
+    ERR_K(GW_OAI_EMBEDDINGS, "{\"model\":\"m\",\"input\":\"a\",\"encoding_format\":\"int8\"}", "encoding_format", "invalid_value", "'float' or 'base64'");
+    ERR_K(GW_OAI_EMBEDDINGS, "{\"model\":\"m\",\"input\":\"a\",\"temperature\":1}", "temperature", "unknown_parameter", "temperature");
+}
+
+static void test_structured_build(void) {
+    gw_oai_meta m = { GW_OAI_CHAT, "chatcmpl-1", 7, "m", NULL, 0 };
+    gw_oai_call calls[2] = { { "call_a", "f", "{\"x\":1}", 7 }, { "call_b", "g", "{}", 2 } };
+    gw_oai_choice ch = { .text = "", .len = 0, .finish = SHM_FINISH_STOP, .reasoning = "hmm", .reasoning_len = 3, .calls = calls, .n_calls = 2 };
+    gw_oai_usage u = { 3, 4, 0 };
+    char *rj = gw_oai_response_json(&m, &ch, 1, &u, 0);
+    cJSON *j = cJSON_Parse(rj);
+    free(rj);
+    cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    T_CHECK(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
+    T_EQ_STR(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "hmm");
+    cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
+    T_CHECK(cJSON_GetArraySize(tc) == 2);
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(tc, 0), "function"), "arguments")->valuestring, "{\"x\":1}");
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(tc, 1), "id")->valuestring, "call_b");
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "finish_reason")->valuestring, "tool_calls");
+    cJSON_Delete(j);
+    char *s = gw_oai_chunk_call_json(&m, 0, 1, "call_b", "g", NULL, 0);
+    j = cJSON_Parse(s);
+    cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta"), "tool_calls"), 0);
+    T_CHECK(cJSON_GetObjectItem(x, "index")->valueint == 1 && !strcmp(cJSON_GetObjectItem(x, "type")->valuestring, "function") &&
+            !strcmp(cJSON_GetObjectItem(cJSON_GetObjectItem(x, "function"), "arguments")->valuestring, ""));
+    cJSON_Delete(j);
+    free(s);
+    s = gw_oai_chunk_call_json(&m, 0, 1, NULL, NULL, "{\"", 2);
+    j = cJSON_Parse(s);
+    x = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta"), "tool_calls"), 0);
+    T_CHECK(!cJSON_GetObjectItem(x, "id") && !strcmp(cJSON_GetObjectItem(cJSON_GetObjectItem(x, "function"), "arguments")->valuestring, "{\""));
+    cJSON_Delete(j);
+    free(s);
+    s = gw_oai_chunk_json(&m, 0, 0, NULL, 0, GW_FINISH_TOOL_CALLS, NULL, 0, NULL);
+    T_CHECK(strstr(s, "\"finish_reason\":\"tool_calls\"") != NULL);
+    free(s);
+    /* responses */
+    gw_oai_req q;
+    gw_oai_err e;
+    T_EQ_INT(parse(GW_OAI_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"metadata\":{\"a\":\"b\"}}", &q, &e), 0);
+    gw_rsp_info ri = { &q, "resp_1", 9, "m", 0 };
+    gw_rsp_item it[2] = { { .type = 0, .id = "msg_1", .text = "hello", .len = 5, .done = 1 },
+                          { .type = 1, .id = "fc_1", .text = "{}", .len = 2, .name = "f", .call_id = "call_1", .done = 1 } };
+    s = gw_rsp_json(&ri, "completed", it, 2, &u);
+    j = cJSON_Parse(s);
+    T_EQ_STR(cJSON_GetObjectItem(j, "object")->valuestring, "response");
+    T_EQ_STR(cJSON_GetObjectItem(j, "status")->valuestring, "completed");
+    cJSON *out = cJSON_GetObjectItem(j, "output");
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(out, 0), "content"), 0), "text")->valuestring, "hello");
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(out, 1), "call_id")->valuestring, "call_1");
+    T_CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valueint == 7);
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "metadata"), "a")->valuestring, "b");
+    cJSON_Delete(j);
+    free(s);
+    s = gw_rsp_event_text("response.output_text.delta", 4, 0, "msg_1", "he", 2);
+    size_t n;
+    char *f = gw_sse_event(s, &n);
+    const char *pre = "event: response.output_text.delta\ndata: {";
+    T_CHECK(!strncmp(f, pre, strlen(pre)) && f[n - 1] == '\n' && f[n - 2] == '\n');
+    j = cJSON_Parse(s);
+    T_CHECK(cJSON_GetObjectItem(j, "sequence_number")->valueint == 4 && !strcmp(cJSON_GetObjectItem(j, "delta")->valuestring, "he"));
+    cJSON_Delete(j);
+    free(s);
+    free(f);
+    s = gw_rsp_event_text("response.function_call_arguments.done", 5, 1, "fc_1", "{}", 2);
+    j = cJSON_Parse(s);
+    T_CHECK(!strcmp(cJSON_GetObjectItem(j, "arguments")->valuestring, "{}") && !cJSON_GetObjectItem(j, "content_index"));
+    cJSON_Delete(j);
+    free(s);
+    gw_oai_req_free(&q);
+    /* embeddings: floats and base64 of little-endian float32 */
+    float v0[2] = { 1.0f, -2.5f };
+    const float *vs[1] = { v0 };
+    s = gw_oai_embeddings_json("m", vs, 1, 2, 1, 4);
+    j = cJSON_Parse(s);
+    T_EQ_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0), "embedding")->valuestring, "AACAPwAAIMA=");
+    T_CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens")->valueint == 4);
+    cJSON_Delete(j);
+    free(s);
+    s = gw_oai_embeddings_json("m", vs, 1, 2, 0, 4);
+    j = cJSON_Parse(s);
+    cJSON *emb = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0), "embedding");
+    T_CHECK(cJSON_GetArraySize(emb) == 2 && cJSON_GetArrayItem(emb, 1)->valuedouble == -2.5);
+    cJSON_Delete(j);
+    free(s);
+}
+
 int main(void) {
+    test_structured_parse();
+    test_structured_build();
     test_defaults();
     test_errors();
     test_context_error();

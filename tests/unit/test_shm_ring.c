@@ -415,7 +415,9 @@ static int submit_equal(const struct shm_submit *a, const struct shm_submit *b) 
            memcmp(&a->sp, &b->sp, sizeof a->sp) == 0 && a->n_prompt == b->n_prompt &&
            memcmp(a->prompt, b->prompt, 4 * (size_t)a->n_prompt) == 0 && a->n_stop == b->n_stop &&
            memcmp(a->stop, b->stop, 4 * (size_t)a->n_stop) == 0 && a->n_bias == b->n_bias &&
-           (a->n_bias == 0 || memcmp(a->bias, b->bias, 8 * (size_t)a->n_bias) == 0);
+           (a->n_bias == 0 || memcmp(a->bias, b->bias, 8 * (size_t)a->n_bias) == 0) && a->flags == b->flags &&
+           a->pooling == b->pooling && a->normalize == b->normalize && a->grammar_len == b->grammar_len &&
+           (a->grammar_len == 0 || memcmp(a->grammar, b->grammar, a->grammar_len) == 0);
 }
 
 static int decode_any(const void *buf, size_t len);
@@ -428,7 +430,7 @@ static void test_proto_garbage(void) {
         size_t len = rnd() % 2 ? rnd() % 64 : rnd() % sizeof b;
         for (size_t i = 0; i < len; i++) b[i] = (uint8_t)rnd();
         if (len >= 8) {   /* a valid type half of the time so the decoders get past the header */
-            uint32_t h[2] = { (uint32_t)(1 + rnd() % 5), 0 };
+            uint32_t h[2] = { (uint32_t)(1 + rnd() % 7), 0 };
             if (rnd() % 2) memcpy(b, h, 8);
         }
         if (decode_any(b, len) & ~1) decoded++;
@@ -443,6 +445,8 @@ static int decode_any(const void *buf, size_t len) {
     struct shm_submit s;
     struct shm_done d;
     struct shm_error e;
+    struct shm_vocab vo;
+    struct shm_embed em;
     struct shm_tokens_r rd;
     struct shm_tok t;
     const struct shm_top *top;
@@ -455,6 +459,18 @@ static int decode_any(const void *buf, size_t len) {
         volatile int64_t sum = 0;   /* touch everything the decoder pointed at */
         for (uint32_t i = 0; i < s.n_prompt; i++) sum += s.prompt[i];
         for (uint32_t i = 0; i < s.n_bias; i++) sum += s.bias[i].token;
+        for (uint32_t i = 0; i < s.grammar_len; i++) sum += ((const uint8_t *)s.grammar)[i];
+    }
+    if (shm_vocab_decode(c, len, &vo) == 0) {
+        ok |= 128;
+        volatile int64_t sum = 0;
+        for (uint32_t i = 0; i < vo.bytes_len; i++) sum += vo.bytes[i];
+        for (uint32_t i = 0; i <= vo.count; i++) sum += vo.off[i];
+    }
+    if (shm_embed_decode(c, len, &em) == 0) {
+        ok |= 256;
+        volatile float sum = 0;
+        for (uint32_t i = 0; i < em.n_embd; i++) sum += em.v[i];
     }
     if (shm_cancel_decode(c, len, &id) == 0) ok |= 4;
     if (shm_done_decode(c, len, &d) == 0) ok |= 8;
@@ -504,7 +520,7 @@ static void test_proto_submit(void) {
     static uint8_t buf[16384] __attribute__((aligned(8)));
     struct shm_submit s = sample_submit(prompt, 1000, bias, 300), d;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 88 + 4000 + 16 + 2400);
+    T_EQ_INT(shm_submit_size(&s), 88 + 4000 + 16 + 2400 + 16);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, shm_submit_size(&s));
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
@@ -520,7 +536,7 @@ static void test_proto_submit(void) {
     s2.sp.has_seed = 0;
     s2.sp.seed = 0;
     T_EQ_INT(shm_submit_encode(&s2, buf, sizeof buf, &len), 0);
-    T_EQ_INT(len, 88 + 16 + 8);
+    T_EQ_INT(len, 88 + 16 + 8 + 16);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s2, &d));
     T_CHECK(d.bias == NULL);
@@ -599,6 +615,84 @@ static void test_proto_submit(void) {
     T_CHECK(cap >= SHM_RING_CAP_MIN && cap <= SHM_SUBMIT_CAP_DEFAULT && (cap & (cap - 1)) == 0);
     T_CHECK((uint64_t)cap / 4 >= 8 + 88 + 4 * 131072ull + 64 + 2400);
     T_EQ_INT(shm_submit_ring_cap_for(0x7fffffff), 0);
+}
+
+/* Version 3: SUBMIT with a grammar or as an embedding, VOCAB and EMBED records. */
+static void test_proto_v3(void) {
+    static int32_t prompt[16];
+    static struct shm_logit_bias bias[4];
+    static uint8_t buf[16384] __attribute__((aligned(8)));
+    static uint32_t prog[37];
+    for (int i = 0; i < 37; i++) prog[i] = 0xabcd0000u + (uint32_t)i;
+    struct shm_submit s = sample_submit(prompt, 5, bias, 2), d;
+    s.flags = SHM_SUBMIT_GRAMMAR;
+    s.grammar = prog;
+    s.grammar_len = sizeof prog;
+    size_t len;
+    T_EQ_INT(shm_submit_size(&s), 88 + 24 + 16 + 16 + 16 + 152);
+    T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
+    T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
+    T_CHECK(submit_equal(&s, &d));
+    T_CHECK(((uintptr_t)d.grammar & 3) == 0);
+    check_corruptions(buf, len, 2, "SUBMIT grammar");
+    struct shm_submit e = s;
+    e.grammar_len = 6; /* not whole words */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.flags = 0; /* a grammar without its flag */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.flags = SHM_SUBMIT_GRAMMAR | SHM_SUBMIT_EMBED;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = s; e.grammar_len = SHM_MAX_GRAMMAR + 4;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_ETOOBIG);
+    e = s; e.flags = 8;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    /* an embedding */
+    e = sample_submit(prompt, 7, bias, 0);
+    e.flags = SHM_SUBMIT_EMBED;
+    e.pooling = 2;
+    e.normalize = 1;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), 0);
+    T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
+    T_CHECK(submit_equal(&e, &d) && d.grammar == NULL);
+    check_corruptions(buf, len, 2, "SUBMIT embed");
+    e.pooling = 4;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e.pooling = 0;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = sample_submit(prompt, 7, bias, 0);
+    e.pooling = 1; /* pooling without the flag */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+
+    /* VOCAB */
+    uint32_t off[4] = { 0, 2, 2, 7 };
+    const uint8_t bytes[7] = { 'a', 'b', 'x', 'y', 'z', 0, 0xff };
+    struct shm_vocab v = { 10, 4, 3, off, bytes, 7 }, vd;
+    T_EQ_INT(shm_vocab_size(3, 7), 24 + 16 + 8);
+    T_EQ_INT(shm_vocab_encode(&v, buf, sizeof buf, &len), 0);
+    T_EQ_INT(shm_vocab_decode(buf, len, &vd), 0);
+    T_CHECK(vd.n_total == 10 && vd.first == 4 && vd.count == 3 && vd.bytes_len == 7 && !memcmp(vd.off, off, 16) &&
+            !memcmp(vd.bytes, bytes, 7));
+    uint32_t type;
+    T_CHECK(shm_msg_type(buf, len, &type) == 0 && type == SHM_MSG_VOCAB);
+    check_corruptions(buf, len, 128, "VOCAB");
+    struct shm_vocab bad = v;
+    bad.first = 8; /* past n_total */
+    T_EQ_INT(shm_vocab_encode(&bad, buf, sizeof buf, &len), CM_EINVAL);
+    uint32_t off2[4] = { 0, 3, 2, 7 };
+    bad = v;
+    bad.off = off2;
+    T_EQ_INT(shm_vocab_encode(&bad, buf, sizeof buf, &len), CM_EINVAL);
+
+    /* EMBED */
+    float vec[5] = { 0.5f, -1, 2, 0, 1e-3f };
+    struct shm_embed em = { 77, 5, 9, vec }, ed;
+    T_EQ_INT(shm_embed_encode(&em, buf, sizeof buf, &len), 0);
+    T_EQ_INT(len, 24 + 24);
+    T_EQ_INT(shm_embed_decode(buf, len, &ed), 0);
+    T_CHECK(ed.req_id == 77 && ed.n_embd == 5 && ed.prompt_tokens == 9 && !memcmp(ed.v, vec, 20));
+    check_corruptions(buf, len, 256, "EMBED");
+    vec[2] = NAN;
+    T_EQ_INT(shm_embed_encode(&em, buf, sizeof buf, &len), CM_EINVAL);
 }
 
 static void test_proto_others(void) {
@@ -1001,6 +1095,7 @@ int main(void) {
     test_ring_garbage();
     test_ring_wake();
     test_proto_submit();
+    test_proto_v3();
     test_proto_others();
     test_proto_ring();
     test_proto_garbage();
