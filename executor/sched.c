@@ -105,7 +105,8 @@ static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.blo
 int ex_sched_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
     if (!r->prompt || r->n_prompt <= 0 || r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX || r->n_stop < 0 ||
-        (r->n_stop && !r->stop_ids))
+        (r->n_stop && !r->stop_ids) || r->n_generated < 0 || r->n_generated >= r->n_prompt ||
+        (uint32_t)r->n_generated >= r->sp.max_tokens)
         return CM_EINVAL;
     ex_sample_row check = { .sp = &r->sp, .bias = r->bias, .n_bias = r->n_bias };
     if (ex_sample_row_check(&check, s->lim.n_vocab)) return CM_EINVAL;
@@ -117,7 +118,8 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     if (r->n_prompt >= s->lim.n_ctx) return CM_ECTX;
     /* the longest the sequence can grow (prompt + max_tokens, at most n_ctx) must fit the pool
      * alone, or it could never finish: refused now rather than failed mid-generation */
-    int64_t longest = (int64_t)r->n_prompt + r->sp.max_tokens;
+    int n_orig = r->n_prompt - r->n_generated; /* the request's own prompt */
+    int64_t longest = (int64_t)n_orig + r->sp.max_tokens;
     if (longest > s->lim.n_ctx) longest = s->lim.n_ctx;
     if (blocks_for(s, (int)longest) > ex_kv_n_blocks(s->kv)) return CM_ENOKV;
     /* pend holds one finish per sequence freed before the next step: keep live + pending
@@ -128,9 +130,10 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     seq *q = calloc(1, sizeof *q);
     if (!q) return CM_ENOMEM;
     q->id = r->id;
-    int64_t cap = (int64_t)r->n_prompt + r->sp.max_tokens;
-    q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
-    q->n_prompt = q->n_toks = r->n_prompt;
+    q->cap = (int)longest;
+    q->n_toks = r->n_prompt;
+    q->n_prompt = n_orig;
+    q->n_gen = r->n_generated;
     q->sp = r->sp;
     q->n_stop = r->n_stop;
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);

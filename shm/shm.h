@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -429,6 +429,14 @@ struct shm_submit {
     int32_t  stop[SHM_MAX_STOP];  /* stop token ids >= 0 (copied) */
     const struct shm_logit_bias *bias;  /* [n_bias] */
     uint32_t n_bias;              /* <= SHM_MAX_LOGIT_BIAS */
+    uint32_t n_generated;         /* a resumed generation (its executor died): the last n_generated
+                                   * prompt ids are the request's own output delivered so far.
+                                   * They count toward sp.max_tokens and sp.min_tokens, the TOKENS
+                                   * sequence numbers and DONE's completion_tokens continue from
+                                   * there, and DONE's prompt_tokens leaves them out; the draws
+                                   * keep their positions (the sequence's length), so the stream
+                                   * goes on as if nothing had happened. < n_prompt and
+                                   * < sp.max_tokens; 0 for a new request. */
 };
 
 /* One generated token inside a TOKENS record (wire layout, 24 bytes; n_top shm_top pairs follow). */
