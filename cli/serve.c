@@ -38,6 +38,10 @@ int cli_serve(int argc, char **argv) {
         { "auth-secret", 0, CM_OPT_STR, &o.auth_secret, "HMAC secret for API keys (default: the file KEYS_FILE.secret)" },
         { "no-auth", 0, CM_OPT_BOOL, &o.no_auth, "serve without API keys, also beyond loopback" },
         { "redis-fail-closed", 0, CM_OPT_BOOL, &o.redis_fail_closed, "Redis unavailable: answer 503 instead of limiting locally" },
+        { "max-resumes", 0, CM_OPT_INT, &o.max_resumes,
+          "executor failures a generation survives by resuming on the restarted executor (default 3; 0 = it fails)" },
+        { "resume-timeout", 0, CM_OPT_F64, &o.resume_timeout_s,
+          "seconds a generation waits for a ready executor to resume on before it fails (default 120)" },
         { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
         { 0 },
     };
@@ -65,6 +69,10 @@ int cli_serve(int argc, char **argv) {
     }
     if (o.threads < 0 || o.n_ctx < 0 || o.max_batch < 0 || o.max_batch_tokens < 0 || o.kv_cache_mb < 0) {
         fprintf(stderr, "arka serve: --threads, --ctx, --max-batch, --max-batch-tokens and --kv-cache-mb must not be negative\n");
+        return 2;
+    }
+    if (o.max_resumes < 0 || !(o.resume_timeout_s > 0 && o.resume_timeout_s <= 86400)) {
+        fprintf(stderr, "arka serve: --max-resumes must not be negative and --resume-timeout must be in (0, 86400] seconds\n");
         return 2;
     }
     if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;

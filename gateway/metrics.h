@@ -126,6 +126,9 @@ void gw_met_executor(gw_met *m, int idx, const struct shm_stats *s);
  * next stats block (a fresh segment) counts on top of the totals seen so far. */
 void gw_met_executor_restart(gw_met *m, int idx);
 
+/* A generation went to an executor again after its own failed: requests_resumed_total += 1. */
+void gw_met_request_resumed(gw_met *m);
+
 /* Gauges the gateway owns: requests it holds but no executor has admitted yet (added to
  * num_requests_waiting) and requests in flight as a whole (gateway_requests_in_flight). */
 void gw_met_set_queued(gw_met *m, uint64_t n);

@@ -39,12 +39,16 @@ typedef struct gw_serve_opts {
     const char *auth_secret;    /* HMAC secret (NULL: keys_file + ".secret") */
     int         no_auth;
     int         redis_fail_closed; /* Redis unavailable: 503 instead of the local fallback */
+    /* an executor that dies: its generations resume on the restarted one (gateway/pool.h) */
+    int         max_resumes;    /* executor deaths a generation survives (default 3; 0: fail at once) */
+    double      resume_timeout_s; /* longest wait for a ready executor to resume on (default 120) */
 } gw_serve_opts;
 
 void gw_serve_opts_default(gw_serve_opts *o);
 
 /* Runs the server until shutdown. Returns the process exit code: 0 after a clean shutdown, 1
- * when something needed at start-up failed (the reason is printed on stderr as one line). */
+ * when something needed at start-up failed (the reason is printed on stderr as one line),
+ * including an executor that fails before it was ever ready (no usable GPU, say). */
 int gw_serve_run(const gw_serve_opts *o);
 
 #endif
