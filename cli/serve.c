@@ -31,7 +31,14 @@ int cli_serve(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
-        { "max-conns", 0, CM_OPT_INT, &o.max_conns, "open HTTP connections (0 = 1024)" },
+        { "max-conns", 0, CM_OPT_INT, &o.max_conns,
+          "open HTTP connections (0 = 1024); at the cap idle ones make room, /health /ready /metrics are always answered" },
+        { "max-conns-per-ip", 0, CM_OPT_INT, &o.max_conns_per_ip,
+          "connections per client address, IPv6 per /64 (default 256; 0 = no cap; loopback is never capped)" },
+        { "max-buffered-mb", 0, CM_OPT_I64, &o.max_buffered_mb,
+          "MiB of request bodies all connections may buffer together; beyond, 503 + Retry-After (0 = 256)" },
+        { "drain-timeout", 0, CM_OPT_F64, &o.drain_timeout_s,
+          "seconds SIGTERM lets running responses finish; then they end with a server_shutting_down error (default 30)" },
         { "max-requests", 0, CM_OPT_INT, &o.max_requests, "requests in flight before new ones get 503 (0 = 4096)" },
         { "keys-file", 0, CM_OPT_STR, &o.keys_file, "API keys file (in-process key store; see config/keys.conf, arka keys); turns auth on" },
         { "redis", 0, CM_OPT_STR, &o.redis, "redis://HOST:PORT[/DB]: key store and quotas shared by gateways; turns auth on" },
@@ -69,6 +76,11 @@ int cli_serve(int argc, char **argv) {
     }
     if (o.threads < 0 || o.n_ctx < 0 || o.max_batch < 0 || o.max_batch_tokens < 0 || o.kv_cache_mb < 0) {
         fprintf(stderr, "arka serve: --threads, --ctx, --max-batch, --max-batch-tokens and --kv-cache-mb must not be negative\n");
+        return 2;
+    }
+    if (o.max_conns < 0 || o.max_conns_per_ip < -1 || o.max_buffered_mb < 0 || !(o.drain_timeout_s > 0 && o.drain_timeout_s <= 86400)) {
+        fprintf(stderr, "arka serve: --max-conns, --max-conns-per-ip and --max-buffered-mb must not be negative and "
+                        "--drain-timeout must be in (0, 86400] seconds\n");
         return 2;
     }
     if (o.max_resumes < 0 || !(o.resume_timeout_s > 0 && o.resume_timeout_s <= 86400)) {

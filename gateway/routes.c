@@ -20,9 +20,14 @@
 #include "gateway/openai.h"
 #include "gateway/ws.h"
 
+#define PARSE_INLINE_MAX (32u << 10) /* request bodies larger than this are parsed on the threadpool */
+
+struct tport;
+
 struct gw_app {
     gw_app_cfg cfg;
     int active;
+    struct tport *live; /* every generation not yet ended (tport.lnext) */
 };
 
 void gw_app_cfg_default(gw_app_cfg *cfg) {
@@ -32,6 +37,9 @@ void gw_app_cfg_default(gw_app_cfg *cfg) {
     cfg->ping_ms = 15000;
     cfg->ws_max_responses = 16;
     cfg->ws_max_message = 8u << 20;
+    cfg->ws_ping_ms = 30000;
+    cfg->ws_idle_ms = 300000;
+    cfg->ws_message_ms = 60000;
 }
 
 int gw_app_create(const gw_app_cfg *cfg, gw_app **out) {
@@ -76,6 +84,8 @@ static int check_model(gw_app *a, const char *model, gw_oai_err *e) {
  * generation's creation to its sink's end, or past it until a pending admission answers. */
 typedef struct tport {
     gw_app *app;
+    gw_gen *gen;             /* while it runs (the app's live list) */
+    struct tport *lprev, *lnext;
     int     admitting;       /* an admission answer is pending: the state waits for it */
     /* the admission answered and the generation goes on (NULL: nothing to do) */
     void  (*admitted)(gw_gen *g, const gw_auth_result *res);
@@ -101,7 +111,21 @@ static int gen_new(gw_app *a, gw_oai_req *q, const gw_gen_sink *sink, tport *t, 
     gw_oai_make_id(g->id, sizeof g->id, id_prefix);
     g->meta = (gw_oai_meta){ kind, g->id, (int64_t)time(NULL), g->q.model, a->cfg.fingerprint, include_usage };
     a->active++;
+    t->gen = g;
+    t->lprev = NULL;
+    t->lnext = a->live;
+    if (a->live) a->live->lprev = t;
+    a->live = t;
     return 0;
+}
+
+static void live_unlink(gw_app *a, tport *t) {
+    if (!t->gen) return;
+    if (t->lprev) t->lprev->lnext = t->lnext;
+    else a->live = t->lnext;
+    if (t->lnext) t->lnext->lprev = t->lprev;
+    t->lprev = t->lnext = NULL;
+    t->gen = NULL;
 }
 
 static void start(gw_gen *g) {
@@ -125,6 +149,7 @@ static void finish(gw_gen *g, const gw_oai_err *err) {
     tport *t = g->sink_ud;
     gw_app *a = t->app;
     a->active--;
+    live_unlink(a, t);
     settle_quota(a, g);
     if (!a->cfg.met || (!g->ran && !(err && g->t_start))) return;
     for (int i = 0; i < g->n; i++) {
@@ -358,6 +383,87 @@ static void http_admitted(gw_gen *g, const gw_auth_result *res) {
     auth_headers(h->hdrs, sizeof h->hdrs, rid, res);
 }
 
+static void start_parsed(gw_app *a, gw_req *r, int kind, gw_oai_req *q, const char *hdrs, const char *bearer,
+                         size_t blen);
+
+/* A large body's JSON is parsed on the threadpool, so the loop keeps serving everyone else
+ * meanwhile (the body moves to the job; its bytes still count toward the server's buffer cap). */
+typedef struct parse_job {
+    uv_work_t   w;
+    gw_app     *a;
+    gw_req     *r;            /* NULL once the client left */
+    gw_server  *srv;
+    int         kind, rc;
+    char       *body;
+    size_t      len, charge;
+    gw_oai_req  q;
+    gw_oai_err  e;
+    char        hdrs[256];
+    char        bearer[GW_KEY_BUF + 8];
+} parse_job;
+
+static void parse_job_abort(gw_req *r, void *ud) {
+    parse_job *j = ud;
+    (void)r;
+    j->r = NULL;
+}
+
+static void parse_job_work(uv_work_t *w) {
+    parse_job *j = w->data;
+    j->rc = gw_oai_parse(j->kind, j->body ? j->body : "", j->len, &j->q, &j->e);
+}
+
+static void parse_job_done(uv_work_t *w, int status) {
+    parse_job *j = w->data;
+    free(j->body);
+    gw_server_uncharge(j->srv, j->charge);
+    gw_req *r = j->r;
+    if (r) gw_req_on_abort(r, NULL, NULL);
+    if (!r || status || j->rc) {
+        if (r && j->rc) send_err(r, &j->e, j->hdrs[0] ? j->hdrs : NULL);
+        else if (r) gw_resp_send(r, 500, "text/plain", "request parsing was cancelled\n", 30, NULL);
+        if (!j->rc && !status) gw_oai_req_free(&j->q);
+        free(j);
+        return;
+    }
+    if (gw_server_draining(j->srv)) {
+        gw_oai_err e;
+        char h[sizeof j->hdrs + 32];
+        snprintf(h, sizeof h, "Retry-After: 1\r\n%s", j->hdrs);
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+        send_err(r, &e, h);
+        gw_oai_req_free(&j->q);
+        free(j);
+        return;
+    }
+    start_parsed(j->a, r, j->kind, &j->q, j->hdrs, j->bearer[0] ? j->bearer : NULL, j->len);
+    free(j);
+}
+
+static void parse_later(gw_app *a, gw_req *r, int kind, const char *hdrs, const char *bearer) {
+    parse_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+        return;
+    }
+    j->a = a;
+    j->r = r;
+    j->srv = gw_req_server(r);
+    j->kind = kind;
+    j->w.data = j;
+    snprintf(j->hdrs, sizeof j->hdrs, "%s", hdrs);
+    snprintf(j->bearer, sizeof j->bearer, "%s", bearer ? bearer : "");
+    j->body = gw_req_take_body(r, &j->len, &j->charge);
+    if (uv_queue_work(gw_req_loop(r), &j->w, parse_job_work, parse_job_done)) {
+        free(j->body);
+        gw_server_uncharge(j->srv, j->charge);
+        free(j);
+        gw_resp_send(r, 500, "text/plain", "cannot queue the request\n", 25, NULL);
+        return;
+    }
+    gw_req_on_abort(r, parse_job_abort, j);
+}
+
 static void handle_generate(gw_app *a, gw_req *r, int kind) {
     gw_oai_err e;
     char hdrs[256] = "";
@@ -388,13 +494,25 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         send_err(r, &e, h);
         return;
     }
-    gw_oai_req q;
     size_t blen;
     const char *body = gw_req_body(r, &blen);
+    if (blen > PARSE_INLINE_MAX) { /* a large body is parsed off the loop */
+        parse_later(a, r, kind, hdrs, bearer);
+        return;
+    }
+    gw_oai_req q;
     if (gw_oai_parse(kind, body, blen, &q, &e)) {
         send_err(r, &e, hdrs[0] ? hdrs : NULL);
         return;
     }
+    start_parsed(a, r, kind, &q, hdrs, bearer, blen);
+}
+
+/* A parsed request (q taken) becomes a generation writing to r. */
+static void start_parsed(gw_app *a, gw_req *r, int kind, gw_oai_req *q_in, const char *hdrs, const char *bearer,
+                         size_t blen) {
+    gw_oai_err e;
+    gw_oai_req q = *q_in;
     int stream = q.stream, keep = GW_GEN_KEEP_TEXT | (q.sp.logprobs ? GW_GEN_KEEP_LOGPROBS : 0);
     http_gen *h = calloc(1, sizeof *h);
     if (!h || !(h->toff = calloc((size_t)q.n, sizeof *h->toff))) {
@@ -404,9 +522,9 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         http_free(h);
         return;
     }
-    h->t = (tport){ a, 0, http_admitted, NULL, http_release };
+    h->t = (tport){ .app = a, .admitted = http_admitted, .release = http_release };
     h->req = r;
-    memcpy(h->hdrs, hdrs, sizeof hdrs);
+    snprintf(h->hdrs, sizeof h->hdrs, "%s", hdrs);
     if (gen_new(a, &q, stream ? &sse_sink : &json_sink, &h->t, kind == GW_OAI_CHAT ? "chatcmpl-" : "cmpl-", &h->g, &e)) {
         send_err(r, &e, HDRS(h));
         http_free(h);
@@ -458,6 +576,7 @@ static void ws_unlink(ws_gen *w) {
     w->prev = w->next = NULL;
     s->n--;
     w->s = NULL;
+    if (s->n == 0 && s->ws) gw_ws_set_busy(s->ws, 0);
 }
 
 static void ws_release(tport *t) { free(t); }
@@ -562,7 +681,7 @@ static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     }
     if (err == CM_ENOMEM) gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
     if (!err) {
-        w->t = (tport){ a, 0, NULL, ws_accepted, ws_release };
+        w->t = (tport){ .app = a, .accepted = ws_accepted, .release = ws_release };
         snprintf(w->client_ev, sizeof w->client_ev, "%s", client_ev ? client_ev : "");
         err = gen_new(a, &q, &ws_sink, &w->t, "resp_", &w->g, &e);
     }
@@ -581,7 +700,7 @@ static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     w->next = s->list;
     if (s->list) s->list->prev = w;
     s->list = w;
-    s->n++;
+    if (s->n++ == 0 && s->ws) gw_ws_set_busy(s->ws, 1);
     generate(a, w->g, s->bearer, len);
 }
 
@@ -648,7 +767,7 @@ static void handle_ws(gw_app *a, gw_req *r) {
         return;
     }
     s->app = a;
-    if (a->cfg.auth) { /* the key is checked here for its shape, and per response.create against the store */
+    if (a->cfg.auth) { /* checked against the store from the headers (gw_app_on_headers), and per response.create */
         const char *b = bearer_of(r);
         if (!b || !gw_key_well_formed(b, strlen(b))) {
             gw_oai_err e;
@@ -661,13 +780,133 @@ static void handle_ws(gw_app *a, gw_req *r) {
         snprintf(s->bearer, sizeof s->bearer, "%s", b);
     }
     if (gw_ws_upgrade(r, a->cfg.ws_max_message, &ws_ops, s, &s->ws)) free(s); /* answered already */
+    else gw_ws_set_liveness(s->ws, a->cfg.ws_ping_ms, a->cfg.ws_idle_ms, a->cfg.ws_message_ms);
+}
+
+/* ---- before the body: the key, and whether the server can take the request ------------------ */
+
+/* A refused key, as handle_generate answers it (401 + x-request-id, x-should-retry). */
+static void send_key_refusal(gw_req *r, const gw_auth_result *res) {
+    gw_oai_err e;
+    char rid[GW_OAI_ID_LEN], hdrs[256];
+    gw_oai_make_id(rid, sizeof rid, "req_");
+    auth_headers(hdrs, sizeof hdrs, rid, res);
+    gw_oai_err_set(&e, res->status, res->type[0] ? res->type : "invalid_request_error", NULL,
+                   res->code[0] ? res->code : "invalid_api_key", "%s", res->msg);
+    send_err(r, &e, hdrs);
+}
+
+/* 1 when the route generates (and so needs the key): every POST under /v1/ and the WebSocket. */
+static int generate_route(gw_req *r) {
+    const char *p = gw_req_path(r);
+    int m = gw_req_method(r);
+    return (m == HTTP_POST && strncmp(p, "/v1/", 4) == 0) || (m == HTTP_GET && strcmp(p, "/v1/ws") == 0);
+}
+
+/* After the key: a POST the server cannot take now is refused before its body comes. Returns
+ * GW_HDR_ANSWERED or GW_HDR_GO. */
+static int take_now(gw_app *a, gw_req *r) {
+    gw_server *srv = gw_req_server(r);
+    if (gw_req_method(r) != HTTP_POST || !srv || (!gw_server_draining(srv) && backend_ready(a))) return GW_HDR_GO;
+    gw_oai_err e;
+    if (gw_server_draining(srv))
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+    else gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
+    send_err(r, &e, "Retry-After: 1\r\n");
+    return GW_HDR_ANSWERED;
+}
+
+typedef struct key_check {
+    gw_app *a;
+    gw_req *r;          /* NULL once the client left */
+    int     in_call;    /* gw_auth_identify has not returned yet */
+    int     answered;   /* it answered inside the call */
+    gw_auth_result res;
+} key_check;
+
+static void key_check_abort(gw_req *r, void *ud) {
+    key_check *k = ud;
+    (void)r;
+    k->r = NULL;
+}
+
+static void key_checked(void *ud, const gw_auth_result *res) {
+    key_check *k = ud;
+    if (k->in_call) { /* the store knew at once: gw_app_on_headers goes on */
+        k->answered = 1;
+        k->res = *res;
+        return;
+    }
+    gw_req *r = k->r;
+    if (r) {
+        gw_req_on_abort(r, NULL, NULL);
+        if (res->status) send_key_refusal(r, res);
+        else if (take_now(k->a, r) == GW_HDR_GO) gw_req_resume(r);
+    }
+    free(k);
+}
+
+int gw_app_on_headers(gw_req *r, void *ud) {
+    gw_app *a = ud;
+    if (!generate_route(r)) return GW_HDR_GO;
+    if (a->cfg.auth) {
+        const char *b = bearer_of(r);
+        if (!b || !gw_key_well_formed(b, strlen(b))) {
+            gw_auth_result res = { .status = 401 };
+            snprintf(res.msg, sizeof res.msg, "%s",
+                     b ? "Incorrect API key provided. Keys look like 'ak-' followed by 48 hex digits."
+                       : "You didn't provide an API key. Send 'Authorization: Bearer ak-...'.");
+            send_key_refusal(r, &res);
+            return GW_HDR_ANSWERED;
+        }
+        key_check *k = calloc(1, sizeof *k);
+        if (!k) {
+            gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+            return GW_HDR_ANSWERED;
+        }
+        k->a = a;
+        k->r = r;
+        k->in_call = 1;
+        gw_auth_identify(a->cfg.auth, b, key_checked, k);
+        k->in_call = 0;
+        if (!k->answered) { /* Redis is asked: the body waits */
+            gw_req_on_abort(r, key_check_abort, k);
+            return GW_HDR_HOLD;
+        }
+        gw_auth_result res = k->res;
+        free(k);
+        if (res.status) {
+            send_key_refusal(r, &res);
+            return GW_HDR_ANSWERED;
+        }
+    }
+    return take_now(a, r);
+}
+
+void gw_app_drain_deadline(void *ud) {
+    gw_app *a = ud;
+    gw_oai_err e;
+    gw_oai_err_set(&e, 503, "server_error", NULL, "server_shutting_down",
+                   "The server is shutting down and could not finish this response in time; retry the request.");
+    int n = 0;
+    while (a->live) {
+        tport *t = a->live;
+        if (t->gen->state == GW_GEN_ENDED) { /* cannot be: ended generations leave the list */
+            live_unlink(a, t);
+            continue;
+        }
+        gw_gen_error(t->gen, &e); /* the sink's end writes the error and unlinks t */
+        n++;
+    }
+    if (n) CM_LOG_WARN("gw", "drain deadline: responses ended with server_shutting_down", "count=%d", n);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
 static void handle_health(gw_app *a, gw_req *r, int ready_probe) {
     gw_server *s = gw_req_server(r);
-    if (ready_probe && s && gw_server_draining(s)) send_json(r, 503, "{\"status\":\"draining\"}", NULL);
+    (void)ready_probe;
+    if (s && gw_server_draining(s)) send_json(r, 503, "{\"status\":\"draining\"}", NULL);
     else if (!backend_ready(a)) send_json(r, 503, "{\"status\":\"loading\"}", NULL);
     else send_json(r, 200, "{\"status\":\"ok\"}", NULL);
 }

@@ -29,6 +29,8 @@ void gw_serve_opts_default(gw_serve_opts *o) {
     o->cuda_graph_budget_s = 60;
     o->max_resumes = 3;
     o->resume_timeout_s = 120;
+    o->max_conns_per_ip = -1;
+    o->drain_timeout_s = 30;
 }
 
 /* The server's parts. It owns the metrics registry: the app (HTTP counters, requests,
@@ -289,7 +291,12 @@ int gw_serve_run(const gw_serve_opts *o) {
         hc.host = o->host;
         hc.port = o->port;
         if (o->max_conns > 0) hc.max_conns = o->max_conns;
+        if (o->max_conns_per_ip >= 0) hc.max_conns_per_ip = o->max_conns_per_ip;
+        if (o->max_buffered_mb > 0) hc.max_buffered = (size_t)o->max_buffered_mb << 20;
+        hc.drain_timeout_ms = (uint32_t)(o->drain_timeout_s * 1000);
         hc.handler = gw_app_handle;
+        hc.on_headers = gw_app_on_headers;
+        hc.on_drain_deadline = gw_app_drain_deadline;
         hc.on_response = gw_app_on_response;
         hc.ud = app;
         if (!rc && (rc = gw_server_create(&loop, &hc, &s.http)))

@@ -30,6 +30,9 @@ typedef struct gw_serve_opts {
     const char *chat_template;  /* built-in name replacing the model's (NULL: the model's) */
     const char *log_level;      /* passed to the executors */
     int         max_conns;      /* HTTP connections (0: default) */
+    int         max_conns_per_ip; /* per client address (-1: default 256; 0: no cap; loopback never) */
+    int64_t     max_buffered_mb; /* request bytes buffered by all connections (0: default 256) */
+    double      drain_timeout_s; /* SIGTERM: running responses get this long (default 30) */
     int         max_requests;   /* requests in flight before 503 (0: default) */
     /* API keys and quotas (gateway/auth.h). Auth is on when a key store is configured (keys_file
      * or redis) and whenever host is not a loopback address; off on loopback without a store;
