@@ -464,9 +464,8 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         return;
     }
     long long code = rp->element[0]->integer;
-    if (code == -2) { /* ran after its deadline (Redis was stuck): granted nothing; the fallback's */
+    if (code == -2) { /* ran after its deadline (Redis was stuck, it answers again now): granted nothing */
         a->stats.redis_errors++;
-        r->degraded_until = now + 1000;
         if (!o->answered) answer_fallback(o);
         op_free(o);
         return;
