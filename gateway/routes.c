@@ -23,11 +23,15 @@
 #define PARSE_INLINE_MAX (32u << 10) /* request bodies larger than this are parsed on the threadpool */
 
 struct tport;
+struct parse_job;
 
 struct gw_app {
     gw_app_cfg cfg;
     int active;
     struct tport *live; /* every generation not yet ended (tport.lnext) */
+    /* large bodies are parsed one at a time, so that they never take every core from the loop */
+    struct parse_job *parse_head, *parse_tail;
+    int parsing;
 };
 
 void gw_app_cfg_default(gw_app_cfg *cfg) {
@@ -390,6 +394,7 @@ static void start_parsed(gw_app *a, gw_req *r, int kind, gw_oai_req *q, const ch
  * meanwhile (the body moves to the job; its bytes still count toward the server's buffer cap). */
 typedef struct parse_job {
     uv_work_t   w;
+    struct parse_job *next; /* waiting for its turn */
     gw_app     *a;
     gw_req     *r;            /* NULL once the client left */
     gw_server  *srv;
@@ -411,16 +416,42 @@ static void parse_job_abort(gw_req *r, void *ud) {
 static void parse_job_work(uv_work_t *w) {
     parse_job *j = w->data;
     j->rc = gw_oai_parse(j->kind, j->body ? j->body : "", j->len, &j->q, &j->e);
+    /* The parse freed its tree (up to millions of small nodes) into this thread's malloc arena,
+     * where glibc keeps them unmerged until a large request merges them all at once. Have that
+     * happen here: otherwise it happens on the loop, in the free() of the request's prompt ids
+     * (allocated in this arena), and stalls every connection for tens of milliseconds. */
+    void *volatile large = malloc(4096); /* volatile: a malloc/free pair is otherwise optimized away */
+    free(large);
+}
+
+static void parse_job_done(uv_work_t *w, int status);
+
+/* Starts the next waiting parse when none runs. */
+static void parse_next(gw_app *a) {
+    while (!a->parsing && a->parse_head) {
+        parse_job *j = a->parse_head;
+        a->parse_head = j->next;
+        if (!a->parse_head) a->parse_tail = NULL;
+        if (uv_queue_work(a->cfg.env->loop, &j->w, parse_job_work, parse_job_done) == 0) {
+            a->parsing = 1;
+            return;
+        }
+        j->rc = CM_EIO; /* cannot queue: answered as a cancelled parse */
+        parse_job_done(&j->w, UV_ECANCELED);
+    }
 }
 
 static void parse_job_done(uv_work_t *w, int status) {
     parse_job *j = w->data;
+    gw_app *a = j->a;
+    if (status != UV_ECANCELED || j->rc != CM_EIO) a->parsing = 0;
+    parse_next(a);
     free(j->body);
     gw_server_uncharge(j->srv, j->charge);
     gw_req *r = j->r;
     if (r) gw_req_on_abort(r, NULL, NULL);
     if (!r || status || j->rc) {
-        if (r && j->rc) send_err(r, &j->e, j->hdrs[0] ? j->hdrs : NULL);
+        if (r && j->rc && !status) send_err(r, &j->e, j->hdrs[0] ? j->hdrs : NULL);
         else if (r) gw_resp_send(r, 500, "text/plain", "request parsing was cancelled\n", 30, NULL);
         if (!j->rc && !status) gw_oai_req_free(&j->q);
         free(j);
@@ -454,14 +485,11 @@ static void parse_later(gw_app *a, gw_req *r, int kind, const char *hdrs, const 
     snprintf(j->hdrs, sizeof j->hdrs, "%s", hdrs);
     snprintf(j->bearer, sizeof j->bearer, "%s", bearer ? bearer : "");
     j->body = gw_req_take_body(r, &j->len, &j->charge);
-    if (uv_queue_work(gw_req_loop(r), &j->w, parse_job_work, parse_job_done)) {
-        free(j->body);
-        gw_server_uncharge(j->srv, j->charge);
-        free(j);
-        gw_resp_send(r, 500, "text/plain", "cannot queue the request\n", 25, NULL);
-        return;
-    }
     gw_req_on_abort(r, parse_job_abort, j);
+    if (a->parse_tail) a->parse_tail->next = j;
+    else a->parse_head = j;
+    a->parse_tail = j;
+    parse_next(a);
 }
 
 static void handle_generate(gw_app *a, gw_req *r, int kind) {

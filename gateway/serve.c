@@ -52,6 +52,11 @@ static char *metrics_cb(void *ud, size_t *len) {
         gw_auth_stats_get(v->auth, &st);
         gw_met_auth_totals(v->met, st.redis_errors, st.fallback_admits);
     }
+    if (v->http) {
+        gw_server_stats hs;
+        gw_server_stats_get(v->http, &hs);
+        gw_met_http_server(v->met, hs.conns_open, hs.evicted, hs.conns_rejected, hs.buffered, hs.over_buffered);
+    }
     int backlog = gw_pool_metrics(v->pool);
     gw_met_set_queued(v->met, (uint64_t)(v->env.preparing + backlog));
     gw_met_set_inflight(v->met, (uint64_t)v->env.inflight);

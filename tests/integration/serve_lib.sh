@@ -10,7 +10,7 @@ start() {
     PIDS+=("$SPID")
     URL=""
     for _ in $(seq 300); do
-        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" | head -1)
+        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null | head -1)
         [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0
         kill -0 "$SPID" 2>/dev/null || break
         sleep 0.1
