@@ -18,11 +18,11 @@ PORT       ?= 8080
 SERVE_ARGS ?= --chat-template chatml
 CMAKE_ARGS ?=
 
-.PHONY: run test setup build build-asan test-fast test-docker clean
+.PHONY: run run-model test setup build build-asan test-fast test-docker clean
 
-run: setup build
+run: run-model setup build
 	@m="$(MODEL)"; \
-	if [ ! -f "$$m" ]; then \
+	if [ ! -e "$$m" ]; then \
 	  m="$(CACHE_DIR)/models/$$(basename "$(MODEL_URL)")"; \
 	  [ -f "$$m" ] || $(BUILD)/bin/arka pull "$(MODEL_URL)" -o "$(CACHE_DIR)/models" --sha256 $(MODEL_SHA) || exit 1; \
 	fi; \
@@ -41,6 +41,13 @@ test-fast: setup build
 # docker/README.md). Opt-in: not part of `make test` unless ARKA_DOCKER_TESTS=1.
 test-docker:
 	bash tests/docker/run.sh
+
+# A MODEL given on the command line or in the environment must exist (checked before anything is
+# installed or built); only the default one is downloaded when absent.
+run-model:
+	@if [ "$(origin MODEL)" != file ] && [ ! -e "$(MODEL)" ]; then \
+	  echo "make run: MODEL=$(MODEL): no such file or directory (give a GGUF file or a Hugging Face directory)" >&2; exit 1; \
+	fi
 
 setup:
 	@bash scripts/setup.sh

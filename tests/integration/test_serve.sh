@@ -162,6 +162,9 @@ URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/main.log" | head -1)
 check '[ $rc != 0 ] && grep -q "nonexistent.gguf" "$TMP/e1"' "missing model: rc=$rc $(cat "$TMP/e1")"
 "$BIN" serve -m "$MODEL" --chat-template nosuch --port 0 >"$TMP/e2" 2>&1; rc=$?
 check '[ $rc != 0 ] && grep -q "chatml" "$TMP/e2"' "unknown --chat-template: rc=$rc $(cat "$TMP/e2")"
+# make run with a MODEL that does not exist: an error naming it (no download of the default)
+make -s -C "$ROOT" run-model MODEL=/nonexistent-model.gguf >"$TMP/e4" 2>&1; rc=$?
+check '[ $rc != 0 ] && grep -q "MODEL=/nonexistent-model.gguf: no such file" "$TMP/e4"' "make run MODEL=missing: rc=$rc $(cat "$TMP/e4")"
 # --backend cuda without a usable GPU (or a build without the cuda backend): the executor's load
 # error, once, and exit 1, instead of restarting it forever
 if ! nvidia-smi -L >/dev/null 2>&1; then
