@@ -897,8 +897,6 @@ void gw_conn_tick(gw_conn *c, uint32_t ms) {
     timer_arm(c, ms ? T_TICK : T_NONE);
 }
 
-const char *gw_req_peer(const gw_req *r) { return r->conn ? r->conn->ip : "?"; }
-
 char *gw_req_take_body(gw_req *r, size_t *len, size_t *chg) {
     gw_conn *c = r->conn;
     size_t cap = 0;

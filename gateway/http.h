@@ -190,8 +190,6 @@ gw_server  *gw_req_server(const gw_req *r);
 
 /* After on_headers held req: read its body and hand it to the handler as usual. Loop thread. */
 void        gw_req_resume(gw_req *r);
-/* The client's address ("203.0.113.7" or "2001:db8::1"; "?" when unknown). */
-const char *gw_req_peer(const gw_req *r);
 /* Moves the (complete) request body to the caller, who free()s it and then gives its charge back
  * with gw_server_uncharge(server, *charge): until then it counts toward max_buffered. The body
  * reads as empty afterwards. */
