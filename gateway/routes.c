@@ -576,12 +576,16 @@ typedef struct ws_gen {
     int      created;       /* response.created was sent */
 } ws_gen;
 
+typedef struct ws_msg ws_msg;
+
 struct ws_sock {
     gw_app  *app;
     gw_ws   *ws;            /* NULL once the connection is gone */
     char     bearer[GW_KEY_BUF]; /* the key of the upgrade request (auth on) */
     ws_gen  *list;
     int      n;
+    ws_msg  *q_head, *q_tail; /* messages waiting behind one parsed on the threadpool, in order */
+    int      parsing;       /* the head is on the threadpool (s outlives the connection until it is back) */
 };
 
 static void ws_send(ws_sock *s, char *json) {
@@ -667,42 +671,57 @@ static void ws_end(gw_gen *g, const gw_oai_err *err) {
 
 static const gw_gen_sink ws_sink = { NULL, ws_text, NULL, ws_end };
 
-static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
-    gw_app *a = s->app;
-    gw_oai_err e;
+/* response.create's request out of the event: the served model when it names none, no stream
+ * fields, parsed. Returns 0 (q filled, *len its JSON's bytes), CM_ENOTFOUND (no 'response'
+ * object) or the parser's error, with e filled. Reads only msg and the app's fixed config: safe on
+ * the threadpool. */
+static int ws_create_parse(const gw_app *a, cJSON *msg, gw_oai_req *q, gw_oai_err *e, size_t *len) {
     cJSON *body = cJSON_GetObjectItemCaseSensitive(msg, "response");
+    *len = 0;
     if (!cJSON_IsObject(body)) {
-        gw_oai_err_set(&e, 400, "invalid_request_error", "response", "missing_required_parameter",
+        gw_oai_err_set(e, 400, "invalid_request_error", "response", "missing_required_parameter",
                        "Missing required parameter: 'response' (the chat completion request).");
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (s->n >= a->cfg.ws_max_responses) {
-        gw_oai_err_set(&e, 429, "invalid_request_error", NULL, "too_many_responses",
-                       "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
-        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (!backend_ready(a)) {
-        gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
-        ws_error(s, &e, client_ev);
-        return;
+        return CM_ENOTFOUND;
     }
     /* the session's model is the served one when the response does not name it */
     if (!cJSON_GetObjectItemCaseSensitive(body, "model")) cJSON_AddStringToObject(body, "model", a->cfg.model_id);
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream");
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
     char *text = cJSON_PrintUnformatted(body);
-    size_t len = text ? strlen(text) : 0;
-    gw_oai_req q;
-    ws_gen *w = NULL;
-    int err = text ? gw_oai_parse(GW_OAI_CHAT, text, len, &q, &e) : CM_ENOMEM;
+    *len = text ? strlen(text) : 0;
+    int err = text ? gw_oai_parse(GW_OAI_CHAT, text, *len, q, e) : CM_ENOMEM;
     free(text);
+    if (err == CM_ENOMEM) gw_oai_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return err;
+}
+
+/* response.create with its request parsed (rc, q, e from ws_create_parse; q is taken). */
+static void ws_create_parsed(ws_sock *s, int rc, gw_oai_req *q_in, gw_oai_err *e_in, size_t len, const char *client_ev) {
+    gw_app *a = s->app;
+    gw_oai_err e = *e_in;
+    gw_oai_req q = *q_in;
+    if (rc == CM_ENOTFOUND) {
+        ws_error(s, &e, client_ev);
+        return;
+    }
+    int refused = 1;
+    if (s->n >= a->cfg.ws_max_responses) {
+        gw_oai_err_set(&e, 429, "invalid_request_error", NULL, "too_many_responses",
+                       "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
+    } else if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+    } else if (!backend_ready(a)) {
+        gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
+    } else {
+        refused = 0;
+    }
+    if (refused) {
+        if (rc == 0) gw_oai_req_free(&q);
+        ws_error(s, &e, client_ev);
+        return;
+    }
+    ws_gen *w = NULL;
+    int err = rc;
     if (!err && !(w = calloc(1, sizeof *w))) {
         gw_oai_req_free(&q);
         err = CM_ENOMEM;
@@ -732,6 +751,14 @@ static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     generate(a, w->g, s->bearer, len);
 }
 
+static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
+    gw_oai_req q;
+    gw_oai_err e;
+    size_t len;
+    int rc = ws_create_parse(s->app, msg, &q, &e, &len);
+    ws_create_parsed(s, rc, &q, &e, len, client_ev);
+}
+
 static void ws_cancel(ws_sock *s, cJSON *msg, const char *client_ev) {
     cJSON *rid = cJSON_GetObjectItemCaseSensitive(msg, "response_id");
     gw_oai_err e;
@@ -756,10 +783,24 @@ static void ws_cancel(ws_sock *s, cJSON *msg, const char *client_ev) {
     }
 }
 
-static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
-    ws_sock *s = ud;
+/* A message parsed on the threadpool (with its response.create request when it is one). */
+struct ws_msg {
+    uv_work_t   w;
+    ws_msg     *next;
+    ws_sock    *s;
+    char       *text;       /* the message (a copy), until parsed */
+    size_t      len;
+    cJSON      *msg;        /* the event */
+    int         created;    /* a response.create whose request was parsed too: */
+    int         rc;
+    gw_oai_req  q;
+    gw_oai_err  e;
+    size_t      body_len;
+};
+
+/* One event, in order; pre: what the threadpool made of it (NULL for a small one). msg is freed. */
+static void ws_handle(ws_sock *s, cJSON *msg, ws_msg *pre) {
     gw_oai_err e;
-    cJSON *msg = cJSON_ParseWithLengthOpts(text, len, NULL, 0);
     cJSON *type = msg ? cJSON_GetObjectItemCaseSensitive(msg, "type") : NULL;
     cJSON *evid = msg ? cJSON_GetObjectItemCaseSensitive(msg, "event_id") : NULL;
     const char *client_ev = cJSON_IsString(evid) ? evid->valuestring : NULL;
@@ -768,7 +809,8 @@ static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
                        msg ? "Events need a string 'type'." : "The event is not valid JSON.");
         ws_error(s, &e, client_ev);
     } else if (strcmp(type->valuestring, "response.create") == 0) {
-        ws_create(s, msg, client_ev);
+        if (pre && pre->created) ws_create_parsed(s, pre->rc, &pre->q, &pre->e, pre->body_len, client_ev);
+        else ws_create(s, msg, client_ev);
     } else if (strcmp(type->valuestring, "response.cancel") == 0) {
         ws_cancel(s, msg, client_ev);
     } else {
@@ -779,10 +821,118 @@ static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
     cJSON_Delete(msg);
 }
 
+static void ws_msg_free(ws_msg *m) {
+    if (m->created && m->rc == 0) gw_oai_req_free(&m->q);
+    cJSON_Delete(m->msg);
+    free(m->text);
+    free(m);
+}
+
+static void ws_msg_work(uv_work_t *w) {
+    ws_msg *m = w->data;
+    m->msg = cJSON_ParseWithLengthOpts(m->text, m->len, NULL, 0);
+    free(m->text);
+    m->text = NULL;
+    cJSON *type = m->msg ? cJSON_GetObjectItemCaseSensitive(m->msg, "type") : NULL;
+    if (cJSON_IsObject(m->msg) && cJSON_IsString(type) && strcmp(type->valuestring, "response.create") == 0) {
+        m->created = 1;
+        m->rc = ws_create_parse(m->s->app, m->msg, &m->q, &m->e, &m->body_len);
+        /* the request is in q: the event's own tree can go here, with its nodes merged in this
+         * thread's arena (see parse_job_work) */
+        cJSON *keep = cJSON_CreateObject();
+        cJSON *evid = cJSON_DetachItemFromObjectCaseSensitive(m->msg, "event_id");
+        cJSON_AddItemToObject(keep, "type", cJSON_CreateString("response.create"));
+        if (evid) cJSON_AddItemToObject(keep, "event_id", evid);
+        cJSON_Delete(m->msg);
+        m->msg = keep;
+    }
+    void *volatile large = malloc(4096); /* as in parse_job_work */
+    free(large);
+}
+
+static void ws_pump(ws_sock *s);
+
+static void ws_msg_done(uv_work_t *w, int status) {
+    ws_msg *m = w->data;
+    ws_sock *s = m->s;
+    s->parsing = 0;
+    s->q_head = m->next;
+    if (!s->q_head) s->q_tail = NULL;
+    if (s->ws && !status) {
+        cJSON *msg = m->msg;
+        m->msg = NULL;
+        ws_handle(s, msg, m);
+        m->created = 0; /* q went to the generation (or was freed) */
+    }
+    ws_msg_free(m);
+    if (!s->ws) { /* the connection went meanwhile: the rest waits for nothing */
+        while (s->q_head) {
+            ws_msg *n = s->q_head;
+            s->q_head = n->next;
+            ws_msg_free(n);
+        }
+        free(s);
+        return;
+    }
+    ws_pump(s);
+}
+
+/* Handles the queued messages in order: small ones at once, a large one on the threadpool
+ * (the rest wait for it). */
+static void ws_pump(ws_sock *s) {
+    while (s->q_head && !s->parsing) {
+        ws_msg *m = s->q_head;
+        if (m->len > PARSE_INLINE_MAX &&
+            uv_queue_work(s->app->cfg.env->loop, &m->w, ws_msg_work, ws_msg_done) == 0) {
+            s->parsing = 1;
+            return;
+        }
+        s->q_head = m->next;
+        if (!s->q_head) s->q_tail = NULL;
+        cJSON *msg = cJSON_ParseWithLengthOpts(m->text, m->len, NULL, 0);
+        ws_msg_free(m);
+        ws_handle(s, msg, NULL);
+    }
+}
+
+static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
+    ws_sock *s = ud;
+    if (!s->q_head && len <= PARSE_INLINE_MAX) {
+        ws_handle(s, cJSON_ParseWithLengthOpts(text, len, NULL, 0), NULL);
+        return;
+    }
+    /* a large message, or any behind one: in order, through the queue */
+    ws_msg *m = calloc(1, sizeof *m);
+    char *copy = malloc(len ? len : 1);
+    if (!m || !copy) {
+        free(m);
+        free(copy);
+        gw_oai_err e;
+        gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        ws_error(s, &e, NULL);
+        return;
+    }
+    memcpy(copy, text, len);
+    m->s = s;
+    m->text = copy;
+    m->len = len;
+    m->w.data = m;
+    if (s->q_tail) s->q_tail->next = m;
+    else s->q_head = m;
+    s->q_tail = m;
+    ws_pump(s);
+}
+
 static void ws_on_close(gw_ws *ws, void *ud) {
     ws_sock *s = ud;
     s->ws = NULL;
     while (s->list) gw_gen_cancel(s->list->g); /* ws_end sends nothing now and unlinks each */
+    if (s->parsing) return; /* ws_msg_done frees s */
+    while (s->q_head) {
+        ws_msg *m = s->q_head;
+        s->q_head = m->next;
+        ws_msg_free(m);
+    }
     free(s);
 }
 
