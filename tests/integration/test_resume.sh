@@ -11,6 +11,9 @@
 # Usage: test_resume.sh [cpu|cuda]   (default cpu; ARKA_RESUME_BACKEND also sets it)
 # Environment: ARKA_BIN (the arka binary), ARKA_RESUME_MODEL (default ../shared/models/stories260K.gguf),
 # OUT (when set, the JSON results and server logs are copied there). Prints "N passed, N failed" last.
+# On a GPU host (the binary built elsewhere, its libraries unpacked as tests/gpu/serve_cuda.sh does):
+#   ARKA_BIN=build-gpusrv/bin/arka ARKA_RESUME_MODEL=.carry/models/stories260K.gguf OUT=$OUT/resume \
+#     bash tests/integration/test_resume.sh cuda
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
@@ -54,6 +57,10 @@ first_text() { for _ in $(seq 400); do grep -q '"text":"[^"]' "$TMP/stream" 2>/d
 LONG='{"model":"stories260K","prompt":"Once upon a time","max_tokens":480,"temperature":0,"ignore_eos":true,"stream":true,"n":16}'
 
 ARGS=(--log-level warn --chat-template chatml --backend "$BACKEND" --served-model-name stories260K)
+if [ "$BACKEND" = cuda ]; then
+    ARGS+=(--cuda-graph-budget-s 10) # each (re)start captures graphs: keep it short
+    export ARKA_START_S=${ARKA_START_S:-180}
+fi
 start main "${ARGS[@]}" || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
 echo "backend $BACKEND, model $MODEL"
 
