@@ -650,6 +650,7 @@ static void on_poll(redisAsyncContext *ac, void *reply, void *priv) {
     replied(r, ac);
     if (!rp || r->ac != ac) return;
     r->ping_out = 0;
+    r->backoff_ms = 100;
     if (rp->type != REDIS_REPLY_ARRAY || rp->elements < 3) return;
     for (size_t i = 0; i < 3; i++)
         if (rp->element[i]->type != REDIS_REPLY_STRING) return;
@@ -695,7 +696,8 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     }
     r->connected = 1;
     r->ping_out = 0;
-    r->backoff_ms = 100;
+    /* the back-off resets at the first POLL answer: a stuck Redis accepts connections (the
+     * kernel does) without answering, and reconnecting to it must not spin */
     CM_LOG_INFO("auth", "redis connected", "host=%s port=%d db=%d", r->host, r->port, r->db);
     send_poll(r, gw__auth_now(r->a)); /* the clock offset and revocations first */
     int n = r->n_queue; /* replay settlements made while away */

@@ -44,7 +44,7 @@ PIDS+=("$RPID")
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 export ARKA_AUTH_SECRET=secret-for-the-redis-fault-test
 R=redis://127.0.0.1:$port
-kone=$("$BIN" keys create --tenant solo --concurrency 1 --redis "$R" 2>/dev/null)
+kone=$("$BIN" keys create --tenant solo --concurrency 1 --rpm 0 --redis "$R" 2>/dev/null)
 krev=$("$BIN" keys create --tenant soon-revoked --redis "$R" 2>/dev/null)
 kok=$("$BIN" keys create --tenant fine --redis "$R" 2>/dev/null)
 start main --log-level warn --redis "$R" || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
