@@ -51,8 +51,8 @@ clients() {
     if [ -n "$np" ]; then pass=$((pass + np)); fail=$((fail + nf)); else bad "$name: the clients did not finish"; fi
     SUMMARY=$(grep '^fault' "$TMP/$name.txt")
 }
-# sse_until_error URL-BODY: a stream in the background into $TMP/stream; its pid in CPID
-stream_bg() { curl -sN --max-time 60 "$URL/v1/completions" -d "$1" >"$TMP/stream" 2>/dev/null & CPID=$!; }
+# stream_bg BODY: a stream in the background into $TMP/stream (emptied first); its pid in CPID
+stream_bg() { : >"$TMP/stream"; curl -sN --max-time 120 "$URL/v1/completions" -d "$1" >>"$TMP/stream" 2>/dev/null & CPID=$!; }
 first_text() { for _ in $(seq 400); do grep -q '"text":"[^"]' "$TMP/stream" 2>/dev/null && return 0; sleep 0.01; done; return 1; }
 LONG='{"model":"stories260K","prompt":"Once upon a time","max_tokens":480,"temperature":0,"ignore_eos":true,"stream":true,"n":16}'
 

@@ -132,9 +132,9 @@ check '[ $freed = 1 ] && [ "$g1" = "$g2" ] && [ $((g1 - g0)) -lt 16000 ] && grep
 # ---- an executor killed mid-stream: it restarts and the stream resumes on it (test_resume.sh has
 # the details) ----
 EXEC=$(pgrep -P "$SERVER" -f "arka executor" | head -1)
-curl -sN --max-time 20 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":2000,"temperature":0,"n":8,"stream":true}' >"$TMP/crash" &
+curl -sN --max-time 120 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":400,"temperature":0,"ignore_eos":true,"n":8,"stream":true}' >"$TMP/crash" &
 CPID=$!
-for _ in $(seq 50); do grep -q '^data: {' "$TMP/crash" 2>/dev/null && break; sleep 0.05; done
+for _ in $(seq 400); do grep -q '^data: {' "$TMP/crash" 2>/dev/null && break; sleep 0.05; done
 [ -n "$EXEC" ] && kill -9 "$EXEC"
 wait $CPID
 check '! grep -q "^data: {\"error\"" "$TMP/crash" && [ "$(grep -c "finish_reason\":\"length" "$TMP/crash")" = 8 ] && grep -q "^data: \[DONE\]" "$TMP/crash"' \

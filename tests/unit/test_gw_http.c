@@ -961,15 +961,18 @@ static void test_stream(srv_thread *st, int port) {
 
 /* ---- on_headers: answer or hold a request before its body is read ------------------------- */
 
-static uv_timer_t hold_timer;
 static gw_req *held_req;
 static int hold_verdict; /* what the held request gets: 0 resume, 1 a 401 */
 
+static void hold_closed(uv_handle_t *h) { free(h); }
+
 static void hold_fire(uv_timer_t *t) {
-    if (!held_req) return;
-    if (hold_verdict) gw_resp_send(held_req, 401, "text/plain", "late no\n", 8, NULL);
-    else gw_req_resume(held_req);
-    held_req = NULL;
+    if (held_req) {
+        if (hold_verdict) gw_resp_send(held_req, 401, "text/plain", "late no\n", 8, NULL);
+        else gw_req_resume(held_req);
+        held_req = NULL;
+    }
+    uv_close((uv_handle_t *)t, hold_closed);
 }
 
 static int on_headers(gw_req *r, void *ud) {
@@ -979,10 +982,11 @@ static int on_headers(gw_req *r, void *ud) {
         return GW_HDR_ANSWERED;
     }
     if (strncmp(path, "/wait", 5) == 0) {
-        if (!hold_timer.loop) uv_timer_init(gw_req_loop(r), &hold_timer);
+        uv_timer_t *t = malloc(sizeof *t);
+        uv_timer_init(gw_req_loop(r), t);
         held_req = r;
         hold_verdict = strcmp(path, "/waitdeny") == 0;
-        uv_timer_start(&hold_timer, hold_fire, 50, 0);
+        uv_timer_start(t, hold_fire, 50, 0);
         return GW_HDR_HOLD;
     }
     return GW_HDR_GO;
