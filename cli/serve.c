@@ -34,7 +34,14 @@ int cli_serve(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
-        { "max-conns", 0, CM_OPT_INT, &o.max_conns, "open HTTP connections (0 = 1024)" },
+        { "max-conns", 0, CM_OPT_INT, &o.max_conns,
+          "open HTTP connections (0 = 1024); at the cap idle ones make room, /health /ready /metrics are always answered" },
+        { "max-conns-per-ip", 0, CM_OPT_INT, &o.max_conns_per_ip,
+          "connections per client address, IPv6 per /64 (default 256; 0 = no cap; loopback is never capped)" },
+        { "max-buffered-mb", 0, CM_OPT_I64, &o.max_buffered_mb,
+          "MiB of request bodies all connections may buffer together; beyond, 503 + Retry-After (0 = 256)" },
+        { "drain-timeout", 0, CM_OPT_F64, &o.drain_timeout_s,
+          "seconds SIGTERM lets running responses finish; then they end with a server_shutting_down error (default 30)" },
         { "max-requests", 0, CM_OPT_INT, &o.max_requests, "requests in flight before new ones get 503 (0 = 4096)" },
         { "keys-file", 0, CM_OPT_STR, &o.keys_file, "API keys file (in-process key store; see config/keys.conf, arka keys); turns auth on" },
         { "redis", 0, CM_OPT_STR, &o.redis, "redis://HOST:PORT[/DB]: key store and quotas shared by gateways; turns auth on" },
@@ -45,6 +52,10 @@ int cli_serve(int argc, char **argv) {
         { "reasoning-parser", 0, CM_OPT_STR, &o.reasoning_parser, "split <think>...</think> off chat replies as reasoning_content: auto (when the template thinks), think, none" },
         { "task", 0, CM_OPT_STR, &o.task, "generate | embed (/v1/embeddings) | auto (embed when the model's files say how to pool; default)" },
         { "cors-origin", 0, CM_OPT_STR, &o.cors_origin, "allow browsers from these origins: * or a comma-separated list (CORS preflight and headers)" },
+        { "max-resumes", 0, CM_OPT_INT, &o.max_resumes,
+          "executor failures a generation survives by resuming on the restarted executor (default 3; 0 = it fails)" },
+        { "resume-timeout", 0, CM_OPT_F64, &o.resume_timeout_s,
+          "seconds a generation waits for a ready executor to resume on before it fails (default 120)" },
         { "log-level", 0, CM_OPT_STR, &log_level, "debug | info | warn | error" },
         { 0 },
     };
@@ -72,6 +83,15 @@ int cli_serve(int argc, char **argv) {
     }
     if (o.threads < 0 || o.n_ctx < 0 || o.max_batch < 0 || o.max_batch_tokens < 0 || o.kv_cache_mb < 0) {
         fprintf(stderr, "arka serve: --threads, --ctx, --max-batch, --max-batch-tokens and --kv-cache-mb must not be negative\n");
+        return 2;
+    }
+    if (o.max_conns < 0 || o.max_conns_per_ip < -1 || o.max_buffered_mb < 0 || !(o.drain_timeout_s > 0 && o.drain_timeout_s <= 86400)) {
+        fprintf(stderr, "arka serve: --max-conns, --max-conns-per-ip and --max-buffered-mb must not be negative and "
+                        "--drain-timeout must be in (0, 86400] seconds\n");
+        return 2;
+    }
+    if (o.max_resumes < 0 || !(o.resume_timeout_s > 0 && o.resume_timeout_s <= 86400)) {
+        fprintf(stderr, "arka serve: --max-resumes must not be negative and --resume-timeout must be in (0, 86400] seconds\n");
         return 2;
     }
     if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;

@@ -122,6 +122,31 @@ static char *trim(char *s) {
     return s;
 }
 
+/* Every option some arka command takes: a config-file name that is none of them is a typo,
+ * refused with the file and line (the file is shared, so a name another command takes is fine).
+ * tests/integration/test_config.sh checks this list against every command's --help. */
+static const char *const all_names[] = {
+    "api-key", "auth-secret", "backend", "batch", "bw-gbs", "chat-template", "chunks", "concurrency",
+    "cors-origin", "ctx", "cuda-fault-at-step", "cuda-graph-budget-s", "cuda-graph-timing", "cuda-plan",
+    "cuda-profile", "daily-tokens", "decode", "device", "devices", "drain-timeout", "file", "first",
+    "frequency-penalty", "gen", "gpu-memory-fraction", "host", "ids", "json", "keys-file",
+    "kl-divergence-base", "kv-block-size", "kv-cache-dtype", "kv-cache-mb", "log-level", "max-batch",
+    "max-batch-tokens", "max-buffered-mb", "max-conns", "max-conns-per-ip", "max-requests",
+    "max-resumes", "max-tokens", "max-waiting", "min-p", "model", "models", "n-predict", "no-auth",
+    "no-bos", "output-dir", "parse-special", "port", "presence-penalty", "progress", "prompt",
+    "prompt-ids", "prompt-len", "quantize", "rate", "reasoning-parser", "redis", "redis-fail-closed",
+    "repeat-last-n", "repeat-penalty", "reps", "requests", "response-format", "resume-timeout", "rpm",
+    "save-logits", "seed", "served-model-name", "sha256", "shm", "split", "task", "temp", "tenant",
+    "threads", "timeout", "tool-parser", "top-k", "top-p", "tpm", "type", "url", "verbose", "vocab",
+    "vocab-size", "warmup",
+};
+
+static int known_anywhere(const char *name) {
+    for (size_t i = 0; i < sizeof all_names / sizeof *all_names; i++)
+        if (strcmp(all_names[i], name) == 0) return 1;
+    return 0;
+}
+
 static int load_file(cm_opt *opts, const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -155,7 +180,13 @@ static int load_file(cm_opt *opts, const char *path, char *err, size_t errlen) {
             val++;
         }
         cm_opt *o = lookup(opts, name, strlen(name));
-        if (!o) continue; /* the file is shared by every subcommand */
+        if (!o && !known_anywhere(name)) {
+            snprintf(err, errlen, "%s:%d: unknown option '%s' (no arka command takes it; see `arka <command> --help`)", path,
+                     lineno, name);
+            rc = CM_EINVAL;
+            break;
+        }
+        if (!o) continue; /* another command's: the file is shared by every subcommand */
         char e2[256];
         if (set_value(o, o->kind == CM_OPT_STR ? keep(val) : val, e2, sizeof e2)) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, e2);

@@ -7,8 +7,9 @@
  * command-line flags (`--name value`, `--name=value`, or a bare `--name` for booleans).
  * Single-letter aliases (`-m`) are allowed on the command line.
  *
- * Options the config file names but this command does not know are ignored (the file is
- * shared by all subcommands); unknown command-line flags are an error.
+ * Options the config file names that another command takes are ignored (the file is shared by
+ * all subcommands); a name no command takes is an error naming the file and line, and so are
+ * unknown command-line flags.
  *
  * Every table also takes `log-level` (debug | info | warn | error | off) from all three sources
  * without declaring it: a value sets the cm_log threshold (cm_log_set_level) as it is parsed,

@@ -115,23 +115,24 @@ static void fail_request(proc *p, uint64_t id, int code, const char *msg, uint32
 
 static void take_submit(proc *p, const struct shm_submit *sb) {
     const ex_limits *L = ex_engine_limits(p->e);
+    uint32_t n_orig = sb->n_prompt - sb->n_generated; /* the request's own prompt (decode checked) */
     if (g_stop) {
-        fail_request(p, sb->req_id, CM_ESTATE, "executor is shutting down", sb->n_prompt);
+        fail_request(p, sb->req_id, CM_ESTATE, "executor is shutting down", n_orig);
         return;
     }
     if (slot_find(p, sb->req_id)) {
-        fail_request(p, sb->req_id, CM_EINVAL, "duplicate request id", sb->n_prompt);
+        fail_request(p, sb->req_id, CM_EINVAL, "duplicate request id", n_orig);
         return;
     }
     for (uint32_t i = 0; i < sb->n_prompt; i++)
         if (sb->prompt[i] >= L->n_vocab) {
-            fail_request(p, sb->req_id, CM_EINVAL, "prompt token id out of the vocabulary", sb->n_prompt);
+            fail_request(p, sb->req_id, CM_EINVAL, "prompt token id out of the vocabulary", n_orig);
             return;
         }
     ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt, .sp = sb->sp,
                      .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop,
                      .grammar = sb->grammar, .grammar_len = sb->grammar_len, .embed = !!(sb->flags & SHM_SUBMIT_EMBED),
-                     .pooling = sb->pooling, .normalize = sb->normalize };
+                     .pooling = sb->pooling, .normalize = sb->normalize, .n_generated = (int)sb->n_generated };
     /* without a seed each request still gets its own stream, fixed for its lifetime */
     if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
@@ -139,22 +140,23 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
         char why[256];
         if (rc == CM_ENOKV) {
             /* never fits: name the limit (the pool, in positions) and what the request needs */
-            int64_t longest = (int64_t)sb->n_prompt + sb->sp.max_tokens;
+            int64_t longest = (int64_t)n_orig + sb->sp.max_tokens;
             if (longest > L->n_ctx) longest = L->n_ctx;
             snprintf(why, sizeof why, "the request needs %lld positions of KV cache (%u prompt tokens + max_tokens %d, at most "
                      "the context of %d) and the whole KV pool holds %lld positions: lower max_tokens or the prompt",
-                     (long long)longest, sb->n_prompt, (int)sb->sp.max_tokens, L->n_ctx,
+                     (long long)longest, n_orig, (int)sb->sp.max_tokens, L->n_ctx,
                      (long long)ex_kv_n_blocks(ex_engine_kv(p->e)) * L->block_size);
         } else if (ex_sched_error(p->s)[0])
             snprintf(why, sizeof why, "%s", ex_sched_error(p->s));
         else
             snprintf(why, sizeof why, "%s", rc == CM_ECTX ? "prompt does not fit the context"
                                             : rc == CM_EFULL ? "executor queue is full" : "invalid request");
-        fail_request(p, sb->req_id, rc, why, sb->n_prompt);
+        fail_request(p, sb->req_id, rc, why, n_orig);
         return;
     }
     req_slot *sl = slot_add(p, sb->req_id); /* the table holds every request the scheduler can */
     if (sl) {
+        sl->seq = sb->n_generated; /* a resumed generation's numbers go on from its delivered tokens */
         sl->t_submit = cm_time_ns();
         sl->logprobs = sb->sp.logprobs || sb->sp.top_logprobs;
     }

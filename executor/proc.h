@@ -3,8 +3,8 @@
  * It attaches the shared-memory segment the gateway created (shm/), loads the model, and runs
  * the engine loop: drain SUBMIT/CANCEL records from the submit ring into the scheduler, run a
  * step, publish one TOKENS record per step (every sequence's new token, with a per-request
- * sequence number starting at 0) and a DONE per finished request (an ERROR first when it
- * failed), keep the heartbeat and the stats block current, and sleep on the submit ring's
+ * sequence number starting at 0, or at n_generated for a resumed generation) and a DONE per
+ * finished request (an ERROR first when it failed), keep the heartbeat and the stats block current, and sleep on the submit ring's
  * eventfd when idle. It keeps no text and no sockets and uses neither libuv nor hiredis.
  *
  * Lifecycle: state LOADING while the model loads, READY once requests are taken, DRAINING

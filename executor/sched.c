@@ -241,7 +241,8 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
     s->err[0] = 0;
     if (!r->prompt || r->n_prompt <= 0 || (!r->embed && (r->sp.max_tokens < 1 || r->sp.max_tokens > INT32_MAX)) ||
-        r->n_stop < 0 || (r->n_stop && !r->stop_ids))
+        r->n_stop < 0 || (r->n_stop && !r->stop_ids) || r->n_generated < 0 || r->n_generated >= r->n_prompt ||
+        (r->n_generated && (r->embed || (uint32_t)r->n_generated >= r->sp.max_tokens)))
         REFUSE(CM_EINVAL, "invalid request");
     if (r->embed) return embed_submit(s, r);
     ex_sample_row check = { .sp = &r->sp, .bias = r->bias, .n_bias = r->n_bias };
@@ -254,7 +255,8 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
     if (r->n_prompt >= s->lim.n_ctx) REFUSE(CM_ECTX, "prompt does not fit the context");
     /* the longest the sequence can grow (prompt + max_tokens, at most n_ctx) must fit the pool
      * alone, or it could never finish: refused now rather than failed mid-generation */
-    int64_t longest = (int64_t)r->n_prompt + r->sp.max_tokens;
+    int n_orig = r->n_prompt - r->n_generated; /* the request's own prompt */
+    int64_t longest = (int64_t)n_orig + r->sp.max_tokens;
     if (longest > s->lim.n_ctx) longest = s->lim.n_ctx;
     if (blocks_for(s, (int)longest) > ex_kv_n_blocks(s->kv)) REFUSE(CM_ENOKV, "the request could never fit the KV pool");
     /* pend holds one finish per sequence freed before the next step: keep live + pending
@@ -277,11 +279,18 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
         if (ex_gram_state_init(s->gc[gslot].g, &q->gs)) { free(q); REFUSE(CM_ENOMEM, "grammar: out of memory"); }
         q->gslot = gslot;
         s->gc[gslot].refs++;
+        /* a resumed generation: its delivered output already went through the grammar */
+        for (int i = n_orig; i < r->n_prompt; i++)
+            if (ex_gram_advance(s->gc[gslot].g, &q->gs, r->prompt[i])) {
+                seq_free(s, q);
+                REFUSE(CM_EINVAL, "a resumed generation's output does not follow its grammar");
+            }
     }
     q->id = r->id;
-    int64_t cap = (int64_t)r->n_prompt + r->sp.max_tokens;
-    q->cap = cap > s->lim.n_ctx ? s->lim.n_ctx : (int)cap;
-    q->n_prompt = q->n_toks = r->n_prompt;
+    q->cap = (int)longest;
+    q->n_toks = r->n_prompt;
+    q->n_prompt = n_orig;
+    q->n_gen = r->n_generated;
     q->sp = r->sp;
     q->n_stop = r->n_stop;
     q->toks = malloc(sizeof(int32_t) * (size_t)q->cap);

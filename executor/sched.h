@@ -71,6 +71,10 @@ typedef struct ex_request {
     int              embed;       /* 1: an embedding request (no sampling; sp.max_tokens unused) */
     int              pooling;     /* embed: enum mdl_pooling (MEAN, LAST or CLS) */
     int              normalize;   /* embed: L2-normalise the pooled vector */
+    int              n_generated; /* a resumed generation: the last n_generated prompt ids are its
+                                   * own earlier output (shm_submit's n_generated); they count
+                                   * toward max_tokens and min_tokens and events' n_gen, not
+                                   * n_prompt. 0 <= n_generated < min(n_prompt, max_tokens) */
 } ex_request;
 
 /* One sequence's news from a step: a new token, a finish, or both. */
@@ -79,8 +83,9 @@ typedef struct ex_event {
     int32_t       token;      /* the new token, -1 when the event only finishes (cancel, no KV) */
     int           finish;     /* enum shm_finish; SHM_FINISH_NONE while the sequence goes on */
     int           err;        /* finish ERROR: CM_ENOKV (the pool cannot hold it alone) or CM_EINVAL */
-    int           n_prompt;   /* usage */
-    int           n_gen;      /* tokens generated so far, this one included */
+    int           n_prompt;   /* usage (a resumed generation's earlier output not included) */
+    int           n_gen;      /* tokens generated so far, this one included (a resumed
+                               * generation's earlier output included) */
     ex_sample_out so;         /* so.token == token; logprobs when the request asked */
     const float  *embd;       /* an embedding request's vector [n_embd] (finish STOP), valid until the
                                * next step; NULL otherwise */
@@ -108,11 +113,11 @@ int  ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out);
 void ex_sched_destroy(ex_sched *s); /* accepts NULL; drops every request without events */
 
 /* Queues a request. Returns 0, CM_EINVAL (bad fields or sampling parameters, an id already
- * live, a malformed grammar program), CM_ECTX (prompt of n_ctx tokens or more), CM_ENOKV
- * (prompt + max_tokens, at most n_ctx, needs more KV blocks than the whole pool has: it could
- * never run to its end, whatever else is running), CM_ESTATE (a grammar but no vocabulary yet),
- * CM_EUNSUPPORTED (an embedding on a backend without a hidden-state forward), CM_EFULL (queue
- * full), CM_ENOMEM. ex_sched_error() then says why in
+ * live, a malformed grammar program, n_generated out of its range), CM_ECTX (prompt of n_ctx
+ * tokens or more), CM_ENOKV (prompt + max_tokens, at most n_ctx, needs more KV blocks than the
+ * whole pool has: it could never run to its end, whatever else is running), CM_ESTATE (a
+ * grammar but no vocabulary yet), CM_EUNSUPPORTED (an embedding on a backend without a
+ * hidden-state forward), CM_EFULL (queue full), CM_ENOMEM. ex_sched_error() then says why in
  * a line. */
 int ex_sched_submit(ex_sched *s, const ex_request *r);
 /* The reason of the last refused submit ("" when none). */

@@ -707,6 +707,23 @@ void gw_auth_admit(gw_auth *a, const char *bearer, const char *model, int64_t re
     cb(ud, &r);
 }
 
+void gw_auth_identify(gw_auth *a, const char *bearer, gw_auth_cb cb, void *ud) {
+    if (a->redis) {
+        gw__redis_identify(a, bearer, cb, ud);
+        return;
+    }
+    gw_auth_result r;
+    memset(&r, 0, sizeof r);
+    int64_t now = gw__auth_now(a);
+    if (a->cfg.keys_file) local_maybe_reload(a, now);
+    const gw_key *k;
+    gw__kstate *st;
+    if (gw__local_lookup(a, bearer, &k, &st) < 0) gw__refuse_key(&r);
+    else if (!k->enabled) gw__auth_refuse(&r, 401, "invalid_request_error", "invalid_api_key", 0, 0, "This API key has been revoked.");
+    else memcpy(r.tenant, k->tenant, sizeof r.tenant);
+    cb(ud, &r);
+}
+
 void gw_auth_settle(gw_auth *a, gw_auth_ticket *t, int64_t used) {
     if (!t || !t->live) return;
     t->live = 0;

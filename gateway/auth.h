@@ -163,6 +163,14 @@ int64_t gw_auth_reserve(const gw_auth *a, size_t body_len, int max_tokens, int n
  * later from the loop with Redis. Can't fail (errors become a refusal in cb). */
 void gw_auth_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_cb cb, void *ud);
 
+/* Checks only who bearer is, from a request's headers before its body is read: cb(ud, res) with
+ * res->status 0 (a key the store knows and has not revoked; res->tenant set), 401 (none, not a
+ * key, unknown or revoked) or 503 (the store cannot tell: Redis away with fail_closed). Limits
+ * are not checked or charged (gw_auth_admit does that once the body is in). cb runs exactly
+ * once: before return for the in-process store and for a key Redis was asked about before,
+ * else later from the loop (within the Redis call timeout). Not counted in the admission stats. */
+void gw_auth_identify(gw_auth *a, const char *bearer, gw_auth_cb cb, void *ud);
+
 /* Ends a claim: the reservation is replaced by used_tokens (prompt + completion, as really
  * consumed: also for failed and cancelled requests) and the concurrency slot is freed. A ticket
  * that is not live (already settled, or zeroed) is ignored, so a second call is harmless. */

@@ -55,6 +55,7 @@ int  gw__redis_open(gw_auth *a, const char *url);
 void gw__redis_shutdown(gw_auth *a);
 void gw__redis_close(gw_auth *a);
 void gw__redis_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_cb cb, void *ud);
+void gw__redis_identify(gw_auth *a, const char *bearer, gw_auth_cb cb, void *ud);
 void gw__redis_settle(gw_auth *a, const gw_auth_ticket *t, int64_t used);
 
 #endif

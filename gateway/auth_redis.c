@@ -12,15 +12,31 @@
  *   arka:{T}:settled:<lease>               settle-once marker (1 hour)
  *
  * Admission is one EVALSHA of ADMIT (EVAL again on NOSCRIPT); the key index is read with GET on
- * a cache miss only (cached KEY_CACHE_MS). Settlement is one EVALSHA of SETTLE, made idempotent by
- * the marker, so it is retried after a reconnect. Live leases are renewed every lease_ms / 3.
+ * a cache miss only (cached KEY_CACHE_MS while Redis answers). Settlement is one EVALSHA of
+ * SETTLE, made idempotent by the marker, so it is retried after a reconnect. Live leases are
+ * renewed every lease_ms / 3.
  *
- * Redis down or slow (no answer within OP_TIMEOUT_MS): a key seen in the last KEY_CACHE_MS is
- * admitted by the local limiter (auth.c) with its cached limits, starting from the counts Redis
- * last reported to this gateway (each gateway limits on its own meanwhile), counted in
- * fallback_admits; an
- * unknown key gets 401 with x-should-retry: true. With fail_closed, 503 instead. A late reply
- * that admitted is undone (settled with 0 tokens). Reconnects back off from 100 ms to 5 s.
+ * Every command has a timeout: replies come in order, so the send time of the oldest unanswered
+ * command is known, and one unanswered for CMD_TIMEOUT_MS drops the connection (its admissions
+ * are answered by the fallback, its settlements queued for the next connection). An admission
+ * carries a deadline in Redis's clock (the moment the fallback answers it here; the clocks'
+ * offset is measured by every POLL): ADMIT refuses to run later, so a request that waited
+ * through a hang is admitted by the fallback (with no lease in Redis) or refused, never granted
+ * a lease nobody will release; leases live on Redis's clock and expire LEASE_MS after their last
+ * renewal.
+ *
+ * Revocations: `arka keys revoke` (and every key write) adds the key to the set arka:revoked (or
+ * removes it) and increments arka:rev. POLL (every POLL_MS: Redis's TIME, arka:rev, and the set
+ * when arka:rev moved) keeps the revoked state of every cached key with the version it came from,
+ * so a revocation reaches every gateway within POLL_MS while Redis answers, and holds afterwards
+ * however long Redis stays away.
+ *
+ * Redis down or slow (no answer within OP_TIMEOUT_MS): a key Redis confirmed before (and not
+ * revoked as of the last POLL) is admitted by the local limiter (auth.c) with its cached limits,
+ * starting from the counts Redis last reported to this gateway (each gateway limits on its own
+ * meanwhile), counted in fallback_admits, for as long as the outage lasts; an unknown key gets
+ * 401 with x-should-retry: true. With fail_closed, 503 instead. A late reply that admitted is
+ * undone (settled with 0 tokens). Reconnects back off from 100 ms to 5 s.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +56,28 @@ int gw__redis_open(gw_auth *a, const char *url) {
 }
 void gw__redis_shutdown(gw_auth *a) { (void)a; }
 void gw__redis_close(gw_auth *a) { (void)a; }
+/* A new operation for bearer (queued in r->ops), or NULL after answering cb itself (not a key,
+ * out of memory). */
 void gw__redis_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_cb cb, void *ud) {
     (void)a, (void)bearer, (void)model, (void)reserve, (void)cb, (void)ud;
 }
+void gw__redis_identify(gw_auth *a, const char *bearer, gw_auth_cb cb, void *ud) {
+    (void)a, (void)bearer, (void)cb, (void)ud;
+}
 void gw__redis_settle(gw_auth *a, const gw_auth_ticket *t, int64_t used) { (void)a, (void)t, (void)used; }
+/* A key's enabled state changed (or was written): the revoked set follows it and the version
+ * moves, so every gateway's POLL picks it up. */
+static int revocation_note(redisContext *c, const char *tenant, const char *id, int enabled) {
+    redisReply *rp = redisCommand(c, "%s %s %s:%s", enabled ? "SREM" : "SADD", REVOKED_KEY, tenant, id);
+    int rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
+    if (rp) freeReplyObject(rp);
+    if (rc) return rc;
+    rp = redisCommand(c, "INCR %s", REV_KEY);
+    rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
+    if (rp) freeReplyObject(rp);
+    return rc;
+}
+
 int gw_redis_key_put(const char *url, const gw_key *k, char *err, size_t errlen) {
     snprintf(err, errlen, "this build has no hiredis");
     return CM_EUNSUPPORTED;
@@ -65,14 +99,26 @@ int gw_redis_key_set_enabled(const char *url, const char *id, int enabled, char 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
-#define OP_TIMEOUT_MS   250
+#define OP_TIMEOUT_MS   250     /* an admission's answer: the fallback's after this */
+#define CMD_TIMEOUT_MS  1000    /* any command: unanswered this long drops the connection */
+#define CMD_RING        4096    /* commands waiting for replies at most */
+#define POLL_MS         1000    /* TIME, revocation version */
 #define KEY_CACHE_MS    60000
 #define KEY_CACHE_MAX   4096
 #define LEASE_MS        60000
 #define SETTLE_QUEUE    4096
 #define TICK_MS         50
 
+static const char REV_KEY[] = "arka:rev";          /* revocation version: +1 on every key write */
+static const char REVOKED_KEY[] = "arka:revoked";  /* "tenant:id" of every disabled key */
+
+/* ARGV: now (this gateway's clock: minute and day windows), reserve, model, lease, lease ttl,
+ * deadline (Redis's clock, ms; 0: none). Leases are scored on Redis's clock. */
 static const char ADMIT_LUA[] =
+    "local t = redis.call('TIME')\n"
+    "local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local dl = tonumber(ARGV[6]) or 0\n"
+    "if dl > 0 and rnow > dl then return {-2} end\n"
     "local r = redis.call('HMGET', KEYS[1], 'enabled', 'models', 'rpm', 'tpm', 'concurrency', 'daily_tokens')\n"
     "if not r[1] then return {-1} end\n"
     "local lim = {tonumber(r[3]) or 0, tonumber(r[4]) or 0, tonumber(r[5]) or 0, tonumber(r[6]) or 0}\n"
@@ -81,7 +127,7 @@ static const char ADMIT_LUA[] =
     "local mreq = tonumber(redis.call('HGET', KEYS[2], 'req') or '0')\n"
     "local mtok = tonumber(redis.call('HGET', KEYS[2], 'tok') or '0')\n"
     "local dtok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '0')\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', rnow)\n"
     "local inf = redis.call('ZCARD', KEYS[4])\n"
     "local function out(c) return {c, lim[1], lim[2], lim[3], lim[4], mreq, mtok, dtok, inf, models} end\n"
     "if r[1] ~= '1' then return out(2) end\n"
@@ -97,7 +143,7 @@ static const char ADMIT_LUA[] =
     "redis.call('HINCRBY', KEYS[3], 'req', 1)\n"
     "redis.call('HINCRBY', KEYS[3], 'tok', reserve)\n"
     "redis.call('EXPIRE', KEYS[3], 172800)\n"
-    "redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[4])\n"
+    "redis.call('ZADD', KEYS[4], rnow + tonumber(ARGV[5]), ARGV[4])\n"
     "redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]) * 2)\n"
     "mreq = mreq + 1; mtok = mtok + reserve; dtok = dtok + reserve; inf = inf + 1\n"
     "return out(0)\n";
@@ -119,6 +165,13 @@ static const char SETTLE_LUA[] =
     "adj(KEYS[2])\n"
     "return 1\n";
 
+/* KEYS: the revocation version, the revoked set; ARGV: the version this gateway has. */
+static const char POLL_LUA[] =
+    "local t = redis.call('TIME')\n"
+    "local v = redis.call('GET', KEYS[1]) or '0'\n"
+    "if v == ARGV[1] then return {t[1], t[2], v} end\n"
+    "return {t[1], t[2], v, redis.call('SMEMBERS', KEYS[2])}\n";
+
 /* A key seen through Redis: what the fallback needs. */
 typedef struct kcache {
     uint8_t    hash[32];
@@ -126,6 +179,7 @@ typedef struct kcache {
     gw__kstate s;           /* the local limiter's counters (fallback only) */
     int64_t    seen;        /* ms */
     int        known;       /* limits are filled (an admission reply came back) */
+    int        revoked;     /* in arka:revoked as of the last POLL (or refused as disabled since) */
 } kcache;
 
 typedef struct rop rop;
@@ -154,7 +208,12 @@ typedef struct gw__redis {
     int tick_init, tick_done, orphan; /* orphan: gw_auth is gone, the tick's close frees this */
     int64_t backoff_ms, reconnect_at;
     int64_t connect_started, ping_sent;
-    int ping_out;                /* a PING is unanswered */
+    int ping_out;                /* a POLL is unanswered */
+    uint64_t sent, replied;      /* commands on this connection (replies come in order) */
+    int64_t sent_at[CMD_RING];   /* their send times, by sent % CMD_RING */
+    int64_t offset;              /* Redis's clock minus ours (ms), from the last POLL */
+    char rev[32];                /* the revocation version the cache reflects ("": none yet) */
+    int64_t rev_at;              /* when it was last confirmed */
     int64_t degraded_until;
     int64_t renewed;
     char admit_sha[41], settle_sha[41];
@@ -182,8 +241,27 @@ struct rop {
     int answered;            /* the caller has its answer (maybe from the fallback) */
     int eval_retry;          /* NOSCRIPT seen once */
     int in_redis;            /* a command for it is outstanding */
+    int identify;            /* gw_auth_identify: who the key is, nothing charged */
     rop *prev, *next;
 };
+
+/* ---- commands: every one has a callback (replies are counted) and a timeout ----------------- */
+
+/* Sends a command on the current connection and notes when. Returns REDIS_OK or REDIS_ERR. */
+static int cmd(gw__redis *r, redisCallbackFn *fn, void *priv, int argc, const char **argv) {
+    if (!r->ac || r->sent - r->replied >= CMD_RING) return REDIS_ERR;
+    if (redisAsyncCommandArgv(r->ac, fn, priv, argc, argv, NULL) != REDIS_OK) return REDIS_ERR;
+    r->sent_at[r->sent++ % CMD_RING] = gw__auth_now(r->a);
+    return REDIS_OK;
+}
+
+/* Every reply callback starts here: a reply on the current connection answers its oldest
+ * command (callbacks of a dropped connection run with no reply and count nothing). */
+static void replied(gw__redis *r, const redisAsyncContext *ac) {
+    if (r && ac && ac == r->ac && r->replied < r->sent) r->replied++;
+}
+
+static void on_plain(redisAsyncContext *ac, void *reply, void *priv) { replied(priv, ac); }
 
 static void sha1_hex(const char *s, char out[41]) {
     uint8_t d[20];
@@ -237,11 +315,24 @@ static void op_unlink(gw__redis *r, rop *o) {
 static void answer(rop *o, gw_auth_result *res) {
     gw_auth *a = o->r->a;
     o->answered = 1;
-    gw__auth_count(a, res);
+    if (!o->identify) gw__auth_count(a, res);
     o->cb(o->ud, res);
 }
 
-/* Answers o without Redis: the local limiter for a cached key, or a refusal. */
+static void refuse_revoked(gw_auth_result *res) {
+    gw__auth_refuse(res, 401, "invalid_request_error", "invalid_api_key", 0, 0, "This API key has been revoked.");
+}
+
+/* What is known of a key without asking Redis: 0 known and not revoked, 401 revoked, -1 not
+ * known (never confirmed by an admission). */
+static int cached_verdict(const kcache *c) {
+    if (!c || !c->known) return -1;
+    return c->revoked || !c->k.enabled ? 401 : 0;
+}
+
+/* Answers o without Redis: the local limiter for a key Redis confirmed before and has not
+ * revoked as of the last POLL (however long ago: an outage does not make a key unknown), or a
+ * refusal. */
 static void answer_fallback(rop *o) {
     gw__redis *r = o->r;
     gw_auth *a = r->a;
@@ -255,9 +346,21 @@ static void answer_fallback(rop *o) {
     }
     int64_t now = gw__auth_now(a);
     kcache *c = cache_find(r, o->hash);
-    if (!c || !c->known || now - c->seen > KEY_CACHE_MS) {
+    int v = cached_verdict(c);
+    if (v < 0 && o->identify && c && c->k.tenant[0]) v = 0; /* the index named it: it exists */
+    if (v < 0) {
         gw__auth_refuse(&res, 401, "invalid_request_error", "invalid_api_key", 1, 1,
                         "The API key could not be verified (the key store is unavailable); try again shortly.");
+        answer(o, &res);
+        return;
+    }
+    if (v == 401) {
+        refuse_revoked(&res);
+        answer(o, &res);
+        return;
+    }
+    if (o->identify) {
+        snprintf(res.tenant, sizeof res.tenant, "%s", c->k.tenant);
         answer(o, &res);
         return;
     }
@@ -293,6 +396,7 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
     gw__redis *r = o->r;
     gw_auth *a = r->a;
     redisReply *rp = reply;
+    replied(r, ac);
     o->in_redis = 0;
     if (r->closing || !rp || rp->type == REDIS_REPLY_ERROR) {
         if (rp && rp->type == REDIS_REPLY_ERROR && strncmp(rp->str, "NOSCRIPT", 8) == 0 && !o->eval_retry && !r->closing) {
@@ -320,8 +424,17 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         if (rp->type == REDIS_REPLY_STRING) {
             char tenant[GW_TENANT_MAX], id[GW_KEY_ID_BUF];
             if (sscanf(rp->str, "%63s %12s", tenant, id) == 2 && gw_tenant_valid(tenant)) {
-                cache_put(r, o->hash, tenant, id, now);
+                kcache *c = cache_put(r, o->hash, tenant, id, now);
                 if (o->answered) { /* too late: the fallback answered; the cache is warmer now */
+                    op_free(o);
+                    return;
+                }
+                if (o->identify) { /* the key exists; a revocation, when known, says more */
+                    gw_auth_result res;
+                    memset(&res, 0, sizeof res);
+                    if (cached_verdict(c) == 401) refuse_revoked(&res);
+                    else snprintf(res.tenant, sizeof res.tenant, "%s", tenant);
+                    answer(o, &res);
                     op_free(o);
                     return;
                 }
@@ -351,6 +464,12 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         return;
     }
     long long code = rp->element[0]->integer;
+    if (code == -2) { /* ran after its deadline (Redis was stuck, it answers again now): granted nothing */
+        a->stats.redis_errors++;
+        if (!o->answered) answer_fallback(o);
+        op_free(o);
+        return;
+    }
     gw_auth_result res;
     memset(&res, 0, sizeof res);
     kcache *c = cache_find(r, o->hash);
@@ -363,6 +482,7 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         if (c) {
             c->k.rpm = v[1], c->k.tpm = v[2], c->k.concurrency = v[3], c->k.daily_tokens = v[4];
             c->k.enabled = code != 2;
+            if (code == 2) c->revoked = 1; /* until a POLL says otherwise */
             if (rp->element[9]->type == REDIS_REPLY_STRING)
                 snprintf(c->k.models, sizeof c->k.models, "%s", rp->element[9]->str);
             c->known = 1;
@@ -437,14 +557,16 @@ static void key_names(const char *tenant, const char *id, int64_t minute, int64_
 static void send_admit(rop *o) {
     gw__redis *r = o->r;
     if (!r->connected) return;
-    char rec[160], m[160], d[160], l[160], now[24], res[24], ttl[24];
+    char rec[160], m[160], d[160], l[160], now[24], res[24], ttl[24], dl[24];
     key_names(o->tenant, o->id, o->minute, o->day, rec, m, d, l);
     snprintf(now, sizeof now, "%lld", (long long)o->start);
     snprintf(res, sizeof res, "%lld", (long long)o->reserve);
     snprintf(ttl, sizeof ttl, "%d", LEASE_MS);
+    /* no later than the fallback answers here, in Redis's clock */
+    snprintf(dl, sizeof dl, "%lld", (long long)(o->start + r->offset + OP_TIMEOUT_MS));
     const char *argv[] = {o->eval_retry ? "EVAL" : "EVALSHA", o->eval_retry ? ADMIT_LUA : r->admit_sha, "4", rec, m, d, l,
-                          now, res, o->model, o->lease, ttl};
-    if (redisAsyncCommandArgv(r->ac, reply_admit, o, 12, argv, NULL) == REDIS_OK) o->in_redis = 1;
+                          now, res, o->model, o->lease, ttl, dl};
+    if (cmd(r, reply_admit, o, 13, argv) == REDIS_OK) o->in_redis = 1;
 }
 
 /* ---- settlement ----------------------------------------------------------------------------- */
@@ -453,6 +575,7 @@ static void reply_settle(redisAsyncContext *ac, void *reply, void *priv) {
     settle_rec *s = priv;
     gw__redis *r = s->r;
     redisReply *rp = reply;
+    replied(r, ac);
     if (rp && rp->type == REDIS_REPLY_ERROR && strncmp(rp->str, "NOSCRIPT", 8) == 0 && r && !r->closing && r->connected) {
         char m[160], d[160], l[160], cur[160], mk[200], delta[24];
         snprintf(m, sizeof m, "arka:{%s}:k:%s:m:%lld", s->t.tenant, s->t.id, (long long)s->t.minute);
@@ -462,7 +585,7 @@ static void reply_settle(redisAsyncContext *ac, void *reply, void *priv) {
         snprintf(mk, sizeof mk, "arka:{%s}:settled:%s", s->t.tenant, s->lease);
         snprintf(delta, sizeof delta, "%lld", (long long)s->delta);
         const char *argv[] = {"EVAL", SETTLE_LUA, "5", m, d, l, cur, mk, s->lease, delta};
-        if (redisAsyncCommandArgv(r->ac, reply_settle, s, 10, argv, NULL) == REDIS_OK) return;
+        if (cmd(r, reply_settle, s, 10, argv) == REDIS_OK) return;
     }
     if ((!rp || rp->type == REDIS_REPLY_ERROR) && r && !r->closing) {
         r->a->stats.redis_errors++;
@@ -489,7 +612,7 @@ static void settle_send(gw__redis *r, const settle_rec *src) {
     snprintf(mk, sizeof mk, "arka:{%s}:settled:%s", s->t.tenant, s->lease);
     snprintf(delta, sizeof delta, "%lld", (long long)s->delta);
     const char *argv[] = {"EVALSHA", r->settle_sha, "5", m, d, l, cur, mk, s->lease, delta};
-    if (redisAsyncCommandArgv(r->ac, reply_settle, s, 10, argv, NULL) != REDIS_OK) {
+    if (cmd(r, reply_settle, s, 10, argv) != REDIS_OK) {
         if (r->n_queue < SETTLE_QUEUE) r->queue[r->n_queue++] = *s;
         free(s);
     }
@@ -520,9 +643,46 @@ static void drop_context(gw__redis *r, const char *why) {
     }
 }
 
-static void on_pong(redisAsyncContext *ac, void *reply, void *priv) {
+/* POLL's reply: {TIME seconds, microseconds, version[, revoked set]}. */
+static void on_poll(redisAsyncContext *ac, void *reply, void *priv) {
     gw__redis *r = priv;
-    if (reply && r->ac == ac) r->ping_out = 0;
+    redisReply *rp = reply;
+    replied(r, ac);
+    if (!rp || r->ac != ac) return;
+    r->ping_out = 0;
+    r->backoff_ms = 100;
+    if (rp->type != REDIS_REPLY_ARRAY || rp->elements < 3) return;
+    for (size_t i = 0; i < 3; i++)
+        if (rp->element[i]->type != REDIS_REPLY_STRING) return;
+    int64_t now = gw__auth_now(r->a);
+    int64_t rt = atoll(rp->element[0]->str) * 1000 + atoll(rp->element[1]->str) / 1000;
+    r->offset = rt - (r->ping_sent + now) / 2;
+    const char *v = rp->element[2]->str;
+    if (strcmp(v, r->rev) != 0) {
+        if (rp->elements < 4 || rp->element[3]->type != REDIS_REPLY_ARRAY) return; /* raced: the next POLL */
+        redisReply *set = rp->element[3];
+        int n_revoked = 0;
+        for (int i = 0; i < r->n_cache; i++) {
+            kcache *c = &r->cache[i];
+            char member[GW_TENANT_MAX + GW_KEY_ID_BUF + 2];
+            snprintf(member, sizeof member, "%s:%s", c->k.tenant, c->k.id);
+            int in = 0;
+            for (size_t j = 0; j < set->elements && !in; j++)
+                in = set->element[j]->type == REDIS_REPLY_STRING && strcmp(set->element[j]->str, member) == 0;
+            if (in && !c->revoked) n_revoked++;
+            if (!in && c->revoked && c->k.enabled) c->revoked = 0;
+            if (in) c->revoked = 1;
+        }
+        if (r->rev[0]) CM_LOG_INFO("auth", "key revocations updated", "version=%s revoked=%zu newly=%d", v, set->elements, n_revoked);
+        snprintf(r->rev, sizeof r->rev, "%s", v);
+    }
+    r->rev_at = now;
+}
+
+static void send_poll(gw__redis *r, int64_t now) {
+    const char *argv[] = {"EVAL", POLL_LUA, "2", REV_KEY, REVOKED_KEY, r->rev[0] ? r->rev : "-"};
+    r->ping_sent = now;
+    if (cmd(r, on_poll, r, 6, argv) == REDIS_OK) r->ping_out = 1;
 }
 
 static void on_connect(const redisAsyncContext *ac, int status) {
@@ -536,9 +696,10 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     }
     r->connected = 1;
     r->ping_out = 0;
-    r->ping_sent = gw__auth_now(r->a);
-    r->backoff_ms = 100;
+    /* the back-off resets at the first POLL answer: a stuck Redis accepts connections (the
+     * kernel does) without answering, and reconnecting to it must not spin */
     CM_LOG_INFO("auth", "redis connected", "host=%s port=%d db=%d", r->host, r->port, r->db);
+    send_poll(r, gw__auth_now(r->a)); /* the clock offset and revocations first */
     int n = r->n_queue; /* replay settlements made while away */
     r->n_queue = 0;
     settle_rec *q = malloc((size_t)(n ? n : 1) * sizeof *q);
@@ -579,16 +740,22 @@ static void connect_now(gw__redis *r) {
     r->ac = ac;
     r->connecting = 1;
     r->connect_started = gw__auth_now(r->a);
-    if (r->db) redisAsyncCommand(ac, NULL, NULL, "SELECT %d", r->db);
+    r->sent = r->replied = 0;
+    if (r->db) {
+        char db[16];
+        snprintf(db, sizeof db, "%d", r->db);
+        const char *argv[] = {"SELECT", db};
+        cmd(r, on_plain, r, 2, argv);
+    }
 }
 
 static void renew_leases(gw__redis *r, int64_t now) {
     char l[160], exp[24];
-    snprintf(exp, sizeof exp, "%lld", (long long)(now + LEASE_MS));
+    snprintf(exp, sizeof exp, "%lld", (long long)(now + r->offset + LEASE_MS)); /* leases live on Redis's clock */
     for (lease *x = r->leases; x; x = x->next) {
         snprintf(l, sizeof l, "arka:{%s}:k:%s:lease", x->tenant, x->id);
         const char *argv[] = {"ZADD", l, "XX", exp, x->lease};
-        redisAsyncCommandArgv(r->ac, NULL, NULL, 5, argv, NULL);
+        cmd(r, on_plain, r, 5, argv);
     }
 }
 
@@ -597,11 +764,9 @@ static void on_tick(uv_timer_t *t) {
     int64_t now = gw__auth_now(r->a);
     if (r->closing) return;
     if (r->ac && r->connecting && now - r->connect_started > 1000) drop_context(r, "connect timed out");
-    if (r->connected && r->ping_out && now - r->ping_sent > 2000) drop_context(r, "PING unanswered for 2 s");
-    if (r->connected && !r->ping_out && now - r->ping_sent >= 1000) {
-        r->ping_sent = now;
-        if (redisAsyncCommand(r->ac, on_pong, r, "PING") == REDIS_OK) r->ping_out = 1;
-    }
+    if (r->ac && r->replied < r->sent && now - r->sent_at[r->replied % CMD_RING] > CMD_TIMEOUT_MS)
+        drop_context(r, "a command went unanswered for 1 s");
+    if (r->connected && !r->ping_out && now - r->ping_sent >= POLL_MS) send_poll(r, now);
     if (!r->ac && now >= r->reconnect_at) connect_now(r);
     /* admissions Redis did not answer in time: the fallback answers, the op waits for its reply */
     for (rop *o = r->ops; o; o = o->next)
@@ -725,37 +890,54 @@ void gw__redis_close(gw_auth *a) {
     else r->orphan = 1; /* the timer's close callback frees r when the loop runs again */
 }
 
-void gw__redis_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_cb cb, void *ud) {
+static rop *op_new(gw_auth *a, const char *bearer, int identify, gw_auth_cb cb, void *ud) {
     gw__redis *r = a->redis;
     gw_auth_result res;
     memset(&res, 0, sizeof res);
     if (!bearer || !gw_key_well_formed(bearer, strlen(bearer))) {
         gw__refuse_key(&res);
-        a->stats.refused++;
+        if (!identify) a->stats.refused++;
         cb(ud, &res);
-        return;
+        return NULL;
     }
     rop *o = calloc(1, sizeof *o);
     if (!o) {
         gw__auth_refuse(&res, 503, "server_error", "out_of_memory", 1, 1, "Out of memory.");
-        a->stats.refused++;
+        if (!identify) a->stats.refused++;
         cb(ud, &res);
-        return;
+        return NULL;
     }
     o->r = r;
     o->cb = cb;
     o->ud = ud;
-    o->reserve = reserve;
+    o->identify = identify;
     o->start = gw__auth_now(a);
     o->minute = o->start / 60000;
     o->day = o->start / 86400000;
-    snprintf(o->model, sizeof o->model, "%s", model ? model : "");
-    snprintf(o->lease, sizeof o->lease, "%s:%llu", r->gw_id, (unsigned long long)++r->lease_seq);
     gw_key_hash(a->secret, a->secret_len, bearer, strlen(bearer), o->hash, NULL);
     o->prev = r->ops_tail;
     if (r->ops_tail) r->ops_tail->next = o;
     else r->ops = o;
     r->ops_tail = o;
+    return o;
+}
+
+/* Asks Redis which key o->hash is (the index); the reply goes on in reply_admit. */
+static void send_index_get(rop *o) {
+    char idx[96];
+    memcpy(idx, "arka:keyidx:", 12);
+    hexify(o->hash, 32, idx + 12);
+    const char *argv[] = {"GET", idx};
+    if (cmd(o->r, reply_admit, o, 2, argv) == REDIS_OK) o->in_redis = 1;
+}
+
+void gw__redis_admit(gw_auth *a, const char *bearer, const char *model, int64_t reserve, gw_auth_cb cb, void *ud) {
+    gw__redis *r = a->redis;
+    rop *o = op_new(a, bearer, 0, cb, ud);
+    if (!o) return;
+    o->reserve = reserve;
+    snprintf(o->model, sizeof o->model, "%s", model ? model : "");
+    snprintf(o->lease, sizeof o->lease, "%s:%llu", r->gw_id, (unsigned long long)++r->lease_seq);
     if (!r->connected || r->closing || o->start < r->degraded_until) {
         answer_fallback(o);
         op_free(o);
@@ -768,12 +950,27 @@ void gw__redis_admit(gw_auth *a, const char *bearer, const char *model, int64_t 
         o->stage = 1;
         send_admit(o);
     } else {
-        char idx[96];
-        memcpy(idx, "arka:keyidx:", 12);
-        hexify(o->hash, 32, idx + 12);
-        const char *argv[] = {"GET", idx};
-        if (redisAsyncCommandArgv(r->ac, reply_admit, o, 2, argv, NULL) == REDIS_OK) o->in_redis = 1;
+        send_index_get(o);
     }
+    if (!o->in_redis) {
+        a->stats.redis_errors++;
+        answer_fallback(o);
+        op_free(o);
+    }
+}
+
+void gw__redis_identify(gw_auth *a, const char *bearer, gw_auth_cb cb, void *ud) {
+    gw__redis *r = a->redis;
+    rop *o = op_new(a, bearer, 1, cb, ud);
+    if (!o) return;
+    kcache *c = cache_find(r, o->hash);
+    /* a key Redis confirmed (or named in its index) needs no round trip; a revoked one neither */
+    if (cached_verdict(c) >= 0 || (c && c->k.tenant[0]) || !r->connected || r->closing || o->start < r->degraded_until) {
+        answer_fallback(o);
+        op_free(o);
+        return;
+    }
+    send_index_get(o);
     if (!o->in_redis) {
         a->stats.redis_errors++;
         answer_fallback(o);
@@ -833,6 +1030,19 @@ static redisContext *sync_connect(const char *url, char *err, size_t errlen) {
     return c;
 }
 
+/* A key's enabled state changed (or was written): the revoked set follows it and the version
+ * moves, so every gateway's POLL picks it up. */
+static int revocation_note(redisContext *c, const char *tenant, const char *id, int enabled) {
+    redisReply *rp = redisCommand(c, "%s %s %s:%s", enabled ? "SREM" : "SADD", REVOKED_KEY, tenant, id);
+    int rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
+    if (rp) freeReplyObject(rp);
+    if (rc) return rc;
+    rp = redisCommand(c, "INCR %s", REV_KEY);
+    rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
+    if (rp) freeReplyObject(rp);
+    return rc;
+}
+
 int gw_redis_key_put(const char *url, const gw_key *k, char *err, size_t errlen) {
     redisContext *c = sync_connect(url, err, errlen);
     if (!c) return CM_EIO;
@@ -851,6 +1061,7 @@ int gw_redis_key_put(const char *url, const gw_key *k, char *err, size_t errlen)
         rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
         if (rp) freeReplyObject(rp);
     }
+    if (!rc) rc = revocation_note(c, k->tenant, k->id, k->enabled);
     if (rc) snprintf(err, errlen, "%s: cannot write the key", url);
     redisFree(c);
     return rc;
@@ -966,6 +1177,7 @@ int gw_redis_key_set_enabled(const char *url, const char *id, int enabled, char 
     redisReply *rp = redisCommand(c, "HSET arka:{%s}:key:%s enabled %d", ks[found].tenant, ks[found].id, enabled ? 1 : 0);
     rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
     if (rp) freeReplyObject(rp);
+    if (!rc) rc = revocation_note(c, ks[found].tenant, ks[found].id, enabled);
     redisFree(c);
     free(ks);
     if (rc) snprintf(err, errlen, "%s: cannot update the key", url);

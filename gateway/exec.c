@@ -102,8 +102,11 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int signo) {
     else snprintf(why, sizeof why, "executor exited with status %lld", (long long)status);
     CM_LOG_WARN("gw", "executor gone", "index=%d pid=%d status=%lld signal=%d why=\"%s\"", x->cfg.index, p->pid,
                 (long long)status, signo, why);
-    if (x->seg_open) shm_seg_set_state(&x->seg, SHM_STATE_DEAD);
     x->ready = 0;
+    /* what the child published before it died still counts: its tokens were made, and a load
+     * error says why it died (nothing is sent back to it: it is no longer ready) */
+    if (x->seg_open && x->cfg.on_events) x->cfg.on_events(x, x->cfg.ud, &x->seg);
+    if (x->seg_open) shm_seg_set_state(&x->seg, SHM_STATE_DEAD);
     x->why[0] = 0;
     uv_close((uv_handle_t *)p, on_proc_closed);
     if (x->poll_open) {

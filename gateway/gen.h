@@ -185,9 +185,13 @@ struct gw_gen {
     /* the backend's bookkeeping (gateway/pool.c links the generation into its tables here) */
     struct {
         uint64_t id;              /* ring ids are id << GW_GEN_RID_SHIFT | choice */
-        void    *ex;              /* the executor holding it, NULL before submit */
+        void    *ex;              /* the executor holding it, NULL before submit and while waiting */
         gw_gen  *hnext, *prev, *next, *qnext;
-        int      n_sent;          /* choices whose SUBMIT went out */
+        int      n_sent;          /* choices whose SUBMIT went out (or that need none) */
+        uint64_t seed;            /* the draws' seed: sp.seed, or one the pool picked (choice i: + i) */
+        int      resumes;         /* times its executor died under it */
+        int      waiting;         /* waits for an executor to resume on */
+        uint64_t wait_since;      /* uv_now when it started waiting */
     } be;
     /* private to gen.c */
     int            holds;

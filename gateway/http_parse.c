@@ -15,6 +15,8 @@
 #include "common/cm_err.h"
 #include "gateway/gw_internal.h"
 
+#define PARSER_BODY_KEEP 16384 /* body buffer bytes kept across the requests of a connection */
+
 enum phase { PH_IDLE = 0, PH_HEADERS, PH_BODY, PH_DONE, PH_ERROR };
 enum ev { EV_NONE = 0, EV_HEADERS, EV_MESSAGE };
 
@@ -27,6 +29,10 @@ struct gw_http_parser {
     int    err_status;
     const char *err_reason;
     int    expect_continue; /* GW_PARSE_CONTINUE still to be reported for this request */
+    int    report_headers;  /* gw_http_parser_report_headers: GW_PARSE_HEADERS at each header block's end */
+    int    again_pending;   /* llhttp paused at the headers' end: the next feed runs it on (even with no bytes) */
+    int    wants_continue;  /* the current request asked for 100 Continue (and a body follows) */
+    long long content_length; /* the current request's Content-Length, -1 when none */
     int    overflow;        /* 414/431 once a limit was passed; reported at the next *_complete */
     int    keep_alive;
     size_t raw_hdr;         /* raw bytes fed while the header block was incomplete */
@@ -40,6 +46,7 @@ struct gw_http_parser {
     uint32_t name_off[GW__MAX_HEADERS], value_off[GW__MAX_HEADERS];
     int    nh;
     size_t body_cap;
+    size_t body_want;       /* Content-Length + 1: the body buffer's exact size (0: grow by doubling) */
     gw_req req;
 };
 
@@ -205,12 +212,15 @@ static int on_headers_complete(llhttp_t *ll) {
     r->keep_alive = p->keep_alive;
     if ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > p->max_body)
         return fail(p, 413, "request body too large");
+    p->content_length = (ll->flags & F_CONTENT_LENGTH) ? (long long)ll->content_length : -1;
+    p->body_want = p->content_length > 0 ? (size_t)p->content_length + 1 : 0;
     const char *expect = gw_req_header(r, "expect");
     if (expect) {
         if (strcasecmp(expect, "100-continue") != 0) return fail(p, 417, "unsupported expectation");
         /* only worth a 100 when a body follows and the client speaks 1.1 */
         int body_follows = (ll->flags & F_CHUNKED) || ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > 0);
         p->expect_continue = body_follows && r->http_minor >= 1;
+        p->wants_continue = p->expect_continue;
     }
     p->phase = PH_BODY;
     p->ev = EV_HEADERS;
@@ -222,7 +232,8 @@ static int on_body(llhttp_t *ll, const char *at, size_t len) {
     gw_req *r = &p->req;
     if (len > p->max_body - r->body_len) return fail(p, 413, "request body too large");
     if (r->body_len + len + 1 > p->body_cap) {
-        size_t cap = p->body_cap ? p->body_cap : 4096;
+        /* a Content-Length body gets its exact size at once; a chunked one doubles */
+        size_t cap = p->body_want >= r->body_len + len + 1 ? p->body_want : p->body_cap > 4096 ? p->body_cap : 4096;
         while (cap < r->body_len + len + 1) cap *= 2;
         if (cap > p->max_body + 1) cap = p->max_body + 1;
         char *nb = realloc(r->body, cap);
@@ -246,10 +257,19 @@ static int on_message_complete(llhttp_t *ll) {
 
 static void reset_req(gw_http_parser *p) {
     char *body = p->req.body;
+    if (p->body_cap > PARSER_BODY_KEEP) { /* an idle connection keeps no large buffer */
+        free(body);
+        body = NULL;
+        p->body_cap = 0;
+    }
     memset(&p->req, 0, sizeof p->req);
     p->req.body = body;
     p->req.body_len = 0;
     if (body) body[0] = 0;
+    p->body_want = 0;
+    p->content_length = -1;
+    p->wants_continue = 0;
+    p->again_pending = 0;
     p->req.path = "";
     p->req.query = "";
     p->phase = PH_IDLE;
@@ -328,7 +348,8 @@ int gw_http_parser_feed(gw_http_parser *p, const char *data, size_t len, size_t 
     *used = 0;
     if (p->phase == PH_ERROR) return GW_PARSE_ERROR;
     if (p->phase == PH_DONE) return GW_PARSE_REQUEST; /* caller forgot gw_http_parser_next */
-    int again = 0; /* llhttp paused at the very end of the data with steps still to run */
+    int again = p->again_pending; /* llhttp paused at the very end of the data with steps still to run */
+    p->again_pending = 0;
     while (off < len || again) {
         again = 0;
         int hdr_phase = p->phase == PH_IDLE || p->phase == PH_HEADERS;
@@ -357,6 +378,11 @@ int gw_http_parser_feed(gw_http_parser *p, const char *data, size_t len, size_t 
             p->ev = EV_NONE;
             llhttp_resume(&p->ll);
             if (ev == EV_MESSAGE) return GW_PARSE_REQUEST;
+            if (ev == EV_HEADERS && p->report_headers) {
+                p->expect_continue = 2; /* part of this report */
+                p->again_pending = 1;   /* a request without a body completes at the next feed, bytes or not */
+                return GW_PARSE_HEADERS;
+            }
             if (ev == EV_HEADERS && p->expect_continue == 1) {
                 p->expect_continue = 2; /* reported */
                 return GW_PARSE_CONTINUE;
@@ -388,11 +414,28 @@ int gw_http_parser_error(const gw_http_parser *p, const char **reason) {
     return p->phase == PH_ERROR ? p->err_status : 0;
 }
 
+int gw_http_parser_pending(const gw_http_parser *p) { return p->again_pending; }
+
 int gw_http_parser_busy(const gw_http_parser *p) {
     return p->phase == PH_HEADERS || p->phase == PH_BODY || (p->phase == PH_IDLE && p->raw_hdr > 0);
 }
 
 int gw_http_parser_headers_done(const gw_http_parser *p) { return p->phase == PH_BODY || p->phase == PH_DONE; }
+
+void gw_http_parser_report_headers(gw_http_parser *p, int on) { p->report_headers = on; }
+int gw_http_parser_wants_continue(const gw_http_parser *p) { return p->wants_continue; }
+long long gw_http_parser_content_length(const gw_http_parser *p) { return p->content_length; }
+size_t gw_http_parser_buffered(const gw_http_parser *p) { return p->body_cap; }
+
+char *gw_http_parser_take_body(gw_http_parser *p, size_t *len, size_t *cap) {
+    char *b = p->req.body;
+    *len = p->req.body_len;
+    *cap = p->body_cap;
+    p->req.body = NULL;
+    p->req.body_len = 0;
+    p->body_cap = 0;
+    return b;
+}
 
 int gw_http_parser_keep_alive(const gw_http_parser *p) { return p->keep_alive; }
 

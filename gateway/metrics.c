@@ -55,7 +55,8 @@ struct gw_met {
     gw_met_fam *running, *waiting, *kv_usage, *inflight;
     gw_met_fam *prompt_tok, *gen_tok, *success, *failure, *preempt, *steps;
     gw_met_fam *ttft, *itl, *e2e, *queue, *req_prompt, *req_gen;
-    gw_met_fam *t_requests, *t_prompt, *t_gen, *http, *restarts, *redis_err, *fallback;
+    gw_met_fam *t_requests, *t_prompt, *t_gen, *http, *restarts, *resumed, *redis_err, *fallback;
+    gw_met_fam *conns, *evicted, *conns_refused, *buffered, *buffer_refused;
     gw_met_fam *hist[H_N];
     uint64_t queued;
     struct exec_acc ex[GW_MET_EXEC_MAX];
@@ -519,6 +520,12 @@ static const struct fam_def fam_defs[] = {
     { SLOT(t_gen), C, "tenant_generation_tokens_total", "Generated tokens of finished requests, by tenant.", {"tenant"}, 1, NULL, 0 },
     { SLOT(http), C, "http_requests_total", "HTTP responses, by route and status.", {"route", "status"}, 2, NULL, 0 },
     { SLOT(restarts), C, "executor_restarts_total", "Executor failures (each followed by a restart).", {"executor"}, 1, NULL, 0 },
+    { SLOT(resumed), C, "requests_resumed_total", "Generations sent again, with their delivered tokens, to an executor after theirs failed.", {0}, 0, NULL, 0 },
+    { SLOT(conns), G, "http_connections", "Open HTTP connections holding a slot of --max-conns.", {0}, 0, NULL, 0 },
+    { SLOT(evicted), C, "http_connections_evicted_total", "Idle HTTP connections closed to make room at --max-conns.", {0}, 0, NULL, 0 },
+    { SLOT(conns_refused), C, "http_connections_refused_total", "Connections answered 503 or closed at a connection cap (probe paths beyond --max-conns included).", {0}, 0, NULL, 0 },
+    { SLOT(buffered), G, "http_request_bytes_buffered", "Request body bytes the gateway holds (--max-buffered-mb caps it).", {0}, 0, NULL, 0 },
+    { SLOT(buffer_refused), C, "http_buffer_refusals_total", "Requests refused (503) because --max-buffered-mb was reached.", {0}, 0, NULL, 0 },
     { SLOT(redis_err), C, "redis_errors_total", "Redis calls of the quota store that failed or timed out.", {0}, 0, NULL, 0 },
     { SLOT(fallback), C, "fallback_admissions_total", "Requests admitted by the local limiter while Redis was unavailable.", {0}, 0, NULL, 0 },
     { SLOT(hist[H_BATCH]), H, "batch_size", "Sequences in one engine step, per executor.", {"executor"}, 1, batch_bounds, NB(batch_bounds) },
@@ -679,6 +686,20 @@ void gw_met_executor_restart(gw_met *m, int idx) {
     fold(x);
     x->running = x->waiting = x->kv_used = x->kv_total = 0;
     exec_totals(m);
+}
+
+void gw_met_http_server(gw_met *m, uint64_t open, uint64_t evicted, uint64_t refused, uint64_t buffered,
+                        uint64_t buffer_refused) {
+    if (!m || !m->conns) return;
+    gw_met_set(m->conns, NULL, (double)open);
+    gw_met_set(m->evicted, NULL, (double)evicted);
+    gw_met_set(m->conns_refused, NULL, (double)refused);
+    gw_met_set(m->buffered, NULL, (double)buffered);
+    gw_met_set(m->buffer_refused, NULL, (double)buffer_refused);
+}
+
+void gw_met_request_resumed(gw_met *m) {
+    if (m && m->resumed) gw_met_add(m->resumed, NULL, 1);
 }
 
 void gw_met_set_queued(gw_met *m, uint64_t n) {

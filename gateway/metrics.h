@@ -126,6 +126,15 @@ void gw_met_executor(gw_met *m, int idx, const struct shm_stats *s);
  * next stats block (a fresh segment) counts on top of the totals seen so far. */
 void gw_met_executor_restart(gw_met *m, int idx);
 
+/* The HTTP server's counters, copied before rendering: http_connections, the totals
+ * http_connections_evicted_total, http_connections_refused_total, http_buffer_refusals_total, and
+ * http_request_bytes_buffered. */
+void gw_met_http_server(gw_met *m, uint64_t open, uint64_t evicted, uint64_t refused, uint64_t buffered,
+                        uint64_t buffer_refused);
+
+/* A generation went to an executor again after its own failed: requests_resumed_total += 1. */
+void gw_met_request_resumed(gw_met *m);
+
 /* Gauges the gateway owns: requests it holds but no executor has admitted yet (added to
  * num_requests_waiting) and requests in flight as a whole (gateway_requests_in_flight). */
 void gw_met_set_queued(gw_met *m, uint64_t n);

@@ -4,8 +4,21 @@
  * each generation's choices to the least-loaded ready executor as SUBMIT records (a backlog
  * keeps them in order while a ring is full), CANCELs what a generation no longer needs, and
  * reads the event rings: every TOKENS entry, DONE and ERROR goes to its generation
- * (gateway/gen.h) by ring id, looked up afresh for each record. When an executor dies, every
- * generation it held fails with a 500 and the supervisor restarts it.
+ * (gateway/gen.h) by ring id, looked up afresh for each record.
+ *
+ * When an executor dies (exit, crash, or a stalled heartbeat), the supervisor restarts it and
+ * the generations it held resume: each waits for a ready executor (the restarted one or
+ * another), which gets every open choice again as its prompt ids + the tokens already
+ * delivered (SUBMIT's n_generated) with the same seed, so the draws, penalties and min_tokens
+ * go on where they stopped and the client sees a pause, not an error (counted in
+ * arka:requests_resumed_total). A choice whose last token had already ended it (max_tokens, a
+ * stop id, the context) finishes without an executor. A generation fails with the 500 it got
+ * before resuming existed when its executor died under it more than resume_max times, when no
+ * executor was ready within resume_wait_ms, or while the pool stops.
+ *
+ * An executor that fails before it was ever ready (a load error such as `--backend cuda`
+ * without a usable device, or three failed starts in a row) is not restarted: on_fatal reports
+ * why, and the server exits.
  *
  * Loop thread only.
  *
@@ -33,10 +46,16 @@ typedef struct gw_pool_cfg {
     gw_exec_cfg exec;            /* template for every executor: bin, timeouts, ring sizes (callbacks and args are set here) */
     const char *const *exec_args[GW_POOL_MAX_EXEC]; /* per executor: NULL-terminated argument list (kept, must outlive) */
     int         n_exec;          /* 1..GW_POOL_MAX_EXEC */
-    struct gw_met *met;          /* executor restarts go here (borrowed; NULL: none) */
+    struct gw_met *met;          /* executor restarts and resumed requests go here (borrowed; NULL: none) */
+    int         resume_max;      /* executor deaths a generation survives (0: it fails at the first) */
+    uint32_t    resume_wait_ms;  /* longest wait for a ready executor to resume on */
+    /* An executor failed before it was ever ready (why: its load error, or "exited ..."): it is
+     * not restarted. Optional; loop thread. */
+    void      (*on_fatal)(gw_pool *p, void *ud, int idx, const char *why);
+    void       *ud;
 } gw_pool_cfg;
 
-/* Defaults: exec from gw_exec_cfg_default(). Can't fail. */
+/* Defaults: exec from gw_exec_cfg_default(), resume_max 3, resume_wait_ms 120000. Can't fail. */
 void gw_pool_cfg_default(gw_pool_cfg *c);
 
 /* Spawns the executors. Returns 0, CM_EINVAL, CM_ENOMEM or CM_EIO (gw_exec_start failed; *out is

@@ -24,9 +24,18 @@
 #include "text/chat.h"
 #include "text/detok.h"
 
+#define PARSE_INLINE_MAX (32u << 10) /* request bodies larger than this are parsed on the threadpool */
+
+struct tport;
+struct parse_job;
+
 struct gw_app {
     gw_app_cfg cfg;
     int active;
+    struct tport *live; /* every generation not yet ended (tport.lnext) */
+    /* large bodies are parsed one at a time, so that they never take every core from the loop */
+    struct parse_job *parse_head, *parse_tail;
+    int parsing;
 };
 
 void gw_app_cfg_default(gw_app_cfg *cfg) {
@@ -36,6 +45,9 @@ void gw_app_cfg_default(gw_app_cfg *cfg) {
     cfg->ping_ms = 15000;
     cfg->ws_max_responses = 16;
     cfg->ws_max_message = 8u << 20;
+    cfg->ws_ping_ms = 30000;
+    cfg->ws_idle_ms = 300000;
+    cfg->ws_message_ms = 60000;
 }
 
 int gw_app_create(const gw_app_cfg *cfg, gw_app **out) {
@@ -150,6 +162,8 @@ static int check_model(gw_app *a, const char *model, gw_oai_err *e) {
  * generation's creation to its sink's end, or past it until a pending admission answers. */
 typedef struct tport {
     gw_app *app;
+    gw_gen *gen;             /* while it runs (the app's live list) */
+    struct tport *lprev, *lnext;
     int     admitting;       /* an admission answer is pending: the state waits for it */
     /* the admission answered and the generation goes on (NULL: nothing to do) */
     void  (*admitted)(gw_gen *g, const gw_auth_result *res);
@@ -175,7 +189,21 @@ static int gen_new(gw_app *a, gw_oai_req *q, const gw_gen_sink *sink, tport *t, 
     gw_oai_make_id(g->id, sizeof g->id, id_prefix);
     g->meta = (gw_oai_meta){ kind, g->id, (int64_t)time(NULL), g->q.model, a->cfg.fingerprint, include_usage };
     a->active++;
+    t->gen = g;
+    t->lprev = NULL;
+    t->lnext = a->live;
+    if (a->live) a->live->lprev = t;
+    a->live = t;
     return 0;
+}
+
+static void live_unlink(gw_app *a, tport *t) {
+    if (!t->gen) return;
+    if (t->lprev) t->lprev->lnext = t->lnext;
+    else a->live = t->lnext;
+    if (t->lnext) t->lnext->lprev = t->lprev;
+    t->lprev = t->lnext = NULL;
+    t->gen = NULL;
 }
 
 static void start(gw_gen *g) {
@@ -199,6 +227,7 @@ static void finish(gw_gen *g, const gw_oai_err *err) {
     tport *t = g->sink_ud;
     gw_app *a = t->app;
     a->active--;
+    live_unlink(a, t);
     settle_quota(a, g);
     if (!a->cfg.met || (!g->ran && !(err && g->t_start))) return;
     for (int i = 0; i < g->n; i++) {
@@ -694,6 +723,113 @@ static void http_admitted(gw_gen *g, const gw_auth_result *res) {
     auth_headers(h->hdrs + h->common_len, sizeof h->hdrs - h->common_len, rid[0] ? rid : NULL, res);
 }
 
+static void start_parsed(gw_app *a, gw_req *r, int kind, gw_oai_req *q, const char *hdrs, size_t common,
+                         const char *bearer, size_t blen);
+
+/* A large body's JSON is parsed on the threadpool, so the loop keeps serving everyone else
+ * meanwhile (the body moves to the job; its bytes still count toward the server's buffer cap). */
+typedef struct parse_job {
+    uv_work_t   w;
+    struct parse_job *next; /* waiting for its turn */
+    gw_app     *a;
+    gw_req     *r;            /* NULL once the client left */
+    gw_server  *srv;
+    int         kind, rc;
+    char       *body;
+    size_t      len, charge;
+    gw_oai_req  q;
+    gw_oai_err  e;
+    char        hdrs[1536];     /* the response's header lines (common, then auth) */
+    size_t      common;         /* bytes of hdrs that are the common lines */
+    char        bearer[GW_KEY_BUF + 8];
+} parse_job;
+
+static void parse_job_abort(gw_req *r, void *ud) {
+    parse_job *j = ud;
+    (void)r;
+    j->r = NULL;
+}
+
+static void parse_job_work(uv_work_t *w) {
+    parse_job *j = w->data;
+    j->rc = gw_oai_parse(j->kind, j->body ? j->body : "", j->len, &j->q, &j->e);
+    /* The parse freed its tree (up to millions of small nodes) into this thread's malloc arena,
+     * where glibc keeps them unmerged until a large request merges them all at once. Have that
+     * happen here: otherwise it happens on the loop, in the free() of the request's prompt ids
+     * (allocated in this arena), and stalls every connection for tens of milliseconds. */
+    void *volatile large = malloc(4096); /* volatile: a malloc/free pair is otherwise optimized away */
+    free(large);
+}
+
+static void parse_job_done(uv_work_t *w, int status);
+
+/* Starts the next waiting parse when none runs. */
+static void parse_next(gw_app *a) {
+    while (!a->parsing && a->parse_head) {
+        parse_job *j = a->parse_head;
+        a->parse_head = j->next;
+        if (!a->parse_head) a->parse_tail = NULL;
+        if (uv_queue_work(a->cfg.env->loop, &j->w, parse_job_work, parse_job_done) == 0) {
+            a->parsing = 1;
+            return;
+        }
+        j->rc = CM_EIO; /* cannot queue: answered as a cancelled parse */
+        parse_job_done(&j->w, UV_ECANCELED);
+    }
+}
+
+static void parse_job_done(uv_work_t *w, int status) {
+    parse_job *j = w->data;
+    gw_app *a = j->a;
+    if (status != UV_ECANCELED || j->rc != CM_EIO) a->parsing = 0;
+    parse_next(a);
+    free(j->body);
+    gw_server_uncharge(j->srv, j->charge);
+    gw_req *r = j->r;
+    if (r) gw_req_on_abort(r, NULL, NULL);
+    if (!r || status || j->rc) {
+        if (r && j->rc && !status) send_err_raw(r, &j->e, j->hdrs[0] ? j->hdrs : NULL);
+        else if (r) gw_resp_send(r, 500, "text/plain", "request parsing was cancelled\n", 30, NULL);
+        if (!j->rc && !status) gw_oai_req_free(&j->q);
+        free(j);
+        return;
+    }
+    if (gw_server_draining(j->srv)) {
+        gw_oai_err e;
+        char h[sizeof j->hdrs + 32];
+        snprintf(h, sizeof h, "Retry-After: 1\r\n%s", j->hdrs);
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+        send_err_raw(r, &e, h);
+        gw_oai_req_free(&j->q);
+        free(j);
+        return;
+    }
+    start_parsed(j->a, r, j->kind, &j->q, j->hdrs, j->common, j->bearer[0] ? j->bearer : NULL, j->len);
+    free(j);
+}
+
+static void parse_later(gw_app *a, gw_req *r, int kind, const char *hdrs, size_t common, const char *bearer) {
+    parse_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+        return;
+    }
+    j->a = a;
+    j->r = r;
+    j->srv = gw_req_server(r);
+    j->kind = kind;
+    j->w.data = j;
+    snprintf(j->hdrs, sizeof j->hdrs, "%s", hdrs);
+    j->common = common;
+    snprintf(j->bearer, sizeof j->bearer, "%s", bearer ? bearer : "");
+    j->body = gw_req_take_body(r, &j->len, &j->charge);
+    gw_req_on_abort(r, parse_job_abort, j);
+    if (a->parse_tail) a->parse_tail->next = j;
+    else a->parse_head = j;
+    a->parse_tail = j;
+    parse_next(a);
+}
+
 static void handle_generate(gw_app *a, gw_req *r, int kind) {
     gw_oai_err e;
     char hdrs[1536] = "";
@@ -726,13 +862,25 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         send_err_raw(r, &e, h);
         return;
     }
-    gw_oai_req q;
     size_t blen;
     const char *body = gw_req_body(r, &blen);
+    if (blen > PARSE_INLINE_MAX) { /* a large body is parsed off the loop */
+        parse_later(a, r, kind, hdrs, common, bearer);
+        return;
+    }
+    gw_oai_req q;
     if (gw_oai_parse(kind, body, blen, &q, &e)) {
         send_err_raw(r, &e, hdrs[0] ? hdrs : NULL);
         return;
     }
+    start_parsed(a, r, kind, &q, hdrs, common, bearer, blen);
+}
+
+/* A parsed request (q taken) becomes a generation writing to r. */
+static void start_parsed(gw_app *a, gw_req *r, int kind, gw_oai_req *q_in, const char *hdrs, size_t common,
+                         const char *bearer, size_t blen) {
+    gw_oai_err e;
+    gw_oai_req q = *q_in;
     int stream = q.stream, keep = GW_GEN_KEEP_TEXT | (q.sp.logprobs ? GW_GEN_KEEP_LOGPROBS : 0);
     http_gen *h = calloc(1, sizeof *h);
     if (!h || !(h->toff = calloc((size_t)q.n, sizeof *h->toff))) {
@@ -742,11 +890,11 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         http_free(h);
         return;
     }
-    h->t = (tport){ a, 0, http_admitted, NULL, http_release };
+    h->t = (tport){ .app = a, .admitted = http_admitted, .release = http_release };
     h->req = r;
     h->open = -1;
     h->common_len = common;
-    memcpy(h->hdrs, hdrs, sizeof hdrs);
+    snprintf(h->hdrs, sizeof h->hdrs, "%s", hdrs);
     const gw_gen_sink *sink = !stream ? &json_sink : kind == GW_OAI_RESPONSES ? &rsp_sink : &sse_sink;
     const char *prefix = kind == GW_OAI_CHAT ? "chatcmpl-" : kind == GW_OAI_RESPONSES ? "resp_" : kind == GW_OAI_EMBEDDINGS ? "embd-" : "cmpl-";
     if (gen_new(a, &q, sink, &h->t, prefix, &h->g, &e)) {
@@ -772,12 +920,16 @@ typedef struct ws_gen {
     int      created;       /* response.created was sent */
 } ws_gen;
 
+typedef struct ws_msg ws_msg;
+
 struct ws_sock {
     gw_app  *app;
     gw_ws   *ws;            /* NULL once the connection is gone */
     char     bearer[GW_KEY_BUF]; /* the key of the upgrade request (auth on) */
     ws_gen  *list;
     int      n;
+    ws_msg  *q_head, *q_tail; /* messages waiting behind one parsed on the threadpool, in order */
+    int      parsing;       /* the head is on the threadpool (s outlives the connection until it is back) */
 };
 
 static void ws_send(ws_sock *s, char *json) {
@@ -800,6 +952,7 @@ static void ws_unlink(ws_gen *w) {
     w->prev = w->next = NULL;
     s->n--;
     w->s = NULL;
+    if (s->n == 0 && s->ws) gw_ws_set_busy(s->ws, 0);
 }
 
 static void ws_release(tport *t) { free(t); }
@@ -862,49 +1015,64 @@ static void ws_end(gw_gen *g, const gw_oai_err *err) {
 
 static const gw_gen_sink ws_sink = { NULL, ws_text, NULL, ws_end };
 
-static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
-    gw_app *a = s->app;
-    gw_oai_err e;
+/* response.create's request out of the event: the served model when it names none, no stream
+ * fields, parsed. Returns 0 (q filled, *len its JSON's bytes), CM_ENOTFOUND (no 'response'
+ * object) or the parser's error, with e filled. Reads only msg and the app's fixed config: safe on
+ * the threadpool. */
+static int ws_create_parse(const gw_app *a, cJSON *msg, gw_oai_req *q, gw_oai_err *e, size_t *len) {
     cJSON *body = cJSON_GetObjectItemCaseSensitive(msg, "response");
+    *len = 0;
     if (!cJSON_IsObject(body)) {
-        gw_oai_err_set(&e, 400, "invalid_request_error", "response", "missing_required_parameter",
+        gw_oai_err_set(e, 400, "invalid_request_error", "response", "missing_required_parameter",
                        "Missing required parameter: 'response' (the chat completion request).");
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (s->n >= a->cfg.ws_max_responses) {
-        gw_oai_err_set(&e, 429, "invalid_request_error", NULL, "too_many_responses",
-                       "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
-        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
-        ws_error(s, &e, client_ev);
-        return;
-    }
-    if (!backend_ready(a)) {
-        gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
-        ws_error(s, &e, client_ev);
-        return;
+        return CM_ENOTFOUND;
     }
     /* the session's model is the served one when the response does not name it */
     if (!cJSON_GetObjectItemCaseSensitive(body, "model")) cJSON_AddStringToObject(body, "model", a->cfg.model_id);
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream");
     cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
     char *text = cJSON_PrintUnformatted(body);
-    size_t len = text ? strlen(text) : 0;
-    gw_oai_req q;
-    ws_gen *w = NULL;
-    int err = text ? gw_oai_parse(GW_OAI_CHAT, text, len, &q, &e) : CM_ENOMEM;
+    *len = text ? strlen(text) : 0;
+    int err = text ? gw_oai_parse(GW_OAI_CHAT, text, *len, q, e) : CM_ENOMEM;
     free(text);
+    if (err == CM_ENOMEM) gw_oai_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return err;
+}
+
+/* response.create with its request parsed (rc, q, e from ws_create_parse; q is taken). */
+static void ws_create_parsed(ws_sock *s, int rc, gw_oai_req *q_in, gw_oai_err *e_in, size_t len, const char *client_ev) {
+    gw_app *a = s->app;
+    gw_oai_err e = *e_in;
+    gw_oai_req q = *q_in;
+    if (rc == CM_ENOTFOUND) {
+        ws_error(s, &e, client_ev);
+        return;
+    }
+    int refused = 1;
+    if (s->n >= a->cfg.ws_max_responses) {
+        gw_oai_err_set(&e, 429, "invalid_request_error", NULL, "too_many_responses",
+                       "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
+    } else if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+    } else if (!backend_ready(a)) {
+        gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
+    } else {
+        refused = 0;
+    }
+    if (refused) {
+        if (rc == 0) gw_oai_req_free(&q);
+        ws_error(s, &e, client_ev);
+        return;
+    }
+    ws_gen *w = NULL;
+    int err = rc;
     if (!err && !(w = calloc(1, sizeof *w))) {
         gw_oai_req_free(&q);
         err = CM_ENOMEM;
     }
     if (err == CM_ENOMEM) gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
     if (!err) {
-        w->t = (tport){ a, 0, NULL, ws_accepted, ws_release };
+        w->t = (tport){ .app = a, .accepted = ws_accepted, .release = ws_release };
         snprintf(w->client_ev, sizeof w->client_ev, "%s", client_ev ? client_ev : "");
         err = gen_new(a, &q, &ws_sink, &w->t, "resp_", &w->g, &e);
     }
@@ -923,8 +1091,16 @@ static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
     w->next = s->list;
     if (s->list) s->list->prev = w;
     s->list = w;
-    s->n++;
+    if (s->n++ == 0 && s->ws) gw_ws_set_busy(s->ws, 1);
     generate(a, w->g, s->bearer, len);
+}
+
+static void ws_create(ws_sock *s, cJSON *msg, const char *client_ev) {
+    gw_oai_req q;
+    gw_oai_err e;
+    size_t len;
+    int rc = ws_create_parse(s->app, msg, &q, &e, &len);
+    ws_create_parsed(s, rc, &q, &e, len, client_ev);
 }
 
 static void ws_cancel(ws_sock *s, cJSON *msg, const char *client_ev) {
@@ -951,10 +1127,24 @@ static void ws_cancel(ws_sock *s, cJSON *msg, const char *client_ev) {
     }
 }
 
-static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
-    ws_sock *s = ud;
+/* A message parsed on the threadpool (with its response.create request when it is one). */
+struct ws_msg {
+    uv_work_t   w;
+    ws_msg     *next;
+    ws_sock    *s;
+    char       *text;       /* the message (a copy), until parsed */
+    size_t      len;
+    cJSON      *msg;        /* the event */
+    int         created;    /* a response.create whose request was parsed too: */
+    int         rc;
+    gw_oai_req  q;
+    gw_oai_err  e;
+    size_t      body_len;
+};
+
+/* One event, in order; pre: what the threadpool made of it (NULL for a small one). msg is freed. */
+static void ws_handle(ws_sock *s, cJSON *msg, ws_msg *pre) {
     gw_oai_err e;
-    cJSON *msg = cJSON_ParseWithLengthOpts(text, len, NULL, 0);
     cJSON *type = msg ? cJSON_GetObjectItemCaseSensitive(msg, "type") : NULL;
     cJSON *evid = msg ? cJSON_GetObjectItemCaseSensitive(msg, "event_id") : NULL;
     const char *client_ev = cJSON_IsString(evid) ? evid->valuestring : NULL;
@@ -963,7 +1153,8 @@ static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
                        msg ? "Events need a string 'type'." : "The event is not valid JSON.");
         ws_error(s, &e, client_ev);
     } else if (strcmp(type->valuestring, "response.create") == 0) {
-        ws_create(s, msg, client_ev);
+        if (pre && pre->created) ws_create_parsed(s, pre->rc, &pre->q, &pre->e, pre->body_len, client_ev);
+        else ws_create(s, msg, client_ev);
     } else if (strcmp(type->valuestring, "response.cancel") == 0) {
         ws_cancel(s, msg, client_ev);
     } else {
@@ -974,10 +1165,118 @@ static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
     cJSON_Delete(msg);
 }
 
+static void ws_msg_free(ws_msg *m) {
+    if (m->created && m->rc == 0) gw_oai_req_free(&m->q);
+    cJSON_Delete(m->msg);
+    free(m->text);
+    free(m);
+}
+
+static void ws_msg_work(uv_work_t *w) {
+    ws_msg *m = w->data;
+    m->msg = cJSON_ParseWithLengthOpts(m->text, m->len, NULL, 0);
+    free(m->text);
+    m->text = NULL;
+    cJSON *type = m->msg ? cJSON_GetObjectItemCaseSensitive(m->msg, "type") : NULL;
+    if (cJSON_IsObject(m->msg) && cJSON_IsString(type) && strcmp(type->valuestring, "response.create") == 0) {
+        m->created = 1;
+        m->rc = ws_create_parse(m->s->app, m->msg, &m->q, &m->e, &m->body_len);
+        /* the request is in q: the event's own tree can go here, with its nodes merged in this
+         * thread's arena (see parse_job_work) */
+        cJSON *keep = cJSON_CreateObject();
+        cJSON *evid = cJSON_DetachItemFromObjectCaseSensitive(m->msg, "event_id");
+        cJSON_AddItemToObject(keep, "type", cJSON_CreateString("response.create"));
+        if (evid) cJSON_AddItemToObject(keep, "event_id", evid);
+        cJSON_Delete(m->msg);
+        m->msg = keep;
+    }
+    void *volatile large = malloc(4096); /* as in parse_job_work */
+    free(large);
+}
+
+static void ws_pump(ws_sock *s);
+
+static void ws_msg_done(uv_work_t *w, int status) {
+    ws_msg *m = w->data;
+    ws_sock *s = m->s;
+    s->parsing = 0;
+    s->q_head = m->next;
+    if (!s->q_head) s->q_tail = NULL;
+    if (s->ws && !status) {
+        cJSON *msg = m->msg;
+        m->msg = NULL;
+        ws_handle(s, msg, m);
+        m->created = 0; /* q went to the generation (or was freed) */
+    }
+    ws_msg_free(m);
+    if (!s->ws) { /* the connection went meanwhile: the rest waits for nothing */
+        while (s->q_head) {
+            ws_msg *n = s->q_head;
+            s->q_head = n->next;
+            ws_msg_free(n);
+        }
+        free(s);
+        return;
+    }
+    ws_pump(s);
+}
+
+/* Handles the queued messages in order: small ones at once, a large one on the threadpool
+ * (the rest wait for it). */
+static void ws_pump(ws_sock *s) {
+    while (s->q_head && !s->parsing) {
+        ws_msg *m = s->q_head;
+        if (m->len > PARSE_INLINE_MAX &&
+            uv_queue_work(s->app->cfg.env->loop, &m->w, ws_msg_work, ws_msg_done) == 0) {
+            s->parsing = 1;
+            return;
+        }
+        s->q_head = m->next;
+        if (!s->q_head) s->q_tail = NULL;
+        cJSON *msg = cJSON_ParseWithLengthOpts(m->text, m->len, NULL, 0);
+        ws_msg_free(m);
+        ws_handle(s, msg, NULL);
+    }
+}
+
+static void ws_on_message(gw_ws *ws, void *ud, const char *text, size_t len) {
+    ws_sock *s = ud;
+    if (!s->q_head && len <= PARSE_INLINE_MAX) {
+        ws_handle(s, cJSON_ParseWithLengthOpts(text, len, NULL, 0), NULL);
+        return;
+    }
+    /* a large message, or any behind one: in order, through the queue */
+    ws_msg *m = calloc(1, sizeof *m);
+    char *copy = malloc(len ? len : 1);
+    if (!m || !copy) {
+        free(m);
+        free(copy);
+        gw_oai_err e;
+        gw_oai_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        ws_error(s, &e, NULL);
+        return;
+    }
+    memcpy(copy, text, len);
+    m->s = s;
+    m->text = copy;
+    m->len = len;
+    m->w.data = m;
+    if (s->q_tail) s->q_tail->next = m;
+    else s->q_head = m;
+    s->q_tail = m;
+    ws_pump(s);
+}
+
 static void ws_on_close(gw_ws *ws, void *ud) {
     ws_sock *s = ud;
     s->ws = NULL;
     while (s->list) gw_gen_cancel(s->list->g); /* ws_end sends nothing now and unlinks each */
+    if (s->parsing) return; /* ws_msg_done frees s */
+    while (s->q_head) {
+        ws_msg *m = s->q_head;
+        s->q_head = m->next;
+        ws_msg_free(m);
+    }
     free(s);
 }
 
@@ -990,7 +1289,7 @@ static void handle_ws(gw_app *a, gw_req *r) {
         return;
     }
     s->app = a;
-    if (a->cfg.auth) { /* the key is checked here for its shape, and per response.create against the store */
+    if (a->cfg.auth) { /* checked against the store from the headers (gw_app_on_headers), and per response.create */
         const char *b = bearer_of(r);
         if (!b || !gw_key_well_formed(b, strlen(b))) {
             gw_oai_err e;
@@ -1003,13 +1302,134 @@ static void handle_ws(gw_app *a, gw_req *r) {
         snprintf(s->bearer, sizeof s->bearer, "%s", b);
     }
     if (gw_ws_upgrade(r, a->cfg.ws_max_message, &ws_ops, s, &s->ws)) free(s); /* answered already */
+    else gw_ws_set_liveness(s->ws, a->cfg.ws_ping_ms, a->cfg.ws_idle_ms, a->cfg.ws_message_ms);
+}
+
+/* ---- before the body: the key, and whether the server can take the request ------------------ */
+
+/* A refused key, as handle_generate answers it (401 + x-request-id, the client's own when it
+ * sent one, x-should-retry; the common lines come with send_err). */
+static void send_key_refusal(gw_app *a, gw_req *r, const gw_auth_result *res) {
+    gw_oai_err e;
+    char rid[GW_OAI_ID_LEN], hdrs[256];
+    gw_oai_make_id(rid, sizeof rid, "req_");
+    auth_headers(hdrs, sizeof hdrs, client_rid(r) ? NULL : rid, res);
+    gw_oai_err_set(&e, res->status, res->type[0] ? res->type : "invalid_request_error", NULL,
+                   res->code[0] ? res->code : "invalid_api_key", "%s", res->msg);
+    send_err(a, r, &e, hdrs);
+}
+
+/* 1 when the route generates (and so needs the key): every POST under /v1/ and the WebSocket. */
+static int generate_route(gw_req *r) {
+    const char *p = gw_req_path(r);
+    int m = gw_req_method(r);
+    return (m == HTTP_POST && strncmp(p, "/v1/", 4) == 0) || (m == HTTP_GET && strcmp(p, "/v1/ws") == 0);
+}
+
+/* After the key: a POST the server cannot take now is refused before its body comes. Returns
+ * GW_HDR_ANSWERED or GW_HDR_GO. */
+static int take_now(gw_app *a, gw_req *r) {
+    gw_server *srv = gw_req_server(r);
+    if (gw_req_method(r) != HTTP_POST || !srv || (!gw_server_draining(srv) && backend_ready(a))) return GW_HDR_GO;
+    gw_oai_err e;
+    if (gw_server_draining(srv))
+        gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+    else gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
+    send_err(a, r, &e, "Retry-After: 1\r\n");
+    return GW_HDR_ANSWERED;
+}
+
+typedef struct key_check {
+    gw_app *a;
+    gw_req *r;          /* NULL once the client left */
+    int     in_call;    /* gw_auth_identify has not returned yet */
+    int     answered;   /* it answered inside the call */
+    gw_auth_result res;
+} key_check;
+
+static void key_check_abort(gw_req *r, void *ud) {
+    key_check *k = ud;
+    (void)r;
+    k->r = NULL;
+}
+
+static void key_checked(void *ud, const gw_auth_result *res) {
+    key_check *k = ud;
+    if (k->in_call) { /* the store knew at once: gw_app_on_headers goes on */
+        k->answered = 1;
+        k->res = *res;
+        return;
+    }
+    gw_req *r = k->r;
+    if (r) {
+        gw_req_on_abort(r, NULL, NULL);
+        if (res->status) send_key_refusal(k->a, r, res);
+        else if (take_now(k->a, r) == GW_HDR_GO) gw_req_resume(r);
+    }
+    free(k);
+}
+
+int gw_app_on_headers(gw_req *r, void *ud) {
+    gw_app *a = ud;
+    if (!generate_route(r)) return GW_HDR_GO;
+    if (a->cfg.auth) {
+        const char *b = bearer_of(r);
+        if (!b || !gw_key_well_formed(b, strlen(b))) {
+            gw_auth_result res = { .status = 401 };
+            snprintf(res.msg, sizeof res.msg, "%s",
+                     b ? "Incorrect API key provided. Keys look like 'ak-' followed by 48 hex digits."
+                       : "You didn't provide an API key. Send 'Authorization: Bearer ak-...' or 'x-api-key: ak-...'.");
+            send_key_refusal(a, r, &res);
+            return GW_HDR_ANSWERED;
+        }
+        key_check *k = calloc(1, sizeof *k);
+        if (!k) {
+            gw_resp_send(r, 500, "text/plain", "out of memory\n", 14, NULL);
+            return GW_HDR_ANSWERED;
+        }
+        k->a = a;
+        k->r = r;
+        k->in_call = 1;
+        gw_auth_identify(a->cfg.auth, b, key_checked, k);
+        k->in_call = 0;
+        if (!k->answered) { /* Redis is asked: the body waits */
+            gw_req_on_abort(r, key_check_abort, k);
+            return GW_HDR_HOLD;
+        }
+        gw_auth_result res = k->res;
+        free(k);
+        if (res.status) {
+            send_key_refusal(a, r, &res);
+            return GW_HDR_ANSWERED;
+        }
+    }
+    return take_now(a, r);
+}
+
+void gw_app_drain_deadline(void *ud) {
+    gw_app *a = ud;
+    gw_oai_err e;
+    gw_oai_err_set(&e, 503, "server_error", NULL, "server_shutting_down",
+                   "The server is shutting down and could not finish this response in time; retry the request.");
+    int n = 0;
+    while (a->live) {
+        tport *t = a->live;
+        if (t->gen->state == GW_GEN_ENDED) { /* cannot be: ended generations leave the list */
+            live_unlink(a, t);
+            continue;
+        }
+        gw_gen_error(t->gen, &e); /* the sink's end writes the error and unlinks t */
+        n++;
+    }
+    if (n) CM_LOG_WARN("gw", "drain deadline: responses ended with server_shutting_down", "count=%d", n);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
 static void handle_health(gw_app *a, gw_req *r, int ready_probe) {
     gw_server *s = gw_req_server(r);
-    if (ready_probe && s && gw_server_draining(s)) send_json(a, r, 503, "{\"status\":\"draining\"}", NULL);
+    (void)ready_probe; /* /health and /ready alike: 503 while draining, so balancers take the server out */
+    if (s && gw_server_draining(s)) send_json(a, r, 503, "{\"status\":\"draining\"}", NULL);
     else if (!backend_ready(a)) send_json(a, r, 503, "{\"status\":\"loading\"}", NULL);
     else send_json(a, r, 200, "{\"status\":\"ok\"}", NULL);
 }

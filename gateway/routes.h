@@ -1,7 +1,7 @@
 /* routes: the gateway's HTTP API on top of http.h, ws.h, openai.h and gen.h.
  *
- *   GET  /health               200 {"status":"ok"}, 503 {"status":"loading"} while no executor is ready
- *   GET  /ready                as /health, and 503 {"status":"draining"} during shutdown
+ *   GET  /health, /ready       200 {"status":"ok"}; 503 {"status":"loading"} while no executor is ready,
+ *                              {"status":"draining"} during shutdown
  *   GET  /v1/models            {"object":"list","data":[{id,object:"model",created,owned_by}]}
  *   GET  /v1/models/{id}       the model, or 404
  *   POST /v1/completions       OpenAI completions, JSON or SSE (stream: true)
@@ -50,6 +50,9 @@ typedef struct gw_app_cfg {
     uint32_t    ping_ms;        /* SSE ": ping" after this long without a byte (0: never) */
     int         ws_max_responses; /* concurrent responses per WebSocket */
     size_t      ws_max_message; /* bytes of one WebSocket message (close 1009 beyond) */
+    uint32_t    ws_ping_ms;     /* WebSocket liveness (gw_ws_set_liveness): ping after this long silent */
+    uint32_t    ws_idle_ms;     /* closed after this long without a message or a response running */
+    uint32_t    ws_message_ms;  /* a message must arrive within this */
     /* GET /metrics: Prometheus text as a malloc'ed string (NULL: out of memory); unset: 404 */
     char     *(*metrics)(void *ud, size_t *len);
     void       *metrics_ud;
@@ -68,13 +71,24 @@ typedef struct gw_app_cfg {
 typedef struct gw_app gw_app;
 
 /* Defaults: fingerprint "fp_arka", owned_by "arka", ping every 15 s, 16 responses per socket,
- * 8 MiB messages. Can't fail. */
+ * 8 MiB messages, WebSocket ping 30 s, idle 300 s, message 60 s. Can't fail. */
 void gw_app_cfg_default(gw_app_cfg *cfg);
 /* Returns 0, CM_EINVAL (no env, backend or model id), CM_ENOMEM. */
 int  gw_app_create(const gw_app_cfg *cfg, gw_app **out);
 void gw_app_destroy(gw_app *app); /* accepts NULL */
 /* The gw_handler_fn to install in gw_http_cfg (ud = the app). */
 void gw_app_handle(gw_req *req, void *app);
+
+/* gw_http_cfg.on_headers for this app: on the routes that generate (every POST under /v1/ and
+ * the WebSocket upgrade) the API key is checked as soon as the headers are in, before a byte of
+ * the body is read: 401 at once for a missing, malformed, unknown or revoked key (with Redis, the
+ * request waits for the key store's answer); then 503 for a POST while the server drains or no
+ * executor is ready. The full admission (limits) still runs once the body is parsed. */
+int  gw_app_on_headers(gw_req *req, void *app);
+
+/* gw_http_cfg.on_drain_deadline for this app: every generation still running ends now with 503
+ * server_shutting_down (an SSE error event, a JSON 503, a WebSocket error + response.done). */
+void gw_app_drain_deadline(void *app);
 
 /* gw_http_cfg.on_response for this app (ud = the app): http_requests_total{route,status}, with
  * the route pattern ("/v1/models/{id}", "other"), never the raw path. */

@@ -29,6 +29,10 @@ void gw_serve_opts_default(gw_serve_opts *o) {
     o->log_level = "info";
     o->gpu_mem_fraction = 0.90;
     o->cuda_graph_budget_s = 60;
+    o->max_resumes = 3;
+    o->resume_timeout_s = 120;
+    o->max_conns_per_ip = -1;
+    o->drain_timeout_s = 30;
 }
 
 /* The server's parts. It owns the metrics registry: the app (HTTP counters, requests,
@@ -40,6 +44,7 @@ typedef struct srv {
     gw_auth   *auth; /* NULL: auth off */
     gw_met    *met;
     gw_gen_env env;  /* the app keeps a pointer to it: lives as long as the loop */
+    int        fatal; /* an executor could not start: shut down, exit 1 */
 } srv;
 
 static char *metrics_cb(void *ud, size_t *len) {
@@ -48,6 +53,11 @@ static char *metrics_cb(void *ud, size_t *len) {
         gw_auth_stats st;
         gw_auth_stats_get(v->auth, &st);
         gw_met_auth_totals(v->met, st.redis_errors, st.fallback_admits);
+    }
+    if (v->http) {
+        gw_server_stats hs;
+        gw_server_stats_get(v->http, &hs);
+        gw_met_http_server(v->met, hs.conns_open, hs.evicted, hs.conns_rejected, hs.buffered, hs.over_buffered);
     }
     int backlog = gw_pool_metrics(v->pool);
     gw_met_set_queued(v->met, (uint64_t)(v->env.preparing + backlog));
@@ -61,6 +71,17 @@ static void on_http_closed(gw_server *s, void *ud) {
     CM_LOG_INFO("serve", "http closed; stopping executors", "in_flight=%d", v->env.inflight);
     gw_auth_shutdown(v->auth); /* Redis connection and timer: uv_run can then return */
     gw_pool_stop(v->pool, NULL, NULL);
+}
+
+/* An executor failed before it was ever ready (gw_pool_cfg.on_fatal): a restart would fail the
+ * same way, so the server says why and stops. */
+static void on_exec_fatal(gw_pool *p, void *ud, int idx, const char *why) {
+    srv *v = ud;
+    (void)p;
+    fprintf(stderr, "arka serve: executor %d failed to start: %s\n", idx, why);
+    v->fatal = 1;
+    if (v->http) gw_server_shutdown(v->http);
+    else gw_pool_stop(v->pool, NULL, NULL);
 }
 
 /* The served model id: the file or directory name without ".gguf", with characters that
@@ -221,6 +242,8 @@ int gw_serve_run(const gw_serve_opts *o) {
     gw_pool_cfg_default(&pc);
     pc.exec.bin = self;
     pc.n_exec = n_dev;
+    pc.resume_max = o->max_resumes;
+    pc.resume_wait_ms = (uint32_t)(o->resume_timeout_s * 1000);
     for (int k = 0; k < n_dev; k++) {
         const char **a = args[k];
         int i = 0;
@@ -257,6 +280,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         return 1;
     }
     pc.met = s.met;
+    pc.on_fatal = on_exec_fatal;
+    pc.ud = &s;
     if (auth_on) {
         gw_auth_cfg auc;
         gw_auth_cfg_default(&auc);
@@ -313,7 +338,12 @@ int gw_serve_run(const gw_serve_opts *o) {
         hc.host = o->host;
         hc.port = o->port;
         if (o->max_conns > 0) hc.max_conns = o->max_conns;
+        if (o->max_conns_per_ip >= 0) hc.max_conns_per_ip = o->max_conns_per_ip;
+        if (o->max_buffered_mb > 0) hc.max_buffered = (size_t)o->max_buffered_mb << 20;
+        hc.drain_timeout_ms = (uint32_t)(o->drain_timeout_s * 1000);
         hc.handler = gw_app_handle;
+        hc.on_headers = gw_app_on_headers;
+        hc.on_drain_deadline = gw_app_drain_deadline;
         hc.on_response = gw_app_on_response;
         hc.ud = app;
         if (!rc && (rc = gw_server_create(&loop, &hc, &s.http)))
@@ -347,5 +377,5 @@ int gw_serve_run(const gw_serve_opts *o) {
     free(s.env.vb_bytes);
     tok_chat_free(chat);
     tok_free(v);
-    return rc ? 1 : 0;
+    return rc || s.fatal ? 1 : 0;
 }

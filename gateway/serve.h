@@ -32,6 +32,9 @@ typedef struct gw_serve_opts {
     const char *chat_template;  /* built-in name replacing the model's (NULL: the model's) */
     const char *log_level;      /* passed to the executors */
     int         max_conns;      /* HTTP connections (0: default) */
+    int         max_conns_per_ip; /* per client address (-1: default 256; 0: no cap; loopback never) */
+    int64_t     max_buffered_mb; /* request bytes buffered by all connections (0: default 256) */
+    double      drain_timeout_s; /* SIGTERM: running responses get this long (default 30) */
     int         max_requests;   /* requests in flight before 503 (0: default) */
     /* API keys and quotas (gateway/auth.h). Auth is on when a key store is configured (keys_file
      * or redis) and whenever host is not a loopback address; off on loopback without a store;
@@ -46,12 +49,16 @@ typedef struct gw_serve_opts {
     const char *reasoning_parser; /* auto (the template mentions <think>) | think | none */
     const char *task;           /* auto (embed when the files say how to pool) | generate | embed */
     const char *cors_origin;    /* "*" or origins allowed from browsers (NULL: no CORS) */
+    /* an executor that dies: its generations resume on the restarted one (gateway/pool.h) */
+    int         max_resumes;    /* executor deaths a generation survives (default 3; 0: fail at once) */
+    double      resume_timeout_s; /* longest wait for a ready executor to resume on (default 120) */
 } gw_serve_opts;
 
 void gw_serve_opts_default(gw_serve_opts *o);
 
 /* Runs the server until shutdown. Returns the process exit code: 0 after a clean shutdown, 1
- * when something needed at start-up failed (the reason is printed on stderr as one line). */
+ * when something needed at start-up failed (the reason is printed on stderr as one line),
+ * including an executor that fails before it was ever ready (no usable GPU, say). */
 int gw_serve_run(const gw_serve_opts *o);
 
 #endif

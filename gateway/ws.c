@@ -12,6 +12,8 @@
 
 static const char GUID[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
+#define MSG_KEEP (64u << 10) /* message buffer bytes a parser keeps between messages */
+
 /* ---- handshake ---------------------------------------------------------------------------- */
 
 static void base64(const uint8_t *in, size_t n, char *out) {
@@ -258,7 +260,19 @@ static int frame_done(gw_ws_parser *p, gw_ws_frame_cb cb, void *ud) {
     if (op == GW_WS_TEXT && !gw_ws_utf8_valid(p->msg, p->msg_len)) return perr(p, 1007, "text message is not UTF-8");
     size_t n = p->msg_len;
     p->msg_len = 0;
-    return cb(ud, op, p->msg ? p->msg : "", n, 0) ? 1 : 0;
+    int stop = cb(ud, op, p->msg ? p->msg : "", n, 0);
+    if (p->msg_cap > MSG_KEEP) { /* a large message's buffer does not outlive it */
+        free(p->msg);
+        p->msg = NULL;
+        p->msg_cap = 0;
+    }
+    return stop ? 1 : 0;
+}
+
+size_t gw_ws_parser_buffered(const gw_ws_parser *p) { return p->msg_cap; }
+
+int gw_ws_parser_partial(const gw_ws_parser *p) {
+    return p->state != ST_ERROR && (p->msg_opcode != 0 || p->state == ST_PAYLOAD || p->hlen > 0);
 }
 
 int gw_ws_parser_feed(gw_ws_parser *p, const char *data, size_t len, size_t *used, gw_ws_frame_cb cb, void *ud) {
@@ -315,13 +329,24 @@ size_t gw_ws_frame_header(int opcode, size_t len, uint8_t hdr[10]) {
 
 struct gw_ws {
     gw_conn *conn;
-    gw_ws_parser *parser;
+    gw_ws_parser *parser;   /* NULL once a message was refused for the buffered-bytes cap */
     const gw_ws_ops *ops;
     void *ud;
     int close_sent;
     int gone;
     int in_feed;
+    int busy;               /* the application has work in progress (gw_ws_set_busy) */
+    int draining;           /* the server drains: close once not busy */
+    /* liveness (gw_ws_set_liveness); uv_now times */
+    uint32_t ping_ms, idle_ms, message_ms;
+    uint64_t last_rx;       /* any bytes from the client */
+    uint64_t last_active;   /* a message either way, or the end of the application's work */
+    uint64_t ping_sent;
+    int      ping_out;      /* a ping is unanswered */
+    uint64_t partial_since; /* a message (or frame) is half in since then; 0: none */
 };
+
+static uint64_t ws_now(const gw_ws *ws) { return uv_now(gw_server_loop(gw_conn_server(ws->conn))); }
 
 static int send_frame(gw_ws *ws, int opcode, const char *payload, size_t len) {
     if (ws->gone) return CM_ENET;
@@ -360,6 +385,7 @@ static int on_frame(void *ud, int opcode, const char *payload, size_t len, int c
     gw_ws *ws = ud;
     switch (opcode) {
     case GW_WS_TEXT:
+        ws->last_active = ws_now(ws);
         if (!ws->close_sent && ws->ops->on_message) ws->ops->on_message(ws, ws->ud, payload, len);
         break;
     case GW_WS_BINARY:
@@ -377,9 +403,24 @@ static int on_frame(void *ud, int opcode, const char *payload, size_t len, int c
     return ws->close_sent || ws->gone;
 }
 
+/* The parser's buffer is counted toward the server's buffered-bytes cap; past it the message is
+ * refused (close 1013: try again later) and its buffer freed at once. */
+static void ws_charge(gw_ws *ws) {
+    if (!ws->parser || gw_conn_charge(ws->conn, gw_ws_parser_buffered(ws->parser)) == 0) return;
+    CM_LOG_WARN("gw", "websocket message refused: the buffered-bytes cap is reached", "bytes=%zu",
+                gw_ws_parser_buffered(ws->parser));
+    send_close(ws, GW_WS_TRY_AGAIN, "server busy: message refused, try again later");
+    gw_ws_parser_destroy(ws->parser);
+    ws->parser = NULL;
+    gw_conn_charge(ws->conn, 0);
+}
+
 static void ws_on_data(gw_conn *c, void *ud, const char *data, size_t len) {
     gw_ws *ws = ud;
-    if (ws->close_sent || ws->gone) return; /* after our close frame, input is ignored */
+    if (ws->close_sent || ws->gone || !ws->parser) return; /* after our close frame, input is ignored */
+    uint64_t now = ws_now(ws);
+    ws->last_rx = now;
+    ws->ping_out = 0; /* whatever it sent, the peer is alive */
     ws->in_feed = 1;
     int r = gw_ws_parser_feed(ws->parser, data, len, NULL, on_frame, ws);
     ws->in_feed = 0;
@@ -388,6 +429,41 @@ static void ws_on_data(gw_conn *c, void *ud, const char *data, size_t len) {
         int code = gw_ws_parser_error(ws->parser, &why);
         CM_LOG_DEBUG("gw", "websocket protocol error", "code=%d reason=\"%s\"", code, why ? why : "");
         send_close(ws, code, why);
+        return;
+    }
+    if (ws->close_sent || ws->gone) return;
+    ws->partial_since = gw_ws_parser_partial(ws->parser) ? (ws->partial_since ? ws->partial_since : now) : 0;
+    ws_charge(ws);
+}
+
+/* Liveness, every tick: a ping after ping_ms without a byte from the client, and a close when it
+ * stays unanswered for ping_ms more (a dead or stuck peer); a close after idle_ms without a
+ * message either way while the application has nothing in progress; a close when a message
+ * takes longer than message_ms to arrive (a trickle holding a buffer). */
+static void ws_on_tick(gw_conn *c, void *ud) {
+    gw_ws *ws = ud;
+    if (ws->close_sent || ws->gone) return;
+    uint64_t now = ws_now(ws);
+    if (ws->message_ms && ws->partial_since && now - ws->partial_since >= ws->message_ms) {
+        send_close(ws, GW_WS_POLICY, "message timeout");
+        return;
+    }
+    if (ws->ping_ms && ws->ping_out && now - ws->ping_sent >= ws->ping_ms) {
+        CM_LOG_DEBUG("gw", "websocket peer did not answer a ping", "ms=%llu", (unsigned long long)(now - ws->ping_sent));
+        send_close(ws, GW_WS_GOING_AWAY, "ping timeout");
+        return;
+    }
+    if (ws->idle_ms && !ws->busy && now - ws->last_active >= ws->idle_ms) {
+        send_close(ws, GW_WS_GOING_AWAY, "idle timeout");
+        return;
+    }
+    if (ws->ping_ms && !ws->ping_out && now - ws->last_rx >= ws->ping_ms) {
+        uint8_t pl[8];
+        for (int i = 0; i < 8; i++) pl[i] = (uint8_t)(now >> (8 * i));
+        if (send_frame(ws, GW_WS_PING, (const char *)pl, sizeof pl) == 0) {
+            ws->ping_out = 1;
+            ws->ping_sent = now;
+        }
     }
 }
 
@@ -399,9 +475,19 @@ static void ws_on_close(gw_conn *c, void *ud) {
     free(ws);
 }
 
-static void ws_on_shutdown(gw_conn *c, void *ud) { send_close(ud, GW_WS_GOING_AWAY, "server shutting down"); }
+/* The server drains: close now when nothing is in progress, else when it ends (gw_ws_set_busy). */
+static void ws_on_shutdown(gw_conn *c, void *ud) {
+    gw_ws *ws = ud;
+    ws->draining = 1;
+    if (!ws->busy) send_close(ws, GW_WS_GOING_AWAY, "server shutting down");
+}
 
-static const gw_upgrade_ops ws_upgrade_ops = {ws_on_data, ws_on_close, ws_on_shutdown};
+/* Its slot went to a new connection (it was idle at the connection cap). */
+static void ws_on_evict(gw_conn *c, void *ud) {
+    send_close(ud, GW_WS_TRY_AGAIN, "server at its connection limit; reconnect later");
+}
+
+static const gw_upgrade_ops ws_upgrade_ops = {ws_on_data, ws_on_close, ws_on_shutdown, ws_on_evict, ws_on_tick};
 
 int gw_ws_upgrade(gw_req *req, size_t max_message, const gw_ws_ops *ops, void *ud, gw_ws **out) {
     const char *why;
@@ -432,13 +518,36 @@ int gw_ws_upgrade(gw_req *req, size_t max_message, const gw_ws_ops *ops, void *u
         free(ws);
         return e;
     }
+    ws->last_rx = ws->last_active = ws_now(ws);
+    gw_conn_set_evictable(ws->conn, 1);
     *out = ws;
     return 0;
 }
 
 int gw_ws_send_text(gw_ws *ws, const char *text, size_t len) {
     if (ws->close_sent || ws->gone) return CM_ENET;
+    ws->last_active = ws_now(ws);
     return send_frame(ws, GW_WS_TEXT, text, len);
+}
+
+void gw_ws_set_liveness(gw_ws *ws, uint32_t ping_ms, uint32_t idle_ms, uint32_t message_ms) {
+    if (ws->gone) return;
+    ws->ping_ms = ping_ms;
+    ws->idle_ms = idle_ms;
+    ws->message_ms = message_ms;
+    uint32_t tick = 0;
+    const uint32_t all[3] = { ping_ms, idle_ms, message_ms };
+    for (int i = 0; i < 3; i++)
+        if (all[i] && (!tick || all[i] / 4 < tick)) tick = all[i] / 4;
+    gw_conn_tick(ws->conn, tick ? (tick < 10 ? 10 : tick) : 0);
+}
+
+void gw_ws_set_busy(gw_ws *ws, int busy) {
+    if (ws->gone || ws->busy == !!busy) return;
+    ws->busy = !!busy;
+    if (!busy) ws->last_active = ws_now(ws);
+    gw_conn_set_evictable(ws->conn, !busy && !ws->close_sent);
+    if (!busy && ws->draining) send_close(ws, GW_WS_GOING_AWAY, "server shutting down");
 }
 
 void gw_ws_close(gw_ws *ws, int code, const char *reason) { send_close(ws, code, reason); }

@@ -6,6 +6,8 @@
  * between fragments) up to max_message bytes (close 1009 beyond); text messages must be valid
  * UTF-8 (close 1007). Protocol violations close with 1002. Pings are answered with pongs; a
  * close frame is answered with a close frame echoing the code, then the TCP connection is shut.
+ * The message being reassembled counts toward the server's buffered-bytes cap (close 1013
+ * beyond); gw_ws_set_liveness adds pings, an idle timeout and a message timeout.
  *
  * Loop thread only, like http.h.
  *
@@ -36,6 +38,7 @@ enum gw_ws_close_code {
     GW_WS_POLICY = 1008,
     GW_WS_TOO_BIG = 1009,
     GW_WS_INTERNAL = 1011,
+    GW_WS_TRY_AGAIN = 1013,    /* the server is at a limit (connections, buffered bytes) */
 };
 
 /* Sec-WebSocket-Accept for a client's Sec-WebSocket-Key: base64(SHA-1(key + GUID)), 28 chars +
@@ -69,6 +72,12 @@ int  gw_ws_parser_error(const gw_ws_parser *p, const char **reason);
  * max); returns the header length. Can't fail. */
 size_t gw_ws_frame_header(int opcode, size_t len, uint8_t hdr[10]);
 
+/* Bytes the parser holds for the message being reassembled (its buffer's size; a buffer past
+ * 64 KiB is freed once its message is delivered). */
+size_t gw_ws_parser_buffered(const gw_ws_parser *p);
+/* 1 while a message or frame is partly received. */
+int  gw_ws_parser_partial(const gw_ws_parser *p);
+
 /* 1 when s[0..len) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int gw_ws_utf8_valid(const char *s, size_t len);
 
@@ -92,6 +101,16 @@ int gw_ws_upgrade(gw_req *req, size_t max_message, const gw_ws_ops *ops, void *u
 /* Sends a text message (one frame). Returns 0, CM_ENET (closing/closed, or cut off because the
  * client does not read: the connection is then closing), CM_ENOMEM. */
 int gw_ws_send_text(gw_ws *ws, const char *text, size_t len);
+
+/* Liveness (0 turns each off): a ping after ping_ms without a byte from the client, closed (1001)
+ * when no byte answers within ping_ms more; closed (1001 "idle timeout") after idle_ms without a
+ * message either way while not busy; closed (1008) when a message takes longer than message_ms
+ * to arrive. Call once after gw_ws_upgrade. */
+void gw_ws_set_liveness(gw_ws *ws, uint32_t ping_ms, uint32_t idle_ms, uint32_t message_ms);
+/* The application has work in progress on ws (busy = 1) or not. An idle connection may be
+ * closed (1013) to make room for a new one at the server's connection cap; during a drain it
+ * closes (1001) as soon as it is not busy. */
+void gw_ws_set_busy(gw_ws *ws, int busy);
 
 /* Starts the closing handshake with code and a reason (<= 123 bytes; longer is cut). Messages
  * received afterwards are ignored; on_close follows. Idempotent. */

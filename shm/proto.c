@@ -3,7 +3,8 @@
  * Wire layouts (all offsets 8-byte aligned; the ring hands out 8-byte aligned payloads):
  *   header  {u32 type, u32 flags = 0}                                                   8 bytes
  *   SUBMIT  header, u64 req_id, i32 priority, u32 reserved = 0, shm_sampling (56),
- *           u32 n_prompt, u16 n_stop, u16 n_bias                                        88 bytes
+ *           u32 n_prompt, u16 n_stop, u16 n_bias, u32 n_generated (version 4),
+           u32 reserved2 = 0                                                          96 bytes
  *           then i32 prompt[n_prompt] (padded to 8), i32 stop[n_stop] (padded to 8),
  *           shm_logit_bias bias[n_bias],
  *           then (version 3) u32 flags, u8 pooling, u8 normalize, u16 reserved = 0,
@@ -41,6 +42,8 @@ struct wire_submit {
     uint32_t n_prompt;
     uint16_t n_stop;
     uint16_t n_bias;
+    uint32_t n_generated;   /* version 4 */
+    uint32_t reserved2;     /* 0 */
 };
 
 struct wire_submit_ext {
@@ -78,7 +81,7 @@ struct wire_error {
 };
 
 _Static_assert(sizeof(struct shm_sampling) == 56, "shm_sampling wire size");
-_Static_assert(sizeof(struct wire_submit) == 88, "SUBMIT fixed part");
+_Static_assert(sizeof(struct wire_submit) == 96, "SUBMIT fixed part");
 _Static_assert(sizeof(struct wire_tokens) == 24, "TOKENS fixed part");
 _Static_assert(sizeof(struct shm_tok) == 24, "TOKENS entry");
 _Static_assert(sizeof(struct shm_top) == 8, "TOKENS alternative");
@@ -182,11 +185,17 @@ static int ext_ok(uint32_t flags, uint32_t pooling, uint32_t normalize, uint32_t
     return pooling == 0 && normalize == 0;
 }
 
+/* A resumed generation's earlier output: inside the prompt (at least one real prompt id before
+ * it) and short of max_tokens (else it was finished). */
+static int generated_ok(uint32_t n_generated, uint32_t n_prompt, const struct shm_sampling *sp) {
+    return n_generated == 0 || (n_generated < n_prompt && n_generated < sp->max_tokens);
+}
+
 int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t *len) {
     if (s->n_stop > SHM_MAX_STOP || s->n_bias > SHM_MAX_LOGIT_BIAS || s->grammar_len > SHM_MAX_GRAMMAR) return CM_ETOOBIG;
     if (s->req_id == 0 || s->n_prompt < 1 || !s->prompt || (s->n_bias && !s->bias) ||
-        !sampling_ok(&s->sp) || !ids_ok(s->prompt, s->n_prompt) || !ids_ok(s->stop, s->n_stop) ||
-        !bias_ok(s->bias, s->n_bias) || !ext_ok(s->flags, s->pooling, s->normalize, s->grammar_len) ||
+        !generated_ok(s->n_generated, s->n_prompt, &s->sp) || !sampling_ok(&s->sp) || !ids_ok(s->prompt, s->n_prompt) ||
+        !ids_ok(s->stop, s->n_stop) || !bias_ok(s->bias, s->n_bias) || !ext_ok(s->flags, s->pooling, s->normalize, s->grammar_len) ||
         (s->grammar_len && !s->grammar))
         return CM_EINVAL;
     uint64_t need = submit_size(s->n_prompt, s->n_stop, s->n_bias, s->grammar_len);
@@ -200,6 +209,7 @@ int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t 
     w.n_prompt = s->n_prompt;
     w.n_stop = (uint16_t)s->n_stop;
     w.n_bias = (uint16_t)s->n_bias;
+    w.n_generated = s->n_generated;
     uint8_t *p = buf;
     memcpy(p, &w, sizeof w);
     p += sizeof w;
@@ -226,8 +236,9 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     struct wire_submit w;
     if (get_hdr(buf, len, SHM_MSG_SUBMIT) || len < sizeof w) return CM_EFORMAT;
     memcpy(&w, buf, sizeof w);
-    if (w.req_id == 0 || w.reserved || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP || w.n_bias > SHM_MAX_LOGIT_BIAS ||
-        !sampling_ok(&w.sp) || submit_size(w.n_prompt, w.n_stop, w.n_bias, 0) > len)
+    if (w.req_id == 0 || w.reserved || w.reserved2 || w.n_prompt < 1 || w.n_stop > SHM_MAX_STOP ||
+        w.n_bias > SHM_MAX_LOGIT_BIAS || !sampling_ok(&w.sp) || !generated_ok(w.n_generated, w.n_prompt, &w.sp) ||
+        submit_size(w.n_prompt, w.n_stop, w.n_bias, 0) > len)
         return CM_EFORMAT;
     struct wire_submit_ext x;
     uint64_t xoff = submit_size(w.n_prompt, w.n_stop, w.n_bias, 0) - sizeof x;
@@ -241,6 +252,7 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     out->priority = w.priority;
     out->sp = w.sp;
     out->n_prompt = w.n_prompt;
+    out->n_generated = w.n_generated;
     out->prompt = (const int32_t *)p;
     p += align8(4 * (uint64_t)w.n_prompt);
     out->n_stop = w.n_stop;

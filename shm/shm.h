@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 3u  /* 3: SUBMIT's flags and grammar, VOCAB and EMBED records */
+#define SHM_VERSION 4u  /* 3: SUBMIT's flags and grammar, VOCAB and EMBED records; 4: SUBMIT's n_generated */
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -444,6 +444,14 @@ struct shm_submit {
     uint8_t  normalize;           /* EMBED: 0/1 L2-normalise; else 0 */
     const void *grammar;          /* GRAMMAR: the program (4-byte aligned; on decode, in the record) */
     uint32_t grammar_len;         /* GRAMMAR: bytes, a multiple of 4, 1..SHM_MAX_GRAMMAR; else 0 */
+    uint32_t n_generated;         /* version 4: a resumed generation (its executor died): the last n_generated
+                                   * prompt ids are the request's own output delivered so far.
+                                   * They count toward sp.max_tokens and sp.min_tokens, the TOKENS
+                                   * sequence numbers and DONE's completion_tokens continue from
+                                   * there, and DONE's prompt_tokens leaves them out; the draws
+                                   * keep their positions (the sequence's length), so the stream
+                                   * goes on as if nothing had happened. < n_prompt and
+                                   * < sp.max_tokens; 0 for a new request. */
 };
 
 /* One generated token inside a TOKENS record (wire layout, 24 bytes; n_top shm_top pairs follow). */

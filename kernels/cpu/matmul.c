@@ -15,15 +15,26 @@
 
 static atomic_int g_isa; /* resolved ISA; 0 until first use */
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know "f16c" in
+ * __builtin_cpu_supports. */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static int isa_best(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
+    int f16c = has_f16c();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && k__mm_avx512[DT_F32])
+        __builtin_cpu_supports("fma") && f16c && k__mm_avx512[DT_F32])
         return K_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c") && k__mm_avx2[DT_F32])
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c && k__mm_avx2[DT_F32])
         return K_ISA_AVX2;
 #endif
     return K_ISA_SCALAR;

@@ -2,19 +2,11 @@
  * header storage, chunked bodies, pipelining, 100-continue and upgrade handling), the WebSocket
  * handshake check, and the OpenAI body parser on every request body that comes out.
  *
- *   cmake -S . -B build-gw-fuzz -DARKA_FUZZ=ON -DCMAKE_C_COMPILER=clang -DARKA_CUDA=OFF \
- *         -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link   # coverage for the libraries too
- *   cmake --build build-gw-fuzz -j2 --target fuzz_http
- *   build-gw-fuzz/bin/fuzz_http -max_total_time=120 -max_len=8192
+ *   make build-fuzz && build-fuzz/bin/fuzz_http -max_total_time=120 -max_len=8192   (tests/fuzz/README.md)
  *
- * Without the CMake route (it needs all of arka_core to compile with clang), the target builds
- * from the gateway sources alone:
- *   clang -O1 -g -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -I. -I/usr/share/include/llhttp \
- *     tests/fuzz/fuzz_http.c gateway/http_parse.c gateway/http.c gateway/openai.c gateway/ws.c \
- *     common/cm_log.c common/cm_err.c /usr/share/llhttp/{llhttp,api,http}.c -lcjson -lcrypto -luv -o fuzz_http
- *
- * Checked: the input parsed in one piece and in pieces of random sizes (seeded by the input)
- * gives the same requests (method, target, headers, body) and the same final error status;
+ * Checked: the input parsed in one piece, in pieces of random sizes (seeded by the input), and in
+ * pieces with every header block's end reported (GW_PARSE_HEADERS, as the server parses) gives
+ * the same requests (method, target, headers, body) and the same final error status;
  * every request respects the limits; every error status is one the server may send. */
 #include <stdint.h>
 #include <stdio.h>
@@ -90,10 +82,12 @@ static void check_request(gw_req *r, trace *t) {
     }
 }
 
-/* Parses data in pieces (step() gives piece sizes; NULL: one piece). Returns the final status. */
-static int run(const uint8_t *data, size_t size, uint32_t seed, int chunked, trace *t) {
+/* Parses data in pieces (step() gives piece sizes; NULL: one piece). Returns the final status.
+ * report: the server's way, with GW_PARSE_HEADERS at every header block's end. */
+static int run(const uint8_t *data, size_t size, uint32_t seed, int chunked, int report, trace *t) {
     gw_http_parser *p;
     if (gw_http_parser_create(MAX_HEADER, MAX_BODY, &p)) abort();
+    gw_http_parser_report_headers(p, report);
     size_t off = 0, avail = 0; /* bytes [off, avail) are fed, as the server's buffer would hold them */
     int status = 0;
     uint32_t x = seed | 1;
@@ -115,8 +109,14 @@ static int run(const uint8_t *data, size_t size, uint32_t seed, int chunked, tra
                 break;
             }
             if (r == GW_PARSE_CONTINUE) {
+                if (report) abort(); /* folded into GW_PARSE_HEADERS */
                 tr_str(t, "100");
                 continue;
+            }
+            if (r == GW_PARSE_HEADERS) {
+                if (!report || !gw_http_parser_headers_done(p)) abort();
+                if (gw_http_parser_wants_continue(p)) tr_str(t, "100");
+                continue; /* the next feed runs on, bytes or not */
             }
             if (r == GW_PARSE_ERROR) {
                 const char *why;
@@ -144,14 +144,20 @@ out:
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t seed = 2166136261u;
     for (size_t i = 0; i < size && i < 16; i++) seed = (seed ^ data[i]) * 16777619u;
-    trace a = {0}, b = {0};
-    int sa = run(data, size, seed, 0, &a);
-    int sb = run(data, size, seed, 1, &b);
+    trace a = {0}, b = {0}, c = {0};
+    int sa = run(data, size, seed, 0, 0, &a);
+    int sb = run(data, size, seed, 1, 0, &b);
+    int sc = run(data, size, seed, 1, 1, &c); /* pieces, with the headers reported as the server has them */
     if (sa != sb || a.len != b.len || (a.len && memcmp(a.s, b.s, a.len) != 0)) {
         fprintf(stderr, "whole vs pieces differ: status %d vs %d, trace %zu vs %zu bytes\n", sa, sb, a.len, b.len);
         abort();
     }
+    if (sa != sc || a.len != c.len || (a.len && memcmp(a.s, c.s, a.len) != 0)) {
+        fprintf(stderr, "with headers reported: status %d vs %d, trace %zu vs %zu bytes\n", sa, sc, a.len, c.len);
+        abort();
+    }
     free(a.s);
     free(b.s);
+    free(c.s);
     return 0;
 }

@@ -2,9 +2,7 @@
  * context (messages with string and list content, tools, tool calls, the usual flags) under
  * tight limits. Anything may be an error; nothing may crash, leak, hang or exceed the limits.
  *
- *   cmake -S . -B build-fuzz -DARKA_FUZZ=ON -DCMAKE_C_COMPILER=clang -DARKA_CUDA=OFF \
- *         -DARKA_SANITIZE=fuzzer-no-link,address,undefined     # instruments the library too
- *   cmake --build build-fuzz -j2 --target fuzz_tmpl
+ *   make build-fuzz   (tests/fuzz/README.md)
  *   mkdir -p /tmp/tmpl-corpus && build-fuzz/bin/fuzz_tmpl -max_total_time=120 -max_len=4096 \
  *         -rss_limit_mb=2048 -timeout=10 /tmp/tmpl-corpus
  * Seed the corpus with real templates (the cache of tests/integration/test_tmpl_real.sh holds

@@ -1,6 +1,6 @@
 /* fuzz_ws: libFuzzer target for the WebSocket frame parser.
  *
- *   build-gw-fuzz/bin/fuzz_ws -max_total_time=120 -max_len=4096   (build as in fuzz_http.c)
+ *   make build-fuzz && build-fuzz/bin/fuzz_ws -max_total_time=120 -max_len=4096   (tests/fuzz/README.md)
  *
  * Byte 0 picks the message limit (64..16384 bytes) and whether masks are required; the rest is
  * the byte stream from a client. Checked: the stream parsed whole and in random pieces yields

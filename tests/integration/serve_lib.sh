@@ -2,15 +2,15 @@
 # MODEL, TMP and an array PIDS (killed by the test's cleanup) to be set.
 
 # start NAME ARGS...: a server on a free port with ARGS; sets URL and SPID; waits for /health
-# 200 (30 s). Returns 1 (after printing its log) when it does not come up.
+# 200 (ARKA_START_S seconds, default 30). Returns 1 (after printing its log) when it does not come up.
 start() {
     local name=$1; shift
     "$BIN" serve -m "$MODEL" --port 0 --threads 1 "$@" >"$TMP/$name.log" 2>&1 &
     SPID=$!
     PIDS+=("$SPID")
     URL=""
-    for _ in $(seq 300); do
-        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" | head -1)
+    for _ in $(seq $(( ${ARKA_START_S:-30} * 10 ))); do
+        URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null | head -1)
         [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0
         kill -0 "$SPID" 2>/dev/null || break
         sleep 0.1

@@ -71,6 +71,22 @@ printf 'threads = 2\nthreads = lots\n' >"$TMP/bad.conf"
 "$ARKA" generate --config "$TMP/bad.conf" --help >"$TMP/h" 2>&1
 grep -q "bad.conf:2: invalid value 'lots' for option 'threads'" "$TMP/h" && ok || bad "a bad file value: $(head -2 "$TMP/h")"
 
+# A name no command takes is a typo: refused with the file and line (exit 2), whatever the
+# command; a name another command takes is not (the file is shared).
+printf 'threads = 2\n# a comment\nkv-cache-mbb = 512\n' >"$TMP/typo.conf"
+"$ARKA" serve --config "$TMP/typo.conf" --help >"$TMP/h" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "typo.conf:3: unknown option 'kv-cache-mbb'" "$TMP/h" && ok || bad "a typo in a config file: rc=$rc $(head -2 "$TMP/h")"
+"$ARKA" generate --config "$TMP/typo.conf" -p x -n 1 >"$TMP/h" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "typo.conf:3: unknown option" "$TMP/h" && ok || bad "a typo for generate: rc=$rc $(head -2 "$TMP/h")"
+printf 'max-resumes = 2\n' >"$TMP/other.conf" # serve's, read by generate
+"$ARKA" generate --config "$TMP/other.conf" --help >"$TMP/h" 2>&1
+! grep -q "unknown option" "$TMP/h" && ok || bad "another command's option refused: $(head -2 "$TMP/h")"
+# The list of names every command takes (common/cm_config.c) is exactly the --help options.
+grep -oE -- "--[a-z][a-z0-9-]*" "$TMP/help.txt" | sed 's/^--//' | grep -vxE 'config|help' | sort -u >"$TMP/names.help"
+sed -n '/all_names\[\] = {/,/^};/p' "$ROOT/common/cm_config.c" | grep -oE '"[a-z][a-z0-9-]*"' | tr -d '"' | sort -u >"$TMP/names.src"
+if diff "$TMP/names.help" "$TMP/names.src" >"$TMP/names.diff"; then ok
+else bad "common/cm_config.c all_names differs from the commands' --help (< missing from it, > no longer an option): $(tr '\n' ' ' <"$TMP/names.diff")"; fi
+
 # log-level from each source, on a command that never declared it.
 out=$("$ARKA" tokenize -m "$VOCAB" --ids --log-level debug "Hello" 2>"$TMP/e")
 [ $? -eq 0 ] && [ "$out" = "1 15043" ] && ok || bad "tokenize --log-level debug: $out $(cat "$TMP/e")"

@@ -3,7 +3,7 @@
 # stories260K. curl for every endpoint and error (the reference greedy continuation exactly,
 # SSE framing, stop strings, context length, 404/405, bad JSON and values), a client that
 # disconnects mid-stream frees its sequence (seen on /metrics), an executor killed mid-stream
-# fails that stream with an SSE error and is restarted, chat on a model without a template is a
+# is restarted and the stream resumes on it, chat on a model without a template is a
 # 400 naming --chat-template, `arka bench serve` against the server, then the official `openai`
 # and `ws` npm clients (tests/integration/serve_clients.mjs, installed into a cache outside the
 # repository). Prints "N passed, N failed" last.
@@ -129,18 +129,21 @@ g1=$(metric generation_tokens_total); sleep 0.5; g2=$(metric generation_tokens_t
 check '[ $freed = 1 ] && [ "$g1" = "$g2" ] && [ $((g1 - g0)) -lt 16000 ] && grep -q "^data: {" "$TMP/cut"' \
     "disconnect: freed=$freed generated $((g1 - g0)) then $((g2 - g1)) more"
 
-# ---- an executor killed mid-stream: the stream ends with an SSE error, the executor restarts ----
+# ---- an executor killed mid-stream: it restarts and the stream resumes on it (test_resume.sh has
+# the details) ----
 EXEC=$(pgrep -P "$SERVER" -f "arka executor" | head -1)
-curl -sN --max-time 20 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":2000,"temperature":0,"n":8,"stream":true}' >"$TMP/crash" &
+curl -sN --max-time 120 "$URL/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":400,"temperature":0,"ignore_eos":true,"n":8,"stream":true}' >"$TMP/crash" &
 CPID=$!
-for _ in $(seq 50); do grep -q '^data: {' "$TMP/crash" 2>/dev/null && break; sleep 0.05; done
+for _ in $(seq 400); do grep -q '^data: {' "$TMP/crash" 2>/dev/null && break; sleep 0.05; done
 [ -n "$EXEC" ] && kill -9 "$EXEC"
 wait $CPID
-check 'grep -q "^data: {\"error\"" "$TMP/crash" && ! grep -q "finish_reason\":\"length" "$TMP/crash"' "killed executor: $(tail -c 300 "$TMP/crash")"
+check '! grep -q "^data: {\"error\"" "$TMP/crash" && [ "$(grep -c "finish_reason\":\"length" "$TMP/crash")" = 8 ] && grep -q "^data: \[DONE\]" "$TMP/crash"' \
+    "killed executor: the stream did not resume: $(tail -c 300 "$TMP/crash")"
 up=0
 for _ in $(seq 200); do [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && { up=1; break; }; sleep 0.1; done
 req POST /v1/completions '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"temperature":0}'
-check '[ $up = 1 ] && [ "$CODE" = 200 ] && [ "$(metric executor_restarts_total)" = 1 ]' "after the restart: up=$up $CODE restarts=$(metric executor_restarts_total)"
+check '[ $up = 1 ] && [ "$CODE" = 200 ] && [ "$(metric executor_restarts_total)" = 1 ] && [ "$(metric requests_resumed_total)" = 1 ]' \
+    "after the restart: up=$up $CODE restarts=$(metric executor_restarts_total) resumed=$(metric requests_resumed_total)"
 
 # ---- arka bench serve against the real server ----
 "$BIN" bench serve --url "$URL" --requests 12 --rate 0 --prompt-len 16 --max-tokens 16 --concurrency 6 --json "$TMP/bench.json" >"$TMP/bench.txt" 2>&1
@@ -159,6 +162,16 @@ URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$TMP/main.log" | head -1)
 check '[ $rc != 0 ] && grep -q "nonexistent.gguf" "$TMP/e1"' "missing model: rc=$rc $(cat "$TMP/e1")"
 "$BIN" serve -m "$MODEL" --chat-template nosuch --port 0 >"$TMP/e2" 2>&1; rc=$?
 check '[ $rc != 0 ] && grep -q "chatml" "$TMP/e2"' "unknown --chat-template: rc=$rc $(cat "$TMP/e2")"
+# make run with a MODEL that does not exist: an error naming it (no download of the default)
+make -s -C "$ROOT" run-model MODEL=/nonexistent-model.gguf >"$TMP/e4" 2>&1; rc=$?
+check '[ $rc != 0 ] && grep -q "MODEL=/nonexistent-model.gguf: no such file" "$TMP/e4"' "make run MODEL=missing: rc=$rc $(cat "$TMP/e4")"
+# --backend cuda without a usable GPU (or a build without the cuda backend): the executor's load
+# error, once, and exit 1, instead of restarting it forever
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    timeout 60 "$BIN" serve -m "$MODEL" --backend cuda --port 0 >"$TMP/e3" 2>&1; rc=$?
+    check '[ $rc = 1 ] && grep -q "executor 0 failed to start: .*\(cuda\|CUDA\|device\)" "$TMP/e3" && [ "$(grep -c "executor started" "$TMP/e3")" -le 1 ]' \
+        "--backend cuda without a GPU: rc=$rc $(tail -3 "$TMP/e3")"
+fi
 
 # ---- official clients (npm openai, ws) ----
 if npm_clients; then node_checks "$ROOT/tests/integration/serve_clients.mjs" "$NPM_CACHE" "$URL" stories260K

@@ -20,7 +20,8 @@ static void test_config(void) {
     char path[] = "/tmp/arka-test-conf-XXXXXX";
     int fd = mkstemp(path);
     T_CHECK(fd >= 0);
-    const char *text = "# comment\nthreads = 3\nkv-cache-mb = 64  # trailing\nmodel = \"/x/y.gguf\"\nunknown-key = 1\n";
+    /* n-predict is another command's option: the shared file may name it */
+    const char *text = "# comment\nthreads = 3\nkv-cache-mb = 64  # trailing\nmodel = \"/x/y.gguf\"\nn-predict = 1\n";
     T_CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
     close(fd);
 
@@ -59,6 +60,19 @@ static void test_config(void) {
     T_EQ_INT(npos, 0);
     unsetenv("ARKA_THREADS");
     unsetenv("ARKA_KV_CACHE_MB");
+    /* a name no command takes: refused with the file and line */
+    char typo[] = "/tmp/arka-test-conf-XXXXXX";
+    fd = mkstemp(typo);
+    T_CHECK(fd >= 0);
+    const char *ttext = "threads = 2\n\nthreadz = 4\n";
+    T_CHECK(write(fd, ttext, strlen(ttext)) == (ssize_t)strlen(ttext));
+    close(fd);
+    char *argv_typo[] = { "x", "--config", typo, NULL };
+    T_EQ_INT(cm_config_parse(opts, 3, argv_typo, &npos, &pos, err, sizeof err), CM_EINVAL);
+    char want[128];
+    snprintf(want, sizeof want, "%s:3: unknown option 'threadz'", typo);
+    T_CHECKF(strstr(err, want) != NULL, "%s", err);
+    unlink(typo);
     /* errors */
     char *argv3[] = { "x", "--nope", NULL };
     T_EQ_INT(cm_config_parse(opts, 2, argv3, &npos, &pos, err, sizeof err), CM_EINVAL);

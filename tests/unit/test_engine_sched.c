@@ -1,6 +1,7 @@
 /* Scheduler over the stories260K model: continuous batching gives every request the same
  * tokens and logprobs as running it alone (chunked prefill, staggered arrivals, seeded
- * sampling), preemption under a small KV pool recomputes to the same result, finish reasons
+ * sampling), preemption under a small KV pool recomputes to the same result, a resumed
+ * generation (prompt + delivered tokens, n_generated) continues exactly, finish reasons
  * (length, stop id, end-of-generation, context, cancel, out of KV), submit refusals. */
 #include "executor/engine.h"
 #include "executor/kv.h"
@@ -88,6 +89,8 @@ static void drive(ex_sched *s, const int *arrival, result *res, int *n_steps) {
     *n_steps = step;
 }
 
+static result alone[NREQ]; /* each request run alone (test_batched_equals_alone) */
+
 static void test_batched_equals_alone(void) {
     uint32_t x = 99;
     for (int i = 0; i < NREQ; i++) {
@@ -99,7 +102,7 @@ static void test_batched_equals_alone(void) {
     memcpy(prompts[0], once, sizeof once);
     static const int32_t ref_head[8] = { 432, 383, 286, 261, 376, 298, 315, 421 };
 
-    result alone[NREQ], together[NREQ], tight[NREQ];
+    result together[NREQ], tight[NREQ];
     memset(alone, 0, sizeof alone);
     memset(together, 0, sizeof together);
     memset(tight, 0, sizeof tight);
@@ -169,6 +172,77 @@ static void test_batched_equals_alone(void) {
     }
 }
 
+/* Runs r (a resumed request: r->n_generated tokens of want already delivered) alone to its end
+ * and checks that it goes on with want's tokens and logprobs, numbered from n_generated + 1,
+ * with want's finish. */
+static void check_resumed(ex_sched *s, const ex_request *r, const result *want, const char *what) {
+    ex_event ev[16];
+    int n_ev, got = r->n_generated, fin = 0, orig = r->n_prompt - r->n_generated;
+    T_EQ_INT(ex_sched_submit(s, r), 0);
+    for (int step = 0; step < 1000 && ex_sched_busy(s); step++) {
+        T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+        for (int k = 0; k < n_ev; k++) {
+            T_EQ_INT(ev[k].n_prompt, orig);
+            if (ev[k].token >= 0) {
+                T_CHECKF(got < want->n && ev[k].token == want->tok[got] &&
+                             (!r->sp.logprobs || ev[k].so.logprob == want->lp[got]),
+                         "%s: token %d is %d, uninterrupted %d", what, got, ev[k].token, got < want->n ? want->tok[got] : -1);
+                got++;
+                T_EQ_INT(ev[k].n_gen, got);
+            }
+            if (ev[k].finish) fin = ev[k].finish;
+        }
+    }
+    T_CHECKF(got == want->n && fin == want->finish, "%s: %d tokens (finish %d), uninterrupted %d (finish %d)", what, got, fin,
+             want->n, want->finish);
+}
+
+/* An executor died after k tokens reached the gateway: the request comes back as its prompt +
+ * those k tokens with n_generated = k, and the rest is what the uninterrupted run produced
+ * (greedy, seeded top-k/top-p, repetition penalty over the window that spans the resumed
+ * tokens), whatever k. */
+static void test_resume_continues(void) {
+    ex_engine *e = mk(256, 0, 16, 64);
+    ex_sched *s;
+    ex_sched_opts so;
+    ex_sched_opts_default(&so);
+    T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+    for (int i = 0; i < NREQ; i++) {
+        int ks[3] = { 1, alone[i].n / 2, alone[i].n - 1 };
+        for (int j = 0; j < 3; j++) {
+            int32_t p[40 + MAXGEN];
+            memcpy(p, prompts[i], sizeof(int32_t) * (size_t)plen[i]);
+            memcpy(p + plen[i], alone[i].tok, sizeof(int32_t) * (size_t)ks[j]);
+            ex_request r;
+            mk_req(&r, i);
+            r.id = 1000 + 10 * i + j;
+            r.prompt = p;
+            r.n_prompt = plen[i] + ks[j];
+            r.n_generated = ks[j];
+            char what[64];
+            snprintf(what, sizeof what, "request %d resumed after %d", i, ks[j]);
+            check_resumed(s, &r, &alone[i], what);
+        }
+    }
+    /* refusals: nothing left to generate, no prompt of its own, negative */
+    int32_t p[8] = { 1, 403, 407, 261, 378, 432, 383, 286 };
+    ex_request r;
+    mk_req(&r, 0);
+    r.prompt = p;
+    r.n_prompt = 8;
+    r.sp.max_tokens = 3;
+    r.n_generated = 3;
+    T_EQ_INT(ex_sched_submit(s, &r), CM_EINVAL);
+    r.sp.max_tokens = 20;
+    r.n_generated = 8;
+    T_EQ_INT(ex_sched_submit(s, &r), CM_EINVAL);
+    r.n_generated = -1;
+    T_EQ_INT(ex_sched_submit(s, &r), CM_EINVAL);
+    T_CHECK(!ex_sched_busy(s));
+    ex_sched_destroy(s);
+    ex_engine_destroy(e);
+}
+
 static int run1_err; /* the err of run1's last finish */
 
 /* Runs one request alone; returns the event list's last finish (its err in run1_err) and fills toks. */
@@ -223,6 +297,19 @@ static void test_finishes(void) {
     for (int k = 0; k < 11; k++) early |= toks[k] == 426;
     T_CHECK(!early);
     T_CHECK(fin == SHM_FINISH_CONTEXT || (fin == SHM_FINISH_STOP && toks[n - 1] == 426));
+    {   /* resumed after 5 tokens: min_tokens still counts the 5, the mask holds to the 11th */
+        result want = { .n = n, .finish = fin };
+        memcpy(want.tok, toks, sizeof(int32_t) * (size_t)n);
+        int32_t p[32];
+        memcpy(p, once, sizeof once);
+        memcpy(p + 5, toks, 5 * sizeof(int32_t));
+        ex_request rr = r;
+        rr.id = 77;
+        rr.prompt = p;
+        rr.n_prompt = 10;
+        rr.n_generated = 5;
+        check_resumed(s, &rr, &want, "min_tokens resumed after 5");
+    }
     r.sp.min_tokens = 0;
     int32_t far = 512; /* outside the vocabulary */
     r.stop_ids = &far;
@@ -326,6 +413,7 @@ int main(void) {
         return t_done();
     }
     test_batched_equals_alone();
+    test_resume_continues();
     test_finishes();
     mdl_free(m);
     return t_done();

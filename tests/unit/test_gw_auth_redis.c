@@ -25,6 +25,7 @@ int main(void) {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -50,6 +51,13 @@ static pid_t redis_pid;
  * fails after it). */
 
 static gw_auth *child_auth;
+static _Atomic int64_t *clock_skew; /* shared with the gateway children: added to their auth clock (ms) */
+
+static int64_t child_clock(void *ud) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + atomic_load(clock_skew);
+}
 
 static char *child_metrics(void *ud, size_t *len) {
     gw_auth_stats st;
@@ -78,6 +86,7 @@ static void child_main(int wfd) {
     c.redis_url = url;
     c.secret = (const uint8_t *)SECRET;
     c.secret_len = strlen(SECRET);
+    c.clock = child_clock;
     gw_app_cfg ac;
     gw_app_cfg_default(&ac);
     ac.env = &env;
@@ -89,6 +98,7 @@ static void child_main(int wfd) {
     gw_http_cfg_default(&hc);
     hc.port = 0;
     hc.handler = gw_app_handle;
+    hc.on_headers = gw_app_on_headers;
     int port = -1;
     if (be.vocab && gw_auth_create(&loop, &c, &child_auth) == 0 && (ac.auth = child_auth, gw_app_create(&ac, &app) == 0) &&
         (hc.ud = app, gw_server_create(&loop, &hc, &s) == 0))
@@ -366,6 +376,9 @@ int main(void) {
         printf("skipped: redis-server is not installed\n");
         return t_done();
     }
+    clock_skew = mmap(NULL, sizeof *clock_skew, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (clock_skew == MAP_FAILED) return 1;
+    atomic_store(clock_skew, 0);
     snprintf(dir, sizeof dir, "/tmp/arka_test_redis.XXXXXX");
     if (!mkdtemp(dir)) return 1;
     redis_port = free_port();
@@ -495,6 +508,95 @@ int main(void) {
         T_EQ_INT(day_tokens(&kconc), before);
     }
 
+    /* The key is checked from the headers, before the body is read: an unknown key gets its 401
+     * without a byte of its 8 MB body sent; a known one's body is read once Redis answered */
+    {
+        char unk[GW_KEY_BUF];
+        gw_key_generate(unk);
+        int fd = connect_port(gw_port[0]);
+        char req[512];
+        int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\n"
+                         "Content-Length: 8000000\r\n\r\n", unk);
+        struct timeval t0, t1;
+        gettimeofday(&t0, NULL);
+        send(fd, req, (size_t)n, MSG_NOSIGNAL);
+        char buf[2048];
+        ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+        gettimeofday(&t1, NULL);
+        buf[got > 0 ? got : 0] = 0;
+        long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_usec - t0.tv_usec) / 1000;
+        T_CHECKF(got > 0 && atoi(buf + 9) == 401 && strstr(buf, "invalid_api_key"), "unknown key before its body: %s", buf);
+        T_CHECKF(ms < 1000, "401 after %ld ms", ms);
+        close(fd);
+        T_EQ_INT(post(gw_port[1], kfall.key, body, &r), 200);
+    }
+
+    /* A Redis hang (3 s; 20 s with ARKA_LONG_TESTS=1) while a key of concurrency 1 is used one
+     * request at a time: those during the hang are admitted by the fallback, and none leaves a
+     * lease in Redis (ADMIT refuses to run past its deadline), so right after the hang Redis
+     * admits the key again, one request at a time */
+    {
+        tkey kseq;
+        mk_key(&kseq, "theta", "*", 0, 0, 1, 0);
+        char lk[160];
+        snprintf(lk, sizeof lk, "arka:{%s}:k:%s:lease", kseq.k.tenant, kseq.k.id);
+        /* one gateway: its settlement and its next admission share one Redis connection, in order
+         * (across gateways a settlement may land after the other's next admission) */
+        T_CHECKF(post(gw_port[0], kseq.key, body, &r) == 200, "%s", r.body);
+        T_CHECKF(post(gw_port[0], kseq.key, body, &r) == 200, "%s", r.body);
+        int hang_ms = getenv("ARKA_LONG_TESTS") && !strcmp(getenv("ARKA_LONG_TESTS"), "1") ? 20000 : 3000;
+        kill(redis_pid, SIGSTOP);
+        struct timeval t0, t1;
+        gettimeofday(&t0, NULL);
+        int during = 0, during_ok = 0;
+        long el = 0;
+        while (el < hang_ms) {
+            during_ok += post(gw_port[0], kseq.key, body, &r) == 200;
+            during++;
+            usleep(50000);
+            gettimeofday(&t1, NULL);
+            el = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_usec - t0.tv_usec) / 1000;
+        }
+        kill(redis_pid, SIGCONT);
+        T_CHECKF(during_ok == during, "during the hang: %d of %d admitted", during_ok, during);
+        /* Redis back: the gateway reconnects (back-off up to 5 s); then one request at a time */
+        usleep(300000);
+        int ok_after = 0, tries = 0;
+        long long fbh = metric(0, "fallback");
+        for (; tries < 200 && ok_after < 10; tries++) {
+            int st = post(gw_port[0], kseq.key, body, &r);
+            if (st == 200) ok_after++;
+            else {
+                fprintf(stderr, "after the hang: %d %s\n", st, r.body);
+                break;
+            }
+            long long fbn = metric(0, "fallback");
+            if (fbn != fbh) ok_after = 0, fbh = fbn; /* still the fallback: wait for Redis */
+            usleep(50000);
+        }
+        T_CHECKF(ok_after == 10, "after a %d ms hang: %d sequential admissions through Redis", hang_ms, ok_after);
+        usleep(200000);
+        T_EQ_INT(redis_int("ZCARD %s", lk, NULL), 0);
+    }
+
+    /* A key revoked just before a hang is refused during it: the revocation reached the
+     * gateways' cache (POLL) before Redis stopped answering */
+    {
+        tkey krev;
+        mk_key(&krev, "iota", "*", 0, 0, 0, 0);
+        T_EQ_INT(post(gw_port[0], krev.key, body, &r), 200);
+        T_EQ_INT(post(gw_port[1], krev.key, body, &r), 200);
+        T_CHECK(gw_redis_key_set_enabled(url, krev.k.id, 0, err, sizeof err) == 0);
+        T_EQ_INT(redis_int("SISMEMBER arka:revoked %s", "iota:", NULL) >= 0, 1);
+        usleep(2500000); /* a POLL (every second) on each gateway */
+        kill(redis_pid, SIGSTOP);
+        int s0 = post(gw_port[0], krev.key, body, &r), s1 = post(gw_port[1], krev.key, body, &r);
+        int sk = post(gw_port[0], kfall.key, body, &r); /* a key in good standing: still served */
+        kill(redis_pid, SIGCONT);
+        T_CHECKF(s0 == 401 && s1 == 401, "revoked key during the hang: %d %d", s0, s1);
+        T_EQ_INT(sk, 200);
+    }
+
     /* Redis killed: known keys keep being served (no 5xx), counted as fallback admissions */
     long long fb0 = metric(0, "fallback") + metric(1, "fallback");
     redis_kill();
@@ -535,13 +637,24 @@ int main(void) {
     long long fb2 = metric(0, "fallback") + metric(1, "fallback");
     T_EQ_INT(fb2, fb1);
 
+    /* A long outage: the gateways' clocks jump 3 hours ahead with Redis gone; keys they know are
+     * still served by the local limiter (not 401), unknown ones still refused */
+    redis_kill();
+    atomic_store(clock_skew, 3 * 3600 * 1000ll);
+    usleep(200000);
+    for (int i = 0; i < 2; i++) {
+        int st = post(gw_port[i], kfall.key, body, &r);
+        T_CHECKF(st == 200, "known key after a 3-hour outage on gateway %d: %d %s", i, st, r.body);
+    }
+    T_EQ_INT(post(gw_port[0], unknown, body, &r), 401);
+    atomic_store(clock_skew, 0);
+
     for (int i = 0; i < 2; i++) {
         kill(gw_pid[i], SIGTERM);
         int stx = 0;
         waitpid(gw_pid[i], &stx, 0);
         T_CHECK(WIFEXITED(stx) && WEXITSTATUS(stx) == 0);
     }
-    redis_kill();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);

@@ -107,6 +107,12 @@ static void handler(gw_req *r, void *ud) {
     } else if (strcmp(path, "/slow") == 0) {
         snprintf(buf, sizeof buf, "slow %s", gw_req_query(r));
         start_pending(r, 0, 60, buf);
+    } else if (strcmp(path, "/slower") == 0) {
+        start_pending(r, 0, 400, "slower");
+    } else if (strcmp(path, "/hold") == 0) {
+        start_pending(r, 0, 5000, "held");
+    } else if (strcmp(path, "/health") == 0) {
+        gw_resp_send(r, 200, "text/plain", "ok\n", 3, NULL);
     } else if (strcmp(path, "/stream") == 0) {
         start_pending(r, 1, 1, "");
     } else if (strcmp(path, "/flood") == 0) {
@@ -148,6 +154,9 @@ static int srv_start(srv_thread *st, int signals) {
     st->cfg.max_body = 65536;
     st->cfg.header_timeout_ms = 300;
     st->cfg.idle_timeout_ms = 500;
+    st->cfg.body_idle_ms = 300;
+    st->cfg.body_timeout_ms = 1000;
+    st->cfg.max_buffered = 200 << 10;
     st->cfg.write_queue_cap = 256 << 10;
     st->cfg.drain_timeout_ms = 2000;
     st->signals = signals;
@@ -687,39 +696,200 @@ static void test_timeouts(int port) {
     cli_close(c);
 }
 
+static void wait_open(srv_thread *st, uint64_t n) {
+    gw_server_stats stt;
+    for (int tries = 0; tries < 300; tries++) {
+        gw_server_stats_get(st->s, &stt);
+        if (stt.conns_open <= n) return;
+        cm_time_sleep_ms(5);
+    }
+}
+
+/* The cap (4) full of idle keep-alive connections: a new one takes the least recently used slot
+ * (that connection is closed) and is served. Full of busy connections: a new one is served for
+ * the probe paths only, anything else gets 503 + Retry-After, and the probe slots are few. */
 static void test_conn_cap(srv_thread *st, int port) {
     resp r;
     cli *cs[4];
+    wait_open(st, 0);
     for (int i = 0; i < 4; i++) {
         cs[i] = cli_open(port);
         SEND(cs[i], "GET /echo HTTP/1.1\r\n\r\n");
         T_EQ_INT(cli_resp(cs[i], &r), 0);
+        cm_time_sleep_ms(5); /* cs[0] is the least recently used */
     }
+    gw_server_stats s0, stt;
+    gw_server_stats_get(st->s, &s0);
     cli *x = cli_open(port);
-    T_CHECK(x != NULL);
-    T_EQ_INT(cli_resp(x, &r), 0);
-    T_EQ_INT(r.status, 503);
-    T_CHECK(cli_closed_within(x, 3000));
-    cli_close(x);
-    gw_server_stats stt;
-    gw_server_stats_get(st->s, &stt);
-    T_CHECK(stt.conns_rejected >= 1);
-    /* one leaves: there is room again */
-    cli_close(cs[0]);
-    int ok = 0;
-    for (int tries = 0; tries < 50 && !ok; tries++) {
-        cm_time_sleep_ms(10);
-        gw_server_stats_get(st->s, &stt);
-        if (stt.conns_open < 4) ok = 1;
-    }
-    T_CHECK(ok);
-    x = cli_open(port);
     SEND(x, "GET /echo HTTP/1.1\r\n\r\n");
     T_EQ_INT(cli_resp(x, &r), 0);
     T_EQ_INT(r.status, 200);
+    T_CHECK(cli_closed_within(cs[0], 3000)); /* evicted */
+    gw_server_stats_get(st->s, &stt);
+    T_EQ_INT(stt.evicted, s0.evicted + 1);
+    T_CHECK(stt.conns_open <= 4);
+    /* the others still work (x is now the most recent) */
+    SEND(cs[1], "GET /echo HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(cs[1], &r), 0);
+    T_EQ_INT(r.status, 200);
     cli_close(x);
-    for (int i = 1; i < 4; i++) cli_close(cs[i]);
+    for (int i = 0; i < 4; i++) cli_close(cs[i]);
+    wait_open(st, 0);
+
+    /* four busy connections (each holds a request) */
+    for (int i = 0; i < 4; i++) {
+        cs[i] = cli_open(port);
+        SEND(cs[i], "GET /hold HTTP/1.1\r\n\r\n");
+    }
     cm_time_sleep_ms(50);
+    gw_server_stats_get(st->s, &s0);
+    x = cli_open(port);
+    SEND(x, "GET /echo HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 503);
+    T_EQ_STR(hdr(&r, "retry-after") ? hdr(&r, "retry-after") : "", "1");
+    T_CHECK(strstr(r.body, "connection limit") != NULL);
+    T_CHECK(cli_closed_within(x, 3000));
+    cli_close(x);
+    /* a body is not read either: refused from the headers */
+    x = cli_open(port);
+    SEND(x, "POST /echo HTTP/1.1\r\nContent-Length: 60000\r\n\r\n");
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 503);
+    cli_close(x);
+    double t0 = cm_time_s();
+    x = cli_open(port);
+    SEND(x, "GET /health HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 200);
+    T_EQ_STR(r.body, "ok\n");
+    T_EQ_STR(hdr(&r, "connection") ? hdr(&r, "connection") : "", "close");
+    T_CHECKF(cm_time_s() - t0 < 0.5, "probe beyond the cap took %.3f s", cm_time_s() - t0);
+    T_CHECK(cli_closed_within(x, 3000));
+    cli_close(x);
+    gw_server_stats_get(st->s, &stt);
+    T_EQ_INT(stt.probes_beyond_cap, s0.probes_beyond_cap + 1);
+    T_EQ_INT(stt.evicted, s0.evicted); /* busy connections are never evicted */
+    /* a probe connection that sends nothing is cut sooner than the header timeout would */
+    for (int i = 0; i < 4; i++) cli_close(cs[i]);
+    wait_open(st, 0);
+}
+
+/* Per-address cap (2 here, loopback included for the test): the third connection from one
+ * address gets 503; when one closes there is room again. */
+static void test_per_ip(void) {
+    srv_thread st;
+    memset(&st, 0, sizeof st);
+    gw_http_cfg_default(&st.cfg);
+    st.cfg.port = 0;
+    st.cfg.handler = handler;
+    st.cfg.max_conns_per_ip = 2;
+    st.cfg.cap_loopback = 1;
+    pthread_create(&st.th, NULL, srv_main, &st);
+    while (atomic_load(&st.ready) == 0) cm_time_sleep_ms(1);
+    int port = gw_server_port(st.s);
+    resp r;
+    cli *a = cli_open(port), *b = cli_open(port);
+    SEND(a, "GET /echo HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(a, &r), 0);
+    cli *c = cli_open(port);
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_INT(r.status, 503);
+    T_CHECK(strstr(r.body, "your address") != NULL);
+    cli_close(c);
+    cli_close(b);
+    wait_open(&st, 1);
+    c = cli_open(port);
+    SEND(c, "GET /echo HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_INT(r.status, 200);
+    cli_close(c);
+    cli_close(a);
+    srv_stop(&st);
+    /* loopback is not capped by default */
+    memset(&st, 0, sizeof st);
+    gw_http_cfg_default(&st.cfg);
+    st.cfg.port = 0;
+    st.cfg.handler = handler;
+    st.cfg.max_conns_per_ip = 1;
+    pthread_create(&st.th, NULL, srv_main, &st);
+    while (atomic_load(&st.ready) == 0) cm_time_sleep_ms(1);
+    port = gw_server_port(st.s);
+    cli *cc[3];
+    for (int i = 0; i < 3; i++) {
+        cc[i] = cli_open(port);
+        SEND(cc[i], "GET /echo HTTP/1.1\r\n\r\n");
+        T_EQ_INT(cli_resp(cc[i], &r), 0);
+        T_EQ_INT(r.status, 200);
+    }
+    for (int i = 0; i < 3; i++) cli_close(cc[i]);
+    srv_stop(&st);
+}
+
+/* max_buffered (200 KiB here): three 64 KB bodies may be on their way at once, a fourth is
+ * refused from its headers (503 + Retry-After, its body never read); a chunked body that grows
+ * past what is left is cut with 503; body timeouts: a pause (300 ms), a trickle (1 s in all). */
+static void test_body_limits(srv_thread *st, int port) {
+    resp r;
+    wait_open(st, 0);
+    cli *b[3];
+    char part[1000];
+    memset(part, 'p', sizeof part);
+    for (int i = 0; i < 3; i++) {
+        b[i] = cli_open(port);
+        SEND(b[i], "POST /echo HTTP/1.1\r\nContent-Length: 65000\r\n\r\n");
+        cli_send(b[i], part, sizeof part);
+    }
+    cm_time_sleep_ms(30);
+    gw_server_stats stt;
+    gw_server_stats_get(st->s, &stt);
+    T_CHECKF(stt.buffered >= 3 * 65001ull && stt.buffered < 3 * 65001ull + 3 * 16384, "buffered %llu",
+             (unsigned long long)stt.buffered);
+    cli *x = cli_open(port);
+    SEND(x, "POST /echo HTTP/1.1\r\nContent-Length: 65000\r\n\r\n");
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 503);
+    T_EQ_STR(hdr(&r, "retry-after") ? hdr(&r, "retry-after") : "", "1");
+    T_CHECK(strstr(r.body, "busy receiving") != NULL);
+    cli_close(x);
+    /* one finishes its body: room again */
+    char *rest = malloc(64000);
+    memset(rest, 'q', 64000);
+    cli_send(b[0], rest, 64000);
+    T_EQ_INT(cli_resp(b[0], &r), 0);
+    T_EQ_INT(r.status, 200);
+    free(rest);
+    x = cli_open(port);
+    SEND(x, "POST /echo HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello");
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 200);
+    cli_close(x);
+    /* the two stalled bodies hit the pause timeout (300 ms): 408 */
+    for (int i = 1; i < 3; i++) {
+        T_EQ_INT(cli_resp(b[i], &r), 0);
+        T_EQ_INT(r.status, 408);
+        cli_close(b[i]);
+    }
+    cli_close(b[0]);
+    wait_open(st, 0);
+    gw_server_stats_get(st->s, &stt);
+    T_CHECKF(stt.buffered <= 16384, "buffered %llu after the bodies went", (unsigned long long)stt.buffered);
+    /* a trickle: a byte every 100 ms never pauses long, but the whole body has 1 s */
+    x = cli_open(port);
+    SEND(x, "POST /echo HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+    double t0 = cm_time_s();
+    int got = 0;
+    for (int i = 0; i < 30 && !got; i++) {
+        SEND(x, "z");
+        cm_time_sleep_ms(100);
+        struct pollfd pf = {.fd = x->fd, .events = POLLIN};
+        got = poll(&pf, 1, 0) > 0;
+    }
+    T_EQ_INT(cli_resp(x, &r), 0);
+    T_EQ_INT(r.status, 408);
+    double dt = cm_time_s() - t0;
+    T_CHECKF(dt > 0.9 && dt < 1.6, "trickled body cut after %.3f s", dt);
+    cli_close(x);
 }
 
 static void test_stream(srv_thread *st, int port) {
@@ -789,6 +959,180 @@ static void test_stream(srv_thread *st, int port) {
     cli_close(c);
 }
 
+/* ---- on_headers: answer or hold a request before its body is read ------------------------- */
+
+static gw_req *held_req;
+static int hold_verdict; /* what the held request gets: 0 resume, 1 a 401 */
+
+static void hold_closed(uv_handle_t *h) { free(h); }
+
+static void hold_fire(uv_timer_t *t) {
+    if (held_req) {
+        if (hold_verdict) gw_resp_send(held_req, 401, "text/plain", "late no\n", 8, NULL);
+        else gw_req_resume(held_req);
+        held_req = NULL;
+    }
+    uv_close((uv_handle_t *)t, hold_closed);
+}
+
+static int on_headers(gw_req *r, void *ud) {
+    const char *path = gw_req_path(r);
+    if (strcmp(path, "/deny") == 0) {
+        gw_resp_send(r, 401, "text/plain", "no\n", 3, NULL);
+        return GW_HDR_ANSWERED;
+    }
+    if (strncmp(path, "/wait", 5) == 0) {
+        uv_timer_t *t = malloc(sizeof *t);
+        uv_timer_init(gw_req_loop(r), t);
+        held_req = r;
+        hold_verdict = strcmp(path, "/waitdeny") == 0;
+        uv_timer_start(t, hold_fire, 50, 0);
+        return GW_HDR_HOLD;
+    }
+    return GW_HDR_GO;
+}
+
+static void hdr_handler(gw_req *r, void *ud) {
+    size_t blen;
+    const char *body = gw_req_body(r, &blen);
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "%s len=%zu %.*s", gw_req_path(r), blen, (int)(blen < 32 ? blen : 32), body);
+    gw_resp_send(r, 200, "text/plain", buf, (size_t)n, NULL);
+}
+
+static void test_on_headers(void) {
+    srv_thread st;
+    memset(&st, 0, sizeof st);
+    gw_http_cfg_default(&st.cfg);
+    st.cfg.port = 0;
+    st.cfg.handler = hdr_handler;
+    st.cfg.on_headers = on_headers;
+    pthread_create(&st.th, NULL, srv_main, &st);
+    while (atomic_load(&st.ready) == 0) cm_time_sleep_ms(1);
+    int port = gw_server_port(st.s);
+    resp r;
+    /* refused from the headers: the 401 comes without a byte of the (large) body sent, and
+     * the connection closes (the body would otherwise read as the next request) */
+    cli *c = cli_open(port);
+    double t0 = cm_time_s();
+    SEND(c, "POST /deny HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_INT(r.status, 401);
+    T_EQ_STR(hdr(&r, "connection") ? hdr(&r, "connection") : "", "close");
+    T_CHECKF(cm_time_s() - t0 < 0.5, "401 after %.3f s", cm_time_s() - t0);
+    T_CHECK(cli_closed_within(c, 3000));
+    cli_close(c);
+    /* with Expect: 100-continue: the 401 instead of the 100 */
+    c = cli_open(port);
+    SEND(c, "POST /deny HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_INT(r.status, 401);
+    cli_close(c);
+    /* an accepted request reads its body as usual and keeps the connection */
+    c = cli_open(port);
+    SEND(c, "POST /ok HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_STR(r.body, "/ok len=5 hello");
+    SEND(c, "GET /ok2 HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_STR(r.body, "/ok2 len=0 ");
+    /* held, then resumed: the body (sent at once) is read afterwards; a bodyless one too */
+    SEND(c, "POST /wait HTTP/1.1\r\nContent-Length: 5\r\n\r\nworld");
+    t0 = cm_time_s();
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_STR(r.body, "/wait len=5 world");
+    T_CHECK(cm_time_s() - t0 >= 0.04);
+    SEND(c, "GET /wait2 HTTP/1.1\r\n\r\n");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_STR(r.body, "/wait2 len=0 ");
+    /* held, then refused */
+    SEND(c, "POST /waitdeny HTTP/1.1\r\nContent-Length: 5\r\n\r\nworld");
+    T_EQ_INT(cli_resp(c, &r), 0);
+    T_EQ_INT(r.status, 401);
+    T_CHECK(cli_closed_within(c, 3000));
+    cli_close(c);
+    srv_stop(&st);
+}
+
+/* ---- the drain: probes answered meanwhile, the deadline lets the handler end streams ------ */
+
+static gw_req *drain_stream;
+
+static void deadline_hook(void *ud) {
+    if (!drain_stream) return;
+    gw_resp_stream_write(drain_stream, "data: bye\n\n", 11);
+    gw_resp_stream_end(drain_stream);
+    drain_stream = NULL;
+}
+
+static void drain_handler(gw_req *r, void *ud) {
+    const char *path = gw_req_path(r);
+    if (strcmp(path, "/forever") == 0) {
+        gw_resp_stream_start(r, 200, "text/event-stream", NULL);
+        gw_resp_stream_write(r, "data: hi\n\n", 10);
+        drain_stream = r;
+        return;
+    }
+    if (strcmp(path, "/health") == 0) {
+        int d = gw_server_draining(gw_req_server(r));
+        gw_resp_send(r, d ? 503 : 200, "text/plain", d ? "draining\n" : "ok\n", d ? 9 : 3, NULL);
+        return;
+    }
+    handler(r, ud);
+}
+
+static void test_drain_deadline(void) {
+    srv_thread st;
+    memset(&st, 0, sizeof st);
+    gw_http_cfg_default(&st.cfg);
+    st.cfg.port = 0;
+    st.cfg.handler = drain_handler;
+    st.cfg.on_drain_deadline = deadline_hook;
+    st.cfg.drain_timeout_ms = 400;
+    pthread_create(&st.th, NULL, srv_main, &st);
+    while (atomic_load(&st.ready) == 0) cm_time_sleep_ms(1);
+    int port = gw_server_port(st.s);
+    resp r;
+    cli *s1 = cli_open(port);
+    SEND(s1, "GET /forever HTTP/1.1\r\n\r\n");
+    while (!memmem(s1->buf, s1->len, "data: hi", 8))
+        if (!cli_fill(s1)) break;
+    double t0 = cm_time_s();
+    gw_server_stop_async(st.s);
+    cm_time_sleep_ms(50);
+    /* while it drains, the listener is open: a probe hears 503 and the connection closes */
+    cli *p = cli_open(port);
+    T_CHECK(p != NULL);
+    if (p) {
+        SEND(p, "GET /health HTTP/1.1\r\n\r\n");
+        T_EQ_INT(cli_resp(p, &r), 0);
+        T_EQ_INT(r.status, 503);
+        T_EQ_STR(hdr(&r, "connection") ? hdr(&r, "connection") : "", "close");
+        T_CHECK(cli_closed_within(p, 3000));
+        cli_close(p);
+    }
+    /* at the deadline the handler's last words reach the stream, then it closes */
+    while (!memmem(s1->buf, s1->len, "data: bye", 9))
+        if (!cli_fill(s1)) break;
+    double dt = cm_time_s() - t0;
+    T_CHECK(memmem(s1->buf, s1->len, "data: bye", 9) != NULL);
+    while (cli_fill(s1)) { /* to the close */
+    }
+    T_CHECK(s1->eof);
+    T_CHECK(memmem(s1->buf, s1->len, "\r\n0\r\n\r\n", 7) != NULL); /* the chunked stream ended properly */
+    T_CHECKF(dt > 0.3 && dt < 1.5, "deadline after %.3f s", dt);
+    cli_close(s1);
+    int ok = 0;
+    for (int i = 0; i < 300 && !ok; i++) {
+        cm_time_sleep_ms(10);
+        ok = atomic_load(&st.done);
+    }
+    T_CHECK(ok);
+    pthread_join(st.th, NULL);
+    gw_server_destroy(st.s);
+    uv_loop_close(&st.loop);
+}
+
 static void test_shutdown(int with_signal) {
     srv_thread st;
     int port = srv_start(&st, with_signal);
@@ -842,9 +1186,13 @@ int main(void) {
         test_chunked_and_continue(port);
         test_timeouts(port);
         test_conn_cap(&st, port);
+        test_body_limits(&st, port);
         test_stream(&st, port);
         srv_stop(&st);
     }
+    test_per_ip();
+    test_on_headers();
+    test_drain_deadline();
     test_shutdown(0);
     test_shutdown(1);
     /* a bad address is refused, a taken port reported */

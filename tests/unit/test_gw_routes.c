@@ -487,10 +487,13 @@ static size_t ws_frame(uint8_t *out, int opcode, const char *p, size_t len) {
     size_t o = 0;
     out[o++] = (uint8_t)(0x80 | opcode);
     if (len < 126) out[o++] = 0x80 | (uint8_t)len;
-    else {
+    else if (len < 65536) {
         out[o++] = 0x80 | 126;
         out[o++] = (uint8_t)(len >> 8);
         out[o++] = (uint8_t)len;
+    } else {
+        out[o++] = 0x80 | 127;
+        for (int i = 0; i < 8; i++) out[o++] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
     }
     memcpy(out + o, key, 4);
     o += 4;
@@ -621,6 +624,35 @@ static void test_ws(srv *st, int port) {
     cJSON_Delete(j);
     T_EQ_INT(atomic_load(&st->be.cancels), c0 + 1);
 
+    /* a large message (parsed on the threadpool) keeps its place: the small cancel sent right
+     * behind it finds the response it created */
+    {
+        size_t big = 200000;
+        char *msg = malloc(big + 256), *cn = "{\"type\":\"response.cancel\"}";
+        int n = snprintf(msg, 256, "{\"type\":\"response.create\",\"event_id\":\"big\",\"response\":{\"messages\":[{\"role\":\"user\",\"content\":\"hold ");
+        memset(msg + n, 'x', big);
+        snprintf(msg + n + big, 256, "\"}]}}");
+        size_t ml = strlen(msg);
+        uint8_t *fr = malloc(ml + 64);
+        size_t fl = ws_frame(fr, 1, msg, ml);
+        fl += ws_frame(fr + fl, 1, cn, strlen(cn));
+        send_all(fd, fr, fl);
+        free(fr);
+        free(msg);
+        j = ws_event(fd);
+        T_EQ_STR(type_of(j), "response.created");
+        cJSON_Delete(j);
+        int cancelled = 0, errors = 0;
+        for (int k = 0; k < 4 && !cancelled; k++) {
+            j = ws_event(fd);
+            if (j && strcmp(type_of(j), "error") == 0) errors++;
+            if (j && strcmp(type_of(j), "response.done") == 0)
+                cancelled = !strcmp(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "status")->valuestring, "cancelled");
+            cJSON_Delete(j);
+        }
+        T_CHECK(cancelled && errors == 0);
+    }
+
     /* errors: bad parameter, unknown type, not JSON, unknown response id, too many responses */
     ws_send(fd, "{\"type\":\"response.create\",\"event_id\":\"e9\",\"response\":{\"temperature\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}}");
     j = ws_event(fd);
@@ -659,6 +691,27 @@ static void test_ws(srv *st, int port) {
         ok = atomic_load(&st->be.cancels) == c0 + 3;
     }
     T_CHECK(ok);
+    /* a socket that closes while its large message is on the threadpool: nothing is left behind
+     * (the sanitizer build checks) and no response starts */
+    fd = connect_port(port);
+    send_all(fd, hs, strlen(hs));
+    hn = 0;
+    while (hn < sizeof head - 1 && recv(fd, head + hn, 1, 0) == 1) {
+        hn++;
+        if (hn >= 4 && memcmp(head + hn - 4, "\r\n\r\n", 4) == 0) break;
+    }
+    size_t big = 300000;
+    char *msg = malloc(big + 256);
+    int n = snprintf(msg, 256, "{\"type\":\"response.create\",\"response\":{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(msg + n, 'y', big);
+    snprintf(msg + n + big, 256, "\"}]}}");
+    uint8_t *fr = malloc(strlen(msg) + 64);
+    size_t fl = ws_frame(fr, 1, msg, strlen(msg));
+    send_all(fd, fr, fl);
+    close(fd);
+    free(fr);
+    free(msg);
+    for (int i = 0; i < 100 && gw_app_active(st->app) != 0; i++) cm_time_sleep_ms(5);
 }
 
 int main(void) {

@@ -305,6 +305,8 @@ static void echo_msg(gw_ws *ws, void *ud, const char *text, size_t len) {
         gw_ws_close(ws, GW_WS_POLICY, "asked to");
         return;
     }
+    if (len == 4 && memcmp(text, "busy", 4) == 0) gw_ws_set_busy(ws, 1);
+    if (len == 4 && memcmp(text, "free", 4) == 0) gw_ws_set_busy(ws, 0);
     gw_ws_send_text(ws, text, len);
 }
 
@@ -315,7 +317,11 @@ static const gw_ws_ops echo_ops = {echo_msg, echo_close};
 static void handler(gw_req *r, void *ud) {
     if (strcmp(gw_req_path(r), "/v1/ws") == 0) {
         gw_ws *ws;
-        gw_ws_upgrade(r, 4096, &echo_ops, NULL, &ws);
+        /* liveness from the query: "ping,idle,message" in ms (none: off) */
+        unsigned ping = 0, idle = 0, msg = 0;
+        sscanf(gw_req_query(r), "%u,%u,%u", &ping, &idle, &msg);
+        if (gw_ws_upgrade(r, ping || idle || msg ? 1u << 20 : 4096, &echo_ops, NULL, &ws) == 0)
+            gw_ws_set_liveness(ws, ping, idle, msg);
         return;
     }
     gw_resp_send(r, 404, "text/plain", "no\n", 3, NULL);
@@ -326,6 +332,8 @@ typedef struct srv {
     uv_loop_t loop;
     gw_server *s;
     atomic_int ready;
+    int max_conns;      /* 0: default */
+    size_t max_buffered; /* 0: default */
 } srv;
 
 static void *srv_main(void *arg) {
@@ -335,6 +343,8 @@ static void *srv_main(void *arg) {
     cfg.port = 0;
     cfg.handler = handler;
     cfg.write_queue_cap = 1 << 20;
+    if (st->max_conns) cfg.max_conns = st->max_conns;
+    if (st->max_buffered) cfg.max_buffered = st->max_buffered;
     uv_loop_init(&st->loop);
     if (gw_server_create(&st->loop, &cfg, &st->s)) {
         atomic_store(&st->ready, -1);
@@ -379,11 +389,13 @@ static int recv_n(int fd, void *b, size_t n) {
     return 0;
 }
 
-/* Opens a WebSocket; returns the fd or -1. The 101 response is checked. */
-static int ws_open(int port) {
+/* Opens a WebSocket (query: the liveness "ping,idle,message"); returns the fd or -1. The 101
+ * response is checked. */
+static int ws_open_q(int port, const char *query) {
     int fd = connect_port(port);
-    const char *req = "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    char req[512];
+    snprintf(req, sizeof req, "GET /v1/ws?%s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", query);
     send_all(fd, req, strlen(req));
     char head[1024];
     size_t n = 0;
@@ -398,6 +410,8 @@ static int ws_open(int port) {
     T_CHECK(strstr(head, "Upgrade: websocket\r\n") != NULL);
     return fd;
 }
+
+static int ws_open(int port) { return ws_open_q(port, ""); }
 
 /* Reads one server frame; returns opcode or -1. Checks it is unmasked and final. */
 static int read_frame(int fd, char *payload, size_t cap, size_t *len) {
@@ -435,6 +449,8 @@ static int eof_within(int fd, int ms) {
     return 0;
 }
 
+static char close_reason[128];
+
 static void expect_close(int fd, int want_code) {
     char pl[256];
     size_t n = 0;
@@ -442,6 +458,101 @@ static void expect_close(int fd, int want_code) {
     T_EQ_INT(op, GW_WS_CLOSE);
     int code = n >= 2 ? ((uint8_t)pl[0] << 8 | (uint8_t)pl[1]) : GW_WS_NO_STATUS;
     T_EQ_INT(code, want_code);
+    snprintf(close_reason, sizeof close_reason, "%.*s", n > 2 ? (int)n - 2 : 0, pl + 2);
+}
+
+/* Liveness (ping, idle, message timeouts), eviction at the connection cap, the buffered-bytes cap. */
+static void test_liveness(void) {
+    srv st = {0};
+    st.max_conns = 2;
+    st.max_buffered = 64 << 10;
+    pthread_create(&st.th, NULL, srv_main, &st);
+    while (atomic_load(&st.ready) == 0) cm_time_sleep_ms(1);
+    int port = gw_server_port(st.s);
+    uint8_t buf[4096];
+    char pl[256];
+    size_t n, len;
+
+    /* a ping after 200 ms of silence; answered, the connection stays; unanswered, it closes */
+    int fd = ws_open_q(port, "200,0,0");
+    double t0 = cm_time_s();
+    T_EQ_INT(read_frame(fd, pl, sizeof pl, &len), GW_WS_PING);
+    double dt = cm_time_s() - t0;
+    T_CHECKF(dt > 0.15 && dt < 0.8, "ping after %.3f s", dt);
+    n = frame(buf, 1, 0, GW_WS_PONG, pl, len, 1);
+    send_all(fd, buf, n);
+    T_EQ_INT(read_frame(fd, pl, sizeof pl, &len), GW_WS_PING); /* the next one, unanswered */
+    t0 = cm_time_s();
+    expect_close(fd, GW_WS_GOING_AWAY);
+    T_EQ_STR(close_reason, "ping timeout");
+    dt = cm_time_s() - t0;
+    T_CHECKF(dt > 0.15 && dt < 0.8, "closed %.3f s after the unanswered ping", dt);
+    close(fd);
+
+    /* idle: closed after 300 ms without a message, but not while the application is busy */
+    fd = ws_open_q(port, "0,300,0");
+    n = frame(buf, 1, 0, GW_WS_TEXT, "busy", 4, 1);
+    send_all(fd, buf, n);
+    T_EQ_INT(read_frame(fd, pl, sizeof pl, &len), GW_WS_TEXT);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    T_EQ_INT(poll(&pf, 1, 700), 0); /* busy: nothing comes */
+    n = frame(buf, 1, 0, GW_WS_TEXT, "free", 4, 1);
+    send_all(fd, buf, n);
+    T_EQ_INT(read_frame(fd, pl, sizeof pl, &len), GW_WS_TEXT);
+    t0 = cm_time_s();
+    expect_close(fd, GW_WS_GOING_AWAY);
+    T_EQ_STR(close_reason, "idle timeout");
+    dt = cm_time_s() - t0;
+    T_CHECKF(dt > 0.2 && dt < 0.9, "idle close after %.3f s", dt);
+    close(fd);
+
+    /* a message that trickles (its first fragment, then nothing) is cut at 300 ms */
+    fd = ws_open_q(port, "0,0,300");
+    n = frame(buf, 0, 0, GW_WS_TEXT, "ab", 2, 1);
+    send_all(fd, buf, n);
+    t0 = cm_time_s();
+    expect_close(fd, GW_WS_POLICY);
+    T_EQ_STR(close_reason, "message timeout");
+    dt = cm_time_s() - t0;
+    T_CHECKF(dt > 0.2 && dt < 0.9, "message timeout after %.3f s", dt);
+    close(fd);
+
+    /* a message larger than what the server may buffer (64 KiB) is refused with 1013 */
+    fd = ws_open_q(port, "0,0,5000");
+    uint8_t hdr[14] = {0x81, 0x80 | 127, 0, 0, 0, 0, 0, 0x01, 0x86, 0xA0, 1, 2, 3, 4}; /* 100000 bytes announced */
+    send_all(fd, hdr, sizeof hdr);
+    expect_close(fd, GW_WS_TRY_AGAIN);
+    close(fd);
+    for (int i = 0; i < 100; i++) { /* both slots free again */
+        gw_server_stats ss;
+        gw_server_stats_get(st.s, &ss);
+        if (ss.conns_open == 0) break;
+        cm_time_sleep_ms(10);
+    }
+
+    /* the cap (2): an idle WebSocket makes room for a new connection (1013 "reconnect later");
+     * a busy one is kept */
+    int idle_ws = ws_open_q(port, "0,0,0");
+    int busy_ws = ws_open_q(port, "0,0,0");
+    n = frame(buf, 1, 0, GW_WS_TEXT, "busy", 4, 1);
+    send_all(busy_ws, buf, n);
+    T_EQ_INT(read_frame(busy_ws, pl, sizeof pl, &len), GW_WS_TEXT);
+    int c = connect_port(port);
+    send_all(c, "GET /x HTTP/1.1\r\n\r\n", 19);
+    char resp[256] = {0};
+    T_CHECK(recv(c, resp, sizeof resp - 1, 0) > 0 && strncmp(resp, "HTTP/1.1 404", 12) == 0);
+    expect_close(idle_ws, GW_WS_TRY_AGAIN);
+    close(c);
+    n = frame(buf, 1, 0, GW_WS_TEXT, "still", 5, 1);
+    send_all(busy_ws, buf, n);
+    T_EQ_INT(read_frame(busy_ws, pl, sizeof pl, &len), GW_WS_TEXT);
+    T_CHECK(len == 5 && memcmp(pl, "still", 5) == 0);
+    close(idle_ws);
+    close(busy_ws);
+    gw_server_stop_async(st.s);
+    pthread_join(st.th, NULL);
+    gw_server_destroy(st.s);
+    uv_loop_close(&st.loop);
 }
 
 static void test_live(void) {
@@ -565,5 +676,6 @@ int main(void) {
     test_handshake_key();
     test_parser();
     test_live();
+    test_liveness();
     return t_done();
 }

@@ -411,7 +411,7 @@ static struct shm_submit sample_submit(int32_t *prompt, uint32_t n_prompt, struc
 }
 
 static int submit_equal(const struct shm_submit *a, const struct shm_submit *b) {
-    return a->req_id == b->req_id && a->priority == b->priority &&
+    return a->req_id == b->req_id && a->priority == b->priority && a->n_generated == b->n_generated &&
            memcmp(&a->sp, &b->sp, sizeof a->sp) == 0 && a->n_prompt == b->n_prompt &&
            memcmp(a->prompt, b->prompt, 4 * (size_t)a->n_prompt) == 0 && a->n_stop == b->n_stop &&
            memcmp(a->stop, b->stop, 4 * (size_t)a->n_stop) == 0 && a->n_bias == b->n_bias &&
@@ -520,12 +520,12 @@ static void test_proto_submit(void) {
     static uint8_t buf[16384] __attribute__((aligned(8)));
     struct shm_submit s = sample_submit(prompt, 1000, bias, 300), d;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 88 + 4000 + 16 + 2400 + 16);
+    T_EQ_INT(shm_submit_size(&s), 96 + 4000 + 16 + 2400 + 16);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, shm_submit_size(&s));
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s, &d));
-    T_CHECK((const uint8_t *)d.prompt == buf + 88);
+    T_CHECK((const uint8_t *)d.prompt == buf + 96);
     uint32_t type;
     T_EQ_INT(shm_msg_type(buf, len, &type), 0);
     T_EQ_INT(type, SHM_MSG_SUBMIT);
@@ -536,7 +536,7 @@ static void test_proto_submit(void) {
     s2.sp.has_seed = 0;
     s2.sp.seed = 0;
     T_EQ_INT(shm_submit_encode(&s2, buf, sizeof buf, &len), 0);
-    T_EQ_INT(len, 88 + 16 + 8 + 16);
+    T_EQ_INT(len, 96 + 16 + 8 + 16);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s2, &d));
     T_CHECK(d.bias == NULL);
@@ -577,6 +577,15 @@ static void test_proto_submit(void) {
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     bias[7].bias = 0;
     T_EQ_INT(shm_submit_encode(&s, buf, 100, &len), CM_ERANGE);
+    /* a resumed generation: its delivered tokens end the prompt, short of max_tokens */
+    e = s; e.n_generated = 122;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), 0);
+    T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
+    T_CHECK(submit_equal(&e, &d) && d.n_generated == 122);
+    e = s; e.n_generated = 123; /* = max_tokens: nothing left to generate */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
+    e = sample_submit(prompt, 3, bias, 0); e.n_generated = 3; /* no real prompt id left */
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
 
     /* targeted corruptions of a valid record: each one is refused */
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
@@ -596,10 +605,12 @@ static void test_proto_submit(void) {
         { 80, 1001, 4, "n_prompt +1" },            { 80, 998, 4, "n_prompt -2" },
         { 80, 0, 4, "n_prompt 0" },                { 84, 17, 2, "n_stop 17" },
         { 84, 5, 2, "n_stop 5" },                  { 86, 301, 2, "n_bias 301" },
-        { 88 + 4 * 10, 0x80000000u, 4, "negative prompt id" },
-        { 88 + 4000 + 4, 0xffffffffu, 4, "negative stop id" },
-        { 88 + 4000 + 16 + 8 * 3, 0xfffffff0u, 4, "negative bias token" },
-        { 88 + 4000 + 16 + 8 * 3 + 4, 0x7f800000u, 4, "infinite bias" },
+        { 88, 123, 4, "n_generated at max_tokens" },   { 88, 1000, 4, "n_generated = n_prompt" },
+        { 92, 1, 4, "reserved after n_generated" },
+        { 96 + 4 * 10, 0x80000000u, 4, "negative prompt id" },
+        { 96 + 4000 + 4, 0xffffffffu, 4, "negative stop id" },
+        { 96 + 4000 + 16 + 8 * 3, 0xfffffff0u, 4, "negative bias token" },
+        { 96 + 4000 + 16 + 8 * 3 + 4, 0x7f800000u, 4, "infinite bias" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(m, buf, len);
@@ -613,7 +624,7 @@ static void test_proto_submit(void) {
     /* ring capacity for long prompts: 128k tokens fit the default 8 MiB ring */
     uint32_t cap = shm_submit_ring_cap_for(131072);
     T_CHECK(cap >= SHM_RING_CAP_MIN && cap <= SHM_SUBMIT_CAP_DEFAULT && (cap & (cap - 1)) == 0);
-    T_CHECK((uint64_t)cap / 4 >= 8 + 88 + 4 * 131072ull + 64 + 2400);
+    T_CHECK((uint64_t)cap / 4 >= 8 + 96 + 4 * 131072ull + 64 + 2400);
     T_EQ_INT(shm_submit_ring_cap_for(0x7fffffff), 0);
 }
 
@@ -629,7 +640,7 @@ static void test_proto_v3(void) {
     s.grammar = prog;
     s.grammar_len = sizeof prog;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 88 + 24 + 16 + 16 + 16 + 152);
+    T_EQ_INT(shm_submit_size(&s), 96 + 24 + 16 + 16 + 16 + 152);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s, &d));
