@@ -395,6 +395,7 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     }
     if ((err = parse_stop(o, q, e))) return err;
     if ((err = get_int(o, "n", 1, GW_OAI_N_MAX, &q->n, e))) return err;
+    if ((err = get_int(o, "priority", INT32_MIN, INT32_MAX, &q->priority, e))) return err; /* vLLM's: lower first */
 
     int lp_on = 0, lp_top = 0;
     if (kind == GW_OAI_CHAT) {

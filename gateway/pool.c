@@ -107,7 +107,8 @@ static int send_submits(gw_gen *g) {
         int i = g->be.n_sent;
         struct shm_submit s = { .req_id = rid_of(g, i), .sp = g->sp, .prompt = g->prompt, .n_prompt = (uint32_t)g->n_prompt,
                                 .n_stop = (uint32_t)g->n_stop_ids, .bias = g->q.logit_bias,
-                                .n_bias = (uint32_t)g->q.n_logit_bias };
+                                .n_bias = (uint32_t)g->q.n_logit_bias, .priority = g->q.priority,
+                                .tenant = gw_tenant_id(g->ticket.tenant), .weight = g->ticket.weight };
         if (s.sp.has_seed) s.sp.seed += (uint64_t)i; /* n choices with one seed: distinct, reproducible */
         memcpy(s.stop, g->stop_ids, sizeof g->stop_ids);
         int rc = shm_send_submit(&seg->submit, &s);
@@ -254,9 +255,13 @@ static void ex_events(gw_exec *x, void *ud, struct shm_seg *seg) {
                 struct shm_tokens_r rd;
                 struct shm_tok t;
                 const struct shm_top *top;
+                struct shm_tok_admit adm;
                 if (shm_tokens_open(&rd, buf, n) == 0)
                     while (shm_tokens_next(&rd, &t, &top) == 0)
-                        if ((g = lookup(p, t.req_id)) && (i = choice_of(g, t.req_id)) >= 0) gw_gen_token(g, i, &t, top);
+                        if ((g = lookup(p, t.req_id)) && (i = choice_of(g, t.req_id)) >= 0) {
+                            if (shm_tokens_admit(&rd, &adm) == 0) gw_gen_admitted(g, i, &adm);
+                            gw_gen_token(g, i, &t, top);
+                        }
             } else if (type == SHM_MSG_DONE) {
                 struct shm_done d;
                 if (shm_done_decode(buf, n, &d) == 0 && (g = lookup(p, d.req_id)) && (i = choice_of(g, d.req_id)) >= 0)
