@@ -59,6 +59,9 @@ struct ex_sched {
     ex_sample_out *sout;  /* [max_running] their results */
     ex_event  *pend;      /* [max_running + max_waiting] finishes waiting to be reported */
     int        n_pend;
+    /* the forward pass's time against its tokens, fitted as a + b * tokens over recent steps
+     * (exponentially weighted least squares): how many tokens cost as much as a step's fixed part */
+    double     fit_w, fit_x, fit_y, fit_xx, fit_xy;
     ex_sched_stats st;
 };
 
@@ -419,6 +422,29 @@ static void order_prefills(ex_sched *s) {
     for (int i = 0; i < s->n_ord; i++) s->ord[i] = s->ordk[i].q;
 }
 
+/* Adds a step of x tokens that took y seconds to the fitted cost (weights decay by 0.98 a step). */
+static void fit_step(ex_sched *s, double x, double y) {
+    const double d = 0.98;
+    s->fit_w = s->fit_w * d + 1;
+    s->fit_x = s->fit_x * d + x;
+    s->fit_y = s->fit_y * d + y;
+    s->fit_xx = s->fit_xx * d + x * x;
+    s->fit_xy = s->fit_xy * d + x * y;
+}
+
+/* The tokens whose cost equals a step's fixed cost (a / b of the fitted a + b * tokens), within
+ * [0, budget]; an eighth of the budget until the fit has seen steps of different sizes. */
+static int fixed_tokens(const ex_sched *s) {
+    int budget = s->o.max_tokens, dflt = budget / 8 > 0 ? budget / 8 : 1;
+    if (s->o.fixed_tokens > 0) return s->o.fixed_tokens < budget ? s->o.fixed_tokens : budget;
+    double den = s->fit_w * s->fit_xx - s->fit_x * s->fit_x;
+    if (s->fit_w < 8 || !(den > 1e-9 * s->fit_w * s->fit_xx)) return dflt;
+    double b = (s->fit_w * s->fit_xy - s->fit_x * s->fit_y) / den, a = (s->fit_y - b * s->fit_x) / s->fit_w;
+    if (!(b > 0) || !(a >= 0)) return dflt;
+    double t = a / b;
+    return t > budget ? budget : (int)t;
+}
+
 /* The sequence to preempt so that q can grow: the best victim by fair.h among the running
  * sequences not in this step's batch, q itself included. Its index, or -1 when q is the only
  * candidate. */
@@ -454,6 +480,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     order_prefills(s);
     ex_batch_buf_clear(&s->bb);
     int budget = s->o.max_tokens, nb = 0;
+    /* Between tenants (fair.h): a step that carries a prompt chunk of one class (priority, then
+     * the tenant furthest under its share) carries no prompt chunk of a later class; and prompt
+     * chunks of tenants over their share may take a step at most to twice what it costs
+     * without them (by the fitted cost of a step; at least a sixteenth of the budget), so steps
+     * stay short while another tenant's requests run and its next one may be waiting for its
+     * first token. */
+    const ex_fair_item *lead = NULL;
+    int other = 0, over = 0, fixed = fixed_tokens(s), budget_min = s->o.max_tokens / 16 > 0 ? s->o.max_tokens / 16 : 1;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
     /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
      * fair.h's order, so a long prompt never delays the running decodes. A sequence that needs
@@ -467,6 +501,10 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             int want = q->n_toks - q->n_cached;
             if (q->in_batch || (pass == 0) != (want == 1)) continue;
             if (want > budget) want = budget;
+            int is_over = pass && ex_fair_over(s->fair, &q->fi);
+            int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
+            if (pass && ((lead && ex_fair_class_before(s->fair, lead, &q->fi)) || (is_over && over_left <= 0))) continue;
+            if (is_over && want > over_left) want = over_left;
             int rc, v = -1;
             while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
                 if ((v = growth_victim(s, q)) < 0 || s->run[v] == q) break;
@@ -487,6 +525,9 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             }
             if (rc) continue; /* every other sequence is in the batch: wait for the next step */
             ex_fair_set_blocks(s->fair, &q->fi, q->kv.n);
+            if (pass && !lead) lead = &q->fi;
+            if (is_over) over += want;
+            else other += want;
             q->in_batch = 1;
             s->batch_seq[nb] = q;
             s->batch_n[nb] = want;
@@ -508,8 +549,10 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         s->srow[n_rows++] = (ex_sample_row){ .row = ex_batch_last_row(&s->bb.b, b), .sp = &q->sp, .prev = q->toks,
                                              .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias };
     }
+    uint64_t t0 = cm_time_ns();
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
+    fit_step(s, s->bb.b.n_tokens, (double)(cm_time_ns() - t0) * 1e-9);
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 

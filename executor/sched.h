@@ -87,6 +87,8 @@ typedef struct ex_sched_opts {
     int max_tokens;       /* token budget per step; 0 = the engine's max_tokens */
     int max_waiting;      /* queue cap; submit beyond it returns CM_EFULL; 0 = 1024 */
     int no_prefix_cache;  /* 1: every request computes its whole prompt (--no-prefix-cache) */
+    int fixed_tokens;     /* tokens that cost as much as a step's fixed part (the contended-step
+                           * rule above); 0 = fitted from the forward passes' times */
 } ex_sched_opts;
 
 typedef struct ex_sched_stats {
