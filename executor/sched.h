@@ -6,6 +6,15 @@
  * the whole batch, and every sequence whose context is fully in the cache samples its next
  * token.
  *
+ * Between tenants, so that one flooding the executor cannot delay another's first token by more
+ * than about a step: a step that carries a prompt chunk of one class (the more urgent priority,
+ * then the tenant further under its share) carries no prompt chunk of a later class; and while
+ * a tenant further under its share has requests running, the prompt chunks of the tenants over
+ * their share may make a step cost at most twice what it would without them: they get as many
+ * tokens as the step's other tokens plus those that cost as much as a step's fixed part
+ * (fitted, a + b * tokens, to the forward passes' times; opts.fixed_tokens sets it), and at
+ * least a sixteenth of the budget.
+ *
  * KV: a sequence is admitted only when the pool holds blocks for its whole current context
  * (beyond what the prefix cache gives it) and for this step's growth of the decoding
  * sequences; each step it grows by a block when it needs one. When a running sequence cannot

@@ -1,8 +1,10 @@
 /* Scheduling policy: executor/fair.h's order (priority, dominant share with weights, arrival),
  * its preemption rule and victim ranking; then the scheduler on stories260K: a tenant flooding
  * the queue does not delay another tenant's request (admitted at once, by preempting the
- * flood), a more urgent priority goes first and preempts, weights share the running slots,
- * queue time is reported, and every output equals the request's run alone. */
+ * flood), a more urgent priority goes first and preempts, weights share the running slots, a
+ * step carrying the less served tenant's prompt carries no other prompt and the other's
+ * prompt chunks stay small while it runs, queue time is reported, and every output equals the
+ * request's run alone. */
 #include "executor/engine.h"
 #include "executor/fair.h"
 #include "executor/kv.h"
@@ -245,6 +247,58 @@ static void test_sched_policy(void) {
     T_EQ_INT(by[3], 6);
 }
 
+/* Tokens per step (budget 16): A's three short requests decode and A's fourth prefills a long
+ * prompt when B's request arrives. */
+static void test_step_shares(void) {
+    ex_engine_opts o;
+    ex_engine_opts_default(&o);
+    o.n_threads = 1;
+    o.n_ctx = 512;
+    o.kv_cache_mb = 8;
+    o.max_tokens = 16;
+    o.max_seqs = 8;
+    char err[256];
+    ex_engine *e = NULL;
+    T_CHECKF(ex_engine_create(m, &o, &e, err, sizeof err) == 0, "%s", err);
+    ex_sched_opts so;
+    ex_sched_opts_default(&so);
+    so.fixed_tokens = 3;
+    ex_sched *s;
+    T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+    /* arrival step, prompt tokens, tokens to generate, tenant */
+    static const int rq[5][4] = { { 0, 4, 40, 1 }, { 0, 4, 40, 1 }, { 0, 4, 40, 1 }, { 1, 60, 5, 1 }, { 2, 20, 30, 2 } };
+    ex_event ev[16];
+    int n_ev, tok[6];
+    uint64_t last = 0;
+    for (int step = 0; step < 6; step++) {
+        for (int i = 0; i < 5; i++) {
+            if (rq[i][0] != step) continue;
+            ex_request r;
+            memset(&r, 0, sizeof r);
+            r.id = 1 + (uint64_t)i;
+            r.prompt = prompts[i];
+            r.n_prompt = rq[i][1];
+            ex_sample_params_default(&r.sp);
+            r.sp.max_tokens = (uint32_t)rq[i][2];
+            r.tenant = (uint64_t)rq[i][3];
+            T_EQ_INT(ex_sched_submit(s, &r), 0);
+        }
+        T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+        ex_sched_stats st;
+        ex_sched_stats_get(s, &st);
+        tok[step] = (int)(st.tokens_forwarded - last);
+        last = st.tokens_forwarded;
+    }
+    T_EQ_INT(tok[0], 12);          /* A's three prompts */
+    T_EQ_INT(tok[1], 3 + 13);      /* their decodes, A's long prompt fills the step */
+    T_EQ_INT(tok[2], 3 + 13);      /* B's prompt comes first and alone: A's chunk waits */
+    T_EQ_INT(tok[3], 3 + 7);
+    T_EQ_INT(tok[4], 4 + 7);       /* B decodes: A's chunk gets B's and A's 4 decode tokens + 3 */
+    T_EQ_INT(tok[5], 4 + 7);
+    ex_sched_destroy(s);
+    ex_engine_destroy(e);
+}
+
 int main(void) {
     test_fair();
     char err[256];
@@ -254,6 +308,7 @@ int main(void) {
         return t_done();
     }
     test_sched_policy();
+    test_step_shares();
     mdl_free(m);
     return t_done();
 }
