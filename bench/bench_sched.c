@@ -6,8 +6,9 @@
  *                                        and marked computed every block_size tokens), and the
  *                                        admissions that replace finished sequences (a 2,000-token
  *                                        prompt looked up, its cached blocks taken, the rest
- *                                        allocated and cached); then the same sequences' whole
- *                                        scheduler steps on stories260K with the cache on and off
+ *                                        allocated and cached); then 4 x SEQS requests through the
+ *                                        whole scheduler on stories260K, SEQS at once, with the
+ *                                        cache on and off (STEPS: steps of the first part, 200)
  *   bench_sched tenants [MODEL]          two tenants through the real scheduler on stories260K,
  *                                        timed by a step-time model instead of the forward pass:
  *                                        A submits 200 requests at once, B one every 500 ms; B's
@@ -165,9 +166,10 @@ static ex_sched *mk_sched(ex_engine **e, int max_seqs, int budget, int n_ctx, in
     return s;
 }
 
-/* 256 sequences decoding on stories260K, each replaced when done by a new one whose prompt
- * shares a prefix: mean wall time of a scheduler step (forward pass included). */
-static double steps_on_stories(int n_seqs, int steps, int no_prefix) {
+/* n_seqs sequences at once on stories260K, each replaced when done by a new one whose prompt
+ * shares all but its last token with the others', until n_done requests have finished: the
+ * wall time (forward passes included) and the steps it took. */
+static double run_on_stories(int n_seqs, int n_done, int no_prefix, long *steps) {
     ex_engine *e;
     ex_sched *s = mk_sched(&e, n_seqs, n_seqs + 64, 512, no_prefix, 0);
     static int32_t prompt[200];
@@ -175,14 +177,15 @@ static double steps_on_stories(int n_seqs, int steps, int no_prefix) {
     uint32_t rng = 5;
     ex_event *ev = malloc(sizeof *ev * (size_t)n_seqs * 2);
     for (int i = 0; i < 200; i++) prompt[i] = 3 + i % 500;
-    double total = 0;
-    int live = 0, n_ev;
-    for (int st = 0; st < steps + 50; st++) {
+    int live = 0, done = 0, n_ev;
+    *steps = 0;
+    double t0 = cm_time_s();
+    while (done < n_done) {
         while (live < n_seqs) {
             ex_request r;
             memset(&r, 0, sizeof r);
             rng = rng * 1664525u + 1013904223u;
-            prompt[199] = 3 + (int32_t)(rng >> 8) % 500; /* 199 shared, the last its own */
+            prompt[199] = 3 + (int32_t)(rng >> 8) % 500;
             r.id = id++;
             r.prompt = prompt;
             r.n_prompt = 200;
@@ -191,15 +194,16 @@ static double steps_on_stories(int n_seqs, int steps, int no_prefix) {
             if (ex_sched_submit(s, &r)) exit(1);
             live++;
         }
-        double t0 = cm_time_s();
         if (ex_sched_step(s, ev, n_seqs * 2, &n_ev)) exit(1);
-        if (st >= 50) total += cm_time_s() - t0; /* after the first admissions */
-        for (int k = 0; k < n_ev; k++) live -= ev[k].finish != 0;
+        (*steps)++;
+        for (int k = 0; k < n_ev; k++)
+            if (ev[k].finish) live--, done++;
     }
+    double t = cm_time_s() - t0;
     free(ev);
     ex_sched_destroy(s);
     ex_engine_destroy(e);
-    return total / steps;
+    return t;
 }
 
 /* ---- two tenants under a step-time model ------------------------------------------------------- */
@@ -301,9 +305,11 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "prefix")) {
         int n = argc > 2 ? atoi(argv[2]) : 256, steps = argc > 3 ? atoi(argv[3]) : 200;
         rc = bench_prefix(n, steps);
-        double on = steps_on_stories(n, steps, 0), off = steps_on_stories(n, steps, 1);
-        printf("scheduler steps on stories260K, %d sequences (200-token prompts, 199 shared): %.3f ms with the prefix "
-               "cache, %.3f ms without\n", n, on * 1e3, off * 1e3);
+        long s_on, s_off;
+        double on = run_on_stories(n, 4 * n, 0, &s_on), off = run_on_stories(n, 4 * n, 1, &s_off);
+        printf("whole scheduler steps on stories260K, %d sequences at once, %d requests of 200 prompt tokens (199 shared) "
+               "and 32..231 generated: %.2f s in %ld steps (%.2f ms a step) with the prefix cache, %.2f s in %ld steps "
+               "(%.2f ms) without\n", n, 4 * n, on, s_on, on / s_on * 1e3, off, s_off, off / s_off * 1e3);
     } else if (!strcmp(what, "tenants")) {
         bench_tenants(argc > 2 ? argv[2] : "cpu");
     } else {
