@@ -217,15 +217,17 @@ int ex_fair_before(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *
     return a->arrival < b->arrival;
 }
 
-int ex_fair_class_before(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b) {
-    if (a->priority != b->priority) return a->priority < b->priority;
-    return a->t != b->t && share_of(f, a->t, 0, 0) < share_of(f, b->t, 0, 0);
+int ex_fair_yields(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b, int far) {
+    if (a->priority != b->priority) return a->priority > b->priority;
+    return a->t != b->t && (far ? 2 : 1) * share_of(f, b->t, 0, 0) < share_of(f, a->t, 0, 0);
 }
 
 int ex_fair_over(const ex_fair *f, const ex_fair_item *it) {
     double sh = share_of(f, it->t, 0, 0);
-    for (int i = 0; i < f->n_live; i++)
-        if (f->live[i] != it->t && f->live[i]->n_run && share_of(f, f->live[i], 0, 0) < sh) return 1;
+    for (int i = 0; i < f->n_live; i++) {
+        const ex_fair_tenant *t = f->live[i];
+        if (t != it->t && t->n_run && share_of(f, t, 0, 0) < sh) return 1;
+    }
     return 0;
 }
 

@@ -87,11 +87,13 @@ int ex_fair_may_preempt(const ex_fair *f, const ex_fair_item *victim, const ex_f
 int ex_fair_victim_before(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b);
 /* 1 when a's work goes before b's (more urgent, its tenant further under its share, older). */
 int ex_fair_before(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b);
-/* 1 when a's class goes before b's: more urgent, or at equal priority another tenant further
- * under its share (arrival does not count: one tenant's items are of one class). */
-int ex_fair_class_before(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b);
-/* 1 when another tenant with running items is further under its share than it's tenant (at
- * any priority): it's tenant is over its share of a contended executor. */
+/* 1 when a's work yields to b's in a step: b is more urgent, or at equal priority b's tenant
+ * holds a smaller dominant share than a's; with far (1) set, less than half of it (a tenant
+ * far under its share, such as a light one beside a flooding one: two tenants near their
+ * shares do not yield that way). */
+int ex_fair_yields(const ex_fair *f, const ex_fair_item *a, const ex_fair_item *b, int far);
+/* 1 when another tenant with running items holds a smaller dominant share than it's tenant:
+ * it's tenant is over its share of a contended executor. */
 int ex_fair_over(const ex_fair *f, const ex_fair_item *it);
 
 /* Waiting items, and a walk over them (any order): first, then after(it) until NULL. */

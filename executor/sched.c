@@ -480,13 +480,15 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     order_prefills(s);
     ex_batch_buf_clear(&s->bb);
     int budget = s->o.max_tokens, nb = 0;
-    /* Between tenants (fair.h): a step that carries a prompt chunk of one class (priority, then
-     * the tenant furthest under its share) carries no prompt chunk of a later class; and prompt
-     * chunks of tenants over their share may take a step at most to twice what it costs
-     * without them (by the fitted cost of a step; at least a sixteenth of the budget), so steps
-     * stay short while another tenant's requests run and its next one may be waiting for its
-     * first token. */
-    const ex_fair_item *lead = NULL;
+    /* Between tenants (fair.h): the step's first prompt chunk in fair.h's order leads it; the
+     * prompt chunks that yield to it (less urgent, or of a tenant with a larger share) wait, and
+     * so do the decodes that yield to it far (less urgent, or of a tenant with more than twice
+     * its share), so a light tenant's first token is not held up by a flooding one; and prompt
+     * chunks of a tenant over its share while another runs may make a step cost at most twice
+     * what it would without them (by the fitted cost of a step; at least a sixteenth of the
+     * budget), so steps stay short while the other's next request may be waiting for its first
+     * token. */
+    const ex_fair_item *lead = s->n_ord ? &s->ord[0]->fi : NULL;
     int other = 0, over = 0, fixed = fixed_tokens(s), budget_min = s->o.max_tokens / 16 > 0 ? s->o.max_tokens / 16 : 1;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
     /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
@@ -503,7 +505,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             if (want > budget) want = budget;
             int is_over = pass && ex_fair_over(s->fair, &q->fi);
             int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
-            if (pass && ((lead && ex_fair_class_before(s->fair, lead, &q->fi)) || (is_over && over_left <= 0))) continue;
+            if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
             int rc, v = -1;
             while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
@@ -525,7 +527,6 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             }
             if (rc) continue; /* every other sequence is in the batch: wait for the next step */
             ex_fair_set_blocks(s->fair, &q->fi, q->kv.n);
-            if (pass && !lead) lead = &q->fi;
             if (is_over) over += want;
             else other += want;
             q->in_batch = 1;

@@ -2,9 +2,9 @@
  * its preemption rule and victim ranking; then the scheduler on stories260K: a tenant flooding
  * the queue does not delay another tenant's request (admitted at once, by preempting the
  * flood), a more urgent priority goes first and preempts, weights share the running slots, a
- * step carrying the less served tenant's prompt carries no other prompt and the other's
- * prompt chunks stay small while it runs, queue time is reported, and every output equals the
- * request's run alone. */
+ * step led by the light tenant's prompt carries none of the flooding tenant's work and the
+ * latter's prompt chunks stay small while the light one runs, queue time is reported, and
+ * every output equals the request's run alone. */
 #include "executor/engine.h"
 #include "executor/fair.h"
 #include "executor/kv.h"
@@ -291,8 +291,8 @@ static void test_step_shares(void) {
     }
     T_EQ_INT(tok[0], 12);          /* A's three prompts */
     T_EQ_INT(tok[1], 3 + 13);      /* their decodes, A's long prompt fills the step */
-    T_EQ_INT(tok[2], 3 + 13);      /* B's prompt comes first and alone: A's chunk waits */
-    T_EQ_INT(tok[3], 3 + 7);
+    T_EQ_INT(tok[2], 16);          /* B's prompt leads, alone: A's decodes and chunk wait */
+    T_EQ_INT(tok[3], 4);
     T_EQ_INT(tok[4], 4 + 7);       /* B decodes: A's chunk gets B's and A's 4 decode tokens + 3 */
     T_EQ_INT(tok[5], 4 + 7);
     ex_sched_destroy(s);
