@@ -631,7 +631,7 @@ static void test_routes(void) {
     char k1[GW_KEY_BUF], k2[GW_KEY_BUF], i1[GW_KEY_ID_BUF], i2[GW_KEY_ID_BUF];
     mk_key(f, "acme", "m1", 3, 1000, 1, 0, k1, i1);
     mk_key(f, "other", "m2", 0, 0, 0, 0, k2, i2);
-    char kw[GW_KEY_BUF];
+    char kw[GW_KEY_BUF], iw[GW_KEY_ID_BUF];
     mk_key(f, "ws", "m1", 1, 0, 0, 0, kw, iw);
     srv st = {0};
     st.keys_file = f;
