@@ -119,24 +119,32 @@ typedef struct {
 
 static int32_t prompts[MAXR][64];
 
-/* Runs rs on a fresh scheduler (max_running slots, budget tokens per step); per_step (may be
- * NULL): the tenant of every token event of step count_at, counted into by_tenant[tenant]. */
-static ex_sched_stats run(req *rs, int n, int slots, int budget, int count_at, int *by_tenant) {
+/* A scheduler on stories260K: slots sequences, budget tokens per step, fixed_tokens (opts). */
+static ex_sched *mk(ex_engine **e, int slots, int budget, int fixed_tokens) {
     ex_engine_opts o;
     ex_engine_opts_default(&o);
     o.n_threads = 1;
-    o.n_ctx = 128;
+    o.n_ctx = 256;
     o.kv_cache_mb = 8;
     o.max_tokens = budget;
     o.max_seqs = slots;
     char err[256];
-    ex_engine *e = NULL;
-    int rc = ex_engine_create(m, &o, &e, err, sizeof err);
+    *e = NULL;
+    int rc = ex_engine_create(m, &o, e, err, sizeof err);
     T_CHECKF(rc == 0, "%s", err);
     ex_sched_opts so;
     ex_sched_opts_default(&so);
-    ex_sched *s;
-    T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+    so.fixed_tokens = fixed_tokens;
+    ex_sched *s = NULL;
+    T_EQ_INT(ex_sched_create(*e, &so, &s), 0);
+    return s;
+}
+
+/* Runs rs on a fresh scheduler (max_running slots, budget tokens per step); per_step (may be
+ * NULL): the tenant of every token event of step count_at, counted into by_tenant[tenant]. */
+static ex_sched_stats run(req *rs, int n, int slots, int budget, int count_at, int *by_tenant) {
+    ex_engine *e;
+    ex_sched *s = mk(&e, slots, budget, 0);
     ex_event ev[64];
     int left = n, n_ev;
     for (int i = 0; i < n; i++) rs[i].n = 0, rs[i].first_step = rs[i].finish_step = -1;
@@ -250,21 +258,8 @@ static void test_sched_policy(void) {
 /* Tokens per step (budget 16): A's three short requests decode and A's fourth prefills a long
  * prompt when B's request arrives. */
 static void test_step_shares(void) {
-    ex_engine_opts o;
-    ex_engine_opts_default(&o);
-    o.n_threads = 1;
-    o.n_ctx = 512;
-    o.kv_cache_mb = 8;
-    o.max_tokens = 16;
-    o.max_seqs = 8;
-    char err[256];
-    ex_engine *e = NULL;
-    T_CHECKF(ex_engine_create(m, &o, &e, err, sizeof err) == 0, "%s", err);
-    ex_sched_opts so;
-    ex_sched_opts_default(&so);
-    so.fixed_tokens = 3;
-    ex_sched *s;
-    T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+    ex_engine *e;
+    ex_sched *s = mk(&e, 8, 16, 3);
     /* arrival step, prompt tokens, tokens to generate, tenant */
     static const int rq[5][4] = { { 0, 4, 40, 1 }, { 0, 4, 40, 1 }, { 0, 4, 40, 1 }, { 1, 60, 5, 1 }, { 2, 20, 30, 2 } };
     ex_event ev[16];
