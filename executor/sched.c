@@ -242,7 +242,6 @@ static void run_remove(ex_sched *s, int i) {
     s->n_run--;
 }
 
-
 int ex_sched_cancel(ex_sched *s, uint64_t id) {
     int where, idx;
     seq *q = find(s, id, &where, &idx);
@@ -400,7 +399,6 @@ static void admit(ex_sched *s) {
         }
     }
 }
-
 
 static int ord_cmp(const void *pa, const void *pb) {
     const ord_key *a = pa, *b = pb;
