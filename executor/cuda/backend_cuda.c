@@ -1016,6 +1016,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->base.kv_type = DT_F16;
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
+    s->base.sample_caps = EX_SAMPLE_CAP_MASK; /* token masks applied in kc_sample */
     s->base.kv_copy = cuda_kv_copy;
     s->base.destroy = cuda_destroy;
     s->base.impl = s;
@@ -1185,7 +1186,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
             goto oom;
-        size_t pool = kc_sample_pool_bytes(s->lim.max_out);
+        size_t pool = kc_sample_pool_bytes(s->lim.max_out, c->n_vocab);
         if (dalloc(&s->d_samp, pool) || dalloc(&s->d_sout, R * sizeof(kc_sample_out)) ||
             cudaMallocHost(&s->h_samp, pool) != cudaSuccess || cudaMallocHost((void **)&s->h_sout, R * sizeof(kc_sample_out)) != cudaSuccess ||
             !(s->samp_mark = malloc(R)) || !(s->samp_slot = malloc(R * sizeof(int))))
