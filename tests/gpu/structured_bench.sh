@@ -6,10 +6,9 @@
 # request runs to --max-tokens as the runs without one do with ignore_eos). The issue's bar:
 # decode throughput under the schema >= 95 % of the plain one at both batch sizes.
 #
-# Until the CUDA backend declares EX_SAMPLE_CAP_MASK (executor/backend.h: the device sampler
-# applies the rows' bitmasks), a step with a masked row samples every row on the host (the
-# logits cross to the host), so this measures that fallback; run it again once the device
-# sampler takes masks.
+# The CUDA backend applies the masks in its device sampler (EX_SAMPLE_CAP_MASK): each step
+# uploads the masked rows' bitmasks with the sampling rows (the executor computes the masks on
+# its step thread, as on the CPU backend).
 #
 # Setup as tests/gpu/serve_cuda.sh: the gateway binary $ARKA_SERVE_BIN (default
 # build-gpusrv/bin/arka), Debian's libuv/cJSON .debs in .carry/debs, the vocabulary
@@ -22,6 +21,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 BIN=${ARKA_SERVE_BIN:-build-gpusrv/bin/arka}
 VOCAB=.carry/models/ggml-vocab-llama-spm.gguf
+[ -f $VOCAB ] || VOCAB=.carry/ggml-vocab-llama-spm.gguf
 LIBS=/tmp/arka-debs
 mkdir -p "$LIBS"
 for d in .carry/debs/*.deb; do dpkg -x "$d" "$LIBS"; done
