@@ -1390,6 +1390,7 @@ static int bench_init_b(bench *d, const bench *b, const char *key, int n, double
 
 static void bench_fini(bench *b) {
     bench_free(b);
+    free(b->body_tail); /* its own (bench_init_b built it) */
     pthread_cond_destroy(&b->cv);
     pthread_mutex_destroy(&b->mu);
 }
