@@ -1,6 +1,7 @@
 /* sched: admission by policy (fair.h), running set, chunked prefill, prefix cache, preemption
  * by recompute. */
 #include "sched.h"
+#include "backend.h"
 #include "fair.h"
 #include "kv.h"
 #include "../common/cm_err.h"
@@ -78,6 +79,9 @@ struct ex_sched {
     /* the forward pass's time against its tokens, fitted as a + b * tokens over recent steps
      * (exponentially weighted least squares): how many tokens cost as much as a step's fixed part */
     double     fit_w, fit_x, fit_y, fit_xx, fit_xy;
+    /* the decode guard's cost model: a + b * tokens + c * attention work, fitted the same way
+     * (sums of 1, x, z, y, xx, xz, zz, xy, zy) */
+    double     cf[9];
     ex_sched_stats st;
     /* grammars */
     ex_gram_vocab *vocab; /* token bytes (ex_sched_set_vocab), NULL: grammars refused */
@@ -139,6 +143,10 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     if (s->o.max_tokens <= 0 || s->o.max_tokens > L->max_tokens) s->o.max_tokens = L->max_tokens;
     if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
     if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
+    /* the decode guard by default where a long prompt's chunks can stall decodes for hundreds
+     * of milliseconds at full budget (a GPU's); on the CPU backend, whose step times on a shared
+     * machine are too noisy to fit, only when asked */
+    if (s->o.stall_max == 0) s->o.stall_max = strcmp(ex_engine_backend(e)->name, "cpu") ? 1.75 : -1;
     int rc = CM_ENOMEM;
     int R = s->o.max_running, W = s->o.max_waiting;
     s->run = calloc((size_t)R, sizeof *s->run);
@@ -595,6 +603,49 @@ static void fit_step(ex_sched *s, double x, double y) {
     s->fit_xy = s->fit_xy * d + x * y;
 }
 
+/* Adds a step of x tokens and attention work z (query tokens x positions attended) that took y
+ * seconds to the decode guard's cost model (weights decay by 0.98 a step). */
+static void cost_add(ex_sched *s, double x, double z, double y) {
+    const double d = 0.98, v[9] = { 1, x, z, y, x * x, x * z, z * z, x * y, z * y };
+    for (int i = 0; i < 9; i++) s->cf[i] = s->cf[i] * d + v[i];
+}
+
+static double det3(const double m[3][3]) {
+    return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+           m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+}
+
+/* The guard's cost model (opts.step_cost, or the fit's least-squares solution). 0 while the fit
+ * has too few or too alike steps, or gives a negative or zero attention cost: no guard then. */
+static int cost_model(const ex_sched *s, double *a, double *b, double *c) {
+    const double *o = s->o.step_cost;
+    if (o[0] > 0 || o[1] > 0 || o[2] > 0) {
+        *a = o[0], *b = o[1], *c = o[2];
+        return *c > 0 || *b > 0;
+    }
+    const double *f = s->cf;
+    if (f[0] < 8) return 0;
+    double m[3][3] = { { f[0], f[1], f[2] }, { f[1], f[4], f[5] }, { f[2], f[5], f[6] } }, r[3] = { f[3], f[7], f[8] };
+    double D = det3(m);
+    if (!(fabs(D) > 1e-9 * f[0] * f[4] * f[6])) return 0;
+    double sol[3];
+    for (int k = 0; k < 3; k++) {
+        double t[3][3];
+        memcpy(t, m, sizeof t);
+        for (int i = 0; i < 3; i++) t[i][k] = r[i];
+        sol[k] = det3(t) / D;
+    }
+    *a = sol[0] > 0 ? sol[0] : 0, *b = sol[1] > 0 ? sol[1] : 0, *c = sol[2];
+    return *c > 0;
+}
+
+/* The most tokens of a prompt chunk at context n0 whose cost b * w + c * w * (n0 + w) fits e. */
+static int chunk_fit(double b, double c, int n0, double e) {
+    if (e <= 0) return 0;
+    double B = b + c * n0, w = c > 0 ? (-B + sqrt(B * B + 4 * c * e)) / (2 * c) : B > 0 ? e / B : 1e9;
+    return w >= 1e9 ? 1000000000 : (int)w;
+}
+
 /* The tokens whose cost equals a step's fixed cost (a / b of the fitted a + b * tokens), within
  * [0, budget]; an eighth of the budget until the fit has seen steps of different sizes. */
 static int fixed_tokens(const ex_sched *s) {
@@ -746,12 +797,17 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     const ex_fair_item *lead = s->n_ord ? &s->ord[0]->fi : NULL;
     int other = 0, over = 0, fixed = fixed_tokens(s), budget_min = s->o.max_tokens / 16 > 0 ? s->o.max_tokens / 16 : 1;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
+    /* the decode guard (sched.h): its model, the decodes' cost, the bound */
+    double ca = 0, cb = 0, cc = 0, stall = s->o.stall_max, dec_cost = 0, cost = 0;
+    int guard = stall > 0 && cost_model(s, &ca, &cb, &cc), n_dec = 0, n_chunks = 0;
+    cost = ca; /* the step's predicted cost so far */
     /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
      * fair.h's order, so a long prompt never delays the running decodes. A sequence that needs
      * a block when none is free preempts the best victim among the running sequences not
      * already in this step's batch (itself, when fair.h ranks it first); when there is none,
      * it sits this step out (or, alone, finishes with CM_ENOKV). */
     for (int pass = 0; pass < 2; pass++) {
+        if (pass) dec_cost = cost; /* the decodes alone */
         for (int i = 0; i < (pass ? s->n_ord : s->n_run) && budget > 0 && nb < room; i++) {
             seq *q = pass ? s->ord[i] : s->run[i];
             if (!q || q->fi.state != EX_FAIR_RUNNING) continue; /* preempted in this pass */
@@ -762,6 +818,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
             if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
+            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
+                int w = chunk_fit(cb, cc, q->n_cached, stall * dec_cost - cost);
+                if (w < s->lim.block_size) {
+                    if (n_chunks) continue; /* the step is full: the next one takes it */
+                    w = s->lim.block_size;
+                }
+                if (want > w) want = w;
+            }
             int rc, v = -1;
             while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
                 if ((v = growth_victim(s, q)) < 0 || s->run[v] == q) break;
@@ -784,6 +848,9 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             ex_fair_set_blocks(s->fair, &q->fi, q->kv.n);
             if (is_over) over += want;
             else other += want;
+            cost += cb * want + cc * (double)want * (q->n_cached + want);
+            if (pass) n_chunks++;
+            else n_dec++;
             q->in_batch = 1;
             s->batch_seq[nb] = q;
             s->batch_n[nb] = want;
@@ -811,10 +878,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
                                              .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias,
                                              .mask = mask };
     }
+    double work = 0; /* attention work: each token x the positions it attends to */
+    for (int b = 0; b < nb; b++) work += (double)s->batch_n[b] * (s->batch_seq[b]->n_cached + s->batch_n[b]);
     uint64_t t0 = cm_time_ns();
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
-    fit_step(s, s->bb.b.n_tokens, (double)(cm_time_ns() - t0) * 1e-9);
+    double dt = (double)(cm_time_ns() - t0) * 1e-9;
+    fit_step(s, s->bb.b.n_tokens, dt);
+    cost_add(s, s->bb.b.n_tokens, work, dt);
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 

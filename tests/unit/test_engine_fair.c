@@ -4,7 +4,8 @@
  * flood), a more urgent priority goes first and preempts, weights share the running slots, a
  * step led by the light tenant's prompt carries none of the flooding tenant's work and the
  * latter's prompt chunks stay small while the light one runs, queue time is reported, and
- * every output equals the request's run alone. */
+ * every output equals the request's run alone; the decode guard cuts a long prompt's chunks
+ * beside decodes by the cost model. */
 #include "executor/engine.h"
 #include "executor/fair.h"
 #include "executor/kv.h"
@@ -13,6 +14,7 @@
 #include "model/model.h"
 #include "t.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -294,6 +296,98 @@ static void test_step_shares(void) {
     ex_engine_destroy(e);
 }
 
+/* The decode guard (sched.h): four sequences decode while a 200-token prompt arrives. With a
+ * given cost model (a + b tokens + c attention work) the prompt's chunks keep each step within
+ * 1.75 times its decodes' cost (at least a block), the prompt still completes; without the
+ * guard it takes the whole budget in one step; a prompt alone is never cut. */
+static int guard_chunk(double b, double c, int n0, double e) {
+    if (e <= 0) return 0;
+    double B = b + c * n0;
+    return (int)((-B + sqrt(B * B + 4 * c * e)) / (2 * c));
+}
+
+static void test_decode_guard(void) {
+    const double a = 1, b = 0.01, c = 0.001;
+    static int32_t longp[200];
+    longp[0] = 1;
+    for (int j = 1; j < 200; j++) longp[j] = 3 + (int32_t)((j * 7919u) % 500);
+    for (int on = 1; on >= 0; on--) {
+        ex_engine_opts o;
+        ex_engine_opts_default(&o);
+        o.n_threads = 1;
+        o.n_ctx = 256;
+        o.kv_cache_mb = 8;
+        o.max_tokens = 128;
+        o.max_seqs = 8;
+        char err[256];
+        ex_engine *e = NULL;
+        if (ex_engine_create(m, &o, &e, err, sizeof err)) { T_CHECKF(0, "%s", err); return; }
+        ex_sched_opts so;
+        ex_sched_opts_default(&so);
+        so.stall_max = on ? 1.75 : -1;
+        so.step_cost[0] = a, so.step_cost[1] = b, so.step_cost[2] = c;
+        ex_sched *s = NULL;
+        T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+        const int bs = ex_engine_limits(e)->block_size;
+        ex_event ev[16];
+        int n_ev, n0 = 0, first = -1;
+        uint64_t last = 0;
+        for (int step = 0; step < 40 && first < 0; step++) {
+            for (int i = 0; i < 5; i++) {
+                if ((i < 4 && step != 0) || (i == 4 && step != 2)) continue;
+                ex_request r;
+                memset(&r, 0, sizeof r);
+                r.id = 1 + (uint64_t)i;
+                r.prompt = i < 4 ? prompts[i] : longp;
+                r.n_prompt = i < 4 ? 4 : 200;
+                ex_sample_params_default(&r.sp);
+                r.sp.max_tokens = i < 4 ? 100 : 5;
+                T_EQ_INT(ex_sched_submit(s, &r), 0);
+            }
+            T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+            for (int k = 0; k < n_ev; k++)
+                if (ev[k].id == 5 && ev[k].token >= 0) first = step;
+            ex_sched_stats st;
+            ex_sched_stats_get(s, &st);
+            int tok = (int)(st.tokens_forwarded - last);
+            last = st.tokens_forwarded;
+            if (step < 2) continue;
+            int chunk = tok - 4, rest = 200 - n0;
+            /* the four decodes: position 4 + step - 1 each, attending to 4 + step positions */
+            double dec = a + 4 * (b + c * (4 + step));
+            int want = on ? guard_chunk(b, c, n0, 1.75 * dec - dec) : 124;
+            if (want < bs) want = bs;
+            if (want > rest) want = rest;
+            if (want > 124) want = 124;
+            T_CHECKF(chunk >= want - 1 && chunk <= want + 1, "guard %d, step %d: a chunk of %d at %d, want %d", on, step, chunk,
+                     n0, want);
+            n0 += chunk;
+        }
+        T_CHECKF(first >= 0, "guard %d: the long prompt never got its first token", on);
+        if (on) T_CHECKF(first > 4, "guard on: the prompt completed at step %d, in big chunks", first);
+        else T_EQ_INT(first, 3); /* 124 + 76 */
+        ex_sched_destroy(s);
+        ex_engine_destroy(e);
+    }
+    /* a prompt alone: one chunk of the whole budget, guard or not */
+    ex_engine *e;
+    ex_sched *s = mk(&e, 8, 64, 0);
+    ex_request r;
+    memset(&r, 0, sizeof r);
+    r.id = 9;
+    r.prompt = prompts[5];
+    r.n_prompt = 60;
+    ex_sample_params_default(&r.sp);
+    r.sp.max_tokens = 2;
+    T_EQ_INT(ex_sched_submit(s, &r), 0);
+    ex_event ev[16];
+    int n_ev;
+    T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+    T_EQ_INT(n_ev, 1);
+    ex_sched_destroy(s);
+    ex_engine_destroy(e);
+}
+
 int main(void) {
     test_fair();
     char err[256];
@@ -304,6 +398,7 @@ int main(void) {
     }
     test_sched_policy();
     test_step_shares();
+    test_decode_guard();
     mdl_free(m);
     return t_done();
 }
