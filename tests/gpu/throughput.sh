@@ -137,7 +137,8 @@ serve|workloads|resume|longctx)
   if [ "$MODE" = longctx ]; then
     M=$(mk llama3.1-8b f16)
     step "arka serve --ctx 131072, llama3.1-8b F16"
-    $SRV serve -m "$M" --backend cuda --ctx 131072 --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
+    # no prefix cache: the load generator's prompts of one seed share their first words
+    $SRV serve -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
     SP=$!
     URL=""
     for _ in $(seq 900); do
