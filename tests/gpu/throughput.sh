@@ -24,6 +24,7 @@
 #   tests/gpu/throughput.sh longctx OUT   `arka serve --ctx 131072` on llama3.1-8b F16: TTFT of 8k / 32k / 127k-token
 #                                         prompts (`arka bench serve`), a prompt past the context (400), and the ITL of
 #                                         64 decoding streams alone and while a 120k-token prompt is prefilled beside them
+#                                         (LONGCTX_PARTS picks among "ttft over itl")
 #   tests/gpu/throughput.sh resume OUT    tests/integration/test_resume.sh cuda (generations through executor kill -9 /
 #                                         SIGSTOP on stories260K, identical to the undisturbed run)
 #   tests/gpu/throughput.sh fp8refs OUT   tests/models/fp8/make_fp8_refs.py (PyTorch's float8_e4m3fn checkpoints), packed as
@@ -149,25 +150,30 @@ serve|workloads|resume|longctx)
     done
     grep -E 'kernel plan|KV pool|KV cache|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-300
     bs() { timeout 300 $SRV bench serve --url "$URL" --seed 1 "$@"; }
-    for L in 8000 32000 127000; do
+    PARTS=${LONGCTX_PARTS:-ttft over itl}
+    case " $PARTS " in *" ttft "*) ;; *) false ;; esac && for L in 8000 32000 127000; do
       step "TTFT, one prompt of $L words at a time"
       bs --requests 2 --concurrency 1 --prompt-len $L --max-tokens 8 --json "$OUT/ttft-$L.json" >"$OUT/ttft-$L.txt" 2>&1
       echo "rc=$?"; grep -E '^requests|^TTFT|prompt tokens' "$OUT/ttft-$L.txt"
     done
-    step "a prompt past the context"
-    bs --requests 1 --concurrency 1 --prompt-len 140000 --max-tokens 8 >"$OUT/over.txt" 2>&1; grep -E '^requests|first error|failed' "$OUT/over.txt" | head -3
-    step "64 streams decoding alone, then beside a 120k-token prompt"
-    bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-alone.json" >"$OUT/itl-alone.txt" 2>&1
-    grep -E '^ITL|^TPOT|duration' "$OUT/itl-alone.txt"
-    bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-beside.json" >"$OUT/itl-beside.txt" 2>&1 &
-    AP=$!
-    sleep 4
-    bs --requests 1 --concurrency 1 --prompt-len 120000 --max-tokens 4 >"$OUT/long-beside.txt" 2>&1
-    wait $AP
-    grep -E '^ITL|^TPOT|duration' "$OUT/itl-beside.txt"; grep -E '^TTFT' "$OUT/long-beside.txt"
-    python3 -c "
+    case " $PARTS " in *" over "*)
+      step "a prompt past the context"
+      bs --requests 1 --concurrency 1 --prompt-len 140000 --max-tokens 8 >"$OUT/over.txt" 2>&1; grep -E '^requests|first error|failed' "$OUT/over.txt" | head -3
+    ;; esac
+    case " $PARTS " in *" itl "*)
+      step "64 streams decoding alone, then beside a 120k-token prompt"
+      bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-alone.json" >"$OUT/itl-alone.txt" 2>&1
+      grep -E '^ITL|^TPOT|duration' "$OUT/itl-alone.txt"
+      bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-beside.json" >"$OUT/itl-beside.txt" 2>&1 &
+      AP=$!
+      sleep 4
+      bs --requests 1 --concurrency 1 --prompt-len 120000 --max-tokens 4 >"$OUT/long-beside.txt" 2>&1
+      wait $AP
+      grep -E '^ITL|^TPOT|duration' "$OUT/itl-beside.txt"; grep -E '^TTFT' "$OUT/long-beside.txt"
+      python3 -c "
 import json; a=json.load(open('$OUT/itl-alone.json'))['itl_ms']; b=json.load(open('$OUT/itl-beside.json'))['itl_ms']
 print('ITL p99 of 64 streams: alone %.2f ms, beside the 120k prompt %.2f ms: %.2fx (target <= 2x); p50 %.2f -> %.2f' % (a['p99'], b['p99'], b['p99'] / a['p99'], a['p50'], b['p50']))"
+    ;; esac
     kill $SP 2>/dev/null; wait $SP 2>/dev/null
     exit 0
   fi
