@@ -32,6 +32,7 @@ int cli_executor(int argc, char **argv) {
         { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = cpu 512, cuda from the device and model)" },
         { "max-waiting", 0, CM_OPT_INT, &o.max_waiting, "queued requests before the executor refuses (0 = 1024)" },
         { "no-prefix-cache", 0, CM_OPT_BOOL, &o.no_prefix_cache, "compute every prompt in full (no reuse of cached prefixes' KV)" },
+        { "max-decode-stall", 0, CM_OPT_F64, &o.max_decode_stall, "with decodes running, a step may cost at most F times their cost alone: long prompts' chunks shrink (their TTFT for the others' ITL); 0 = off (default)" },
         { 0 },
     };
     char err[512];
@@ -45,6 +46,10 @@ int cli_executor(int argc, char **argv) {
         return 2;
     }
     if (cli_check_cuda_opts("executor", o.engine.gpu_mem_fraction, o.engine.cuda_graph_budget_s)) return 2;
+    if (o.max_decode_stall != 0 && !(o.max_decode_stall >= 1 && o.max_decode_stall <= 100)) {
+        fprintf(stderr, "arka executor: --max-decode-stall: expected 0 (off) or a factor from 1 to 100, got %g\n", o.max_decode_stall);
+        return 2;
+    }
     if (ex_engine_opts_types(&o.engine, quantize, kv_dtype, err, sizeof err)) {
         fprintf(stderr, "arka executor: %s\n", err);
         return 2;

@@ -34,6 +34,7 @@ int cli_serve(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
         { "no-prefix-cache", 0, CM_OPT_BOOL, &o.no_prefix_cache, "compute every prompt in full (no reuse of cached prefixes' KV)" },
+        { "max-decode-stall", 0, CM_OPT_F64, &o.max_decode_stall, "with decodes running, a step may cost at most F times their cost alone: long prompts' chunks shrink (their TTFT for the others' ITL); 0 = off (default)" },
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
         { "max-conns", 0, CM_OPT_INT, &o.max_conns,
           "open HTTP connections (0 = 1024); at the cap idle ones make room, /health /ready /metrics are always answered" },
@@ -96,6 +97,10 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;
+    if (o.max_decode_stall != 0 && !(o.max_decode_stall >= 1 && o.max_decode_stall <= 100)) {
+        fprintf(stderr, "arka serve: --max-decode-stall: expected 0 (off) or a factor from 1 to 100, got %g\n", o.max_decode_stall);
+        return 2;
+    }
     ex_engine_opts eo; /* the executors apply them: checked here so a bad value stops serve at once */
     ex_engine_opts_default(&eo);
     if (ex_engine_opts_types(&eo, o.quantize, o.kv_cache_dtype, err, sizeof err)) {

@@ -375,6 +375,7 @@ int ex_proc_run(const ex_proc_opts *o) {
     ex_sched_opts_default(&so);
     so.max_waiting = o->max_waiting;
     so.no_prefix_cache = o->no_prefix_cache;
+    so.stall_max = o->max_decode_stall;
     const ex_limits *L = ex_engine_limits(p->e);
     p->ev_cap = L->max_seqs > 0 ? L->max_seqs * 2 : 64;
     uint32_t want = (uint32_t)((o->max_waiting ? o->max_waiting : 1024) + L->max_seqs) * 2, n = 64;

@@ -28,6 +28,7 @@ typedef struct ex_proc_opts {
     int            max_waiting; /* scheduler queue cap; 0 = 1024 */
     int            idle_ms;   /* heartbeat period while idle; 0 = 100 */
     int            no_prefix_cache; /* 1: no prefix cache (--no-prefix-cache) */
+    double         max_decode_stall; /* the scheduler's decode guard (--max-decode-stall; 0: off) */
 } ex_proc_opts;
 
 void ex_proc_opts_default(ex_proc_opts *o);

@@ -1,7 +1,6 @@
 /* sched: admission by policy (fair.h), running set, chunked prefill, prefix cache, preemption
  * by recompute. */
 #include "sched.h"
-#include "backend.h"
 #include "fair.h"
 #include "kv.h"
 #include "../common/cm_err.h"
@@ -15,6 +14,8 @@
 #include <string.h>
 
 #define GRAM_CACHE 64     /* compiled grammars kept (unused ones are dropped oldest first) */
+#define GUARD_MIN_TOKENS 64   /* the decode guard's smallest chunk: a GPU prefill tile (fewer cost as much) */
+#define GUARD_WAIT_TOKENS 256 /* its chunks beside decodes until the cost model is fitted */
 
 typedef struct seq {
     uint64_t id;
@@ -79,9 +80,9 @@ struct ex_sched {
     /* the forward pass's time against its tokens, fitted as a + b * tokens over recent steps
      * (exponentially weighted least squares): how many tokens cost as much as a step's fixed part */
     double     fit_w, fit_x, fit_y, fit_xx, fit_xy;
-    /* the decode guard's cost model: a + b * tokens + c * attention work, fitted the same way
-     * (sums of 1, x, z, y, xx, xz, zz, xy, zy) */
-    double     cf[9];
+    /* the decode guard's cost model, fitted the same way: y = k . (1, tokens, positions read,
+     * attention work); the decayed normal equations cm[4][4] k = cv[4] */
+    double     cm[4][4], cv[4];
     ex_sched_stats st;
     /* grammars */
     ex_gram_vocab *vocab; /* token bytes (ex_sched_set_vocab), NULL: grammars refused */
@@ -143,10 +144,6 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     if (s->o.max_tokens <= 0 || s->o.max_tokens > L->max_tokens) s->o.max_tokens = L->max_tokens;
     if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
     if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
-    /* the decode guard by default where a long prompt's chunks can stall decodes for hundreds
-     * of milliseconds at full budget (a GPU's); on the CPU backend, whose step times on a shared
-     * machine are too noisy to fit, only when asked */
-    if (s->o.stall_max == 0) s->o.stall_max = strcmp(ex_engine_backend(e)->name, "cpu") ? 1.75 : -1;
     int rc = CM_ENOMEM;
     int R = s->o.max_running, W = s->o.max_waiting;
     s->run = calloc((size_t)R, sizeof *s->run);
@@ -603,46 +600,53 @@ static void fit_step(ex_sched *s, double x, double y) {
     s->fit_xy = s->fit_xy * d + x * y;
 }
 
-/* Adds a step of x tokens and attention work z (query tokens x positions attended) that took y
- * seconds to the decode guard's cost model (weights decay by 0.98 a step). */
-static void cost_add(ex_sched *s, double x, double z, double y) {
-    const double d = 0.98, v[9] = { 1, x, z, y, x * x, x * z, z * z, x * y, z * y };
-    for (int i = 0; i < 9; i++) s->cf[i] = s->cf[i] * d + v[i];
+/* Adds a step that took y seconds to the decode guard's cost model: f = (1, tokens, positions
+ * read (each sequence's context: its K/V pass over the memory), attention work (each token x
+ * the positions it attends to)); weights decay by 0.98 a step. */
+static void cost_add(ex_sched *s, const double f[4], double y) {
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) s->cm[i][j] = s->cm[i][j] * 0.98 + f[i] * f[j];
+        s->cv[i] = s->cv[i] * 0.98 + f[i] * y;
+    }
 }
 
-static double det3(const double m[3][3]) {
-    return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
-           m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
-}
-
-/* The guard's cost model (opts.step_cost, or the fit's least-squares solution). 0 while the fit
- * has too few or too alike steps, or gives a negative or zero attention cost: no guard then. */
-static int cost_model(const ex_sched *s, double *a, double *b, double *c) {
+/* The guard's cost model k (opts.step_cost: a, b, c with no positions term; else the fit,
+ * solved by elimination with partial pivoting). 0 while the fit has too few or too alike steps,
+ * or gives no positive attention cost: the guard then bounds chunks by MODEL_WAIT_TOKENS. */
+static int cost_model(const ex_sched *s, double k[4]) {
     const double *o = s->o.step_cost;
     if (o[0] > 0 || o[1] > 0 || o[2] > 0) {
-        *a = o[0], *b = o[1], *c = o[2];
-        return *c > 0 || *b > 0;
+        k[0] = o[0], k[1] = o[1], k[2] = 0, k[3] = o[2];
+        return 1;
     }
-    const double *f = s->cf;
-    if (f[0] < 8) return 0;
-    double m[3][3] = { { f[0], f[1], f[2] }, { f[1], f[4], f[5] }, { f[2], f[5], f[6] } }, r[3] = { f[3], f[7], f[8] };
-    double D = det3(m);
-    if (!(fabs(D) > 1e-9 * f[0] * f[4] * f[6])) return 0;
-    double sol[3];
-    for (int k = 0; k < 3; k++) {
-        double t[3][3];
-        memcpy(t, m, sizeof t);
-        for (int i = 0; i < 3; i++) t[i][k] = r[i];
-        sol[k] = det3(t) / D;
+    if (s->cm[0][0] < 8) return 0;
+    double A[4][5];
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) A[i][j] = s->cm[i][j];
+        A[i][4] = s->cv[i];
     }
-    *a = sol[0] > 0 ? sol[0] : 0, *b = sol[1] > 0 ? sol[1] : 0, *c = sol[2];
-    return *c > 0;
+    for (int c = 0; c < 4; c++) {
+        int p = c;
+        for (int r = c + 1; r < 4; r++) if (fabs(A[r][c]) > fabs(A[p][c])) p = r;
+        if (!(fabs(A[p][c]) > 1e-12 * (fabs(s->cm[c][c]) + 1e-300))) return 0;
+        if (p != c) for (int j = 0; j < 5; j++) { double t = A[c][j]; A[c][j] = A[p][j]; A[p][j] = t; }
+        for (int r = 0; r < 4; r++) {
+            if (r == c) continue;
+            double f = A[r][c] / A[c][c];
+            for (int j = c; j < 5; j++) A[r][j] -= f * A[c][j];
+        }
+    }
+    for (int i = 0; i < 4; i++) k[i] = A[i][4] / A[i][i];
+    for (int i = 0; i < 3; i++) k[i] = k[i] > 0 ? k[i] : 0;
+    return k[3] > 0;
 }
 
-/* The most tokens of a prompt chunk at context n0 whose cost b * w + c * w * (n0 + w) fits e. */
-static int chunk_fit(double b, double c, int n0, double e) {
-    if (e <= 0) return 0;
-    double B = b + c * n0, w = c > 0 ? (-B + sqrt(B * B + 4 * c * e)) / (2 * c) : B > 0 ? e / B : 1e9;
+/* The most tokens of a prompt chunk at context n0 whose cost b w + d (n0 + w) + c w (n0 + w)
+ * fits e. */
+static int chunk_fit(const double k[4], int n0, double e) {
+    const double b = k[1], d = k[2], c = k[3], rest = e - d * n0;
+    if (rest <= 0) return 0;
+    double B = b + d + c * n0, w = c > 0 ? (-B + sqrt(B * B + 4 * c * rest)) / (2 * c) : B > 0 ? rest / B : 1e9;
     return w >= 1e9 ? 1000000000 : (int)w;
 }
 
@@ -798,9 +802,9 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     int other = 0, over = 0, fixed = fixed_tokens(s), budget_min = s->o.max_tokens / 16 > 0 ? s->o.max_tokens / 16 : 1;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
     /* the decode guard (sched.h): its model, the decodes' cost, the bound */
-    double ca = 0, cb = 0, cc = 0, stall = s->o.stall_max, dec_cost = 0, cost = 0;
-    int guard = stall > 0 && cost_model(s, &ca, &cb, &cc), n_dec = 0, n_chunks = 0;
-    cost = ca; /* the step's predicted cost so far */
+    double ck[4] = { 0 }, stall = s->o.stall_max, dec_cost = 0, cost;
+    int guard = stall > 0, fitted = guard && cost_model(s, ck), n_dec = 0, n_chunks = 0;
+    cost = ck[0]; /* the step's predicted cost so far */
     /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
      * fair.h's order, so a long prompt never delays the running decodes. A sequence that needs
      * a block when none is free preempts the best victim among the running sequences not
@@ -818,11 +822,11 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
             if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
-            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
-                int w = chunk_fit(cb, cc, q->n_cached, stall * dec_cost - cost);
-                if (w < s->lim.block_size) {
+            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a tile */
+                int w = fitted ? chunk_fit(ck, q->n_cached, stall * dec_cost - cost) : GUARD_WAIT_TOKENS;
+                if (w < GUARD_MIN_TOKENS) {
                     if (n_chunks) continue; /* the step is full: the next one takes it */
-                    w = s->lim.block_size;
+                    w = GUARD_MIN_TOKENS;
                 }
                 if (want > w) want = w;
             }
@@ -848,7 +852,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             ex_fair_set_blocks(s->fair, &q->fi, q->kv.n);
             if (is_over) over += want;
             else other += want;
-            cost += cb * want + cc * (double)want * (q->n_cached + want);
+            cost += ck[1] * want + ck[2] * (q->n_cached + want) + ck[3] * (double)want * (q->n_cached + want);
             if (pass) n_chunks++;
             else n_dec++;
             q->in_batch = 1;
@@ -878,14 +882,18 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
                                              .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias,
                                              .mask = mask };
     }
-    double work = 0; /* attention work: each token x the positions it attends to */
-    for (int b = 0; b < nb; b++) work += (double)s->batch_n[b] * (s->batch_seq[b]->n_cached + s->batch_n[b]);
+    double feat[4] = { 1, s->bb.b.n_tokens, 0, 0 }; /* the guard's features of this step */
+    for (int b = 0; b < nb; b++) {
+        double ctx = s->batch_seq[b]->n_cached + s->batch_n[b];
+        feat[2] += ctx;
+        feat[3] += s->batch_n[b] * ctx;
+    }
     uint64_t t0 = cm_time_ns();
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
     double dt = (double)(cm_time_ns() - t0) * 1e-9;
     fit_step(s, s->bb.b.n_tokens, dt);
-    cost_add(s, s->bb.b.n_tokens, work, dt);
+    cost_add(s, feat, dt);
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 

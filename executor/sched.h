@@ -15,13 +15,16 @@
  * (fitted, a + b * tokens, to the forward passes' times; opts.fixed_tokens sets it), and at
  * least a sixteenth of the budget.
  *
- * Decodes are not stalled by long prompts (the decode guard, on by default on GPU backends): a
- * step that carries decoding sequences may cost at most opts.stall_max (1.75) times what its decodes alone would, by a cost
- * model of the forward pass, a + b * tokens + c * attention work (the positions each token
- * attends to, summed), fitted to the forward passes' times. Each prompt chunk gets the tokens
- * that fit what is left of that bound (fewer as its context grows: a chunk deep into a 128k
- * prompt costs far more per token than the first), and at least one block's worth, so every
- * prompt still advances. A step without decodes takes whole chunks up to the budget.
+ * The decode guard (opts.stall_max > 0, `--max-decode-stall`; off by default): a step that carries
+ * decoding sequences may cost at most stall_max times what its decodes alone would, by a cost
+ * model of the forward pass, k . (1, tokens, positions read, attention work) (positions read:
+ * each sequence's context, its K/V pass over memory; attention work: each token times the
+ * positions it attends to), fitted to the forward passes' times. Each prompt chunk gets the
+ * tokens that fit what is left of that bound (fewer as its context grows), at least 64 (a GPU
+ * prefill tile: fewer cost as much), 256 until the model is fitted. A step without decodes takes
+ * whole chunks up to the budget. It trades the long prompt's time to first token for the
+ * others' inter-token latency (bench/RESULTS.md: a 120k-token prompt beside 64 streams on an
+ * H200).
  *
  * KV: a sequence is admitted only when the pool holds blocks for its whole current context
  * (beyond what the prefix cache gives it) and for this step's growth of the decoding
@@ -136,10 +139,8 @@ typedef struct ex_sched_opts {
     int no_prefix_cache;  /* 1: every request computes its whole prompt (--no-prefix-cache) */
     int fixed_tokens;     /* tokens that cost as much as a step's fixed part (the contended-step
                            * rule above); 0 = fitted from the forward passes' times */
-    double stall_max;     /* a step carrying decodes may cost at most this many times its decodes
-                           * alone (the decode guard above); < 0: no guard; 0: 1.75 on a GPU
-                           * backend, no guard on the CPU backend (its step times on a shared
-                           * machine are too noisy to fit) */
+    double stall_max;     /* the decode guard above: a step carrying decodes costs at most this
+                           * many times its decodes alone; <= 0: off (the default) */
     double step_cost[3];  /* the guard's cost model a + b * tokens + c * attention work; all 0 =
                            * fitted from the forward passes' times (tests set it) */
 } ex_sched_opts;

@@ -235,8 +235,8 @@ int gw_serve_run(const gw_serve_opts *o) {
         return 1;
     }
     self[sl] = 0;
-    enum { NARG = 32 };
-    static char nums[GW_POOL_MAX_EXEC][8][24];
+    enum { NARG = 40 };
+    static char nums[GW_POOL_MAX_EXEC][9][24];
     static const char *args[GW_POOL_MAX_EXEC][NARG];
     gw_pool_cfg pc;
     gw_pool_cfg_default(&pc);
@@ -265,6 +265,10 @@ int gw_serve_run(const gw_serve_opts *o) {
         if (o->quantize) a[i++] = "--quantize", a[i++] = o->quantize;
         if (o->kv_cache_dtype) a[i++] = "--kv-cache-dtype", a[i++] = o->kv_cache_dtype;
         if (o->no_prefix_cache) a[i++] = "--no-prefix-cache";
+        if (o->max_decode_stall > 0) {
+            snprintf(nums[k][8], 24, "%.9g", o->max_decode_stall);
+            a[i++] = "--max-decode-stall", a[i++] = nums[k][8];
+        }
         a[i] = NULL;
         pc.exec_args[k] = a;
     }

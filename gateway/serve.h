@@ -30,6 +30,7 @@ typedef struct gw_serve_opts {
     int         max_batch;      /* sequences per step (0: executor default) */
     int         max_batch_tokens; /* tokens per step (0: executor default) */
     int         no_prefix_cache;  /* executors compute every prompt in full (--no-prefix-cache) */
+    double      max_decode_stall; /* executors' decode guard (--max-decode-stall; 0: off) */
     const char *chat_template;  /* built-in name replacing the model's (NULL: the model's) */
     const char *log_level;      /* passed to the executors */
     int         max_conns;      /* HTTP connections (0: default) */
