@@ -24,7 +24,7 @@
 #   tests/gpu/throughput.sh longctx OUT   `arka serve --ctx 131072` on llama3.1-8b F16: TTFT of 8k / 32k / 127k-token
 #                                         prompts (`arka bench serve`), a prompt past the context (400), and the ITL of
 #                                         64 decoding streams alone and while a 120k-token prompt is prefilled beside them
-#                                         (LONGCTX_PARTS picks among "ttft over itl")
+#                                         (LONGCTX_PARTS picks among "ttft over itl"; LONGCTX_SERVE_ARGS adds serve options)
 #   tests/gpu/throughput.sh resume OUT    tests/integration/test_resume.sh cuda (generations through executor kill -9 /
 #                                         SIGSTOP on stories260K, identical to the undisturbed run)
 #   tests/gpu/throughput.sh fp8refs OUT   tests/models/fp8/make_fp8_refs.py (PyTorch's float8_e4m3fn checkpoints), packed as
@@ -139,7 +139,9 @@ serve|workloads|resume|longctx)
     M=$(mk llama3.1-8b f16)
     step "arka serve --ctx 131072, llama3.1-8b F16"
     # no prefix cache: the load generator's prompts of one seed share their first words
-    $SRV serve -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
+    # shellcheck disable=SC2086
+    $SRV serve -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --port 0 --no-auth --log-level info ${LONGCTX_SERVE_ARGS:-} \
+      >"$OUT/serve.log" 2>&1 &
     SP=$!
     URL=""
     for _ in $(seq 900); do
