@@ -39,6 +39,7 @@
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -177,7 +178,7 @@ static int32_t *meta_chunk(cu_state *s, int32_t *base) { return meta_dtoks(s, ba
 
 /* upload_rows / upload_need flags: gate|up rows interleaved (kc_swiglu's layout), the token
  * table (kc_embed reads it), float vectors uploaded as f32 (upload_f32). */
-enum { UP_INTERLEAVE = 1, UP_TABLE = 2, UP_F32 = 4 };
+enum { UP_INTERLEAVE = 1, UP_TABLE = 2, UP_F32 = 4, UP_NO_F8 = 8 /* F8_E4M3 to F16: no FP8 tensor cores */ };
 
 /* How parts (same n_in) are uploaded as one matrix: w's type, shape and row ranges
  * (kc_weight_layout) and the bytes of its two regions. In their own types when the GPU kernels
@@ -193,6 +194,7 @@ static int upload_plan(const mdl_tensor *const *parts, int n_parts, int flags, k
         n_out += (int)parts[i]->ne[1];
         same &= parts[i]->type == parts[0]->type;
         if (!kc_weight_type_ok(parts[i]->type)) *why = "no GPU kernel for the type";
+        if ((flags & UP_NO_F8) && parts[i]->type == DT_F8_E4M3) *why = "FP8 weights on a GPU without FP8 tensor cores (before sm_89)";
         if (i < KC_WEIGHT_MAX_PARTS) {
             types[i] = parts[i]->type;
             rows[i] = (int)parts[i]->ne[1];
@@ -228,19 +230,19 @@ static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int flags
 
 /* Device bytes of every weight as ex_backend_cuda_create uploads them; *file (may be NULL):
  * the same tensors' bytes in the file. */
-static size_t weights_need(const mdl_model *m, size_t *file) {
+static size_t weights_need(const mdl_model *m, int f8, size_t *file) {
     const mdl_config *c = &m->cfg;
     const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output }, *on[] = { &m->out_norm };
     size_t fb = 0;
     size_t n = upload_need(emb, 1, UP_TABLE, &fb) + upload_need(on, 1, UP_F32, &fb) +
-               (c->tied_output ? 0 : upload_need(outp, 1, 0, &fb));
+               (c->tied_output ? 0 : upload_need(outp, 1, f8, &fb));
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *ly = &m->layers[l];
         const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                          *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                          *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-        n += upload_need(qkv, 3, 0, &fb) + upload_need(wo, 1, 0, &fb) + upload_need(gu, 2, UP_INTERLEAVE, &fb) +
-             upload_need(dn, 1, 0, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
+        n += upload_need(qkv, 3, f8, &fb) + upload_need(wo, 1, f8, &fb) + upload_need(gu, 2, UP_INTERLEAVE | f8, &fb) +
+             upload_need(dn, 1, f8, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
         if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, UP_F32, &fb);
     }
     if (file) *file = fb;
@@ -273,7 +275,7 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
     const int convert = upload_plan(parts, n_parts, flags, w, &data_bytes, &d_bytes, &why);
     if (convert) {
         for (int i = 0; i < n_parts; i++)
-            if (!dt_is_supported(parts[i]->type)) {
+            if (!dt_is_supported(parts[i]->type) && parts[i]->type != DT_F8_E4M3) {
                 snprintf(err, errlen, "cuda backend: tensor '%s' has type %s, which cannot be read", parts[i]->name,
                          dt_name(parts[i]->type) ? dt_name(parts[i]->type) : "?");
                 return CM_EUNSUPPORTED;
@@ -306,7 +308,7 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
             return CM_ENOMEM;
         }
         if (convert) {
-            int crc = dt_dequantize(t->type, t->data, hf, (int64_t)nel);
+            int crc = mdl_tensor_rows_f32(t, 0, t->ne[1], hf); /* F8_E4M3: code x row scale */
             if (!crc) crc = dt_quantize(DT_F16, hf, hq, (int64_t)nel);
             free(hf);
             if (crc) {
@@ -315,7 +317,10 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
                 snprintf(err, errlen, "cuda backend: converting '%s' (%s) to F16 failed", t->name, dt_name(t->type));
                 return CM_EUNSUPPORTED;
             }
-        } else kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+        } else {
+            kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+            if (type == DT_F8_E4M3) memcpy(hs, t->scale, (size_t)t->ne[1] * sizeof(float)); /* the row scales (kcuda.h) */
+        }
         cudaError_t e;
         if (interleave) { /* every other row, from row i */
             const size_t rows = (size_t)t->ne[1], rd = pd / rows, rs = ps / rows;
@@ -803,6 +808,8 @@ static void cuda_destroy(ex_backend *base) {
     cudaFreeHost(s->h_sout);
     free(s->samp_mark);
     free(s->samp_slot);
+    cudaFree(s->gws.x_scale);
+    if (s->gws.cublaslt) cublasLtDestroy((cublasLtHandle_t)s->gws.cublaslt);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -1014,6 +1021,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                          .high_freq_factor = c->rope_high_freq_factor, .orig_ctx = c->rope_orig_ctx };
     s->base.name = "cuda";
     s->base.kv_type = DT_F16;
+    s->base.features |= MDL_FEAT_FP8; /* F8_E4M3 matrices: fp8.cu (or F16 at upload before sm_89) */
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
     s->base.kv_copy = cuda_kv_copy;
@@ -1072,7 +1080,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         rc = CM_ECUDA;
         goto fail;
     }
-    size_t file_bytes = 0, need = weights_need(m, &file_bytes);
+    /* FP8 weights need FP8 tensor cores (sm_89+) for their GEMMs; before that they are
+     * dequantized to F16 at upload (each matrix logged) */
+    const int f8 = kc_fp8_tensor_cores() ? 0 : UP_NO_F8;
+    if (f8 && c->fp8_weights)
+        CM_LOG_WARN("cuda", "FP8 weights on a GPU without FP8 tensor cores: dequantized to F16 at load", "device=%d name=\"%s\" "
+                    "compute_capability=%d.%d", o->device, prop.name, prop.major, prop.minor);
+    size_t file_bytes = 0, need = weights_need(m, f8, &file_bytes);
     if (need > free0) {
         snprintf(err, errlen, "cuda backend: the weights need %.2f GiB, %.2f GiB free on device %d (%s)", need / GIB,
                  free0 / GIB, o->device, prop.name);
@@ -1090,7 +1104,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (c->tied_output) s->output = s->tok_embd;
         else {
             const mdl_tensor *outp[] = { &m->output };
-            if ((rc = upload_rows(s, outp, 1, &s->output, 0, err, errlen))) goto fail;
+            if ((rc = upload_rows(s, outp, 1, &s->output, f8, err, errlen))) goto fail;
         }
         const mdl_tensor *on[] = { &m->out_norm };
         if ((rc = upload_f32(s, on, 1, &s->out_norm, err, errlen))) goto fail;
@@ -1102,9 +1116,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                              *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                              *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-            if ((rc = upload_rows(s, qkv, 3, &L->qkv, 0, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, 0, err, errlen)) ||
-                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE, err, errlen)) ||
-                (rc = upload_rows(s, dn, 1, &L->down, 0, err, errlen)) ||
+            if ((rc = upload_rows(s, qkv, 3, &L->qkv, f8, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, f8, err, errlen)) ||
+                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE | f8, err, errlen)) ||
+                (rc = upload_rows(s, dn, 1, &L->down, f8, err, errlen)) ||
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
@@ -1151,6 +1165,17 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (wmax > cap) wmax = cap;
         }
         s->gws.cublas = s->cublas;
+        /* FP8 GEMMs on cuBLASLt (sharing cuBLAS's workspace: one stream), one scale per token */
+        if (!f8 && c->fp8_weights) {
+            if (cublasLtCreate((cublasLtHandle_t *)&s->gws.cublaslt) != CUBLAS_STATUS_SUCCESS) {
+                s->gws.cublaslt = NULL;
+                goto oom;
+            }
+            s->gws.lt_ws = s->cublas_ws;
+            s->gws.lt_ws_bytes = cublas_ws_bytes;
+            s->gws.x_scale_cap = s->lim.max_tokens;
+            if (dalloc(&s->gws.x_scale, T * sizeof(float))) goto oom;
+        }
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
