@@ -11,11 +11,13 @@
 #include "model/model.h"
 #include "tests/unit/t.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_ck.h"
 #include "gpu_plan.h"
@@ -1186,6 +1188,125 @@ static void test_matmul_swiglu(cublasHandle_t cb, cudaStream_t s) {
     cudaFree(dx); cudaFree(dgu); cudaFree(dout); cudaFree(dout2); cudaFree(W.data);
 }
 
+/* FP8 E4M3 weights (fp8.cu): codes and per-row scales as --quantize fp8 makes them. The GEMV
+ * (1..8 tokens) against the CPU's k_matmul_ref_scaled (f32 sums of exact products: ~1e-6);
+ * past 8 tokens cuBLASLt's E4M3 GEMM (sm_89+) against the same reference with x quantized per
+ * token as kc_quantize_f8 does it (codes bitwise as dt_fp8_encode), and the fallback
+ * (dequantize to half + cuBLAS, cublaslt NULL) against the unquantized reference (f16
+ * operands: ~1e-3). Accumulation into y on both paths. A row width of 40 takes the scalar
+ * GEMV and the fallback. */
+static void test_matmul_fp8(cublasHandle_t cb, cudaStream_t s) {
+    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 40, 64 } };
+    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 64, 300 };
+    const int nt_max = 300;
+    const int tc = kc_fp8_tensor_cores();
+    void *lt_ws = NULL;
+    void *lt = NULL;
+    const size_t lt_ws_bytes = 32u << 20;
+    CK(cudaMalloc(&lt_ws, lt_ws_bytes));
+    if (cublasLtCreate((cublasLtHandle_t *)&lt) != CUBLAS_STATUS_SUCCESS) lt = NULL;
+    T_CHECKF(lt != NULL, "cublasLtCreate");
+    printf("fp8: FP8 tensor cores %s\n", tc ? "yes" : "no (sm < 89: fallback only)");
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_in = shapes[si][0], n_out = shapes[si][1];
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4), *sc = malloc((size_t)n_out * 4);
+        uint8_t *codes = malloc(nw);
+        for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f * (1 + (int)(i / n_in % 7)); /* rows of different ranges */
+        for (int r = 0; r < n_out; r++) {
+            sc[r] = dt_fp8_scale(wf + (size_t)r * n_in, n_in);
+            dt_fp8_encode(wf + (size_t)r * n_in, n_in, sc[r], codes + (size_t)r * n_in);
+        }
+        kc_weight w = { .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
+        size_t db, sb;
+        T_CHECKF(kc_weight_sizes(DT_F8_E4M3, n_in, n_out, &db, &sb) == 0 && db == nw && sb == (size_t)n_out * 4, "fp8 sizes");
+        w.data = dev_upload(codes, nw);
+        w.d = dev_upload(sc, (size_t)n_out * 4);
+        float *x = malloc((size_t)nt_max * n_in * 4), *xdq = malloc((size_t)nt_max * n_in * 4);
+        for (size_t i = 0; i < (size_t)nt_max * n_in; i++) x[i] = frand() * (1 + (int)(i / n_in % 3));
+        /* x quantized per token, as the GEMM's activations */
+        uint8_t *xq = malloc((size_t)nt_max * n_in);
+        float *xs = malloc((size_t)nt_max * 4);
+        for (int t = 0; t < nt_max; t++) {
+            xs[t] = dt_fp8_scale(x + (size_t)t * n_in, n_in);
+            dt_fp8_encode(x + (size_t)t * n_in, n_in, xs[t], xq + (size_t)t * n_in);
+            dt_fp8_decode(xq + (size_t)t * n_in, n_in, xs[t], xdq + (size_t)t * n_in);
+        }
+        double *ref = malloc((size_t)nt_max * n_out * 8), *refq = malloc((size_t)nt_max * n_out * 8);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, x, nt_max, ref);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, xdq, nt_max, refq);
+        float *dx = dev_upload(x, (size_t)nt_max * n_in * 4), *dy, *y = malloc((size_t)nt_max * n_out * 4);
+        CK(cudaMalloc((void **)&dy, (size_t)nt_max * n_out * 4));
+        /* kc_quantize_f8: codes and scales bitwise as the CPU's */
+        {
+            uint8_t *dq, *hq = malloc((size_t)nt_max * n_in);
+            float *ds, *hs = malloc((size_t)nt_max * 4);
+            CK(cudaMalloc((void **)&dq, (size_t)nt_max * n_in));
+            CK(cudaMalloc((void **)&ds, (size_t)nt_max * 4));
+            int rc = kc_quantize_f8(dx, nt_max, n_in, dq, ds, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(hq, dq, (size_t)nt_max * n_in, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hs, ds, (size_t)nt_max * 4, cudaMemcpyDeviceToHost));
+            T_CHECKF(rc == 0 && !memcmp(hq, xq, (size_t)nt_max * n_in) && !memcmp(hs, xs, (size_t)nt_max * 4),
+                     "kc_quantize_f8 %dx%d: codes or scales differ from dt_fp8_encode", nt_max, n_in);
+            cudaFree(dq);
+            cudaFree(ds);
+            free(hq);
+            free(hs);
+        }
+        for (int with_lt = 0; with_lt < 2; with_lt++) {
+            kc_gemm_ws ws = { .cublas = cb };
+            ws.w_cap = nw;
+            ws.x_cap = (size_t)nt_max * n_in;
+            CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+            CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+            if (with_lt) {
+                ws.cublaslt = lt;
+                ws.lt_ws = lt_ws;
+                ws.lt_ws_bytes = lt_ws_bytes;
+                ws.x_scale_cap = nt_max;
+                CK(cudaMalloc((void **)&ws.x_scale, (size_t)nt_max * 4));
+            }
+            for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+                const int nt = ntoks[ni];
+                if (nt <= KC_GEMV_MAX_TOK && with_lt) continue; /* the GEMV does not look at the workspace */
+                const size_t ny = (size_t)nt * n_out;
+                const int lt_path = nt > KC_GEMV_MAX_TOK && with_lt && tc && n_in % 16 == 0;
+                for (int acc = 0; acc < 2; acc++) {
+                    float *base = malloc(ny * 4);
+                    double *want = malloc(ny * 8);
+                    for (size_t i = 0; i < ny; i++) base[i] = acc ? frand() : 0.0f;
+                    if (acc) CK(cudaMemcpy(dy, base, ny * 4, cudaMemcpyHostToDevice));
+                    else poison(dy, ny * 4);
+                    const double *r = lt_path ? refq : ref;
+                    for (size_t i = 0; i < ny; i++) want[i] = r[i] + base[i];
+                    int rc = kc_matmul(&w, dx, nt, dy, acc, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                    double e = rel_err(y, want, ny);
+                    /* GEMV and Lt: exact products, f32 sums; fallback: f16 operands */
+                    double tol = nt <= KC_GEMV_MAX_TOK || lt_path ? 2e-5 : 5e-3;
+                    T_CHECKF(rc == 0 && e < tol, "fp8 %s %dx%d n_tok=%d acc=%d rc=%d rel_err=%.3g tol=%.1g%s",
+                             nt <= KC_GEMV_MAX_TOK ? "gemv" : lt_path ? "cublasLt" : "dequant+cublas", n_in, n_out, nt, acc, rc,
+                             e, tol, lt_path && e >= tol ? " (a cuBLASLt refusal falls back to dequant + cuBLAS: see the log)" : "");
+                    free(base);
+                    free(want);
+                }
+            }
+            cudaFree(ws.w_half);
+            cudaFree(ws.x_half);
+            cudaFree(ws.x_scale);
+        }
+        cudaFree(w.data);
+        cudaFree(w.d);
+        cudaFree(dx);
+        cudaFree(dy);
+        free(wf); free(sc); free(codes); free(x); free(xdq); free(xq); free(xs); free(ref); free(refq); free(y);
+    }
+    if (lt) cublasLtDestroy((cublasLtHandle_t)lt);
+    cudaFree(lt_ws);
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -1199,6 +1320,7 @@ int main(void) {
     cublasSetStream(cb, s);
     test_matmul(cb, s);
     test_matmul_mixed(cb, s);
+    test_matmul_fp8(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
