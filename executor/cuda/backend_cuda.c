@@ -1,7 +1,9 @@
 /* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept quantized, repacked for aligned loads; other types
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept quantized, repacked for aligned loads; F8_E4M3 as
+ * codes and row scales where the GPU has FP8 tensor cores; other types
  * converted to F16, logged), Q|K|V and gate|up fused into one matrix
- * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
+ * each, the paged KV cache as one device pool (half, or with --kv-cache-dtype fp8 E4M3 codes
+ * and f32 scales per position and head in the CPU's layout, kcuda.h), activations and workspaces allocated at
  * create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
  * to hand the logits to the host (forward), or only the sampled tokens and their logprobs
  * (forward_sample: the sampler runs on the device, kernels/cuda/sample.cu, rows packed by
@@ -78,7 +80,9 @@ typedef struct cu_layer {
     kc_weight qkv, wo, gu, down; /* qkv: [nq + 2 nkv rows], gu: [2 n_ff rows] */
     float *attn_norm, *ffn_norm; /* [n_embd] */
     float *bqkv;                 /* [nq + 2 nkv] or NULL */
-    kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd] */
+    kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd]; FP8 KV: blocks of
+                                  * codes [bs][n_kv][hd] bytes then scales [bs][n_kv] f32 (kcuda.h), same pointers */
+    float *k_scale, *v_scale;    /* FP8 KV: the checkpoint's static scales [n_kv] (cfg.kv_scales), else NULL */
 } cu_layer;
 
 enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PC_SAMPLE,
@@ -106,6 +110,8 @@ typedef struct cu_state {
     int pf_tile_tok;             /* prefill attention: tokens per tile */
     int max_tc_split;            /* tensor-core decode: most splits of any bucket (partials sized for it) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
+    int kv_f8;                   /* the KV cache is FP8 E4M3 with scales (--kv-cache-dtype fp8) */
+    size_t kv_blk_bytes;         /* one layer's K (or V) part of a block */
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_ws;
@@ -439,6 +445,27 @@ typedef struct cu_step {
     int n_split;    /* decode splits (either kernel) */
 } cu_step;
 
+/* The F16 cache's attention launchers with the FP8 ones' pointer types, so a step picks either. */
+static int kc_attention_ex_h(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *pos,
+                             const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int hd,
+                             int bs, float scale, int n_split, int chunk, float *partial, int *counters, int kv_ready,
+                             cudaStream_t s) {
+    return kc_attention_ex(q, k, v, out, xq, pos, seq, bt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, n_split, chunk, partial,
+                           counters, kv_ready, s);
+}
+static int kc_attention_decode_tc_h(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *toks,
+                                    int n_tok, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
+                                    int n_head, int n_kv, int hd, int bs, float scale, int n_split, const int32_t *chunk,
+                                    float *partial, int *counters, cudaStream_t s) {
+    return kc_attention_decode_tc(q, k, v, out, xq, toks, n_tok, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, n_split,
+                                  chunk, partial, counters, s);
+}
+static int kc_attention_prefill_tc_h(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
+                                     int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
+                                     int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
+    return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
+}
+
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
  * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
  * capturable. */
@@ -467,21 +494,25 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
-        KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
-                                  bs, &s->rope, cs));
+        if (s->kv_f8)
+            KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, d_bt, max_blocks, n_tok,
+                                         c->n_head, c->n_head_kv, hd, bs, &s->rope, cs));
+        else
+            KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
+                                      hd, bs, &s->rope, cs));
         prof_mark(s, PC_ROPE);
         if (st->per_head) {
-            KC_FATAL(kc_attention_ex(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
+            KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : kc_attention_ex_h)(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
                                      c->n_head_kv, hd, bs, scale, st->n_split, s->att_chunk, s->partial, s->att_counters,
                                      st->kv_ready, cs));
         } else {
             if (st->n_dec)
-                KC_FATAL(kc_attention_decode_tc(s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o,
+                KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : kc_attention_decode_tc_h)(s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o,
                                                 st->dec_all ? NULL : meta_dtoks(s, s->d_meta), st->n_dec, d_pos, d_seq, d_bt,
                                                 max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
                                                 meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles) {
-                KC_FATAL(kc_attention_prefill_tc(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
+                KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : kc_attention_prefill_tc_h)(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
                                                  d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
                                                  s->plan.att_pf_warps, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
@@ -755,11 +786,11 @@ static int cuda_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
     const mdl_config *c = &s->cfg;
     if (src < 0 || dst < 0 || src >= s->lim.n_kv_blocks || dst >= s->lim.n_kv_blocks || n_tok < 0 || n_tok > s->lim.block_size)
         return CM_EINVAL;
-    size_t blk = (size_t)c->n_head_kv * s->lim.block_size * c->head_dim; /* halves per block per layer */
+    const size_t blk = s->kv_blk_bytes; /* the whole block (F16: heads outermost; FP8: codes and scales) */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        CU_FATAL(cudaMemcpyAsync(L->k + dst * blk, L->k + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
-        CU_FATAL(cudaMemcpyAsync(L->v + dst * blk, L->v + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
+        CU_FATAL(cudaMemcpyAsync((char *)L->k + dst * blk, (char *)L->k + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
+        CU_FATAL(cudaMemcpyAsync((char *)L->v + dst * blk, (char *)L->v + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
     }
     CU_FATAL(cudaStreamSynchronize(s->stream));
     return 0;
@@ -792,6 +823,8 @@ static void cuda_destroy(ex_backend *base) {
             cudaFree(L->attn_norm);
             cudaFree(L->ffn_norm);
             cudaFree(L->bqkv);
+            cudaFree(L->k_scale);
+            cudaFree(L->v_scale);
         }
     free(s->layers);
     free_weight(&s->tok_embd);
@@ -920,8 +953,8 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
                          char *err, size_t errlen) {
     const mdl_config *c = &s->cfg;
     const ex_limits *L = &s->lim;
-    size_t per_block = (size_t)c->n_head_kv * L->block_size * c->head_dim;   /* halves per block, one layer's K or V */
-    size_t bbytes = per_block * 2 * 2 * (size_t)c->n_layer;                  /* one block: K and V of every layer */
+    size_t per_block = s->kv_blk_bytes;                                      /* bytes per block, one layer's K or V */
+    size_t bbytes = per_block * 2 * (size_t)c->n_layer;                      /* one block: K and V of every layer */
     size_t free1 = 0;
     cudaMemGetInfo(&free1, &total);
     int64_t used = (int64_t)free0 - (int64_t)free1;  /* weights, activations, workspaces */
@@ -954,8 +987,8 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
     }
     cudaMemset(s->kv_pool, 0, bytes);
     for (int l = 0; l < c->n_layer; l++) {
-        s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1);
-        s->layers[l].v = s->layers[l].k + per_block * (L->n_kv_blocks + 1);
+        s->layers[l].k = (kc_half *)((char *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1));
+        s->layers[l].v = (kc_half *)((char *)s->layers[l].k + per_block * (L->n_kv_blocks + 1));
     }
     CM_LOG_INFO("cuda", "KV pool", "device=%d sizing=%s fraction=%.2f total_gib=%.2f in_use_at_start_gib=%.2f weights_gib=%.2f "
                 "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d", o->device,
@@ -1020,7 +1053,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                          .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
                          .high_freq_factor = c->rope_high_freq_factor, .orig_ctx = c->rope_orig_ctx };
     s->base.name = "cuda";
-    s->base.kv_type = DT_F16;
+    /* FP8 KV: E4M3 codes and f32 scales per (position, head), the CPU's layout; blocks of an
+     * even number of head rows keep every row's codes 8-byte aligned */
+    s->kv_f8 = o->kv_type == DT_F8_E4M3 && s->lim.block_size % 2 == 0;
+    s->kv_blk_bytes = s->kv_f8 ? (size_t)c->n_head_kv * s->lim.block_size * (c->head_dim + 4)
+                               : (size_t)c->n_head_kv * s->lim.block_size * c->head_dim * 2;
+    s->base.kv_type = s->kv_f8 ? DT_F8_E4M3 : DT_F16;
     s->base.features |= MDL_FEAT_FP8; /* F8_E4M3 matrices: fp8.cu (or F16 at upload before sm_89) */
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
@@ -1122,6 +1160,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
+            if (s->kv_f8 && c->kv_scales && ly->k_scale && ly->v_scale) { /* the checkpoint's static KV scales */
+                const size_t nb = (size_t)c->n_head_kv * sizeof(float);
+                if (dalloc(&L->k_scale, nb) || dalloc(&L->v_scale, nb) ||
+                    cudaMemcpy(L->k_scale, ly->k_scale, nb, cudaMemcpyHostToDevice) != cudaSuccess ||
+                    cudaMemcpy(L->v_scale, ly->v_scale, nb, cudaMemcpyHostToDevice) != cudaSuccess)
+                    goto oom;
+            }
         }
     }
 

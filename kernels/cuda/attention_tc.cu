@@ -174,6 +174,25 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const __half *src, int 
     }
 }
 
+// The same from an FP8 cache (attn_common.cuh): rows r0 .. r0 + rows - 1 of head h of block b,
+// expanded to halves by the threads (plain loads and shared stores: visible after the
+// caller's barrier, like the completed copies).
+// One 16-byte piece: values col..col + 7 of row r into the shared address dst (zeros unless ok).
+template <int HD>
+__device__ __forceinline__ void stage_piece_f8(uint32_t dst, const uint8_t *cache, size_t b, int r, int h, int n_kv, int bs,
+                                               int col, bool ok) {
+    const uint4 v = ok ? kv_f8_load8(cache, b, r, h, n_kv, bs, HD, col) : make_uint4(0, 0, 0, 0);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+template <int HD>
+__device__ __forceinline__ void stage_rows_f8(uint32_t dst, const uint8_t *cache, size_t b, int r0, int h, int n_kv, int bs,
+                                              int rows, int n_ok, int tid, int nthr) {
+    for (int c = tid; c < rows * (HD / 8); c += nthr) {
+        const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        stage_piece_f8<HD>(dst + (r * (HD + 8) + col) * 2, cache, b, r0 + r, h, n_kv, bs, col, r < n_ok);
+    }
+}
+
 // ---- decode ---------------------------------------------------------------------------------
 
 // The split merge of one (token, head) by the whole CTA (the last split's; partials in
@@ -229,9 +248,10 @@ __device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_
     __syncthreads(); // red is reused by the next row
 }
 
-template <int HD, int NST>
+// F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves.
+template <int HD, int NST, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
+attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
                 const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                 const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
@@ -261,10 +281,17 @@ attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, at
     auto issue = [&](int i) {
         if (i < n_grp) {
             const int j0 = first + 64 * i;
-            const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
             const uint32_t dst = sw + (i % NST) * STAGE * 2;
-            stage_rows<HD>(dst, k_cache + base, 16, end - j0, lane, 32);
-            stage_rows<HD>(dst + 16 * ROWH * 2, v_cache + base, 16, end - j0, lane, 32);
+            if constexpr (F8) {
+                const size_t b = bt[j0 / block_size];
+                stage_rows_f8<HD>(dst, (const uint8_t *)k_cache, b, j0 % block_size, kvh, n_kv, block_size, 16, end - j0, lane, 32);
+                stage_rows_f8<HD>(dst + 16 * ROWH * 2, (const uint8_t *)v_cache, b, j0 % block_size, kvh, n_kv, block_size, 16,
+                                  end - j0, lane, 32);
+            } else {
+                const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
+                stage_rows<HD>(dst, (const __half *)k_cache + base, 16, end - j0, lane, 32);
+                stage_rows<HD>(dst + 16 * ROWH * 2, (const __half *)v_cache + base, 16, end - j0, lane, 32);
+            }
         }
         kc_cp_async_commit(); // empty groups too: the wait below counts groups
     };
@@ -336,9 +363,9 @@ attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, at
 
 constexpr int PF_NK = 64; // key positions per shared tile
 
-template <int HD, int NW, int NST>
+template <int HD, int NW, int NST, bool F8>
 __global__ void __launch_bounds__(NW * 32)
-attn_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
+attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
                int block_size, float qscale) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
@@ -372,9 +399,17 @@ attn_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, flo
             for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
                 const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
                 const bool ok = j <= p_last;
+                if constexpr (F8) {
+                    const size_t b = ok ? bt[j / block_size] : 0;
+                    stage_piece_f8<HD>(dst + (r * ROWH + col) * 2, (const uint8_t *)k_cache, b, j % block_size, kvh, n_kv,
+                                       block_size, col, ok);
+                    stage_piece_f8<HD>(dst + ((PF_NK + r) * ROWH + col) * 2, (const uint8_t *)v_cache, b, j % block_size, kvh,
+                                       n_kv, block_size, col, ok);
+                    continue;
+                }
                 const size_t src = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
-                kc_cp_async16(dst + (r * ROWH + col) * 2, k_cache + src, ok);
-                kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, v_cache + src, ok);
+                kc_cp_async16(dst + (r * ROWH + col) * 2, (const __half *)k_cache + src, ok);
+                kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, (const __half *)v_cache + src, ok);
             }
         }
         kc_cp_async_commit();
@@ -421,27 +456,25 @@ template <int HD> size_t dec_smem() {
 }
 template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
 
-template <int HD>
-int launch_dec(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, const int32_t *toks, int n_tok,
+template <int HD, bool F8>
+int launch_dec(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = dec_smem<HD>();
-    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_dec_kernel<HD, DEC_NST>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, (const __half *)k,
-              (const __half *)v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
+    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
     return 0;
 }
 
-template <int HD, int NW>
-int launch_pf(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
+template <int HD, int NW, bool F8>
+int launch_pf(const float *q, const void *k, const void *v, float *out, const int32_t *tiles, int n_tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
               float qscale, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = pf_smem<HD>();
-    if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_pf_kernel<HD, NW, PF_NST>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, (const __half *)k,
-              (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
+    if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
     return 0;
 }
 
@@ -459,11 +492,11 @@ extern "C" int kc_attention_tc_tile_tok(int warps, int n_head, int n_kv) {
     return 16 * warps / (n_head / n_kv);
 }
 
-extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
-                                      const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
-                                      const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                      int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
-                                      int *counters, cudaStream_t s) {
+template <bool F8>
+static int attention_decode_tc(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                               const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                               float scale, int n_split, const int32_t *chunk, float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || !chunk || n_tok <= 0 || n_split <= 0 ||
         (n_split > 1 && (!partial || !counters)) || !kc_attention_tc_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
@@ -474,33 +507,68 @@ extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, co
     att_emit em = { out, quant && !xq->no_ints ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
                     quant ? (__half *)xq->xh : nullptr };
     const float qs = scale * LOG2E;
-    int rc = hd == 64 ? launch_dec<64>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+    int rc = hd == 64 ? launch_dec<64, F8>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
                                        n_kv, block_size, qs, n_split, partial, counters, s)
-                      : launch_dec<128>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+                      : launch_dec<128, F8>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
                                         n_kv, block_size, qs, n_split, partial, counters, s);
     if (rc) return rc;
     KC_LAUNCH_CHECK();
 }
 
-extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                       int block_size, float scale, int warps, cudaStream_t s) {
+template <bool F8>
+static int attention_prefill_tc(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
+                                int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int warps,
+                                cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
         !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
     int rc;
     if (hd == 64)
-        rc = warps == 4 ? launch_pf<64, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+        rc = warps == 4 ? launch_pf<64, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
                                            n_kv, block_size, qs, s)
-                        : launch_pf<64, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                        : launch_pf<64, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
                                            n_kv, block_size, qs, s);
     else
-        rc = warps == 4 ? launch_pf<128, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+        rc = warps == 4 ? launch_pf<128, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
                                             n_head, n_kv, block_size, qs, s)
-                        : launch_pf<128, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+                        : launch_pf<128, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
                                             n_head, n_kv, block_size, qs, s);
     if (rc) return rc;
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                                      const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                                      const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                      int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
+                                      int *counters, cudaStream_t s) {
+    return attention_decode_tc<false>(q, k_cache, v_cache, out, xq, toks, n_tok, pos, seq, block_tables, max_blocks, n_head,
+                                      n_kv, hd, block_size, scale, n_split, chunk, partial, counters, s);
+}
+
+extern "C" int kc_attention_decode_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                                         const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                         int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
+                                         int *counters, cudaStream_t s) {
+    return attention_decode_tc<true>(q, k_cache, v_cache, out, xq, toks, n_tok, pos, seq, block_tables, max_blocks, n_head,
+                                     n_kv, hd, block_size, scale, n_split, chunk, partial, counters, s);
+}
+
+extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                       int block_size, float scale, int warps, cudaStream_t s) {
+    return attention_prefill_tc<false>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                       n_kv, hd, block_size, scale, warps, s);
+}
+
+extern "C" int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out,
+                                          const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                          const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                          int block_size, float scale, int warps, cudaStream_t s) {
+    return attention_prefill_tc<true>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                      n_kv, hd, block_size, scale, warps, s);
 }

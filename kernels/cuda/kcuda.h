@@ -342,6 +342,33 @@ int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_hal
                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                             float scale, int warps, cudaStream_t s);
 
+/* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
+ * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3
+ * codes [block_size][n_kv][hd] bytes, then the scales [block_size][n_kv] f32; position p of head
+ * h has code = e4m3_sat(x / s), value = e4m3(code) x s, s the layer's static scale of head h
+ * (a checkpoint's kv_cache_scheme) or amax / 448 of the head's hd values at that position (0:
+ * all codes 0). The _f8 launchers take such caches (void pointers to the layer's blocks) and
+ * otherwise behave as the F16 ones above; the attention kernels read 8 values at a time as
+ * halves (code x scale in f32, rounded to half) and compute as with an F16 cache.
+ * hd % 8 == 0, hd <= 256. k_scale / v_scale: [n_kv] static scales, or both NULL. */
+int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_scale,
+                        const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                        int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope,
+                        cudaStream_t s);
+int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                       const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                       int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
+                       int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
+int kc_attention_decode_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                              const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                              float scale, int n_split, const int32_t *chunk, float *partial, int *counters,
+                              cudaStream_t s);
+int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out,
+                               const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                               float scale, int warps, cudaStream_t s);
+
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);
 
