@@ -261,7 +261,7 @@ struct lt_entry {
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
-static int g_lt_n;
+static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
 static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n_tok, float *y, int ldy, int accumulate,
@@ -301,8 +301,8 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
             fresh.ok = 1;
             fresh.algo = hr.algo;
         }
-        if (g_lt_n < (int)(sizeof g_lt / sizeof *g_lt)) e = &g_lt[g_lt_n++];
-        else e = &g_lt[0];
+        const int cap = (int)(sizeof g_lt / sizeof *g_lt);
+        e = g_lt_n < cap ? &g_lt[g_lt_n++] : &g_lt[g_lt_next++ % cap]; // full: the oldest entries go first
         *e = fresh;
     }
     if (!st && e && e->ok > 0) {
