@@ -3,8 +3,8 @@
  * codes and row scales where the GPU has FP8 tensor cores; other types
  * converted to F16, logged), Q|K|V and gate|up fused into one matrix
  * each, the paged KV cache as one device pool (half, or with --kv-cache-dtype fp8 E4M3 codes
- * and f32 scales per position and head in the CPU's layout, kcuda.h), activations and workspaces allocated at
- * create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
+ * and f32 scales per position and head in the CPU's layout, kcuda.h), activations and
+ * workspaces allocated at create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
  * to hand the logits to the host (forward), or only the sampled tokens and their logprobs
  * (forward_sample: the sampler runs on the device, kernels/cuda/sample.cu, rows packed by
  * cuda_sample.c). Pure decode steps replay CUDA graphs captured at create time for a ladder
@@ -200,7 +200,8 @@ static int upload_plan(const mdl_tensor *const *parts, int n_parts, int flags, k
         n_out += (int)parts[i]->ne[1];
         same &= parts[i]->type == parts[0]->type;
         if (!kc_weight_type_ok(parts[i]->type)) *why = "no GPU kernel for the type";
-        if ((flags & UP_NO_F8) && parts[i]->type == DT_F8_E4M3) *why = "FP8 weights on a GPU without FP8 tensor cores (before sm_89)";
+        if ((flags & UP_NO_F8) && parts[i]->type == DT_F8_E4M3)
+            *why = "FP8 weights on a GPU without FP8 tensor cores (before sm_89)";
         if (i < KC_WEIGHT_MAX_PARTS) {
             types[i] = parts[i]->type;
             rows[i] = (int)parts[i]->ne[1];
@@ -446,21 +447,21 @@ typedef struct cu_step {
 } cu_step;
 
 /* The F16 cache's attention launchers with the FP8 ones' pointer types, so a step picks either. */
-static int kc_attention_ex_h(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *pos,
+static int att_perhead_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *pos,
                              const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int hd,
                              int bs, float scale, int n_split, int chunk, float *partial, int *counters, int kv_ready,
                              cudaStream_t s) {
-    return kc_attention_ex(q, k, v, out, xq, pos, seq, bt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, n_split, chunk, partial,
-                           counters, kv_ready, s);
+    return kc_attention_ex(q, k, v, out, xq, pos, seq, bt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, n_split, chunk,
+                           partial, counters, kv_ready, s);
 }
-static int kc_attention_decode_tc_h(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *toks,
+static int att_decode_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *toks,
                                     int n_tok, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
                                     int n_head, int n_kv, int hd, int bs, float scale, int n_split, const int32_t *chunk,
                                     float *partial, int *counters, cudaStream_t s) {
     return kc_attention_decode_tc(q, k, v, out, xq, toks, n_tok, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, n_split,
                                   chunk, partial, counters, s);
 }
-static int kc_attention_prefill_tc_h(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
+static int att_prefill_f16(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
                                      int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
                                      int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
     return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
@@ -502,19 +503,19 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                       hd, bs, &s->rope, cs));
         prof_mark(s, PC_ROPE);
         if (st->per_head) {
-            KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : kc_attention_ex_h)(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
-                                     c->n_head_kv, hd, bs, scale, st->n_split, s->att_chunk, s->partial, s->att_counters,
-                                     st->kv_ready, cs));
+            KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : att_perhead_f16)(
+                s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
+                st->n_split, s->att_chunk, s->partial, s->att_counters, st->kv_ready, cs));
         } else {
             if (st->n_dec)
-                KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : kc_attention_decode_tc_h)(s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o,
-                                                st->dec_all ? NULL : meta_dtoks(s, s->d_meta), st->n_dec, d_pos, d_seq, d_bt,
-                                                max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
-                                                meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
+                KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : att_decode_f16)(
+                    s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o, st->dec_all ? NULL : meta_dtoks(s, s->d_meta),
+                    st->n_dec, d_pos, d_seq, d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
+                    meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles) {
-                KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : kc_attention_prefill_tc_h)(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
-                                                 d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
-                                                 s->plan.att_pf_warps, cs));
+                KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
+                    s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, d_bt, max_blocks, c->n_head,
+                    c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             }
         }
