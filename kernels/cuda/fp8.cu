@@ -6,9 +6,10 @@
 //     quantized per token (scale amax / 448, codes saturated, as dt_fp8_scale / dt_fp8_encode)
 //     and cuBLASLt multiplies E4M3 x E4M3 with f32 accumulation, applying the weight row scales
 //     and the token scales as outer-vector scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
-//   - otherwise (older devices, a cuBLASLt without that mode, shapes it refuses, no workspace):
-//     the codes times their scales dequantized to half in slices of rows, then cuBLAS (f16
-//     operands, f32 accumulation), the path of the other quantized types.
+//   - otherwise (older devices, a cuBLASLt without that mode, shapes it refuses, no workspace,
+//     the kernel plan's fp8_gemm=0): the codes times their scales dequantized to half in slices
+//     of rows, then cuBLAS (f16 operands, f32 accumulation), the path of the other quantized
+//     types. The plan's fp8_fast_accum turns on cuBLASLt's fast FP8 accumulation.
 #include "kc_common.cuh"
 
 #include <cublasLt.h>
@@ -257,7 +258,7 @@ static int gemm_dequant(const kc_weight *W, const float *x, int n_tok, float *y,
 // The algorithm cuBLASLt's heuristic picked per shape (host memory; the step thread only).
 // ok: 1 found, -1 refused (the shape goes to the fallback from then on).
 struct lt_entry {
-    int m, n, k, ldy, acc, ok;
+    int m, n, k, ldy, acc, fast, ok;
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
@@ -274,11 +275,13 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
     cublasLtMatmulPreference_t pref = nullptr;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
     const void *a_scale = W->d, *b_scale = xs;
     int rc = 0;
     cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
     if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
     if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
     if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
@@ -288,9 +291,11 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
     if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldy);
     lt_entry *e = nullptr;
     for (int i = 0; i < g_lt_n && !st; i++)
-        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].ldy == ldy && g_lt[i].acc == accumulate) e = &g_lt[i];
+        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].ldy == ldy && g_lt[i].acc == accumulate &&
+            g_lt[i].fast == fast)
+            e = &g_lt[i];
     if (!st && !e) {
-        lt_entry fresh = { m, n, k, ldy, accumulate, -1, {} };
+        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, {} };
         const uint64_t wsb = ws->lt_ws_bytes;
         cublasLtMatmulHeuristicResult_t hr = {};
         int found = 0;
@@ -352,7 +357,8 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, floa
         KC_LAUNCH_CHECK();
     }
     // cuBLASLt FP8: k and the leading dimensions whole 16-byte rows, the codes of x in x_half's bytes
-    if (ws && ws->cublaslt && ws->x_scale && n_tok <= ws->x_scale_cap && f8_tensor_cores() && W->n_in % 16 == 0 &&
+    if (kc_plan_get()->fp8_gemm && ws && ws->cublaslt && ws->x_scale && n_tok <= ws->x_scale_cap && f8_tensor_cores() &&
+        W->n_in % 16 == 0 &&
         ldy % 4 == 0 && (size_t)n_tok * W->n_in <= 2 * ws->x_cap) {
         uint8_t *xq = (uint8_t *)ws->x_half;
         if (int rc = kc_quantize_f8(x, n_tok, W->n_in, xq, ws->x_scale, s)) return rc;

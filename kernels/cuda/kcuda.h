@@ -135,6 +135,8 @@ typedef struct kc_plan {
     int att_dec_ctas;     /* decode: key splits so that tokens x KV heads x splits reach this many CTAs */
     int att_chunk;        /* the per-head decode kernel: positions per split */
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
+    int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
+    int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);

@@ -135,11 +135,13 @@ if want speed; then
     check $([ $rc = 0 ] && ge "$tps" "$target" && echo 0 || echo 1) \
       "$name: ${tps:-?} generated tok/s (target >= $target), ${frac:-?} % of the measured bandwidth bound"
   }
-  step "llama3-8b --quantize fp8: batch-1 decode (prompt 512, 128 generated)"
-  eng b1-fp8 480 -m "$M" --backend cuda --quantize fp8 --prompt 512 --gen 128 --batch 1 --cuda-graph-timing
-  step "llama3-8b --quantize fp8 --kv-cache-dtype fp8: 256 x (1024 + 128), device sampling"
+  # ARKA_FP8_PLAN: kernel-plan overrides for both runs (e.g. fp8_fast_accum=1, fp8_gemm=0)
+  PLAN=(); [ -n "${ARKA_FP8_PLAN:-}" ] && PLAN=(--cuda-plan "$ARKA_FP8_PLAN")
+  step "llama3-8b --quantize fp8: batch-1 decode (prompt 512, 128 generated) ${PLAN[*]}"
+  eng b1-fp8 480 -m "$M" --backend cuda --quantize fp8 --prompt 512 --gen 128 --batch 1 --cuda-graph-timing "${PLAN[@]}"
+  step "llama3-8b --quantize fp8 --kv-cache-dtype fp8: 256 x (1024 + 128), device sampling ${PLAN[*]}"
   eng e256-fp8 28000 -m "$M" --backend cuda --quantize fp8 --kv-cache-dtype fp8 --prompt 1024 --gen 128 --batch 256 --sample \
-    --cuda-graph-timing
+    --cuda-graph-timing "${PLAN[@]}"
 fi
 echo "fp8.sh: $npass passed, $nfail failed"
 [ "$nfail" = 0 ]

@@ -1299,6 +1299,20 @@ static void test_matmul_fp8(cublasHandle_t cb, cudaStream_t s) {
                     T_CHECKF(rc == 0 && (by_lt || e < tol), "fp8 %s %dx%d n_tok=%d acc=%d rc=%d rel_err=%.3g (on the activation "
                              "codes %.3g) tol=%.1g", nt <= KC_GEMV_MAX_TOK ? "gemv" : lt_cand ? "cublasLt or fallback" : "dequant+cublas",
                              n_in, n_out, nt, acc, rc, e, eq, tol);
+                    /* the kernel plan's fp8_gemm=0: dequantize + cuBLAS whatever the workspace holds */
+                    if (lt_cand && acc == 0 && nt == 64) {
+                        kc_plan p0 = *kc_plan_get(), p1 = p0;
+                        p1.fp8_gemm = 0;
+                        kc_plan_set(&p1);
+                        poison(dy, ny * 4);
+                        rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                        kc_plan_set(&p0);
+                        CK(cudaStreamSynchronize(s));
+                        CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                        const double e0 = rel_err(y, want, ny), eq0 = rel_err(y, wantq, ny);
+                        T_CHECKF(rc == 0 && e0 < 5e-3 && eq0 > 1e-3, "fp8 plan fp8_gemm=0 %dx%d: rel_err %.3g, on the codes %.3g "
+                                 "(the dequantize path)", n_in, n_out, e0, eq0);
+                    }
                     free(base);
                     free(want);
                     free(wantq);
