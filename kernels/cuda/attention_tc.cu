@@ -174,22 +174,45 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const __half *src, int 
     }
 }
 
-// The same from an FP8 cache (attn_common.cuh): rows r0 .. r0 + rows - 1 of head h of block b,
-// expanded to halves by the threads (plain loads and shared stores: visible after the
-// caller's barrier, like the completed copies).
-// One 16-byte piece: values col..col + 7 of row r into the shared address dst (zeros unless ok).
-template <int HD>
-__device__ __forceinline__ void stage_piece_f8(uint32_t dst, const uint8_t *cache, size_t b, int r, int h, int n_kv, int bs,
-                                               int col, bool ok) {
-    const uint4 v = ok ? kv_f8_load8(cache, b, r, h, n_kv, bs, HD, col) : make_uint4(0, 0, 0, 0);
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-template <int HD>
-__device__ __forceinline__ void stage_rows_f8(uint32_t dst, const uint8_t *cache, size_t b, int r0, int h, int n_kv, int bs,
-                                              int rows, int n_ok, int tid, int nthr) {
-    for (int c = tid; c < rows * (HD / 8); c += nthr) {
-        const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
-        stage_piece_f8<HD>(dst + (r * (HD + 8) + col) * 2, cache, b, r0 + r, h, n_kv, bs, col, r < n_ok);
+// The same from an FP8 cache (attn_common.cuh): NP 16-byte pieces of K rows and of V rows per
+// thread (piece c = c0 + p * stride: tile row c / (HD / 8), columns 8 (c % (HD / 8)) + 0..7)
+// into shared rows of pitch HD + 8 at dst (K) and dst + v_off (V). where(c, b, r, ok) names the
+// piece's block, its row in the block and whether it holds a key (else zeros). Every piece's
+// codes and scale are loaded first (all in flight at once), then expanded to halves (code x
+// scale, rounded) and stored: plain loads and shared stores, visible after the caller's
+// barrier like the completed copies of the F16 path.
+template <int HD, int NP, typename Where>
+__device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uint8_t *kc, const uint8_t *vc, int n_kv, int bs,
+                                         int h, int c0, int stride, Where where) {
+    const size_t blk = (size_t)bs * n_kv * (HD + 4), sc = (size_t)bs * n_kv * HD;
+    uint2 kq[NP], vq[NP];
+    float ks[NP], vs[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c = c0 + p * stride, col = (c % (HD / 8)) * 8;
+        size_t b;
+        int r;
+        bool ok;
+        where(c, b, r, ok);
+        kq[p] = vq[p] = make_uint2(0, 0);
+        ks[p] = vs[p] = 0.0f;
+        if (ok) {
+            const size_t rh = (size_t)r * n_kv + h;
+            const uint8_t *kb = kc + b * blk, *vb = vc + b * blk;
+            kq[p] = __ldcg((const uint2 *)(kb + rh * HD + col));
+            vq[p] = __ldcg((const uint2 *)(vb + rh * HD + col));
+            ks[p] = __ldcg((const float *)(kb + sc) + rh);
+            vs[p] = __ldcg((const float *)(vb + sc) + rh);
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c = c0 + p * stride;
+        const uint32_t a = dst + ((c / (HD / 8)) * (HD + 8) + (c % (HD / 8)) * 8) * 2;
+        const uint4 k8 = kv_f8_expand8(kq[p], ks[p]), v8 = kv_f8_expand8(vq[p], vs[p]);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(k8.x), "r"(k8.y), "r"(k8.z), "r"(k8.w) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a + v_off), "r"(v8.x), "r"(v8.y), "r"(v8.z), "r"(v8.w)
+                     : "memory");
     }
 }
 
@@ -282,11 +305,15 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         if (i < n_grp) {
             const int j0 = first + 64 * i;
             const uint32_t dst = sw + (i % NST) * STAGE * 2;
-            if constexpr (F8) {
+            if constexpr (F8) { // 16 rows of one block (j0 % 16 == 0, block_size % 16 == 0)
                 const size_t b = bt[j0 / block_size];
-                stage_rows_f8<HD>(dst, (const uint8_t *)k_cache, b, j0 % block_size, kvh, n_kv, block_size, 16, end - j0, lane, 32);
-                stage_rows_f8<HD>(dst + 16 * ROWH * 2, (const uint8_t *)v_cache, b, j0 % block_size, kvh, n_kv, block_size, 16,
-                                  end - j0, lane, 32);
+                const int r0 = j0 % block_size, n_ok = end - j0;
+                stage_f8<HD, HD / 16>(dst, 16 * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
+                                      lane, 32, [&](int c, size_t &bb, int &r, bool &ok) {
+                                          bb = b;
+                                          r = r0 + c / (HD / 8);
+                                          ok = c / (HD / 8) < n_ok;
+                                      });
             } else {
                 const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
                 stage_rows<HD>(dst, (const __half *)k_cache + base, 16, end - j0, lane, 32);
@@ -395,21 +422,26 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
         if (i < n_kt) {
             const int j0 = i * PF_NK;
             const uint32_t dst = sb + (i % NST) * STAGE * 2;
-            // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
-            for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
-                const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
-                const bool ok = j <= p_last;
-                if constexpr (F8) {
-                    const size_t b = ok ? bt[j / block_size] : 0;
-                    stage_piece_f8<HD>(dst + (r * ROWH + col) * 2, (const uint8_t *)k_cache, b, j % block_size, kvh, n_kv,
-                                       block_size, col, ok);
-                    stage_piece_f8<HD>(dst + ((PF_NK + r) * ROWH + col) * 2, (const uint8_t *)v_cache, b, j % block_size, kvh,
-                                       n_kv, block_size, col, ok);
-                    continue;
+            if constexpr (F8) { // the same pieces, zero past p_last
+                constexpr int NP = PF_NK * (HD / 8) / (NW * 32);
+                static_assert(NP * NW * 32 == PF_NK * (HD / 8), "prefill FP8 staging: whole pieces per thread");
+                stage_f8<HD, NP>(dst, PF_NK * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
+                                 threadIdx.x, NW * 32, [&](int c, size_t &b, int &r, bool &ok) {
+                                     const int j = j0 + c / (HD / 8);
+                                     ok = j <= p_last;
+                                     b = ok ? bt[j / block_size] : 0;
+                                     r = j % block_size;
+                                 });
+            } else {
+                // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
+                for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
+                    const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
+                    const bool ok = j <= p_last;
+                    const size_t src =
+                        ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
+                    kc_cp_async16(dst + (r * ROWH + col) * 2, (const __half *)k_cache + src, ok);
+                    kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, (const __half *)v_cache + src, ok);
                 }
-                const size_t src = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
-                kc_cp_async16(dst + (r * ROWH + col) * 2, (const __half *)k_cache + src, ok);
-                kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, (const __half *)v_cache + src, ok);
             }
         }
         kc_cp_async_commit();
