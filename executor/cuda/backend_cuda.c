@@ -1,8 +1,10 @@
 /* backend_cuda: the CUDA backend. Weights uploaded once (F32/F16/BF16 as they are; Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept quantized, repacked for aligned loads; other types
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept quantized, repacked for aligned loads; F8_E4M3 as
+ * codes and row scales where the GPU has FP8 tensor cores; other types
  * converted to F16, logged), Q|K|V and gate|up fused into one matrix
- * each, the paged KV cache as one device pool (half), activations and workspaces allocated at
- * create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
+ * each, the paged KV cache as one device pool (half, or with --kv-cache-dtype fp8 E4M3 codes
+ * and f32 scales per position and head in the CPU's layout, kcuda.h), activations and
+ * workspaces allocated at create time for the engine's limits. A forward pass allocates nothing and synchronizes once:
  * to hand the logits to the host (forward), or only the sampled tokens and their logprobs
  * (forward_sample: the sampler runs on the device, kernels/cuda/sample.cu, rows packed by
  * cuda_sample.c). Pure decode steps replay CUDA graphs captured at create time for a ladder
@@ -39,6 +41,7 @@
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -77,7 +80,9 @@ typedef struct cu_layer {
     kc_weight qkv, wo, gu, down; /* qkv: [nq + 2 nkv rows], gu: [2 n_ff rows] */
     float *attn_norm, *ffn_norm; /* [n_embd] */
     float *bqkv;                 /* [nq + 2 nkv] or NULL */
-    kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd] */
+    kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd]; FP8 KV: blocks of
+                                  * codes [bs][n_kv][hd] bytes then scales [bs][n_kv] f32 (kcuda.h), same pointers */
+    float *k_scale, *v_scale;    /* FP8 KV: the checkpoint's static scales [n_kv] (cfg.kv_scales), else NULL */
 } cu_layer;
 
 enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PC_SAMPLE,
@@ -105,6 +110,8 @@ typedef struct cu_state {
     int pf_tile_tok;             /* prefill attention: tokens per tile */
     int max_tc_split;            /* tensor-core decode: most splits of any bucket (partials sized for it) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
+    int kv_f8;                   /* the KV cache is FP8 E4M3 with scales (--kv-cache-dtype fp8) */
+    size_t kv_blk_bytes;         /* one layer's K (or V) part of a block */
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_ws;
@@ -178,7 +185,7 @@ static int32_t *meta_chunk(cu_state *s, int32_t *base) { return meta_dtoks(s, ba
 
 /* upload_rows / upload_need flags: gate|up rows interleaved (kc_swiglu's layout), the token
  * table (kc_embed reads it), float vectors uploaded as f32 (upload_f32). */
-enum { UP_INTERLEAVE = 1, UP_TABLE = 2, UP_F32 = 4 };
+enum { UP_INTERLEAVE = 1, UP_TABLE = 2, UP_F32 = 4, UP_NO_F8 = 8 /* F8_E4M3 to F16: no FP8 tensor cores */ };
 
 /* How parts (same n_in) are uploaded as one matrix: w's type, shape and row ranges
  * (kc_weight_layout) and the bytes of its two regions. In their own types when the GPU kernels
@@ -194,6 +201,8 @@ static int upload_plan(const mdl_tensor *const *parts, int n_parts, int flags, k
         n_out += (int)parts[i]->ne[1];
         same &= parts[i]->type == parts[0]->type;
         if (!kc_weight_type_ok(parts[i]->type)) *why = "no GPU kernel for the type";
+        if ((flags & UP_NO_F8) && parts[i]->type == DT_F8_E4M3)
+            *why = "FP8 weights on a GPU without FP8 tensor cores (before sm_89)";
         if (i < KC_WEIGHT_MAX_PARTS) {
             types[i] = parts[i]->type;
             rows[i] = (int)parts[i]->ne[1];
@@ -229,19 +238,19 @@ static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int flags
 
 /* Device bytes of every weight as ex_backend_cuda_create uploads them; *file (may be NULL):
  * the same tensors' bytes in the file. */
-static size_t weights_need(const mdl_model *m, size_t *file) {
+static size_t weights_need(const mdl_model *m, int f8, size_t *file) {
     const mdl_config *c = &m->cfg;
     const mdl_tensor *emb[] = { &m->tok_embd }, *outp[] = { &m->output }, *on[] = { &m->out_norm };
     size_t fb = 0;
     size_t n = upload_need(emb, 1, UP_TABLE, &fb) + upload_need(on, 1, UP_F32, &fb) +
-               (c->tied_output ? 0 : upload_need(outp, 1, 0, &fb));
+               (c->tied_output ? 0 : upload_need(outp, 1, f8, &fb));
     for (int l = 0; l < c->n_layer; l++) {
         const mdl_layer *ly = &m->layers[l];
         const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                          *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                          *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-        n += upload_need(qkv, 3, 0, &fb) + upload_need(wo, 1, 0, &fb) + upload_need(gu, 2, UP_INTERLEAVE, &fb) +
-             upload_need(dn, 1, 0, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
+        n += upload_need(qkv, 3, f8, &fb) + upload_need(wo, 1, f8, &fb) + upload_need(gu, 2, UP_INTERLEAVE | f8, &fb) +
+             upload_need(dn, 1, f8, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
         if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, UP_F32, &fb);
     }
     if (file) *file = fb;
@@ -274,7 +283,7 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
     const int convert = upload_plan(parts, n_parts, flags, w, &data_bytes, &d_bytes, &why);
     if (convert) {
         for (int i = 0; i < n_parts; i++)
-            if (!dt_is_supported(parts[i]->type)) {
+            if (!dt_is_supported(parts[i]->type) && parts[i]->type != DT_F8_E4M3) {
                 snprintf(err, errlen, "cuda backend: tensor '%s' has type %s, which cannot be read", parts[i]->name,
                          dt_name(parts[i]->type) ? dt_name(parts[i]->type) : "?");
                 return CM_EUNSUPPORTED;
@@ -307,7 +316,7 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
             return CM_ENOMEM;
         }
         if (convert) {
-            int crc = dt_dequantize(t->type, t->data, hf, (int64_t)nel);
+            int crc = mdl_tensor_rows_f32(t, 0, t->ne[1], hf); /* F8_E4M3: code x row scale */
             if (!crc) crc = dt_quantize(DT_F16, hf, hq, (int64_t)nel);
             free(hf);
             if (crc) {
@@ -316,7 +325,10 @@ static int upload_rows(cu_state *s, const mdl_tensor *const *parts, int n_parts,
                 snprintf(err, errlen, "cuda backend: converting '%s' (%s) to F16 failed", t->name, dt_name(t->type));
                 return CM_EUNSUPPORTED;
             }
-        } else kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+        } else {
+            kc_weight_repack(type, t->data, n_in, (int)t->ne[1], hq, hs);
+            if (type == DT_F8_E4M3) memcpy(hs, t->scale, (size_t)t->ne[1] * sizeof(float)); /* the row scales (kcuda.h) */
+        }
         cudaError_t e;
         if (interleave) { /* every other row, from row i */
             const size_t rows = (size_t)t->ne[1], rd = pd / rows, rs = ps / rows;
@@ -436,6 +448,27 @@ typedef struct cu_step {
     int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
+/* The F16 cache's attention launchers with the FP8 ones' pointer types, so a step picks either. */
+static int att_perhead_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *pos,
+                             const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int hd,
+                             int bs, float scale, int n_split, int chunk, float *partial, int *counters, int kv_ready,
+                             cudaStream_t s) {
+    return kc_attention_ex(q, k, v, out, xq, pos, seq, bt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, n_split, chunk,
+                           partial, counters, kv_ready, s);
+}
+static int att_decode_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *toks,
+                                    int n_tok, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
+                                    int n_head, int n_kv, int hd, int bs, float scale, int n_split, const int32_t *chunk,
+                                    float *partial, int *counters, cudaStream_t s) {
+    return kc_attention_decode_tc(q, k, v, out, xq, toks, n_tok, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, n_split,
+                                  chunk, partial, counters, s);
+}
+static int att_prefill_f16(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
+                                     int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
+                                     int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
+    return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
+}
+
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
  * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
  * capturable. */
@@ -464,23 +497,27 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
-        KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
-                                  bs, &s->rope, cs));
+        if (s->kv_f8)
+            KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, d_bt, max_blocks, n_tok,
+                                         c->n_head, c->n_head_kv, hd, bs, &s->rope, cs));
+        else
+            KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
+                                      hd, bs, &s->rope, cs));
         prof_mark(s, PC_ROPE);
         if (st->per_head) {
-            KC_FATAL(kc_attention_ex(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head,
-                                     c->n_head_kv, hd, bs, scale, st->n_split, s->att_chunk, s->partial, s->att_counters,
-                                     st->kv_ready, cs));
+            KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : att_perhead_f16)(
+                s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
+                st->n_split, s->att_chunk, s->partial, s->att_counters, st->kv_ready, cs));
         } else {
             if (st->n_dec)
-                KC_FATAL(kc_attention_decode_tc(s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o,
-                                                st->dec_all ? NULL : meta_dtoks(s, s->d_meta), st->n_dec, d_pos, d_seq, d_bt,
-                                                max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
-                                                meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
+                KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : att_decode_f16)(
+                    s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o, st->dec_all ? NULL : meta_dtoks(s, s->d_meta),
+                    st->n_dec, d_pos, d_seq, d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
+                    meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles) {
-                KC_FATAL(kc_attention_prefill_tc(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
-                                                 d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
-                                                 s->plan.att_pf_warps, cs));
+                KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
+                    s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, d_bt, max_blocks, c->n_head,
+                    c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             }
         }
@@ -765,11 +802,11 @@ static int cuda_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
     const mdl_config *c = &s->cfg;
     if (src < 0 || dst < 0 || src >= s->lim.n_kv_blocks || dst >= s->lim.n_kv_blocks || n_tok < 0 || n_tok > s->lim.block_size)
         return CM_EINVAL;
-    size_t blk = (size_t)c->n_head_kv * s->lim.block_size * c->head_dim; /* halves per block per layer */
+    const size_t blk = s->kv_blk_bytes; /* the whole block (F16: heads outermost; FP8: codes and scales) */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        CU_FATAL(cudaMemcpyAsync(L->k + dst * blk, L->k + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
-        CU_FATAL(cudaMemcpyAsync(L->v + dst * blk, L->v + src * blk, blk * 2, cudaMemcpyDeviceToDevice, s->stream));
+        CU_FATAL(cudaMemcpyAsync((char *)L->k + dst * blk, (char *)L->k + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
+        CU_FATAL(cudaMemcpyAsync((char *)L->v + dst * blk, (char *)L->v + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
     }
     CU_FATAL(cudaStreamSynchronize(s->stream));
     return 0;
@@ -802,6 +839,8 @@ static void cuda_destroy(ex_backend *base) {
             cudaFree(L->attn_norm);
             cudaFree(L->ffn_norm);
             cudaFree(L->bqkv);
+            cudaFree(L->k_scale);
+            cudaFree(L->v_scale);
         }
     free(s->layers);
     free_weight(&s->tok_embd);
@@ -819,6 +858,8 @@ static void cuda_destroy(ex_backend *base) {
     cudaFreeHost(s->h_sout);
     free(s->samp_mark);
     free(s->samp_slot);
+    cudaFree(s->gws.x_scale);
+    if (s->gws.cublaslt) cublasLtDestroy((cublasLtHandle_t)s->gws.cublaslt);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -929,8 +970,8 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
                          char *err, size_t errlen) {
     const mdl_config *c = &s->cfg;
     const ex_limits *L = &s->lim;
-    size_t per_block = (size_t)c->n_head_kv * L->block_size * c->head_dim;   /* halves per block, one layer's K or V */
-    size_t bbytes = per_block * 2 * 2 * (size_t)c->n_layer;                  /* one block: K and V of every layer */
+    size_t per_block = s->kv_blk_bytes;                                      /* bytes per block, one layer's K or V */
+    size_t bbytes = per_block * 2 * (size_t)c->n_layer;                      /* one block: K and V of every layer */
     size_t free1 = 0;
     cudaMemGetInfo(&free1, &total);
     int64_t used = (int64_t)free0 - (int64_t)free1;  /* weights, activations, workspaces */
@@ -963,8 +1004,8 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
     }
     cudaMemset(s->kv_pool, 0, bytes);
     for (int l = 0; l < c->n_layer; l++) {
-        s->layers[l].k = (kc_half *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1);
-        s->layers[l].v = s->layers[l].k + per_block * (L->n_kv_blocks + 1);
+        s->layers[l].k = (kc_half *)((char *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1));
+        s->layers[l].v = (kc_half *)((char *)s->layers[l].k + per_block * (L->n_kv_blocks + 1));
     }
     CM_LOG_INFO("cuda", "KV pool", "device=%d sizing=%s fraction=%.2f total_gib=%.2f in_use_at_start_gib=%.2f weights_gib=%.2f "
                 "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d", o->device,
@@ -1029,7 +1070,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                          .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
                          .high_freq_factor = c->rope_high_freq_factor, .orig_ctx = c->rope_orig_ctx };
     s->base.name = "cuda";
-    s->base.kv_type = DT_F16;
+    /* FP8 KV: E4M3 codes and f32 scales per (position, head), the CPU's layout; blocks of an
+     * even number of head rows keep every row's codes 8-byte aligned */
+    s->kv_f8 = o->kv_type == DT_F8_E4M3 && s->lim.block_size % 2 == 0;
+    s->kv_blk_bytes = s->kv_f8 ? (size_t)c->n_head_kv * s->lim.block_size * (c->head_dim + 4)
+                               : (size_t)c->n_head_kv * s->lim.block_size * c->head_dim * 2;
+    s->base.kv_type = s->kv_f8 ? DT_F8_E4M3 : DT_F16;
+    s->base.features |= MDL_FEAT_FP8; /* F8_E4M3 matrices: fp8.cu (or F16 at upload before sm_89) */
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
     s->base.forward_hidden = cuda_forward_hidden;
@@ -1090,7 +1137,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         rc = CM_ECUDA;
         goto fail;
     }
-    size_t file_bytes = 0, need = weights_need(m, &file_bytes);
+    /* FP8 weights need FP8 tensor cores (sm_89+) for their GEMMs; before that they are
+     * dequantized to F16 at upload (each matrix logged) */
+    const int f8 = kc_fp8_tensor_cores() ? 0 : UP_NO_F8;
+    if (f8 && c->fp8_weights)
+        CM_LOG_WARN("cuda", "FP8 weights on a GPU without FP8 tensor cores: dequantized to F16 at load", "device=%d name=\"%s\" "
+                    "compute_capability=%d.%d", o->device, prop.name, prop.major, prop.minor);
+    size_t file_bytes = 0, need = weights_need(m, f8, &file_bytes);
     if (need > free0) {
         snprintf(err, errlen, "cuda backend: the weights need %.2f GiB, %.2f GiB free on device %d (%s)", need / GIB,
                  free0 / GIB, o->device, prop.name);
@@ -1108,7 +1161,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (c->tied_output) s->output = s->tok_embd;
         else {
             const mdl_tensor *outp[] = { &m->output };
-            if ((rc = upload_rows(s, outp, 1, &s->output, 0, err, errlen))) goto fail;
+            if ((rc = upload_rows(s, outp, 1, &s->output, f8, err, errlen))) goto fail;
         }
         const mdl_tensor *on[] = { &m->out_norm };
         if ((rc = upload_f32(s, on, 1, &s->out_norm, err, errlen))) goto fail;
@@ -1120,12 +1173,19 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                              *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                              *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-            if ((rc = upload_rows(s, qkv, 3, &L->qkv, 0, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, 0, err, errlen)) ||
-                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE, err, errlen)) ||
-                (rc = upload_rows(s, dn, 1, &L->down, 0, err, errlen)) ||
+            if ((rc = upload_rows(s, qkv, 3, &L->qkv, f8, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, f8, err, errlen)) ||
+                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE | f8, err, errlen)) ||
+                (rc = upload_rows(s, dn, 1, &L->down, f8, err, errlen)) ||
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
+            if (s->kv_f8 && c->kv_scales && ly->k_scale && ly->v_scale) { /* the checkpoint's static KV scales */
+                const size_t nb = (size_t)c->n_head_kv * sizeof(float);
+                if (dalloc(&L->k_scale, nb) || dalloc(&L->v_scale, nb) ||
+                    cudaMemcpy(L->k_scale, ly->k_scale, nb, cudaMemcpyHostToDevice) != cudaSuccess ||
+                    cudaMemcpy(L->v_scale, ly->v_scale, nb, cudaMemcpyHostToDevice) != cudaSuccess)
+                    goto oom;
+            }
         }
     }
 
@@ -1169,6 +1229,17 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (wmax > cap) wmax = cap;
         }
         s->gws.cublas = s->cublas;
+        /* FP8 GEMMs on cuBLASLt (sharing cuBLAS's workspace: one stream), one scale per token */
+        if (!f8 && c->fp8_weights) {
+            if (cublasLtCreate((cublasLtHandle_t *)&s->gws.cublaslt) != CUBLAS_STATUS_SUCCESS) {
+                s->gws.cublaslt = NULL;
+                goto oom;
+            }
+            s->gws.lt_ws = s->cublas_ws;
+            s->gws.lt_ws_bytes = cublas_ws_bytes;
+            s->gws.x_scale_cap = s->lim.max_tokens;
+            if (dalloc(&s->gws.x_scale, T * sizeof(float))) goto oom;
+        }
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;

@@ -11,9 +11,10 @@ KC_TRACE_TU(attention)
 
 #define ATT_WARPS 4
 
-template <int HD, int G>
+// F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves.
+template <int HD, int G, bool F8>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
+attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
             int block_size, float scale, int n_split, int chunk, int kv_ready) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
@@ -49,6 +50,17 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
     constexpr int STRIDE = ATT_WARPS * KPW;
     uint4 kv[G], vv[G];
     bool valid[G];
+    // key j's 8 values of this lane, K and V
+    auto fetch = [&](int j, uint4 &k8, uint4 &v8) {
+        if constexpr (F8) {
+            k8 = kv_f8_load8((const uint8_t *)k_cache, bt[j / block_size], j % block_size, kvh, n_kv, block_size, HD, sub * 8);
+            v8 = kv_f8_load8((const uint8_t *)v_cache, bt[j / block_size], j % block_size, kvh, n_kv, block_size, HD, sub * 8);
+        } else {
+            size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
+            k8 = __ldcg((const uint4 *)((const __half *)k_cache + base));
+            v8 = __ldcg((const uint4 *)((const __half *)v_cache + base));
+        }
+    };
     // loads the G groups from j0 (all of them, or only the keys below p: `old_only`)
     auto load = [&](int j0, bool old_only) {
 #pragma unroll
@@ -58,11 +70,7 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
             kv[u] = make_uint4(0, 0, 0, 0);
             vv[u] = make_uint4(0, 0, 0, 0);
             if (!old_only || j < p) {
-                if (valid[u]) {
-                    size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
-                    kv[u] = __ldcg((const uint4 *)(k_cache + base));
-                    vv[u] = __ldcg((const uint4 *)(v_cache + base));
-                }
+                if (valid[u]) fetch(j, kv[u], vv[u]);
             }
         }
     };
@@ -73,11 +81,7 @@ attn_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_em
 #pragma unroll
         for (int u = 0; u < G; u++) {
             int j = j_first + u * STRIDE + kslot;
-            if (j == p) {
-                size_t base = (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + sub * 8;
-                kv[u] = __ldcg((const uint4 *)(k_cache + base));
-                vv[u] = __ldcg((const uint4 *)(v_cache + base));
-            }
+            if (j == p) fetch(j, kv[u], vv[u]);
         }
     }
 
@@ -163,8 +167,8 @@ __global__ void attn_merge_kernel(const float *partial, att_emit em, const int32
     att_merge<HD, 16>(pp, n_valid, em, ((size_t)t * n_head + h) * HD);
 }
 
-template <int HD>
-static void launch(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, float *partial, int *counters,
+template <int HD, bool F8>
+static void launch(const float *q, const void *k, const void *v, const att_emit &em, float *partial, int *counters,
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
                    int bs, float scale, int n_split, int chunk, int kv_ready, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
@@ -173,8 +177,8 @@ static void launch(const float *q, const kc_half *k, const kc_half *v, const att
     // fewer registers keep more CTAs resident (llama2-7b, 128 sequences: 12.8 ms per step with
     // 2, 14.7 with 8; bench/RESULTS.md). The order keys are taken in is the same for every G.
     const int G = n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
-    auto kern = G == 2 ? attn_kernel<HD, 2> : G == 4 ? attn_kernel<HD, 4> : attn_kernel<HD, 8>;
-    kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, (const __half *)k, (const __half *)v, em, partial, counters,
+    auto kern = G == 2 ? attn_kernel<HD, 2, F8> : G == 4 ? attn_kernel<HD, 4, F8> : attn_kernel<HD, 8, F8>;
+    kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, k, v, em, partial, counters,
               pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready);
     if (n_split > 1 && !counters)
         kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
@@ -189,10 +193,11 @@ extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_hal
                            block_size, scale, n_split, chunk, partial, NULL, 0, s);
 }
 
-extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
-                               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
-                               int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
-                               float *partial, int *counters, int kv_ready, cudaStream_t s) {
+template <bool F8>
+static int attention_ex(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                        const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                        int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
+                        float *partial, int *counters, int kv_ready, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
         n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
@@ -204,7 +209,7 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
                     quant ? (__half *)xq->xh : nullptr };
 #define ATT_CASE(H)                                                                                                        \
     case H:                                                                                                                \
-        launch<H>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \
+        launch<H, F8>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \
                   block_size, scale, n_split, chunk, kv_ready, s);                                                         \
         break;
     switch (hd) {
@@ -218,4 +223,20 @@ extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_
     }
 #undef ATT_CASE
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                               int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
+                               float *partial, int *counters, int kv_ready, cudaStream_t s) {
+    return attention_ex<false>(q, k_cache, v_cache, out, xq, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
+                               block_size, scale, n_split, chunk, partial, counters, kv_ready, s);
+}
+
+extern "C" int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                                  const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                                  int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
+                                  float *partial, int *counters, int kv_ready, cudaStream_t s) {
+    return attention_ex<true>(q, k_cache, v_cache, out, xq, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
+                              block_size, scale, n_split, chunk, partial, counters, kv_ready, s);
 }

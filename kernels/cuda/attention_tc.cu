@@ -174,6 +174,48 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const __half *src, int 
     }
 }
 
+// The same from an FP8 cache (attn_common.cuh): NP 16-byte pieces of K rows and of V rows per
+// thread (piece c = c0 + p * stride: tile row c / (HD / 8), columns 8 (c % (HD / 8)) + 0..7)
+// into shared rows of pitch HD + 8 at dst (K) and dst + v_off (V). where(c, b, r, ok) names the
+// piece's block, its row in the block and whether it holds a key (else zeros). Every piece's
+// codes and scale are loaded first (all in flight at once), then expanded to halves (code x
+// scale, rounded) and stored: plain loads and shared stores, visible after the caller's
+// barrier like the completed copies of the F16 path.
+template <int HD, int NP, typename Where>
+__device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uint8_t *kc, const uint8_t *vc, int n_kv, int bs,
+                                         int h, int c0, int stride, Where where) {
+    const size_t blk = (size_t)bs * n_kv * (HD + 4), sc = (size_t)bs * n_kv * HD;
+    uint2 kq[NP], vq[NP];
+    float ks[NP], vs[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c = c0 + p * stride, col = (c % (HD / 8)) * 8;
+        size_t b;
+        int r;
+        bool ok;
+        where(c, b, r, ok);
+        kq[p] = vq[p] = make_uint2(0, 0);
+        ks[p] = vs[p] = 0.0f;
+        if (ok) {
+            const size_t rh = (size_t)r * n_kv + h;
+            const uint8_t *kb = kc + b * blk, *vb = vc + b * blk;
+            kq[p] = __ldcg((const uint2 *)(kb + rh * HD + col));
+            vq[p] = __ldcg((const uint2 *)(vb + rh * HD + col));
+            ks[p] = __ldcg((const float *)(kb + sc) + rh);
+            vs[p] = __ldcg((const float *)(vb + sc) + rh);
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c = c0 + p * stride;
+        const uint32_t a = dst + ((c / (HD / 8)) * (HD + 8) + (c % (HD / 8)) * 8) * 2;
+        const uint4 k8 = kv_f8_expand8(kq[p], ks[p]), v8 = kv_f8_expand8(vq[p], vs[p]);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(k8.x), "r"(k8.y), "r"(k8.z), "r"(k8.w) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a + v_off), "r"(v8.x), "r"(v8.y), "r"(v8.z), "r"(v8.w)
+                     : "memory");
+    }
+}
+
 // ---- decode ---------------------------------------------------------------------------------
 
 // The split merge of one (token, head) by the whole CTA (the last split's; partials in
@@ -229,9 +271,10 @@ __device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_
     __syncthreads(); // red is reused by the next row
 }
 
-template <int HD, int NST>
+// F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves.
+template <int HD, int NST, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, att_emit em, float *partial, int *counters,
+attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
                 const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                 const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
@@ -261,10 +304,21 @@ attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, at
     auto issue = [&](int i) {
         if (i < n_grp) {
             const int j0 = first + 64 * i;
-            const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
             const uint32_t dst = sw + (i % NST) * STAGE * 2;
-            stage_rows<HD>(dst, k_cache + base, 16, end - j0, lane, 32);
-            stage_rows<HD>(dst + 16 * ROWH * 2, v_cache + base, 16, end - j0, lane, 32);
+            if constexpr (F8) { // 16 rows of one block (j0 % 16 == 0, block_size % 16 == 0)
+                const size_t b = bt[j0 / block_size];
+                const int r0 = j0 % block_size, n_ok = end - j0;
+                stage_f8<HD, HD / 16>(dst, 16 * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
+                                      lane, 32, [&](int c, size_t &bb, int &r, bool &ok) {
+                                          bb = b;
+                                          r = r0 + c / (HD / 8);
+                                          ok = c / (HD / 8) < n_ok;
+                                      });
+            } else {
+                const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
+                stage_rows<HD>(dst, (const __half *)k_cache + base, 16, end - j0, lane, 32);
+                stage_rows<HD>(dst + 16 * ROWH * 2, (const __half *)v_cache + base, 16, end - j0, lane, 32);
+            }
         }
         kc_cp_async_commit(); // empty groups too: the wait below counts groups
     };
@@ -336,9 +390,9 @@ attn_dec_kernel(const float *q, const __half *k_cache, const __half *v_cache, at
 
 constexpr int PF_NK = 64; // key positions per shared tile
 
-template <int HD, int NW, int NST>
+template <int HD, int NW, int NST, bool F8>
 __global__ void __launch_bounds__(NW * 32)
-attn_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
+attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
                int block_size, float qscale) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
@@ -368,13 +422,26 @@ attn_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, flo
         if (i < n_kt) {
             const int j0 = i * PF_NK;
             const uint32_t dst = sb + (i % NST) * STAGE * 2;
-            // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
-            for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
-                const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
-                const bool ok = j <= p_last;
-                const size_t src = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
-                kc_cp_async16(dst + (r * ROWH + col) * 2, k_cache + src, ok);
-                kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, v_cache + src, ok);
+            if constexpr (F8) { // the same pieces, zero past p_last
+                constexpr int NP = PF_NK * (HD / 8) / (NW * 32);
+                static_assert(NP * NW * 32 == PF_NK * (HD / 8), "prefill FP8 staging: whole pieces per thread");
+                stage_f8<HD, NP>(dst, PF_NK * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
+                                 threadIdx.x, NW * 32, [&](int c, size_t &b, int &r, bool &ok) {
+                                     const int j = j0 + c / (HD / 8);
+                                     ok = j <= p_last;
+                                     b = ok ? bt[j / block_size] : 0;
+                                     r = j % block_size;
+                                 });
+            } else {
+                // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
+                for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
+                    const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
+                    const bool ok = j <= p_last;
+                    const size_t src =
+                        ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
+                    kc_cp_async16(dst + (r * ROWH + col) * 2, (const __half *)k_cache + src, ok);
+                    kc_cp_async16(dst + ((PF_NK + r) * ROWH + col) * 2, (const __half *)v_cache + src, ok);
+                }
             }
         }
         kc_cp_async_commit();
@@ -421,27 +488,25 @@ template <int HD> size_t dec_smem() {
 }
 template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
 
-template <int HD>
-int launch_dec(const float *q, const kc_half *k, const kc_half *v, const att_emit &em, const int32_t *toks, int n_tok,
+template <int HD, bool F8>
+int launch_dec(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = dec_smem<HD>();
-    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_dec_kernel<HD, DEC_NST>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, (const __half *)k,
-              (const __half *)v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
+    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
     return 0;
 }
 
-template <int HD, int NW>
-int launch_pf(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
+template <int HD, int NW, bool F8>
+int launch_pf(const float *q, const void *k, const void *v, float *out, const int32_t *tiles, int n_tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
               float qscale, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = pf_smem<HD>();
-    if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_pf_kernel<HD, NW, PF_NST>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, (const __half *)k,
-              (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
+    if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
     return 0;
 }
 
@@ -459,11 +524,11 @@ extern "C" int kc_attention_tc_tile_tok(int warps, int n_head, int n_kv) {
     return 16 * warps / (n_head / n_kv);
 }
 
-extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
-                                      const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
-                                      const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                      int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
-                                      int *counters, cudaStream_t s) {
+template <bool F8>
+static int attention_decode_tc(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                               const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                               float scale, int n_split, const int32_t *chunk, float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || !chunk || n_tok <= 0 || n_split <= 0 ||
         (n_split > 1 && (!partial || !counters)) || !kc_attention_tc_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
@@ -474,33 +539,68 @@ extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, co
     att_emit em = { out, quant && !xq->no_ints ? xq->qh : nullptr, quant ? xq->ql : nullptr, quant ? xq->m : nullptr,
                     quant ? (__half *)xq->xh : nullptr };
     const float qs = scale * LOG2E;
-    int rc = hd == 64 ? launch_dec<64>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+    int rc = hd == 64 ? launch_dec<64, F8>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
                                        n_kv, block_size, qs, n_split, partial, counters, s)
-                      : launch_dec<128>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
+                      : launch_dec<128, F8>(q, k_cache, v_cache, em, toks, n_tok, pos, seq, block_tables, chunk, max_blocks, n_head,
                                         n_kv, block_size, qs, n_split, partial, counters, s);
     if (rc) return rc;
     KC_LAUNCH_CHECK();
 }
 
-extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                       int block_size, float scale, int warps, cudaStream_t s) {
+template <bool F8>
+static int attention_prefill_tc(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
+                                int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int warps,
+                                cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
         !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
     int rc;
     if (hd == 64)
-        rc = warps == 4 ? launch_pf<64, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+        rc = warps == 4 ? launch_pf<64, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
                                            n_kv, block_size, qs, s)
-                        : launch_pf<64, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                        : launch_pf<64, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
                                            n_kv, block_size, qs, s);
     else
-        rc = warps == 4 ? launch_pf<128, 4>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+        rc = warps == 4 ? launch_pf<128, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
                                             n_head, n_kv, block_size, qs, s)
-                        : launch_pf<128, 8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+                        : launch_pf<128, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
                                             n_head, n_kv, block_size, qs, s);
     if (rc) return rc;
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_decode_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
+                                      const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                                      const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                      int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
+                                      int *counters, cudaStream_t s) {
+    return attention_decode_tc<false>(q, k_cache, v_cache, out, xq, toks, n_tok, pos, seq, block_tables, max_blocks, n_head,
+                                      n_kv, hd, block_size, scale, n_split, chunk, partial, counters, s);
+}
+
+extern "C" int kc_attention_decode_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                                         const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                         int block_size, float scale, int n_split, const int32_t *chunk, float *partial,
+                                         int *counters, cudaStream_t s) {
+    return attention_decode_tc<true>(q, k_cache, v_cache, out, xq, toks, n_tok, pos, seq, block_tables, max_blocks, n_head,
+                                     n_kv, hd, block_size, scale, n_split, chunk, partial, counters, s);
+}
+
+extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                       int block_size, float scale, int warps, cudaStream_t s) {
+    return attention_prefill_tc<false>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                       n_kv, hd, block_size, scale, warps, s);
+}
+
+extern "C" int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out,
+                                          const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                          const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                          int block_size, float scale, int warps, cudaStream_t s) {
+    return attention_prefill_tc<true>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                      n_kv, hd, block_size, scale, warps, s);
 }

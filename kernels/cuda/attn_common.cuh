@@ -5,6 +5,33 @@
 
 #include "kc_common.cuh"
 
+#include <cuda_fp8.h>
+
+// FP8 KV cache (kcuda.h, the CPU's layout): one layer's block b holds the codes [bs][n_kv][hd]
+// (E4M3 bytes), then the scales [bs][n_kv] f32. The attention kernels read 8 values of a
+// (block, row, head) at a time as halves: code x scale in f32, rounded to half, so the rest
+// of each kernel is the F16 cache's.
+__device__ __forceinline__ uint4 kv_f8_expand8(uint2 c, float s) {
+    const uint32_t u[2] = { c.x, c.y };
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((u[k >> 1] >> (16 * (k & 1))) & 0xffff), __NV_E4M3);
+        const float2 f = __half22float2(*(const __half2 *)&hr);
+        o[k] = kc_pack_h2(f.x * s, f.y * s);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+// Values col..col + 7 (col % 8 == 0) of row r, head h of block b as 8 halves. Loads bypass L1
+// (the cache was written by an earlier kernel of the step).
+__device__ __forceinline__ uint4 kv_f8_load8(const uint8_t *cache, size_t b, int r, int h, int n_kv, int bs, int hd, int col) {
+    const uint8_t *blk = cache + b * ((size_t)bs * n_kv * (hd + 4));
+    const size_t rh = (size_t)r * n_kv + h;
+    const uint2 c = __ldcg((const uint2 *)(blk + rh * hd + col));
+    const float s = __ldcg((const float *)(blk + (size_t)bs * n_kv * hd) + rh);
+    return kv_f8_expand8(c, s);
+}
+
 // The finished output of one (token, head): element e written to out, and when xq is given
 // (hd % 32 == 0) into its two-level int8 blocks for the wo GEMV (or only its half copy:
 // kc_xq.no_ints). Threads loop over e in steps

@@ -202,6 +202,11 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               cudaStream_t s);
 
+// fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, else
+// cuBLASLt FP8 or dequantize + cuBLAS), into rows of stride ldy.
+extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int accumulate,
+                             const kc_gemm_ws *ws, cudaStream_t s);
+
 // ---- quantized weight layouts (kcuda.h, kc_weight) ----------------------------------------------
 // Bytes of one row of a quantized kc_weight's data and d regions (n_in whole blocks of the type;
 // 0 for other types). Rows of Q5_0 and Q6_K scales are padded so that every row starts aligned

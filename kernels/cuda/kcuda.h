@@ -44,6 +44,10 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  *   Q6_K: data [n_out][nsb] 192 bytes: per quarter of 64 elements, 32 nibble bytes (byte l:
  *         elements l and 32 + l) then 16 bytes of the 2-bit high parts (kc_common.cuh); d per
  *         row: nsb x 16 int8 scales (GGUF order), then nsb half d, padded to 16 bytes.
+ *   F8_E4M3: data [n_out][n_in] E4M3 codes (model.h); d [n_out] f32 row scales (4 bytes a row in
+ *         d, whatever d's pointer type): row r's values are code x scale[r]. kc_weight_repack
+ *         copies the codes only; the scales come from mdl_tensor.scale. Not a "quantized type"
+ *         of the integer GEMVs: kc_matmul reads it in fp8.cu (kc_fp8_tensor_cores).
  * A high-bit word holds the fifth bit of element 4i + b of its block of 32 at bit 8b + i: the
  * four elements whose low (or high) nibbles share a 32-bit word of nibbles get their fifth bits
  * with one shift and one mask (kc_hbit4).
@@ -131,6 +135,8 @@ typedef struct kc_plan {
     int att_dec_ctas;     /* decode: key splits so that tokens x KV heads x splits reach this many CTAs */
     int att_chunk;        /* the per-head decode kernel: positions per split */
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
+    int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
+    int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);
@@ -193,6 +199,14 @@ typedef struct kc_gemm_ws {
     kc_half *x_half;      /* activations as half: max n_tok * n_in */
     size_t   w_cap, x_cap; /* capacities in halves */
     kc_xq    xq;          /* scratch for quantizing activations of quantized GEMVs (cap_tok may be 0) */
+    /* F8_E4M3 weights past KC_GEMV_MAX_TOK tokens (fp8.cu): cublasLtHandle_t (NULL: dequantize +
+     * cuBLAS instead), its workspace, and one f32 scale per token (x_scale_cap tokens) for the
+     * activations quantized to E4M3 codes in x_half's bytes. Zeros: the fallback path only. */
+    void    *cublaslt;
+    void    *lt_ws;
+    size_t   lt_ws_bytes;
+    float   *x_scale;
+    int      x_scale_cap;
 } kc_gemm_ws;
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
@@ -214,6 +228,15 @@ int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accum
  * each row range on its type's path (activations quantized or converted once for all). */
 int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                  const kc_gemm_ws *ws, cudaStream_t s);
+
+/* FP8 (fp8.cu). Whether the current device has FP8 tensor cores (sm_89 and newer): without
+ * them F8_E4M3 weights still run (GEMV: codes expanded in registers; larger steps dequantized
+ * to F16 for cuBLAS), but the backend keeps FP8 only where the issue's fallbacks say so. */
+int kc_fp8_tensor_cores(void);
+/* Activations per token as E4M3 codes with one scale each: scale[t] = amax(x[t]) / 448 and
+ * q[t][i] = e4m3_sat(x[t][i] / scale[t]) (f32 division; 0 codes when the scale is 0): the
+ * rounding of dt_fp8_scale / dt_fp8_encode. x: [n_tok, n] f32, q: [n_tok, n] bytes. */
+int kc_quantize_f8(const float *x, int n_tok, int n, uint8_t *q, float *scale, cudaStream_t s);
 
 /* Quantized weights (every kc_weight_is_quant type, mixed ones range by range) times half
  * activations on tensor cores, dequantizing in registers (kc_matmul's path past
@@ -320,6 +343,33 @@ int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_hal
                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                             float scale, int warps, cudaStream_t s);
+
+/* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
+ * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3
+ * codes [block_size][n_kv][hd] bytes, then the scales [block_size][n_kv] f32; position p of head
+ * h has code = e4m3_sat(x / s), value = e4m3(code) x s, s the layer's static scale of head h
+ * (a checkpoint's kv_cache_scheme) or amax / 448 of the head's hd values at that position (0:
+ * all codes 0). The _f8 launchers take such caches (void pointers to the layer's blocks) and
+ * otherwise behave as the F16 ones above; the attention kernels read 8 values at a time as
+ * halves (code x scale in f32, rounded to half) and compute as with an F16 cache.
+ * hd % 8 == 0, hd <= 256. k_scale / v_scale: [n_kv] static scales, or both NULL. */
+int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_scale,
+                        const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                        int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope,
+                        cudaStream_t s);
+int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                       const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                       int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
+                       int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
+int kc_attention_decode_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
+                              const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
+                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                              float scale, int n_split, const int32_t *chunk, float *partial, int *counters,
+                              cudaStream_t s);
+int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out,
+                               const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                               float scale, int warps, cudaStream_t s);
 
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);

@@ -24,7 +24,9 @@ static bool is_quant(int type) {
 }
 extern "C" int kc_weight_is_quant(int type) { return type == KC_WEIGHT_MIXED || is_quant(type); }
 
-extern "C" int kc_weight_type_ok(int type) { return type == DT_F32 || type == DT_F16 || type == DT_BF16 || is_quant(type); }
+extern "C" int kc_weight_type_ok(int type) {
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_F8_E4M3 || is_quant(type);
+}
 
 // The types embed.cu's kernel reads.
 extern "C" int kc_embed_type_ok(int type) {
@@ -44,6 +46,7 @@ extern "C" int kc_weight_sizes(int type, int n_in, int n_out, size_t *data_bytes
     switch (type) {
     case DT_F32: *data_bytes = n * 4; return 0;
     case DT_F16: case DT_BF16: *data_bytes = n * 2; return 0;
+    case DT_F8_E4M3: *data_bytes = n; *d_bytes = (size_t)n_out * 4; return 0; // codes, f32 row scales
     default:
         if (!is_quant(type)) return CM_EUNSUPPORTED;
         if (n_in <= 0 || n_in % dt_block_size(type)) return CM_EINVAL;
@@ -102,6 +105,7 @@ static void row_bytes(int type, int n_in, size_t *data_row, size_t *d_row) {
     switch (type) {
     case DT_F32: *data_row = (size_t)n_in * 4; *d_row = 0; break;
     case DT_F16: case DT_BF16: *data_row = (size_t)n_in * 2; *d_row = 0; break;
+    case DT_F8_E4M3: *data_row = (size_t)n_in; *d_row = 4; break;
     default: *data_row = kc_wq_data_row(type, n_in); *d_row = kc_wq_d_row(type, n_in); break;
     }
 }
@@ -206,6 +210,7 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
     switch (type) {
     case DT_F32: memcpy(qs_out, src, n * 4); return 0;
     case DT_F16: case DT_BF16: memcpy(qs_out, src, n * 2); return 0;
+    case DT_F8_E4M3: memcpy(qs_out, src, n); return 0; // the codes; the row scales are not in src (kcuda.h)
     case DT_Q8_0: {
         const blk_q8_0 *b = (const blk_q8_0 *)src;
         int8_t *qs = (int8_t *)qs_out;
@@ -1123,6 +1128,7 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
 // already holds x as half (converted once for every range).
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
                       const kc_gemm_ws *ws, bool xh_ready, cudaStream_t s) {
+    if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;

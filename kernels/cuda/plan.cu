@@ -41,6 +41,8 @@ const field k_fields[] = {
     F(att_dec_ctas, 1, 1 << 20),
     F(att_chunk, 16, 1 << 20),
     F(graph_max_tok, 1, 4096),
+    F(fp8_gemm, 0, 1),
+    F(fp8_fast_accum, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -76,6 +78,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_dec_ctas = 528;
     p->att_chunk = 64;
     p->graph_max_tok = 512;
+    // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
+    // accumulation not measured yet)
+    p->fp8_gemm = 1;
+    p->fp8_fast_accum = 0;
 }
 
 extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p) {

@@ -1,6 +1,8 @@
 // rope: rotary embedding of q and k, with k and v written into the paged KV cache as half.
 #include "kc_common.cuh"
 
+#include <cuda_fp8.h>
+
 extern "C" {
 #include "kcuda.h"
 #include "model/model.h"
@@ -30,12 +32,38 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
     else { *a = i; *b = i + r.rope_dim / 2; }
 }
 
+// FP8 KV cache (kcuda.h): the head's hd values (hv, shared) as E4M3 codes with one scale at
+// (block blk, row r, head h): the static scale when there is one, else amax / 448; codes
+// e4m3_sat(x / s) (0 when s is 0): dt_fp8_scale / dt_fp8_encode's rounding. Every thread of
+// the CTA calls it.
+__device__ void f8_store_head(const float *hv, uint8_t *cache, const float *st, int blk, int r, int h, int n_kv, int hd,
+                              int block_size) {
+    __shared__ float red[32];
+    __syncthreads();
+    float amax = 0.0f;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) amax = fmaxf(amax, fabsf(hv[e]));
+    amax = kc_warp_max(amax);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, red[w]);
+    amax = fmaxf(amax, red[0]);
+    const float s = st ? st[h] : __fdiv_rn(amax, 448.0f);
+    uint8_t *b = cache + (size_t)blk * ((size_t)block_size * n_kv * (hd + 4));
+    const size_t rh = (size_t)r * n_kv + h;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x)
+        b[rh * hd + e] = s != 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(hv[e], s), __NV_SATFINITE, __NV_E4M3) : 0;
+    if (threadIdx.x == 0) ((float *)(b + (size_t)block_size * n_kv * hd))[rh] = s;
+}
+
 // One CTA per (token, head): q heads first, then k heads, then v heads. pos, seq and the block
 // tables are staged before the step's first kernel (never written by the kernel before this
 // one), so the position, the cache slot and the first pair's angle are worked out before the
 // programmatic wait; only the QKV values wait.
-__global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cache,
-                                  __half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+// F8: k_cache / v_cache hold E4M3 codes and scales (f8_store_head; k_st / v_st: static
+// scales [n_kv] or NULL), else halves.
+template <bool F8>
+__global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_st,
+                                  const float *v_st, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                   int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
     KC_TRACE_SCOPE(KC_TR_ROPE);
     kc_pdl_trigger();
@@ -47,15 +75,21 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
     if (h < n_head + n_kv && i0 < half_rot) sincosf((float)p * rope_freq(r, i0), &s0, &c0);
     kc_pdl_wait();
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
+    __shared__ float hv[F8 ? 256 : 1]; // F8: the K or V head before encoding
+    if (F8 && h >= n_head + n_kv) {
+        for (int e = threadIdx.x; e < hd; e += blockDim.x) hv[e] = src[e];
+        f8_store_head(hv, (uint8_t *)v_cache, v_st, blk, p % block_size, h - n_head - n_kv, n_kv, hd, block_size);
+        return;
+    }
     if (h >= n_head + n_kv) { // v: copied as half
-        __half *dst = v_cache + (((size_t)blk * n_kv + (h - n_head - n_kv)) * block_size + p % block_size) * hd;
+        __half *dst = (__half *)v_cache + (((size_t)blk * n_kv + (h - n_head - n_kv)) * block_size + p % block_size) * hd;
         for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
         return;
     }
     float *qd = nullptr;
     __half *kd = nullptr;
     if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
-    else kd = k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
+    else if (!F8) kd = (__half *)k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
     for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
         int a, b;
         rope_pair(r, i, &a, &b);
@@ -64,12 +98,15 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
         float x0 = src[a], x1 = src[b];
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         if (qd) { qd[a] = y0; qd[b] = y1; }
+        else if (F8) { hv[a] = y0; hv[b] = y1; }
         else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
     }
     for (int e = r.rope_dim + threadIdx.x; e < hd; e += blockDim.x) { // dimensions past rope_dim: unrotated
         if (qd) qd[e] = src[e];
+        else if (F8) hv[e] = src[e];
         else kd[e] = __float2half(src[e]);
     }
+    if (F8 && h >= n_head) f8_store_head(hv, (uint8_t *)k_cache, k_st, blk, p % block_size, h - n_head, n_kv, hd, block_size);
 }
 
 extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache, const int32_t *pos,
@@ -79,7 +116,22 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
     dim3 grid(n_tok, n_head + 2 * n_kv);
-    kc_launch(rope_store_kernel, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos,
-              seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
+    kc_launch(rope_store_kernel<false>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (void *)k_cache, (void *)v_cache,
+              (const float *)nullptr, (const float *)nullptr, pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size,
+              *rope);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_scale,
+                                   const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                   int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size,
+                                   const kc_rope *rope, cudaStream_t s) {
+    if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
+        n_kv <= 0 || hd <= 0 || hd > 256 || hd % 8 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd ||
+        rope->rope_dim % 2 || (!k_scale) != (!v_scale))
+        return CM_EINVAL;
+    dim3 grid(n_tok, n_head + 2 * n_kv);
+    kc_launch(rope_store_kernel<true>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, k_cache, v_cache, k_scale, v_scale,
+              pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();
 }

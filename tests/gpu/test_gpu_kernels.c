@@ -5,17 +5,20 @@
  * contexts up to 32k), argmax. Outputs are poisoned (NaN) before each launch.
  * Runs on a GPU host only (tests/gpu/run.sh). */
 #include "common/cm_err.h"
+#include "kernels/cpu/attn.h"
 #include "kernels/cpu/kcpu.h"
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "tests/unit/t.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_ck.h"
 #include "gpu_plan.h"
@@ -1186,6 +1189,286 @@ static void test_matmul_swiglu(cublasHandle_t cb, cudaStream_t s) {
     cudaFree(dx); cudaFree(dgu); cudaFree(dout); cudaFree(dout2); cudaFree(W.data);
 }
 
+/* FP8 E4M3 weights (fp8.cu): codes and per-row scales as --quantize fp8 makes them. The GEMV
+ * (1..8 tokens) against the CPU's k_matmul_ref_scaled (f32 sums of exact products: ~1e-6);
+ * past 8 tokens cuBLASLt's E4M3 GEMM (sm_89+) against the same reference with x quantized per
+ * token as kc_quantize_f8 does it (codes bitwise as dt_fp8_encode), and the fallback
+ * (dequantize to half + cuBLAS, cublaslt NULL) against the unquantized reference (f16
+ * operands: ~1e-3). Accumulation into y on both paths. A row width of 40 takes the scalar
+ * GEMV and the fallback. */
+static void test_matmul_fp8(cublasHandle_t cb, cudaStream_t s) {
+    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 40, 64 } };
+    const int ntoks[] = { 1, 2, 3, 5, 8, 9, 17, 64, 300 };
+    const int nt_max = 300;
+    const int tc = kc_fp8_tensor_cores();
+    void *lt_ws = NULL;
+    void *lt = NULL;
+    const size_t lt_ws_bytes = 32u << 20;
+    CK(cudaMalloc(&lt_ws, lt_ws_bytes));
+    if (cublasLtCreate((cublasLtHandle_t *)&lt) != CUBLAS_STATUS_SUCCESS) lt = NULL;
+    T_CHECKF(lt != NULL, "cublasLtCreate");
+    printf("fp8: FP8 tensor cores %s\n", tc ? "yes" : "no (sm < 89: fallback only)");
+    int n_lt = 0, n_lt_cand = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_in = shapes[si][0], n_out = shapes[si][1];
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4), *sc = malloc((size_t)n_out * 4);
+        uint8_t *codes = malloc(nw);
+        for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f * (1 + (int)(i / n_in % 7)); /* rows of different ranges */
+        for (int r = 0; r < n_out; r++) {
+            sc[r] = dt_fp8_scale(wf + (size_t)r * n_in, n_in);
+            dt_fp8_encode(wf + (size_t)r * n_in, n_in, sc[r], codes + (size_t)r * n_in);
+        }
+        kc_weight w = { .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
+        size_t db, sb;
+        T_CHECKF(kc_weight_sizes(DT_F8_E4M3, n_in, n_out, &db, &sb) == 0 && db == nw && sb == (size_t)n_out * 4, "fp8 sizes");
+        w.data = dev_upload(codes, nw);
+        w.d = dev_upload(sc, (size_t)n_out * 4);
+        float *x = malloc((size_t)nt_max * n_in * 4), *xdq = malloc((size_t)nt_max * n_in * 4);
+        for (size_t i = 0; i < (size_t)nt_max * n_in; i++) x[i] = frand() * (1 + (int)(i / n_in % 3));
+        /* x quantized per token, as the GEMM's activations */
+        uint8_t *xq = malloc((size_t)nt_max * n_in);
+        float *xs = malloc((size_t)nt_max * 4);
+        for (int t = 0; t < nt_max; t++) {
+            xs[t] = dt_fp8_scale(x + (size_t)t * n_in, n_in);
+            dt_fp8_encode(x + (size_t)t * n_in, n_in, xs[t], xq + (size_t)t * n_in);
+            dt_fp8_decode(xq + (size_t)t * n_in, n_in, xs[t], xdq + (size_t)t * n_in);
+        }
+        double *ref = malloc((size_t)nt_max * n_out * 8), *refq = malloc((size_t)nt_max * n_out * 8);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, x, nt_max, ref);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, xdq, nt_max, refq);
+        float *dx = dev_upload(x, (size_t)nt_max * n_in * 4), *dy, *y = malloc((size_t)nt_max * n_out * 4);
+        CK(cudaMalloc((void **)&dy, (size_t)nt_max * n_out * 4));
+        /* kc_quantize_f8: codes and scales bitwise as the CPU's */
+        {
+            uint8_t *dq, *hq = malloc((size_t)nt_max * n_in);
+            float *ds, *hs = malloc((size_t)nt_max * 4);
+            CK(cudaMalloc((void **)&dq, (size_t)nt_max * n_in));
+            CK(cudaMalloc((void **)&ds, (size_t)nt_max * 4));
+            int rc = kc_quantize_f8(dx, nt_max, n_in, dq, ds, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(hq, dq, (size_t)nt_max * n_in, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hs, ds, (size_t)nt_max * 4, cudaMemcpyDeviceToHost));
+            T_CHECKF(rc == 0 && !memcmp(hq, xq, (size_t)nt_max * n_in) && !memcmp(hs, xs, (size_t)nt_max * 4),
+                     "kc_quantize_f8 %dx%d: codes or scales differ from dt_fp8_encode", nt_max, n_in);
+            cudaFree(dq);
+            cudaFree(ds);
+            free(hq);
+            free(hs);
+        }
+        for (int with_lt = 0; with_lt < 2; with_lt++) {
+            kc_gemm_ws ws = { .cublas = cb };
+            ws.w_cap = nw;
+            ws.x_cap = (size_t)nt_max * n_in;
+            CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+            CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+            if (with_lt) {
+                ws.cublaslt = lt;
+                ws.lt_ws = lt_ws;
+                ws.lt_ws_bytes = lt_ws_bytes;
+                ws.x_scale_cap = nt_max;
+                CK(cudaMalloc((void **)&ws.x_scale, (size_t)nt_max * 4));
+            }
+            for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+                const int nt = ntoks[ni];
+                if (nt <= KC_GEMV_MAX_TOK && with_lt) continue; /* the GEMV does not look at the workspace */
+                const size_t ny = (size_t)nt * n_out;
+                /* where kc_matmul may take cuBLASLt (16-byte rows of codes and of y); a shape cuBLASLt
+                 * refuses falls back to dequantize + cuBLAS (logged once): counted, not failed */
+                const int lt_cand = nt > KC_GEMV_MAX_TOK && with_lt && tc && n_in % 16 == 0 && n_out % 4 == 0;
+                for (int acc = 0; acc < 2; acc++) {
+                    float *base = malloc(ny * 4);
+                    double *want = malloc(ny * 8), *wantq = malloc(ny * 8);
+                    for (size_t i = 0; i < ny; i++) base[i] = acc ? frand() : 0.0f;
+                    if (acc) CK(cudaMemcpy(dy, base, ny * 4, cudaMemcpyHostToDevice));
+                    else poison(dy, ny * 4);
+                    for (size_t i = 0; i < ny; i++) {
+                        want[i] = ref[i] + base[i];
+                        wantq[i] = refq[i] + base[i];
+                    }
+                    int rc = kc_matmul(&w, dx, nt, dy, acc, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                    /* GEMV and cuBLASLt: exact products, f32 sums (cuBLASLt on the activation codes);
+                     * the fallback: f16 operands */
+                    const double e = rel_err(y, want, ny), eq = rel_err(y, wantq, ny);
+                    const int by_lt = lt_cand && eq < 2e-5;
+                    n_lt += by_lt;
+                    n_lt_cand += lt_cand;
+                    const double tol = nt <= KC_GEMV_MAX_TOK ? 2e-5 : 5e-3;
+                    T_CHECKF(rc == 0 && (by_lt || e < tol), "fp8 %s %dx%d n_tok=%d acc=%d rc=%d rel_err=%.3g (on the activation "
+                             "codes %.3g) tol=%.1g", nt <= KC_GEMV_MAX_TOK ? "gemv" : lt_cand ? "cublasLt or fallback" : "dequant+cublas",
+                             n_in, n_out, nt, acc, rc, e, eq, tol);
+                    /* the kernel plan's fp8_gemm=0: dequantize + cuBLAS whatever the workspace holds */
+                    if (lt_cand && acc == 0 && nt == 64) {
+                        kc_plan p0 = *kc_plan_get(), p1 = p0;
+                        p1.fp8_gemm = 0;
+                        kc_plan_set(&p1);
+                        poison(dy, ny * 4);
+                        rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                        kc_plan_set(&p0);
+                        CK(cudaStreamSynchronize(s));
+                        CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                        const double e0 = rel_err(y, want, ny), eq0 = rel_err(y, wantq, ny);
+                        T_CHECKF(rc == 0 && e0 < 5e-3 && eq0 > 1e-3, "fp8 plan fp8_gemm=0 %dx%d: rel_err %.3g, on the codes %.3g "
+                                 "(the dequantize path)", n_in, n_out, e0, eq0);
+                    }
+                    free(base);
+                    free(want);
+                    free(wantq);
+                }
+            }
+            cudaFree(ws.w_half);
+            cudaFree(ws.x_half);
+            cudaFree(ws.x_scale);
+        }
+        cudaFree(w.data);
+        cudaFree(w.d);
+        cudaFree(dx);
+        cudaFree(dy);
+        free(wf); free(sc); free(codes); free(x); free(xdq); free(xq); free(xs); free(ref); free(refq); free(y);
+    }
+    printf("fp8: cuBLASLt FP8 GEMM took %d of %d calls it could take (the others: dequantize + cuBLAS)\n", n_lt, n_lt_cand);
+    T_CHECKF(!tc || n_lt > 0, "cuBLASLt's FP8 GEMM with outer-vector scales never ran on a device with FP8 tensor cores");
+    if (lt) cublasLtDestroy((cublasLtHandle_t)lt);
+    cudaFree(lt_ws);
+}
+
+/* FP8 KV cache (kcuda.h, the CPU's layout). kc_rope_store_kv_f8 against the CPU's k_kv_write
+ * of the reference-rotated K and raw V (scales per position and head, or static scales):
+ * scales and decoded values within float rounding of the rotation (a code may flip at a
+ * rounding boundary), and within FP8 error of the exact values. Then the CPU-written pool
+ * (the same bytes on both sides) through the per-head kernel (4 splits, merge kernel), the
+ * tensor-core prefill and decode kernels, against k_attn_paged with kv_type F8_E4M3 (the
+ * GPU reads code x scale rounded to half: ~1e-3). */
+static void test_kv_fp8(cudaStream_t s) {
+    k_pool *pool = NULL;
+    T_CHECKF(k_pool_create(1, &pool) == 0, "k_pool_create");
+    for (int hi = 0; hi < 2; hi++)
+        for (int stat = 0; stat < 2; stat++) {
+            const int hd = hi ? 128 : 64, n_head = 8, n_kv = 2, bs = 16, n_seq = 3, max_blocks = 19;
+            const int lens[3] = { 1, 40, 300 }, n_tok = 341, n_blocks = n_seq * max_blocks;
+            const int W = (n_head + 2 * n_kv) * hd, nq = n_head * hd;
+            kc_rope r = { .layout = MDL_ROPE_HALF, .rope_dim = hd, .base = 10000.0f };
+            int32_t *pos = malloc(n_tok * 4), *seq = malloc(n_tok * 4), *bt = malloc(n_blocks * 4), nb[3];
+            for (int i = 0; i < n_blocks; i++) bt[i] = i;
+            for (int i = n_blocks - 1; i > 0; i--) {
+                int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), tmp = bt[i];
+                bt[i] = bt[j];
+                bt[j] = tmp;
+            }
+            for (int q = 0, t = 0; q < n_seq; q++) {
+                nb[q] = max_blocks;
+                for (int p = 0; p < lens[q]; p++, t++) { pos[t] = p; seq[t] = q; }
+            }
+            float *qkv = malloc((size_t)n_tok * W * 4);
+            for (size_t i = 0; i < (size_t)n_tok * W; i++) qkv[i] = frand() * (1 + (int)(i / hd % 3));
+            float kst[2] = { 4.0f / 448, 5.0f / 448 }, vst[2] = { 3.0f / 448, 2.5f / 448 };
+            const size_t blk = (size_t)bs * n_kv * (hd + 4), pool_bytes = blk * n_blocks;
+            float *dqkv = dev_upload(qkv, (size_t)n_tok * W * 4), *dq, *dks = dev_upload(kst, 8), *dvs = dev_upload(vst, 8);
+            int32_t *dpos = dev_upload(pos, n_tok * 4), *dseq = dev_upload(seq, n_tok * 4), *dbt = dev_upload(bt, n_blocks * 4);
+            uint8_t *dk, *dv;
+            CK(cudaMalloc((void **)&dk, pool_bytes));
+            CK(cudaMalloc((void **)&dv, pool_bytes));
+            CK(cudaMemset(dk, 0, pool_bytes));
+            CK(cudaMemset(dv, 0, pool_bytes));
+            CK(cudaMalloc((void **)&dq, (size_t)n_tok * nq * 4));
+            int rc = kc_rope_store_kv_f8(dqkv, dq, dk, dv, stat ? dks : NULL, stat ? dvs : NULL, dpos, dseq, dbt, max_blocks, n_tok,
+                                         n_head, n_kv, hd, bs, &r, s);
+            CK(cudaStreamSynchronize(s));
+            uint8_t *gk = malloc(pool_bytes), *gv = malloc(pool_bytes), *ck = calloc(1, pool_bytes), *cv = calloc(1, pool_bytes);
+            CK(cudaMemcpy(gk, dk, pool_bytes, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(gv, dv, pool_bytes, cudaMemcpyDeviceToHost));
+            /* the CPU's store of the reference rotation */
+            float *kf = malloc((size_t)n_tok * n_kv * hd * 4), *vf = malloc((size_t)n_tok * n_kv * hd * 4);
+            double *tmp = malloc((size_t)hd * 8);
+            for (int t = 0; t < n_tok; t++)
+                for (int h = 0; h < n_kv; h++) {
+                    for (int e = 0; e < hd; e++) tmp[e] = qkv[(size_t)t * W + (n_head + h) * hd + e];
+                    ref_rope(tmp, hd, pos[t], &r);
+                    for (int e = 0; e < hd; e++) {
+                        kf[((size_t)t * n_kv + h) * hd + e] = (float)tmp[e];
+                        vf[((size_t)t * n_kv + h) * hd + e] = qkv[(size_t)t * W + (n_head + n_kv + h) * hd + e];
+                    }
+                }
+            k_attn_args a = { .n_tok = n_tok, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .block_size = bs,
+                              .scale = 1.0f / sqrtf((float)hd), .tok_pos = pos, .tok_seq = seq, .block_tables = bt,
+                              .bt_stride = max_blocks, .n_blocks = nb, .k_pool = ck, .v_pool = cv, .n_pool_blocks = n_blocks,
+                              .kv_type = DT_F8_E4M3, .k_scale = stat ? kst : NULL, .v_scale = stat ? vst : NULL };
+            T_CHECKF(k_kv_write(&a, kf, vf) == 0, "k_kv_write fp8");
+            double num[2] = { 0, 0 }, den[2] = { 0, 0 }, qn = 0, qd = 0, serr = 0;
+            for (int t = 0; t < n_tok; t++)
+                for (int h = 0; h < n_kv; h++) {
+                    const size_t b = (size_t)bt[seq[t] * max_blocks + pos[t] / bs], rh = (size_t)(pos[t] % bs) * n_kv + h;
+                    for (int kvi = 0; kvi < 2; kvi++) {
+                        const uint8_t *g = kvi ? gv : gk, *c = kvi ? cv : ck;
+                        const float gs = ((const float *)(g + b * blk + (size_t)bs * n_kv * hd))[rh];
+                        const float cs = ((const float *)(c + b * blk + (size_t)bs * n_kv * hd))[rh];
+                        serr = fmax(serr, fabs(gs - cs) / (fabs(cs) > 0 ? fabs(cs) : 1));
+                        const float *x = (kvi ? vf : kf) + ((size_t)t * n_kv + h) * hd;
+                        for (int e = 0; e < hd; e++) {
+                            const double gval = dt_e4m3_to_f32(g[b * blk + rh * hd + e]) * gs;
+                            const double cval = dt_e4m3_to_f32(c[b * blk + rh * hd + e]) * cs;
+                            num[kvi] += (gval - cval) * (gval - cval);
+                            den[kvi] += cval * cval;
+                            qn += (gval - x[e]) * (gval - x[e]);
+                            qd += (double)x[e] * x[e];
+                        }
+                    }
+                }
+            const double ek = sqrt(num[0] / den[0]), ev = sqrt(num[1] / den[1]), eq = sqrt(qn / qd);
+            T_CHECKF(rc == 0 && serr < 1e-5 && ek < 5e-3 && ev == 0 && eq < 0.05,
+                     "rope+store fp8 hd=%d static=%d rc=%d: scales rel %.3g, K vs CPU store %.3g, V %.3g, vs exact %.3g", hd, stat,
+                     rc, serr, ek, ev, eq);
+            /* attention on the CPU-written pool */
+            CK(cudaMemcpy(dk, ck, pool_bytes, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dv, cv, pool_bytes, cudaMemcpyHostToDevice));
+            float *qh = malloc((size_t)n_tok * nq * 4), *out = malloc((size_t)n_tok * nq * 4), *got = malloc((size_t)n_tok * nq * 4);
+            CK(cudaMemcpy(qh, dq, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+            a.q = qh;
+            a.out = out;
+            T_CHECKF(k_attn_paged(pool, &a) == 0, "k_attn_paged fp8");
+            double *ref = malloc((size_t)n_tok * nq * 8);
+            for (size_t i = 0; i < (size_t)n_tok * nq; i++) ref[i] = out[i];
+            float *dout, *part;
+            int *cnt, *dchunk;
+            const int n_split = 4, chunk = 128;
+            CK(cudaMalloc((void **)&dout, (size_t)n_tok * nq * 4));
+            CK(cudaMalloc((void **)&part, (size_t)n_tok * n_head * n_split * (hd + 2) * 4));
+            CK(cudaMalloc((void **)&cnt, (size_t)n_tok * n_head * 4));
+            CK(cudaMemset(cnt, 0, (size_t)n_tok * n_head * 4));
+            dchunk = dev_upload(&chunk, 4);
+            const float sc = 1.0f / sqrtf((float)hd);
+            for (int kind = 0; kind < 3; kind++) {
+                poison(dout, (size_t)n_tok * nq * 4);
+                int nt = 0;
+                int32_t *dtiles = NULL;
+                if (kind == 0)
+                    rc = kc_attention_ex_f8(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc,
+                                            n_split, chunk, part, NULL, 0, s);
+                else if (kind == 1) {
+                    dtiles = make_tiles(lens, n_seq, kc_attention_tc_tile_tok(8, n_head, n_kv), &nt);
+                    rc = kc_attention_prefill_tc_f8(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                    sc, 8, s);
+                } else
+                    rc = kc_attention_decode_tc_f8(dq, dk, dv, dout, NULL, NULL, n_tok, dpos, dseq, dbt, max_blocks, n_head, n_kv,
+                                                   hd, bs, sc, n_split, (const int32_t *)dchunk, part, cnt, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(got, dout, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+                const double e = rel_err(got, ref, (size_t)n_tok * nq);
+                T_CHECKF(rc == 0 && e < 5e-3, "attention fp8 KV (%s) hd=%d static=%d rc=%d rel_err %.3g",
+                         kind == 0 ? "per-head, 4 splits" : kind == 1 ? "tensor-core prefill" : "tensor-core decode", hd, stat, rc, e);
+                cudaFree(dtiles);
+            }
+            cudaFree(dout); cudaFree(part); cudaFree(cnt); cudaFree(dchunk);
+            cudaFree(dqkv); cudaFree(dq); cudaFree(dks); cudaFree(dvs); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+            cudaFree(dk); cudaFree(dv);
+            free(pos); free(seq); free(bt); free(qkv); free(gk); free(gv); free(ck); free(cv); free(kf); free(vf); free(tmp);
+            free(qh); free(out); free(got); free(ref);
+        }
+    k_pool_destroy(pool);
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -1199,12 +1482,14 @@ int main(void) {
     cublasSetStream(cb, s);
     test_matmul(cb, s);
     test_matmul_mixed(cb, s);
+    test_matmul_fp8(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     test_attention_tc(s);
+    test_kv_fp8(s);
     cublasDestroy(cb);
     return t_done();
 }

@@ -1,0 +1,375 @@
+// fp8: FP8 E4M3 weights (kcuda.h: codes [n_out][n_in] bytes, one f32 scale per row in d).
+//   - up to KC_GEMV_MAX_TOK tokens: a GEMV that streams the codes with 16-byte loads, expands
+//     pairs of codes to half (exact: every E4M3 value is a half) and sums code x activation in
+//     f32, times the row's scale at the end (the CPU's k_matmul_scaled order of operations);
+//   - more tokens, on devices with FP8 tensor cores (sm_89 and newer): the activations are
+//     quantized per token (scale amax / 448, codes saturated, as dt_fp8_scale / dt_fp8_encode)
+//     and cuBLASLt multiplies E4M3 x E4M3 with f32 accumulation, applying the weight row scales
+//     and the token scales as outer-vector scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
+//   - otherwise (older devices, a cuBLASLt without that mode, shapes it refuses, no workspace,
+//     the kernel plan's fp8_gemm=0): the codes times their scales dequantized to half in slices
+//     of rows, then cuBLAS (f16 operands, f32 accumulation), the path of the other quantized
+//     types. The plan's fp8_fast_accum turns on cuBLASLt's fast FP8 accumulation.
+#include "kc_common.cuh"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_fp8.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "kcuda.h"
+#include "model/dtype.h"
+}
+
+KC_TRACE_TU(fp8)
+
+#define F8_WARPS 4
+
+// 16 codes -> 16 floats (exact).
+__device__ __forceinline__ void f8_expand16(const uint4 &w, float (&f)[16]) {
+    const uint32_t u[4] = { w.x, w.y, w.z, w.w };
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[k] & 0xffff), __NV_E4M3);
+        const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[k] >> 16), __NV_E4M3);
+        const float2 a = __half22float2(*(const __half2 *)&lo), b = __half22float2(*(const __half2 *)&hi);
+        f[4 * k] = a.x;
+        f[4 * k + 1] = a.y;
+        f[4 * k + 2] = b.x;
+        f[4 * k + 3] = b.y;
+    }
+}
+
+// One warp per R rows, NT tokens; a lane takes chunks of 16 codes c = lane, lane + 32, ...
+// in ascending order (the sum's order depends on n_in only). U batches of chunks per row are
+// in flight: the first two are loaded before the programmatic wait.
+template <int NT, int R, int U>
+__global__ void __launch_bounds__(F8_WARPS * 32)
+gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, const float *x, float *y, int n_in,
+               int n_out, int ldy, int accumulate) {
+    KC_TRACE_SCOPE(KC_TR_GEMV);
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * F8_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) {
+        kc_pdl_wait();
+        return;
+    }
+    const int nchunks = n_in / 16;
+    const uint4 *wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wrow[r] = (const uint4 *)(W + (size_t)min(row0 + r, n_out - 1) * n_in);
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    int c = lane;
+    uint4 w[U][R], wn[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (c + 32 * u < nchunks) w[u][r] = __ldg(wrow[r] + c + 32 * u);
+            if (c + 32 * (U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (U + u));
+        }
+    kc_pdl_wait();
+    auto step = [&](const uint4 (&wc)[R], int cc) {
+        float xs[NT][16];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *p = (const float4 *)(x + (size_t)t * n_in + (size_t)cc * 16);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 v = __ldca(p + k); // written by the kernel before: not the read-only path
+                xs[t][4 * k] = v.x; xs[t][4 * k + 1] = v.y; xs[t][4 * k + 2] = v.z; xs[t][4 * k + 3] = v.w;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float f[16];
+            f8_expand16(wc[r], f);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int k = 0; k < 16; k++) acc[r][t] = fmaf(f[k], xs[t][k], acc[r][t]);
+        }
+    };
+    for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) step(w[u], c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = wn[u][r];
+                if (c + 32 * (2 * U + u) < nchunks) wn[u][r] = __ldg(wrow[r] + c + 32 * (2 * U + u));
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (c + 32 * u < nchunks) step(w[u], c + 32 * u);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = kc_warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < n_out) {
+                float *dst = y + (size_t)t * ldy + row0 + r;
+                const float o = __ldg(scale + row0 + r) * v;
+                *dst = accumulate ? *dst + o : o;
+            }
+        }
+}
+
+template <int NT, int R, int U>
+static void launch_gemv_f8_r(const kc_weight *W, const float *x, float *y, int ldy, int acc, cudaStream_t s) {
+    const int rows_per_block = F8_WARPS * R;
+    kc_launch(gemv_f8_kernel<NT, R, U>, dim3((W->n_out + rows_per_block - 1) / rows_per_block), dim3(F8_WARPS * 32), 0, s,
+              (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, acc);
+}
+
+static void launch_gemv_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
+    switch (n_tok) {
+    case 1: launch_gemv_f8_r<1, 2, 4>(W, x, y, ldy, acc, s); break;
+    case 2: launch_gemv_f8_r<2, 2, 2>(W, x, y, ldy, acc, s); break;
+    case 3: launch_gemv_f8_r<3, 2, 2>(W, x, y, ldy, acc, s); break;
+    case 4: launch_gemv_f8_r<4, 2, 2>(W, x, y, ldy, acc, s); break;
+    case 5: launch_gemv_f8_r<5, 1, 2>(W, x, y, ldy, acc, s); break;
+    case 6: launch_gemv_f8_r<6, 1, 2>(W, x, y, ldy, acc, s); break;
+    case 7: launch_gemv_f8_r<7, 1, 2>(W, x, y, ldy, acc, s); break;
+    default: launch_gemv_f8_r<8, 1, 2>(W, x, y, ldy, acc, s); break;
+    }
+}
+
+// Rows not a multiple of 16 codes: one code at a time (tiny models).
+__global__ void gemv_f8_scalar_kernel(const uint8_t *W, const float *scale, const float *x, float *y, int n_in, int n_out,
+                                      int ldy, int n_tok, int accumulate) {
+    const int lane = threadIdx.x & 31, row = blockIdx.x * F8_WARPS + (threadIdx.x >> 5);
+    if (row >= n_out) return;
+    for (int t = 0; t < n_tok; t++) {
+        float acc = 0.0f;
+        for (int i = lane; i < n_in; i += 32) {
+            const __half_raw h = __nv_cvt_fp8_to_halfraw(W[(size_t)row * n_in + i], __NV_E4M3);
+            acc = fmaf(__half2float(*(const __half *)&h), x[(size_t)t * n_in + i], acc);
+        }
+        acc = kc_warp_sum(acc);
+        if (lane == 0) {
+            float *dst = y + (size_t)t * ldy + row;
+            const float o = scale[row] * acc;
+            *dst = accumulate ? *dst + o : o;
+        }
+    }
+}
+
+// ---- activations per token: E4M3 codes and one scale (amax / 448) --------------------------------
+
+// One CTA per token: codes [n_tok][n] into q, scales into xs. The same rounding as
+// dt_fp8_scale / dt_fp8_encode: s = amax / 448, code = e4m3_sat(x / s), all zero when s is 0.
+__global__ void quantize_f8_kernel(const float *x, int n, uint8_t *q, float *xs) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    const float *xr = x + (size_t)t * n;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float s = __fdiv_rn(red[0], 448.0f);
+    if (threadIdx.x == 0) xs[t] = s;
+    uint8_t *qr = q + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        qr[i] = s != 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(xr[i], s), __NV_SATFINITE, __NV_E4M3) : 0;
+}
+
+extern "C" int kc_quantize_f8(const float *x, int n_tok, int n, uint8_t *q, float *scale, cudaStream_t s) {
+    if (!x || !q || !scale || n_tok <= 0 || n <= 0) return CM_EINVAL;
+    quantize_f8_kernel<<<n_tok, 256, 0, s>>>(x, n, q, scale);
+    KC_LAUNCH_CHECK();
+}
+
+// ---- the fallback: dequantized to half, then cuBLAS ------------------------------------------------
+
+__global__ void dequant_f8_half_kernel(const uint8_t *q, const float *scale, int n_in, size_t n, __half *out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+        out[i] = __float2half_rn(__half2float(*(const __half *)&h) * scale[i / (size_t)n_in]);
+    }
+}
+
+__global__ void f8_to_half_kernel(const float *x, size_t n, __half *out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) out[i] = __float2half(x[i]);
+}
+
+static int f8_cublas_ok(cublasStatus_t st, int line) {
+    if (st == CUBLAS_STATUS_SUCCESS) return 0;
+    cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "cublas call failed", "status=%d file=%s line=%d", (int)st, __FILE__, line);
+    return CM_ECUDA;
+}
+
+static int f8_launch_ok(int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "kernel launch failed", "err=\"%s\" file=%s line=%d", cudaGetErrorString(e),
+                 __FILE__, line);
+    return CM_ECUDA;
+}
+
+static int gemm_dequant(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int accumulate,
+                        const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!ws || !ws->cublas || !ws->w_half || !ws->x_half) return CM_EINVAL;
+    const size_t nx = (size_t)n_tok * W->n_in, per = ws->w_cap / (size_t)W->n_in;
+    if (nx > ws->x_cap || per == 0) return CM_EINVAL;
+    f8_to_half_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(x, nx, (__half *)ws->x_half);
+    if (int rc = f8_launch_ok(__LINE__)) return rc;
+    cublasHandle_t h = (cublasHandle_t)ws->cublas;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    for (size_t o0 = 0; o0 < (size_t)W->n_out; o0 += per) {
+        const size_t nr = (size_t)W->n_out - o0 < per ? (size_t)W->n_out - o0 : per, ne = nr * W->n_in;
+        const unsigned g = (unsigned)((ne + 255) / 256 < 16384 ? (ne + 255) / 256 : 16384);
+        dequant_f8_half_kernel<<<g, 256, 0, s>>>((const uint8_t *)W->data + o0 * W->n_in, (const float *)W->d + o0, W->n_in, ne,
+                                                 (__half *)ws->w_half);
+        if (int rc = f8_launch_ok(__LINE__)) return rc;
+        int rc = f8_cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n_tok, W->n_in, &one, ws->w_half, CUDA_R_16F,
+                                           W->n_in, ws->x_half, CUDA_R_16F, W->n_in, &beta, y + o0, CUDA_R_32F, ldy,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              __LINE__);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+// ---- cuBLASLt FP8 GEMM ---------------------------------------------------------------------------
+
+// The algorithm cuBLASLt's heuristic picked per shape (host memory; the step thread only).
+// ok: 1 found, -1 refused (the shape goes to the fallback from then on).
+struct lt_entry {
+    int m, n, k, ldy, acc, fast, ok;
+    cublasLtMatmulAlgo_t algo;
+};
+static lt_entry g_lt[128];
+static int g_lt_n, g_lt_next;
+static int g_lt_warned;
+
+static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n_tok, float *y, int ldy, int accumulate,
+                   const kc_gemm_ws *ws, cudaStream_t s, bool *refused) {
+    *refused = false;
+    cublasLtHandle_t lt = (cublasLtHandle_t)ws->cublaslt;
+    const int m = W->n_out, n = n_tok, k = W->n_in;
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
+    const void *a_scale = W->d, *b_scale = xs;
+    int rc = 0;
+    cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
+    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
+    if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
+    if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
+    if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldy);
+    lt_entry *e = nullptr;
+    for (int i = 0; i < g_lt_n && !st; i++)
+        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].ldy == ldy && g_lt[i].acc == accumulate &&
+            g_lt[i].fast == fast)
+            e = &g_lt[i];
+    if (!st && !e) {
+        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, {} };
+        const uint64_t wsb = ws->lt_ws_bytes;
+        cublasLtMatmulHeuristicResult_t hr = {};
+        int found = 0;
+        st = cublasLtMatmulPreferenceCreate(&pref);
+        if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+        if (!st && cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &hr, &found) == CUBLAS_STATUS_SUCCESS &&
+            found > 0 && hr.state == CUBLAS_STATUS_SUCCESS) {
+            fresh.ok = 1;
+            fresh.algo = hr.algo;
+        }
+        const int cap = (int)(sizeof g_lt / sizeof *g_lt);
+        e = g_lt_n < cap ? &g_lt[g_lt_n++] : &g_lt[g_lt_next++ % cap]; // full: the oldest entries go first
+        *e = fresh;
+    }
+    if (!st && e && e->ok > 0) {
+        const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+        st = cublasLtMatmul(lt, op, &one, W->data, la, xq, lb, &beta, y, lc, y, lc, &e->algo, ws->lt_ws, ws->lt_ws_bytes, s);
+        rc = f8_cublas_ok(st, __LINE__);
+    } else if (!st) {
+        *refused = true;
+    } else {
+        rc = f8_cublas_ok(st, __LINE__);
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+// Whether this device has FP8 tensor cores (sm_89 and newer); cached per device.
+static bool f8_tensor_cores(void) {
+    static signed char cap[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!cap[dev]) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cap[dev] = major * 10 + minor >= 89 ? 1 : -1;
+    }
+    return cap[dev] > 0;
+}
+
+extern "C" int kc_fp8_tensor_cores(void) { return f8_tensor_cores(); }
+
+extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int accumulate,
+                             const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W->data || !W->d || ldy < W->n_out) return CM_EINVAL;
+    if (n_tok <= KC_GEMV_MAX_TOK) {
+        if (W->n_in % 16 == 0) launch_gemv_f8(W, x, n_tok, y, ldy, accumulate, s);
+        else
+            gemv_f8_scalar_kernel<<<(W->n_out + F8_WARPS - 1) / F8_WARPS, F8_WARPS * 32, 0, s>>>(
+                (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, n_tok, accumulate);
+        KC_LAUNCH_CHECK();
+    }
+    // cuBLASLt FP8: k and the leading dimensions whole 16-byte rows, the codes of x in x_half's bytes
+    if (kc_plan_get()->fp8_gemm && ws && ws->cublaslt && ws->x_scale && n_tok <= ws->x_scale_cap && f8_tensor_cores() &&
+        W->n_in % 16 == 0 &&
+        ldy % 4 == 0 && (size_t)n_tok * W->n_in <= 2 * ws->x_cap) {
+        uint8_t *xq = (uint8_t *)ws->x_half;
+        if (int rc = kc_quantize_f8(x, n_tok, W->n_in, xq, ws->x_scale, s)) return rc;
+        bool refused = false;
+        int rc = lt_gemm(W, xq, ws->x_scale, n_tok, y, ldy, accumulate, ws, s, &refused);
+        if (!refused) return rc;
+        if (!g_lt_warned) {
+            g_lt_warned = 1;
+            CM_LOG_WARN("cuda", "cuBLASLt has no FP8 GEMM with per-row and per-token scales for this shape: FP8 matrices "
+                        "are dequantized to F16 for cuBLAS there", "m=%d n=%d k=%d", W->n_out, n_tok, W->n_in);
+        }
+    }
+    return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
+}

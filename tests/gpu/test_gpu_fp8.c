@@ -1,0 +1,126 @@
+/* FP8 end to end on a GPU host (--quantize fp8 and --kv-cache-dtype fp8 on the cuda backend).
+ *   1. Prefix sharing with an FP8 KV cache: sequence B takes A's two full blocks (reference
+ *      counted, as the prefix cache shares them) and a kv_copy of A's partial third block, then
+ *      feeds only its own suffix; its last logits match B computed from scratch (top-1 equal,
+ *      relative error <= 1e-2), with FP8 weights and without, on cuda and on cpu.
+ *   2. The engine reports the KV type it was asked for (the cuda backend keeps FP8).
+ * usage: test_gpu_fp8 MODEL.gguf (a random-weight F16 model: arka mkmodel small) */
+#include "executor/backend.h"
+#include "gpu_common.h"
+#include "model/dtype.h"
+#include "tests/unit/t.h"
+
+#include <math.h>
+
+static int open_eng(g_eng *g, const mdl_model *m, const char *backend, int quantize) {
+    ex_engine_opts o;
+    ex_engine_opts_default(&o);
+    o.backend = backend;
+    o.n_ctx = 512;
+    o.max_tokens = 256;
+    o.max_seqs = 4;
+    o.max_out = 4;
+    o.kv_cache_mb = 64;
+    o.cuda_graph_budget_s = g_graph_budget_s;
+    o.quantize = quantize ? EX_QUANT_FP8 : EX_QUANT_NONE;
+    o.kv_type = DT_F8_E4M3;
+    char err[512];
+    int rc = ex_engine_create(m, &o, &g->e, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "engine %s: %s\n", backend, err);
+        return rc;
+    }
+    return ex_batch_buf_init(&g->bb, ex_engine_limits(g->e));
+}
+
+/* One forward of n tokens at pos0 of table t; the last row's logits into out. */
+static int run(g_eng *g, const int32_t *toks, int n, int pos0, const ex_kv_table *t, float *out) {
+    const ex_limits *L = ex_engine_limits(g->e);
+    ex_batch_buf_clear(&g->bb);
+    int rc = ex_batch_buf_add(&g->bb, toks, n, pos0, t->blocks, t->n, 0);
+    const float *logits;
+    if (rc >= 0) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
+    if (!rc) memcpy(out, logits + (size_t)ex_batch_last_row(&g->bb.b, 0) * L->n_vocab, (size_t)L->n_vocab * sizeof(float));
+    return rc < 0 ? rc : 0;
+}
+
+static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
+    g_eng g;
+    if (open_eng(&g, m, backend, quantize)) {
+        T_CHECKF(0, "%s engine with FP8 KV%s", backend, quantize ? " and FP8 weights" : "");
+        return;
+    }
+    T_CHECKF(ex_engine_backend(g.e)->kv_type == DT_F8_E4M3, "%s keeps the KV cache as fp8", backend);
+    const ex_limits *L = ex_engine_limits(g.e);
+    ex_kv *kv = ex_engine_kv(g.e);
+    const int bs = L->block_size, np = 2 * bs + 13, ns = 20, V = L->n_vocab;
+    int32_t toks[128];
+    for (int i = 0; i < np + ns; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
+    float *scratch = malloc((size_t)V * 4), *shared = malloc((size_t)V * 4), *a_last = malloc((size_t)V * 4);
+    ex_kv_table ta, tb, tc;
+    int rc = ex_kv_table_init(&ta, L->max_blocks) | ex_kv_table_init(&tb, L->max_blocks) | ex_kv_table_init(&tc, L->max_blocks);
+    /* from scratch: the whole prompt and suffix in one sequence */
+    if (!rc) rc = ex_kv_table_reserve(kv, &tc, np + ns);
+    if (!rc) rc = run(&g, toks, np + ns, 0, &tc, scratch);
+    /* A: the prompt; B: A's full blocks shared, its partial block copied, then the suffix */
+    if (!rc) rc = ex_kv_table_reserve(kv, &ta, np);
+    if (!rc) rc = run(&g, toks, np, 0, &ta, a_last);
+    if (!rc) {
+        for (int j = 0; j < 2; j++) {
+            ex_kv_block_ref(kv, ta.blocks[j]);
+            tb.blocks[j] = ta.blocks[j];
+        }
+        tb.n = 2;
+        int32_t nb;
+        rc = ex_kv_block_alloc(kv, &nb);
+        if (!rc) {
+            tb.blocks[tb.n++] = nb;
+            rc = ex_engine_backend(g.e)->kv_copy(ex_engine_backend(g.e), ta.blocks[2], nb, np - 2 * bs);
+        }
+        while (!rc && tb.n * bs < np + ns && (rc = ex_kv_block_alloc(kv, &nb)) == 0) tb.blocks[tb.n++] = nb;
+    }
+    if (!rc) rc = run(&g, toks + np, ns, np, &tb, shared);
+    T_CHECKF(rc == 0, "%s prefix run rc=%d", backend, rc);
+    if (!rc) {
+        double num = 0, den = 0;
+        for (int j = 0; j < V; j++) {
+            num += ((double)shared[j] - scratch[j]) * ((double)shared[j] - scratch[j]);
+            den += (double)scratch[j] * scratch[j];
+        }
+        const double e = sqrt(num / (den > 0 ? den : 1));
+        const int t1 = g_argmax(shared, V) == g_argmax(scratch, V);
+        printf("%s fp8 KV%s: shared-prefix vs from-scratch logits rel err %.3g, top-1 %s\n", backend,
+               quantize ? " + fp8 weights" : "", e, t1 ? "equal" : "differs");
+        T_CHECKF(e <= 1e-2 && t1, "%s%s: prefix sharing with an FP8 KV cache: rel err %.3g, top-1 %d", backend,
+                 quantize ? " fp8 weights" : "", e, t1);
+    }
+    ex_kv_table_release(kv, &ta);
+    ex_kv_table_release(kv, &tb);
+    ex_kv_table_release(kv, &tc);
+    ex_kv_table_free(&ta);
+    ex_kv_table_free(&tb);
+    ex_kv_table_free(&tc);
+    free(scratch);
+    free(shared);
+    free(a_last);
+    g_close(&g);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_gpu_fp8 MODEL.gguf\n");
+        return 2;
+    }
+    mdl_model *m;
+    char err[512];
+    if (mdl_load(argv[1], &m, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    for (int q = 0; q < 2; q++) {
+        test_prefix(m, "cuda", q);
+        test_prefix(m, "cpu", q);
+    }
+    mdl_free(m);
+    return t_done();
+}
