@@ -10,6 +10,7 @@ KC_TRACE_TU(rope)
 
 // Inverse frequency of rotary pair i (0 <= i < rope_dim/2), with linear or llama3 scaling.
 __device__ __forceinline__ float rope_freq(const kc_rope &r, int i) {
+    if (r.freq) return r.freq[i]; // the host's table (kcuda.h)
     float freq = exp2f(-2.0f * (float)i / (float)r.rope_dim * __log2f(r.base));
     if (r.scaling == MDL_ROPE_SCALING_LINEAR) return freq / r.factor;
     if (r.scaling == MDL_ROPE_SCALING_LLAMA3) {
@@ -45,6 +46,7 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
     const int half_rot = r.rope_dim / 2, i0 = threadIdx.x;
     float s0 = 0.0f, c0 = 0.0f;
     if (h < n_head + n_kv && i0 < half_rot) sincosf((float)p * rope_freq(r, i0), &s0, &c0);
+    const float ms = r.mscale > 0.0f ? r.mscale : 1.0f;
     kc_pdl_wait();
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
     if (h >= n_head + n_kv) { // v: copied as half
@@ -61,6 +63,8 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
         rope_pair(r, i, &a, &b);
         float s = s0, c = c0;
         if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
+        s *= ms;
+        c *= ms;
         float x0 = src[a], x1 = src[b];
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         if (qd) { qd[a] = y0; qd[b] = y1; }

@@ -1,0 +1,316 @@
+// arch: the steps of the forward pass that the architectures past Llama add (model/model.h's
+// features): per-head RMSNorm of Q and K (QK-norm), the embedding scale, soft-capping of the
+// logits, a post-norm added to the residual, GeGLU, and the mixture-of-experts layer (router
+// top-k, tokens grouped by expert, grouped GEMVs over the chosen experts only, the weighted sum).
+// Every kernel here works row by row (a token's result never depends on the other tokens of the
+// launch) and has a fixed grid for a given token count, so it can be captured in a graph.
+#include "kc_common.cuh"
+
+extern "C" {
+#include "kcuda.h"
+#include "model/model.h"
+}
+
+KC_TRACE_TU(arch)
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the CTA (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+__device__ float block_sum(float v) {
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // red may still be read by an earlier call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += red[i];
+    return t;
+}
+
+// One warp per (token, head) row of hd values of q (heads 0..n_head-1, weight qw) or k (heads
+// n_head.., weight kw) inside the fused qkv rows, normalized in place.
+__global__ void qk_norm_kernel(float *qkv, const float *qw, const float *kw, int n_head, int n_kv, int hd, float eps) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int t = blockIdx.x, h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (h >= n_head + n_kv) return;
+    float *x = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
+    const float *w = h < n_head ? qw : kw;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) ss += x[i] * x[i];
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / (float)hd + eps);
+    for (int i = lane; i < hd; i += 32) x[i] = x[i] * r * w[i];
+}
+
+__global__ void scale_kernel(float *x, size_t n, float s) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+__global__ void softcap_kernel(float *x, size_t n, float cap) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+// x[t] += rmsnorm(y[t]) * w, one CTA per token.
+__global__ void rmsnorm_add_kernel(float *x, const float *y, const float *w, int n, float eps) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const size_t t = blockIdx.x;
+    const float *yr = y + t * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
+    ss = block_sum(ss);
+    const float r = rsqrtf(ss / (float)n + eps);
+    float *xr = x + t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += yr[i] * r * w[i];
+}
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+// out[t][j] = act(gate) * up: interleaved rows (gu[t][2j], gu[t][2j + 1]) or split rows
+// (gu[t][j], gu[t][n_ff + j]); rows of 2 n_ff in, n_ff out.
+__global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int gelu, int split, const float *row_w) {
+    KC_TRACE_SCOPE(KC_TR_SWIGLU);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    size_t t = i / n_ff, j = i % n_ff;
+    const float *r = gu + t * 2 * n_ff;
+    float g = split ? r[j] : r[2 * j], u = split ? r[n_ff + j] : r[2 * j + 1];
+    float v = gelu ? gelu_tanh(g) * u : g / (1.0f + __expf(-g)) * u;
+    out[i] = row_w ? v * row_w[t] : v;
+}
+
+// ---- mixture of experts ---------------------------------------------------------------------
+
+// One thread per token: softmax over the n router logits, the k largest probabilities (ties:
+// the lower expert first), renormalized when norm (kernels/cpu/ops.c k_topk_route).
+__global__ void moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) return;
+    const float *l = logits + (size_t)t * n;
+    float mx = l[0];
+    for (int e = 1; e < n; e++) mx = fmaxf(mx, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < n; e++) sum += expf(l[e] - mx);
+    int32_t *it = idx + (size_t)t * k;
+    float *wt = w + (size_t)t * k, tot = 0.0f;
+    for (int j = 0; j < k; j++) {
+        // the largest probability not chosen in an earlier pass (the first of equals)
+        int best = -1;
+        float pb = 0.0f;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= it[q] == e;
+            const float pe = expf(l[e] - mx) / sum;
+            if (!taken && (best < 0 || pe > pb)) best = e, pb = pe;
+        }
+        it[j] = best;
+        wt[j] = pb;
+        tot += pb;
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) wt[j] /= tot;
+}
+
+// One CTA: the n_ent = n_tok * k routing entries (token t's slot j is entry t k + j) grouped by
+// expert in entry order: list[off[e] .. off[e] + cnt[e]) are expert e's entries. Thread e counts
+// and writes expert e's (n_exp <= blockDim.x).
+__global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_t *cnt, int32_t *off, int32_t *list) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    __shared__ int32_t sc[MDL_MAX_EXPERTS];
+    const int e = threadIdx.x;
+    int c = 0;
+    if (e < n_exp)
+        for (int i = 0; i < n_ent; i++) c += idx[i] == e;
+    if (e < n_exp) sc[e] = c;
+    __syncthreads();
+    if (e < n_exp) {
+        int o = 0;
+        for (int q = 0; q < e; q++) o += sc[q];
+        cnt[e] = c;
+        off[e] = o;
+        for (int i = 0; i < n_ent && c; i++)
+            if (idx[i] == e) list[o++] = i, c--;
+    }
+}
+
+constexpr int MOE_WARPS = 8, MOE_RPW = 4, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
+
+// Grouped GEMV over the experts' F16 matrices W [n_exp][n_out][n_in]: CTA (e, row tile) computes
+// rows of expert e for each of its entries, MOE_TOK entries at a time (warp: MOE_RPW rows; lanes:
+// 8 columns each per pass). An expert no entry chose exits at once, so its weights are never
+// read. Entry i's input is row i / x_div of x, its output row i of y ([n_ent][n_out]).
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+moe_gemv_kernel(const __half *W, const float *x, float *y, const int32_t *cnt, const int32_t *off, const int32_t *list,
+                int n_in, int n_out, int x_div) {
+    KC_TRACE_SCOPE(KC_TR_GEMV);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = cnt[e], o0 = off[e];
+    if (!n) return;
+    const int r0 = blockIdx.y * MOE_ROWS + warp * MOE_RPW;
+    const __half *We = W + (size_t)e * n_out * n_in;
+    for (int b = 0; b < n; b += MOE_TOK) {
+        const int nb = min(MOE_TOK, n - b);
+        int ent[MOE_TOK];
+#pragma unroll
+        for (int q = 0; q < MOE_TOK; q++) ent[q] = q < nb ? list[o0 + b + q] : -1;
+        // the warp's MOE_RPW rows together (their loads in flight at once), 8 columns per lane and pass
+        float acc[MOE_RPW][MOE_TOK];
+#pragma unroll
+        for (int rr = 0; rr < MOE_RPW; rr++)
+#pragma unroll
+            for (int q = 0; q < MOE_TOK; q++) acc[rr][q] = 0.0f;
+        for (int c = lane * 8; c < n_in; c += 256) {
+            float wf[MOE_RPW][8];
+#pragma unroll
+            for (int rr = 0; rr < MOE_RPW; rr++) {
+                uint4 wv = make_uint4(0, 0, 0, 0);
+                if (r0 + rr < n_out) wv = __ldg((const uint4 *)(We + (size_t)(r0 + rr) * n_in + c));
+                const __half2 *wh = (const __half2 *)&wv;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __half22float2(wh[i]);
+                    wf[rr][2 * i] = f.x;
+                    wf[rr][2 * i + 1] = f.y;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < MOE_TOK; q++) {
+                if (ent[q] < 0) continue;
+                const float4 *xr = (const float4 *)(x + (size_t)(ent[q] / x_div) * n_in + c);
+                const float4 a = xr[0], bb = xr[1];
+#pragma unroll
+                for (int rr = 0; rr < MOE_RPW; rr++)
+                    acc[rr][q] += wf[rr][0] * a.x + wf[rr][1] * a.y + wf[rr][2] * a.z + wf[rr][3] * a.w + wf[rr][4] * bb.x +
+                                  wf[rr][5] * bb.y + wf[rr][6] * bb.z + wf[rr][7] * bb.w;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < MOE_TOK; q++) {
+            if (ent[q] < 0) continue;
+#pragma unroll
+            for (int rr = 0; rr < MOE_RPW; rr++) {
+                const float v = warp_sum(acc[rr][q]);
+                if (lane == 0 && r0 + rr < n_out) y[(size_t)ent[q] * n_out + r0 + rr] = v;
+            }
+        }
+    }
+}
+
+// out[t] (+)= sum_j y[t k + j] (the routing weights were applied to the activations), one CTA
+// per token, the slots in order.
+__global__ void moe_combine_kernel(const float *y, float *out, int k, int n, int accumulate) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const size_t t = blockIdx.x;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += y[(t * k + j) * n + i];
+        if (accumulate) out[t * n + i] += s;
+        else out[t * n + i] = s;
+    }
+}
+
+unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+} // namespace
+
+static thread_local kc_attn_mods g_mods;
+
+extern "C" void kc_attention_mods(const kc_attn_mods *m) {
+    if (m) g_mods = *m;
+    else g_mods = kc_attn_mods{ 0.0f, 0 };
+}
+
+extern "C" kc_attn_mods kc_attention_mods_get(void) { return g_mods; }
+
+extern "C" int kc_qk_norm(float *qkv, const float *q_w, const float *k_w, int n_tok, int n_head, int n_kv, int hd, float eps,
+                          cudaStream_t s) {
+    if (!qkv || !q_w || !k_w || n_tok <= 0 || n_head <= 0 || n_kv <= 0 || hd <= 0) return CM_EINVAL;
+    const int wpc = 4; // heads per CTA
+    kc_launch(qk_norm_kernel, dim3(n_tok, (n_head + n_kv + wpc - 1) / wpc), dim3(32 * wpc), 0, s, qkv, q_w, k_w, n_head, n_kv,
+              hd, eps);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_scale(float *x, size_t n, float scale, cudaStream_t s) {
+    if (!x || !n) return CM_EINVAL;
+    kc_launch(scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, scale);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_softcap(float *x, size_t n, float cap, cudaStream_t s) {
+    if (!x || !n || !(cap > 0)) return CM_EINVAL;
+    kc_launch(softcap_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, cap);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rmsnorm_add(float *x, const float *y, const float *w, int n_tok, int n, float eps, cudaStream_t s) {
+    if (!x || !y || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
+    kc_launch(rmsnorm_add_kernel, dim3(n_tok), dim3(256), 0, s, x, y, w, n, eps);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split, const float *row_w, cudaStream_t s) {
+    if (!gu || !out || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
+    const size_t n = (size_t)n_tok * n_ff;
+    kc_launch(glu_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, gu, out, n_ff, n, act == MDL_ACT_GELU_TANH ? 1 : 0,
+              split ? 1 : 0, row_w);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int32_t *idx, float *w,
+                            int32_t *cnt, int32_t *off, int32_t *list, cudaStream_t s) {
+    if (!logits || !idx || !w || !cnt || !off || !list || n_tok <= 0 || n_exp <= 0 || n_exp > MDL_MAX_EXPERTS || k <= 0 ||
+        k > n_exp)
+        return CM_EINVAL;
+    kc_launch(moe_route_kernel, dim3(blocks_for((size_t)n_tok, 64)), dim3(64), 0, s, logits, n_tok, n_exp, k, norm ? 1 : 0, idx, w);
+    kc_launch(moe_sort_kernel, dim3(1), dim3((n_exp + 31) / 32 * 32), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off,
+              list);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
+                           const int32_t *off, const int32_t *list, float *y, cudaStream_t s) {
+    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_in % 8 || n_out <= 0 || x_div <= 0)
+        return CM_EINVAL;
+    kc_launch(moe_gemv_kernel, dim3(n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), dim3(MOE_WARPS * 32), 0, s, (const __half *)W, x, y,
+              cnt, off, list, n_in, n_out, x_div);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s) {
+    if (!y || !out || n_tok <= 0 || k <= 0 || n <= 0) return CM_EINVAL;
+    kc_launch(moe_combine_kernel, dim3(n_tok), dim3(256), 0, s, y, out, k, n, accumulate ? 1 : 0);
+    KC_LAUNCH_CHECK();
+}
