@@ -85,7 +85,8 @@ typedef struct cu_layer {
     int swa;                     /* sliding-window layer: K/V in the sliding pool, its block tables, its rope */
     int moe;                     /* mixture-of-experts MLP (router + experts instead of gu / down) */
     kc_weight router;            /* {n_embd, n_expert} */
-    kc_half *exp_gu, *exp_down;  /* [n_expert][2 n_ff_exp (gate rows, then up rows)][n_embd], [n_expert][n_embd][n_ff_exp] */
+    void *exp_gu, *exp_down;     /* [n_expert][2 n_ff_exp (gate rows, then up rows)][n_embd], [n_expert][n_embd][n_ff_exp] */
+    int exp_gu_type, exp_down_type; /* their types: the file's when kc_moe_type_ok, else F16 */
 } cu_layer;
 
 enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PC_SAMPLE,
@@ -243,7 +244,16 @@ static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int flags
     return data_bytes + d_bytes;
 }
 
-/* Device bytes of a layer's parts beyond the Llama ones (norms, router, experts as F16). */
+/* The type a layer's experts keep on the device: the file's when every expert's matrices (gate
+ * and up together: down = 0; down: 1) have it and the grouped GEMV reads it, else F16. */
+static int expert_type(const mdl_config *c, const mdl_layer *ly, int down) {
+    const int t = down ? ly->exp_down[0].type : ly->exp_gate[0].type;
+    for (int e = 0; e < c->n_expert; e++)
+        if ((down ? ly->exp_down[e].type : ly->exp_gate[e].type) != t || (!down && ly->exp_up[e].type != t)) return DT_F16;
+    return kc_moe_type_ok(t, down ? c->n_ff_exp : c->n_embd) ? t : DT_F16;
+}
+
+/* Device bytes of a layer's parts beyond the Llama ones (norms, router, experts). */
 static size_t arch_need(const mdl_model *m, const mdl_layer *ly, size_t *fb) {
     const mdl_config *c = &m->cfg;
     size_t n = 0;
@@ -252,7 +262,8 @@ static size_t arch_need(const mdl_model *m, const mdl_layer *ly, size_t *fb) {
         if (vec[i]->data) n += upload_need(&vec[i], 1, UP_F32, fb);
     if (ly->ffn_gate_inp.data) {
         const mdl_tensor *r[] = { &ly->ffn_gate_inp };
-        n += upload_need(r, 1, 0, fb) + (size_t)c->n_expert * 3 * c->n_embd * c->n_ff_exp * 2;
+        n += upload_need(r, 1, 0, fb) + (size_t)c->n_expert * (2 * c->n_ff_exp * dt_row_size(expert_type(c, ly, 0), c->n_embd) +
+                                                              c->n_embd * dt_row_size(expert_type(c, ly, 1), c->n_ff_exp));
         for (int e = 0; e < c->n_expert; e++) *fb += ly->exp_gate[e].nbytes + ly->exp_up[e].nbytes + ly->exp_down[e].nbytes;
     }
     return n;
@@ -271,8 +282,9 @@ static size_t weights_need(const mdl_model *m, size_t *file) {
         const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                          *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                          *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-        n += upload_need(qkv, 3, 0, &fb) + upload_need(wo, 1, 0, &fb) + upload_need(gu, 2, UP_INTERLEAVE, &fb) +
-             upload_need(dn, 1, 0, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
+        n += upload_need(qkv, 3, 0, &fb) + upload_need(wo, 1, 0, &fb) + upload_need(an, 1, UP_F32, &fb) +
+             upload_need(fn, 1, UP_F32, &fb);
+        if (!ly->ffn_gate_inp.data) n += upload_need(gu, 2, UP_INTERLEAVE, &fb) + upload_need(dn, 1, 0, &fb);
         if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, UP_F32, &fb);
         n += arch_need(m, ly, &fb);
     }
@@ -413,8 +425,12 @@ static void log_weight_types(const cu_state *s, const mdl_model *m, size_t file_
             note_types(&L->gu, gu, 2, &kept, &conv);
             note_types(&L->down, dn, 1, &kept, &conv);
         } else if (ly->exp_gate[0].type < 64 && ly->exp_gate[0].type >= 0) { /* experts: F16 (upload_arch_layer) */
-            if (ly->exp_gate[0].type == DT_F16) kept |= 1ull << DT_F16;
-            else conv |= 1ull << ly->exp_gate[0].type;
+            const int ft[2] = { ly->exp_gate[0].type, ly->exp_down[0].type }, kt[2] = { L->exp_gu_type, L->exp_down_type };
+            for (int i = 0; i < 2; i++)
+                if (ft[i] >= 0 && ft[i] < 64) {
+                    if (ft[i] == kt[i]) kept |= 1ull << ft[i];
+                    else conv |= 1ull << ft[i];
+                }
         }
         mixed += (L->qkv.type == KC_WEIGHT_MIXED) + (L->wo.type == KC_WEIGHT_MIXED) + (L->gu.type == KC_WEIGHT_MIXED) +
                  (L->down.type == KC_WEIGHT_MIXED);
@@ -455,34 +471,42 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
     return 0;
 }
 
-/* Uploads n_mat matrices (each rows x n_in, any readable type, FP8 with its row scales) as
- * consecutive F16 rows at dst (device). */
-static int upload_f16_rows(cu_state *s, const mdl_tensor *const *mats, int n_mat, kc_half *dst, char *err, size_t errlen) {
+/* Uploads n_mat matrices (each rows x n_in) as consecutive rows of `type` at dst (device):
+ * as they are in the file when it is their type, else (any readable type, FP8 with its row
+ * scales) converted to F16. */
+static int upload_expert_rows(cu_state *s, const mdl_tensor *const *mats, int n_mat, int type, uint8_t *dst, char *err,
+                              size_t errlen) {
     size_t off = 0;
     for (int i = 0; i < n_mat; i++) {
         const mdl_tensor *t = mats[i];
-        const size_t nel = (size_t)t->ne[0] * t->ne[1];
-        float *hf = malloc(nel * sizeof(float));
-        kc_half *hh = malloc(nel * sizeof(kc_half));
-        int rc = !hf || !hh ? CM_ENOMEM : mdl_tensor_rows_f32(t, 0, t->ne[1], hf);
-        if (!rc) rc = dt_quantize(DT_F16, hf, hh, (int64_t)nel);
-        if (!rc && cudaMemcpy(dst + off, hh, nel * sizeof(kc_half), cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
-        free(hf);
-        free(hh);
+        const size_t nel = (size_t)t->ne[0] * t->ne[1], nb = dt_row_size(type, t->ne[0]) * (size_t)t->ne[1];
+        int rc = 0;
+        if (t->type == type) {
+            if (cudaMemcpy(dst + off, t->data, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+        } else {
+            float *hf = malloc(nel * sizeof(float));
+            kc_half *hh = malloc(nel * sizeof(kc_half));
+            rc = !hf || !hh ? CM_ENOMEM : mdl_tensor_rows_f32(t, 0, t->ne[1], hf);
+            if (!rc) rc = dt_quantize(DT_F16, hf, hh, (int64_t)nel);
+            if (!rc && cudaMemcpy(dst + off, hh, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+            free(hf);
+            free(hh);
+        }
         if (rc) {
-            snprintf(err, errlen, "cuda backend: uploading expert tensor '%s' (%s) as F16 failed: %s", t->name,
-                     dt_name(t->type) ? dt_name(t->type) : "?", cm_err_str(rc));
+            snprintf(err, errlen, "cuda backend: uploading expert tensor '%s' (%s as %s) failed: %s", t->name,
+                     dt_name(t->type) ? dt_name(t->type) : "?", dt_name(type) ? dt_name(type) : "?", cm_err_str(rc));
             return rc;
         }
-        off += nel;
+        off += nb;
     }
-    s->weight_bytes += off * sizeof(kc_half);
+    s->weight_bytes += off;
     return 0;
 }
 
 /* Uploads a layer's parts beyond the Llama ones: QK-norm and post-norm weights, and for a
- * mixture-of-experts layer the router (as upload_rows) and every expert converted to F16
- * (gate rows then up rows, then down: kc_moe_gemv's layout). */
+ * mixture-of-experts layer the router (as upload_rows) and every expert in its file type when
+ * the grouped GEMV reads it, else converted to F16 (expert_type), gate rows then up rows, then
+ * down: kc_moe_gemv_t's layout. */
 static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, size_t errlen) {
     const mdl_config *c = &m->cfg;
     const mdl_layer *ly = &m->layers[l];
@@ -500,16 +524,18 @@ static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, 
     const mdl_tensor *rt[] = { &ly->ffn_gate_inp };
     if ((rc = upload_rows(s, rt, 1, &L->router, 0, err, errlen))) return rc;
     const size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff_exp, NE = (size_t)c->n_expert;
-    if (cudaMalloc((void **)&L->exp_gu, NE * 2 * F * E * sizeof(kc_half)) != cudaSuccess ||
-        cudaMalloc((void **)&L->exp_down, NE * E * F * sizeof(kc_half)) != cudaSuccess) {
+    L->exp_gu_type = expert_type(c, ly, 0);
+    L->exp_down_type = expert_type(c, ly, 1);
+    const size_t gu_b = 2 * F * dt_row_size(L->exp_gu_type, (int64_t)E), dn_b = E * dt_row_size(L->exp_down_type, (int64_t)F);
+    if (cudaMalloc(&L->exp_gu, NE * gu_b) != cudaSuccess || cudaMalloc(&L->exp_down, NE * dn_b) != cudaSuccess) {
         snprintf(err, errlen, "cuda backend: out of GPU memory uploading the experts of layer %d (%.1f MiB)", l,
-                 NE * 3 * F * E * 2 / 1048576.0);
+                 NE * (gu_b + dn_b) / 1048576.0);
         return CM_ENOMEM;
     }
     for (size_t e = 0; e < NE; e++) {
         const mdl_tensor *gu[] = { &ly->exp_gate[e], &ly->exp_up[e] }, *dn[] = { &ly->exp_down[e] };
-        if ((rc = upload_f16_rows(s, gu, 2, L->exp_gu + e * 2 * F * E, err, errlen)) ||
-            (rc = upload_f16_rows(s, dn, 1, L->exp_down + e * E * F, err, errlen)))
+        if ((rc = upload_expert_rows(s, gu, 2, L->exp_gu_type, (uint8_t *)L->exp_gu + e * gu_b, err, errlen)) ||
+            (rc = upload_expert_rows(s, dn, 1, L->exp_down_type, (uint8_t *)L->exp_down + e * dn_b, err, errlen)))
             return rc;
     }
     return 0;
@@ -602,10 +628,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
             KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
             prof_mark(s, PC_GU);
-            KC_FATAL(kc_moe_gemv(L->exp_gu, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist, s->egu, cs));
+            KC_FATAL(kc_moe_gemv_t(L->exp_gu, L->exp_gu_type, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist,
+                                   s->egu, cs));
             KC_FATAL(kc_glu(s->egu, s->eact, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
             prof_mark(s, PC_ACT);
-            KC_FATAL(kc_moe_gemv(L->exp_down, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist, s->eout, cs));
+            KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist,
+                                   s->eout, cs));
             KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
             if (L->ffn_post) KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
             prof_mark(s, PC_DOWN);
@@ -1288,14 +1316,14 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (!s->layers) goto oom;
         for (int l = 0; l < c->n_layer; l++)
             if ((rc = upload_arch_layer(s, m, l, err, errlen))) goto fail;
-        for (int l = 0; l < c->n_layer; l++)
-            if (s->layers[l].moe) {
-                const int t = m->layers[l].exp_gate[0].type;
-                if (t != DT_F16)
-                    CM_LOG_INFO("cuda", "expert weights converted to F16", "type=%s experts=%d", dt_name(t) ? dt_name(t) : "?",
-                                c->n_expert);
-                break;
-            }
+        for (int l = 0; l < c->n_layer; l++) {
+            const cu_layer *L = &s->layers[l];
+            const mdl_layer *ly = &m->layers[l];
+            if (L->moe && (L->exp_gu_type != ly->exp_gate[0].type || L->exp_down_type != ly->exp_down[0].type))
+                CM_LOG_INFO("cuda", "expert weights converted to F16", "layer=%d gate_up=%s down=%s", l,
+                            dt_name(ly->exp_gate[0].type) ? dt_name(ly->exp_gate[0].type) : "?",
+                            dt_name(ly->exp_down[0].type) ? dt_name(ly->exp_down[0].type) : "?");
+        }
         for (int l = 0; l < c->n_layer; l++) {
             const mdl_layer *ly = &m->layers[l];
             cu_layer *L = &s->layers[l];
@@ -1375,6 +1403,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 wmax = (size_t)rt->n_in * rt->n_out;
         }
         if (R * c->n_embd > xmax) xmax = R * c->n_embd;
+        if (T * nq > xmax) xmax = T * nq; /* wo's input (wider than n_ff when every MLP is a mixture of experts) */
         /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
          * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
          * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
@@ -1468,7 +1497,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
-            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
+            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16 || (L->moe && L->router.type == DT_F16);
             f16_wo |= L->wo.type == DT_F16;
             f16_down |= L->down.type == DT_F16;
         }
@@ -1481,7 +1510,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             int q_after_norm = kc_weight_is_quant(s->output.type), q_wo = 0, q_down = 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
-                q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type);
+                q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type) ||
+                                (L->moe && kc_weight_is_quant(L->router.type));
                 q_wo |= kc_weight_is_quant(L->wo.type);
                 q_down |= kc_weight_is_quant(L->down.type);
             }

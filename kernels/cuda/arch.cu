@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "kcuda.h"
+#include "model/dtype.h"
 #include "model/model.h"
 }
 
@@ -226,6 +227,153 @@ moe_gemv_kernel(const __half *W, const float *x, float *y, const int32_t *cnt, c
     }
 }
 
+// ---- quantized experts: GGUF blocks as they are in the file --------------------------------
+// deq32<T>(row, c, w): the 32 values of chunk c (values 32 c .. 32 c + 31) of a row of GGUF
+// blocks of type T (ggml's block layouts, dequantized with ggml's formulas).
+
+__device__ __forceinline__ float ldh(const uint8_t *p) { // an unaligned little-endian half
+    const unsigned short b = (unsigned short)(__ldg(p) | (__ldg(p + 1) << 8));
+    return __half2float(__ushort_as_half(b));
+}
+__device__ __forceinline__ void k4_scale_min(const uint8_t *q, int j, float *sc, float *mn) { // get_scale_min_k4
+    int d, m;
+    if (j < 4) {
+        d = __ldg(q + j) & 63;
+        m = __ldg(q + j + 4) & 63;
+    } else {
+        d = (__ldg(q + j + 4) & 0xF) | ((__ldg(q + j - 4) >> 6) << 4);
+        m = (__ldg(q + j + 4) >> 4) | ((__ldg(q + j) >> 6) << 4);
+    }
+    *sc = (float)d;
+    *mn = (float)m;
+}
+
+template <int T> struct qinfo;
+template <> struct qinfo<DT_Q4_0> { static constexpr int vals = 32, bytes = 18; };
+template <> struct qinfo<DT_Q4_1> { static constexpr int vals = 32, bytes = 20; };
+template <> struct qinfo<DT_Q5_0> { static constexpr int vals = 32, bytes = 22; };
+template <> struct qinfo<DT_Q5_1> { static constexpr int vals = 32, bytes = 24; };
+template <> struct qinfo<DT_Q8_0> { static constexpr int vals = 32, bytes = 34; };
+template <> struct qinfo<DT_Q4_K> { static constexpr int vals = 256, bytes = 144; };
+template <> struct qinfo<DT_Q5_K> { static constexpr int vals = 256, bytes = 176; };
+template <> struct qinfo<DT_Q6_K> { static constexpr int vals = 256, bytes = 210; };
+
+template <int T> __device__ __forceinline__ void deq32(const uint8_t *row, int c, float (&w)[32]) {
+    constexpr int V = qinfo<T>::vals, B = qinfo<T>::bytes;
+    const uint8_t *b = row + (size_t)(c * 32 / V) * B;
+    const int sub = c % (V / 32); // 32-value chunk inside a super-block
+    if constexpr (T == DT_Q8_0) {
+        const float d = ldh(b);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = d * (float)(int8_t)__ldg(b + 2 + l);
+    } else if constexpr (T == DT_Q4_0 || T == DT_Q4_1) {
+        const float d = ldh(b), m = T == DT_Q4_1 ? ldh(b + 2) : 0.0f;
+        const uint8_t *qs = b + (T == DT_Q4_1 ? 4 : 2);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = __ldg(qs + l);
+            if (T == DT_Q4_0) {
+                w[l] = ((q & 0xF) - 8) * d;
+                w[l + 16] = ((q >> 4) - 8) * d;
+            } else {
+                w[l] = (q & 0xF) * d + m;
+                w[l + 16] = (q >> 4) * d + m;
+            }
+        }
+    } else if constexpr (T == DT_Q5_0 || T == DT_Q5_1) {
+        const float d = ldh(b), m = T == DT_Q5_1 ? ldh(b + 2) : 0.0f;
+        const uint8_t *h = b + (T == DT_Q5_1 ? 4 : 2), *qs = h + 4;
+        const uint32_t qh = __ldg(h) | (__ldg(h + 1) << 8) | (__ldg(h + 2) << 16) | ((uint32_t)__ldg(h + 3) << 24);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = __ldg(qs + l);
+            const int x0 = (q & 0xF) | (((qh >> l) << 4) & 0x10), x1 = (q >> 4) | ((qh >> (l + 12)) & 0x10);
+            if (T == DT_Q5_0) {
+                w[l] = (x0 - 16) * d;
+                w[l + 16] = (x1 - 16) * d;
+            } else {
+                w[l] = x0 * d + m;
+                w[l + 16] = x1 * d + m;
+            }
+        }
+    } else if constexpr (T == DT_Q4_K || T == DT_Q5_K) {
+        const float d = ldh(b), dmin = ldh(b + 2);
+        float sc, mn;
+        k4_scale_min(b + 4, sub, &sc, &mn);
+        const float d1 = d * sc, m1 = dmin * mn;
+        const uint8_t *qs = b + (T == DT_Q5_K ? 48 : 16) + 32 * (sub / 2), *qh = b + 16;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = __ldg(qs + l);
+            int v = sub & 1 ? q >> 4 : q & 0xF;
+            if (T == DT_Q5_K) v += ((__ldg(qh + l) >> sub) & 1) << 4;
+            w[l] = d1 * v - m1;
+        }
+    } else { // Q6_K: ql[128] qh[64] scales[16] d
+        const int n = sub / 4, i = sub % 4;
+        const uint8_t *ql = b + 64 * n + (i & 1 ? 32 : 0), *qh = b + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * n);
+        const float d = ldh(b + 208);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int lo = i < 2 ? __ldg(ql + l) & 0xF : __ldg(ql + l) >> 4;
+            const int q = lo | (((__ldg(qh + l) >> (2 * i)) & 3) << 4);
+            w[l] = d * (float)__ldg(sc + l / 16 + 2 * i) * (float)(q - 32);
+        }
+    }
+}
+
+// The grouped GEMV of moe_gemv_kernel over experts kept in their GGUF type: W [n_exp][n_out]
+// rows of row_bytes. Lanes take 32-value chunks of a row (n_in % 32 == 0; K-quants: % 256).
+template <int T>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+moe_gemvq_kernel(const uint8_t *W, size_t row_bytes, const float *x, float *y, const int32_t *cnt, const int32_t *off,
+                 const int32_t *list, int n_in, int n_out, int x_div) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = cnt[e], o0 = off[e];
+    if (!n) return;
+    const int r0 = blockIdx.y * MOE_ROWS + warp * MOE_RPW;
+    const uint8_t *We = W + (size_t)e * n_out * row_bytes;
+    for (int b = 0; b < n; b += MOE_TOK) {
+        const int nb = min(MOE_TOK, n - b);
+        int ent[MOE_TOK];
+#pragma unroll
+        for (int q = 0; q < MOE_TOK; q++) ent[q] = q < nb ? list[o0 + b + q] : -1;
+        for (int rr = 0; rr < MOE_RPW; rr++) {
+            const int r = r0 + rr;
+            if (r >= n_out) break;
+            float acc[MOE_TOK];
+#pragma unroll
+            for (int q = 0; q < MOE_TOK; q++) acc[q] = 0.0f;
+            for (int c = lane; c < n_in / 32; c += 32) {
+                float w[32];
+                deq32<T>(We + (size_t)r * row_bytes, c, w);
+#pragma unroll
+                for (int q = 0; q < MOE_TOK; q++) {
+                    if (ent[q] < 0) continue;
+                    const float4 *xr = (const float4 *)(x + (size_t)(ent[q] / x_div) * n_in + 32 * c);
+                    float a = 0.0f;
+#pragma unroll
+                    for (int v = 0; v < 8; v++) {
+                        const float4 xv = xr[v];
+                        a += w[4 * v] * xv.x + w[4 * v + 1] * xv.y + w[4 * v + 2] * xv.z + w[4 * v + 3] * xv.w;
+                    }
+                    acc[q] += a;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < MOE_TOK; q++) {
+                if (ent[q] < 0) continue;
+                const float v = warp_sum(acc[q]);
+                if (lane == 0) y[(size_t)ent[q] * n_out + r] = v;
+            }
+        }
+    }
+}
+
 // out[t] (+)= sum_j y[t k + j] (the routing weights were applied to the activations), one CTA
 // per token, the slots in order.
 __global__ void moe_combine_kernel(const float *y, float *out, int k, int n, int accumulate) {
@@ -306,6 +454,40 @@ extern "C" int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, con
         return CM_EINVAL;
     kc_launch(moe_gemv_kernel, dim3(n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), dim3(MOE_WARPS * 32), 0, s, (const __half *)W, x, y,
               cnt, off, list, n_in, n_out, x_div);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_type_ok(int type, int n_in) {
+    switch (type) {
+    case DT_F16: return n_in % 8 == 0;
+    case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0: return n_in % 32 == 0;
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return n_in % 256 == 0;
+    default: return 0;
+    }
+}
+
+extern "C" int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
+                             const int32_t *off, const int32_t *list, float *y, cudaStream_t s) {
+    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_out <= 0 || x_div <= 0 || !kc_moe_type_ok(type, n_in))
+        return CM_EINVAL;
+    if (type == DT_F16) return kc_moe_gemv((const kc_half *)W, n_exp, n_in, n_out, x, x_div, cnt, off, list, y, s);
+    const dim3 grid(n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), block(MOE_WARPS * 32);
+    const uint8_t *w = (const uint8_t *)W;
+    const size_t rb = dt_row_size(type, n_in);
+#define MOE_Q(T) \
+    case T: kc_launch(moe_gemvq_kernel<T>, grid, block, 0, s, w, rb, x, y, cnt, off, list, n_in, n_out, x_div); break;
+    switch (type) {
+        MOE_Q(DT_Q4_0)
+        MOE_Q(DT_Q4_1)
+        MOE_Q(DT_Q5_0)
+        MOE_Q(DT_Q5_1)
+        MOE_Q(DT_Q8_0)
+        MOE_Q(DT_Q4_K)
+        MOE_Q(DT_Q5_K)
+        MOE_Q(DT_Q6_K)
+    default: return CM_EUNSUPPORTED;
+    }
+#undef MOE_Q
     KC_LAUNCH_CHECK();
 }
 

@@ -441,6 +441,13 @@ int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int
  * f32, y [entries][n_out] f32. Experts without entries are not read. */
 int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
                 const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
+/* The same over experts kept in their file type: W holds [n_exp][n_out] rows of type `type`
+ * (GGUF blocks as in the file, dt_row_size(type, n_in) bytes each; F16 as kc_moe_gemv).
+ * kc_moe_type_ok: F16 (n_in % 8 == 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (n_in % 32 == 0), Q4_K, Q5_K,
+ * Q6_K (n_in % 256 == 0). */
+int kc_moe_type_ok(int type, int n_in);
+int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
+                  const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
 /* out[t] (+)= sum_j y[t k + j] over the k slots in order (y rows of n). */
 int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s);
 
