@@ -587,14 +587,17 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         prof_mark(s, PC_NORM);
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
-        if (L->q_norm) KC_FATAL(kc_qk_norm(s->qkv, L->q_norm, L->k_norm, n_tok, c->n_head, c->n_head_kv, hd, c->norm_eps, cs));
         prof_mark(s, PC_QKV);
-        /* a sliding-window layer: its pool, block tables, rope and window */
+        /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
         int32_t *lbt = L->swa ? d_bt_swa : d_bt;
+        kc_rope rope = L->swa ? s->rope_swa : s->rope;
+        rope.q_norm = L->q_norm;
+        rope.k_norm = L->k_norm;
+        rope.norm_eps = c->norm_eps;
         const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0 };
         kc_attention_mods(&mods);
         KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd,
-                                  bs, L->swa ? &s->rope_swa : &s->rope, cs));
+                                  bs, &rope, cs));
         prof_mark(s, PC_ROPE);
         if (st->per_head) {
             KC_FATAL(kc_attention_ex(s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head,

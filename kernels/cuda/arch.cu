@@ -1,5 +1,5 @@
 // arch: the steps of the forward pass that the architectures past Llama add (model/model.h's
-// features): per-head RMSNorm of Q and K (QK-norm), the embedding scale, soft-capping of the
+// features; QK-norm is part of the RoPE kernel, rope.cu): the embedding scale, soft-capping of the
 // logits, a post-norm added to the residual, GeGLU, and the mixture-of-experts layer (router
 // top-k, tokens grouped by expert, grouped GEMVs over the chosen experts only, the weighted sum).
 // Every kernel here works row by row (a token's result never depends on the other tokens of the
@@ -33,23 +33,6 @@ __device__ float block_sum(float v) {
     float t = 0.0f;
     for (int i = 0; i < nw; i++) t += red[i];
     return t;
-}
-
-// One warp per (token, head) row of hd values of q (heads 0..n_head-1, weight qw) or k (heads
-// n_head.., weight kw) inside the fused qkv rows, normalized in place.
-__global__ void qk_norm_kernel(float *qkv, const float *qw, const float *kw, int n_head, int n_kv, int hd, float eps) {
-    KC_TRACE_SCOPE(KC_TR_NORM);
-    kc_pdl_trigger();
-    kc_pdl_wait();
-    const int t = blockIdx.x, h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (h >= n_head + n_kv) return;
-    float *x = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
-    const float *w = h < n_head ? qw : kw;
-    float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) ss += x[i] * x[i];
-    ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)hd + eps);
-    for (int i = lane; i < hd; i += 32) x[i] = x[i] * r * w[i];
 }
 
 __global__ void scale_kernel(float *x, size_t n, float s) {
@@ -139,26 +122,31 @@ __global__ void moe_route_kernel(const float *logits, int n_tok, int n, int k, i
 }
 
 // One CTA: the n_ent = n_tok * k routing entries (token t's slot j is entry t k + j) grouped by
-// expert in entry order: list[off[e] .. off[e] + cnt[e]) are expert e's entries. Thread e counts
-// and writes expert e's (n_exp <= blockDim.x).
+// expert: list[off[e] .. off[e] + cnt[e]) are expert e's entries, in no particular order (each
+// entry's result is computed on its own, so the order changes no bit of the output). Counts by
+// shared-memory atomics, the offsets by one thread, then every entry takes its slot.
 __global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_t *cnt, int32_t *off, int32_t *list) {
     KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
     kc_pdl_wait();
-    __shared__ int32_t sc[MDL_MAX_EXPERTS];
-    const int e = threadIdx.x;
-    int c = 0;
-    if (e < n_exp)
-        for (int i = 0; i < n_ent; i++) c += idx[i] == e;
-    if (e < n_exp) sc[e] = c;
+    __shared__ int32_t sc[MDL_MAX_EXPERTS], so[MDL_MAX_EXPERTS];
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) sc[e] = 0;
     __syncthreads();
-    if (e < n_exp) {
-        int o = 0;
-        for (int q = 0; q < e; q++) o += sc[q];
-        cnt[e] = c;
-        off[e] = o;
-        for (int i = 0; i < n_ent && c; i++)
-            if (idx[i] == e) list[o++] = i, c--;
+    for (int i = threadIdx.x; i < n_ent; i += blockDim.x) atomicAdd(&sc[idx[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0, o = 0; e < n_exp; o += sc[e], e++) so[e] = o;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+        cnt[e] = sc[e];
+        off[e] = so[e];
+    }
+    __syncthreads(); // sc becomes the cursors
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) sc[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_ent; i += blockDim.x) {
+        const int e = idx[i];
+        list[so[e] + atomicAdd(&sc[e], 1)] = i;
     }
 }
 
@@ -402,15 +390,6 @@ extern "C" void kc_attention_mods(const kc_attn_mods *m) {
 
 extern "C" kc_attn_mods kc_attention_mods_get(void) { return g_mods; }
 
-extern "C" int kc_qk_norm(float *qkv, const float *q_w, const float *k_w, int n_tok, int n_head, int n_kv, int hd, float eps,
-                          cudaStream_t s) {
-    if (!qkv || !q_w || !k_w || n_tok <= 0 || n_head <= 0 || n_kv <= 0 || hd <= 0) return CM_EINVAL;
-    const int wpc = 4; // heads per CTA
-    kc_launch(qk_norm_kernel, dim3(n_tok, (n_head + n_kv + wpc - 1) / wpc), dim3(32 * wpc), 0, s, qkv, q_w, k_w, n_head, n_kv,
-              hd, eps);
-    KC_LAUNCH_CHECK();
-}
-
 extern "C" int kc_scale(float *x, size_t n, float scale, cudaStream_t s) {
     if (!x || !n) return CM_EINVAL;
     kc_launch(scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, scale);
@@ -443,8 +422,7 @@ extern "C" int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, in
         k > n_exp)
         return CM_EINVAL;
     kc_launch(moe_route_kernel, dim3(blocks_for((size_t)n_tok, 64)), dim3(64), 0, s, logits, n_tok, n_exp, k, norm ? 1 : 0, idx, w);
-    kc_launch(moe_sort_kernel, dim3(1), dim3((n_exp + 31) / 32 * 32), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off,
-              list);
+    kc_launch(moe_sort_kernel, dim3(1), dim3(1024), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off, list);
     KC_LAUNCH_CHECK();
 }
 

@@ -263,6 +263,10 @@ typedef struct kc_rope {
      * are multiplied by mscale (0 counts as 1). */
     const float *freq;
     float mscale;
+    /* QK-norm before the rotation when q_norm is set (device memory, [hd] each, k_norm too):
+     * each q head x = x * rsqrt(mean(x^2) + norm_eps) * q_norm, each k head with k_norm. */
+    const float *q_norm, *k_norm;
+    float norm_eps;
 } kc_rope;
 
 /* Applies RoPE to q and k of qkv ([n_tok, (n_head + 2*n_kv) * hd] f32: q heads, k heads, v heads)
@@ -416,10 +420,6 @@ typedef struct kc_attn_mods {
 } kc_attn_mods;
 void kc_attention_mods(const kc_attn_mods *m);
 kc_attn_mods kc_attention_mods_get(void);
-/* Per-head RMSNorm (QK-norm) in place in the fused rows qkv [n_tok, (n_head + 2 n_kv) * hd]:
- * q heads with q_w [hd], k heads with k_w [hd]; v untouched. */
-int kc_qk_norm(float *qkv, const float *q_w, const float *k_w, int n_tok, int n_head, int n_kv, int hd, float eps,
-               cudaStream_t s);
 /* x[i] *= scale (the embedding scale). */
 int kc_scale(float *x, size_t n, float scale, cudaStream_t s);
 /* x[i] = cap * tanh(x[i] / cap), cap > 0 (final logit soft-capping). */
@@ -433,7 +433,8 @@ int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split,
 /* Mixture-of-experts routing on the device: per token, softmax of the router logits
  * [n_tok, n_exp], the k most probable experts (ties: the lower index) into idx [n_tok, k] and
  * their probabilities into w (renormalized to sum 1 when norm); then the n_tok k entries
- * (entry t k + j) grouped by expert in entry order: list[off[e] .. off[e] + cnt[e]). */
+ * (entry t k + j) grouped by expert: list[off[e] .. off[e] + cnt[e]), in no fixed order within
+ * an expert (the GEMVs compute each entry on its own: the order changes no result). */
 int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int32_t *idx, float *w, int32_t *cnt,
                  int32_t *off, int32_t *list, cudaStream_t s);
 /* Grouped GEMV: y[i] = W[e] x[i / x_div] for every entry i of every expert e (cnt, off, list

@@ -54,6 +54,21 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
         for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
         return;
     }
+    // QK-norm (r.q_norm set): the head's RMSNorm first, y = x * rsqrt(mean(x^2) + eps) * w
+    const float *nw = r.q_norm ? (h < n_head ? r.q_norm : r.k_norm) : nullptr;
+    float nr = 1.0f;
+    if (nw) {
+        __shared__ float red[2];
+        float ss = 0.0f;
+        for (int e = threadIdx.x; e < hd; e += blockDim.x) ss += src[e] * src[e];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        ss = blockDim.x > 32 ? red[0] + red[1] : red[0];
+        nr = rsqrtf(ss / (float)hd + r.norm_eps);
+    }
+    auto val = [&](int e) { return nw ? src[e] * nr * nw[e] : src[e]; };
     float *qd = nullptr;
     __half *kd = nullptr;
     if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
@@ -65,14 +80,14 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, __half *k_cach
         if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
         s *= ms;
         c *= ms;
-        float x0 = src[a], x1 = src[b];
+        float x0 = val(a), x1 = val(b);
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         if (qd) { qd[a] = y0; qd[b] = y1; }
         else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
     }
     for (int e = r.rope_dim + threadIdx.x; e < hd; e += blockDim.x) { // dimensions past rope_dim: unrotated
-        if (qd) qd[e] = src[e];
-        else kd[e] = __float2half(src[e]);
+        if (qd) qd[e] = val(e);
+        else kd[e] = __float2half(val(e));
     }
 }
 
@@ -83,6 +98,7 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
     dim3 grid(n_tok, n_head + 2 * n_kv);
+    if (rope->q_norm && !rope->k_norm) return CM_EINVAL;
     kc_launch(rope_store_kernel, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos,
               seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();

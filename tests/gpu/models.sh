@@ -7,7 +7,8 @@
 #        soft-cap and sliding window on the per-head and tensor-core kernels);
 #     2. every reference model of tests/models/*/ (small random-weight transformers models, from
 #        safetensors and from GGUF): `arka perplexity` on cuda with the whole sequence in one step
-#        (prefill), one token per step (decode, graphs) and 7 per step (chunked prefill), its logits
+#        (prefill), one token per step (decode, graphs) and, from the GGUF, 7 per step (chunked
+#        prefill), its logits
 #        against the CPU backend's and against transformers' (logits.bin);
 #     3. arka mkmodel's tiny shapes of the new architectures (head dims 64 / 128: the tensor-core
 #        attention, windows of 64 / 128 inside 300 positions, F16 and Q8_0 experts) on cuda vs cpu.
@@ -18,8 +19,8 @@
 #                                     (bench_engine: the fraction of the bandwidth bound); writes
 #                                     about 40 GB of models into $ARKA_GPU_MODELS, ~4 more minutes
 #
-# Binaries: $ARKA_GPU_BIN (default /tmp/arka-bin), unpacked from .carry/bin.tar.xz when absent
-# there. Build them on the CPU machine and pack them:
+# Binaries: .carry/bin.tar.xz unpacked into /tmp/arka-bin (or $ARKA_GPU_BIN, used as it is).
+# Build them on the CPU machine and pack them:
 #   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DARKA_WITH_CURL=OFF -DARKA_WITH_GATEWAY=OFF &&
 #   cmake --build build-gpu -j2 --target arka test_gpu_arch bench_engine &&
 #   mkdir -p .carry && tar -cJf .carry/bin.tar.xz -C build-gpu/bin arka test_gpu_arch bench_engine
@@ -35,7 +36,8 @@ BIN=${ARKA_GPU_BIN:-/tmp/arka-bin}
 MODELS=${ARKA_GPU_MODELS:-/tmp/arka-models}
 VOCAB=${ARKA_VOCAB:-.carry/ggml-vocab-llama-spm.gguf}
 mkdir -p "$BIN" "$MODELS"
-if [ ! -x "$BIN/arka" ] && [ -f .carry/bin.tar.xz ]; then tar -xJf .carry/bin.tar.xz -C "$BIN"; fi
+# the carried binaries replace whatever an earlier run left there (unless ARKA_GPU_BIN names a directory)
+if [ -z "${ARKA_GPU_BIN:-}" ] && [ -f .carry/bin.tar.xz ]; then tar -xJf .carry/bin.tar.xz -C "$BIN" || { echo "FAIL: unpacking .carry/bin.tar.xz"; exit 1; }; fi
 for b in arka test_gpu_arch; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b missing (pack .carry/bin.tar.xz as the header says)"; exit 1; }
 done
@@ -88,7 +90,8 @@ for ref in tests/models/*/logits.bin; do
     m=$d; [ $fmt = gguf ] && m=$d/model.gguf
     tag=$name-$fmt
     ppl "$tag-cpu" "$m" "$d/ids.txt" "$n" cpu "$WORK/$tag-cpu.f32" || continue
-    for b in "$n" 1 7; do
+    bs=("$n" 1); [ $fmt = gguf ] && bs+=(7) # chunked prefill: once per model
+    for b in "${bs[@]}"; do
       what=prefill; [ "$b" = 1 ] && what=decode; [ "$b" = 7 ] && what=chunked7
       ppl "$tag-cuda-$what" "$m" "$d/ids.txt" "$n" cuda "$WORK/$tag-cuda-$what.f32" --batch "$b" &&
         judge "$tag $what" "$WORK/$tag-cuda-$what.f32" "$WORK/$tag-cpu.f32" "$ref"
@@ -134,5 +137,5 @@ if [ "$MODE" = speed ]; then
   fi
 fi
 
-echo "models.sh: $pass passed, $fail failed"
+echo "models.sh: $pass passed, $fail failed ($SECONDS s)"
 [ $fail -eq 0 ]

@@ -1,13 +1,15 @@
-/* GPU kernels of the later architectures (kernels/cuda/arch.cu and the attention modifiers)
- * against the CPU backend's own code (kernels/cpu/ops.h) or double-precision references on
- * random inputs: QK-norm, embedding scale, soft-capping, post-norm + residual, SwiGLU / GeGLU
- * (interleaved and split rows, row weights), mixture-of-experts routing (normalized or not,
- * ties), the grouped expert GEMV (unused experts, several entries per expert; F16 and every
- * GGUF type it keeps: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), the weighted sum, RoPE from a per-pair frequency table with an attention factor (yarn, longrope, partial
- * rotation), and attention with soft-capping and a sliding window on every kernel (per-head at
- * head dims 16..256, tensor-core decode and prefill at 64 / 128), where the blocks wholly
- * before the window are a block of NaNs that must never be read. Outputs are poisoned (NaN)
- * before each launch. Runs on a GPU host only (tests/gpu/models.sh). */
+/* GPU kernels of the later architectures (kernels/cuda/arch.cu, the rope kernel's table and
+ * QK-norm, the attention modifiers) against the CPU backend's own code (kernels/cpu/ops.h) or
+ * double-precision references on random inputs: embedding scale, soft-capping, post-norm +
+ * residual, SwiGLU / GeGLU (interleaved and split rows, row weights), mixture-of-experts
+ * routing (normalized or not, ties), the grouped expert GEMV (unused experts, several entries
+ * per expert; F16 and every GGUF type it keeps: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K),
+ * the weighted sum, RoPE from a per-pair frequency table with an attention factor (yarn,
+ * longrope, partial rotation) with and without QK-norm, and attention with soft-capping and a
+ * sliding window on every kernel (per-head at head dims 16..256, tensor-core decode and
+ * prefill at 64 / 128), where the blocks wholly before the window are a block of NaNs that
+ * must never be read. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
+ * (tests/gpu/models.sh). */
 #include "common/cm_err.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/kcuda.h"
@@ -60,31 +62,8 @@ static float *rnd(size_t n, float scale) {
     return p;
 }
 
-/* QK-norm, scale, soft-cap, post-norm + residual, SwiGLU / GeGLU. */
+/* Scale, soft-cap, post-norm + residual, SwiGLU / GeGLU. */
 static void test_elementwise(cudaStream_t s) {
-    const int n_tok = 5, n_head = 8, n_kv = 2;
-    const int hds[] = { 16, 64, 128, 256 };
-    for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++) {
-        const int hd = hds[hi], row = (n_head + 2 * n_kv) * hd;
-        float *qkv = rnd((size_t)n_tok * row, 3.0f), *qw = rnd(hd, 1.0f), *kw = rnd(hd, 1.0f), *ref = malloc((size_t)n_tok * row * 4);
-        memcpy(ref, qkv, (size_t)n_tok * row * 4);
-        for (int t = 0; t < n_tok; t++) {
-            k_rmsnorm(ref + (size_t)t * row, qw, n_head, hd, 1e-6f, ref + (size_t)t * row);
-            k_rmsnorm(ref + (size_t)t * row + n_head * hd, kw, n_kv, hd, 1e-6f, ref + (size_t)t * row + n_head * hd);
-        }
-        float *d = up(qkv, (size_t)n_tok * row * 4), *dq = up(qw, hd * 4), *dk = up(kw, hd * 4), *got = malloc((size_t)n_tok * row * 4);
-        int rc = kc_qk_norm(d, dq, dk, n_tok, n_head, n_kv, hd, 1e-6f, s);
-        CK(cudaStreamSynchronize(s));
-        down(got, d, (size_t)n_tok * row * 4);
-        int v_same = 1;
-        for (int t = 0; t < n_tok; t++)
-            v_same &= memcmp(got + (size_t)t * row + (n_head + n_kv) * hd, qkv + (size_t)t * row + (n_head + n_kv) * hd,
-                             (size_t)n_kv * hd * 4) == 0;
-        double e = rel_err_f(got, ref, (size_t)n_tok * row);
-        T_CHECKF(rc == 0 && e < 1e-5 && v_same, "kc_qk_norm hd=%d: rel_err %.3g, v untouched %d", hd, e, v_same);
-        free(qkv); free(qw); free(kw); free(ref); free(got);
-        cudaFree(d); cudaFree(dq); cudaFree(dk);
-    }
     /* scale and soft-cap */
     {
         const size_t n = 10007;
@@ -174,8 +153,9 @@ static void test_moe(cudaStream_t s) {
         for (int i = 0; i < T * K; i++) we = fmax(we, fabs(gw[i] - rw[i]));
         T_CHECKF(rc == 0 && same && we < 1e-6, "kc_moe_route NE=%d k=%d norm=%d T=%d: same experts %d, weights max diff %.3g", NE, K, norm,
                  T, same, we);
-        /* grouping: every entry once, under its expert, in entry order */
+        /* grouping: every entry exactly once, under its expert, experts in order */
         int32_t *cnt = malloc(NE * 4), *off = malloc(NE * 4), *list = malloc((size_t)T * K * 4);
+        uint8_t *seen = calloc((size_t)T * K, 1);
         down(cnt, dcnt, NE * 4);
         down(off, doff, NE * 4);
         down(list, dlist, (size_t)T * K * 4);
@@ -184,10 +164,12 @@ static void test_moe(cudaStream_t s) {
             ok &= off[e] == total;
             for (int i = 0; i < cnt[e]; i++) {
                 int en = list[off[e] + i];
-                ok &= en >= 0 && en < T * K && gidx[en] == e && (i == 0 || en > list[off[e] + i - 1]);
+                ok &= en >= 0 && en < T * K && gidx[en] == e && !seen[en];
+                if (en >= 0 && en < T * K) seen[en] = 1;
             }
             total += cnt[e];
         }
+        free(seen);
         T_CHECKF(ok && total == T * K, "kc_moe_route grouping NE=%d T=%d", NE, T);
         /* the MLP: experts as F16 (gate rows, then up rows; down), inputs x [T, E] */
         const size_t ngu = (size_t)NE * 2 * F * E, ndn = (size_t)NE * E * F;
@@ -286,51 +268,73 @@ static void test_moe_quant(cudaStream_t s) {
     T_CHECK(!kc_moe_type_ok(DT_Q4_K, 512 + 32) && !kc_moe_type_ok(DT_F32, 512) && kc_moe_type_ok(DT_Q8_0, 96));
 }
 
-/* RoPE from the CPU's per-pair table: q against k_rope, k in the cache as half of k_rope's. */
+/* RoPE from the CPU's per-pair table (yarn with an attention factor, longrope, partial
+ * rotation), with and without QK-norm in the same kernel: q against k_rmsnorm + k_rope, k in
+ * the cache as half of theirs, v copied. */
 static void test_rope_table(cudaStream_t s) {
     const float longf[8] = { 1, 1.5f, 2, 3, 4, 6, 8, 12 }, shortf[8] = { 1, 1, 1.1f, 1.2f, 1.5f, 2, 2, 3 };
-    for (int v = 0; v < 3; v++) {
-        const int hd = 32, n_head = 4, n_kv = 2, n_tok = 6, bs = 16, max_blocks = 4;
-        mdl_rope r = { .dim = v == 2 ? 16 : 32, .layout = v == 1 ? MDL_ROPE_ADJACENT : MDL_ROPE_HALF, .base = 10000.0f, .factor = 4.0f,
-                       .beta_fast = 32.0f, .beta_slow = 1.0f, .attn_factor = v == 0 ? 1.2f : 1.0f, .orig_ctx = 64 };
-        r.scaling = v == 2 ? MDL_ROPE_SCALING_LONGROPE : MDL_ROPE_SCALING_YARN;
-        r.long_factor = longf;
-        r.short_factor = shortf;
-        k_rope_params rp;
-        T_CHECK(k_rope_init_layer(&rp, &r, v == 2 ? 32 : 256) == 0);
-        float fr[16];
-        for (int i = 0; i < r.dim / 2; i++) fr[i] = (float)rp.inv_freq[i];
-        const int row = (n_head + 2 * n_kv) * hd;
-        float *qkv = rnd((size_t)n_tok * row, 1.0f), *q = malloc((size_t)n_tok * n_head * hd * 4), *k = malloc((size_t)n_tok * n_kv * hd * 4);
-        int32_t pos[6] = { 0, 1, 7, 30, 31, 63 }, seq[6] = { 0 }, bt[4] = { 3, 1, 0, 2 };
-        for (int t = 0; t < n_tok; t++) {
-            memcpy(q + (size_t)t * n_head * hd, qkv + (size_t)t * row, (size_t)n_head * hd * 4);
-            memcpy(k + (size_t)t * n_kv * hd, qkv + (size_t)t * row + n_head * hd, (size_t)n_kv * hd * 4);
-        }
-        k_rope(&rp, q, n_tok, n_head, hd, pos);
-        k_rope(&rp, k, n_tok, n_kv, hd, pos);
-        kc_rope kr = { .layout = r.layout, .rope_dim = r.dim, .base = r.base, .freq = up(fr, sizeof fr), .mscale = (float)rp.mscale };
-        const size_t ce = (size_t)max_blocks * n_kv * bs * hd;
-        float *dqkv = up(qkv, (size_t)n_tok * row * 4), *dq = dnew((size_t)n_tok * n_head * hd * 4);
-        kc_half *dk = dnew(ce * 2), *dv = dnew(ce * 2);
-        int32_t *dpos = up(pos, sizeof pos), *dseq = up(seq, sizeof seq), *dbt = up(bt, sizeof bt);
-        int rc = kc_rope_store_kv(dqkv, dq, dk, dv, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &kr, s);
-        CK(cudaStreamSynchronize(s));
-        float *gq = malloc((size_t)n_tok * n_head * hd * 4), *gk = malloc((size_t)n_tok * n_kv * hd * 4);
-        uint16_t *kc = malloc(ce * 2);
-        down(gq, dq, (size_t)n_tok * n_head * hd * 4);
-        down(kc, dk, ce * 2);
-        for (int t = 0; t < n_tok; t++)
-            for (int h = 0; h < n_kv; h++)
-                for (int e = 0; e < hd; e++)
-                    gk[((size_t)t * n_kv + h) * hd + e] =
-                        dt_f16_to_f32(kc[(((size_t)bt[pos[t] / bs] * n_kv + h) * bs + pos[t] % bs) * hd + e]);
-        double eq = rel_err_f(gq, q, (size_t)n_tok * n_head * hd), ek = rel_err_f(gk, k, (size_t)n_tok * n_kv * hd);
-        T_CHECKF(rc == 0 && eq < 1e-4 && ek < 1e-3, "rope table %s dim %d/%d: q rel_err %.3g, k (half) %.3g",
-                 v == 2 ? "longrope" : "yarn", r.dim, hd, eq, ek);
-        free(qkv); free(q); free(k); free(gq); free(gk); free(kc);
-        cudaFree((void *)kr.freq); cudaFree(dqkv); cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
-    }
+    const int hds[3] = { 32, 128, 256 };
+    for (int hi = 0; hi < 3; hi++)
+        for (int v = 0; v < 3; v++)
+            for (int qn = 0; qn < 2; qn++) {
+                const int hd = hds[hi], n_head = 4, n_kv = 2, n_tok = 6, bs = 16, max_blocks = 4;
+                const int rd = v == 2 ? 16 : hd; /* longrope: partial rotation (16 of hd) */
+                float longv[128], shortv[128];
+                for (int i = 0; i < 128; i++) longv[i] = longf[i % 8], shortv[i] = shortf[i % 8];
+                mdl_rope r = { .dim = rd, .layout = v == 1 ? MDL_ROPE_ADJACENT : MDL_ROPE_HALF, .base = 10000.0f, .factor = 4.0f,
+                               .beta_fast = 32.0f, .beta_slow = 1.0f, .attn_factor = v == 0 ? 1.2f : 1.0f, .orig_ctx = 64 };
+                r.scaling = v == 2 ? MDL_ROPE_SCALING_LONGROPE : MDL_ROPE_SCALING_YARN;
+                r.long_factor = longv;
+                r.short_factor = shortv;
+                k_rope_params rp;
+                T_CHECK(k_rope_init_layer(&rp, &r, v == 2 ? 32 : 256) == 0);
+                float fr[128];
+                for (int i = 0; i < rd / 2; i++) fr[i] = (float)rp.inv_freq[i];
+                const int row = (n_head + 2 * n_kv) * hd;
+                float *qkv = rnd((size_t)n_tok * row, 2.0f), *q = malloc((size_t)n_tok * n_head * hd * 4),
+                      *k = malloc((size_t)n_tok * n_kv * hd * 4), *qw = rnd(hd, 1.5f), *kw = rnd(hd, 1.5f);
+                int32_t pos[6] = { 0, 1, 7, 30, 31, 63 }, seq[6] = { 0 }, bt[4] = { 3, 1, 0, 2 };
+                for (int t = 0; t < n_tok; t++) {
+                    memcpy(q + (size_t)t * n_head * hd, qkv + (size_t)t * row, (size_t)n_head * hd * 4);
+                    memcpy(k + (size_t)t * n_kv * hd, qkv + (size_t)t * row + n_head * hd, (size_t)n_kv * hd * 4);
+                }
+                if (qn) {
+                    k_rmsnorm(q, qw, (int64_t)n_tok * n_head, hd, 1e-6f, q);
+                    k_rmsnorm(k, kw, (int64_t)n_tok * n_kv, hd, 1e-6f, k);
+                }
+                k_rope(&rp, q, n_tok, n_head, hd, pos);
+                k_rope(&rp, k, n_tok, n_kv, hd, pos);
+                float *dqw = up(qw, hd * 4), *dkw = up(kw, hd * 4);
+                kc_rope kr = { .layout = r.layout, .rope_dim = rd, .base = r.base, .freq = up(fr, sizeof fr), .mscale = (float)rp.mscale,
+                               .q_norm = qn ? dqw : NULL, .k_norm = qn ? dkw : NULL, .norm_eps = 1e-6f };
+                const size_t ce = (size_t)max_blocks * n_kv * bs * hd;
+                float *dqkv = up(qkv, (size_t)n_tok * row * 4), *dq = dnew((size_t)n_tok * n_head * hd * 4);
+                kc_half *dk = dnew(ce * 2), *dv = dnew(ce * 2);
+                int32_t *dpos = up(pos, sizeof pos), *dseq = up(seq, sizeof seq), *dbt = up(bt, sizeof bt);
+                int rc = kc_rope_store_kv(dqkv, dq, dk, dv, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &kr, s);
+                CK(cudaStreamSynchronize(s));
+                float *gq = malloc((size_t)n_tok * n_head * hd * 4), *gk = malloc((size_t)n_tok * n_kv * hd * 4),
+                      *gv = malloc((size_t)n_tok * n_kv * hd * 4), *rv = malloc((size_t)n_tok * n_kv * hd * 4);
+                uint16_t *kc = malloc(ce * 2), *vc = malloc(ce * 2);
+                down(gq, dq, (size_t)n_tok * n_head * hd * 4);
+                down(kc, dk, ce * 2);
+                down(vc, dv, ce * 2);
+                for (int t = 0; t < n_tok; t++)
+                    for (int h = 0; h < n_kv; h++)
+                        for (int e = 0; e < hd; e++) {
+                            const size_t ci = (((size_t)bt[pos[t] / bs] * n_kv + h) * bs + pos[t] % bs) * hd + e, gi = ((size_t)t * n_kv + h) * hd + e;
+                            gk[gi] = dt_f16_to_f32(kc[ci]);
+                            gv[gi] = dt_f16_to_f32(vc[ci]);
+                            rv[gi] = qkv[(size_t)t * row + (n_head + n_kv + h) * hd + e];
+                        }
+                double eq = rel_err_f(gq, q, (size_t)n_tok * n_head * hd), ek = rel_err_f(gk, k, (size_t)n_tok * n_kv * hd),
+                       ev = rel_err_f(gv, rv, (size_t)n_tok * n_kv * hd);
+                T_CHECKF(rc == 0 && eq < 1e-4 && ek < 1e-3 && ev < 1e-3, "rope table %s hd %d dim %d qk-norm %d: q rel_err %.3g, k (half) %.3g, v %.3g",
+                         v == 2 ? "longrope" : v == 1 ? "yarn adjacent" : "yarn", hd, rd, qn, eq, ek, ev);
+                free(qkv); free(q); free(k); free(qw); free(kw); free(gq); free(gk); free(gv); free(rv); free(kc); free(vc);
+                cudaFree((void *)kr.freq); cudaFree(dqw); cudaFree(dkw); cudaFree(dqkv); cudaFree(dq); cudaFree(dk); cudaFree(dv);
+                cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+            }
 }
 
 /* Reference attention of one (query, head): scale, soft-cap, window, over the paged cache. */
