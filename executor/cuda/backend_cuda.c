@@ -1388,6 +1388,25 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
          * att_dec_ctas / n_kv + 1 per token of the largest bucket) */
         size_t ph_tok = !s->att_tc ? T : s->plan.att_tc_min_tok > 1 ? (size_t)bucket_of(s->plan.att_tc_min_tok - 1) : 0;
         if (ph_tok > T) ph_tok = T;
+        /* The per-head kernel's partials grow with tokens x splits: every step on it at long
+         * contexts (head dims the tensor cores do not take, e.g. 256: gemma) would need
+         * T x n_ctx / 64 rows (gemma3-12b, 2048 tokens at 128k: 69 GB). Longer splits (multiples
+         * of 64 positions) keep them within 1 GiB; the results do not depend on the split size
+         * beyond rounding. */
+        {
+            const size_t row = (size_t)c->n_head * (c->head_dim + 2) * 4, cap = (size_t)1 << 30;
+            if (ph_tok * s->n_split * row > cap) {
+                const size_t max_split = cap / (ph_tok * row) > 1 ? cap / (ph_tok * row) : 1;
+                int chunk = (int)(((size_t)s->lim.n_ctx + max_split - 1) / max_split);
+                chunk = (chunk + 63) / 64 * 64;
+                if (chunk > s->att_chunk) {
+                    CM_LOG_INFO("cuda", "per-head attention splits lengthened to bound their partials", "chunk=%d was=%d tokens=%zu "
+                                "ctx=%d", chunk, s->att_chunk, ph_tok, s->lim.n_ctx);
+                    s->att_chunk = chunk;
+                    s->n_split = (s->lim.n_ctx + chunk - 1) / chunk;
+                }
+            }
+        }
         size_t ph = ph_tok * s->n_split;
         size_t tc = s->att_tc ? (size_t)s->plan.att_dec_ctas / c->n_head_kv + 1 + (size_t)bucket_of(s->lim.max_seqs) : 0;
         s->partial_floats = (ph > tc ? ph : tc) * c->n_head * (c->head_dim + 2);
