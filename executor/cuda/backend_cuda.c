@@ -521,6 +521,10 @@ static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, 
     if (ly->ffn_post_norm.data && (rc = upload_f32(s, fp, 1, &L->ffn_post, err, errlen))) return rc;
     if (!ly->ffn_gate_inp.data) return 0;
     L->moe = 1;
+    if (c->n_embd % 8 || c->n_ff_exp % 8) {
+        snprintf(err, errlen, "cuda backend: experts of %d x %d are not supported (both multiples of 8)", c->n_embd, c->n_ff_exp);
+        return CM_EUNSUPPORTED;
+    }
     const mdl_tensor *rt[] = { &ly->ffn_gate_inp };
     if ((rc = upload_rows(s, rt, 1, &L->router, 0, err, errlen))) return rc;
     const size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff_exp, NE = (size_t)c->n_expert;

@@ -15,9 +15,11 @@
 #     A line per run: "PASS|FAIL name: cuda vs cpu ... ; vs transformers ..."; the pass rule is the
 #     issue's: relative error <= 1e-2 and top-1 >= 99 % against the CPU backend (transformers:
 #     reported, and held to the same bounds). Exit status 0 only when every line passed.
-#   tests/gpu/models.sh OUT speed     also batch-1 decode of mkmodel qwen3-8b and gemma3-12b F16
+#   tests/gpu/models.sh OUT speed     only batch-1 decode of mkmodel qwen3-8b and gemma3-12b F16
 #                                     (bench_engine: the fraction of the bandwidth bound); writes
-#                                     about 40 GB of models into $ARKA_GPU_MODELS, ~4 more minutes
+#                                     about 40 GB of models into $ARKA_GPU_MODELS (kept for the next
+#                                     run), a few minutes
+#   tests/gpu/models.sh OUT all       both
 #
 # Binaries: .carry/bin.tar.xz unpacked into /tmp/arka-bin (or $ARKA_GPU_BIN, used as it is).
 # Build them on the CPU machine and pack them:
@@ -27,8 +29,9 @@
 # and the vocabulary mkmodel embeds: cp ../shared/models/vocab/ggml-vocab-llama-spm.gguf .carry/
 # Nothing is built on the GPU host.
 set -uo pipefail
-OUT=${1:?usage: models.sh OUT [speed]}
+OUT=${1:?usage: models.sh OUT [check|speed|all]}
 MODE=${2:-check}
+case "$MODE" in check|speed|all) ;; *) echo "usage: models.sh OUT [check|speed|all]"; exit 2 ;; esac
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -38,7 +41,8 @@ VOCAB=${ARKA_VOCAB:-.carry/ggml-vocab-llama-spm.gguf}
 mkdir -p "$BIN" "$MODELS"
 # the carried binaries replace whatever an earlier run left there (unless ARKA_GPU_BIN names a directory)
 if [ -z "${ARKA_GPU_BIN:-}" ] && [ -f .carry/bin.tar.xz ]; then tar -xJf .carry/bin.tar.xz -C "$BIN" || { echo "FAIL: unpacking .carry/bin.tar.xz"; exit 1; }; fi
-for b in arka test_gpu_arch; do
+need=(arka test_gpu_arch); [ "$MODE" = check ] || need+=(bench_engine)
+for b in "${need[@]}"; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b missing (pack .carry/bin.tar.xz as the header says)"; exit 1; }
 done
 WORK=$(mktemp -d /tmp/arka-models-check.XXXXXX)
@@ -47,6 +51,7 @@ pass=0 fail=0
 step() { echo "== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/device.txt" 2>&1
 
+if [ "$MODE" != speed ]; then
 step "kernels: test_gpu_arch"
 timeout 300 "$BIN/test_gpu_arch" >"$OUT/arch_kernels.log" 2>&1
 rc=$?
@@ -119,7 +124,9 @@ else
   echo "FAIL: $VOCAB missing (cp ../shared/models/vocab/ggml-vocab-llama-spm.gguf .carry/)"; fail=$((fail + 1))
 fi
 
-if [ "$MODE" = speed ]; then
+fi
+
+if [ "$MODE" != check ]; then
   step "batch-1 decode speed: qwen3-8b and gemma3-12b F16 (fraction of the bandwidth bound)"
   if [ ! -x "$BIN/bench_engine" ]; then echo "FAIL: $BIN/bench_engine missing"; fail=$((fail + 1))
   else
