@@ -26,8 +26,22 @@
  * Prompts: --prompt-len words drawn from 64 common four-letter English words, one token each
  * in the usual vocabularies (the usage chunk's prompt_tokens gives the real count, reported as
  * a mean). Every request gets its own random words so that a server's prefix cache cannot
- * serve one request from another. The body is streamed from a fixed buffer, so the prompt
- * length bounds time, not memory.
+ * serve one request from another, unless --prefix-len puts the same words before each. The
+ * body is streamed from a fixed buffer, so the prompt length bounds time, not memory. The
+ * usage's prompt_tokens_details.cached_tokens is reported when the server gives it.
+ *
+ * Workloads (--workload):
+ *   random         (default) as above.
+ *   shared-prefix  every prompt starts with the same --prefix-len words (default 2000: a
+ *                  system prompt), then its own --prompt-len words.
+ *   multi-turn     --users conversations at once, --turns requests each, one after the other:
+ *                  each turn sends the conversation so far (its --prefix-len words, then every
+ *                  earlier turn's words and the server's answer to them) and --prompt-len new
+ *                  words. --requests is users x turns.
+ *   tenants        fair share: first tenant B alone (--api-key-b) sends --b-requests requests
+ *                  --b-interval seconds apart; then tenant A (--api-key) sends --requests all at
+ *                  once while B goes on sending one every --b-interval seconds until A's last
+ *                  request ends. Reports A, B alone and B beside A, and the ratio of B's TTFT.
  *
  * Memory: 40 bytes of results per request; per worker a 64 KiB read buffer, a 16 KiB write
  * buffer, an SSE line and event buffer each capped at 256 KiB, the current request's gaps
@@ -69,6 +83,8 @@
 #define LINE_CAP        (256 * 1024)    /* one SSE line; one event's data */
 #define ERRBODY_CAP     4096            /* kept of a non-200 body, for the message */
 #define MODELS_CAP      (1 << 20)       /* GET /v1/models body */
+#define CONV_CAP        (16 << 20)      /* multi-turn: a conversation's text; its request body */
+#define MAX_B_BESIDE    100000          /* tenants: B's requests during A's run, at most */
 #define WORKER_STACK    (256 * 1024)
 #define HIST_BINS       2400            /* bin 0: < 1 µs; bin i: [1 µs·1.01^(i-1), 1 µs·1.01^i), up to ~6 h */
 #define HIST_MIN        1e-6
@@ -538,16 +554,19 @@ typedef struct {
     double  ttft, e2e, tpot; /* seconds; ttft < 0 when no text came, tpot < 0 with fewer than two output tokens */
     int32_t prompt_tokens;   /* from usage; -1 when the server sent none */
     int32_t output_tokens;
+    int32_t cached_tokens;   /* usage.prompt_tokens_details.cached_tokens; -1 when the server sent none */
     int32_t ok;
 } req_result;
 
 typedef struct { /* the request a worker is running */
     double  t_send, t_first, t_last, t_done;
     int64_t chunks;          /* content chunks (non-empty text) */
-    int64_t prompt_tokens, completion_tokens;
-    int     have_usage;
+    int64_t prompt_tokens, completion_tokens, cached_tokens;
+    int     have_usage, have_cached;
     int     done;            /* data: [DONE] seen */
 } req_state;
+
+enum { WL_RANDOM, WL_SHARED, WL_MULTI, WL_TENANTS };
 
 typedef struct bench bench;
 
@@ -567,6 +586,8 @@ typedef struct {
     uint64_t  hist[HIST_BINS]; /* ITLs of successful requests */
     double    itl_sum;
     uint64_t  itl_n;
+    /* multi-turn: the conversation so far, the request's body, the answer's text */
+    gbuf      conv, body, answer;
 } worker;
 
 struct bench {
@@ -575,6 +596,11 @@ struct bench {
     double      rate, timeout;
     int64_t     seed;
     int         n, prompt_len, max_tokens, concurrency, warmup;
+    int         workload;    /* WL_* */
+    int         prefix_len;  /* words every prompt starts with (the same for all) */
+    int         users, turns;/* multi-turn */
+    double      interval;    /* > 0: arrivals this many seconds apart (tenants' B) instead of Poisson */
+    volatile int *until;     /* not NULL: stop releasing requests once it is set (B beside A's flood) */
     target      tgt;
     char       *body_head;   /* {"model":"…","prompt":" */
     char       *body_tail;   /* malloc'ed */
@@ -616,29 +642,57 @@ static int out_put(worker *w, int fd, const char *p, size_t n, double deadline, 
     return 0;
 }
 
-/* Sends POST /v1/completions with request idx's prompt, drawn word by word. */
-static int send_completion(worker *w, int fd, int64_t idx, double deadline, char *err, size_t errlen) {
+/* The word stream of request idx: the shared prefix's (the same for every request of the
+ * run), then its own. */
+static uint64_t prefix_rng(const bench *b) { return (uint64_t)b->seed * 0x9e3779b97f4a7c15ull ^ 0x5052454649580000ull; }
+static uint64_t own_rng(const bench *b, int64_t idx) {
+    uint64_t rng = (uint64_t)b->seed * 0x9e3779b97f4a7c15ull ^ b->tag ^ ((uint64_t)idx << 1);
+    rng_next(&rng);
+    return rng;
+}
+
+static void next_word(uint64_t *rng, char word[5]) {
+    word[0] = ' ';
+    memcpy(word + 1, WORDS + 4 * (rng_next(rng) >> 58), 4);
+}
+
+/* The request line and headers of a POST /v1/completions with a body of len bytes. */
+static int send_head(worker *w, int fd, size_t len, double deadline, char *err, size_t errlen) {
     const bench *b = w->b;
-    size_t body = b->body_head_len + (size_t)b->prompt_len * 5 - 1 + b->body_tail_len;
     char head[2 * MAX_NAME + 1024];
     int hn = snprintf(head, sizeof head,
                       "POST %s/v1/completions HTTP/1.1\r\nHost: %s\r\nUser-Agent: arka-bench\r\n"
                       "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n%s%s%s\r\n",
-                      b->tgt.prefix, b->tgt.authority, body, b->api_key ? "Authorization: Bearer " : "",
+                      b->tgt.prefix, b->tgt.authority, len, b->api_key ? "Authorization: Bearer " : "",
                       b->api_key ? b->api_key : "", b->api_key ? "\r\n" : "");
     w->wlen = 0;
-    int rc = out_put(w, fd, head, (size_t)hn, deadline, err, errlen);
+    return out_put(w, fd, head, (size_t)hn, deadline, err, errlen);
+}
+
+/* Sends POST /v1/completions with request idx's prompt, drawn word by word. */
+static int send_completion(worker *w, int fd, int64_t idx, double deadline, char *err, size_t errlen) {
+    const bench *b = w->b;
+    int n_words = b->prefix_len + b->prompt_len;
+    size_t body = b->body_head_len + (size_t)n_words * 5 - 1 + b->body_tail_len;
+    int rc = send_head(w, fd, body, deadline, err, errlen);
     if (!rc) rc = out_put(w, fd, b->body_head, b->body_head_len, deadline, err, errlen);
-    uint64_t rng = (uint64_t)b->seed * 0x9e3779b97f4a7c15ull ^ b->tag ^ ((uint64_t)idx << 1);
-    rng_next(&rng);
-    for (int i = 0; i < b->prompt_len && !rc; i++) {
-        char word[5] = " ";
-        memcpy(word + 1, WORDS + 4 * (rng_next(&rng) >> 58), 4);
+    uint64_t pre = prefix_rng(b), own = own_rng(b, idx);
+    for (int i = 0; i < n_words && !rc; i++) {
+        char word[5];
+        next_word(i < b->prefix_len ? &pre : &own, word);
         rc = i ? out_put(w, fd, word, 5, deadline, err, errlen) : out_put(w, fd, word + 1, 4, deadline, err, errlen);
     }
     if (!rc) rc = out_put(w, fd, b->body_tail, b->body_tail_len, deadline, err, errlen);
     if (!rc) rc = send_all(fd, w->wbuf, w->wlen, deadline, err, errlen);
+    return rc;
+}
+
+/* Sends the body w->body holds (a multi-turn conversation). */
+static int send_body(worker *w, int fd, double deadline, char *err, size_t errlen) {
+    int rc = send_head(w, fd, w->body.len, deadline, err, errlen);
+    if (!rc) rc = send_all(fd, w->wbuf, w->wlen, deadline, err, errlen);
+    if (!rc) rc = send_all(fd, w->body.p, w->body.len, deadline, err, errlen);
     return rc;
 }
 
@@ -668,6 +722,12 @@ static int on_event(worker *w, const char *data, size_t len, double now, char *e
         goto out;
     }
     const cm_json *text = cm_json_get(cm_json_at(cm_json_get(root, "choices"), 0), "text");
+    if (text && text->type == CM_JSON_STRING && text->str_len && w->b->workload == WL_MULTI &&
+        gbuf_add(&w->answer, text->str, text->str_len)) {
+        snprintf(err, errlen, "an answer over %zu bytes", w->answer.max - 1);
+        rc = CM_ETOOBIG;
+        goto out;
+    }
     if (text && text->type == CM_JSON_STRING && text->str_len) {
         if (!r->chunks) {
             r->t_first = now;
@@ -706,6 +766,12 @@ static int on_event(worker *w, const char *data, size_t len, double now, char *e
             r->have_usage = 1;
             r->completion_tokens = ct;
             r->prompt_tokens = pt;
+        }
+        int64_t cached = -1;
+        if (!cm_json_get_int(cm_json_get(u, "prompt_tokens_details"), "cached_tokens", &cached) && cached >= 0 &&
+            cached <= INT32_MAX) {
+            r->have_cached = 1;
+            r->cached_tokens = cached;
         }
     }
 out:
@@ -789,6 +855,7 @@ static void finish(worker *w, int64_t idx, int rc, const char *err) {
     q->e2e = r->t_done - r->t_send;
     q->tpot = out > 1 && r->chunks ? (q->e2e - q->ttft) / (double)(out - 1) : -1;
     q->prompt_tokens = r->have_usage && r->prompt_tokens >= 0 ? (int32_t)r->prompt_tokens : -1;
+    q->cached_tokens = r->have_cached ? (int32_t)r->cached_tokens : -1;
     q->output_tokens = (int32_t)(out < INT32_MAX ? out : INT32_MAX);
     for (size_t i = 0; i < w->n_gaps; i++) {
         w->hist[hist_bin(w->gaps[i])]++;
@@ -803,14 +870,15 @@ static void run_request(worker *w, int64_t idx) {
     req_state *r = &w->r;
     memset(r, 0, sizeof *r);
     w->n_gaps = 0;
-    w->line.len = w->event.len = w->errbody.len = 0;
+    w->line.len = w->event.len = w->errbody.len = w->answer.len = 0;
     w->ev_has = 0;
     char err[256] = "";
     int fd = -1;
     r->t_send = cm_time_s();
     http_in in = { .deadline = r->t_send + b->timeout, .buf = w->rbuf, .cap = READ_BUF };
     int rc = conn_open(&b->tgt, in.deadline, &fd, err, sizeof err);
-    if (!rc) rc = send_completion(w, fd, idx, in.deadline, err, sizeof err);
+    if (!rc) rc = b->workload == WL_MULTI ? send_body(w, fd, in.deadline, err, sizeof err)
+                                         : send_completion(w, fd, idx, in.deadline, err, sizeof err);
     in.fd = fd;
     if (!rc) rc = http_read_head(&in, err, sizeof err);
     if (!rc && in.status != 200) {
@@ -876,7 +944,7 @@ static int run_phase(bench *b, int64_t n, double rate, double *t0, double *t1, c
     }
     pthread_attr_destroy(&a);
     *t0 = cm_time_s();
-    if (rc || rate == 0 || isinf(rate)) {
+    if (rc || (!(b->interval > 0) && (rate == 0 || isinf(rate)))) {
         pthread_mutex_lock(&b->mu);
         if (rc) b->stop = 1;
         else b->released = n;
@@ -887,8 +955,16 @@ static int run_phase(bench *b, int64_t n, double rate, double *t0, double *t1, c
         double t = *t0;
         for (int64_t i = 0; i < n; i++) {
             if (i) {
-                t += -log1p(-rng_u01(&rng)) / rate; /* exponential gaps: Poisson arrivals */
+                /* exponential gaps: Poisson arrivals; or fixed ones */
+                t += b->interval > 0 ? b->interval : -log1p(-rng_u01(&rng)) / rate;
                 sleep_until(t);
+            }
+            if (b->until && *b->until) { /* the run this one goes beside has ended: no more */
+                pthread_mutex_lock(&b->mu);
+                b->phase_n = b->released;
+                pthread_cond_broadcast(&b->cv);
+                pthread_mutex_unlock(&b->mu);
+                break;
             }
             pthread_mutex_lock(&b->mu);
             b->released = i + 1;
@@ -896,6 +972,73 @@ static int run_phase(bench *b, int64_t n, double rate, double *t0, double *t1, c
             pthread_mutex_unlock(&b->mu);
         }
     }
+    for (int i = 0; i < started; i++) pthread_join(b->w[i].th, NULL);
+    *t1 = cm_time_s();
+    return rc;
+}
+
+/* Appends word to the text in g, with a space before it unless g is empty. */
+static int gbuf_word(gbuf *g, const char word[5]) { return g->len ? gbuf_add(g, word, 5) : gbuf_add(g, word + 1, 4); }
+
+/* One conversation of the multi-turn workload per worker: turn after turn, each sending the
+ * conversation so far with new words and adding the server's answer to it. A failed turn ends
+ * the conversation (its later turns count as failed). */
+static void *user_main(void *arg) {
+    worker *w = arg;
+    bench *b = w->b;
+    int64_t u = w - b->w;
+    char word[5];
+    int rc = 0;
+    w->conv.len = 0;
+    uint64_t pre = prefix_rng(b);
+    for (int i = 0; i < b->prefix_len && !rc; i++) {
+        next_word(&pre, word);
+        rc = gbuf_word(&w->conv, word);
+    }
+    int t = 0;
+    for (; t < b->turns && !rc; t++) {
+        int64_t idx = u * b->turns + t;
+        uint64_t own = own_rng(b, idx);
+        for (int i = 0; i < b->prompt_len && !rc; i++) {
+            next_word(&own, word);
+            rc = gbuf_word(&w->conv, word);
+        }
+        w->body.len = 0;
+        if (!rc) rc = gbuf_add(&w->body, b->body_head, b->body_head_len);
+        if (!rc) rc = gbuf_json_str(&w->body, w->conv.p);
+        if (!rc) rc = gbuf_add(&w->body, b->body_tail, b->body_tail_len);
+        if (rc) break;
+        run_request(w, idx);
+        if (!b->res[idx].ok || (rc = gbuf_add(&w->conv, w->answer.p ? w->answer.p : "", w->answer.len))) {
+            t++;
+            break;
+        }
+    }
+    /* the turns not sent (or whose answer did not fit) failed */
+    pthread_mutex_lock(&b->mu);
+    if (rc && !b->first_err[0]) snprintf(b->first_err, sizeof b->first_err, "a conversation over %zu bytes", w->conv.max - 1);
+    b->failed += b->turns - t;
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Runs the multi-turn workload: one thread per conversation. *t0, *t1: start, last end. */
+static int run_users(bench *b, double *t0, double *t1, char *err, size_t errlen) {
+    int started = 0, rc = 0;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, WORKER_STACK);
+    *t0 = cm_time_s();
+    for (; started < b->users; started++) {
+        int e = pthread_create(&b->w[started].th, &a, user_main, &b->w[started]);
+        if (e) {
+            char eb[128];
+            snprintf(err, errlen, "cannot start conversation thread %d of %d: %s", started + 1, b->users, errstr(e, eb, sizeof eb));
+            rc = CM_ENOMEM;
+            break;
+        }
+    }
+    pthread_attr_destroy(&a);
     for (int i = 0; i < started; i++) pthread_join(b->w[i].th, NULL);
     *t1 = cm_time_s();
     return rc;
@@ -995,6 +1138,7 @@ static void stats_hist(const uint64_t *h, uint64_t n, double sum, stats *s) {
 typedef struct {
     int64_t completed, failed, out_tokens, prompt_tokens, n_prompt;
     int64_t no_text; /* completed streams that carried no text (no TTFT) */
+    int64_t cached_tokens, n_cached; /* usage's cached_tokens, over the requests that reported it */
     double  duration;
     stats   ttft, itl, tpot, e2e;
 } report;
@@ -1021,6 +1165,7 @@ static int summarise(bench *b, double duration, report *R) {
         R->no_text += b->res[i].ttft < 0;
         R->out_tokens += q->output_tokens;
         if (q->prompt_tokens >= 0) R->prompt_tokens += q->prompt_tokens, R->n_prompt++;
+        if (q->cached_tokens >= 0) R->cached_tokens += q->cached_tokens, R->n_cached++;
     }
     int64_t k = gather(b, v, 0);
     stats_exact(v, k, &R->ttft);
@@ -1047,18 +1192,27 @@ static void print_row(const char *name, const stats *s) {
     else printf("%-10s %10.2f %10.2f %10.2f %10.2f\n", name, s->mean * 1e3, s->p50 * 1e3, s->p90 * 1e3, s->p99 * 1e3);
 }
 
+static const char *const WORKLOADS[] = { "random", "shared-prefix", "multi-turn", "tenants" };
+
 static void print_report(const bench *b, const report *R) {
     double d = R->duration > 0 ? R->duration : 1e-9;
-    printf("arka bench serve: %s, model %s\n", b->url, b->model);
-    if (b->rate == 0 || isinf(b->rate)) printf("arrivals            all at once, concurrency %d\n", b->conc);
+    printf("arka bench serve: %s, model %s, workload %s\n", b->url, b->model, WORKLOADS[b->workload]);
+    if (b->workload == WL_MULTI)
+        printf("arrivals            %d conversations of %d turns, each turn when the one before has ended\n", b->users, b->turns);
+    else if (b->interval > 0) printf("arrivals            one every %.3g s\n", b->interval);
+    else if (b->rate == 0 || isinf(b->rate)) printf("arrivals            all at once, concurrency %d\n", b->conc);
     else printf("arrivals            Poisson %.3g req/s (seed %lld), concurrency %d\n", b->rate, (long long)b->seed,
                 b->conc);
+    if (b->prefix_len) printf("shared prefix       %d words before every prompt\n", b->prefix_len);
     printf("requests            %d: %lld completed (%lld of them without text), %lld failed\n", b->n, (long long)R->completed,
            (long long)R->no_text, (long long)R->failed);
     if (R->n_prompt)
         printf("prompt tokens       %d words asked, mean %.1f tokens (server's count)\n", b->prompt_len,
                (double)R->prompt_tokens / (double)R->n_prompt);
     else printf("prompt tokens       %d words asked (the server reported no usage)\n", b->prompt_len);
+    if (R->n_cached && R->prompt_tokens)
+        printf("cached tokens       mean %.1f (%.1f %% of the prompt tokens, from the server's usage)\n",
+               (double)R->cached_tokens / (double)R->n_cached, 100.0 * (double)R->cached_tokens / (double)R->prompt_tokens);
     printf("max tokens          %d\n", b->max_tokens);
     printf("duration            %.3f s\n", R->duration);
     printf("request throughput  %.3f req/s\n", (double)R->completed / d);
@@ -1072,14 +1226,32 @@ static void print_report(const bench *b, const report *R) {
     if (R->failed) printf("first error         %s\n", b->first_err);
 }
 
-static void json_stats(FILE *f, const char *name, const stats *s) {
-    fprintf(f, "  \"%s\": ", name);
-    if (!s->n) fprintf(f, "null,\n");
-    else fprintf(f, "{\"n\": %lld, \"mean\": %.4f, \"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f},\n", (long long)s->n,
+static void json_stats_obj(FILE *f, const stats *s) {
+    if (!s->n) fprintf(f, "null");
+    else fprintf(f, "{\"n\": %lld, \"mean\": %.4f, \"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}", (long long)s->n,
                  s->mean * 1e3, s->p50 * 1e3, s->p90 * 1e3, s->p99 * 1e3);
 }
 
-static int write_json(const bench *b, const report *R, char *err, size_t errlen) {
+static void json_stats(FILE *f, const char *name, const stats *s) {
+    fprintf(f, "  \"%s\": ", name);
+    json_stats_obj(f, s);
+    fprintf(f, ",\n");
+}
+
+/* A report's counts and latencies as one JSON object (the tenants workload's B runs). */
+static void json_sub(FILE *f, const char *name, const report *R) {
+    fprintf(f, "  \"%s\": {\"completed\": %lld, \"failed\": %lld, \"duration_s\": %.6f, \"ttft_ms\": ", name,
+            (long long)R->completed, (long long)R->failed, R->duration);
+    json_stats_obj(f, &R->ttft);
+    fprintf(f, ", \"e2e_ms\": ");
+    json_stats_obj(f, &R->e2e);
+    fprintf(f, "},\n");
+}
+
+/* The tenants workload's B runs, written with the main report (NULL otherwise). */
+typedef struct { report alone, beside; } b_runs;
+
+static int write_json(const bench *b, const report *R, const b_runs *B, char *err, size_t errlen) {
     FILE *f = fopen(b->json_path, "w");
     char eb[128];
     if (!f) {
@@ -1087,7 +1259,7 @@ static int write_json(const bench *b, const report *R, char *err, size_t errlen)
         return CM_EIO;
     }
     double d = R->duration > 0 ? R->duration : 1e-9;
-    fprintf(f, "{\n  \"url\": ");
+    fprintf(f, "{\n  \"workload\": \"%s\",\n  \"url\": ", WORKLOADS[b->workload]);
     json_str(f, b->url);
     fprintf(f, ",\n  \"model\": ");
     json_str(f, b->model);
@@ -1106,6 +1278,16 @@ static int write_json(const bench *b, const report *R, char *err, size_t errlen)
             (double)(R->out_tokens + R->prompt_tokens) / d, (long long)R->out_tokens, (long long)R->prompt_tokens);
     if (R->n_prompt) fprintf(f, "  \"mean_prompt_tokens\": %.3f,\n", (double)R->prompt_tokens / (double)R->n_prompt);
     else fprintf(f, "  \"mean_prompt_tokens\": null,\n");
+    if (R->n_cached) fprintf(f, "  \"mean_cached_tokens\": %.3f,\n", (double)R->cached_tokens / (double)R->n_cached);
+    else fprintf(f, "  \"mean_cached_tokens\": null,\n");
+    fprintf(f, "  \"prefix_len\": %d,\n  \"users\": %d,\n  \"turns\": %d,\n", b->prefix_len, b->users, b->turns);
+    if (B) {
+        json_sub(f, "b_alone", &B->alone);
+        json_sub(f, "b_beside_a", &B->beside);
+        if (B->alone.ttft.n && B->beside.ttft.n)
+            fprintf(f, "  \"b_ttft_ratio\": {\"p50\": %.4f, \"p99\": %.4f},\n", B->beside.ttft.p50 / B->alone.ttft.p50,
+                    B->beside.ttft.p99 / B->alone.ttft.p99);
+    }
     json_stats(f, "ttft_ms", &R->ttft);
     json_stats(f, "itl_ms", &R->itl);
     json_stats(f, "tpot_ms", &R->tpot);
@@ -1136,6 +1318,7 @@ static int bench_alloc(bench *b) {
         w->gaps = malloc(w->gaps_cap * sizeof *w->gaps);
         w->line.max = w->event.max = LINE_CAP;
         w->errbody.max = ERRBODY_CAP;
+        w->conv.max = w->body.max = w->answer.max = CONV_CAP;
         if (!w->rbuf || !w->wbuf || !w->gaps) return CM_ENOMEM;
     }
     return 0;
@@ -1150,6 +1333,9 @@ static void bench_free(bench *b) {
         free(w->line.p);
         free(w->event.p);
         free(w->errbody.p);
+        free(w->conv.p);
+        free(w->body.p);
+        free(w->answer.p);
     }
     free(b->w);
     free(b->res);
@@ -1180,24 +1366,116 @@ static int build_body(bench *b) {
     return 0;
 }
 
+/* A run of tenant B's beside the main run b: b's options with B's key, n requests, interval
+ * seconds apart, its own prompts (tag). */
+static int bench_init_b(bench *d, const bench *b, const char *key, int n, double interval, uint64_t tag) {
+    *d = *b;
+    d->api_key = key;
+    d->n = n;
+    d->n_workers = n < 16 ? n : 16;
+    d->conc = d->n_workers;
+    d->interval = interval;
+    d->until = NULL;
+    d->tag = tag;
+    d->record = 1;
+    d->res = NULL;
+    d->w = NULL;
+    d->body_head = NULL;
+    d->failed = 0;
+    d->first_err[0] = 0;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    return build_body(d) || bench_alloc(d) ? CM_ENOMEM : 0;
+}
+
+static void bench_fini(bench *b) {
+    bench_free(b);
+    free(b->body_tail); /* its own (bench_init_b built it) */
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+}
+
+typedef struct { bench *b; double t0, t1; int rc; char err[512]; volatile int *done; } phase_arg;
+
+static void *phase_main(void *arg) {
+    phase_arg *a = arg;
+    a->rc = run_phase(a->b, a->b->n, INFINITY, &a->t0, &a->t1, a->err, sizeof a->err);
+    *a->done = 1;
+    return NULL;
+}
+
+static void print_b(const char *what, const report *R) {
+    printf("tenant B %-10s %lld completed, %lld failed; ms TTFT p50 %.2f p99 %.2f, E2E p50 %.2f p99 %.2f\n", what,
+           (long long)R->completed, (long long)R->failed, R->ttft.p50 * 1e3, R->ttft.p99 * 1e3, R->e2e.p50 * 1e3,
+           R->e2e.p99 * 1e3);
+}
+
+/* The tenants workload: B alone, then A all at once with B beside it. Fills R (A) and B. */
+static int run_tenants(bench *b, const char *key_b, int b_requests, double interval, report *R, b_runs *B, char *err,
+                       size_t errlen) {
+    bench alone, beside;
+    volatile int a_done = 0;
+    int rc = bench_init_b(&alone, b, key_b, b_requests, interval, 0x42414c4f4e450000ull);
+    int rc2 = bench_init_b(&beside, b, key_b, MAX_B_BESIDE, interval, 0x4245534944450000ull);
+    if (!rc) rc = rc2;
+    if (rc) snprintf(err, errlen, "out of memory");
+    double t0, t1;
+    if (!rc && !(rc = run_phase(&alone, b_requests, INFINITY, &t0, &t1, err, errlen))) rc = summarise(&alone, t1 - t0, &B->alone);
+    if (!rc) {
+        beside.until = &a_done;
+        phase_arg a = { .b = b, .done = &a_done };
+        pthread_t th;
+        if ((rc = pthread_create(&th, NULL, phase_main, &a))) {
+            snprintf(err, errlen, "cannot start tenant A's run");
+            rc = CM_ENOMEM;
+        } else {
+            double u0, u1;
+            int rb = run_phase(&beside, MAX_B_BESIDE, INFINITY, &u0, &u1, err, errlen);
+            pthread_join(th, NULL);
+            if (a.rc) snprintf(err, errlen, "%s", a.err);
+            rc = a.rc ? a.rc : rb;
+            beside.n = (int)beside.released;
+            if (!rc) rc = summarise(b, a.t1 - a.t0, R);
+            if (!rc) rc = summarise(&beside, u1 - u0, &B->beside);
+        }
+    }
+    if (!rc && alone.failed + beside.failed)
+        fprintf(stderr, "arka bench serve: %lld of tenant B's requests failed, first: %s\n", (long long)(alone.failed + beside.failed),
+                alone.failed ? alone.first_err : beside.first_err);
+    bench_fini(&alone);
+    bench_fini(&beside);
+    return rc;
+}
+
 int bench_serve(int argc, char **argv) {
-    bench b = { .rate = INFINITY, .timeout = 300, .prompt_len = 128, .max_tokens = 128 };
     const char *rf_path = NULL;
+    bench b = { .rate = INFINITY, .timeout = 300, .prompt_len = 128, .max_tokens = 128, .prefix_len = -1, .users = 8,
+                .turns = 4 };
+    const char *workload = "random", *api_key_b = NULL;
+    double b_interval = 0.5;
+    int b_requests = 10;
     cm_opt opts[] = {
         { "url", 0, CM_OPT_STR, &b.url, "server base URL: http://HOST[:PORT][/PREFIX] (required)" },
-        { "requests", 'n', CM_OPT_INT, &b.n, "requests to measure, 1..1000000 (required)" },
+        { "requests", 'n', CM_OPT_INT, &b.n, "requests to measure, 1..1000000 (required; multi-turn: users x turns)" },
         { "rate", 0, CM_OPT_F64, &b.rate, "Poisson arrival rate in requests/s (default inf; 0 or inf: all at once)" },
         { "concurrency", 'c', CM_OPT_INT, &b.concurrency, "most requests in flight, 1..1024 (default: requests, at most 1024)" },
         { "prompt-len", 0, CM_OPT_INT, &b.prompt_len, "prompt length in words, about one token each (default 128)" },
         { "max-tokens", 0, CM_OPT_INT, &b.max_tokens, "tokens to generate per request (default 128)" },
         { "model", 'm', CM_OPT_STR, &b.model, "model name to request (default: the first id from GET /v1/models)" },
-        { "api-key", 0, CM_OPT_STR, &b.api_key, "send 'Authorization: Bearer KEY'" },
+        { "api-key", 0, CM_OPT_STR, &b.api_key, "send 'Authorization: Bearer KEY' (tenants: tenant A's key)" },
         { "seed", 0, CM_OPT_I64, &b.seed, "seed of the arrival times and prompt words (default 0)" },
         { "timeout", 0, CM_OPT_F64, &b.timeout, "limit per request in seconds (default 300)" },
         { "warmup", 0, CM_OPT_INT, &b.warmup, "requests sent all at once before the run and not counted (default 0)" },
         { "json", 0, CM_OPT_STR, &b.json_path, "also write the results as JSON to FILE" },
         { "response-format", 0, CM_OPT_STR, &rf_path, "send every request with the response_format in FILE (JSON), to measure "
                                                       "constrained decoding (instead of ignore_eos: the grammar ends the output)" },
+        { "workload", 0, CM_OPT_STR, &workload, "random | shared-prefix | multi-turn | tenants (default random)" },
+        { "prefix-len", 0, CM_OPT_INT, &b.prefix_len, "words every prompt starts with, the same for all (default: shared-prefix 2000, else 0)" },
+        { "users", 0, CM_OPT_INT, &b.users, "multi-turn: conversations at once (default 8)" },
+        { "turns", 0, CM_OPT_INT, &b.turns, "multi-turn: requests per conversation (default 4)" },
+        { "api-key-b", 0, CM_OPT_STR, &api_key_b, "tenants: tenant B's key (required there)" },
+        { "b-interval", 0, CM_OPT_F64, &b_interval, "tenants: seconds between B's requests (default 0.5)" },
+        { "b-requests", 0, CM_OPT_INT, &b_requests, "tenants: B's requests alone, before A's run (default 10)" },
         { 0 } };
     char err[512], host[256], port[8], model[MAX_NAME + 1];
     int npos;
@@ -1207,22 +1485,40 @@ int bench_serve(int argc, char **argv) {
             fprintf(stderr, "arka bench serve: %s\n", err);
             return 2;
         }
-        printf("usage: arka bench serve --url URL --requests N [--rate R] [--prompt-len L] [--max-tokens M] [options]\n");
+        printf("usage: arka bench serve --url URL --requests N [--rate R] [--prompt-len L] [--max-tokens M] [options]\n"
+               "       --workload shared-prefix [--prefix-len 2000] | multi-turn --users U --turns T |\n"
+               "       tenants --api-key KEY_A --api-key-b KEY_B [--b-interval 0.5] [--b-requests 10]\n");
         cm_config_usage(opts, stdout);
         return 0;
     }
     const char *bad = NULL;
+    b.workload = -1;
+    for (int i = 0; i < (int)(sizeof WORKLOADS / sizeof *WORKLOADS); i++)
+        if (!strcmp(workload, WORKLOADS[i])) b.workload = i;
+    if (b.prefix_len < 0) b.prefix_len = b.workload == WL_SHARED ? 2000 : 0;
+    if (b.workload == WL_MULTI && !b.n && b.users > 0 && b.turns > 0 && (int64_t)b.users * b.turns <= MAX_REQUESTS)
+        b.n = b.users * b.turns;
     if (npos) bad = "unexpected argument (all options are --name value)";
+    else if (b.workload < 0) bad = "--workload must be random, shared-prefix, multi-turn or tenants";
     else if (!b.url || !*b.url) bad = "--url is required";
+    else if (b.workload == WL_MULTI && (b.users < 1 || b.users > MAX_CONCURRENCY || b.turns < 1 || b.turns > 10000))
+        bad = "--users must be 1..1024 and --turns 1..10000";
+    else if (b.workload == WL_MULTI && b.n != b.users * b.turns) bad = "multi-turn: --requests must be --users x --turns (or left out)";
+    else if (b.workload == WL_MULTI && b.warmup) bad = "multi-turn takes no --warmup";
     else if (b.n < 1 || b.n > MAX_REQUESTS) bad = "--requests must be 1..1000000";
     else if (isnan(b.rate) || b.rate < 0) bad = "--rate must be >= 0 (0 or inf: all at once)";
     else if (b.concurrency < 0 || b.concurrency > MAX_CONCURRENCY) bad = "--concurrency must be 1..1024";
     else if (b.prompt_len < 1 || b.prompt_len > MAX_PROMPT_LEN) bad = "--prompt-len must be 1..1048576";
+    else if (b.prefix_len > MAX_PROMPT_LEN) bad = "--prefix-len must be 0..1048576";
     else if (b.max_tokens < 1 || b.max_tokens > MAX_OUT_TOKENS) bad = "--max-tokens must be 1..1048576";
     else if (b.warmup < 0 || b.warmup > MAX_WARMUP) bad = "--warmup must be 0..10000";
     else if (!(b.timeout > 0) || b.timeout > 1e6) bad = "--timeout must be a number of seconds > 0";
     else if (b.model && (!*b.model || strlen(b.model) > MAX_NAME)) bad = "--model must be 1..1024 bytes";
     else if (b.api_key && (strlen(b.api_key) > MAX_NAME || strpbrk(b.api_key, "\r\n"))) bad = "bad --api-key";
+    else if (b.workload == WL_TENANTS && (!api_key_b || !*api_key_b || strlen(api_key_b) > MAX_NAME || strpbrk(api_key_b, "\r\n")))
+        bad = "tenants: --api-key-b KEY is required (tenant B's key; --api-key is tenant A's)";
+    else if (b.workload == WL_TENANTS && (!(b_interval > 0) || b_interval > 3600 || b_requests < 1 || b_requests > MAX_REQUESTS))
+        bad = "tenants: --b-interval must be > 0 s and --b-requests 1..1000000";
     if (bad) {
         fprintf(stderr, "arka bench serve: %s (see --help)\n", bad);
         return 2;
@@ -1255,13 +1551,14 @@ int bench_serve(int argc, char **argv) {
     }
     int conc = b.concurrency ? b.concurrency : MAX_CONCURRENCY;
     int most = b.n > b.warmup ? b.n : b.warmup;
-    b.n_workers = conc < most ? conc : most;
-    b.conc = conc < b.n ? conc : b.n;
+    b.n_workers = b.workload == WL_MULTI ? b.users : conc < most ? conc : most;
+    b.conc = b.workload == WL_MULTI ? b.users : conc < b.n ? conc : b.n;
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
     int rc = 1;
     double t0, t1;
     report R;
+    b_runs B;
     if (build_body(&b) || bench_alloc(&b)) {
         fprintf(stderr, "arka bench serve: out of memory\n");
         goto out;
@@ -1281,17 +1578,27 @@ int bench_serve(int argc, char **argv) {
     }
     b.record = 1;
     b.tag = 0;
-    if (run_phase(&b, b.n, b.rate, &t0, &t1, err, sizeof err)) {
-        fprintf(stderr, "arka bench serve: %s\n", err);
+    int prc = b.workload == WL_MULTI   ? run_users(&b, &t0, &t1, err, sizeof err)
+              : b.workload == WL_TENANTS ? run_tenants(&b, api_key_b, b_requests, b_interval, &R, &B, err, sizeof err)
+                                         : run_phase(&b, b.n, b.rate, &t0, &t1, err, sizeof err);
+    if (prc) {
+        fprintf(stderr, "arka bench serve: %s\n", prc == CM_ENOMEM && !*err ? "out of memory" : err);
         goto out;
     }
-    if (summarise(&b, t1 - t0, &R)) {
+    if (b.workload != WL_TENANTS && summarise(&b, t1 - t0, &R)) {
         fprintf(stderr, "arka bench serve: out of memory\n");
         goto out;
     }
     print_report(&b, &R);
+    if (b.workload == WL_TENANTS) {
+        print_b("alone", &B.alone);
+        print_b("beside A", &B.beside);
+        if (B.alone.ttft.n && B.beside.ttft.n)
+            printf("tenant B TTFT beside A / alone: p50 %.2fx, p99 %.2fx\n", B.beside.ttft.p50 / B.alone.ttft.p50,
+                   B.beside.ttft.p99 / B.alone.ttft.p99);
+    }
     fflush(stdout);
-    if (b.json_path && write_json(&b, &R, err, sizeof err)) {
+    if (b.json_path && write_json(&b, &R, b.workload == WL_TENANTS ? &B : NULL, err, sizeof err)) {
         fprintf(stderr, "arka bench serve: %s\n", err);
         goto out;
     }

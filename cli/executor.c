@@ -31,6 +31,7 @@ int cli_executor(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.engine.max_seqs, "sequences per step (0 = cpu 64, cuda from the device)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.engine.max_tokens, "token budget per step (0 = cpu 512, cuda from the device and model)" },
         { "max-waiting", 0, CM_OPT_INT, &o.max_waiting, "queued requests before the executor refuses (0 = 1024)" },
+        { "no-prefix-cache", 0, CM_OPT_BOOL, &o.no_prefix_cache, "compute every prompt in full (no reuse of cached prefixes' KV)" },
         { 0 },
     };
     char err[512];

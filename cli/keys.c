@@ -13,7 +13,7 @@
 #include <time.h>
 
 static void usage(FILE *f, const cm_opt *opts) {
-    fprintf(f, "usage: arka keys create --tenant T [--rpm N] [--tpm N] [--concurrency N] [--daily-tokens N] [--models a,b] STORE\n"
+    fprintf(f, "usage: arka keys create --tenant T [--rpm N] [--tpm N] [--concurrency N] [--daily-tokens N] [--weight W] [--models a,b] STORE\n"
                "       arka keys list STORE\n"
                "       arka keys revoke ID|KEY STORE\n"
                "       arka keys usage STORE\n"
@@ -23,7 +23,9 @@ static void usage(FILE *f, const cm_opt *opts) {
                "create prints the new key once; only its HMAC-SHA256 is stored. 0 means unlimited for\n"
                "--rpm, --tpm, --concurrency and --daily-tokens. The secret comes from --auth-secret\n"
                "(ARKA_AUTH_SECRET) or the file F.secret (created 0600 on first use). A running server\n"
-               "picks up changes to the keys file within a second.\n\n");
+               "picks up changes to the keys file within a second. --weight sets the key's share when\n"
+               "tenants compete for an executor (fair share: a tenant of weight 2 gets twice the share of\n"
+               "one of weight 1; a tenant's weight is that of the key its latest request came with).\n\n");
     cm_config_usage(opts, f);
 }
 
@@ -42,13 +44,17 @@ static const char *lim(int64_t v, char *buf, size_t cap) {
 }
 
 static int cmd_create(const char *file, const char *redis, const char *secret_opt, const char *tenant, const char *models, int64_t rpm,
-                      int64_t tpm, int64_t conc, int64_t daily) {
+                      int64_t tpm, int64_t conc, int64_t daily, int64_t weight) {
     if (!gw_tenant_valid(tenant)) {
         fprintf(stderr, "arka keys: --tenant '%s': expected 1..63 of [A-Za-z0-9._-]\n", tenant ? tenant : "");
         return 2;
     }
     if (rpm < 0 || tpm < 0 || conc < 0 || daily < 0) {
         fprintf(stderr, "arka keys: limits must not be negative (0 = unlimited)\n");
+        return 2;
+    }
+    if (weight < 1 || weight > GW_WEIGHT_MAX) {
+        fprintf(stderr, "arka keys: --weight %lld: expected 1..%d\n", (long long)weight, GW_WEIGHT_MAX);
         return 2;
     }
     gw_key k;
@@ -60,7 +66,7 @@ static int cmd_create(const char *file, const char *redis, const char *secret_op
         return 2;
     }
     snprintf(k.models, sizeof k.models, "%s", models);
-    k.rpm = rpm, k.tpm = tpm, k.concurrency = conc, k.daily_tokens = daily, k.enabled = 1;
+    k.rpm = rpm, k.tpm = tpm, k.concurrency = conc, k.daily_tokens = daily, k.weight = weight, k.enabled = 1;
     k.created = (int64_t)time(NULL);
     uint8_t secret[256];
     size_t slen;
@@ -95,12 +101,13 @@ static int cmd_list(const char *file, const char *redis) {
         fprintf(stderr, "arka keys: %s\n", err);
         return 1;
     }
-    printf("%-12s  %-20s  %-7s  %8s  %10s  %5s  %12s  %-20s  %s\n", "id", "tenant", "enabled", "rpm", "tpm", "conc",
-           "daily-tokens", "created", "models");
+    printf("%-12s  %-20s  %-7s  %8s  %10s  %5s  %12s  %6s  %-20s  %s\n", "id", "tenant", "enabled", "rpm", "tpm", "conc",
+           "daily-tokens", "weight", "created", "models");
     for (int i = 0; i < n; i++)
-        printf("%-12s  %-20s  %-7s  %8s  %10s  %5s  %12s  %-20s  %s\n", ks[i].id, ks[i].tenant, ks[i].enabled ? "yes" : "revoked",
-               lim(ks[i].rpm, a, sizeof a), lim(ks[i].tpm, b, sizeof b), lim(ks[i].concurrency, c, sizeof c),
-               lim(ks[i].daily_tokens, d, sizeof d), day_str(ks[i].created, t, sizeof t), ks[i].models);
+        printf("%-12s  %-20s  %-7s  %8s  %10s  %5s  %12s  %6lld  %-20s  %s\n", ks[i].id, ks[i].tenant,
+               ks[i].enabled ? "yes" : "revoked", lim(ks[i].rpm, a, sizeof a), lim(ks[i].tpm, b, sizeof b),
+               lim(ks[i].concurrency, c, sizeof c), lim(ks[i].daily_tokens, d, sizeof d),
+               (long long)(ks[i].weight ? ks[i].weight : 1), day_str(ks[i].created, t, sizeof t), ks[i].models);
     free(ks);
     return 0;
 }
@@ -177,7 +184,7 @@ static int cmd_usage(const char *file, const char *redis) {
 
 int cli_keys(int argc, char **argv) {
     const char *file = NULL, *redis = NULL, *secret = NULL, *tenant = NULL, *models = "*";
-    int64_t rpm = 60, tpm = 100000, conc = 8, daily = 0;
+    int64_t rpm = 60, tpm = 100000, conc = 8, daily = 0, weight = 1;
     cm_opt opts[] = {
         { "keys-file", 0, CM_OPT_STR, &file, "the keys file (one key per line, hashes only; see config/keys.conf)" },
         { "redis", 0, CM_OPT_STR, &redis, "redis://HOST:PORT[/DB]: keys in Redis (shared by gateways) instead of a file" },
@@ -188,6 +195,7 @@ int cli_keys(int argc, char **argv) {
         { "tpm", 0, CM_OPT_I64, &tpm, "create: tokens per minute (default 100000; 0 = unlimited)" },
         { "concurrency", 0, CM_OPT_I64, &conc, "create: requests in flight (default 8; 0 = unlimited)" },
         { "daily-tokens", 0, CM_OPT_I64, &daily, "create: tokens per UTC day (default 0 = no budget)" },
+        { "weight", 0, CM_OPT_I64, &weight, "create: fair-share weight between tenants, 1..1000 (default 1)" },
         { 0 },
     };
     char err[512];
@@ -219,7 +227,7 @@ int cli_keys(int argc, char **argv) {
         fprintf(stderr, "arka keys %s: %s\n", cmd, npos < want ? "which key? give its id" : "unexpected argument");
         return 2;
     }
-    if (!strcmp(cmd, "create")) return cmd_create(file, redis, secret, tenant, models, rpm, tpm, conc, daily);
+    if (!strcmp(cmd, "create")) return cmd_create(file, redis, secret, tenant, models, rpm, tpm, conc, daily, weight);
     if (!strcmp(cmd, "list")) return cmd_list(file, redis);
     if (!strcmp(cmd, "revoke")) return cmd_revoke(file, redis, secret, pos[1]);
     if (!strcmp(cmd, "usage")) return cmd_usage(file, redis);

@@ -37,6 +37,7 @@ typedef struct {
     int         n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
     int         swa;           /* sliding window (gemma: on the architecture's layers; phi3: all) */
     const char *about;
+    int         rope_llama3;   /* Llama 3.1's rope scaling (factor 8 past 8,192 positions): rope_freqs.weight */
 } shape;
 
 /* Every row length (dim, n_head*head_dim, n_ff, n_ff_exp) is a multiple of 256, so all types fit. */
@@ -46,12 +47,14 @@ static const shape shapes[] = {
     { "tinyllama-1.1b", "llama", 2048, 22, 32, 4,  64,  5632,  32000,  2048,  10000.f,  0, 0, 0, 0, "TinyLlama 1.1B" },
     { "llama2-7b",      "llama", 4096, 32, 32, 32, 128, 11008, 32000,  4096,  10000.f,  0, 0, 0, 0, "Llama 2 7B" },
     { "llama3-8b",      "llama", 4096, 32, 32, 8,  128, 14336, 128256, 8192,  500000.f, 0, 0, 0, 0, "Llama 3 8B (vocab padded)" },
+    { "llama3.1-8b",    "llama", 4096, 32, 32, 8,  128, 14336, 128256, 131072, 500000.f, 0, 0, 0, 0, "Llama 3.1 8B: 128k context, llama3 rope scaling", 1 },
     { "mixtral-8x7b",   "llama", 4096, 32, 32, 8,  128, 14336, 32000,  32768, 1e6f,     8, 2, 14336, 0, "Mixtral 8x7B (llama arch with experts)" },
     { "qwen3-8b",       "qwen3", 4096, 36, 32, 8,  128, 12288, 151936, 40960, 1e6f,     0, 0, 0, 0, "Qwen3 8B (vocab padded)" },
     { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f,  128, 8, 768, 0, "Qwen3 30B-A3B: 128 experts, 8 per token" },
     { "gemma2-9b",      "gemma2", 3584, 42, 16, 8, 256, 14336, 256000, 8192,  10000.f,  0, 0, 0, 4096, "Gemma 2 9B (vocab padded)" },
     { "gemma3-12b",     "gemma3", 3840, 48, 16, 8, 256, 15360, 262208, 131072, 1e6f,    0, 0, 0, 1024, "Gemma 3 12B text (vocab padded)" },
     { "phi3-mini",      "phi3",  3072, 32, 32, 32, 96,  8192,  32064,  4096,  10000.f,  0, 0, 0, 2047, "Phi-3 mini 4k (fused QKV, gate|up)" },
+    { "llama3.1-tiny",  "llama", 256,  2,  4,  2,  64,  512,   32000,  131072, 500000.f, 0, 0, 0, 0, "tests: llama3 rope scaling (rope_freqs), 128k context", 1 },
     { "qwen3-tiny",     "qwen3", 256,  2,  4,  2,  128, 512,   32000,  2048,  1e6f,     0, 0, 0, 0, "tests: qwen3, head_dim 128 apart from 256/4" },
     { "qwen3moe-tiny",  "qwen3moe", 256, 2, 4,  2,  64,  512,   32000,  2048,  1e6f,     8, 2, 256, 0, "tests: qwen3moe, 8 experts, 2 per token" },
     { "mixtral-tiny",   "llama", 256,  2,  4,  2,  64,  512,   32000,  2048,  1e6f,     4, 2, 512, 0, "tests: llama arch with 4 experts" },
@@ -78,7 +81,7 @@ static int file_type_of(int t) {
     }
 }
 
-enum init_kind { INIT_NORM, INIT_EMBD, INIT_MATRIX };
+enum init_kind { INIT_NORM, INIT_EMBD, INIT_MATRIX, INIT_ROPE_LLAMA3 /* std: the rope base */ };
 
 typedef struct {
     char    name[64];
@@ -100,6 +103,14 @@ static inline uint64_t mix64(uint64_t z) {
 /* Approximately N(0,1): the sum of four 16-bit uniforms (Irwin-Hall, bell-shaped, |x| < 3.5),
  * one 64-bit draw per value, which keeps a 7B generation cheap next to quantization. */
 static void fill_row(float *x, int64_t n, uint64_t seed, int init, float std) {
+    if (init == INIT_ROPE_LLAMA3) { /* Meta's llama3 rule, pair i of n (rope_dim 2n): factor 8, low 1, high 4, 8,192 */
+        for (int64_t i = 0; i < n; i++) {
+            double f = pow(std, -(double)i / (double)n), wl = 2.0 * M_PI / f, lo = 8192.0, hi = 8192.0 / 4.0;
+            double sm = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+            x[i] = wl < hi ? 1.0f : wl > lo ? 8.0f : (float)(1.0 / ((1.0 - sm) / 8.0 + sm));
+        }
+        return;
+    }
     uint64_t s = mix64(seed);
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = mix64(s += 0x9e3779b97f4a7c15ull);
@@ -311,7 +322,7 @@ static void plan_add(tplan *p, int *k, const char *name, int type, int64_t ne0, 
     tplan *t = &p[(*k)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->type = type;
-    t->n_dims = ne2 > 1 ? 3 : ne1 > 1 || init != INIT_NORM ? 2 : 1;
+    t->n_dims = ne2 > 1 ? 3 : ne1 > 1 || (init != INIT_NORM && init != INIT_ROPE_LLAMA3) ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
     t->ne[2] = ne2;
@@ -327,7 +338,7 @@ static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
     const int gemma = !strcmp(s->arch, "gemma2") || !strcmp(s->arch, "gemma3"), phi3 = !strcmp(s->arch, "phi3");
     const int qk_norm = !strcmp(s->arch, "qwen3") || !strcmp(s->arch, "qwen3moe") || !strcmp(s->arch, "gemma3");
     const int moe = s->n_expert > 0;
-    int n = 3 + 16 * s->n_layer, k = 0, hd = s->head_dim;
+    int n = 4 + 16 * s->n_layer, k = 0, hd = s->head_dim;
     tplan *p = calloc((size_t)n, sizeof *p);
     if (!p) return CM_ENOMEM;
     const int64_t qd = (int64_t)s->n_head * hd, kvd = (int64_t)s->n_head_kv * hd;
@@ -336,6 +347,7 @@ static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
     char nm[64];
 #define ADD(fmt, ty, a, b, c, init, sd) (snprintf(nm, sizeof nm, fmt, l), plan_add(p, &k, nm, ty, a, b, c, init, sd))
     plan_add(p, &k, "token_embd.weight", type, s->dim, s->n_vocab, 1, INIT_EMBD, 0.02f);
+    if (s->rope_llama3) plan_add(p, &k, "rope_freqs.weight", DT_F32, hd / 2, 1, 1, INIT_ROPE_LLAMA3, s->rope_base);
     for (int l = 0; l < s->n_layer; l++) {
         ADD("blk.%d.attn_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
         if (phi3) {

@@ -33,6 +33,7 @@ int cli_serve(int argc, char **argv) {
         { "ctx", 'c', CM_OPT_INT, &o.n_ctx, "positions per sequence (0 = the model's)" },
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
+        { "no-prefix-cache", 0, CM_OPT_BOOL, &o.no_prefix_cache, "compute every prompt in full (no reuse of cached prefixes' KV)" },
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
         { "max-conns", 0, CM_OPT_INT, &o.max_conns,
           "open HTTP connections (0 = 1024); at the cap idle ones make room, /health /ready /metrics are always answered" },

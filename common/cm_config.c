@@ -126,19 +126,20 @@ static char *trim(char *s) {
  * refused with the file and line (the file is shared, so a name another command takes is fine).
  * tests/integration/test_config.sh checks this list against every command's --help. */
 static const char *const all_names[] = {
-    "api-key", "auth-secret", "backend", "batch", "bw-gbs", "chat-template", "chunks", "concurrency",
-    "cors-origin", "ctx", "cuda-fault-at-step", "cuda-graph-budget-s", "cuda-graph-timing", "cuda-plan",
-    "cuda-profile", "daily-tokens", "decode", "device", "devices", "drain-timeout", "file", "first",
-    "frequency-penalty", "gen", "gpu-memory-fraction", "host", "ids", "json", "keys-file",
-    "kl-divergence-base", "kv-block-size", "kv-cache-dtype", "kv-cache-mb", "log-level", "max-batch",
-    "max-batch-tokens", "max-buffered-mb", "max-conns", "max-conns-per-ip", "max-requests",
-    "max-resumes", "max-tokens", "max-waiting", "min-p", "model", "models", "n-predict", "no-auth",
-    "no-bos", "output-dir", "parse-special", "port", "presence-penalty", "progress", "prompt",
-    "prompt-ids", "prompt-len", "quantize", "rate", "reasoning-parser", "redis", "redis-fail-closed",
-    "repeat-last-n", "repeat-penalty", "reps", "requests", "response-format", "resume-timeout", "rpm",
-    "save-logits", "seed", "served-model-name", "sha256", "shm", "split", "task", "temp", "tenant",
-    "threads", "timeout", "tool-parser", "top-k", "top-p", "tpm", "type", "url", "verbose", "vocab",
-    "vocab-size", "warmup",
+    "api-key", "api-key-b", "auth-secret", "b-interval", "b-requests", "backend", "batch", "bw-gbs",
+    "chat-template", "chunks", "concurrency", "cors-origin", "ctx", "cuda-fault-at-step",
+    "cuda-graph-budget-s", "cuda-graph-timing", "cuda-plan", "cuda-profile", "daily-tokens", "decode",
+    "device", "devices", "drain-timeout", "file", "first", "frequency-penalty", "gen",
+    "gpu-memory-fraction", "host", "ids", "json", "keys-file", "kl-divergence-base", "kv-block-size",
+    "kv-cache-dtype", "kv-cache-mb", "log-level", "max-batch", "max-batch-tokens", "max-buffered-mb",
+    "max-conns", "max-conns-per-ip", "max-requests", "max-resumes", "max-tokens", "max-waiting",
+    "min-p", "model", "models", "n-predict", "no-auth", "no-bos", "no-prefix-cache", "output-dir",
+    "parse-special", "port", "prefix-len", "presence-penalty", "progress", "prompt", "prompt-ids",
+    "prompt-len", "quantize", "rate", "reasoning-parser", "redis", "redis-fail-closed", "repeat-last-n",
+    "repeat-penalty", "reps", "requests", "response-format", "resume-timeout", "rpm", "save-logits",
+    "seed", "served-model-name", "sha256", "shm", "split", "task", "temp", "tenant", "threads",
+    "timeout", "tool-parser", "top-k", "top-p", "tpm", "turns", "type", "url", "users", "verbose",
+    "vocab", "vocab-size", "warmup", "weight", "workload",
 };
 
 static int known_anywhere(const char *name) {

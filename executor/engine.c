@@ -429,6 +429,11 @@ int ex_engine_forward_hidden(ex_engine *e, const ex_batch *b, const float **hidd
 
 int ex_engine_has_hidden(const ex_engine *e) { return e->be->forward_hidden != NULL; }
 
+int ex_engine_kv_copy(ex_engine *e, int32_t src, int32_t dst, int n_tok) {
+    if (!e->be->kv_copy) return CM_EUNSUPPORTED;
+    return e->be->kv_copy(e->be, src, dst, n_tok);
+}
+
 int ex_engine_embed(ex_engine *e, const ex_batch *b, int pooling, int normalize, float *out) {
     char err[256];
     int rc = ex_batch_check(b, &e->lim, err, sizeof err);

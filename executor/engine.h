@@ -210,6 +210,11 @@ int ex_engine_forward(ex_engine *e, const ex_batch *b, const float **logits);
  * error. Allocates nothing. */
 int ex_engine_forward_sample(ex_engine *e, const ex_batch *b, const ex_sample_row *rows, int n_rows, ex_sample_out *out);
 
+/* Copies positions [0, n_tok) of KV block src into block dst (the full-attention layers; the
+ * backend's kv_copy): a partly filled block shared by copy instead of recomputed. Returns 0,
+ * CM_EINVAL (ids or n_tok out of range) or CM_EUNSUPPORTED (the backend cannot). */
+int ex_engine_kv_copy(ex_engine *e, int32_t src, int32_t dst, int n_tok);
+
 /* Embeddings: one forward pass over b, then one vector per sequence from the final-norm
  * hidden states, pooled as `pooling` says (enum mdl_pooling: MDL_POOL_LAST the last new
  * token's, MDL_POOL_MEAN the mean over the sequence, MDL_POOL_CLS its first token's) and

@@ -20,6 +20,31 @@
  * of them. A model whose layers all slide has no full-attention storage: its blocks[] ids are
  * bookkeeping only and the engine makes that pool large enough never to be the limit.
  *
+ * Prefix cache (ex_kv_prefix_enable; the full-attention pool only). A full block is known by
+ * its key: its block_size token ids and its parent, the block before it in the sequence (none
+ * for block 0, whose key also takes the pool's root: the model and adapter identity). Equal
+ * prefixes therefore map to the same physical blocks. A block joins the cache when a sequence
+ * registers it (ex_kv_table_register: its tokens are known, its positions maybe not computed
+ * yet: "pending") and becomes reusable once computed (ex_kv_table_computed). When its last
+ * holder lets go, a computed cached block is not freed but queued in an LRU of reusable
+ * blocks; allocation takes truly free blocks first, then evicts the least recently released
+ * cached block (its key leaves the cache). A pending block whose holder lets go leaves the
+ * cache at once. Blocks held by any table are never evicted, and a cached block is never
+ * written again (a sequence writes only positions past its cached prefix, in blocks of its
+ * own), so reuse cannot corrupt what another sequence reads. Keys are compared exactly (token
+ * ids and the parent's identity; the 64-bit hash only finds candidates), so a hash collision
+ * cannot return a wrong block.
+ *
+ *   uint64_t h[N]; h[j] = ex_kv_block_hash(j ? h[j-1] : ex_kv_prefix_root(kv), toks + j*bs, bs);
+ *   int32_t pend; int k = ex_kv_prefix_match(kv, h, toks, n_full, t.blocks, &pend, NULL);
+ *   ex_kv_table_adopt(kv, &t, k);                     // t holds the k cached blocks
+ *   ex_kv_table_reserve(kv, &t, n_pos);               // the rest, fresh
+ *   ex_kv_table_register(kv, &t, h, toks, n_full);    // pending until ...
+ *   ... forward ...; ex_kv_table_computed(kv, &t, n_cached);
+ *
+ * Sliding-window pools are not cached (ex_kv_prefix_enable refuses them): a cached prefix would
+ * also need the sliding layers' last window of positions, which ex_kv_table_slide frees.
+ *
  * One thread (the engine's step thread) uses a pool; there is no locking.
  */
 #ifndef EX_KV_H
@@ -90,7 +115,8 @@ int  ex_kv_create(int n_blocks, int block_size, ex_kv **out);
 int  ex_kv_create_swa(int n_blocks, int n_swa, int block_size, int window, ex_kv **out);
 void ex_kv_destroy(ex_kv *kv); /* accepts NULL */
 
-/* Blocks (free blocks) one sequence can get: the smaller pool's when there are two. */
+/* Blocks (free blocks) one sequence can get: the smaller pool's when there are two. Free
+ * blocks include cached blocks nobody holds (ex_kv_n_cached): allocation evicts them. */
 int ex_kv_n_blocks(const ex_kv *kv);
 int ex_kv_n_free(const ex_kv *kv);
 /* The sliding-window pool: its blocks, free blocks, window (all 0 without one). */
@@ -100,7 +126,8 @@ int ex_kv_window(const ex_kv *kv);
 
 /* Takes one free block (reference count 1) into *block. Returns 0 or CM_ENOKV. */
 int  ex_kv_block_alloc(ex_kv *kv, int32_t *block);
-/* Adds a holder to an allocated block (prefix sharing). Asserts the block is allocated. */
+/* Adds a holder to an allocated block (prefix sharing), or to a computed cached block nobody
+ * holds (it leaves the LRU). Asserts it is one of those. */
 void ex_kv_block_ref(ex_kv *kv, int32_t block);
 /* Drops a holder; the block returns to the free list at zero. Asserts it was allocated. */
 void ex_kv_block_unref(ex_kv *kv, int32_t block);
@@ -115,6 +142,10 @@ typedef struct ex_kv_table {
     int32_t *blocks_swa; /* [cap] the sliding-window pool's blocks of the same positions; entries
                           * [0, swa_lo) were freed (-1) */
     int      swa_lo;
+    /* prefix cache: blocks [0, n_reg) are the cached blocks of their keys; [0, n_done) are
+     * computed. reg_off: a block of this table duplicated one already cached, so none after it
+     * is registered (its parent would not be the cached one). */
+    int      n_reg, n_done, reg_off;
 } ex_kv_table;
 
 /* Allocates the table's array (no blocks). Returns 0, CM_EINVAL or CM_ENOMEM. */
@@ -133,6 +164,49 @@ void ex_kv_table_release(ex_kv *kv, ex_kv_table *t);
  * whose positions all lie before n_cached - window + 1, the first position the next query
  * reads. Nothing without a sliding pool. Can't fail. */
 void ex_kv_table_slide(ex_kv *kv, ex_kv_table *t, int n_cached);
+/* ---- prefix cache (see the top of this file) ------------------------------------------ */
+
+/* Turns the prefix cache on for the full-attention pool, with root (the model and adapter
+ * identity) mixed into every block-0 key. Returns 0, CM_EUNSUPPORTED (the pool has a
+ * sliding-window part), CM_ESTATE (blocks are allocated already) or CM_ENOMEM. */
+int      ex_kv_prefix_enable(ex_kv *kv, uint64_t root);
+int      ex_kv_prefix_enabled(const ex_kv *kv);
+uint64_t ex_kv_prefix_root(const ex_kv *kv);
+/* The chained hash of a full block: parent is the previous block's hash, ex_kv_prefix_root
+ * for block 0. Pure; any thread. */
+uint64_t ex_kv_block_hash(uint64_t parent, const int32_t *toks, int block_size);
+/* The longest cached prefix of a sequence: blocks [0, n) with hashes h[] and tokens
+ * toks[0 .. n*block_size). Writes the physical ids of the leading blocks that are cached and
+ * computed into ids and returns how many (0 with the cache off). *pending (may be NULL): the
+ * block that stopped the walk when it is cached but not computed yet (a sequence is computing
+ * it: worth waiting for), else -1; *pending_gen its generation (ex_kv_prefix_pending). Reads
+ * only. */
+int      ex_kv_prefix_match(const ex_kv *kv, const uint64_t *h, const int32_t *toks, int n, int32_t *ids,
+                            int32_t *pending, uint32_t *pending_gen);
+/* 1 while block id is still the pending (cached, not computed) block of generation gen. */
+int      ex_kv_prefix_pending(const ex_kv *kv, int32_t id, uint32_t gen);
+/* Of ids[0..n) (cached blocks), how many sit in the LRU (no holder): taking them reduces what
+ * ex_kv_n_free counts. */
+int      ex_kv_prefix_idle(const ex_kv *kv, const int32_t *ids, int n);
+/* The empty table t takes the cached blocks t->blocks[0..n) (from ex_kv_prefix_match): one
+ * reference each, out of the LRU; n_reg = n_done = n. Returns 0 or CM_EINVAL (t not empty, a
+ * block not cached and computed). */
+int      ex_kv_table_adopt(ex_kv *kv, ex_kv_table *t, int n);
+/* Registers t's blocks [n_reg, min(n_full, t->n)) whose tokens are toks[j*bs .. (j+1)*bs)
+ * and hashes h[j], in order, as pending (computed ones as computed). Stops at a block whose
+ * key is cached already (another sequence's copy: t->reg_off). Nothing with the cache off.
+ * Can't fail. */
+void     ex_kv_table_register(ex_kv *kv, ex_kv_table *t, const uint64_t *h, const int32_t *toks, int n_full);
+/* The table's positions [0, n_cached) are computed: its registered blocks inside become
+ * reusable by others. Can't fail. */
+void     ex_kv_table_computed(ex_kv *kv, ex_kv_table *t, int n_cached);
+/* Cached blocks without a holder (the LRU; ex_kv_n_free counts them as free). */
+int      ex_kv_n_cached(const ex_kv *kv);
+/* Checks the pool's invariants: every block free, in the LRU or held, exactly once; refcounts
+ * match the holders; the cache's index finds every cached block. O(blocks). Returns 0 or
+ * CM_ESTATE with the first broken rule in err (CM_ENOMEM). For tests. */
+int      ex_kv_check(const ex_kv *kv, char *err, size_t errlen);
+
 /* Makes dst (empty) share src's first n blocks (refcounts + 1): a forked prefix. The caller
  * copies a partly filled last block before writing to it (backend kv_copy). Returns 0,
  * CM_EINVAL (dst not empty, n out of range) or CM_ECTX. */

@@ -132,7 +132,8 @@ static void take_submit(proc *p, const struct shm_submit *sb) {
     ex_request r = { .id = sb->req_id, .prompt = sb->prompt, .n_prompt = (int)sb->n_prompt, .sp = sb->sp,
                      .bias = sb->bias, .n_bias = (int)sb->n_bias, .stop_ids = sb->stop, .n_stop = (int)sb->n_stop,
                      .grammar = sb->grammar, .grammar_len = sb->grammar_len, .embed = !!(sb->flags & SHM_SUBMIT_EMBED),
-                     .pooling = sb->pooling, .normalize = sb->normalize, .n_generated = (int)sb->n_generated };
+                     .pooling = sb->pooling, .normalize = sb->normalize, .n_generated = (int)sb->n_generated,
+                     .priority = sb->priority, .tenant = sb->tenant, .weight = sb->weight };
     /* without a seed each request still gets its own stream, fixed for its lifetime */
     if (!r.sp.has_seed) r.sp.seed = ex_rng_mix(sb->req_id ^ ex_rng_mix(++p->seed_ctr ^ cm_time_ns()));
     int rc = ex_sched_submit(p->s, &r);
@@ -228,6 +229,12 @@ static int drain_submits(proc *p) {
     }
 }
 
+/* 1 when ev's token is its request's first here: its entry carries the admission. */
+static int first_token(proc *p, const ex_event *ev) {
+    const req_slot *sl = slot_find(p, ev->id);
+    return sl && !sl->t_first;
+}
+
 /* Publishes one step's events: TOKENS records (split when one would exceed the ring's limit)
  * and a DONE (after an ERROR for failures) per finished request. */
 static int publish(proc *p, int n_ev) {
@@ -236,16 +243,19 @@ static int publish(proc *p, int n_ev) {
     uint64_t now = cm_time_ns();
     while (i < n_ev) {
         uint32_t n_tok = 0, n_top = 0;
+        size_t n_adm = 0; /* bytes of admission data */
         int j = i;
         for (; j < n_ev; j++) {
             if (p->ev[j].token < 0) continue;
             uint32_t t = (uint32_t)p->ev[j].so.n_top;
-            if (shm_tokens_size(n_tok + 1, n_top + t) > maxp) break;
+            size_t a = first_token(p, &p->ev[j]) ? sizeof(struct shm_tok_admit) : 0;
+            if (shm_tokens_size(n_tok + 1, n_top + t) + n_adm + a > maxp) break;
             n_tok++;
             n_top += t;
+            n_adm += a;
         }
         if (n_tok) {
-            size_t need = shm_tokens_size(n_tok, n_top);
+            size_t need = shm_tokens_size(n_tok, n_top) + n_adm;
             void *buf;
             int rc;
             while ((rc = shm_ring_reserve(&p->seg.event, need, &buf)) == CM_EFULL) {
@@ -261,14 +271,19 @@ static int publish(proc *p, int n_ev) {
                 req_slot *sl = slot_find(p, ev->id);
                 struct shm_tok t = { .req_id = ev->id, .seq = sl ? sl->seq++ : 0, .token = ev->token };
                 struct shm_top top[SHM_MAX_TOP_LOGPROBS];
-                if (sl && !sl->t_first) sl->t_first = now;
+                struct shm_tok_admit adm = { .cached_prompt_tokens = (uint32_t)ev->n_cached, .queue_ns = ev->queue_ns };
+                int first = sl && !sl->t_first;
+                if (first) {
+                    sl->t_first = now;
+                    t.flags |= SHM_TOK_ADMIT;
+                }
                 if (sl && sl->logprobs) {
-                    t.flags = SHM_TOK_LOGPROB;
+                    t.flags |= SHM_TOK_LOGPROB;
                     t.logprob = ev->so.logprob;
                     t.n_top = (uint8_t)ev->so.n_top;
                     for (int q = 0; q < ev->so.n_top; q++) top[q] = (struct shm_top){ ev->so.top_id[q], ev->so.top_logprob[q] };
                 }
-                if ((rc = shm_tokens_add(&w, &t, top))) return rc;
+                if ((rc = shm_tokens_add_admit(&w, &t, top, first ? &adm : NULL))) return rc;
             }
             shm_ring_commit(&p->seg.event, shm_tokens_end(&w));
         }
@@ -290,16 +305,19 @@ static int publish(proc *p, int n_ev) {
             send_retry(p, send_embed_fn, &em);
         }
         struct shm_done d = { .req_id = ev->id, .finish = (uint32_t)ev->finish, .prompt_tokens = (uint32_t)ev->n_prompt,
-                              .completion_tokens = sl ? sl->seq : 0 };
+                              .completion_tokens = sl ? sl->seq : 0, .cached_prompt_tokens = (uint32_t)ev->n_cached,
+                              .queue_ns = ev->queue_ns };
         if (sl) {
-            /* the scheduler does not report admission time: queueing is counted in prefill_ns */
-            d.prefill_ns = sl->t_first ? sl->t_first - sl->t_submit : now - sl->t_submit;
+            uint64_t t_run = sl->t_submit + ev->queue_ns; /* first scheduled */
+            d.prefill_ns = sl->t_first ? sl->t_first - t_run : ev->queue_ns ? now - t_run : 0;
             d.decode_ns = sl->t_first ? now - sl->t_first : 0;
             slot_del(p, sl);
         }
         send_retry(p, send_done_fn, &d);
+        /* once per request, at its end: what its prompt computed, what the cache gave it */
         shm_stat_add(&p->seg.stats->requests_finished_total, 1);
-        shm_stat_add(&p->seg.stats->prompt_tokens_total, (uint64_t)ev->n_prompt); /* once per request, at its end */
+        shm_stat_add(&p->seg.stats->prompt_tokens_total, (uint64_t)(ev->n_prompt - ev->n_cached));
+        shm_stat_add(&p->seg.stats->cached_prompt_tokens_total, (uint64_t)ev->n_cached);
     }
     return 0;
 }
@@ -317,6 +335,8 @@ static void update_stats(proc *p, int n_ev, uint64_t step_us) {
     shm_stat_set(&S->generation_tokens_total, st.tokens_generated);
     shm_stat_set(&S->preemptions_total, st.preemptions);
     shm_stat_set(&S->steps_total, st.steps);
+    shm_stat_set(&S->prefix_queries_total, st.prefix_queries);
+    shm_stat_set(&S->prefix_hits_total, st.prefix_hits);
     if (step_us) {
         shm_hist_observe(&S->step_time_us, step_us);
         shm_hist_observe(&S->batch_size, (uint64_t)n_ev);
@@ -354,6 +374,7 @@ int ex_proc_run(const ex_proc_opts *o) {
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     so.max_waiting = o->max_waiting;
+    so.no_prefix_cache = o->no_prefix_cache;
     const ex_limits *L = ex_engine_limits(p->e);
     p->ev_cap = L->max_seqs > 0 ? L->max_seqs * 2 : 64;
     uint32_t want = (uint32_t)((o->max_waiting ? o->max_waiting : 1024) + L->max_seqs) * 2, n = 64;
@@ -368,8 +389,11 @@ int ex_proc_run(const ex_proc_opts *o) {
     }
     update_stats(p, 0, 0);
     shm_seg_set_state(&p->seg, SHM_STATE_READY);
-    CM_LOG_INFO("executor", "ready", "model=%s backend=%s kv_blocks=%d seconds=%.2f", o->model,
-                o->engine.backend ? o->engine.backend : "cpu", L->n_kv_blocks, cm_time_s() - t0);
+    ex_sched_stats st0;
+    ex_sched_stats_get(p->s, &st0);
+    CM_LOG_INFO("executor", "ready", "model=%s backend=%s kv_blocks=%d prefix_cache=%s seconds=%.2f", o->model,
+                o->engine.backend ? o->engine.backend : "cpu", L->n_kv_blocks, st0.prefix_cache ? "on" : "off",
+                cm_time_s() - t0);
     int idle_ms = o->idle_ms > 0 ? o->idle_ms : 100;
     for (;;) {
         shm_seg_beat(&p->seg);

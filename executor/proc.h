@@ -27,6 +27,7 @@ typedef struct ex_proc_opts {
     ex_engine_opts engine;    /* backend, threads, KV budget, limits */
     int            max_waiting; /* scheduler queue cap; 0 = 1024 */
     int            idle_ms;   /* heartbeat period while idle; 0 = 100 */
+    int            no_prefix_cache; /* 1: no prefix cache (--no-prefix-cache) */
 } ex_proc_opts;
 
 void ex_proc_opts_default(ex_proc_opts *o);

@@ -1,9 +1,15 @@
-/* sched: waiting queue + running set, chunked prefill, preemption by recompute. */
+/* sched: admission by policy (fair.h), running set, chunked prefill, prefix cache, preemption
+ * by recompute. */
 #include "sched.h"
+#include "backend.h"
+#include "fair.h"
 #include "kv.h"
 #include "../common/cm_err.h"
+#include "../common/cm_log.h"
+#include "../common/cm_time.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +29,13 @@ typedef struct seq {
     int32_t *stop;
     int      n_stop;
     int      in_batch;    /* scheduled in the step being built */
+    ex_fair_item fi;      /* priority, tenant, arrival; the waiting queue's links */
+    uint64_t *bh;         /* [cap / block_size] prefix cache: chained hashes of toks' full blocks */
+    int      n_bh;
+    int32_t  pend_blk;    /* a cached block another sequence is computing that it waits for (-1: none) */
+    uint32_t pend_gen;
+    int      cached;      /* prompt tokens its first admission did not compute (-1: not admitted yet) */
+    uint64_t t_submit, queue_ns;
     int      gslot;       /* grammar cache slot, -1: none */
     ex_gram_state gs;     /* the grammar's parse state after the generated tokens */
     int      gerr;        /* the grammar failed this step (CM_ENOMEM): finish with ERROR */
@@ -38,6 +51,9 @@ typedef struct gslot {
     uint64_t used;        /* last use (submit counter) */
 } gslot;
 
+/* A prompt chunk's place in the step (order_prefills). */
+typedef struct ord_key { int32_t priority; double share; uint64_t arrival; seq *q; } ord_key;
+
 struct ex_sched {
     ex_engine *e;
     ex_kv     *kv;
@@ -46,14 +62,26 @@ struct ex_sched {
     ex_batch_buf bb;
     seq      **run;       /* [max_running], admission order (oldest first) */
     int        n_run;
-    seq      **wq;        /* ring [max_waiting] */
-    int        wq_head, n_wait;
+    ex_fair   *fair;      /* the waiting queue and the policy (fair.h) */
+    int        n_wait;
+    int        prefix;    /* the prefix cache is on */
+    uint64_t   root;      /* its chains' root: the model */
+    int32_t   *ids;       /* [max_blocks] cached blocks found for a request */
+    seq      **ord;       /* [max_running] this step's prompt chunks in fair.h's order */
+    ord_key   *ordk;      /* [max_running] their sort keys */
+    int        n_ord;
     seq      **batch_seq; /* [max_running] sequence of each batch slot */
     int       *batch_n;   /* [max_running] tokens it forwards this step */
     ex_sample_row *srow;  /* [max_running] the step's sampling rows (sequences whose context is complete) */
     ex_sample_out *sout;  /* [max_running] their results */
     ex_event  *pend;      /* [max_running + max_waiting] finishes waiting to be reported */
     int        n_pend;
+    /* the forward pass's time against its tokens, fitted as a + b * tokens over recent steps
+     * (exponentially weighted least squares): how many tokens cost as much as a step's fixed part */
+    double     fit_w, fit_x, fit_y, fit_xx, fit_xy;
+    /* the decode guard's cost model: a + b * tokens + c * attention work, fitted the same way
+     * (sums of 1, x, z, y, xx, xz, zz, xy, zy) */
+    double     cf[9];
     ex_sched_stats st;
     /* grammars */
     ex_gram_vocab *vocab; /* token bytes (ex_sched_set_vocab), NULL: grammars refused */
@@ -76,10 +104,30 @@ void ex_sched_opts_default(ex_sched_opts *o) { memset(o, 0, sizeof *o); }
 
 static void seq_free(ex_sched *s, seq *q) {
     if (!q) return;
+    ex_fair_remove(s->fair, &q->fi);
     if (q->kv.blocks) { ex_kv_table_release(s->kv, &q->kv); ex_kv_table_free(&q->kv); }
     if (q->gslot >= 0) s->gc[q->gslot].refs--;
-    free(q->toks); free(q->bias); free(q->stop); free(q->acc);
+    free(q->toks); free(q->bias); free(q->stop); free(q->bh); free(q->acc);
     free(q);
+}
+
+static seq *seq_of(ex_fair_item *it) { return it ? (seq *)((char *)it - offsetof(seq, fi)) : NULL; }
+
+/* The prefix cache's root: what identifies the model (this project has no adapters; one
+ * would be mixed in here). */
+static uint64_t model_root(const mdl_config *c) {
+    int32_t w[48] = { c->arch, c->n_vocab, c->n_embd, c->n_layer, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
+                      c->n_expert, c->n_layer_swa };
+    for (int i = 0; i < 16 && c->arch_name[i]; i++) w[16 + i] = c->arch_name[i];
+    for (int i = 0; i < 16 && c->name[i]; i++) w[32 + i] = c->name[i];
+    return ex_kv_block_hash(0x61726b61ull, w, 48);
+}
+
+/* Hashes toks' full blocks not hashed yet. */
+static void seq_hash(const ex_sched *s, seq *q) {
+    int bs = s->lim.block_size;
+    for (; s->prefix && (q->n_bh + 1) * bs <= q->n_toks; q->n_bh++)
+        q->bh[q->n_bh] = ex_kv_block_hash(q->n_bh ? q->bh[q->n_bh - 1] : s->root, q->toks + (size_t)q->n_bh * bs, bs);
 }
 
 int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
@@ -95,10 +143,16 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     if (s->o.max_tokens <= 0 || s->o.max_tokens > L->max_tokens) s->o.max_tokens = L->max_tokens;
     if (s->o.max_waiting <= 0) s->o.max_waiting = 1024;
     if (s->o.max_running > s->o.max_tokens) s->o.max_running = s->o.max_tokens;
+    /* the decode guard by default where a long prompt's chunks can stall decodes for hundreds
+     * of milliseconds at full budget (a GPU's); on the CPU backend, whose step times on a shared
+     * machine are too noisy to fit, only when asked */
+    if (s->o.stall_max == 0) s->o.stall_max = strcmp(ex_engine_backend(e)->name, "cpu") ? 1.75 : -1;
     int rc = CM_ENOMEM;
     int R = s->o.max_running, W = s->o.max_waiting;
     s->run = calloc((size_t)R, sizeof *s->run);
-    s->wq = calloc((size_t)W, sizeof *s->wq);
+    s->ids = calloc((size_t)L->max_blocks, sizeof *s->ids);
+    s->ord = calloc((size_t)R, sizeof *s->ord);
+    s->ordk = calloc((size_t)R, sizeof *s->ordk);
     s->batch_seq = calloc((size_t)R, sizeof *s->batch_seq);
     s->batch_n = calloc((size_t)R, sizeof *s->batch_n);
     s->srow = calloc((size_t)R, sizeof *s->srow);
@@ -110,11 +164,24 @@ int ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out) {
     s->ebatch_n = calloc((size_t)R, sizeof *s->ebatch_n);
     s->n_embd = ex_engine_model(e)->cfg.n_embd;
     s->eout = calloc((size_t)R * (size_t)s->n_embd, sizeof *s->eout);
-    if (!s->run || !s->wq || !s->batch_seq || !s->batch_n || !s->srow || !s->sout || !s->pend || !s->glive || !s->eq ||
-        !s->ebatch || !s->ebatch_n || !s->eout)
+    if (!s->run || !s->ids || !s->ord || !s->ordk || !s->batch_seq || !s->batch_n || !s->srow || !s->sout || !s->pend ||
+        !s->glive || !s->eq || !s->ebatch || !s->ebatch_n || !s->eout)
         goto fail;
-    if ((rc = ex_batch_buf_init(&s->bb, L))) goto fail;
-    if ((rc = ex_batch_buf_init(&s->ebb, L))) goto fail;
+    if ((rc = ex_batch_buf_init(&s->bb, L)) || (rc = ex_batch_buf_init(&s->ebb, L)) ||
+        (rc = ex_fair_create(R + W, R, ex_kv_n_blocks(s->kv), &s->fair)))
+        goto fail;
+    if (!o->no_prefix_cache) {
+        s->root = model_root(&ex_engine_model(e)->cfg);
+        int pc = ex_kv_prefix_enable(s->kv, s->root);
+        if (pc == CM_EUNSUPPORTED)
+            CM_LOG_INFO("sched", "prefix cache off: the model has sliding-window layers, whose KV blocks leave the window",
+                        "layers_swa=%d", ex_engine_model(e)->cfg.n_layer_swa);
+        else if (pc) {
+            rc = pc;
+            goto fail;
+        }
+        s->prefix = pc == 0;
+    }
     *out = s;
     return 0;
 fail:
@@ -125,14 +192,17 @@ fail:
 void ex_sched_destroy(ex_sched *s) {
     if (!s) return;
     for (int i = 0; i < s->n_run; i++) seq_free(s, s->run[i]);
-    for (int i = 0; i < s->n_wait; i++) seq_free(s, s->wq[(s->wq_head + i) % s->o.max_waiting]);
+    if (s->fair)
+        for (ex_fair_item *it; (it = ex_fair_first(s->fair));) seq_free(s, seq_of(it));
     for (int i = 0; i < s->n_eq; i++) seq_free(s, s->eq[(s->eq_head + i) % s->o.max_waiting]);
+    ex_fair_destroy(s->fair);
     ex_batch_buf_free(&s->bb);
     ex_batch_buf_free(&s->ebb);
     for (int i = 0; i < s->n_gc; i++) ex_gram_destroy(s->gc[i].g);
     free(s->gc);
     ex_gram_vocab_destroy(s->vocab);
-    free(s->run); free(s->wq); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout); free(s->pend);
+    free(s->run); free(s->ids); free(s->ord); free(s->ordk); free(s->batch_seq); free(s->batch_n); free(s->srow); free(s->sout);
+    free(s->pend);
     free(s->glive); free(s->eq); free(s->ebatch); free(s->ebatch_n); free(s->eout);
     free(s);
 }
@@ -187,10 +257,8 @@ static int gram_get(ex_sched *s, const void *prog, size_t len, const int32_t *st
 static seq *find(ex_sched *s, uint64_t id, int *where, int *idx) {
     for (int i = 0; i < s->n_run; i++)
         if (s->run[i]->id == id) { *where = 0; *idx = i; return s->run[i]; }
-    for (int i = 0; i < s->n_wait; i++) {
-        seq *q = s->wq[(s->wq_head + i) % s->o.max_waiting];
-        if (q->id == id) { *where = 1; *idx = i; return q; }
-    }
+    for (ex_fair_item *it = ex_fair_first(s->fair); it; it = ex_fair_after(s->fair, it))
+        if (seq_of(it)->id == id) { *where = 1; *idx = -1; return seq_of(it); }
     for (int i = 0; i < s->n_eq; i++) {
         seq *q = s->eq[(s->eq_head + i) % s->o.max_waiting];
         if (q->id == id) { *where = 2; *idx = i; return q; }
@@ -211,8 +279,6 @@ static int embed_submit(ex_sched *s, const ex_request *r) {
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->lim.n_vocab) REFUSE(CM_EINVAL, "prompt token id out of the vocabulary");
     if (find(s, r->id, &where, &idx)) REFUSE(CM_EINVAL, "duplicate request id");
-    for (int i = 0; i < s->n_eq; i++)
-        if (s->eq[(s->eq_head + i) % s->o.max_waiting]->id == r->id) REFUSE(CM_EINVAL, "duplicate request id");
     if (r->n_prompt > s->lim.n_ctx) REFUSE(CM_ECTX, "the input does not fit the context");
     if (blocks_for(s, r->n_prompt) > ex_kv_n_blocks(s->kv)) REFUSE(CM_ENOKV, "the input could never fit the KV pool");
     if (s->n_eq >= s->o.max_waiting || s->n_wait + s->n_run + s->n_eq + s->n_pend >= s->o.max_running + s->o.max_waiting)
@@ -307,7 +373,16 @@ int ex_sched_submit(ex_sched *s, const ex_request *r) {
         memcpy(q->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
     }
     if (ex_kv_table_init(&q->kv, s->lim.max_blocks)) goto nomem;
-    s->wq[(s->wq_head + s->n_wait) % s->o.max_waiting] = q;
+    if (s->prefix && !(q->bh = malloc(sizeof *q->bh * (size_t)(q->cap / s->lim.block_size + 1)))) goto nomem;
+    seq_hash(s, q);
+    q->pend_blk = -1;
+    q->cached = -1;
+    q->t_submit = cm_time_ns();
+    q->fi.priority = r->priority;
+    if (ex_fair_wait(s->fair, &q->fi, r->tenant, r->weight)) { /* cannot happen: the caps above keep room */
+        seq_free(s, q);
+        return CM_EFULL;
+    }
     s->n_wait++;
     return 0;
 nomem:
@@ -325,18 +400,13 @@ static void push_pending(ex_sched *s, const seq *q, int32_t tok, int finish, int
     ev->err = err;
     ev->n_prompt = q->n_prompt;
     ev->n_gen = q->n_gen;
+    ev->n_cached = q->cached > 0 ? q->cached : 0;
+    ev->queue_ns = q->queue_ns;
 }
 
 static void run_remove(ex_sched *s, int i) {
     memmove(s->run + i, s->run + i + 1, sizeof *s->run * (size_t)(s->n_run - i - 1));
     s->n_run--;
-}
-
-static void wait_remove(ex_sched *s, int i) {
-    int W = s->o.max_waiting;
-    for (int k = i; k > 0; k--) s->wq[(s->wq_head + k) % W] = s->wq[(s->wq_head + k - 1) % W];
-    s->wq_head = (s->wq_head + 1) % W;
-    s->n_wait--;
 }
 
 int ex_sched_cancel(ex_sched *s, uint64_t id) {
@@ -346,7 +416,7 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     /* pend has room for every live sequence, so this cannot overflow */
     push_pending(s, q, -1, SHM_FINISH_CANCELLED, 0);
     if (where == 0) run_remove(s, idx);
-    else if (where == 1) wait_remove(s, idx);
+    else if (where == 1) s->n_wait--;
     else {
         int W = s->o.max_waiting;
         for (int k = idx; k > 0; k--) s->eq[(s->eq_head + k) % W] = s->eq[(s->eq_head + k - 1) % W];
@@ -357,24 +427,250 @@ int ex_sched_cancel(ex_sched *s, uint64_t id) {
     return 0;
 }
 
-/* Preempts running sequence i: frees its blocks, requeues it at the front of the queue to
- * be recomputed from its tokens. */
+/* Preempts running sequence i: releases its blocks (computed ones stay in the prefix cache
+ * until evicted) and requeues it, ahead of its tenant's later arrivals, to be recomputed from
+ * its tokens; not a candidate again in this admission round. */
 static void preempt(ex_sched *s, int i) {
     seq *q = s->run[i];
     run_remove(s, i);
     ex_kv_table_release(s->kv, &q->kv);
     q->n_cached = 0;
-    int W = s->o.max_waiting;
-    if (s->n_wait < W) {
-        s->wq_head = (s->wq_head + W - 1) % W;
-        s->wq[s->wq_head] = q;
+    if (s->n_wait < s->o.max_waiting) {
+        ex_fair_wait(s->fair, &q->fi, 0, 0);
+        ex_fair_skip(s->fair, &q->fi);
         s->n_wait++;
     } else {
         /* the queue is full of newer requests: this one cannot wait; report it */
         push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
+        for (int k = 0; k < s->n_ord; k++)
+            if (s->ord[k] == q) s->ord[k] = NULL;
         seq_free(s, q);
     }
     s->st.preemptions++;
+}
+
+static int run_index(const ex_sched *s, const seq *q) {
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i] == q) return i;
+    return -1;
+}
+
+/* A running sequence (not q) whose computed positions [k*bs, k*bs + n) hold q's tokens there,
+ * after the same k cached blocks: the source of a copy. Its block k, or -1. */
+static int32_t copy_donor(const ex_sched *s, const seq *q, int k, int n) {
+    int bs = s->lim.block_size;
+    for (int i = 0; i < s->n_run; i++) {
+        const seq *d = s->run[i];
+        if (d->kv.n <= k || d->n_cached < k * bs + n || (k && d->kv.blocks[k - 1] != s->ids[k - 1])) continue;
+        if (!memcmp(d->toks + (size_t)k * bs, q->toks + (size_t)k * bs, sizeof *q->toks * (size_t)n)) return d->kv.blocks[k];
+    }
+    return -1;
+}
+
+/* Prompt tokens of running sequences that go before q in this step (fair.h's order). */
+static int prefill_ahead(const ex_sched *s, const seq *q) {
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        const seq *r = s->run[i];
+        int rem = r->n_toks - r->n_cached;
+        if (rem > 1 && ex_fair_before(s->fair, &r->fi, &q->fi)) n += rem;
+    }
+    return n;
+}
+
+/* The running sequence fair.h lets q (needing need blocks) preempt, the best victim of them;
+ * -1 when none may. */
+static int admission_victim(const ex_sched *s, const seq *q, int need) {
+    int v = -1;
+    for (int i = 0; i < s->n_run; i++)
+        if (ex_fair_may_preempt(s->fair, &s->run[i]->fi, &q->fi, need) &&
+            (v < 0 || ex_fair_victim_before(s->fair, &s->run[i]->fi, &s->run[v]->fi)))
+            v = i;
+    return v;
+}
+
+/* Admissions, before the step's batch is built: waiting requests in fair.h's order while
+ * running slots, KV blocks (beyond their cached prefix, and leaving the decoding sequences'
+ * growth of this step) and the token budget allow. A request that does not fit may preempt
+ * the running sequences fair.h lets it; one whose prefix another sequence is computing waits
+ * for it. */
+static void admit(ex_sched *s) {
+    if (!s->n_wait) return;
+    ex_kv *kv = s->kv;
+    const int bs = s->lim.block_size;
+    int n_dec = 0, growth = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        const seq *r = s->run[i];
+        if (r->n_toks - r->n_cached == 1) {
+            n_dec++;
+            growth += ex_kv_table_need(kv, &r->kv, r->n_toks);
+        }
+    }
+    ex_fair_round(s->fair);
+    for (ex_fair_item *it; (it = ex_fair_next(s->fair));) {
+        seq *q = seq_of(it);
+        if (q->pend_blk >= 0 && ex_kv_prefix_pending(kv, q->pend_blk, q->pend_gen)) {
+            ex_fair_skip(s->fair, it);
+            continue;
+        }
+        /* the cached prefix: whole blocks before the last token (which is always computed),
+         * and the next block's positions copied when another sequence has them */
+        int k = 0, copy_n = 0, last = (q->n_toks - 1) / bs;
+        int32_t copy_src = -1;
+        if (s->prefix) {
+            k = ex_kv_prefix_match(kv, q->bh, q->toks, q->n_bh, s->ids, &q->pend_blk, &q->pend_gen);
+            if (q->pend_blk >= 0) {
+                ex_fair_skip(s->fair, it);
+                continue;
+            }
+            copy_n = q->n_toks - 1 - last * bs;
+            if (k > last) copy_src = s->ids[last]; /* a whole cached block holds them */
+            else if (k == last && copy_n > 0) copy_src = copy_donor(s, q, k, copy_n);
+            if (k > last) k = last;
+            if (copy_src < 0) copy_n = 0;
+        }
+        if (s->o.max_tokens - n_dec - prefill_ahead(s, q) <= 0) break; /* no budget left for it this step */
+        int need = blocks_for(s, q->n_toks) - k;
+        int idle = ex_kv_prefix_idle(kv, s->ids, k) + (copy_src >= 0 && ex_kv_prefix_idle(kv, &copy_src, 1));
+        /* besides this step's growth, 1 % of the pool stays free for the next steps' while
+         * anything runs, so an admission is not preempted right after */
+        int reserve = growth + (s->n_run ? ex_kv_n_blocks(kv) / 100 : 0);
+        if (s->n_run >= s->o.max_running || need + idle + reserve > ex_kv_n_free(kv)) {
+            int v = admission_victim(s, q, need);
+            if (v < 0) break;
+            if (s->run[v]->n_toks - s->run[v]->n_cached == 1) {
+                n_dec--;
+                growth -= ex_kv_table_need(kv, &s->run[v]->kv, s->run[v]->n_toks);
+            }
+            preempt(s, v);
+            continue;
+        }
+        memcpy(q->kv.blocks, s->ids, sizeof *s->ids * (size_t)k);
+        if (ex_kv_table_adopt(kv, &q->kv, k)) break; /* cannot happen: the blocks were just found */
+        if (copy_src >= 0) ex_kv_block_ref(kv, copy_src); /* kept while the rest is allocated */
+        int rc = ex_kv_table_reserve(kv, &q->kv, q->n_toks);
+        if (!rc && copy_src >= 0 && ex_engine_kv_copy(s->e, copy_src, q->kv.blocks[k], copy_n) == 0) s->st.kv_copies++;
+        else copy_n = 0;
+        if (copy_src >= 0) ex_kv_block_unref(kv, copy_src);
+        if (rc) { /* cannot happen: counted above */
+            ex_kv_table_release(kv, &q->kv);
+            break;
+        }
+        q->n_cached = k * bs + copy_n;
+        q->pend_blk = -1;
+        ex_kv_table_register(kv, &q->kv, q->bh, q->toks, q->n_bh);
+        ex_fair_run(s->fair, it, q->kv.n);
+        s->n_wait--;
+        s->run[s->n_run++] = q;
+        if (s->prefix) {
+            s->st.prefix_queries += (uint64_t)q->n_toks;
+            s->st.prefix_hits += (uint64_t)q->n_cached;
+        }
+        if (q->cached < 0) {
+            q->cached = q->n_cached < q->n_prompt ? q->n_cached : q->n_prompt;
+            q->queue_ns = cm_time_ns() - q->t_submit;
+        }
+    }
+}
+
+static int ord_cmp(const void *pa, const void *pb) {
+    const ord_key *a = pa, *b = pb;
+    if (a->priority != b->priority) return a->priority < b->priority ? -1 : 1;
+    if (a->share != b->share) return a->share < b->share ? -1 : 1;
+    return a->arrival < b->arrival ? -1 : a->arrival > b->arrival;
+}
+
+/* Orders this step's prompt chunks (running sequences with more than one token to compute)
+ * into s->ord as fair.h's ex_fair_before would. */
+static void order_prefills(ex_sched *s) {
+    s->n_ord = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        seq *q = s->run[i];
+        if (q->n_toks - q->n_cached > 1)
+            s->ordk[s->n_ord++] = (ord_key){ q->fi.priority, ex_fair_share(s->fair, &q->fi, 0, 0), q->fi.arrival, q };
+    }
+    qsort(s->ordk, (size_t)s->n_ord, sizeof *s->ordk, ord_cmp);
+    for (int i = 0; i < s->n_ord; i++) s->ord[i] = s->ordk[i].q;
+}
+
+/* Adds a step of x tokens that took y seconds to the fitted cost (weights decay by 0.98 a step). */
+static void fit_step(ex_sched *s, double x, double y) {
+    const double d = 0.98;
+    s->fit_w = s->fit_w * d + 1;
+    s->fit_x = s->fit_x * d + x;
+    s->fit_y = s->fit_y * d + y;
+    s->fit_xx = s->fit_xx * d + x * x;
+    s->fit_xy = s->fit_xy * d + x * y;
+}
+
+/* Adds a step of x tokens and attention work z (query tokens x positions attended) that took y
+ * seconds to the decode guard's cost model (weights decay by 0.98 a step). */
+static void cost_add(ex_sched *s, double x, double z, double y) {
+    const double d = 0.98, v[9] = { 1, x, z, y, x * x, x * z, z * z, x * y, z * y };
+    for (int i = 0; i < 9; i++) s->cf[i] = s->cf[i] * d + v[i];
+}
+
+static double det3(const double m[3][3]) {
+    return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+           m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+}
+
+/* The guard's cost model (opts.step_cost, or the fit's least-squares solution). 0 while the fit
+ * has too few or too alike steps, or gives a negative or zero attention cost: no guard then. */
+static int cost_model(const ex_sched *s, double *a, double *b, double *c) {
+    const double *o = s->o.step_cost;
+    if (o[0] > 0 || o[1] > 0 || o[2] > 0) {
+        *a = o[0], *b = o[1], *c = o[2];
+        return *c > 0 || *b > 0;
+    }
+    const double *f = s->cf;
+    if (f[0] < 8) return 0;
+    double m[3][3] = { { f[0], f[1], f[2] }, { f[1], f[4], f[5] }, { f[2], f[5], f[6] } }, r[3] = { f[3], f[7], f[8] };
+    double D = det3(m);
+    if (!(fabs(D) > 1e-9 * f[0] * f[4] * f[6])) return 0;
+    double sol[3];
+    for (int k = 0; k < 3; k++) {
+        double t[3][3];
+        memcpy(t, m, sizeof t);
+        for (int i = 0; i < 3; i++) t[i][k] = r[i];
+        sol[k] = det3(t) / D;
+    }
+    *a = sol[0] > 0 ? sol[0] : 0, *b = sol[1] > 0 ? sol[1] : 0, *c = sol[2];
+    return *c > 0;
+}
+
+/* The most tokens of a prompt chunk at context n0 whose cost b * w + c * w * (n0 + w) fits e. */
+static int chunk_fit(double b, double c, int n0, double e) {
+    if (e <= 0) return 0;
+    double B = b + c * n0, w = c > 0 ? (-B + sqrt(B * B + 4 * c * e)) / (2 * c) : B > 0 ? e / B : 1e9;
+    return w >= 1e9 ? 1000000000 : (int)w;
+}
+
+/* The tokens whose cost equals a step's fixed cost (a / b of the fitted a + b * tokens), within
+ * [0, budget]; an eighth of the budget until the fit has seen steps of different sizes. */
+static int fixed_tokens(const ex_sched *s) {
+    int budget = s->o.max_tokens, dflt = budget / 8 > 0 ? budget / 8 : 1;
+    if (s->o.fixed_tokens > 0) return s->o.fixed_tokens < budget ? s->o.fixed_tokens : budget;
+    double den = s->fit_w * s->fit_xx - s->fit_x * s->fit_x;
+    if (s->fit_w < 8 || !(den > 1e-9 * s->fit_w * s->fit_xx)) return dflt;
+    double b = (s->fit_w * s->fit_xy - s->fit_x * s->fit_y) / den, a = (s->fit_y - b * s->fit_x) / s->fit_w;
+    if (!(b > 0) || !(a >= 0)) return dflt;
+    double t = a / b;
+    return t > budget ? budget : (int)t;
+}
+
+/* The sequence to preempt so that q can grow: the best victim by fair.h among the running
+ * sequences not in this step's batch, q itself included. Its index, or -1 when q is the only
+ * candidate. */
+static int growth_victim(const ex_sched *s, const seq *q) {
+    int v = -1, others = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        const seq *r = s->run[i];
+        if (r->in_batch) continue;
+        others += r != q;
+        if (v < 0 || ex_fair_victim_before(s->fair, &r->fi, &s->run[v]->fi)) v = i;
+    }
+    return others ? v : -1;
 }
 
 static int is_stop(const seq *q, int32_t t) {
@@ -467,10 +763,8 @@ static void gram_maintain(ex_sched *s) {
         int n = 0;
         for (int i = 0; i < s->n_run; i++)
             if (s->run[i]->gslot == gi) s->glive[n++] = &s->run[i]->gs;
-        for (int i = 0; i < s->n_wait; i++) {
-            seq *q = s->wq[(s->wq_head + i) % s->o.max_waiting];
-            if (q->gslot == gi) s->glive[n++] = &q->gs;
-        }
+        for (ex_fair_item *it = ex_fair_first(s->fair); it; it = ex_fair_after(s->fair, it))
+            if (seq_of(it)->gslot == gi) s->glive[n++] = &seq_of(it)->gs;
         ex_gram_compact(s->gc[gi].g, s->glive, n, 0); /* on failure the states' masks fail: ERROR */
     }
 }
@@ -488,36 +782,75 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     n = take;
     int room = cap - n; /* events left for this step's sequences */
 
+    admit(s);
+    order_prefills(s);
     ex_batch_buf_clear(&s->bb);
-    int budget = s->o.max_tokens, nb = 0, preempted = 0;
+    int budget = s->o.max_tokens, nb = 0;
+    /* Between tenants (fair.h): the step's first prompt chunk in fair.h's order leads it; the
+     * prompt chunks that yield to it (less urgent, or of a tenant with a larger share) wait, and
+     * so do the decodes that yield to it far (less urgent, or of a tenant with more than twice
+     * its share), so a light tenant's first token is not held up by a flooding one; and prompt
+     * chunks of a tenant over its share while another runs may make a step cost at most twice
+     * what it would without them (by the fitted cost of a step; at least a sixteenth of the
+     * budget), so steps stay short while the other's next request may be waiting for its first
+     * token. */
+    const ex_fair_item *lead = s->n_ord ? &s->ord[0]->fi : NULL;
+    int other = 0, over = 0, fixed = fixed_tokens(s), budget_min = s->o.max_tokens / 16 > 0 ? s->o.max_tokens / 16 : 1;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
-    /* Pass 0: decoding sequences (one token each), pass 1: prefill chunks, oldest first in
-     * each, so a long prompt never delays the running decodes. A sequence that needs a block
-     * when none is free preempts the newest running sequence not already in this step's
-     * batch; when there is none, it sits this step out (or, alone, finishes with CM_ENOKV). */
+    /* the decode guard (sched.h): its model, the decodes' cost, the bound */
+    double ca = 0, cb = 0, cc = 0, stall = s->o.stall_max, dec_cost = 0, cost = 0;
+    int guard = stall > 0 && cost_model(s, &ca, &cb, &cc), n_dec = 0, n_chunks = 0;
+    cost = ca; /* the step's predicted cost so far */
+    /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
+     * fair.h's order, so a long prompt never delays the running decodes. A sequence that needs
+     * a block when none is free preempts the best victim among the running sequences not
+     * already in this step's batch (itself, when fair.h ranks it first); when there is none,
+     * it sits this step out (or, alone, finishes with CM_ENOKV). */
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < s->n_run && budget > 0 && nb < room; i++) {
-            seq *q = s->run[i];
+        if (pass) dec_cost = cost; /* the decodes alone */
+        for (int i = 0; i < (pass ? s->n_ord : s->n_run) && budget > 0 && nb < room; i++) {
+            seq *q = pass ? s->ord[i] : s->run[i];
+            if (!q || q->fi.state != EX_FAIR_RUNNING) continue; /* preempted in this pass */
             int want = q->n_toks - q->n_cached;
             if (q->in_batch || (pass == 0) != (want == 1)) continue;
             if (want > budget) want = budget;
-            int rc;
+            int is_over = pass && ex_fair_over(s->fair, &q->fi);
+            int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
+            if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
+            if (is_over && want > over_left) want = over_left;
+            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
+                int w = chunk_fit(cb, cc, q->n_cached, stall * dec_cost - cost);
+                if (w < s->lim.block_size) {
+                    if (n_chunks) continue; /* the step is full: the next one takes it */
+                    w = s->lim.block_size;
+                }
+                if (want > w) want = w;
+            }
+            int rc, v = -1;
             while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
-                int v = s->n_run - 1;
-                while (v >= 0 && (s->run[v]->in_batch || s->run[v] == q)) v--;
-                if (v < 0) break;
+                if ((v = growth_victim(s, q)) < 0 || s->run[v] == q) break;
+                if (!pass && v < i) i--; /* q moves down one slot */
                 preempt(s, v);
-                preempted = 1;
-                if (v < i) i--; /* q moved down one slot */
+            }
+            if (rc == CM_ENOKV && v >= 0) { /* q itself is the one to go */
+                if (!pass) i--;
+                preempt(s, v);
+                continue;
             }
             if (rc == CM_ENOKV && s->n_run == 1) {
                 /* the pool cannot hold this sequence even alone */
                 push_pending(s, q, -1, SHM_FINISH_ERROR, CM_ENOKV);
-                run_remove(s, i);
+                run_remove(s, run_index(s, q));
                 seq_free(s, q);
                 break;
             }
             if (rc) continue; /* every other sequence is in the batch: wait for the next step */
+            ex_fair_set_blocks(s->fair, &q->fi, q->kv.n);
+            if (is_over) over += want;
+            else other += want;
+            cost += cb * want + cc * (double)want * (q->n_cached + want);
+            if (pass) n_chunks++;
+            else n_dec++;
             q->in_batch = 1;
             s->batch_seq[nb] = q;
             s->batch_n[nb] = want;
@@ -525,21 +858,6 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             nb++;
             budget -= want;
         }
-    }
-    /* admissions: whole current context's blocks must be free (no admission after a preemption) */
-    while (!preempted && s->n_wait > 0 && s->n_run < s->o.max_running && budget > 0 && nb < room) {
-        seq *q = s->wq[s->wq_head];
-        if (ex_kv_table_reserve(s->kv, &q->kv, q->n_toks) != 0) break;
-        s->wq_head = (s->wq_head + 1) % s->o.max_waiting;
-        s->n_wait--;
-        s->run[s->n_run++] = q;
-        q->in_batch = 1;
-        int want = q->n_toks < budget ? q->n_toks : budget;
-        s->batch_seq[nb] = q;
-        s->batch_n[nb] = want;
-        ex_batch_buf_add_kv(&s->bb, q->toks, want, 0, &q->kv, 0);
-        nb++;
-        budget -= want;
     }
     if (nb == 0) {
         *n_ev = n;
@@ -560,8 +878,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
                                              .n_prev = q->n_toks, .pos = q->n_toks, .bias = q->bias, .n_bias = n_bias,
                                              .mask = mask };
     }
+    double work = 0; /* attention work: each token x the positions it attends to */
+    for (int b = 0; b < nb; b++) work += (double)s->batch_n[b] * (s->batch_seq[b]->n_cached + s->batch_n[b]);
+    uint64_t t0 = cm_time_ns();
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
+    double dt = (double)(cm_time_ns() - t0) * 1e-9;
+    fit_step(s, s->bb.b.n_tokens, dt);
+    cost_add(s, s->bb.b.n_tokens, work, dt);
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 
@@ -569,6 +893,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         seq *q = s->batch_seq[b];
         q->n_cached += s->batch_n[b];
         ex_kv_table_slide(s->kv, &q->kv, q->n_cached); /* sliding-window blocks behind the window */
+        ex_kv_table_computed(s->kv, &q->kv, q->n_cached); /* its cached blocks become reusable */
         if (q->n_cached < q->n_toks) continue; /* prefill chunk: nothing to sample yet */
         ex_event *e = &ev[n++];
         memset(e, 0, sizeof *e);
@@ -584,12 +909,18 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             q->toks[q->n_toks++] = t;
             q->n_gen++;
             s->st.tokens_generated++;
+            if (s->prefix && q->n_toks % s->lim.block_size == 0) { /* a block of known tokens: cached, pending */
+                seq_hash(s, q);
+                ex_kv_table_register(s->kv, &q->kv, q->bh, q->toks, q->n_bh);
+            }
             if (is_stop(q, t)) e->finish = SHM_FINISH_STOP;
             else if (q->n_gen >= (int64_t)q->sp.max_tokens) e->finish = SHM_FINISH_LENGTH;
             else if (q->n_toks >= s->lim.n_ctx) e->finish = SHM_FINISH_CONTEXT;
             else if (g && ex_gram_finished(g, &q->gs)) e->finish = SHM_FINISH_STOP; /* nothing more is allowed */
         }
         e->n_gen = q->n_gen;
+        e->n_cached = q->cached > 0 ? q->cached : 0;
+        e->queue_ns = q->queue_ns;
         if (e->finish) {
             for (int i = 0; i < s->n_run; i++) if (s->run[i] == q) { run_remove(s, i); break; }
             seq_free(s, q);
@@ -607,4 +938,6 @@ void ex_sched_stats_get(const ex_sched *s, ex_sched_stats *st) {
     st->n_running = s->n_run;
     st->kv_free = ex_kv_n_free(s->kv);
     st->kv_total = ex_kv_n_blocks(s->kv);
+    st->kv_cached = ex_kv_n_cached(s->kv);
+    st->prefix_cache = s->prefix;
 }

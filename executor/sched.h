@@ -1,17 +1,49 @@
-/* sched: continuous batching over an engine. Requests wait in a FIFO queue; each step the
- * running sequences get their next tokens within a token budget — first every decoding
- * sequence (one token each, oldest first), then the next prompt chunk of each prefilling one
- * — waiting requests join while sequences, budget and KV blocks allow, one forward pass runs
- * over the whole batch, and every sequence whose context is fully in the cache samples its
- * next token.
+/* sched: continuous batching over an engine. Each step, waiting requests are admitted first
+ * (in executor/fair.h's order: priority, then fair share between tenants, then arrival) while
+ * running slots, KV blocks and the step's token budget allow; then the running sequences get
+ * their next tokens within the budget — every decoding sequence one token (oldest first), then
+ * the next prompt chunk of each prefilling one, in fair.h's order — one forward pass runs over
+ * the whole batch, and every sequence whose context is fully in the cache samples its next
+ * token.
  *
- * KV: a sequence is admitted only when the free pool holds blocks for its whole current
- * context; each step it grows by a block when it needs one. When a running sequence cannot
- * grow, the newest running sequence not already in this step's batch is preempted: its
- * blocks are freed and it goes back to the front of the queue to be recomputed from its
- * tokens (prompt + generated); the sampler's (seed, position) draws make it produce the same
- * tokens again. With no such victim the sequence sits the step out; alone, it finishes with
- * SHM_FINISH_ERROR and err CM_ENOKV. No request is admitted in a step that preempted.
+ * Between tenants, so that one flooding the executor cannot delay another's first token by more
+ * than about a step: a step that carries a prompt chunk of one class (the more urgent priority,
+ * then the tenant further under its share) carries no prompt chunk of a later class; and while
+ * a tenant further under its share has requests running, the prompt chunks of the tenants over
+ * their share may make a step cost at most twice what it would without them: they get as many
+ * tokens as the step's other tokens plus those that cost as much as a step's fixed part
+ * (fitted, a + b * tokens, to the forward passes' times; opts.fixed_tokens sets it), and at
+ * least a sixteenth of the budget.
+ *
+ * Decodes are not stalled by long prompts (the decode guard, on by default on GPU backends): a
+ * step that carries decoding sequences may cost at most opts.stall_max (1.75) times what its decodes alone would, by a cost
+ * model of the forward pass, a + b * tokens + c * attention work (the positions each token
+ * attends to, summed), fitted to the forward passes' times. Each prompt chunk gets the tokens
+ * that fit what is left of that bound (fewer as its context grows: a chunk deep into a 128k
+ * prompt costs far more per token than the first), and at least one block's worth, so every
+ * prompt still advances. A step without decodes takes whole chunks up to the budget.
+ *
+ * KV: a sequence is admitted only when the pool holds blocks for its whole current context
+ * (beyond what the prefix cache gives it) and for this step's growth of the decoding
+ * sequences; each step it grows by a block when it needs one. When a running sequence cannot
+ * grow, the best victim by fair.h (least urgent priority, tenant furthest over its share,
+ * newest) among the running sequences not already in this step's batch, itself included, is
+ * preempted: its blocks are released and it goes back to the queue, ahead of the later
+ * arrivals of its tenant, to be recomputed from its tokens (prompt + generated); the
+ * sampler's (seed, position) draws make it produce the same tokens again. With no other
+ * candidate the sequence sits the step out; alone, it finishes with SHM_FINISH_ERROR and err
+ * CM_ENOKV. A waiting request that does not fit may also preempt running sequences that
+ * fair.h lets it (a less urgent priority, or a tenant over its share).
+ *
+ * Prefix cache (on unless opts.no_prefix_cache, or the model has sliding-window layers;
+ * executor/kv.h): a request takes over the longest cached prefix of its tokens in whole blocks
+ * and prefills only the rest; its last token is always computed, so there are logits to
+ * sample. When another running sequence has the next, partly filled block's positions
+ * computed (the n choices of one request, or an identical prompt), those positions are copied
+ * into a block of its own (the backend's kv_copy) instead of recomputed. A request whose
+ * prefix another sequence is computing right now waits for it rather than computing it
+ * twice. The events report the prompt tokens that were not computed (n_cached: at the first
+ * admission) and the time queued.
  *
  * Sequences finish (enum shm_finish, the ring's) on max_tokens (LENGTH), one of the request's
  * stop ids (STOP; the token is reported with the finish; the scheduler knows no end-of-generation
@@ -75,6 +107,9 @@ typedef struct ex_request {
                                    * own earlier output (shm_submit's n_generated); they count
                                    * toward max_tokens and min_tokens and events' n_gen, not
                                    * n_prompt. 0 <= n_generated < min(n_prompt, max_tokens) */
+    int32_t          priority;    /* lower values are admitted and kept first (vLLM's convention); 0 default */
+    uint64_t         tenant;      /* the tenant's id (0: none) for fair share; see executor/fair.h */
+    uint32_t         weight;      /* the tenant's weight, >= 1 (0 is taken as 1) */
 } ex_request;
 
 /* One sequence's news from a step: a new token, a finish, or both. */
@@ -90,25 +125,43 @@ typedef struct ex_event {
     const float  *embd;       /* an embedding request's vector [n_embd] (finish STOP), valid until the
                                * next step; NULL otherwise */
     int           n_embd;
+    int           n_cached;   /* prompt tokens its first admission took from the prefix cache */
+    uint64_t      queue_ns;   /* submit -> first admission (0: never admitted) */
 } ex_event;
 
 typedef struct ex_sched_opts {
     int max_running;      /* sequences in the running set; 0 = the engine's max_seqs */
     int max_tokens;       /* token budget per step; 0 = the engine's max_tokens */
     int max_waiting;      /* queue cap; submit beyond it returns CM_EFULL; 0 = 1024 */
+    int no_prefix_cache;  /* 1: every request computes its whole prompt (--no-prefix-cache) */
+    int fixed_tokens;     /* tokens that cost as much as a step's fixed part (the contended-step
+                           * rule above); 0 = fitted from the forward passes' times */
+    double stall_max;     /* a step carrying decodes may cost at most this many times its decodes
+                           * alone (the decode guard above); < 0: no guard; 0: 1.75 on a GPU
+                           * backend, no guard on the CPU backend (its step times on a shared
+                           * machine are too noisy to fit) */
+    double step_cost[3];  /* the guard's cost model a + b * tokens + c * attention work; all 0 =
+                           * fitted from the forward passes' times (tests set it) */
 } ex_sched_opts;
 
 typedef struct ex_sched_stats {
     int      n_waiting, n_running;
-    int      kv_free, kv_total;       /* blocks */
+    int      kv_free, kv_total;       /* blocks (free counts cached blocks nobody holds) */
     uint64_t steps, tokens_forwarded, tokens_generated, preemptions;
+    int      kv_cached;               /* cached blocks nobody holds (reusable, evictable) */
+    int      prefix_cache;            /* 1: the prefix cache is on */
+    /* as vLLM counts them: every admission (re-admissions after preemption too) queries its
+     * tokens and hits those it takes from the cache */
+    uint64_t prefix_queries, prefix_hits;
+    uint64_t kv_copies;               /* partly filled blocks copied instead of recomputed */
 } ex_sched_stats;
 
 typedef struct ex_sched ex_sched;
 
 void ex_sched_opts_default(ex_sched_opts *o);
-/* e must outlive the scheduler, which owns its KV allocator's use from now on.
- * Returns 0, CM_EINVAL or CM_ENOMEM. */
+/* e must outlive the scheduler, which owns its KV allocator's use from now on (and turns its
+ * prefix cache on unless o->no_prefix_cache: logged when the model's sliding-window layers
+ * keep it off). Returns 0, CM_EINVAL or CM_ENOMEM. */
 int  ex_sched_create(ex_engine *e, const ex_sched_opts *o, ex_sched **out);
 void ex_sched_destroy(ex_sched *s); /* accepts NULL; drops every request without events */
 

@@ -114,15 +114,24 @@ int gw_tenant_valid(const char *t) {
     return 1;
 }
 
+uint64_t gw_tenant_id(const char *tenant) {
+    if (!tenant || !*tenant) return 0;
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = tenant; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
 /* ---- the keys file ------------------------------------------------------------------------- */
 
 int gw_key_format(const gw_key *k, char *buf, size_t cap) {
     char hex[65];
     to_hex(k->hash, 32, hex);
     int n = snprintf(buf, cap,
-                     "hash=%s tenant=%s models=%s rpm=%lld tpm=%lld concurrency=%lld daily-tokens=%lld enabled=%d created=%lld",
+                     "hash=%s tenant=%s models=%s rpm=%lld tpm=%lld concurrency=%lld daily-tokens=%lld weight=%lld enabled=%d "
+                     "created=%lld",
                      hex, k->tenant, k->models[0] ? k->models : "*", (long long)k->rpm, (long long)k->tpm,
-                     (long long)k->concurrency, (long long)k->daily_tokens, k->enabled ? 1 : 0, (long long)k->created);
+                     (long long)k->concurrency, (long long)k->daily_tokens, (long long)(k->weight ? k->weight : 1),
+                     k->enabled ? 1 : 0, (long long)k->created);
     return n < 0 || (size_t)n >= cap ? -1 : n;
 }
 
@@ -149,6 +158,7 @@ static int parse_line(char *line, gw_key *k, const char **why) {
     if (!*p || *p == '#' || *p == '\n' || *p == '\r') return 0;
     memset(k, 0, sizeof *k);
     k->enabled = 1;
+    k->weight = 1;
     strcpy(k->models, "*");
     int have_hash = 0;
     char *save = NULL;
@@ -177,8 +187,11 @@ static int parse_line(char *line, gw_key *k, const char **why) {
         else if (!strcmp(n, "tpm")) k->tpm = x;
         else if (!strcmp(n, "concurrency")) k->concurrency = x;
         else if (!strcmp(n, "daily-tokens")) k->daily_tokens = x;
-        else if (!strcmp(n, "created")) k->created = x;
-        else { *why = "unknown field (known: hash tenant models rpm tpm concurrency daily-tokens enabled created)"; return -1; }
+        else if (!strcmp(n, "weight")) {
+            if (x < 1 || x > GW_WEIGHT_MAX) { *why = "weight: expected 1..1000"; return -1; }
+            k->weight = x;
+        } else if (!strcmp(n, "created")) k->created = x;
+        else { *why = "unknown field (known: hash tenant models rpm tpm concurrency daily-tokens weight enabled created)"; return -1; }
     }
     if (!have_hash || !k->tenant[0]) { *why = "hash= and tenant= are required"; return -1; }
     char hex[65];
@@ -488,6 +501,7 @@ void gw__limit_admit(const gw_key *k, gw__kstate *s, int64_t now, const char *mo
     t->day = day;
     t->reserved = reserve;
     t->live = 1;
+    t->weight = k->weight >= 1 && k->weight <= GW_WEIGHT_MAX ? (uint32_t)k->weight : 1;
 }
 
 void gw__limit_settle(gw__kstate *s, const gw_auth_ticket *t, int64_t now, int64_t used) {

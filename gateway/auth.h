@@ -41,6 +41,7 @@
 #define GW_KEY_ID_BUF     13                  /* 12 hex digits of the hash + NUL */
 #define GW_TENANT_MAX     64
 #define GW_MODELS_MAX     256
+#define GW_WEIGHT_MAX     1000                /* a key's fair-share weight (shm/shm.h SHM_MAX_WEIGHT) */
 
 /* ---- keys and the keys file ------------------------------------------------------------ */
 
@@ -52,6 +53,8 @@ typedef struct gw_key {
     int64_t rpm, tpm;                 /* requests / tokens per minute (0: unlimited) */
     int64_t concurrency;              /* requests in flight (0: unlimited) */
     int64_t daily_tokens;             /* tokens per UTC day (0: no budget) */
+    int64_t weight;                   /* fair-share weight of its requests in the executors'
+                                       * scheduling, 1..GW_WEIGHT_MAX (0 read as 1) */
     int     enabled;
     int64_t created;                  /* unix seconds */
 } gw_key;
@@ -67,6 +70,9 @@ int  gw_key_well_formed(const char *s, size_t len);
 int  gw_key_allows(const gw_key *k, const char *model);
 /* 1 when tenant is a valid tenant name (1..63 of [A-Za-z0-9._-]). */
 int  gw_tenant_valid(const char *tenant);
+/* The id an executor knows a tenant by (SUBMIT's tenant): a 64-bit hash of the name, never 0;
+ * 0 for NULL or "" (no key store). Can't fail. */
+uint64_t gw_tenant_id(const char *tenant);
 
 /* Reads a keys file into a malloc'ed array (*keys, free() it; *n may be 0). A file that does not
  * exist reads as empty. Returns 0, CM_EIO, CM_ENOMEM, or CM_EFORMAT with "path:line: reason" in err. */
@@ -120,6 +126,7 @@ typedef struct gw_auth_ticket {
     int64_t minute, day;      /* windows of admission */
     int64_t reserved;         /* tokens reserved */
     int     live;             /* 1 until settled */
+    uint32_t weight;          /* the key's fair-share weight (1..GW_WEIGHT_MAX) */
     int     fallback;         /* admitted by the local limiter while Redis was unavailable */
     char    lease[48];        /* Redis: the concurrency lease (and settle-once marker) */
 } gw_auth_ticket;

@@ -4,7 +4,7 @@
  * {tenant}, so one admission's keys live in one Redis Cluster slot):
  *
  *   arka:keyidx:<hash hex>                 "tenant id": which record a presented key names
- *   arka:{T}:key:<id>                      HASH tenant models rpm tpm concurrency daily_tokens enabled created
+ *   arka:{T}:key:<id>                      HASH tenant models rpm tpm concurrency daily_tokens weight enabled created
  *   arka:{T}:k:<id>:m:<minute>             HASH req tok   (expires after 2 minutes)
  *   arka:{T}:k:<id>:d:<day>                HASH req tok   (expires after 2 days)
  *   arka:{T}:k:<id>:lease                  ZSET lease id -> expiry ms: requests in flight; a lease
@@ -119,7 +119,7 @@ static const char ADMIT_LUA[] =
     "local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "local dl = tonumber(ARGV[6]) or 0\n"
     "if dl > 0 and rnow > dl then return {-2} end\n"
-    "local r = redis.call('HMGET', KEYS[1], 'enabled', 'models', 'rpm', 'tpm', 'concurrency', 'daily_tokens')\n"
+    "local r = redis.call('HMGET', KEYS[1], 'enabled', 'models', 'rpm', 'tpm', 'concurrency', 'daily_tokens', 'weight')\n"
     "if not r[1] then return {-1} end\n"
     "local lim = {tonumber(r[3]) or 0, tonumber(r[4]) or 0, tonumber(r[5]) or 0, tonumber(r[6]) or 0}\n"
     "local models = r[2] or '*'\n"
@@ -129,7 +129,7 @@ static const char ADMIT_LUA[] =
     "local dtok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '0')\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', rnow)\n"
     "local inf = redis.call('ZCARD', KEYS[4])\n"
-    "local function out(c) return {c, lim[1], lim[2], lim[3], lim[4], mreq, mtok, dtok, inf, models} end\n"
+    "local function out(c) return {c, lim[1], lim[2], lim[3], lim[4], mreq, mtok, dtok, inf, models, tonumber(r[7]) or 1} end\n"
     "if r[1] ~= '1' then return out(2) end\n"
     "if models ~= '*' and models ~= '' and not string.find(','..models..',', ','..ARGV[3]..',', 1, true) then return out(3) end\n"
     "if lim[4] > 0 and dtok + reserve > lim[4] then return out(4) end\n"
@@ -456,7 +456,7 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         op_free(o);
         return;
     }
-    /* ADMIT's reply: {code, rpm, tpm, conc, daily, mreq, mtok, dtok, inflight, models} */
+    /* ADMIT's reply: {code, rpm, tpm, conc, daily, mreq, mtok, dtok, inflight, models, weight} */
     if (rp->type != REDIS_REPLY_ARRAY || rp->elements < 1 || rp->element[0]->type != REDIS_REPLY_INTEGER) {
         a->stats.redis_errors++;
         if (!o->answered) answer_fallback(o);
@@ -479,8 +479,9 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
     } else {
         long long v[9];
         for (int i = 0; i < 9; i++) v[i] = rp->element[i]->type == REDIS_REPLY_INTEGER ? rp->element[i]->integer : 0;
+        int64_t weight = rp->elements > 10 && rp->element[10]->type == REDIS_REPLY_INTEGER ? rp->element[10]->integer : 1;
         if (c) {
-            c->k.rpm = v[1], c->k.tpm = v[2], c->k.concurrency = v[3], c->k.daily_tokens = v[4];
+            c->k.rpm = v[1], c->k.tpm = v[2], c->k.concurrency = v[3], c->k.daily_tokens = v[4], c->k.weight = weight;
             c->k.enabled = code != 2;
             if (code == 2) c->revoked = 1; /* until a POLL says otherwise */
             if (rp->element[9]->type == REDIS_REPLY_STRING)
@@ -496,7 +497,7 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
         memset(&k, 0, sizeof k);
         snprintf(k.tenant, sizeof k.tenant, "%s", o->tenant);
         snprintf(k.id, sizeof k.id, "%s", o->id);
-        k.rpm = v[1], k.tpm = v[2], k.concurrency = v[3], k.daily_tokens = v[4], k.enabled = code != 2;
+        k.rpm = v[1], k.tpm = v[2], k.concurrency = v[3], k.daily_tokens = v[4], k.enabled = code != 2, k.weight = weight;
         snprintf(k.models, sizeof k.models, "%s", rp->element[9]->type == REDIS_REPLY_STRING ? rp->element[9]->str : "*");
         gw__kstate s = {o->minute, v[5], v[6], o->day, 0, v[7], v[8]};
         if (code == 0) { /* counters as they were before this admission */
@@ -515,6 +516,7 @@ static void reply_admit(redisAsyncContext *ac, void *reply, void *priv) {
             res.ticket.day = o->day;
             res.ticket.reserved = o->reserve;
             res.ticket.live = 1;
+            res.ticket.weight = weight >= 1 && weight <= GW_WEIGHT_MAX ? (uint32_t)weight : 1;
             snprintf(res.ticket.lease, sizeof res.ticket.lease, "%s", o->lease);
         }
     }
@@ -1051,9 +1053,10 @@ int gw_redis_key_put(const char *url, const gw_key *k, char *err, size_t errlen)
     snprintf(idx, sizeof idx, "arka:keyidx:%s", hex);
     snprintf(rec, sizeof rec, "arka:{%s}:key:%s", k->tenant, k->id);
     snprintf(val, sizeof val, "%s %s", k->tenant, k->id);
-    redisReply *rp = redisCommand(c, "HSET %s tenant %s models %s rpm %lld tpm %lld concurrency %lld daily_tokens %lld enabled %d created %lld hash %s",
+    redisReply *rp = redisCommand(c, "HSET %s tenant %s models %s rpm %lld tpm %lld concurrency %lld daily_tokens %lld weight %lld enabled %d created %lld hash %s",
                                   rec, k->tenant, k->models[0] ? k->models : "*", (long long)k->rpm, (long long)k->tpm,
-                                  (long long)k->concurrency, (long long)k->daily_tokens, k->enabled ? 1 : 0, (long long)k->created, hex);
+                                  (long long)k->concurrency, (long long)k->daily_tokens, (long long)(k->weight ? k->weight : 1),
+                                  k->enabled ? 1 : 0, (long long)k->created, hex);
     int rc = !rp || rp->type == REDIS_REPLY_ERROR ? CM_EIO : 0;
     if (rp) freeReplyObject(rp);
     if (!rc) {
@@ -1133,6 +1136,7 @@ int gw_redis_keys_list(const char *url, gw_key **keys, int *n, gw_key_usage **us
             snprintf(k->models, sizeof k->models, "%s", field_str(h, "models"));
             k->rpm = field_i64(h, "rpm"), k->tpm = field_i64(h, "tpm"), k->concurrency = field_i64(h, "concurrency");
             k->daily_tokens = field_i64(h, "daily_tokens"), k->enabled = field_i64(h, "enabled") == 1;
+            k->weight = field_i64(h, "weight") > 0 ? field_i64(h, "weight") : 1;
             k->created = field_i64(h, "created");
             freeReplyObject(h);
             if (usage) {

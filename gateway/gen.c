@@ -162,6 +162,7 @@ int gw_gen_create(gw_gen_env *env, gw_oai_req *q, const gw_gen_sink *sink, void 
     for (int i = 0; i < n; i++) {
         g->ch[i].g = g;
         g->ch[i].idx = i;
+        g->ch[i].queue_ns = -1;
         int rc = tok_detok_init(&g->ch[i].dt, env->vocab, TOK_DETOK_SKIP_CONTROL);
         if (!rc) rc = tok_stop_init(&g->ch[i].st, (const char *const *)g->q.stop, NULL, g->q.n_stop);
         if (rc) {
@@ -434,6 +435,12 @@ void gw_gen_embedding(gw_gen *g, int i, const struct shm_embed *em) {
         return;
     }
     memcpy(c->embd, em->v, sizeof(float) * em->n_embd);
+}
+
+void gw_gen_admitted(gw_gen *g, int i, const struct shm_tok_admit *a) {
+    if (g->state != GW_GEN_RUNNING || i < 0 || i >= g->n) return;
+    g->ch[i].queue_ns = (int64_t)a->queue_ns;
+    if (i == 0) g->cached = (int)a->cached_prompt_tokens;
 }
 
 void gw_gen_choice_done(gw_gen *g, int i, const struct shm_done *d) {

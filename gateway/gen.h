@@ -150,6 +150,7 @@ typedef struct gw_gen_choice {
     int32_t  *prompt;             /* NULL: the generation's prompt */
     int       n_prompt;
     float    *embd;               /* [n_embd] once it came */
+    int64_t   queue_ns;           /* its executor's queue time (SUBMIT read -> first scheduled); -1 unknown */
 } gw_gen_choice;
 
 struct gw_gen {
@@ -173,8 +174,8 @@ struct gw_gen {
     int            n_open;        /* choices running */
     int            ran;           /* it reached RUNNING (the sink's start ran) */
     int            reached;       /* its choices went to an executor: the prompt is billed */
-    int            cached;        /* prompt tokens served from a prefix cache (the executors report 0
-                                   * until they have one) */
+    int            cached;        /* prompt tokens the executor took from its prefix cache for the
+                                   * first choice (usage's cached_tokens; the prompt is billed once) */
     gw_oai_usage   usage;         /* prompt tokens once prepared; completion tokens when it ends */
     uint64_t       t_start;       /* uv_hrtime at gw_gen_start */
     /* the transport's */
@@ -232,6 +233,9 @@ void gw_gen_release(gw_gen *g);
 
 /* A token of choice i; top: t->n_top alternatives (may be NULL when none). */
 void gw_gen_token(gw_gen *g, int i, const struct shm_tok *t, const struct shm_top *top);
+/* Choice i's admission in the executor, with its first token (before gw_gen_token): the prompt
+ * tokens taken from the prefix cache and the time queued. */
+void gw_gen_admitted(gw_gen *g, int i, const struct shm_tok_admit *a);
 /* Choice i ended in the executor: d->finish, d->completion_tokens (must equal the tokens
  * received), d->cached_prompt_tokens. */
 void gw_gen_choice_done(gw_gen *g, int i, const struct shm_done *d);

@@ -34,7 +34,7 @@ struct gw_met_fam {
 };
 
 /* Running totals of one executor's stats block, kept monotonic across restarts. */
-enum { CTR_PROMPT, CTR_GEN, CTR_PREEMPT, CTR_STEPS, CTR_N };
+enum { CTR_PROMPT, CTR_GEN, CTR_PREEMPT, CTR_STEPS, CTR_PREFIX_Q, CTR_PREFIX_H, CTR_N };
 enum { H_BATCH, H_TOKENS, H_STEP, H_N };
 struct hist_acc {
     uint64_t last[GW_MET_BOUNDS_MAX + 1], base[GW_MET_BOUNDS_MAX + 1];  /* cumulative, family bounds */
@@ -53,7 +53,7 @@ struct gw_met {
     int n_fam;
     /* the gateway's families (NULL in a bare registry) */
     gw_met_fam *running, *waiting, *kv_usage, *inflight;
-    gw_met_fam *prompt_tok, *gen_tok, *success, *failure, *preempt, *steps;
+    gw_met_fam *prompt_tok, *gen_tok, *success, *failure, *preempt, *steps, *prefix_q, *prefix_h;
     gw_met_fam *ttft, *itl, *e2e, *queue, *req_prompt, *req_gen;
     gw_met_fam *t_requests, *t_prompt, *t_gen, *http, *restarts, *resumed, *redis_err, *fallback;
     gw_met_fam *conns, *evicted, *conns_refused, *buffered, *buffer_refused;
@@ -509,6 +509,8 @@ static const struct fam_def fam_defs[] = {
     { SLOT(failure), C, "request_failure_total", "Requests that failed with an error.", {0}, 0, NULL, 0 },
     { SLOT(preempt), C, "num_preemptions_total", "Sequences preempted for lack of KV-cache blocks.", {0}, 0, NULL, 0 },
     { SLOT(steps), C, "engine_steps_total", "Engine steps run by the executors.", {0}, 0, NULL, 0 },
+    { SLOT(prefix_q), C, "prefix_cache_queries_total", "Prefix cache queries, in tokens (every admission's tokens).", {0}, 0, NULL, 0 },
+    { SLOT(prefix_h), C, "prefix_cache_hits_total", "Prefix cache hits, in tokens (tokens an admission took from the cache).", {0}, 0, NULL, 0 },
     { SLOT(ttft), H, "time_to_first_token_seconds", "Histogram of time to first token in seconds.", {0}, 0, ttft_bounds, NB(ttft_bounds) },
     { SLOT(itl), H, "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", {0}, 0, tpot_bounds, NB(tpot_bounds) },
     { SLOT(e2e), H, "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", {0}, 0, latency_bounds, NB(latency_bounds) },
@@ -618,6 +620,8 @@ static void exec_totals(gw_met *m) {
     gw_met_set(m->gen_tok, NULL, (double)ctr[CTR_GEN]);
     gw_met_set(m->preempt, NULL, (double)ctr[CTR_PREEMPT]);
     gw_met_set(m->steps, NULL, (double)ctr[CTR_STEPS]);
+    gw_met_set(m->prefix_q, NULL, (double)ctr[CTR_PREFIX_Q]);
+    gw_met_set(m->prefix_h, NULL, (double)ctr[CTR_PREFIX_H]);
 }
 
 static void fold(struct exec_acc *x) {
@@ -644,7 +648,8 @@ void gw_met_executor(gw_met *m, int idx, const struct shm_stats *s) {
     x->kv_used = shm_stat_get(&s->kv_blocks_used);
     x->kv_total = shm_stat_get(&s->kv_blocks_total);
     uint64_t cur[CTR_N] = { shm_stat_get(&s->prompt_tokens_total), shm_stat_get(&s->generation_tokens_total),
-                            shm_stat_get(&s->preemptions_total), shm_stat_get(&s->steps_total) };
+                            shm_stat_get(&s->preemptions_total), shm_stat_get(&s->steps_total),
+                            shm_stat_get(&s->prefix_queries_total), shm_stat_get(&s->prefix_hits_total) };
     /* a counter that went backwards: a new stats block behind an unreported restart */
     for (int c = 0; c < CTR_N; c++) {
         if (cur[c] < x->last[c]) x->base[c] += x->last[c];

@@ -117,7 +117,8 @@ void gw_met_http(gw_met *m, const char *route, int status);
 /* Reads executor idx's stats block (idx < GW_MET_EXEC_MAX; others ignored): sets the model-wide
  * gauges num_requests_running, num_requests_waiting (plus gw_met_set_queued), kv_cache_usage_perc
  * (blocks used / blocks total over all executors), the counters prompt_tokens_total,
- * generation_tokens_total, num_preemptions_total, engine_steps_total (sums over executors), and
+ * generation_tokens_total, num_preemptions_total, engine_steps_total, prefix_cache_queries_total,
+ * prefix_cache_hits_total (tokens, as vLLM counts them; sums over executors), and
  * the per-executor histograms batch_size, batch_tokens, step_time_seconds{executor}. Call it for
  * every live executor before gw_met_render. */
 void gw_met_executor(gw_met *m, int idx, const struct shm_stats *s);

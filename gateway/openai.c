@@ -396,7 +396,7 @@ static const char *const FIELDS_COMMON[] = { "model", "user", "service_tier", "s
 static const char *const FIELDS_SAMPLING[] = { "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                                                "frequency_penalty", "repetition_penalty", "seed", "stop", "n", "logit_bias",
                                                "stream", "stream_options", "max_tokens", "min_tokens", "ignore_eos",
-                                               "response_format", "grammar", NULL };
+                                               "response_format", "grammar", "priority", NULL };
 static const char *const FIELDS_CHAT[] = { "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools",
                                            "tool_choice", "parallel_tool_calls", "chat_template_kwargs", NULL };
 static const char *const FIELDS_CMPL[] = { "prompt", "logprobs", "echo", "suffix", "best_of", "max_completion_tokens", NULL };
@@ -404,7 +404,7 @@ static const char *const FIELDS_RESP[] = { "model", "input", "instructions", "to
                                            "text", "temperature", "top_p", "max_output_tokens", "stream", "store", "metadata",
                                            "user", "service_tier", "truncation", "include", "background",
                                            "chat_template_kwargs", "top_k", "min_p", "seed", "presence_penalty",
-                                           "frequency_penalty", "reasoning", NULL };
+                                           "frequency_penalty", "reasoning", "priority", NULL };
 static const char *const FIELDS_EMBD[] = { "model", "input", "encoding_format", "dimensions", "user", NULL };
 
 static int in_list(const char *const *l, const char *k) {
@@ -795,6 +795,7 @@ static int parse_responses(const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     if ((err = get_num(o, "min_p", 0, 0, 1, 0, &sp->min_p, e))) return err;
     if ((err = get_num(o, "presence_penalty", -2, 0, 2, 0, &sp->presence_penalty, e))) return err;
     if ((err = get_num(o, "frequency_penalty", -2, 0, 2, 0, &sp->frequency_penalty, e))) return err;
+    if ((err = get_int(o, "priority", INT32_MIN, INT32_MAX, &q->priority, e))) return err; /* vLLM's: lower first */
     if ((v = field(o, "seed"))) {
         if (!is_integral(v, -9007199254740992.0, 9007199254740992.0)) return bad_type(e, "seed", "an integer", v);
         sp->has_seed = 1;
@@ -941,6 +942,7 @@ static int parse_body(int kind, const cJSON *o, gw_oai_req *q, gw_oai_err *e) {
     }
     if ((err = parse_stop(o, q, e))) return err;
     if ((err = get_int(o, "n", 1, GW_OAI_N_MAX, &q->n, e))) return err;
+    if ((err = get_int(o, "priority", INT32_MIN, INT32_MAX, &q->priority, e))) return err; /* vLLM's: lower first */
 
     int lp_on = 0, lp_top = 0;
     if (kind == GW_OAI_CHAT) {

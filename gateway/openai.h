@@ -110,6 +110,7 @@ typedef struct gw_oai_req {
     char    *stop[GW_OAI_STOP_MAX];
     int      n_stop;
     int      n;                   /* 1..GW_OAI_N_MAX */
+    int      priority;            /* vLLM's: lower values are scheduled first; 0 when not given */
     struct shm_logit_bias *logit_bias;
     int      n_logit_bias;
     int      stream;

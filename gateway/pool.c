@@ -194,7 +194,8 @@ static int send_submits(gw_pool *p, gw_gen *g) {
                                 .n_bias = (uint32_t)g->q.n_logit_bias, .n_generated = c->prompt ? 0 : (uint32_t)c->n_toks,
                                 .flags = embed ? SHM_SUBMIT_EMBED : g->gram ? SHM_SUBMIT_GRAMMAR : 0,
                                 .pooling = (uint8_t)(embed ? g->env->pooling : 0), .normalize = (uint8_t)(embed && g->env->normalize),
-                                .grammar = g->gram, .grammar_len = (uint32_t)g->gram_len };
+                                .grammar = g->gram, .grammar_len = (uint32_t)g->gram_len, .priority = g->q.priority,
+                                .tenant = gw_tenant_id(g->ticket.tenant), .weight = g->ticket.weight };
         s.sp.has_seed = 1;
         s.sp.seed = g->be.seed + (uint64_t)i; /* n choices with one seed: distinct, reproducible */
         memcpy(s.stop, g->stop_ids, sizeof g->stop_ids);
@@ -351,9 +352,13 @@ static void ex_events(gw_exec *x, void *ud, struct shm_seg *seg) {
                 struct shm_tokens_r rd;
                 struct shm_tok t;
                 const struct shm_top *top;
+                struct shm_tok_admit adm;
                 if (shm_tokens_open(&rd, buf, n) == 0)
                     while (shm_tokens_next(&rd, &t, &top) == 0)
-                        if ((g = lookup(p, t.req_id)) && (i = choice_of(g, t.req_id)) >= 0) gw_gen_token(g, i, &t, top);
+                        if ((g = lookup(p, t.req_id)) && (i = choice_of(g, t.req_id)) >= 0) {
+                            if (shm_tokens_admit(&rd, &adm) == 0) gw_gen_admitted(g, i, &adm);
+                            gw_gen_token(g, i, &t, top);
+                        }
             } else if (type == SHM_MSG_DONE) {
                 struct shm_done d;
                 if (shm_done_decode(buf, n, &d) == 0 && (g = lookup(p, d.req_id)) && (i = choice_of(g, d.req_id)) >= 0)

@@ -235,7 +235,7 @@ static void finish(gw_gen *g, const gw_oai_err *err) {
         const char *reason = c->finish ? gw_finish_name(c->finish) : err ? "error" : "abort";
         double ttft = c->t_first ? (double)(c->t_first - g->t_start) * 1e-9 : -1.0;
         gw_met_request_done(a->cfg.met, NULL, reason, (uint64_t)g->n_prompt, (uint64_t)c->n_toks, ttft,
-                            (double)(c->t_end - g->t_start) * 1e-9, -1.0);
+                            (double)(c->t_end - g->t_start) * 1e-9, c->queue_ns >= 0 ? (double)c->queue_ns * 1e-9 : -1.0);
     }
 }
 

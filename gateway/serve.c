@@ -264,6 +264,7 @@ int gw_serve_run(const gw_serve_opts *o) {
         if (o->cuda_plan) a[i++] = "--cuda-plan", a[i++] = o->cuda_plan;
         if (o->quantize) a[i++] = "--quantize", a[i++] = o->quantize;
         if (o->kv_cache_dtype) a[i++] = "--kv-cache-dtype", a[i++] = o->kv_cache_dtype;
+        if (o->no_prefix_cache) a[i++] = "--no-prefix-cache";
         a[i] = NULL;
         pc.exec_args[k] = a;
     }

@@ -29,6 +29,7 @@ typedef struct gw_serve_opts {
     int         n_ctx;          /* positions per sequence (0: the model's) */
     int         max_batch;      /* sequences per step (0: executor default) */
     int         max_batch_tokens; /* tokens per step (0: executor default) */
+    int         no_prefix_cache;  /* executors compute every prompt in full (--no-prefix-cache) */
     const char *chat_template;  /* built-in name replacing the model's (NULL: the model's) */
     const char *log_level;      /* passed to the executors */
     int         max_conns;      /* HTTP connections (0: default) */

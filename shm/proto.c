@@ -7,6 +7,7 @@
            u32 reserved2 = 0                                                          96 bytes
  *           then i32 prompt[n_prompt] (padded to 8), i32 stop[n_stop] (padded to 8),
  *           shm_logit_bias bias[n_bias],
+ *           then (version 5) u64 tenant, u32 weight, u32 reserved = 0                   16 bytes
  *           then (version 3) u32 flags, u8 pooling, u8 normalize, u16 reserved = 0,
  *           u32 grammar_len, u32 reserved = 0                                           16 bytes
  *           and the grammar program (grammar_len bytes, padded to 8)
@@ -16,7 +17,8 @@
  *           then f32 v[n_embd] (padded to 8)
  *   CANCEL  header, u64 req_id                                                          16 bytes
  *   TOKENS  header, u32 n, u32 reserved = 0, u64 step                                   24 bytes
- *           then n entries: shm_tok (24 bytes), shm_top top[n_top] (8 bytes each)
+ *           then n entries: shm_tok (24 bytes), shm_top top[n_top] (8 bytes each),
+ *           (version 5) shm_tok_admit (16 bytes) when the entry's flags have SHM_TOK_ADMIT
  *   DONE    header, shm_done                                                            56 bytes
  *   ERROR   header, u64 req_id, i32 code, u32 msg_len, msg bytes (no NUL, padded to 8)  24+ bytes
  *
@@ -66,6 +68,12 @@ struct wire_embed {
     uint32_t n_embd, prompt_tokens;
 };
 
+struct wire_submit_tenant { /* version 5: after the bias list, before wire_submit_ext */
+    uint64_t tenant;
+    uint32_t weight;
+    uint32_t reserved;      /* 0 */
+};
+
 struct wire_tokens {
     struct wire_hdr h;
     uint32_t n;
@@ -82,9 +90,11 @@ struct wire_error {
 
 _Static_assert(sizeof(struct shm_sampling) == 56, "shm_sampling wire size");
 _Static_assert(sizeof(struct wire_submit) == 96, "SUBMIT fixed part");
+_Static_assert(sizeof(struct wire_submit_tenant) == 16, "SUBMIT tenant part");
 _Static_assert(sizeof(struct wire_tokens) == 24, "TOKENS fixed part");
 _Static_assert(sizeof(struct shm_tok) == 24, "TOKENS entry");
 _Static_assert(sizeof(struct shm_top) == 8, "TOKENS alternative");
+_Static_assert(sizeof(struct shm_tok_admit) == 16, "TOKENS admission");
 _Static_assert(sizeof(struct shm_logit_bias) == 8, "logit bias entry");
 _Static_assert(sizeof(struct wire_hdr) + sizeof(struct shm_done) == SHM_DONE_SIZE, "DONE size");
 _Static_assert(sizeof(struct wire_error) == 24, "ERROR fixed part");
@@ -120,7 +130,8 @@ int shm_msg_type(const void *buf, size_t len, uint32_t *type) {
 
 static uint64_t submit_size(uint64_t n_prompt, uint64_t n_stop, uint64_t n_bias, uint64_t grammar_len) {
     return sizeof(struct wire_submit) + align8(4 * n_prompt) + align8(4 * n_stop) +
-           sizeof(struct shm_logit_bias) * n_bias + sizeof(struct wire_submit_ext) + align8(grammar_len);
+           sizeof(struct shm_logit_bias) * n_bias + sizeof(struct wire_submit_tenant) + sizeof(struct wire_submit_ext) +
+           align8(grammar_len);
 }
 
 size_t shm_submit_size(const struct shm_submit *s) {
@@ -196,7 +207,7 @@ int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t 
     if (s->req_id == 0 || s->n_prompt < 1 || !s->prompt || (s->n_bias && !s->bias) ||
         !generated_ok(s->n_generated, s->n_prompt, &s->sp) || !sampling_ok(&s->sp) || !ids_ok(s->prompt, s->n_prompt) ||
         !ids_ok(s->stop, s->n_stop) || !bias_ok(s->bias, s->n_bias) || !ext_ok(s->flags, s->pooling, s->normalize, s->grammar_len) ||
-        (s->grammar_len && !s->grammar))
+        (s->grammar_len && !s->grammar) || s->weight > SHM_MAX_WEIGHT)
         return CM_EINVAL;
     uint64_t need = submit_size(s->n_prompt, s->n_stop, s->n_bias, s->grammar_len);
     if (need > cap) return CM_ERANGE;
@@ -223,6 +234,9 @@ int shm_submit_encode(const struct shm_submit *s, void *buf, size_t cap, size_t 
     p += align8(n);
     if (s->n_bias) memcpy(p, s->bias, sizeof(struct shm_logit_bias) * s->n_bias);
     p += sizeof(struct shm_logit_bias) * s->n_bias;
+    struct wire_submit_tenant t = { s->tenant, s->weight ? s->weight : 1, 0 };
+    memcpy(p, &t, sizeof t);
+    p += sizeof t;
     struct wire_submit_ext x = { s->flags, s->pooling, s->normalize, 0, s->grammar_len, 0 };
     memcpy(p, &x, sizeof x);
     p += sizeof x;
@@ -260,6 +274,11 @@ int shm_submit_decode(const void *buf, size_t len, struct shm_submit *out) {
     p += align8(4 * (uint64_t)w.n_stop);
     out->n_bias = w.n_bias;
     out->bias = w.n_bias ? (const struct shm_logit_bias *)p : NULL;
+    struct wire_submit_tenant t;
+    memcpy(&t, p + sizeof(struct shm_logit_bias) * w.n_bias, sizeof t);
+    if (t.weight < 1 || t.weight > SHM_MAX_WEIGHT || t.reserved) return CM_EFORMAT;
+    out->tenant = t.tenant;
+    out->weight = t.weight;
     out->flags = x.flags;
     out->pooling = x.pooling;
     out->normalize = x.normalize;
@@ -381,7 +400,7 @@ int shm_tokens_begin(struct shm_tokens_w *w, void *buf, size_t cap, uint64_t ste
 }
 
 static int tok_ok(const struct shm_tok *t) {
-    return t->token >= 0 && t->n_top <= SHM_MAX_TOP_LOGPROBS && !(t->flags & ~SHM_TOK_LOGPROB) &&
+    return t->token >= 0 && t->n_top <= SHM_MAX_TOP_LOGPROBS && !(t->flags & ~(SHM_TOK_LOGPROB | SHM_TOK_ADMIT)) &&
            t->reserved == 0 && !((t->flags & SHM_TOK_LOGPROB) && isnan(t->logprob));
 }
 
@@ -391,18 +410,26 @@ static int tops_ok(const struct shm_top *top, uint32_t n) {
     return 1;
 }
 
-int shm_tokens_add(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top) {
+int shm_tokens_add_admit(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top,
+                         const struct shm_tok_admit *a) {
     struct shm_tok e = *t;
     e.reserved = 0;
     if (!(e.flags & SHM_TOK_LOGPROB)) e.logprob = 0;
-    if (!tok_ok(&e) || (e.n_top && !top) || !tops_ok(top, e.n_top)) return CM_EINVAL;
-    size_t need = sizeof e + (size_t)e.n_top * sizeof *top;
+    if (!tok_ok(&e) || (e.n_top && !top) || !tops_ok(top, e.n_top) || !(e.flags & SHM_TOK_ADMIT) != !a ||
+        (a && a->reserved))
+        return CM_EINVAL;
+    size_t tops = (size_t)e.n_top * sizeof *top, need = sizeof e + tops + (a ? sizeof *a : 0);
     if (need > w->cap - w->len) return CM_EFULL;
     memcpy(w->buf + w->len, &e, sizeof e);
-    if (e.n_top) memcpy(w->buf + w->len + sizeof e, top, (size_t)e.n_top * sizeof *top);
+    if (e.n_top) memcpy(w->buf + w->len + sizeof e, top, tops);
+    if (a) memcpy(w->buf + w->len + sizeof e + tops, a, sizeof *a);
     w->len += need;
     w->n++;
     return 0;
+}
+
+int shm_tokens_add(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top) {
+    return shm_tokens_add_admit(w, t, top, NULL);
 }
 
 size_t shm_tokens_end(struct shm_tokens_w *w) {
@@ -414,9 +441,15 @@ size_t shm_tokens_end(struct shm_tokens_w *w) {
 static size_t entry_at(const struct shm_tokens_r *rd, size_t off, struct shm_tok *t) {
     if (rd->len - off < sizeof *t) return 0;
     memcpy(t, rd->buf + off, sizeof *t);
-    size_t sz = sizeof *t + (size_t)t->n_top * sizeof(struct shm_top);
+    size_t tops = (size_t)t->n_top * sizeof(struct shm_top);
+    size_t sz = sizeof *t + tops + (t->flags & SHM_TOK_ADMIT ? sizeof(struct shm_tok_admit) : 0);
     if (!tok_ok(t) || rd->len - off < sz) return 0;
     if (!tops_ok((const struct shm_top *)(rd->buf + off + sizeof *t), t->n_top)) return 0;
+    if (t->flags & SHM_TOK_ADMIT) {
+        struct shm_tok_admit a;
+        memcpy(&a, rd->buf + off + sizeof *t + tops, sizeof a);
+        if (a.reserved) return 0;
+    }
     return sz;
 }
 
@@ -431,6 +464,7 @@ int shm_tokens_open(struct shm_tokens_r *rd, const void *buf, size_t len) {
     rd->n = w.n;
     rd->i = 0;
     rd->step = w.step;
+    rd->adm = NULL;
     /* Validate every entry now so that a consumer never acts on half of a corrupt record. */
     size_t off = sizeof w;
     struct shm_tok t;
@@ -447,6 +481,7 @@ int shm_tokens_next(struct shm_tokens_r *rd, struct shm_tok *t, const struct shm
     size_t sz = entry_at(rd, rd->off, t);
     if (!sz) return CM_EFORMAT;
     *top = t->n_top ? (const struct shm_top *)(rd->buf + rd->off + sizeof *t) : NULL;
+    rd->adm = t->flags & SHM_TOK_ADMIT ? rd->buf + rd->off + sizeof *t + (size_t)t->n_top * sizeof(struct shm_top) : NULL;
     rd->off += sz;
     rd->i++;
     return 0;
@@ -558,6 +593,12 @@ int shm_send_embed(struct shm_ring *r, const struct shm_embed *e) {
     if (rc) return rc;
     rc = shm_embed_encode(e, p, need, &len);
     return rc ? rc : shm_ring_commit(r, len);
+}
+
+int shm_tokens_admit(const struct shm_tokens_r *rd, struct shm_tok_admit *out) {
+    if (!rd->adm) return CM_ENOENT;
+    memcpy(out, rd->adm, sizeof *out);
+    return 0;
 }
 
 /* ---- ring convenience -------------------------------------------------------------------- */

@@ -61,7 +61,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * ========================================================================================== */
 
 #define SHM_MAGIC   0x314d48534b524141ull   /* "AARKSHM1" little-endian */
-#define SHM_VERSION 4u  /* 3: SUBMIT's flags and grammar, VOCAB and EMBED records; 4: SUBMIT's n_generated */
+#define SHM_VERSION 5u  /* 3: SUBMIT's flags and grammar, VOCAB and EMBED records; 4: SUBMIT's n_generated; 5: SUBMIT's tenant and weight, TOKENS' admission data, the prefix-cache counters */
 #define SHM_ALIGN   4096u                    /* every part starts on a page */
 
 #define SHM_SUBMIT_CAP_DEFAULT (8u << 20)   /* bytes of submit ring data */
@@ -134,13 +134,16 @@ struct shm_stats {
     _Atomic uint64_t kv_blocks_used;          /* gauge */
     _Atomic uint64_t kv_blocks_total;         /* gauge (set once loaded) */
     _Atomic uint64_t prompt_tokens_total;     /* prompt tokens prefilled (cache hits excluded) */
-    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from a prefix cache (stays 0:
-                                              * the executor has none yet) */
+    _Atomic uint64_t cached_prompt_tokens_total; /* prompt tokens served from the prefix cache (the
+                                              * requests' cached_tokens, counted when they end) */
     _Atomic uint64_t generation_tokens_total; /* tokens sampled */
     _Atomic uint64_t preemptions_total;
     _Atomic uint64_t requests_finished_total; /* DONE records published */
     _Atomic uint64_t steps_total;             /* engine steps */
-    _Atomic uint64_t reserved[6];
+    _Atomic uint64_t prefix_queries_total;    /* tokens looked up in the prefix cache (every admission,
+                                              * re-admissions after preemption too, as vLLM counts) */
+    _Atomic uint64_t prefix_hits_total;       /* of those, tokens found there */
+    _Atomic uint64_t reserved[4];
     struct shm_hist step_time_us;             /* wall time of one engine step, microseconds */
     struct shm_hist batch_size;               /* sequences in one step */
     struct shm_hist batch_tokens;             /* tokens (prefill + decode) in one step */
@@ -424,13 +427,15 @@ int  shm_sampling_check(const struct shm_sampling *p);
 #define SHM_SUBMIT_GRAMMAR 0x2u   /* the output follows the grammar program carried (executor/grammar.h) */
 #define SHM_MAX_GRAMMAR    (1u << 20) /* bytes of a grammar program in a SUBMIT */
 #define SHM_MAX_EMBD       65536u /* floats of an EMBED vector */
+#define SHM_MAX_WEIGHT     1000u  /* a tenant's fair-share weight: 1..SHM_MAX_WEIGHT */
 
-/* A request. n (choices) is handled by the gateway as n separate requests. On decode the array
- * pointers point into the ring record: valid until shm_ring_release() (copy the prompt first). */
+/* A request. n (choices) is handled by the gateway as n separate requests (the executor's
+ * prefix cache lets them share the prompt's KV). On decode the array pointers point into the
+ * ring record: valid until shm_ring_release() (copy the prompt first). */
 struct shm_submit {
     uint64_t req_id;              /* != 0, unique per segment */
-    int32_t  priority;            /* carried for priority scheduling, which the scheduler does not do
-                                   * yet: the gateway sends 0 and the executor ignores it */
+    int32_t  priority;            /* admission and preemption order: lower first (vLLM's convention;
+                                   * the API's priority, default 0) */
     struct shm_sampling sp;
     const int32_t *prompt;        /* [n_prompt] token ids >= 0 */
     uint32_t n_prompt;            /* >= 1 */
@@ -452,10 +457,16 @@ struct shm_submit {
                                    * keep their positions (the sequence's length), so the stream
                                    * goes on as if nothing had happened. < n_prompt and
                                    * < sp.max_tokens; 0 for a new request. */
+    /* version 5 */
+    uint64_t tenant;              /* who the request is billed to, for fair share between tenants (a
+                                   * hash of the key's tenant name; 0: no key store, one tenant) */
+    uint32_t weight;              /* the key's weight in that share: 1..SHM_MAX_WEIGHT (0 is sent as 1) */
 };
 
-/* One generated token inside a TOKENS record (wire layout, 24 bytes; n_top shm_top pairs follow). */
+/* One generated token inside a TOKENS record (wire layout, 24 bytes; n_top shm_top pairs follow,
+ * then a struct shm_tok_admit when flags has SHM_TOK_ADMIT). */
 #define SHM_TOK_LOGPROB 0x1u      /* logprob is valid */
+#define SHM_TOK_ADMIT   0x2u      /* the request's first token from this executor: its admission follows */
 struct shm_tok {
     uint64_t req_id;
     uint32_t seq;                 /* per-request token sequence number, from 0, no gaps */
@@ -469,16 +480,22 @@ struct shm_top {
     int32_t token;
     float   logprob;
 };
+/* How a request was admitted, with its first token (wire layout, 16 bytes): what the final usage
+ * needs even when the gateway ends the request before the executor's DONE comes. */
+struct shm_tok_admit {
+    uint32_t cached_prompt_tokens;/* prompt tokens taken from the prefix cache (as DONE's) */
+    uint32_t reserved;            /* 0 */
+    uint64_t queue_ns;            /* SUBMIT read -> first scheduled (as DONE's) */
+};
 
 struct shm_done {
     uint64_t req_id;
     uint32_t finish;              /* enum shm_finish */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;   /* == number of TOKENS entries sent for the request */
-    uint32_t cached_prompt_tokens;/* <= prompt_tokens: served from a prefix cache (0: the executor
-                                   * has none yet; the gateway reports it as usage's cached_tokens) */
-    uint64_t queue_ns;            /* SUBMIT read -> first scheduled (0: the scheduler does not report
-                                   * admission yet, so queueing counts in prefill_ns) */
+    uint32_t cached_prompt_tokens;/* <= prompt_tokens: taken from the prefix cache at the request's
+                                   * first admission (the gateway reports it as usage's cached_tokens) */
+    uint64_t queue_ns;            /* SUBMIT read -> first scheduled (0: never scheduled) */
     uint64_t prefill_ns;          /* first scheduled -> first token sampled */
     uint64_t decode_ns;           /* first token -> finished */
 };
@@ -550,7 +567,8 @@ struct shm_tokens_w {
     size_t cap, len;
     uint32_t n;
 };
-/* Bytes of a TOKENS record with n_tok entries carrying n_top alternatives in total. */
+/* Bytes of a TOKENS record with n_tok entries carrying n_top alternatives in total (add
+ * sizeof(struct shm_tok_admit) per entry with SHM_TOK_ADMIT). */
 size_t shm_tokens_size(uint32_t n_tok, uint32_t n_top);
 /* Returns 0 or CM_ERANGE (cap below the empty record). */
 int shm_tokens_begin(struct shm_tokens_w *w, void *buf, size_t cap, uint64_t step);
@@ -558,6 +576,10 @@ int shm_tokens_begin(struct shm_tokens_w *w, void *buf, size_t cap, uint64_t ste
  * CM_EINVAL (token < 0, n_top over the cap, NaN logprob, unknown flags) or CM_EFULL (no room;
  * the record so far is intact). */
 int shm_tokens_add(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top);
+/* The same for an entry with SHM_TOK_ADMIT in t->flags, carrying *a (its reserved field 0).
+ * shm_tokens_add refuses that flag; this one requires it. */
+int shm_tokens_add_admit(struct shm_tokens_w *w, const struct shm_tok *t, const struct shm_top *top,
+                         const struct shm_tok_admit *a);
 /* Finalizes the entry count; returns the record length. */
 size_t shm_tokens_end(struct shm_tokens_w *w);
 
@@ -567,12 +589,16 @@ struct shm_tokens_r {
     size_t len, off;
     uint32_t n, i;
     uint64_t step;            /* engine step number */
+    const uint8_t *adm;       /* the last entry's admission data (SHM_TOK_ADMIT), else NULL */
 };
 /* Returns 0 or CM_EFORMAT. */
 int shm_tokens_open(struct shm_tokens_r *rd, const void *buf, size_t len);
 /* Next entry into *t and *top (points into the record; valid until release). Returns 0,
  * CM_EEMPTY after the last entry, or CM_EFORMAT. */
 int shm_tokens_next(struct shm_tokens_r *rd, struct shm_tok *t, const struct shm_top **top);
+/* The admission data of the entry shm_tokens_next returned last, when its flags had
+ * SHM_TOK_ADMIT: 0, or CM_ENOENT. */
+int shm_tokens_admit(const struct shm_tokens_r *rd, struct shm_tok_admit *out);
 
 /* Ring convenience: reserve, encode in place, commit (with wake-up). Return the encoder's codes
  * plus CM_EFULL (ring full now: retry later) and CM_ETOOBIG (record over the ring's limit). */

@@ -144,6 +144,7 @@ typedef struct cu_state {
                                               * dtoks[T] chunk[1] */
     size_t meta_ints;
     float *h_logits;                         /* pinned [R, n_vocab] */
+    float *h_hidden;                         /* pinned [R, n_embd]: forward_hidden's rows */
     /* device sampling: the packed rows (pinned staging + device copy, kc_sample_pool_bytes(R)),
      * the results [R], and the stager's scratch */
     void *h_samp, *d_samp;
@@ -560,6 +561,7 @@ typedef struct cu_step {
     int dec_all;
     int n_tiles;    /* tensor-core prefill tiles (tiles) */
     int n_split;    /* decode splits (either kernel) */
+    int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
@@ -668,8 +670,10 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, cs));
     KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, cs));
-    KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
-    if (c->final_softcap > 0) KC_FATAL(kc_softcap(s->logits, (size_t)n_out * c->n_vocab, c->final_softcap, cs));
+    if (!st->no_head) {
+        KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
+        if (c->final_softcap > 0) KC_FATAL(kc_softcap(s->logits, (size_t)n_out * c->n_vocab, c->final_softcap, cs));
+    }
     prof_mark(s, PC_HEAD);
 }
 
@@ -799,7 +803,7 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
  * leaving its logits rows in s->logits. Returns whether it was a pure decode step. */
 static void trace_begin(cu_state *s);
 
-static int launch_forward(cu_state *s, const ex_batch *b) {
+static int launch_forward(cu_state *s, const ex_batch *b, int no_head) {
     int pure_decode = b->n_tokens == b->n_seqs && b->n_out == b->n_seqs;
     if (s->fault_at && ++s->n_steps == s->fault_at) { /* testing the fatal path: the step's sync fails */
         CM_LOG_WARN("cuda", "injecting a device fault (--cuda-fault-at-step)", "step=%lld", (long long)s->n_steps);
@@ -808,8 +812,9 @@ static int launch_forward(cu_state *s, const ex_batch *b) {
     const int bk = pure_decode ? bucket_of(b->n_tokens) : b->n_tokens;
     cu_step st;
     stage_step(s, b, pure_decode, bk, &st);
+    st.no_head = no_head;
     cu_graph *g = NULL;
-    if (pure_decode) /* the bucket's graph; per-head kernel: the one with the fewest splits that cover the step */
+    if (pure_decode && !no_head) /* the bucket's graph; per-head kernel: the one with the fewest splits that cover the step */
         for (int i = 0; i < s->n_graphs; i++) {
             cu_graph *c = &s->graphs[i];
             if (c->n_tok != bk || c->tc == st.per_head) continue;
@@ -875,7 +880,7 @@ static void graph_timing_collect(cu_state *s) {
 
 static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logits) {
     cu_state *s = base->impl;
-    int pure_decode = launch_forward(s, b);
+    int pure_decode = launch_forward(s, b, 0);
     CU_FATAL(cudaMemcpyAsync(s->h_logits, s->logits, (size_t)b->n_out * s->cfg.n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
                              s->stream));
     prof_mark(s, PC_COPY);
@@ -884,6 +889,18 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
     graph_timing_collect(s);
     trace_write(s);
     *logits = s->h_logits;
+    return 0;
+}
+
+/* The hidden states after the final norm of the batch's output rows (embeddings): the forward
+ * pass without the head, eager. */
+static int cuda_forward_hidden(ex_backend *base, const ex_batch *b, const float **hidden) {
+    cu_state *s = base->impl;
+    launch_forward(s, b, 1);
+    CU_FATAL(cudaMemcpyAsync(s->h_hidden, s->last_n, (size_t)b->n_out * s->cfg.n_embd * sizeof(float), cudaMemcpyDeviceToHost,
+                             s->stream));
+    CU_FATAL(cudaStreamSynchronize(s->stream));
+    *hidden = s->h_hidden;
     return 0;
 }
 
@@ -897,7 +914,7 @@ static int cuda_forward_sample(ex_backend *base, const ex_batch *b, const ex_sam
     int rc = ex__cuda_sample_stage(s->h_samp, s->lim.max_out, s->cfg.n_vocab, b->n_out, rows, n_rows, s->samp_mark,
                                    s->samp_slot, &n_dev, &bytes);
     if (rc) return rc;
-    int pure_decode = launch_forward(s, b);
+    int pure_decode = launch_forward(s, b, 0);
     if (n_dev) {
         CU_FATAL(cudaMemcpyAsync(s->d_samp, s->h_samp, bytes, cudaMemcpyHostToDevice, s->stream));
         KC_FATAL(kc_sample(s->logits, s->cfg.n_vocab, s->cfg.n_vocab, s->d_samp, n_dev, s->d_sout, s->stream));
@@ -983,6 +1000,7 @@ static void cuda_destroy(ex_backend *base) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
+    cudaFreeHost(s->h_hidden);
     cudaFreeHost(s->h_samp);
     cudaFreeHost(s->h_sout);
     free(s->samp_mark);
@@ -1241,6 +1259,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->base.kv_type = DT_F16;
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
+    s->base.forward_hidden = cuda_forward_hidden;
+    s->base.sample_caps = EX_SAMPLE_CAP_MASK; /* token masks applied in kc_sample */
     s->base.kv_copy = cuda_kv_copy;
     s->base.destroy = cuda_destroy;
     s->base.impl = s;
@@ -1474,9 +1494,10 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                        (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks; /* + bt_swa */
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
-            cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess)
+            cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess ||
+            cudaMallocHost((void **)&s->h_hidden, R * c->n_embd * 4) != cudaSuccess)
             goto oom;
-        size_t pool = kc_sample_pool_bytes(s->lim.max_out);
+        size_t pool = kc_sample_pool_bytes(s->lim.max_out, c->n_vocab);
         if (dalloc(&s->d_samp, pool) || dalloc(&s->d_sout, R * sizeof(kc_sample_out)) ||
             cudaMallocHost(&s->h_samp, pool) != cudaSuccess || cudaMallocHost((void **)&s->h_sout, R * sizeof(kc_sample_out)) != cudaSuccess ||
             !(s->samp_mark = malloc(R)) || !(s->samp_slot = malloc(R * sizeof(int))))

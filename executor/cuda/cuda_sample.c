@@ -21,9 +21,11 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
     *bytes = 0;
     if (n_rows > max_rows || n_rows > n_logits) return CM_EUNSUPPORTED; /* some logits row twice */
     memset(mark, 0, (size_t)n_logits);
+    int n_masked = 0;
     for (int r = 0; r < n_rows; r++) {
         const ex_sample_params *p = rows[r].sp;
         if (mark[rows[r].row]++) return CM_EUNSUPPORTED;
+        if (rows[r].mask && ++n_masked > KC_SAMPLE_MAX_MASKED) return CM_EUNSUPPORTED;
         if ((penalties_on(p) && rows[r].n_prev > 0 && window_of(p, rows[r].n_prev) > KC_SAMPLE_MAX_WINDOW) ||
             rows[r].n_bias > KC_SAMPLE_MAX_BIAS)
             return CM_EUNSUPPORTED;
@@ -42,6 +44,16 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
         const int32_t *win = sr->prev + sr->n_prev - n_win;
         for (int i = 0; i < n_win && !bad; i++) bad = win[i] < 0 || win[i] >= n_vocab;
         if (bad) continue;
+        const int mw = (n_vocab + 31) / 32;
+        int first = -1;
+        if (sr->mask) { /* nothing allowed: refused, as the CPU sampler does */
+            for (int i = 0; i < mw && first < 0; i++) {
+                uint32_t m = sr->mask[i];
+                if (i == n_vocab / 32 && n_vocab % 32) m &= (1u << (n_vocab % 32)) - 1;
+                if (m) first = i * 32 + __builtin_ctz(m);
+            }
+            if (first < 0) continue;
+        }
         if (!penalties_on(p)) n_win = 0;
         kc_sample_row *d = &kr[n];
         memset(d, 0, sizeof *d);
@@ -67,6 +79,14 @@ int ex__cuda_sample_stage(void *pool, int max_rows, int n_vocab, int n_logits, c
         d->win_off = (int32_t)w;
         memcpy(&words[w], win, sizeof(int32_t) * (size_t)n_win);
         w += (size_t)n_win;
+        if (sr->mask) {
+            d->mask_words = mw;
+            d->mask_off = (int32_t)w;
+            d->mask_first = first;
+            memcpy(&words[w], sr->mask, sizeof(uint32_t) * (size_t)mw);
+            if (n_vocab % 32) words[w + (size_t)mw - 1] &= (1u << (n_vocab % 32)) - 1; /* no bits past the vocabulary */
+            w += (size_t)mw;
+        }
         slot[r] = n++;
     }
     *n_dev = n;

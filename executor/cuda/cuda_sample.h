@@ -23,8 +23,12 @@
  *    (1e-5 absolute is the tested bound), so two alternatives whose float logprobs tie on
  *    one side may be ordered by id differently on the other.
  *  - rows whose logits contain NaN (undefined on both sides).
+ * Token masks (ex_sample_row.mask, EX_SAMPLE_CAP_MASK) are applied as the CPU sampler does
+ * (a disallowed token's z is -inf; when every allowed z is -inf, the lowest allowed id; a mask
+ * that allows nothing refuses the row: token -1).
  * Limits: a row whose penalty window (active penalties) exceeds KC_SAMPLE_MAX_WINDOW tokens or
- * whose bias list exceeds KC_SAMPLE_MAX_BIAS entries, or two rows naming the same logits row
+ * whose bias list exceeds KC_SAMPLE_MAX_BIAS entries, more than KC_SAMPLE_MAX_MASKED rows with
+ * masks, or two rows naming the same logits row
  * (the device sampler works in place), make the whole step CM_EUNSUPPORTED: the engine then
  * samples it on the host (ex_engine_forward_sample), so the result is still the CPU's. */
 #ifndef EX_CUDA_SAMPLE_H
@@ -36,7 +40,7 @@
 #include "executor/engine.h"
 #include "kernels/cuda/kcuda.h"
 
-/* Packs rows[0..n_rows) into pool (host memory of kc_sample_pool_bytes(max_rows)). slot[r]:
+/* Packs rows[0..n_rows) into pool (host memory of kc_sample_pool_bytes(max_rows, n_vocab)). slot[r]:
  * the row's index among the *n_dev packed rows, or -1 when ex_sampler_sample would refuse it
  * (parameters, a previous token out of range). *bytes: the prefix of pool to copy to the
  * device. n_logits: logits rows of the step (rows[r].row < n_logits, checked by the engine);

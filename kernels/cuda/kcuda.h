@@ -342,6 +342,7 @@ int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaSt
 #define KC_SAMPLE_MAX_TOP    20   /* top logprob alternatives (= EX_MAX_LOGPROBS) */
 #define KC_SAMPLE_MAX_WINDOW 4096 /* penalty window tokens a row may bring */
 #define KC_SAMPLE_MAX_BIAS   1024 /* logit-bias entries a row may bring */
+#define KC_SAMPLE_MAX_MASKED 512  /* rows of one launch that may bring a token mask */
 
 typedef struct kc_sample_row {
     int32_t  logits_row;        /* row of the logits matrix to sample from (rows distinct) */
@@ -353,6 +354,11 @@ typedef struct kc_sample_row {
     int32_t  top_logprobs;      /* 0..KC_SAMPLE_MAX_TOP alternatives */
     int32_t  n_bias, bias_off;  /* n_bias (id, bias bits) word pairs at pool word bias_off */
     int32_t  n_win, win_off;    /* penalty window: n_win token ids at pool word win_off (0: penalties off) */
+    int32_t  mask_words;        /* token mask: (n_vocab + 31) / 32 words at pool word mask_off, bit t of
+                                 * word t / 32 = token t allowed (0: no mask); it allows at least one */
+    int32_t  mask_off;
+    int32_t  mask_first;        /* the lowest allowed id: the token when every allowed z is -inf */
+    int32_t  reserved;          /* 0 */
     uint64_t seed;
     int64_t  pos;               /* the draw is u = ex_rng_u01(seed, pos) (Philox4x32-10) */
 } kc_sample_row;
@@ -365,8 +371,9 @@ typedef struct kc_sample_out {
     float   top_logprob[KC_SAMPLE_MAX_TOP];
 } kc_sample_out;
 
-/* Bytes of a pool for up to max_rows rows at the caps above: max_rows headers, then words. */
-size_t kc_sample_pool_bytes(int max_rows);
+/* Bytes of a pool for up to max_rows rows of n_vocab logits at the caps above: max_rows headers,
+ * then words (the masks of up to KC_SAMPLE_MAX_MASKED rows included). */
+size_t kc_sample_pool_bytes(int max_rows, int n_vocab);
 /* Word index where a pool of max_rows headers starts its words. */
 size_t kc_sample_pool_words_start(int max_rows);
 

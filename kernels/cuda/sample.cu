@@ -595,6 +595,13 @@ HD void sample_row(B &k, float *z, int V, const kc_sample_row &p, const uint32_t
         }
         k.sync();
     }
+    /* the token mask: a token the grammar does not allow is never a candidate (z = -inf) */
+    if (p.mask_words > 0) {
+        const uint32_t *mk = words + p.mask_off;
+        for (int i = tid; i < V; i += nt)
+            if (!((mk[i >> 5] >> (i & 31)) & 1u)) z[i] = -INFINITY;
+        k.sync();
+    }
     /* 3. range of z */
     float lmax = -INFINITY, lmin = INFINITY;
     for (int i = tid; i < V; i += nt) {
@@ -607,7 +614,9 @@ HD void sample_row(B &k, float *z, int V, const kc_sample_row &p, const uint32_t
     c.z = z;
     c.V = V;
     int tok;
-    if (!(p.temperature > 0)) {
+    if (p.mask_words > 0 && !(zmax > -INFINITY)) {
+        tok = p.mask_first; /* every allowed token is impossible: the lowest allowed id, as the CPU */
+    } else if (!(p.temperature > 0)) {
         /* 4. greedy: the largest z, lowest id on ties */
         uint64_t best = 0;
         for (int i = tid; i < V; i += nt) {
@@ -719,8 +728,10 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits, int ld
 
 extern "C" size_t kc_sample_pool_words_start(int max_rows) { return (size_t)max_rows * sizeof(kc_sample_row) / 4; }
 
-extern "C" size_t kc_sample_pool_bytes(int max_rows) {
-    return 4 * (kc_sample_pool_words_start(max_rows) + (size_t)max_rows * (KC_SAMPLE_MAX_WINDOW + 2 * KC_SAMPLE_MAX_BIAS));
+extern "C" size_t kc_sample_pool_bytes(int max_rows, int n_vocab) {
+    size_t masked = max_rows < KC_SAMPLE_MAX_MASKED ? (size_t)max_rows : KC_SAMPLE_MAX_MASKED;
+    return 4 * (kc_sample_pool_words_start(max_rows) + (size_t)max_rows * (KC_SAMPLE_MAX_WINDOW + 2 * KC_SAMPLE_MAX_BIAS) +
+                masked * (((size_t)n_vocab + 31) / 32));
 }
 
 extern "C" int kc_sample(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out, cudaStream_t s) {

@@ -7,6 +7,8 @@
  *      greedy tokens, with CUDA graphs and without.
  *   4. Mixed steps (a decode and another sequence's prompt chunks in one forward) give the CPU
  *      engine's logits (teacher-forced).
+ *   5. Embeddings (ex_engine_embed: the hidden-state forward, mean / last / first pooling,
+ *      normalized) of three sequences batched together: cosine with the CPU's >= 0.9999.
  * usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...] */
 #include "gpu_common.h"
 #include "text/tok.h"
@@ -231,6 +233,73 @@ static void test_mixed(const char *path) {
     mdl_free(m);
 }
 
+/* One embedding per sequence on engine g: 3 sequences in one batch. */
+static int embed3(g_eng *g, int32_t *const *ids, const int *lens, int pooling, float *out) {
+    ex_kv *kv = ex_engine_kv(g->e);
+    const ex_limits *L = ex_engine_limits(g->e);
+    ex_kv_table t[3];
+    int rc = 0;
+    ex_batch_buf_clear(&g->bb);
+    for (int q = 0; q < 3; q++) {
+        ex_kv_table_init(&t[q], L->max_blocks);
+        if (!rc) rc = ex_kv_table_reserve(kv, &t[q], lens[q]);
+        if (!rc && ex_batch_buf_add_kv(&g->bb, ids[q], lens[q], 0, &t[q], pooling != MDL_POOL_LAST) < 0) rc = CM_EINVAL;
+    }
+    if (!rc) rc = ex_engine_embed(g->e, &g->bb.b, pooling, 1, out);
+    for (int q = 0; q < 3; q++) {
+        ex_kv_table_release(kv, &t[q]);
+        ex_kv_table_free(&t[q]);
+    }
+    return rc;
+}
+
+static void test_embed(const char *path) {
+    mdl_model *m;
+    char err[512];
+    if (mdl_load(path, &m, err, sizeof err)) { fprintf(stderr, "%s\n", err); T_CHECK(0); return; }
+    const int V = m->cfg.n_vocab, E = m->cfg.n_embd, lens[3] = { 37, 200, 5 };
+    int32_t *ids[3];
+    uint64_t r = 7;
+    for (int q = 0; q < 3; q++) {
+        ids[q] = malloc(sizeof(int32_t) * (size_t)lens[q]);
+        for (int i = 0; i < lens[q]; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[q][i] = (int32_t)((r >> 33) % (uint64_t)V);
+        }
+    }
+    float *ec = malloc(sizeof(float) * 3 * (size_t)E), *eg = malloc(sizeof(float) * 3 * (size_t)E);
+    g_eng gc, gg;
+    if (g_open(&gc, m, "cpu", 512, 512, 4, 512, 64) || g_open(&gg, m, "cuda", 512, 512, 4, 512, 64)) {
+        T_CHECK(!"engines open");
+        return;
+    }
+    const int pools[3] = { MDL_POOL_MEAN, MDL_POOL_LAST, MDL_POOL_CLS };
+    const char *names[3] = { "mean", "last", "first" };
+    for (int k = 0; k < 3; k++) {
+        T_EQ_INT(embed3(&gc, ids, lens, pools[k], ec), 0);
+        T_EQ_INT(embed3(&gg, ids, lens, pools[k], eg), 0);
+        double worst = 1;
+        for (int q = 0; q < 3; q++) {
+            double dot = 0, na = 0, nb = 0;
+            for (int i = 0; i < E; i++) {
+                dot += (double)ec[q * E + i] * eg[q * E + i];
+                na += (double)ec[q * E + i] * ec[q * E + i];
+                nb += (double)eg[q * E + i] * eg[q * E + i];
+            }
+            double cs = dot / sqrt(na * nb + 1e-300);
+            worst = cs < worst ? cs : worst;
+        }
+        printf("%s: embeddings (%s pooling, 3 sequences batched): cosine cuda vs cpu >= %.6f\n", path, names[k], worst);
+        T_CHECKF(worst >= 0.9999, "%s: %s pooling cosine %.6f", path, names[k], worst);
+    }
+    g_close(&gc);
+    g_close(&gg);
+    for (int q = 0; q < 3; q++) free(ids[q]);
+    free(ec);
+    free(eg);
+    mdl_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...]\n");
@@ -242,6 +311,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         test_logits(argv[i]);
         test_mixed(argv[i]);
+        test_embed(argv[i]);
         test_batch_invariance(argv[i], 1);
         test_batch_invariance(argv[i], 0);
     }

@@ -4,7 +4,8 @@
  * (the same algorithm on one host thread) and by ex_sampler_sample on the same logits, over
  * greedy, T in {0.5, 1, 1.5} x top_k {0, 1, 5, 50, V} x top_p {1, 0.9, 0.5, 1e-6} x min_p
  * {0, 0.05, 0.5}, with penalty windows (duplicates, last_n -1/64/10), bias lists (duplicates,
- * -1e30, -inf, 300 entries), logprobs and top_logprobs = 20, two seeds/positions each. Tokens
+ * -1e30, -inf, 300 entries), token masks (sparse, dense, the best tokens left out, every
+ * allowed token biased to -inf), logprobs and top_logprobs = 20, two seeds/positions each. Tokens
  * must be identical (any mismatch fails, boundary cases included: these inputs have none),
  * logprobs within 1e-5. Then the stager's limits and refusals, the backend path through
  * ex_engine_forward_sample (prefill, graph decode, host fallback) when a model is given, and
@@ -81,12 +82,54 @@ static void top_ids(const float *z, int V, int32_t *out, int n) {
     }
 }
 
+#define MAXW ((128256 + 31) / 32)
+
 typedef struct tcase {
     ex_sample_params sp;
     struct shm_logit_bias bias[300];
     int n_bias;
     int32_t prev[NPREV];
+    uint32_t mask[MAXW];
+    int masked;
 } tcase;
+
+static void allow(uint32_t *mk, int t) { mk[t >> 5] |= 1u << (t & 31); }
+
+/* A grammar's token mask for case m (every fourth case has one): sparse (8 tokens, one of the
+ * best among them), dense (each token with probability 0.9, the best left out), the best four
+ * left out of an all-allowed mask, or two tokens both biased to -inf (the lowest allowed id). */
+static void make_mask(tcase *t, int m, int V, const int32_t *tops) {
+    const int W = (V + 31) / 32;
+    t->masked = m % 4 == 3;
+    if (!t->masked) return;
+    memset(t->mask, 0, sizeof(uint32_t) * (size_t)W);
+    switch ((m / 4) % 4) {
+    case 0:
+        for (int i = 0; i < 8; i++) allow(t->mask, (int)(rnd() % V));
+        allow(t->mask, tops[3]);
+        break;
+    case 1:
+        for (int i = 0; i < V; i++) if (urand() < 0.9) allow(t->mask, i);
+        t->mask[tops[0] >> 5] &= ~(1u << (tops[0] & 31));
+        break;
+    case 2:
+        for (int i = 0; i < V; i++) allow(t->mask, i);
+        for (int j = 0; j < 4; j++) t->mask[tops[j] >> 5] &= ~(1u << (tops[j] & 31));
+        if (V < 8) allow(t->mask, V - 1);
+        break;
+    default: { /* both allowed tokens impossible: the sampler answers the lower id */
+        int a = (int)(rnd() % V), b = (int)(rnd() % V);
+        allow(t->mask, a);
+        allow(t->mask, b);
+        t->n_bias = 2;
+        t->bias[0] = (struct shm_logit_bias){ a, -INFINITY };
+        t->bias[1] = (struct shm_logit_bias){ b, -INFINITY };
+        t->sp.logprobs = t->sp.top_logprobs = 0; /* every logprob is NaN then, on both sides */
+        break;
+    }
+    }
+    if (V % 32) t->mask[W - 1] |= ~((1u << (V % 32)) - 1); /* bits past the vocabulary are ignored */
+}
 
 /* Parameters of case c (0 = greedy, then T x top_k x top_p x min_p), penalties, bias and
  * logprobs cycling with c and the seed set. */
@@ -133,6 +176,7 @@ static void make_case(tcase *t, int c, int set, int V, const int32_t *tops) {
     }
     p->logprobs = m % 3 == 1;
     p->top_logprobs = m % 3 == 2 ? EX_MAX_LOGPROBS : 0;
+    make_mask(t, m, V, tops);
 }
 
 typedef struct tally {
@@ -166,7 +210,7 @@ static void compare(const char *who, const ex_sample_out *got, const ex_sample_o
 static void test_against_cpu(tally *dev, tally *emu) {
     const int vocabs[] = { 257, 17, 1000, 32000, 128256 };
     const int n_vocabs = quick ? 1 : 5, n_sets = quick ? 1 : 2, n_case = 1 + 3 * 5 * 4 * 3;
-    size_t pool_bytes = kc_sample_pool_bytes(MAXR);
+    size_t pool_bytes = kc_sample_pool_bytes(MAXR, 128256);
     void *pool = malloc(pool_bytes);
     tcase *tc = malloc(sizeof *tc * MAXR);
     ex_sample_row *rows = malloc(sizeof *rows * MAXR);
@@ -201,7 +245,8 @@ static void test_against_cpu(tally *dev, tally *emu) {
                         make_case(&tc[r], c0 + r, set, V, tops);
                         int64_t pos = (int64_t)(rnd() % 100000);
                         rows[r] = (ex_sample_row){ .row = r, .sp = &tc[r].sp, .prev = tc[r].prev, .n_prev = NPREV, .pos = pos,
-                                                   .bias = tc[r].bias, .n_bias = tc[r].n_bias };
+                                                   .bias = tc[r].bias, .n_bias = tc[r].n_bias,
+                                                   .mask = tc[r].masked ? tc[r].mask : NULL };
                         T_EQ_INT(ex_sampler_sample(smp, &rows[r], base, &want[r]), 0);
                         memcpy(work + (size_t)r * V, base, sizeof(float) * V);
                     }
@@ -247,7 +292,7 @@ static void test_against_cpu(tally *dev, tally *emu) {
 /* The stager: refusals per row, the limits that send a step to the host. */
 static void test_stager(void) {
     const int V = 1000, R = 4;
-    void *pool = malloc(kc_sample_pool_bytes(R));
+    void *pool = malloc(kc_sample_pool_bytes(R, V));
     int32_t *prev = malloc(sizeof(int32_t) * 5000);
     for (int i = 0; i < 5000; i++) prev[i] = i % V;
     ex_sample_params ok, bad, pen;
@@ -283,6 +328,24 @@ static void test_stager(void) {
     rows[0].n_bias = rows[3].n_bias = KC_SAMPLE_MAX_BIAS;
     T_EQ_INT(ex__cuda_sample_stage(pool, R, V, 4, rows, 4, mark, slot, &n_dev, &bytes), 0);
     free(many);
+    /* token masks: one that allows nothing refuses its row (token -1, as the CPU sampler); the
+     * others travel with their lowest allowed id, bits past the vocabulary cleared */
+    rows[0].n_bias = rows[3].n_bias = 0;
+    uint32_t none[(V + 31) / 32], some[(V + 31) / 32];
+    memset(none, 0, sizeof none);
+    none[(V - 1) / 32] = ~0u << (V % 32); /* only bits past the vocabulary */
+    memset(some, 0, sizeof some);
+    some[700 / 32] = 1u << (700 % 32) | 1u << (703 % 32);
+    some[(V - 1) / 32] |= ~0u << (V % 32);
+    rows[0].mask = none;
+    rows[3].mask = some;
+    T_EQ_INT(ex__cuda_sample_stage(pool, R, V, 4, rows, 4, mark, slot, &n_dev, &bytes), 0);
+    T_CHECK(n_dev == 2 && slot[0] == -1 && slot[3] == 1);
+    const kc_sample_row *kr = pool;
+    T_CHECK(kr[1].mask_words == (V + 31) / 32 && kr[1].mask_first == 700);
+    const uint32_t *pw = (const uint32_t *)pool + kr[1].mask_off;
+    T_CHECK(pw[700 / 32] == (1u << (700 % 32) | 1u << (703 % 32)) && pw[(V - 1) / 32] == 0);
+    rows[0].mask = rows[3].mask = NULL;
     free(prev);
     free(pool);
 }
@@ -383,10 +446,10 @@ static void bench(void) {
         float *h = malloc(sizeof(float) * V * (size_t)R);
         for (int r = 0; r < R; r++) make_row(h + (size_t)r * V, V, D_LLM);
         float *d_logits;
-        void *d_pool, *pool = malloc(kc_sample_pool_bytes(R));
+        void *d_pool, *pool = malloc(kc_sample_pool_bytes(R, V));
         kc_sample_out *d_out;
         CK(cudaMalloc((void **)&d_logits, sizeof(float) * V * (size_t)R));
-        CK(cudaMalloc(&d_pool, kc_sample_pool_bytes(R)));
+        CK(cudaMalloc(&d_pool, kc_sample_pool_bytes(R, V)));
         CK(cudaMalloc((void **)&d_out, sizeof *d_out * R));
         CK(cudaMemcpy(d_logits, h, sizeof(float) * V * (size_t)R, cudaMemcpyHostToDevice));
         cudaEvent_t a, b;

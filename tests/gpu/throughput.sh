@@ -10,6 +10,7 @@
 #                                         step's per-kernel breakdown with the tensor-core attention and without
 #   tests/gpu/throughput.sh regress OUT   batch 1 of llama2-7b F16 / Q4_0 (must not regress), end to end
 #                                         CUDA vs CPU (test_gpu_e2e)
+#   tests/gpu/throughput.sh e2e OUT       only regress's end-to-end part (test_gpu_e2e: also embeddings, CUDA vs CPU)
 #   tests/gpu/throughput.sh peer OUT      llama.cpp on the same llama3-8b GGUF (llama-bench, llama-batched-bench)
 #   tests/gpu/throughput.sh gemm OUT      F16 matmuls at llama3-8b's shapes: cublasGemmEx against cublasLt's algorithms
 #   tests/gpu/throughput.sh serve OUT     `arka serve --backend cuda` with default flags on llama3-8b F16: `arka bench serve`
@@ -17,6 +18,15 @@
 #                                         arrivals at 70 % of the measured capacity (TTFT, ITL); needs the gateway
 #                                         build (.carry/arka-srv: cmake -DARKA_WITH_CURL=OFF, target arka) and
 #                                         .carry/debs (apt-get download libuv1 libcjson1 libhiredis0.14)
+#   tests/gpu/throughput.sh workloads OUT the prefix-cache and fair-share workloads (bench/serve_workloads.sh: shared
+#                                         prefix with the cache on and off, two tenants) on llama3-8b F16, cuda backend;
+#                                         WORKLOADS picks them (default "shared-prefix tenants"), sizes as that script's
+#   tests/gpu/throughput.sh longctx OUT   `arka serve --ctx 131072` on llama3.1-8b F16: TTFT of 8k / 32k / 127k-token
+#                                         prompts (`arka bench serve`), a prompt past the context (400), and the ITL of
+#                                         64 decoding streams alone and while a 120k-token prompt is prefilled beside them
+#                                         (LONGCTX_PARTS picks among "ttft over itl")
+#   tests/gpu/throughput.sh resume OUT    tests/integration/test_resume.sh cuda (generations through executor kill -9 /
+#                                         SIGSTOP on stories260K, identical to the undisturbed run)
 #   tests/gpu/throughput.sh fp8refs OUT   tests/models/fp8/make_fp8_refs.py (PyTorch's float8_e4m3fn checkpoints), packed as
 #                                         OUT/fp8refs.tar.gz for tests/models/fp8/
 #   tests/gpu/throughput.sh refs OUT      tests/models/make_refs.py with transformers (checked by arka's CPU backend),
@@ -102,8 +112,8 @@ engine)
   want prof128 && eng prof128 -m "$M" --backend cuda --prompt 1024 --gen 12 --batch 128 --sample --cuda-profile
   want prof128-ph && eng prof128-ph -m "$M" --backend cuda --prompt 1024 --gen 12 --batch 128 --sample --cuda-profile --cuda-plan att_tc=0
   ;;
-regress)
-  for ty in f16 q4_0; do
+regress|e2e)
+  [ "$MODE" = e2e ] || for ty in f16 q4_0; do
     M=$(mk llama2-7b $ty)
     step "llama2-7b $ty batch 1 (prompt 512, 128 generated)"
     eng b1-$ty -m "$M" --backend cuda --prompt 512 --gen 128 --batch 1 --cuda-graph-timing
@@ -114,11 +124,67 @@ regress)
   timeout 300 "$BIN/test_gpu_e2e" .carry/stories260K.gguf "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1
   echo "rc=$?"; grep -v '^ts=' "$OUT/e2e.log" | tail -15
   ;;
-serve)
+serve|workloads|resume|longctx)
   LIBS=/tmp/arka-debs; mkdir -p "$LIBS"
   for d in .carry/debs/*.deb; do dpkg -x "$d" "$LIBS"; done
   export LD_LIBRARY_PATH="$LIBS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
   SRV=/tmp/arka-srv; [ -x $SRV ] || { xz -dc .carry/arka-srv.xz >$SRV && chmod +x $SRV; }
+  if [ "$MODE" = resume ]; then
+    step "resume after executor kill -9 / SIGSTOP, cuda backend, stories260K"
+    ARKA_BIN=$SRV ARKA_RESUME_MODEL=.carry/stories260K.gguf timeout 400 bash tests/integration/test_resume.sh cuda \
+      >"$OUT/resume.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/resume.log"
+    exit 0
+  fi
+  if [ "$MODE" = longctx ]; then
+    M=$(mk llama3.1-8b f16)
+    step "arka serve --ctx 131072, llama3.1-8b F16"
+    # no prefix cache: the load generator's prompts of one seed share their first words
+    $SRV serve -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
+    SP=$!
+    URL=""
+    for _ in $(seq 900); do
+      URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$OUT/serve.log" | head -1)
+      [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && break
+      kill -0 $SP 2>/dev/null || break
+      sleep 0.2
+    done
+    grep -E 'kernel plan|KV pool|KV cache|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-300
+    bs() { timeout 300 $SRV bench serve --url "$URL" --seed 1 "$@"; }
+    PARTS=${LONGCTX_PARTS:-ttft over itl}
+    case " $PARTS " in *" ttft "*) ;; *) false ;; esac && for L in 8000 32000 127000; do
+      step "TTFT, one prompt of $L words at a time"
+      bs --requests 2 --concurrency 1 --prompt-len $L --max-tokens 8 --json "$OUT/ttft-$L.json" >"$OUT/ttft-$L.txt" 2>&1
+      echo "rc=$?"; grep -E '^requests|^TTFT|prompt tokens' "$OUT/ttft-$L.txt"
+    done
+    case " $PARTS " in *" over "*)
+      step "a prompt past the context"
+      bs --requests 1 --concurrency 1 --prompt-len 140000 --max-tokens 8 >"$OUT/over.txt" 2>&1; grep -E '^requests|first error|failed' "$OUT/over.txt" | head -3
+    ;; esac
+    case " $PARTS " in *" itl "*)
+      step "64 streams decoding alone, then beside a 120k-token prompt"
+      bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-alone.json" >"$OUT/itl-alone.txt" 2>&1
+      grep -E '^ITL|^TPOT|duration' "$OUT/itl-alone.txt"
+      bs --requests 64 --concurrency 64 --prompt-len 128 --max-tokens 1500 --json "$OUT/itl-beside.json" >"$OUT/itl-beside.txt" 2>&1 &
+      AP=$!
+      sleep 4
+      bs --requests 1 --concurrency 1 --prompt-len 120000 --max-tokens 4 >"$OUT/long-beside.txt" 2>&1
+      wait $AP
+      grep -E '^ITL|^TPOT|duration' "$OUT/itl-beside.txt"; grep -E '^TTFT' "$OUT/long-beside.txt"
+      python3 -c "
+import json; a=json.load(open('$OUT/itl-alone.json'))['itl_ms']; b=json.load(open('$OUT/itl-beside.json'))['itl_ms']
+print('ITL p99 of 64 streams: alone %.2f ms, beside the 120k prompt %.2f ms: %.2fx (target <= 2x); p50 %.2f -> %.2f' % (a['p99'], b['p99'], b['p99'] / a['p99'], a['p50'], b['p50']))"
+    ;; esac
+    kill $SP 2>/dev/null; wait $SP 2>/dev/null
+    exit 0
+  fi
+  if [ "$MODE" = workloads ]; then
+    M=$(mk llama3-8b f16)
+    step "prefix cache and fair share workloads, llama3-8b F16, cuda"
+    # shellcheck disable=SC2086
+    ARKA=$SRV timeout 560 bash bench/serve_workloads.sh "$OUT/workloads" "$M" ${WORKLOADS:-shared-prefix tenants} -- --backend cuda
+    echo "rc=$?"
+    exit 0
+  fi
   M=$(mk llama3-8b f16)
   step "arka serve --backend cuda -m llama3-8b-f16 (default flags)"
   $SRV serve -m "$M" --backend cuda --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Concurrent generations against `arka serve`, with an executor fault in the middle.
 
-    resume_clients.py URL MODEL OUT.json [--fault kill|stop --pid PID] [--ref REF.json]
+    resume_clients.py URL MODEL OUT.json [--fault kill|stop --pid PID] [--ref REF.json [--continuity]]
 
 Sends the same request set every time: 20 greedy streams, 20 seeded sampling streams (top-k,
 top-p, min-p, penalties, min_tokens, logprobs, n = 2, completions and chat), and 4 non-streaming
@@ -10,6 +10,12 @@ requests. With --fault, once every stream has received 40 pieces of text, the ex
 text, the finish reason, the sampled tokens' logprobs when asked; usage; whether an error event
 came) goes to OUT.json. With --ref, each result must equal the reference's: prints one line per
 difference and "N passed, N failed" last (stdlib only: it runs on the GPU host too).
+
+--continuity checks what a resume promises where the backend's arithmetic depends on the batch
+(CUDA: a row's logits change with the kernels its step picks, so two undisturbed runs already
+differ): no error, the [DONE] marker, every choice with the reference's finish reason and token
+count where the request ignores EOS, and one logprob per token where logprobs were asked (a token
+lost or sent twice would break the count), instead of the same text.
 """
 import json
 import os
@@ -131,6 +137,31 @@ class Run:
             self.done = True
 
 
+def continuity_problem(run, got, want):
+    """What breaks --continuity's promise for one request (None: nothing)."""
+    ign = run.body.get("ignore_eos", False)
+    if sorted(got["choices"]) != sorted(want["choices"]):
+        return f"choices {sorted(got['choices'])} vs {sorted(want['choices'])}"
+    if not run.stream and len(got["choices"]) != 1:
+        return "not one choice"
+    for k, b in want["choices"].items():
+        a = got["choices"][k]
+        if not a["text"]:
+            return f"choice {k}: no text"
+        if ign and a["finish"] != b["finish"]:
+            return f"choice {k}: finish {a['finish']} vs {b['finish']}"
+        if "logprobs" in run.body and a["logprobs"] and len(a["logprobs"]) != len(b["logprobs"]) and ign:
+            return f"choice {k}: {len(a['logprobs'])} logprobs vs {len(b['logprobs'])}"
+    gu, wu = got["usage"] or {}, want["usage"] or {}
+    if ign and gu.get("completion_tokens") != wu.get("completion_tokens"):
+        return f"usage {gu} vs {wu}"
+    if ign and len(got["choices"]) == 1 and "logprobs" in run.body:
+        n = len(next(iter(got["choices"].values()))["logprobs"])
+        if n != gu.get("completion_tokens"):
+            return f"{n} logprobs for {gu.get('completion_tokens')} tokens"
+    return None
+
+
 def main():
     args = sys.argv[1:]
     url, model, out = args[0], args[1], args[2]
@@ -140,6 +171,7 @@ def main():
         pid = int(args[args.index("--pid") + 1])
     if "--ref" in args:
         ref = json.load(open(args[args.index("--ref") + 1]))
+    continuity = "--continuity" in args
     runs = [Run(url, p, b) for p, b in requests(model)]
     threads = [threading.Thread(target=r.run, daemon=True) for r in runs]
     t0 = time.time()
@@ -175,6 +207,8 @@ def main():
             why = f"error {got['error']}"
         elif runs[i].stream and not got["done_marker"]:
             why = "the stream ended without [DONE]"
+        elif continuity:
+            why = continuity_problem(runs[i], got, want)
         elif got["choices"] != want["choices"]:
             for k in sorted(want["choices"]):
                 a, b = got["choices"].get(k, {}), want["choices"][k]
@@ -192,7 +226,8 @@ def main():
         else:
             passed += 1
     print(f"fault {fault}: {fault_info.get('in_flight')} requests in flight ({fault_info.get('streams_in_flight')} streams, "
-          f">= {fault_info.get('chunks_min')} pieces of text each) at {fault_info.get('at_s')} s; all done in {elapsed:.1f} s; {passed}/{len(results)} identical to the reference")
+          f">= {fault_info.get('chunks_min')} pieces of text each) at {fault_info.get('at_s')} s; all done in {elapsed:.1f} s; "
+          f"{passed}/{len(results)} {'continuous (finish, token counts)' if continuity else 'identical to the reference'}")
     print(f"{passed} passed, {failed} failed")
 
 

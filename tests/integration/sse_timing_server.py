@@ -13,8 +13,10 @@ Binds 127.0.0.1 on a free port and writes the port to --port-file once listening
                         Then: a ": ping" comment; the first token --ttft-ms after the request was
                         read, one more every --itl-ms (an absolute schedule: delays do not add up),
                         max_tokens chunks of text " tok" in all; a usage chunk (prompt_tokens = words
-                        + 1 for a BOS, completion_tokens = max_tokens), written in two pieces 5 ms
-                        apart so the client must join a line across reads; data: [DONE].
+                        + 1 for a BOS, completion_tokens = max_tokens, prompt_tokens_details.cached_tokens
+                        = the longest run of leading words shared with an earlier prompt, in whole
+                        blocks of 16, as a prefix cache would give), written in two pieces 5 ms apart
+                        so the client must join a line across reads; data: [DONE].
 Faults, counted over completion requests (1-based, in the order they are read):
   --fail-every K    every K-th is answered HTTP 500 {"error": {"message": "injected failure ..."}}
   --error-every K   every K-th (unless already failed) gets an error event after two tokens
@@ -25,6 +27,7 @@ Framing: HTTP/1.1 chunked transfer-encoding by default; --close-delimited answer
 no length and closes the connection at the end of the body.
 Each completion request appends one line to --log:
   t=<monotonic s> n=<count> status=<code> words=<n> max_tokens=<m> inflight=<open streams> prompt=<sha1 prefix>
+  head=<sha1 prefix of its first 16 words> key=<the bearer key's last 6 characters, or ->
 """
 import argparse
 import hashlib
@@ -105,6 +108,13 @@ class Handler(BaseHTTPRequestHandler):
             self.record("t=%.6f n=%d status=400" % (t_read, n))
             return self.error(400, "bad request: %s" % raw[:200])
         digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
+        head = hashlib.sha1(" ".join(words[:16]).encode()).hexdigest()[:12]
+        auth = self.headers.get("Authorization") or ""
+        key = auth[-6:] if auth.startswith("Bearer ") else "-"
+        with srv.lock:
+            shared = max([common_prefix(words, p) for p in srv.prompts] + [0])
+            srv.prompts.append(words)
+        self.cached = shared // 16 * 16
         if srv.fail_every and n % srv.fail_every == 0:
             self.record("t=%.6f n=%d status=500 words=%d max_tokens=%d inflight=0 prompt=%s" % (t_read, n, len(words), m, digest))
             return self.error(500, "injected failure %d" % n)
@@ -112,7 +122,8 @@ class Handler(BaseHTTPRequestHandler):
             srv.inflight += 1
             inflight = srv.inflight
         self.counted = True
-        self.record("t=%.6f n=%d status=200 words=%d max_tokens=%d inflight=%d prompt=%s" % (t_read, n, len(words), m, inflight, digest))
+        self.record("t=%.6f n=%d status=200 words=%d max_tokens=%d inflight=%d prompt=%s head=%s key=%s" % (
+            t_read, n, len(words), m, inflight, digest, head, key))
         try:
             self.stream(t_read, n, m, len(words))
         except (BrokenPipeError, ConnectionResetError):
@@ -158,7 +169,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             chunk = dict(base, choices=[{"index": 0, "text": " tok", "logprobs": None, "finish_reason": None}], usage=None)
             self.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        usage = dict(base, choices=[], usage={"prompt_tokens": words + 1, "completion_tokens": m, "total_tokens": words + 1 + m})
+        usage = dict(base, choices=[], usage={"prompt_tokens": words + 1, "completion_tokens": m, "total_tokens": words + 1 + m,
+                                              "prompt_tokens_details": {"cached_tokens": self.cached}})
         line = b"data: " + json.dumps(usage).encode() + b"\n\n"
         self.write(line[:len(line) // 2])
         time.sleep(0.005)
@@ -170,6 +182,13 @@ class Handler(BaseHTTPRequestHandler):
     def end_stream(self):
         if not self.server.close_delimited:
             self.wfile.write(b"0\r\n\r\n")
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def main():
@@ -190,6 +209,7 @@ def main():
     srv.empty_every = a.empty_every
     srv.lock = threading.Lock()
     srv.count = srv.inflight = 0
+    srv.prompts = []
     open(a.log, "a").close()
     tmp = a.port_file + ".tmp"
     with open(tmp, "w") as f:

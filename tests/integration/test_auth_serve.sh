@@ -13,7 +13,7 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 check() { if eval "$1"; then ok; else bad "$1 ${2:-}"; fi; }
 unset ARKA_CONFIG ARKA_AUTH_SECRET ARKA_KEYS_FILE ARKA_REDIS ARKA_NO_AUTH
-"$BIN" serve --help 2>/dev/null | grep -q -- --keys-file || { echo "arka serve has no --keys-file: skipped"; exit 77; }
+"$BIN" serve --help 2>/dev/null | grep -- --keys-file >/dev/null || { echo "arka serve has no --keys-file: skipped"; exit 77; }
 [ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
 TMP=$(mktemp -d)
 PIDS=()

@@ -3,7 +3,9 @@
 # (tests/integration/sse_timing_server.py: first token after 80 ms, then one every 20 ms):
 # the measured TTFT, ITL and TPOT, token counts, the model taken from /v1/models, distinct
 # prompts, Poisson arrivals and the concurrency bound, chunked and close-delimited bodies,
-# injected failures (HTTP 500 and error events), a timeout, warm-up, and usage errors.
+# injected failures (HTTP 500 and error events), a timeout, warm-up, the workloads (shared
+# prefix, multi-turn conversations, two tenants) with the usage's cached tokens, and usage
+# errors.
 set -uo pipefail
 ARKA_BIN=${ARKA_BIN:-build/bin/arka}
 ROOT=${ARKA_ROOT:-$(pwd)}
@@ -118,6 +120,34 @@ check '[ "$(j "$tmp/f.json" "r[\"failed\"]")" = 3 ]' "JSON of an all-failed run:
 bs --url "$URL" -n 2 --timeout 0.04 --prompt-len 4 --max-tokens 2 >/dev/null 2>"$tmp/err"; rc=$?
 check '[ $rc = 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "timed out" "$tmp/err"' "timeout: rc $rc $(cat "$tmp/err")"
 
+# 8. Workloads. shared-prefix: every prompt starts with the same 32 words, then its own 8; the
+#    server's cached_tokens (its 16-word blocks shared with an earlier prompt) are reported.
+: >"$tmp/main.log"
+bs --url "$URL" -n 6 -c 1 --workload shared-prefix --prefix-len 32 --prompt-len 8 --max-tokens 3 --json "$tmp/s.json" >"$tmp/s.out" 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && [ "$(j "$tmp/s.json" "r[\"workload\"], r[\"prefix_len\"], r[\"completed\"]")" = "shared-prefix 32 6" ]' "shared-prefix: rc $rc $(cat "$tmp/err")"
+check '[ "$(grep -o "words=[0-9]*" "$tmp/main.log" | sort -u)" = words=40 ] && [ "$(grep -o "head=[0-9a-f]*" "$tmp/main.log" | sort -u | wc -l)" = 1 ]' "shared-prefix prompts: $(cat "$tmp/main.log")"
+check '[ "$(grep -o "prompt=[0-9a-f]*" "$tmp/main.log" | sort -u | wc -l)" = 6 ]' "shared-prefix: each prompt its own after the prefix"
+check '[ "$(j "$tmp/s.json" "round(r[\"mean_cached_tokens\"], 3)")" = 26.667 ] && grep -q "^cached tokens  *mean 26.7" "$tmp/s.out"' "cached tokens: $(j "$tmp/s.json" "r[\"mean_cached_tokens\"]") $(cat "$tmp/s.out")"
+#    multi-turn: 3 conversations of 3 turns, each turn the conversation so far (16 new words and
+#    the 4-word answer per turn) plus 16 new words
+: >"$tmp/main.log"
+bs --url "$URL" --seed 99 --workload multi-turn --users 3 --turns 3 --prompt-len 16 --max-tokens 4 --json "$tmp/m.json" >"$tmp/m.out" 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && [ "$(j "$tmp/m.json" "r[\"requests\"], r[\"completed\"], r[\"users\"], r[\"turns\"]")" = "9 9 3 3" ]' "multi-turn: rc $rc $(cat "$tmp/err") $(cat "$tmp/m.out")"
+check '[ "$(grep -o "words=[0-9]*" "$tmp/main.log" | sort | uniq -c | tr -s " " | tr "\n" ";")" = " 3 words=16; 3 words=36; 3 words=56;" ]' "multi-turn word counts: $(grep -o "words=[0-9]*" "$tmp/main.log" | tr "\n" " ")"
+check '[ "$(j "$tmp/m.json" "r[\"mean_cached_tokens\"]")" = 16.0 ]' "multi-turn cached: $(j "$tmp/m.json" "r[\"mean_cached_tokens\"]")"
+maxin=$(grep -o "inflight=[0-9]*" "$tmp/main.log" | cut -d= -f2 | sort -n | tail -1)
+check '[ "$maxin" -le 3 ]' "multi-turn: $maxin requests in flight for 3 conversations"
+#    tenants: B alone (3 requests 50 ms apart), then A's 6 at once with B beside until A ends
+: >"$tmp/main.log"
+bs --url "$URL" -n 6 --workload tenants --api-key aaaaaaaaaa --api-key-b bbbbbbbbbb --b-interval 0.05 --b-requests 3 \
+    --prompt-len 4 --max-tokens 10 --json "$tmp/t.json" >"$tmp/t.out" 2>"$tmp/err"; rc=$?
+check '[ $rc = 0 ] && [ "$(grep -c key=aaaaaa "$tmp/main.log")" = 6 ]' "tenants: rc $rc $(cat "$tmp/err") A sent $(grep -c key=aaaaaa "$tmp/main.log")"
+nb=$(grep -c key=bbbbbb "$tmp/main.log")
+check '[ "$nb" -ge 6 ] && [ "$nb" -le 12 ]' "tenants: B sent $nb (3 alone, about 5 beside A's 260 ms)"
+check '[ "$(j "$tmp/t.json" "r[\"b_alone\"][\"completed\"], r[\"b_beside_a\"][\"completed\"] + 3 == $nb")" = "3 True" ]' "tenants JSON: $(cat "$tmp/t.json")"
+check 'in_range "$(j "$tmp/t.json" "r[\"b_ttft_ratio\"][\"p50\"]")" 0.5 2' "B's TTFT beside A vs alone (the fake server does not share): $(j "$tmp/t.json" "r[\"b_ttft_ratio\"]")"
+check 'grep -q "^tenant B TTFT beside A / alone: p50" "$tmp/t.out"' "tenants table: $(cat "$tmp/t.out")"
+
 # 7. Usage errors (exit 2) and an unreachable server (exit 1), each one line on stderr.
 FREE=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
 usage_case() { # EXPECTED_RC WHAT ARGS...
@@ -134,6 +164,10 @@ usage_case 2 "concurrency over 1024" --url "$URL" -n 1 -c 2000
 usage_case 2 "https URL" --url "https://127.0.0.1:$PORT_main" -n 1
 usage_case 2 "URL with a query" --url "$URL/?x=1" -n 1
 usage_case 2 "unknown flag" --url "$URL" -n 1 --bogus
+usage_case 2 "unknown workload" --url "$URL" -n 1 --workload nosuch
+usage_case 2 "multi-turn requests not users x turns" --url "$URL" -n 5 --workload multi-turn --users 2 --turns 2
+usage_case 2 "multi-turn with warm-up" --url "$URL" --workload multi-turn --warmup 2
+usage_case 2 "tenants without B's key" --url "$URL" -n 2 --workload tenants
 usage_case 1 "unreachable URL" --url "http://127.0.0.1:$FREE" -n 1
 check 'grep -q "Connection refused" "$tmp/err"' "unreachable: $(cat "$tmp/err")"
 usage_case 1 "unreachable URL with --model" --url "http://127.0.0.1:$FREE" -n 2 --model m

@@ -25,13 +25,23 @@ check '! grep -q "${k1#ak-}" "$K" && ! grep -q "${k2#ak-}" "$K"' "the key text i
 check '[ "$(grep -c "^hash=" "$K")" = 2 ]'
 # the stored hash is HMAC-SHA256(secret, key)
 want=$(printf '%s' "$k1" | openssl dgst -sha256 -hmac "$(cat "$K.secret")" -r | cut -d' ' -f1)
-check 'grep -q "^hash=$want tenant=acme models=m1,m2 rpm=5 tpm=1000 concurrency=2 daily-tokens=5000 enabled=1" "$K"'
+check 'grep -q "^hash=$want tenant=acme models=m1,m2 rpm=5 tpm=1000 concurrency=2 daily-tokens=5000 weight=1 enabled=1" "$K"'
 id1=${want:0:12}
 
 "$ARKA" keys list --keys-file "$K" >"$TMP/list"
 check 'grep -qE "^$id1 +acme +yes +5 +1000 +2 +5000 .* m1,m2$" "$TMP/list"' "$(cat "$TMP/list")"
 check 'grep -qE " beta +yes +60 +100000 +8 +- " "$TMP/list"'
 check '! grep -q "ak-" "$TMP/list"'
+# a fair-share weight: stored, listed, bounded
+"$ARKA" keys create --tenant heavy --weight 3 --keys-file "$TMP/w.conf" >/dev/null 2>&1
+check '[ $? -eq 0 ] && grep -q "tenant=heavy .* weight=3 " "$TMP/w.conf"'
+check '"$ARKA" keys list --keys-file "$TMP/w.conf" | grep -qE " heavy +yes +60 +100000 +8 +- +3 "'
+for w in 0 1001; do
+    "$ARKA" keys create --tenant heavy --weight $w --keys-file "$TMP/w.conf" >/dev/null 2>"$TMP/e"
+    check '[ $? -eq 2 ] && grep -q "weight" "$TMP/e"' "weight $w"
+done
+sed 's/weight=3/weight=0/' "$TMP/w.conf" >"$TMP/w0.conf"
+"$ARKA" keys list --keys-file "$TMP/w0.conf" >/dev/null 2>"$TMP/e"; check '[ $? -eq 1 ] && grep -q "weight: expected 1..1000" "$TMP/e"'
 
 # revoke by id, then by the key itself
 "$ARKA" keys revoke "$id1" --keys-file "$K" 2>/dev/null
@@ -78,14 +88,15 @@ if command -v redis-server >/dev/null 2>&1; then
     for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
     R=redis://127.0.0.1:$port/3
     S=a-shared-secret-for-redis-keys
-    rk=$("$ARKA" keys create --tenant acme --rpm 7 --models m1 --redis "$R" --auth-secret "$S" 2>/dev/null)
+    rk=$("$ARKA" keys create --tenant acme --rpm 7 --weight 5 --models m1 --redis "$R" --auth-secret "$S" 2>/dev/null)
     check '[[ "$rk" =~ ^ak-[0-9a-f]{48}$ ]]'
     rh=$(printf '%s' "$rk" | openssl dgst -sha256 -hmac "$S" -r | cut -d' ' -f1)
     check '[ "$(redis-cli -p "$port" -n 3 get "arka:keyidx:$rh")" = "acme ${rh:0:12}" ]'
     check '[ "$(redis-cli -p "$port" -n 3 hget "arka:{acme}:key:${rh:0:12}" rpm)" = 7 ]'
+    check '[ "$(redis-cli -p "$port" -n 3 hget "arka:{acme}:key:${rh:0:12}" weight)" = 5 ]'
     check '[ -z "$(redis-cli -p "$port" -n 3 --scan | xargs -r -n1 redis-cli -p "$port" -n 3 dump 2>/dev/null | grep -a "${rk#ak-}")" ]'
     "$ARKA" keys list --redis "$R" >"$TMP/rlist"
-    check 'grep -qE "^${rh:0:12} +acme +yes +7 " "$TMP/rlist"' "$(cat "$TMP/rlist")"
+    check 'grep -qE "^${rh:0:12} +acme +yes +7 .* 5 +[0-9-]+T" "$TMP/rlist"' "$(cat "$TMP/rlist")"
     redis-cli -p "$port" -n 3 hset "arka:{acme}:k:${rh:0:12}:d:$today" tok 321 req 4 >/dev/null
     "$ARKA" keys usage --redis "$R" >"$TMP/rusage"
     check 'grep -qE "^${rh:0:12} +acme +321 +4 " "$TMP/rusage"' "$(cat "$TMP/rusage")"

@@ -127,7 +127,7 @@ fi
 [ $? -eq 1 ] && grep -q "more than the shape" "$TMP/mk.err" && ok || bad "a 50257-token vocab for a 32000 shape was not refused"
 [ ! -e "$TMP/x.gguf" ] && [ ! -e "$TMP/x.gguf.part" ] && ok || bad "a failed mkmodel left a file"
 "$ARKA" mkmodel tiny "$TMP/novocab.gguf" --type q8_0 --vocab none 2>/dev/null && \
-    "$ARKA" inspect "$TMP/novocab.gguf" 2>&1 | grep -qF "vocab: 32000" && ok || bad "--vocab none"
+    "$ARKA" inspect "$TMP/novocab.gguf" 2>&1 | grep -F "vocab: 32000" >/dev/null && ok || bad "--vocab none"
 
 # Usage errors exit 2.
 "$ARKA" mkmodel nosuchshape "$TMP/y.gguf" >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "unknown shape not a usage error"

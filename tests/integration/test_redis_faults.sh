@@ -17,7 +17,7 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 check() { if eval "$1"; then ok; else bad "$2"; fi; }
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { echo "redis-server not installed: skipped"; exit 77; }
-"$BIN" serve --help 2>/dev/null | grep -q -- --redis || { echo "arka serve has no --redis: skipped"; exit 77; }
+"$BIN" serve --help 2>/dev/null | grep -- --redis >/dev/null || { echo "arka serve has no --redis: skipped"; exit 77; }
 [ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
 unset ARKA_CONFIG ARKA_KEYS_FILE ARKA_REDIS ARKA_NO_AUTH
 TMP=$(mktemp -d)

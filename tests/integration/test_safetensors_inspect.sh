@@ -102,7 +102,7 @@ $out"
     passed=$((passed + 1))
 done
 # The single-file form with config.json beside it.
-"$ARKA_BIN" inspect "$tmp/qwen2/model.safetensors" | grep -qF "architecture: qwen2" || fail "inspect FILE.safetensors"
+"$ARKA_BIN" inspect "$tmp/qwen2/model.safetensors" | grep -F "architecture: qwen2" >/dev/null || fail "inspect FILE.safetensors"
 passed=$((passed + 1))
 
 set +e

@@ -78,6 +78,9 @@ static void test_keys(void) {
     strcpy(k.models, "*");
     T_CHECK(gw_key_allows(&k, "anything"));
     T_CHECK(gw_tenant_valid("acme-1.x_y") && !gw_tenant_valid("") && !gw_tenant_valid("a b") && !gw_tenant_valid("a=b"));
+    /* the executors' tenant ids: 0 only for no tenant, stable, distinct */
+    T_CHECK(gw_tenant_id(NULL) == 0 && gw_tenant_id("") == 0 && gw_tenant_id("a") != 0);
+    T_CHECK(gw_tenant_id("acme") == gw_tenant_id("acme") && gw_tenant_id("acme") != gw_tenant_id("acmf"));
 }
 
 static void test_keyfile(void) {
@@ -212,9 +215,26 @@ static void test_store(void) {
     mk_key(f, "conc", "*", 0, 0, 2, 0, kc, ic);
     mk_key(f, "daily", "*", 0, 0, 0, 100, kd, id_);
     mk_key(f, "models", "m1,m2", 0, 0, 0, 0, km, im);
+    char kw[GW_KEY_BUF];
+    {   /* a key with a fair-share weight */
+        gw_key k = {0};
+        T_CHECK(gw_key_generate(kw) == 0);
+        gw_key_hash(SECRET, SECRET_LEN, kw, strlen(kw), k.hash, k.id);
+        strcpy(k.tenant, "heavy");
+        strcpy(k.models, "*");
+        k.weight = 7;
+        k.enabled = 1;
+        T_CHECK(gw_keyfile_append(f, &k) == 0);
+    }
     gw_auth *a = mk_auth(f);
     if (!a) return;
     gw_auth_result r;
+    r = admit(a, kw, "m1", 1);
+    T_CHECK(r.status == 0 && r.ticket.weight == 7 && !strcmp(r.ticket.tenant, "heavy"));
+    gw_auth_settle(a, &r.ticket, 1);
+    r = admit(a, km, "m1", 1);
+    T_CHECK(r.status == 0 && r.ticket.weight == 1); /* written without one: weight=1 */
+    gw_auth_settle(a, &r.ticket, 1);
 
     /* 401: missing, malformed, unknown */
     r = admit(a, NULL, "m1", 1);

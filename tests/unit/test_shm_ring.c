@@ -407,6 +407,8 @@ static struct shm_submit sample_submit(int32_t *prompt, uint32_t n_prompt, struc
     for (uint32_t i = 0; i < n_bias; i++) bias[i] = (struct shm_logit_bias){ (int32_t)i * 3, (float)i - 100.0f };
     s.bias = bias;
     s.n_bias = n_bias;
+    s.tenant = 0xa5a5000012345678ull;
+    s.weight = 7;
     return s;
 }
 
@@ -417,7 +419,8 @@ static int submit_equal(const struct shm_submit *a, const struct shm_submit *b) 
            memcmp(a->stop, b->stop, 4 * (size_t)a->n_stop) == 0 && a->n_bias == b->n_bias &&
            (a->n_bias == 0 || memcmp(a->bias, b->bias, 8 * (size_t)a->n_bias) == 0) && a->flags == b->flags &&
            a->pooling == b->pooling && a->normalize == b->normalize && a->grammar_len == b->grammar_len &&
-           (a->grammar_len == 0 || memcmp(a->grammar, b->grammar, a->grammar_len) == 0);
+           (a->grammar_len == 0 || memcmp(a->grammar, b->grammar, a->grammar_len) == 0) && a->tenant == b->tenant &&
+           a->weight == b->weight;
 }
 
 static int decode_any(const void *buf, size_t len);
@@ -520,7 +523,7 @@ static void test_proto_submit(void) {
     static uint8_t buf[16384] __attribute__((aligned(8)));
     struct shm_submit s = sample_submit(prompt, 1000, bias, 300), d;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 96 + 4000 + 16 + 2400 + 16);
+    T_EQ_INT(shm_submit_size(&s), 96 + 4000 + 16 + 2400 + 16 + 16);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(len, shm_submit_size(&s));
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
@@ -535,9 +538,12 @@ static void test_proto_submit(void) {
     s2.n_stop = 1;
     s2.sp.has_seed = 0;
     s2.sp.seed = 0;
+    s2.weight = 0; /* sent as 1 */
     T_EQ_INT(shm_submit_encode(&s2, buf, sizeof buf, &len), 0);
-    T_EQ_INT(len, 96 + 16 + 8 + 16);
+    T_EQ_INT(len, 96 + 16 + 8 + 16 + 16);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
+    T_EQ_INT(d.weight, 1);
+    s2.weight = 1;
     T_CHECK(submit_equal(&s2, &d));
     T_CHECK(d.bias == NULL);
     check_corruptions(buf, len, 2, "SUBMIT small");
@@ -573,6 +579,8 @@ static void test_proto_submit(void) {
     e = s; prompt[500] = -1;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     prompt[500] = 1;
+    e = s; e.weight = SHM_MAX_WEIGHT + 1;
+    T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     e = s; bias[7].bias = INFINITY;
     T_EQ_INT(shm_submit_encode(&e, buf, sizeof buf, &len), CM_EINVAL);
     bias[7].bias = 0;
@@ -611,6 +619,9 @@ static void test_proto_submit(void) {
         { 96 + 4000 + 4, 0xffffffffu, 4, "negative stop id" },
         { 96 + 4000 + 16 + 8 * 3, 0xfffffff0u, 4, "negative bias token" },
         { 96 + 4000 + 16 + 8 * 3 + 4, 0x7f800000u, 4, "infinite bias" },
+        { 96 + 4000 + 16 + 2400 + 8, 0, 4, "weight 0" },
+        { 96 + 4000 + 16 + 2400 + 8, SHM_MAX_WEIGHT + 1, 4, "weight over the cap" },
+        { 96 + 4000 + 16 + 2400 + 12, 1, 4, "reserved after weight" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(m, buf, len);
@@ -624,7 +635,7 @@ static void test_proto_submit(void) {
     /* ring capacity for long prompts: 128k tokens fit the default 8 MiB ring */
     uint32_t cap = shm_submit_ring_cap_for(131072);
     T_CHECK(cap >= SHM_RING_CAP_MIN && cap <= SHM_SUBMIT_CAP_DEFAULT && (cap & (cap - 1)) == 0);
-    T_CHECK((uint64_t)cap / 4 >= 8 + 96 + 4 * 131072ull + 64 + 2400);
+    T_CHECK((uint64_t)cap / 4 >= 8 + 96 + 4 * 131072ull + 64 + 2400 + 16 + 16);
     T_EQ_INT(shm_submit_ring_cap_for(0x7fffffff), 0);
 }
 
@@ -640,7 +651,7 @@ static void test_proto_v3(void) {
     s.grammar = prog;
     s.grammar_len = sizeof prog;
     size_t len;
-    T_EQ_INT(shm_submit_size(&s), 96 + 24 + 16 + 16 + 16 + 152);
+    T_EQ_INT(shm_submit_size(&s), 96 + 24 + 16 + 16 + 16 + 16 + 152);
     T_EQ_INT(shm_submit_encode(&s, buf, sizeof buf, &len), 0);
     T_EQ_INT(shm_submit_decode(buf, len, &d), 0);
     T_CHECK(submit_equal(&s, &d));
@@ -826,6 +837,31 @@ static void test_proto_others(void) {
         T_EQ_INT(shm_tokens_add(&w, &a, NULL), 0);
         small = shm_tokens_end(&w);
         check_corruptions(m, small, 32, "TOKENS");
+    }
+    {   /* admission data after a first token's alternatives; only with the flag, reserved 0 */
+        struct shm_tok_admit ad = { 4096, 0, 123456789ull }, got;
+        T_EQ_INT(shm_tokens_begin(&w, m, sizeof m, 4), 0);
+        struct shm_tok a = { 11, 0, 5, -1.0f, 2, SHM_TOK_LOGPROB | SHM_TOK_ADMIT, 0 };
+        T_EQ_INT(shm_tokens_add(&w, &a, tops), CM_EINVAL);        /* the flag needs the data */
+        T_EQ_INT(shm_tokens_add_admit(&w, &a, tops, &ad), 0);
+        struct shm_tok b = { 12, 3, 6, 0, 0, 0, 0 };
+        T_EQ_INT(shm_tokens_add_admit(&w, &b, NULL, &ad), CM_EINVAL); /* data needs the flag */
+        T_EQ_INT(shm_tokens_add(&w, &b, NULL), 0);
+        ad.reserved = 1;
+        T_EQ_INT(shm_tokens_add_admit(&w, &a, tops, &ad), CM_EINVAL);
+        size_t al = shm_tokens_end(&w);
+        T_EQ_INT(al, shm_tokens_size(2, 2) + sizeof(struct shm_tok_admit));
+        T_EQ_INT(shm_tokens_open(&rd, m, al), 0);
+        T_EQ_INT(shm_tokens_next(&rd, &t, &top), 0);
+        T_EQ_INT(shm_tokens_admit(&rd, &got), 0);
+        T_CHECK(got.cached_prompt_tokens == 4096 && got.queue_ns == 123456789ull && top[1].token == 101);
+        T_EQ_INT(shm_tokens_next(&rd, &t, &top), 0);
+        T_EQ_INT(t.req_id, 12);
+        T_EQ_INT(shm_tokens_admit(&rd, &got), CM_ENOENT);
+        check_corruptions(m, al, 32, "TOKENS with admission");
+        uint32_t one = 1; /* reserved of the admission data */
+        memcpy(m + 24 + 24 + 16 + 4, &one, 4);
+        T_EQ_INT(shm_tokens_open(&rd, m, al), CM_EFORMAT);
     }
     /* writer refusals; a full writer keeps what it has */
     T_EQ_INT(shm_tokens_begin(&w, buf, shm_tokens_size(2, 0), 1), 0);
