@@ -38,6 +38,7 @@
 #include "common/cm_err.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -83,6 +84,14 @@ typedef struct cu_layer {
     kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd]; FP8 KV: blocks of
                                   * codes [bs][n_kv][hd] bytes then scales [bs][n_kv] f32 (kcuda.h), same pointers */
     float *k_scale, *v_scale;    /* FP8 KV: the checkpoint's static scales [n_kv] (cfg.kv_scales), else NULL */
+    /* the later architectures' parts (NULL / 0 when the model has none) */
+    float *q_norm, *k_norm;      /* [hd] QK-norm */
+    float *attn_post, *ffn_post; /* [n_embd] post-norms */
+    int swa;                     /* sliding-window layer: K/V in the sliding pool, its block tables, its rope */
+    int moe;                     /* mixture-of-experts MLP (router + experts instead of gu / down) */
+    kc_weight router;            /* {n_embd, n_expert} */
+    void *exp_gu, *exp_down;     /* [n_expert][2 n_ff_exp (gate rows, then up rows)][n_embd], [n_expert][n_embd][n_ff_exp] */
+    int exp_gu_type, exp_down_type; /* their types: the file's when kc_moe_type_ok, else F16 */
 } cu_layer;
 
 enum { PC_STAGE, PC_EMBED, PC_NORM, PC_QKV, PC_ROPE, PC_ATTN, PC_WO, PC_GU, PC_ACT, PC_DOWN, PC_HEAD, PC_COPY, PC_SAMPLE,
@@ -118,8 +127,15 @@ typedef struct cu_state {
     kc_weight tok_embd, output;
     float *out_norm;
     cu_layer *layers;
-    kc_rope rope;
-    void *kv_pool;
+    kc_rope rope, rope_swa;      /* full-attention layers, sliding-window layers (per-pair frequency tables) */
+    float *rope_freq, *rope_freq_swa;
+    void *kv_pool, *kv_pool_swa; /* the sliding-window layers' pool: lim.n_kv_blocks_swa + 1 blocks */
+    int scratch_block_swa;
+    /* mixture of experts, T tokens, K = n_expert_used, F = n_ff_exp: router logits [T, n_expert],
+     * choices and weights [T, K], entries grouped by expert (kc_moe_route), gate|up [T K, 2F],
+     * activations [T K, F], expert outputs [T K, n_embd] */
+    float *rlogits, *rw, *egu, *eact, *eout;
+    int32_t *ridx, *ecnt, *eoff, *elist;
     /* activations, sized for lim.max_tokens (T) and lim.max_out (R) */
     float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
     float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
@@ -180,6 +196,8 @@ static int32_t *meta_tiles(cu_state *s, int32_t *base) {
 }
 static int32_t *meta_dtoks(cu_state *s, int32_t *base) { return meta_tiles(s, base) + 2 * s->lim.max_tokens; }
 static int32_t *meta_chunk(cu_state *s, int32_t *base) { return meta_dtoks(s, base) + s->lim.max_tokens; }
+/* the sliding-window pool's block tables, (S + 1) rows as meta_bt */
+static int32_t *meta_bt_swa(cu_state *s, int32_t *base) { return meta_chunk(s, base) + 1; }
 
 /* ---- upload ----------------------------------------------------------------------------- */
 
@@ -236,6 +254,31 @@ static size_t upload_need(const mdl_tensor *const *parts, int n_parts, int flags
     return data_bytes + d_bytes;
 }
 
+/* The type a layer's experts keep on the device: the file's when every expert's matrices (gate
+ * and up together: down = 0; down: 1) have it and the grouped GEMV reads it, else F16. */
+static int expert_type(const mdl_config *c, const mdl_layer *ly, int down) {
+    const int t = down ? ly->exp_down[0].type : ly->exp_gate[0].type;
+    for (int e = 0; e < c->n_expert; e++)
+        if ((down ? ly->exp_down[e].type : ly->exp_gate[e].type) != t || (!down && ly->exp_up[e].type != t)) return DT_F16;
+    return kc_moe_type_ok(t, down ? c->n_ff_exp : c->n_embd) ? t : DT_F16;
+}
+
+/* Device bytes of a layer's parts beyond the Llama ones (norms, router, experts). */
+static size_t arch_need(const mdl_model *m, const mdl_layer *ly, size_t *fb) {
+    const mdl_config *c = &m->cfg;
+    size_t n = 0;
+    const mdl_tensor *vec[] = { &ly->attn_q_norm, &ly->attn_k_norm, &ly->attn_post_norm, &ly->ffn_post_norm };
+    for (int i = 0; i < 4; i++)
+        if (vec[i]->data) n += upload_need(&vec[i], 1, UP_F32, fb);
+    if (ly->ffn_gate_inp.data) {
+        const mdl_tensor *r[] = { &ly->ffn_gate_inp };
+        n += upload_need(r, 1, 0, fb) + (size_t)c->n_expert * (2 * c->n_ff_exp * dt_row_size(expert_type(c, ly, 0), c->n_embd) +
+                                                              c->n_embd * dt_row_size(expert_type(c, ly, 1), c->n_ff_exp));
+        for (int e = 0; e < c->n_expert; e++) *fb += ly->exp_gate[e].nbytes + ly->exp_up[e].nbytes + ly->exp_down[e].nbytes;
+    }
+    return n;
+}
+
 /* Device bytes of every weight as ex_backend_cuda_create uploads them; *file (may be NULL):
  * the same tensors' bytes in the file. */
 static size_t weights_need(const mdl_model *m, int f8, size_t *file) {
@@ -249,9 +292,11 @@ static size_t weights_need(const mdl_model *m, int f8, size_t *file) {
         const mdl_tensor *qkv[] = { &ly->wq, &ly->wk, &ly->wv }, *wo[] = { &ly->wo }, *gu[] = { &ly->w_gate, &ly->w_up },
                          *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                          *bias[] = { &ly->bq, &ly->bk, &ly->bv };
-        n += upload_need(qkv, 3, f8, &fb) + upload_need(wo, 1, f8, &fb) + upload_need(gu, 2, UP_INTERLEAVE | f8, &fb) +
-             upload_need(dn, 1, f8, &fb) + upload_need(an, 1, UP_F32, &fb) + upload_need(fn, 1, UP_F32, &fb);
+        n += upload_need(qkv, 3, f8, &fb) + upload_need(wo, 1, f8, &fb) + upload_need(an, 1, UP_F32, &fb) +
+             upload_need(fn, 1, UP_F32, &fb);
+        if (!ly->ffn_gate_inp.data) n += upload_need(gu, 2, UP_INTERLEAVE | f8, &fb) + upload_need(dn, 1, f8, &fb);
         if (ly->bq.data && ly->bk.data && ly->bv.data) n += upload_need(bias, 3, UP_F32, &fb);
+        n += arch_need(m, ly, &fb);
     }
     if (file) *file = fb;
     return n;
@@ -389,8 +434,17 @@ static void log_weight_types(const cu_state *s, const mdl_model *m, size_t file_
                          *dn[] = { &ly->w_down };
         note_types(&L->qkv, qkv, 3, &kept, &conv);
         note_types(&L->wo, wo, 1, &kept, &conv);
-        note_types(&L->gu, gu, 2, &kept, &conv);
-        note_types(&L->down, dn, 1, &kept, &conv);
+        if (!L->moe) {
+            note_types(&L->gu, gu, 2, &kept, &conv);
+            note_types(&L->down, dn, 1, &kept, &conv);
+        } else if (ly->exp_gate[0].type < 64 && ly->exp_gate[0].type >= 0) { /* experts: F16 (upload_arch_layer) */
+            const int ft[2] = { ly->exp_gate[0].type, ly->exp_down[0].type }, kt[2] = { L->exp_gu_type, L->exp_down_type };
+            for (int i = 0; i < 2; i++)
+                if (ft[i] >= 0 && ft[i] < 64) {
+                    if (ft[i] == kt[i]) kept |= 1ull << ft[i];
+                    else conv |= 1ull << ft[i];
+                }
+        }
         mixed += (L->qkv.type == KC_WEIGHT_MIXED) + (L->wo.type == KC_WEIGHT_MIXED) + (L->gu.type == KC_WEIGHT_MIXED) +
                  (L->down.type == KC_WEIGHT_MIXED);
     }
@@ -427,6 +481,80 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
         return e == cudaErrorMemoryAllocation ? CM_ENOMEM : CM_ECUDA;
     }
     s->weight_bytes += n * 4;
+    return 0;
+}
+
+/* Uploads n_mat matrices (each rows x n_in) as consecutive rows of `type` at dst (device):
+ * as they are in the file when it is their type, else (any readable type, FP8 with its row
+ * scales) converted to F16. */
+static int upload_expert_rows(cu_state *s, const mdl_tensor *const *mats, int n_mat, int type, uint8_t *dst, char *err,
+                              size_t errlen) {
+    size_t off = 0;
+    for (int i = 0; i < n_mat; i++) {
+        const mdl_tensor *t = mats[i];
+        const size_t nel = (size_t)t->ne[0] * t->ne[1], nb = dt_row_size(type, t->ne[0]) * (size_t)t->ne[1];
+        int rc = 0;
+        if (t->type == type) {
+            if (cudaMemcpy(dst + off, t->data, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+        } else {
+            float *hf = malloc(nel * sizeof(float));
+            kc_half *hh = malloc(nel * sizeof(kc_half));
+            rc = !hf || !hh ? CM_ENOMEM : mdl_tensor_rows_f32(t, 0, t->ne[1], hf);
+            if (!rc) rc = dt_quantize(DT_F16, hf, hh, (int64_t)nel);
+            if (!rc && cudaMemcpy(dst + off, hh, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+            free(hf);
+            free(hh);
+        }
+        if (rc) {
+            snprintf(err, errlen, "cuda backend: uploading expert tensor '%s' (%s as %s) failed: %s", t->name,
+                     dt_name(t->type) ? dt_name(t->type) : "?", dt_name(type) ? dt_name(type) : "?", cm_err_str(rc));
+            return rc;
+        }
+        off += nb;
+    }
+    s->weight_bytes += off;
+    return 0;
+}
+
+/* Uploads a layer's parts beyond the Llama ones: QK-norm and post-norm weights, and for a
+ * mixture-of-experts layer the router (as upload_rows) and every expert in its file type when
+ * the grouped GEMV reads it, else converted to F16 (expert_type), gate rows then up rows, then
+ * down: kc_moe_gemv_t's layout. */
+static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, size_t errlen) {
+    const mdl_config *c = &m->cfg;
+    const mdl_layer *ly = &m->layers[l];
+    cu_layer *L = &s->layers[l];
+    const mdl_tensor *qn[] = { &ly->attn_q_norm }, *kn[] = { &ly->attn_k_norm }, *ap[] = { &ly->attn_post_norm },
+                     *fp[] = { &ly->ffn_post_norm };
+    int rc;
+    L->swa = ly->swa;
+    if (ly->attn_q_norm.data && ((rc = upload_f32(s, qn, 1, &L->q_norm, err, errlen)) || (rc = upload_f32(s, kn, 1, &L->k_norm, err, errlen))))
+        return rc;
+    if (ly->attn_post_norm.data && (rc = upload_f32(s, ap, 1, &L->attn_post, err, errlen))) return rc;
+    if (ly->ffn_post_norm.data && (rc = upload_f32(s, fp, 1, &L->ffn_post, err, errlen))) return rc;
+    if (!ly->ffn_gate_inp.data) return 0;
+    L->moe = 1;
+    if (c->n_embd % 8 || c->n_ff_exp % 8) {
+        snprintf(err, errlen, "cuda backend: experts of %d x %d are not supported (both multiples of 8)", c->n_embd, c->n_ff_exp);
+        return CM_EUNSUPPORTED;
+    }
+    const mdl_tensor *rt[] = { &ly->ffn_gate_inp };
+    if ((rc = upload_rows(s, rt, 1, &L->router, 0, err, errlen))) return rc;
+    const size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff_exp, NE = (size_t)c->n_expert;
+    L->exp_gu_type = expert_type(c, ly, 0);
+    L->exp_down_type = expert_type(c, ly, 1);
+    const size_t gu_b = 2 * F * dt_row_size(L->exp_gu_type, (int64_t)E), dn_b = E * dt_row_size(L->exp_down_type, (int64_t)F);
+    if (cudaMalloc(&L->exp_gu, NE * gu_b) != cudaSuccess || cudaMalloc(&L->exp_down, NE * dn_b) != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend: out of GPU memory uploading the experts of layer %d (%.1f MiB)", l,
+                 NE * (gu_b + dn_b) / 1048576.0);
+        return CM_ENOMEM;
+    }
+    for (size_t e = 0; e < NE; e++) {
+        const mdl_tensor *gu[] = { &ly->exp_gate[e], &ly->exp_up[e] }, *dn[] = { &ly->exp_down[e] };
+        if ((rc = upload_expert_rows(s, gu, 2, L->exp_gu_type, (uint8_t *)L->exp_gu + e * gu_b, err, errlen)) ||
+            (rc = upload_expert_rows(s, dn, 1, L->exp_down_type, (uint8_t *)L->exp_down + e * dn_b, err, errlen)))
+            return rc;
+    }
     return 0;
 }
 
@@ -484,8 +612,10 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
     prof_mark(s, PC_STAGE);
     KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, cs));
+    if (c->embd_scale > 0 && c->embd_scale != 1.0f) KC_FATAL(kc_scale(s->x, (size_t)n_tok * c->n_embd, c->embd_scale, cs));
     prof_mark(s, PC_EMBED);
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
+    int32_t *d_bt_swa = meta_bt_swa(s, s->d_meta);
     float *hy = n_tok <= s->norm_blocks_max ? NULL : s->h;   /* the norms' f32 output */
     /* attention's: only the blocks for wo where the step is small and has no prefill tile */
     float *ay = n_tok <= s->att_blocks_max && !st->n_tiles ? NULL : s->att;
@@ -497,48 +627,90 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
+        /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
+        int32_t *lbt = L->swa ? d_bt_swa : d_bt;
+        kc_rope rope = L->swa ? s->rope_swa : s->rope;
+        rope.q_norm = L->q_norm;
+        rope.k_norm = L->k_norm;
+        rope.norm_eps = c->norm_eps;
+        const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0 };
+        kc_attention_mods(&mods);
         if (s->kv_f8)
-            KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, d_bt, max_blocks, n_tok,
-                                         c->n_head, c->n_head_kv, hd, bs, &s->rope, cs));
+            KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, lbt, max_blocks, n_tok,
+                                         c->n_head, c->n_head_kv, hd, bs, &rope, cs));
         else
-            KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv,
-                                      hd, bs, &s->rope, cs));
+            KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv,
+                                      hd, bs, &rope, cs));
         prof_mark(s, PC_ROPE);
         if (st->per_head) {
             KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : att_perhead_f16)(
-                s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, d_bt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
+                s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
                 st->n_split, s->att_chunk, s->partial, s->att_counters, st->kv_ready, cs));
         } else {
             if (st->n_dec)
                 KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : att_decode_f16)(
                     s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o, st->dec_all ? NULL : meta_dtoks(s, s->d_meta),
-                    st->n_dec, d_pos, d_seq, d_bt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
+                    st->n_dec, d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
                     meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles) {
                 KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
-                    s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, d_bt, max_blocks, c->n_head,
+                    s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, lbt, max_blocks, c->n_head,
                     c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             }
         }
+        kc_attention_mods(NULL);
         prof_mark(s, PC_ATTN);
-        KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
+        if (L->attn_post) { /* x += rmsnorm(att Wo) */
+            KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->h, 0, &s->gws, cs));
+            KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->attn_post, n_tok, c->n_embd, c->norm_eps, cs));
+        } else
+            KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
         prof_mark(s, PC_WO);
         KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         prof_mark(s, PC_NORM);
-        if (s->prof_on) { /* separate kernels: timed one by one */
+        if (L->moe) { /* router, top-k and grouping on the device; the chosen experts' weights only */
+            const int K = c->n_expert_used, F = c->n_ff_exp;
+            KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
+            KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
+            prof_mark(s, PC_GU);
+            KC_FATAL(kc_moe_gemv_t(L->exp_gu, L->exp_gu_type, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist,
+                                   s->egu, cs));
+            KC_FATAL(kc_glu(s->egu, s->eact, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
+            prof_mark(s, PC_ACT);
+            KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist,
+                                   s->eout, cs));
+            KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
+            if (L->ffn_post) KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
+            prof_mark(s, PC_DOWN);
+            continue;
+        }
+        if (c->ffn_act != MDL_ACT_SILU) { /* GeGLU: the f32 activations, which down reads */
+            KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
+            prof_mark(s, PC_GU);
+            KC_FATAL(kc_glu(s->gu, s->act, n_tok, c->n_ff, c->ffn_act, 0, NULL, cs));
+            s->xq_a.n = 0;
+            prof_mark(s, PC_ACT);
+        } else if (s->prof_on) { /* separate kernels: timed one by one */
             KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
             prof_mark(s, PC_GU);
             KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, cs));
             prof_mark(s, PC_ACT);
         } else /* one kernel where the F16 GEMV takes the SwiGLU (decode steps of F16 models) */
             KC_FATAL(kc_matmul_swiglu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, &s->gws, cs));
-        KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, cs));
+        if (L->ffn_post) { /* x += rmsnorm(act Wdown) */
+            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->h, 0, &s->gws, cs));
+            KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
+        } else
+            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, cs));
         prof_mark(s, PC_DOWN);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, cs));
     KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, cs));
-    if (!st->no_head) KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
+    if (!st->no_head) {
+        KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
+        if (c->final_softcap > 0) KC_FATAL(kc_softcap(s->logits, (size_t)n_out * c->n_vocab, c->final_softcap, cs));
+    }
     prof_mark(s, PC_HEAD);
 }
 
@@ -587,6 +759,9 @@ static void stage_batch(cu_state *s, const ex_batch *b, int n_pad) {
     }
     for (int q = 0; q < b->n_seqs; q++) {
         memcpy(bt + (size_t)q * mb, b->block_tables + (size_t)q * b->bt_stride, (size_t)b->n_blocks[q] * 4);
+        if (s->kv_pool_swa && b->block_tables_swa)
+            memcpy(meta_bt_swa(s, s->h_meta) + (size_t)q * mb, b->block_tables_swa + (size_t)q * b->bt_stride,
+                   (size_t)b->n_blocks[q] * 4);
         int r = b->seq_out[q];
         if (b->out_all[q])
             for (int j = 0; j < b->seq_len[q]; j++) rows[r + j] = b->seq_start[q] + j;
@@ -805,6 +980,7 @@ static int cuda_kv_copy(ex_backend *base, int32_t src, int32_t dst, int n_tok) {
     const size_t blk = s->kv_blk_bytes; /* the whole block (F16: heads outermost; FP8: codes and scales) */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
+        if (L->swa) continue; /* block ids of the main pool: the full-attention layers only */
         CU_FATAL(cudaMemcpyAsync((char *)L->k + dst * blk, (char *)L->k + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
         CU_FATAL(cudaMemcpyAsync((char *)L->v + dst * blk, (char *)L->v + src * blk, blk, cudaMemcpyDeviceToDevice, s->stream));
     }
@@ -841,12 +1017,22 @@ static void cuda_destroy(ex_backend *base) {
             cudaFree(L->bqkv);
             cudaFree(L->k_scale);
             cudaFree(L->v_scale);
+            float *fs[] = { L->q_norm, L->k_norm, L->attn_post, L->ffn_post };
+            for (int i = 0; i < 4; i++) cudaFree(fs[i]);
+            free_weight(&L->router);
+            cudaFree(L->exp_gu);
+            cudaFree(L->exp_down);
         }
     free(s->layers);
     free_weight(&s->tok_embd);
     if (s->output.data != s->tok_embd.data) free_weight(&s->output);
     cudaFree(s->out_norm);
     cudaFree(s->kv_pool);
+    cudaFree(s->kv_pool_swa);
+    cudaFree(s->rope_freq);
+    cudaFree(s->rope_freq_swa);
+    void *moe_bufs[] = { s->rlogits, s->rw, s->egu, s->eact, s->eout, s->ridx, s->ecnt, s->eoff, s->elist };
+    for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
                      s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh,
                      s->att_counters, s->d_samp, s->d_sout };
@@ -870,6 +1056,8 @@ static void cuda_destroy(ex_backend *base) {
 static void stage_scratch_row(cu_state *s) {
     int32_t *bt = meta_bt(s, s->h_meta);
     for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block;
+    bt = meta_bt_swa(s, s->h_meta);
+    for (int j = 0; j < s->lim.max_blocks; j++) bt[(size_t)s->lim.max_seqs * s->lim.max_blocks + j] = s->scratch_block_swa;
 }
 
 /* Captures one graph of a decode step of bk padding tokens (run once eagerly first: cuBLAS
@@ -971,7 +1159,10 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
     const mdl_config *c = &s->cfg;
     const ex_limits *L = &s->lim;
     size_t per_block = s->kv_blk_bytes;                                      /* bytes per block, one layer's K or V */
-    size_t bbytes = per_block * 2 * (size_t)c->n_layer;                      /* one block: K and V of every layer */
+    /* the full-attention layers' pool and the sliding-window layers' (executor/kv.h) */
+    const int n_swa_l = c->n_layer_swa, n_full_l = c->n_layer - n_swa_l;
+    const size_t fbytes = per_block * 2 * (size_t)n_full_l, sbytes = per_block * 2 * (size_t)n_swa_l;
+    size_t bbytes = fbytes + sbytes;                                          /* one block of each: every layer's K and V */
     size_t free1 = 0;
     cudaMemGetInfo(&free1, &total);
     int64_t used = (int64_t)free0 - (int64_t)free1;  /* weights, activations, workspaces */
@@ -993,25 +1184,55 @@ static int alloc_kv_pool(cu_state *s, const ex_backend_opts *o, const struct cud
         }
         capped = fit > cap;
         s->lim.n_kv_blocks = (int)(capped ? cap : fit > (1 << 30) ? (1 << 30) : fit);
+        if (n_swa_l) {
+            /* the engine's rule (executor/engine.c): the sliding pool holds one whole context and a
+             * window and a step's tokens for every other sequence; the full pool gets the rest
+             * (every layer sliding: the full pool is bookkeeping only, as large as can be used) */
+            int64_t per = (L->swa_window + L->max_tokens + L->block_size - 1) / L->block_size + 1;
+            int64_t cap_s = L->max_blocks + (int64_t)L->max_seqs * per, nb = fit, ns;
+            if (cap_s > cap) cap_s = cap;
+            if (!n_full_l) {
+                ns = budget / (int64_t)sbytes - 1;
+                if (ns > cap_s) ns = cap_s;
+                nb = cap;
+            } else if (nb > cap_s) {
+                nb = (budget - (cap_s + 1) * (int64_t)sbytes) / (int64_t)fbytes - 1;
+                ns = cap_s;
+            } else ns = nb;
+            if (nb > cap) nb = cap;
+            capped = nb >= cap;
+            s->lim.n_kv_blocks = (int)(nb > (1 << 30) ? (1 << 30) : nb);
+            s->lim.n_kv_blocks_swa = (int)(ns > (1 << 30) ? (1 << 30) : ns);
+        }
     }
-    size_t bytes = (size_t)(L->n_kv_blocks + 1) * bbytes;
-    if (bytes > free1 || cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) {
+    if (!n_swa_l) s->lim.n_kv_blocks_swa = 0;
+    else if (s->lim.n_kv_blocks_swa < 2) {
+        snprintf(err, errlen, "cuda backend: the sliding-window layers' KV pool would get %d blocks (%s)", s->lim.n_kv_blocks_swa,
+                 exact ? "the engine gave no size for it" : "raise --gpu-memory-fraction");
+        return CM_ENOKV;
+    }
+    size_t bytes = (size_t)(L->n_kv_blocks + 1) * fbytes, bytes_swa = (size_t)(L->n_kv_blocks_swa + 1) * sbytes;
+    if (bytes + bytes_swa > free1 || (bytes && cudaMalloc(&s->kv_pool, bytes) != cudaSuccess) ||
+        (bytes_swa && cudaMalloc(&s->kv_pool_swa, bytes_swa) != cudaSuccess)) {
         cudaGetLastError(); /* clear the allocation error */
         snprintf(err, errlen, "cuda backend: the KV pool of %d blocks needs %.2f GiB, %.2f GiB free on device %d (%s) after %.2f GiB "
                  "of weights, activations and workspaces%s", L->n_kv_blocks, bytes / GIB, free1 / GIB, o->device, prop->name, used / GIB,
                  exact ? ": lower --kv-cache-mb (0 sizes it from --gpu-memory-fraction)" : "");
         return CM_ENOMEM;
     }
-    cudaMemset(s->kv_pool, 0, bytes);
-    for (int l = 0; l < c->n_layer; l++) {
-        s->layers[l].k = (kc_half *)((char *)s->kv_pool + (size_t)2 * l * per_block * (L->n_kv_blocks + 1));
-        s->layers[l].v = (kc_half *)((char *)s->layers[l].k + per_block * (L->n_kv_blocks + 1));
+    if (bytes) cudaMemset(s->kv_pool, 0, bytes);
+    if (bytes_swa) cudaMemset(s->kv_pool_swa, 0, bytes_swa);
+    for (int l = 0, full = 0, sl = 0; l < c->n_layer; l++) {
+        cu_layer *ly = &s->layers[l];
+        const size_t nb = (size_t)(ly->swa ? L->n_kv_blocks_swa : L->n_kv_blocks) + 1;
+        ly->k = (kc_half *)((char *)(ly->swa ? s->kv_pool_swa : s->kv_pool) + (size_t)2 * (ly->swa ? sl++ : full++) * per_block * nb);
+        ly->v = (kc_half *)((char *)ly->k + per_block * nb);
     }
     CM_LOG_INFO("cuda", "KV pool", "device=%d sizing=%s fraction=%.2f total_gib=%.2f in_use_at_start_gib=%.2f weights_gib=%.2f "
-                "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d", o->device,
+                "workspaces_gib=%.2f budget_gib=%.2f kv_gib=%.3f blocks=%d tokens=%lld capped=%d swa_blocks=%d", o->device,
                 exact ? "exact" : "fraction", o->mem_fraction, total / GIB, (total - free0) / GIB, s->weight_bytes / GIB,
-                (used - (int64_t)s->weight_bytes) / GIB, budget / GIB, bytes / GIB, L->n_kv_blocks,
-                (long long)L->n_kv_blocks * L->block_size, capped);
+                (used - (int64_t)s->weight_bytes) / GIB, budget / GIB, (bytes + bytes_swa) / GIB, L->n_kv_blocks,
+                (long long)L->n_kv_blocks * L->block_size, capped, L->n_kv_blocks_swa);
     return 0;
 }
 
@@ -1069,6 +1290,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->rope = (kc_rope){ .layout = c->rope_layout, .rope_dim = c->rope_dim, .base = c->rope_base, .scaling = c->rope_scaling,
                          .factor = c->rope_factor, .low_freq_factor = c->rope_low_freq_factor,
                          .high_freq_factor = c->rope_high_freq_factor, .orig_ctx = c->rope_orig_ctx };
+    s->rope_swa = s->rope;
     s->base.name = "cuda";
     /* FP8 KV: E4M3 codes and f32 scales per (position, head), the CPU's layout; blocks of an
      * even number of head rows keep every row's codes 8-byte aligned */
@@ -1076,7 +1298,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->kv_blk_bytes = s->kv_f8 ? (size_t)c->n_head_kv * s->lim.block_size * (c->head_dim + 4)
                                : (size_t)c->n_head_kv * s->lim.block_size * c->head_dim * 2;
     s->base.kv_type = s->kv_f8 ? DT_F8_E4M3 : DT_F16;
-    s->base.features |= MDL_FEAT_FP8; /* F8_E4M3 matrices: fp8.cu (or F16 at upload before sm_89) */
+    /* model.h's features this backend implements: every one (F8_E4M3 matrices: fp8.cu, or F16 at
+     * upload before sm_89) */
+    s->base.features = MDL_FEAT_QK_NORM | MDL_FEAT_POST_NORM | MDL_FEAT_MOE | MDL_FEAT_SWA | MDL_FEAT_ATTN_SOFTCAP |
+                       MDL_FEAT_FINAL_SOFTCAP | MDL_FEAT_GELU | MDL_FEAT_EMBD_SCALE | MDL_FEAT_ATTN_SCALE | MDL_FEAT_ROPE_YARN |
+                       MDL_FEAT_ROPE_LONGROPE | MDL_FEAT_ROPE_SWA_BASE | MDL_FEAT_ROPE_PARTIAL | MDL_FEAT_HEAD_DIM |
+                       MDL_FEAT_ROPE_ATTN | MDL_FEAT_FP8;
     s->base.forward = cuda_forward;
     s->base.forward_sample = cuda_forward_sample;
     s->base.forward_hidden = cuda_forward_hidden;
@@ -1167,6 +1394,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if ((rc = upload_f32(s, on, 1, &s->out_norm, err, errlen))) goto fail;
         s->layers = calloc((size_t)c->n_layer, sizeof *s->layers);
         if (!s->layers) goto oom;
+        for (int l = 0; l < c->n_layer; l++)
+            if ((rc = upload_arch_layer(s, m, l, err, errlen))) goto fail;
+        for (int l = 0; l < c->n_layer; l++) {
+            const cu_layer *L = &s->layers[l];
+            const mdl_layer *ly = &m->layers[l];
+            if (L->moe && (L->exp_gu_type != ly->exp_gate[0].type || L->exp_down_type != ly->exp_down[0].type))
+                CM_LOG_INFO("cuda", "expert weights converted to F16", "layer=%d gate_up=%s down=%s", l,
+                            dt_name(ly->exp_gate[0].type) ? dt_name(ly->exp_gate[0].type) : "?",
+                            dt_name(ly->exp_down[0].type) ? dt_name(ly->exp_down[0].type) : "?");
+        }
         for (int l = 0; l < c->n_layer; l++) {
             const mdl_layer *ly = &m->layers[l];
             cu_layer *L = &s->layers[l];
@@ -1174,8 +1411,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                              *dn[] = { &ly->w_down }, *an[] = { &ly->attn_norm }, *fn[] = { &ly->ffn_norm },
                              *bias[] = { &ly->bq, &ly->bk, &ly->bv };
             if ((rc = upload_rows(s, qkv, 3, &L->qkv, f8, err, errlen)) || (rc = upload_rows(s, wo, 1, &L->wo, f8, err, errlen)) ||
-                (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE | f8, err, errlen)) ||
-                (rc = upload_rows(s, dn, 1, &L->down, f8, err, errlen)) ||
+                (!L->moe && (rc = upload_rows(s, gu, 2, &L->gu, UP_INTERLEAVE | f8, err, errlen))) ||
+                (!L->moe && (rc = upload_rows(s, dn, 1, &L->down, f8, err, errlen))) ||
                 (rc = upload_f32(s, an, 1, &L->attn_norm, err, errlen)) || (rc = upload_f32(s, fn, 1, &L->ffn_norm, err, errlen)))
                 goto fail;
             if (ly->bq.data && ly->bk.data && ly->bv.data && (rc = upload_f32(s, bias, 3, &L->bqkv, err, errlen))) goto fail;
@@ -1189,6 +1426,31 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
     }
 
+    /* rotary frequency tables: the CPU's rule for each layer kind (kernels/cpu/ops.h), shared */
+    {
+        kc_rope *rs[2] = { &s->rope, &s->rope_swa };
+        float **fs[2] = { &s->rope_freq, &s->rope_freq_swa };
+        for (int k = 0; k < 2; k++) {
+            mdl_rope r;
+            k_rope_params rp;
+            float fr[K_ROPE_MAX_DIM / 2];
+            mdl_layer_rope(c, k, &r);
+            if (k_rope_init_layer(&rp, &r, s->lim.n_ctx)) {
+                snprintf(err, errlen, "cuda backend: rope dimension %d not supported", r.dim);
+                rc = CM_EUNSUPPORTED;
+                goto fail;
+            }
+            for (int i = 0; i < r.dim / 2; i++) fr[i] = (float)rp.inv_freq[i];
+            if (dalloc(fs[k], sizeof(float) * (size_t)(r.dim / 2)) ||
+                cudaMemcpy(*fs[k], fr, sizeof(float) * (size_t)(r.dim / 2), cudaMemcpyHostToDevice) != cudaSuccess)
+                goto oom;
+            rs[k]->layout = r.layout;
+            rs[k]->rope_dim = r.dim;
+            rs[k]->freq = *fs[k];
+            rs[k]->mscale = (float)rp.mscale;
+        }
+    }
+
     /* activations and workspaces */
     {
         size_t T = (size_t)s->lim.max_tokens, R = (size_t)s->lim.max_out, nq = (size_t)c->n_head * c->head_dim;
@@ -1197,12 +1459,38 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             dalloc(&s->act, T * c->n_ff * 4) || dalloc(&s->last, R * c->n_embd * 4) || dalloc(&s->last_n, R * c->n_embd * 4) ||
             dalloc(&s->logits, R * c->n_vocab * 4))
             goto oom;
+        if (c->n_expert > 0) {
+            size_t NE = (size_t)c->n_expert, K = (size_t)c->n_expert_used, F = (size_t)c->n_ff_exp;
+            if (dalloc(&s->rlogits, T * NE * 4) || dalloc(&s->rw, T * K * 4) || dalloc(&s->ridx, T * K * 4) ||
+                dalloc(&s->ecnt, NE * 4) || dalloc(&s->eoff, NE * 4) || dalloc(&s->elist, T * K * 4) ||
+                dalloc(&s->egu, T * K * 2 * F * 4) || dalloc(&s->eact, T * K * F * 4) || dalloc(&s->eout, T * K * c->n_embd * 4))
+                goto oom;
+        }
         /* split-K partials: the per-head kernel's for every token it may take (all of them
          * without the tensor-core kernels, else the decode buckets below att_tc_min_tok), and
          * the tensor-core decode's for tokens x splits of any launch (tc_splits: at most
          * att_dec_ctas / n_kv + 1 per token of the largest bucket) */
         size_t ph_tok = !s->att_tc ? T : s->plan.att_tc_min_tok > 1 ? (size_t)bucket_of(s->plan.att_tc_min_tok - 1) : 0;
         if (ph_tok > T) ph_tok = T;
+        /* The per-head kernel's partials grow with tokens x splits: every step on it at long
+         * contexts (head dims the tensor cores do not take, e.g. 256: gemma) would need
+         * T x n_ctx / 64 rows (gemma3-12b, 2048 tokens at 128k: 69 GB). Longer splits (multiples
+         * of 64 positions) keep them within 1 GiB; the results do not depend on the split size
+         * beyond rounding. */
+        {
+            const size_t row = (size_t)c->n_head * (c->head_dim + 2) * 4, cap = (size_t)1 << 30;
+            if (ph_tok * s->n_split * row > cap) {
+                const size_t max_split = cap / (ph_tok * row) > 1 ? cap / (ph_tok * row) : 1;
+                int chunk = (int)(((size_t)s->lim.n_ctx + max_split - 1) / max_split);
+                chunk = (chunk + 63) / 64 * 64;
+                if (chunk > s->att_chunk) {
+                    CM_LOG_INFO("cuda", "per-head attention splits lengthened to bound their partials", "chunk=%d was=%d tokens=%zu "
+                                "ctx=%d", chunk, s->att_chunk, ph_tok, s->lim.n_ctx);
+                    s->att_chunk = chunk;
+                    s->n_split = (s->lim.n_ctx + chunk - 1) / chunk;
+                }
+            }
+        }
         size_t ph = ph_tok * s->n_split;
         size_t tc = s->att_tc ? (size_t)s->plan.att_dec_ctas / c->n_head_kv + 1 + (size_t)bucket_of(s->lim.max_seqs) : 0;
         s->partial_floats = (ph > tc ? ph : tc) * c->n_head * (c->head_dim + 2);
@@ -1216,8 +1504,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             for (int i = 0; i < 4; i++)
                 if (lw[i]->type != DT_F16 && lw[i]->type != DT_F32 && (size_t)lw[i]->n_in * lw[i]->n_out > wmax)
                     wmax = (size_t)lw[i]->n_in * lw[i]->n_out;
+            const kc_weight *rt = &s->layers[l].router;
+            if (s->layers[l].moe && rt->type != DT_F16 && rt->type != DT_F32 && (size_t)rt->n_in * rt->n_out > wmax)
+                wmax = (size_t)rt->n_in * rt->n_out;
         }
         if (R * c->n_embd > xmax) xmax = R * c->n_embd;
+        if (T * nq > xmax) xmax = T * nq; /* wo's input (wider than n_ff when every MLP is a mixture of experts) */
         /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
          * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
          * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
@@ -1269,7 +1561,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         /* tok pos seq [T], rows [R], block tables [(S + 1) x max_blocks], tiles [2T], dtoks [T], chunk [1]:
          * the layout of the meta_* accessors */
-        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T + T + 1;
+        s->meta_ints = 3 * T + R + (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks + 2 * T + T + 1 +
+                       (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks; /* + bt_swa */
         if (dalloc(&s->d_meta, s->meta_ints * 4)) goto oom;
         if (cudaMallocHost((void **)&s->h_meta, s->meta_ints * 4) != cudaSuccess ||
             cudaMallocHost((void **)&s->h_logits, R * c->n_vocab * 4) != cudaSuccess ||
@@ -1289,7 +1582,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */
     if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;
     s->scratch_block = s->lim.n_kv_blocks;
+    s->scratch_block_swa = s->lim.n_kv_blocks_swa;
     s->base.n_kv_blocks = s->lim.n_kv_blocks;
+    s->base.n_kv_blocks_swa = s->lim.n_kv_blocks_swa;
     stage_scratch_row(s);
 
     if (o->cuda.profile) {
@@ -1313,13 +1608,14 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 wo_reads |= kc_matmul_reads_x(&L->wo, n);
                 down_reads |= kc_matmul_reads_x(&L->down, n);
             }
+            norm_reads |= c->n_expert > 0; /* the router and the experts read the f32 rows */
             if (!norm_reads && s->norm_blocks_max == n - 1) s->norm_blocks_max = n;
             if (!wo_reads && s->att_blocks_max == n - 1) s->att_blocks_max = n;
             if (!down_reads && s->act_blocks_max == n - 1) s->act_blocks_max = n;
         }
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
-            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16;
+            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16 || (L->moe && L->router.type == DT_F16);
             f16_wo |= L->wo.type == DT_F16;
             f16_down |= L->down.type == DT_F16;
         }
@@ -1332,7 +1628,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             int q_after_norm = kc_weight_is_quant(s->output.type), q_wo = 0, q_down = 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
-                q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type);
+                q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type) ||
+                                (L->moe && kc_weight_is_quant(L->router.type));
                 q_wo |= kc_weight_is_quant(L->wo.type);
                 q_down |= kc_weight_is_quant(L->down.type);
             }

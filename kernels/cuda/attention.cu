@@ -16,7 +16,7 @@ template <int HD, int G, bool F8>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-            int block_size, float scale, int n_split, int chunk, int kv_ready) {
+            int block_size, float scale, int n_split, int chunk, int kv_ready, float softcap, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
     constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
@@ -36,6 +36,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
     const int p = pos[t];
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
     const int start = split * chunk, end = min(start + chunk, p + 1);
+    const int lo = window > 0 ? max(0, p - window + 1) : 0; // sliding window: keys below lo are masked (never loaded)
     const size_t row = ((size_t)t * n_head + h) * HD;
     // A split past this token's position holds no key: the merge reads only the splits below
     // pos / chunk + 1, so nothing is written (launching more splits than a sequence needs costs
@@ -66,7 +67,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
 #pragma unroll
         for (int u = 0; u < G; u++) {
             int j = j0 + u * STRIDE + kslot;
-            valid[u] = j < end;
+            valid[u] = j < end && j >= lo;
             kv[u] = make_uint4(0, 0, 0, 0);
             vv[u] = make_uint4(0, 0, 0, 0);
             if (!old_only || j < p) {
@@ -94,7 +95,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
 
-    for (int j0 = j_first; j0 < end; j0 += G * STRIDE) {
+    for (int j0 = j_first; j0 < end && end > lo; j0 += G * STRIDE) {
         if (!kv_ready || j0 != j_first) load(j0, false);
 #pragma unroll
         for (int u = 0; u < G; u++) {
@@ -108,6 +109,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
             }
 #pragma unroll
             for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
             if (valid[u]) {
                 float m_new = fmaxf(m, s);
                 float corr = __expf(m - m_new), w = __expf(s - m_new);
@@ -172,6 +174,7 @@ static void launch(const float *q, const void *k, const void *v, const att_emit 
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
                    int bs, float scale, int n_split, int chunk, int kv_ready, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
+    const kc_attn_mods mods = kc_attention_mods_get();
     // Key groups whose loads are in flight together: many for a few tokens (the step is one
     // round trip per split), 2 for large batches, where the grid alone keeps memory busy and
     // fewer registers keep more CTAs resident (llama2-7b, 128 sequences: 12.8 ms per step with
@@ -179,7 +182,7 @@ static void launch(const float *q, const void *k, const void *v, const att_emit 
     const int G = n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
     auto kern = G == 2 ? attn_kernel<HD, 2, F8> : G == 4 ? attn_kernel<HD, 4, F8> : attn_kernel<HD, 8, F8>;
     kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, k, v, em, partial, counters,
-              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready);
+              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready, mods.softcap, mods.window);
     if (n_split > 1 && !counters)
         kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
                   n_head, n_split, chunk);

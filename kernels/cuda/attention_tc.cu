@@ -77,7 +77,7 @@ __device__ __forceinline__ void load_q(uint32_t (&qa)[HD / 16][4], const float *
 // allowed(hi, key) is false (hi: the row is g + 8; key: 0..NK-1), then m, l and O updated.
 template <int HD, int NK, typename Allowed>
 __device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD / 16][4], uint32_t ks, uint32_t vs, int lane,
-                                       Allowed allowed) {
+                                       float capl, Allowed allowed) {
     constexpr int ROW = (HD + 8) * 2; // bytes per shared row
     const int t4 = lane & 3;
     float s[NK / 8][4];
@@ -100,6 +100,8 @@ __device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD /
     for (int n = 0; n < NK / 8; n++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
+            // soft-capping in the log2 domain: capl = softcap x log2 e (0: none)
+            if (capl > 0.0f) s[n][c] = capl * tanhf(s[n][c] / capl);
             if (!allowed(c >> 1, n * 8 + 2 * t4 + (c & 1))) s[n][c] = -INFINITY;
             mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
         }
@@ -276,7 +278,8 @@ template <int HD, int NST, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
                 const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
-                const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split) {
+                const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split,
+                float capl, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
     constexpr int ROWH = HD + 8, STAGE = 2 * 16 * ROWH; // halves per stage: 16 K rows, then 16 V rows
     extern __shared__ __align__(16) uint8_t smem[];
@@ -301,6 +304,10 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     const uint32_t sw = kc_smem_addr(smem) + warp * NST * STAGE * 2;
     const int first = start + 16 * warp;
     const int n_grp = end > first ? (end - first + 63) / 64 : 0;
+    // sliding window: keys below lo are masked; groups entirely below it are skipped (their
+    // blocks may have been freed), starting at the first group i_lo that reaches lo
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int i_lo = lo > first + 15 ? (lo - first - 15 + 63) / 64 : 0;
     auto issue = [&](int i) {
         if (i < n_grp) {
             const int j0 = first + 64 * i;
@@ -325,14 +332,15 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     wstate<HD> st;
     wstate_init(st);
 #pragma unroll
-    for (int i = 0; i < NST - 1; i++) issue(i);
-    for (int i = 0; i < n_grp; i++) {
+    for (int i = 0; i < NST - 1; i++) issue(i_lo + i);
+    for (int i = i_lo; i < n_grp; i++) {
         issue(i + NST - 1);
         kc_cp_async_wait<NST - 1>();
         __syncwarp();
         const int lim = end - (first + 64 * i); // keys of this group below end
+        const int low = lo - (first + 64 * i);  // and from lo
         const uint32_t ks = sw + (i % NST) * STAGE * 2;
-        attend<HD, 16>(st, qa, ks, ks + 16 * ROWH * 2, lane, [&](int, int key) { return key < lim; });
+        attend<HD, 16>(st, qa, ks, ks + 16 * ROWH * 2, lane, capl, [&](int, int key) { return key < lim && key >= low; });
         __syncwarp(); // every lane is done with this stage before it is refilled
     }
     kc_cp_async_wait<0>();
@@ -394,7 +402,7 @@ template <int HD, int NW, int NST, bool F8>
 __global__ void __launch_bounds__(NW * 32)
 attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-               int block_size, float qscale) {
+               int block_size, float qscale, float capl, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
     constexpr int ROWH = HD + 8, STAGE = 2 * PF_NK * ROWH;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -418,25 +426,29 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
 
     const uint32_t sb = kc_smem_addr(smem);
     const int n_kt = p_last / PF_NK + 1;
+    // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0 on, so
+    // key tiles below lo0 are skipped and positions below it never loaded (freed blocks)
+    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0, i_lo = lo0 / PF_NK;
+    const int wlo0 = window > 0 ? lim0 - window : -1, wlo1 = window > 0 ? lim1 - window : -1;
     auto issue = [&](int i) {
         if (i < n_kt) {
             const int j0 = i * PF_NK;
             const uint32_t dst = sb + (i % NST) * STAGE * 2;
-            if constexpr (F8) { // the same pieces, zero past p_last
+            if constexpr (F8) { // the same pieces, zero past p_last and (window) before lo0
                 constexpr int NP = PF_NK * (HD / 8) / (NW * 32);
                 static_assert(NP * NW * 32 == PF_NK * (HD / 8), "prefill FP8 staging: whole pieces per thread");
                 stage_f8<HD, NP>(dst, PF_NK * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
                                  threadIdx.x, NW * 32, [&](int c, size_t &b, int &r, bool &ok) {
                                      const int j = j0 + c / (HD / 8);
-                                     ok = j <= p_last;
+                                     ok = j <= p_last && j >= lo0;
                                      b = ok ? bt[j / block_size] : 0;
                                      r = j % block_size;
                                  });
             } else {
-                // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last
+                // 16-position pieces of blocks (block_size % 16 == 0), zero past p_last and (window) before lo0
                 for (int c = threadIdx.x; c < PF_NK * (HD / 8); c += NW * 32) {
                     const int r = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + r;
-                    const bool ok = j <= p_last;
+                    const bool ok = j <= p_last && j >= lo0;
                     const size_t src =
                         ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + col : 0;
                     kc_cp_async16(dst + (r * ROWH + col) * 2, (const __half *)k_cache + src, ok);
@@ -449,19 +461,21 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
     wstate<HD> st;
     wstate_init(st);
 #pragma unroll
-    for (int i = 0; i < NST - 1; i++) issue(i);
-    for (int i = 0; i < n_kt; i++) {
+    for (int i = 0; i < NST - 1; i++) issue(i_lo + i);
+    for (int i = i_lo; i < n_kt; i++) {
         issue(i + NST - 1);
         kc_cp_async_wait<NST - 1>();
         __syncthreads();
         const int j0 = i * PF_NK;
-        if (live && j0 <= w_hi) {
+        // a warp skips tiles past its rows' last keys, and (window) tiles before its rows' first
+        if (live && j0 <= w_hi && (window <= 0 || j0 + PF_NK - 1 > w_lo - window)) {
             const uint32_t ks = sb + (i % NST) * STAGE * 2;
-            if (j0 + PF_NK - 1 <= w_lo) // every row sees the whole tile
-                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane, [](int, int) { return true; });
+            if (j0 + PF_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window)) // every row sees the whole tile
+                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane, capl, [](int, int) { return true; });
             else
-                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane,
-                                  [&](int hi, int key) { return j0 + key <= (hi ? lim1 : lim0); });
+                attend<HD, PF_NK>(st, qa, ks, ks + PF_NK * ROWH * 2, lane, capl, [&](int hi, int key) {
+                    return j0 + key <= (hi ? lim1 : lim0) && j0 + key > (hi ? wlo1 : wlo0);
+                });
         }
         __syncthreads(); // the stage is refilled next
     }
@@ -486,6 +500,12 @@ template <int HD> size_t dec_smem() {
     const size_t merge = ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4;
     return stages > merge ? stages : merge;
 }
+// The soft-cap in the kernels' log2 units (0: none).
+float mods_capl() {
+    const float c = kc_attention_mods_get().softcap;
+    return c > 0.0f ? c * LOG2E : 0.0f;
+}
+
 template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
 
 template <int HD, bool F8>
@@ -495,7 +515,9 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
     static unsigned char configured[64];
     const size_t smem = dec_smem<HD>();
     if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split);
+    kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial,
+              counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),
+              kc_attention_mods_get().window);
     return 0;
 }
 
@@ -506,7 +528,8 @@ int launch_pf(const float *q, const void *k, const void *v, float *out, const in
     static unsigned char configured[64];
     const size_t smem = pf_smem<HD>();
     if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale);
+    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos, seq, bt,
+              max_blocks, n_head, n_kv, bs, qscale, mods_capl(), kc_attention_mods_get().window);
     return 0;
 }
 

@@ -281,6 +281,15 @@ typedef struct kc_rope {
     int   scaling;     /* MDL_ROPE_SCALING_* */
     float factor, low_freq_factor, high_freq_factor;
     int   orig_ctx;
+    /* When freq is set (device memory, [rope_dim / 2]): pair i turns by freq[i] radians per
+     * position, whatever scaling says (the host's table: yarn, longrope, any rule), and cos/sin
+     * are multiplied by mscale (0 counts as 1). */
+    const float *freq;
+    float mscale;
+    /* QK-norm before the rotation when q_norm is set (device memory, [hd] each, k_norm too):
+     * each q head x = x * rsqrt(mean(x^2) + norm_eps) * q_norm, each k head with k_norm. */
+    const float *q_norm, *k_norm;
+    float norm_eps;
 } kc_rope;
 
 /* Applies RoPE to q and k of qkv ([n_tok, (n_head + 2*n_kv) * hd] f32: q heads, k heads, v heads)
@@ -454,5 +463,50 @@ int kc_trace_end(kc_trace_rec *out, unsigned cap, unsigned *n_out);
 #ifdef __cplusplus
 }
 #endif
+
+
+/* ---- the steps later architectures add (arch.cu) ----------------------------------------------
+ * Attention modifiers for the attention launches that follow on this host thread (the three
+ * launchers above read them when they enqueue): softcap > 0: scores = softcap * tanh(scores /
+ * softcap) after the scale; window > 0: token t sees only positions pos[t] - window + 1 ..
+ * pos[t] (sliding-window layers; the cache rows below need not exist: their blocks are never
+ * read). NULL resets to neither. */
+typedef struct kc_attn_mods {
+    float softcap;
+    int   window;
+} kc_attn_mods;
+void kc_attention_mods(const kc_attn_mods *m);
+kc_attn_mods kc_attention_mods_get(void);
+/* x[i] *= scale (the embedding scale). */
+int kc_scale(float *x, size_t n, float scale, cudaStream_t s);
+/* x[i] = cap * tanh(x[i] / cap), cap > 0 (final logit soft-capping). */
+int kc_softcap(float *x, size_t n, float cap, cudaStream_t s);
+/* x[t] += rmsnorm(y[t]) * w (a post-norm of a block's output added to the residual); x != y. */
+int kc_rmsnorm_add(float *x, const float *y, const float *w, int n_tok, int n, float eps, cudaStream_t s);
+/* out[t][j] = act(gate) * up (act: MDL_ACT_SILU or MDL_ACT_GELU_TANH) from rows of 2 n_ff: gate
+ * and up interleaved (split 0: the backend's gate|up matrices) or gate then up (split 1: the
+ * experts'); row_w (may be NULL): row t is also multiplied by row_w[t]. */
+int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split, const float *row_w, cudaStream_t s);
+/* Mixture-of-experts routing on the device: per token, softmax of the router logits
+ * [n_tok, n_exp], the k most probable experts (ties: the lower index) into idx [n_tok, k] and
+ * their probabilities into w (renormalized to sum 1 when norm); then the n_tok k entries
+ * (entry t k + j) grouped by expert: list[off[e] .. off[e] + cnt[e]), in no fixed order within
+ * an expert (the GEMVs compute each entry on its own: the order changes no result). */
+int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int32_t *idx, float *w, int32_t *cnt,
+                 int32_t *off, int32_t *list, cudaStream_t s);
+/* Grouped GEMV: y[i] = W[e] x[i / x_div] for every entry i of every expert e (cnt, off, list
+ * from kc_moe_route), one launch; W: [n_exp][n_out][n_in] half (n_in % 8 == 0), x rows of n_in
+ * f32, y [entries][n_out] f32. Experts without entries are not read. */
+int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
+                const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
+/* The same over experts kept in their file type: W holds [n_exp][n_out] rows of type `type`
+ * (GGUF blocks as in the file, dt_row_size(type, n_in) bytes each; F16 as kc_moe_gemv).
+ * kc_moe_type_ok: F16 (n_in % 8 == 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (n_in % 32 == 0), Q4_K, Q5_K,
+ * Q6_K (n_in % 256 == 0). */
+int kc_moe_type_ok(int type, int n_in);
+int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
+                  const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
+/* out[t] (+)= sum_j y[t k + j] over the k slots in order (y rows of n). */
+int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s);
 
 #endif

@@ -12,6 +12,7 @@ KC_TRACE_TU(rope)
 
 // Inverse frequency of rotary pair i (0 <= i < rope_dim/2), with linear or llama3 scaling.
 __device__ __forceinline__ float rope_freq(const kc_rope &r, int i) {
+    if (r.freq) return r.freq[i]; // the host's table (kcuda.h)
     float freq = exp2f(-2.0f * (float)i / (float)r.rope_dim * __log2f(r.base));
     if (r.scaling == MDL_ROPE_SCALING_LINEAR) return freq / r.factor;
     if (r.scaling == MDL_ROPE_SCALING_LLAMA3) {
@@ -73,6 +74,7 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
     const int half_rot = r.rope_dim / 2, i0 = threadIdx.x;
     float s0 = 0.0f, c0 = 0.0f;
     if (h < n_head + n_kv && i0 < half_rot) sincosf((float)p * rope_freq(r, i0), &s0, &c0);
+    const float ms = r.mscale > 0.0f ? r.mscale : 1.0f;
     kc_pdl_wait();
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
     __shared__ float hv[F8 ? 256 : 1]; // F8: the K or V head before encoding
@@ -86,6 +88,21 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
         for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
         return;
     }
+    // QK-norm (r.q_norm set): the head's RMSNorm first, y = x * rsqrt(mean(x^2) + eps) * w
+    const float *nw = r.q_norm ? (h < n_head ? r.q_norm : r.k_norm) : nullptr;
+    float nr = 1.0f;
+    if (nw) {
+        __shared__ float red[2];
+        float ss = 0.0f;
+        for (int e = threadIdx.x; e < hd; e += blockDim.x) ss += src[e] * src[e];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        ss = blockDim.x > 32 ? red[0] + red[1] : red[0];
+        nr = rsqrtf(ss / (float)hd + r.norm_eps);
+    }
+    auto val = [&](int e) { return nw ? src[e] * nr * nw[e] : src[e]; };
     float *qd = nullptr;
     __half *kd = nullptr;
     if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
@@ -95,16 +112,18 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
         rope_pair(r, i, &a, &b);
         float s = s0, c = c0;
         if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
-        float x0 = src[a], x1 = src[b];
+        s *= ms;
+        c *= ms;
+        float x0 = val(a), x1 = val(b);
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         if (qd) { qd[a] = y0; qd[b] = y1; }
         else if (F8) { hv[a] = y0; hv[b] = y1; }
         else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
     }
     for (int e = r.rope_dim + threadIdx.x; e < hd; e += blockDim.x) { // dimensions past rope_dim: unrotated
-        if (qd) qd[e] = src[e];
-        else if (F8) hv[e] = src[e];
-        else kd[e] = __float2half(src[e]);
+        if (qd) qd[e] = val(e);
+        else if (F8) hv[e] = val(e);
+        else kd[e] = __float2half(val(e));
     }
     if (F8 && h >= n_head) f8_store_head(hv, (uint8_t *)k_cache, k_st, blk, p % block_size, h - n_head, n_kv, hd, block_size);
 }
@@ -116,6 +135,7 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
     dim3 grid(n_tok, n_head + 2 * n_kv);
+    if (rope->q_norm && !rope->k_norm) return CM_EINVAL;
     kc_launch(rope_store_kernel<false>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (void *)k_cache, (void *)v_cache,
               (const float *)nullptr, (const float *)nullptr, pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size,
               *rope);
@@ -128,7 +148,7 @@ extern "C" int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache
                                    const kc_rope *rope, cudaStream_t s) {
     if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
         n_kv <= 0 || hd <= 0 || hd > 256 || hd % 8 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd ||
-        rope->rope_dim % 2 || (!k_scale) != (!v_scale))
+        rope->rope_dim % 2 || (!k_scale) != (!v_scale) || (rope->q_norm && !rope->k_norm))
         return CM_EINVAL;
     dim3 grid(n_tok, n_head + 2 * n_kv);
     kc_launch(rope_store_kernel<true>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, k_cache, v_cache, k_scale, v_scale,

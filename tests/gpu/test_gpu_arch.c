@@ -1,0 +1,508 @@
+/* GPU kernels of the later architectures (kernels/cuda/arch.cu, the rope kernel's table and
+ * QK-norm, the attention modifiers) against the CPU backend's own code (kernels/cpu/ops.h) or
+ * double-precision references on random inputs: embedding scale, soft-capping, post-norm +
+ * residual, SwiGLU / GeGLU (interleaved and split rows, row weights), mixture-of-experts
+ * routing (normalized or not, ties), the grouped expert GEMV (unused experts, several entries
+ * per expert; F16 and every GGUF type it keeps: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K),
+ * the weighted sum, RoPE from a per-pair frequency table with an attention factor (yarn,
+ * longrope, partial rotation) with and without QK-norm, and attention with soft-capping and a
+ * sliding window on every kernel (per-head at head dims 16..256, tensor-core decode and
+ * prefill at 64 / 128), where the blocks wholly before the window are a block of NaNs that
+ * must never be read. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
+ * (tests/gpu/models.sh). */
+#include "common/cm_err.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
+#include "model/model.h"
+#include "tests/unit/t.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_ck.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *up(const void *h, size_t n) {
+    void *d;
+    CK(cudaMalloc(&d, n ? n : 1));
+    if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+static void *dnew(size_t n) {
+    void *d;
+    CK(cudaMalloc(&d, n ? n : 1));
+    CK(cudaMemset(d, 0xff, n ? n : 1)); /* NaN */
+    return d;
+}
+static void down(void *h, const void *d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
+
+static double rel_err_f(const float *got, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static float *rnd(size_t n, float scale) {
+    float *p = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+
+/* Scale, soft-cap, post-norm + residual, SwiGLU / GeGLU. */
+static void test_elementwise(cudaStream_t s) {
+    /* scale and soft-cap */
+    {
+        const size_t n = 10007;
+        float *x = rnd(n, 40.0f), *r1 = malloc(n * 4), *r2 = malloc(n * 4), *g = malloc(n * 4);
+        memcpy(r1, x, n * 4);
+        k_scale(r1, (int64_t)n, 8.0f);
+        memcpy(r2, x, n * 4);
+        k_softcap(r2, (int64_t)n, 30.0f);
+        float *d = up(x, n * 4);
+        int rc = kc_scale(d, n, 8.0f, s);
+        CK(cudaStreamSynchronize(s));
+        down(g, d, n * 4);
+        T_CHECKF(rc == 0 && memcmp(g, r1, n * 4) == 0, "kc_scale = k_scale");
+        CK(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice));
+        rc = kc_softcap(d, n, 30.0f, s);
+        CK(cudaStreamSynchronize(s));
+        down(g, d, n * 4);
+        double e = rel_err_f(g, r2, n);
+        T_CHECKF(rc == 0 && e < 1e-5, "kc_softcap: rel_err %.3g", e);
+        T_CHECK(kc_softcap(d, n, 0.0f, s) == CM_EINVAL);
+        free(x); free(r1); free(r2); free(g);
+        cudaFree(d);
+    }
+    /* post-norm + residual */
+    {
+        const int nt = 7, n = 2304;
+        float *x = rnd((size_t)nt * n, 2.0f), *y = rnd((size_t)nt * n, 5.0f), *w = rnd(n, 1.5f), *ref = malloc((size_t)nt * n * 4),
+              *tmp = malloc((size_t)nt * n * 4), *g = malloc((size_t)nt * n * 4);
+        k_rmsnorm(y, w, nt, n, 1e-6f, tmp);
+        memcpy(ref, x, (size_t)nt * n * 4);
+        k_add(ref, tmp, (int64_t)nt * n);
+        float *dx = up(x, (size_t)nt * n * 4), *dy = up(y, (size_t)nt * n * 4), *dw = up(w, n * 4);
+        int rc = kc_rmsnorm_add(dx, dy, dw, nt, n, 1e-6f, s);
+        CK(cudaStreamSynchronize(s));
+        down(g, dx, (size_t)nt * n * 4);
+        double e = rel_err_f(g, ref, (size_t)nt * n);
+        T_CHECKF(rc == 0 && e < 1e-5, "kc_rmsnorm_add: rel_err %.3g", e);
+        free(x); free(y); free(w); free(ref); free(tmp); free(g);
+        cudaFree(dx); cudaFree(dy); cudaFree(dw);
+    }
+    /* GLU: silu / gelu, interleaved / split, with and without row weights */
+    for (int act = 0; act < 2; act++)
+        for (int split = 0; split < 2; split++)
+            for (int weighted = 0; weighted < 2; weighted++) {
+                const int nt = 6, F = 96;
+                float *gu = rnd((size_t)nt * 2 * F, 4.0f), *rw = rnd(nt, 1.0f), *ref = malloc((size_t)nt * F * 4), *g = malloc((size_t)nt * F * 4);
+                float gate[96], upv[96];
+                for (int t = 0; t < nt; t++) {
+                    for (int j = 0; j < F; j++) {
+                        gate[j] = split ? gu[(size_t)t * 2 * F + j] : gu[(size_t)t * 2 * F + 2 * j];
+                        upv[j] = split ? gu[(size_t)t * 2 * F + F + j] : gu[(size_t)t * 2 * F + 2 * j + 1];
+                    }
+                    (act ? k_geglu : k_swiglu)(gate, upv, F, ref + (size_t)t * F);
+                    if (weighted) k_scale(ref + (size_t)t * F, F, rw[t]);
+                }
+                float *dg = up(gu, (size_t)nt * 2 * F * 4), *dw = up(rw, nt * 4), *dout = dnew((size_t)nt * F * 4);
+                int rc = kc_glu(dg, dout, nt, F, act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, split, weighted ? dw : NULL, s);
+                CK(cudaStreamSynchronize(s));
+                down(g, dout, (size_t)nt * F * 4);
+                double e = rel_err_f(g, ref, (size_t)nt * F);
+                T_CHECKF(rc == 0 && e < 1e-5, "kc_glu act=%s split=%d weighted=%d: rel_err %.3g", act ? "gelu" : "silu", split, weighted, e);
+                free(gu); free(rw); free(ref); free(g);
+                cudaFree(dg); cudaFree(dw); cudaFree(dout);
+            }
+}
+
+/* Routing, grouping, grouped GEMV and the weighted sum against the CPU's k_topk_route and a
+ * double reference of the whole MoE MLP. */
+static void test_moe(cudaStream_t s) {
+    const int cfgs[][4] = { /* n_exp, k, norm, n_tok */
+                            { 8, 2, 1, 1 }, { 8, 2, 1, 24 }, { 4, 2, 0, 13 }, { 128, 8, 1, 3 }, { 128, 8, 1, 300 }, { 60, 4, 0, 33 } };
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
+        const int NE = cfgs[ci][0], K = cfgs[ci][1], norm = cfgs[ci][2], T = cfgs[ci][3], E = 64, F = 40;
+        float *lg = rnd((size_t)T * NE, 3.0f);
+        lg[1] = lg[0]; /* a tie: the lower expert first */
+        int32_t *ridx = malloc((size_t)T * K * 4), *gidx = malloc((size_t)T * K * 4);
+        float *rw = malloc((size_t)T * K * 4), *gw = malloc((size_t)T * K * 4);
+        for (int t = 0; t < T; t++) k_topk_route(lg + (size_t)t * NE, NE, K, norm, ridx + (size_t)t * K, rw + (size_t)t * K);
+        float *dlg = up(lg, (size_t)T * NE * 4), *dw = dnew((size_t)T * K * 4);
+        int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4);
+        int rc = kc_moe_route(dlg, T, NE, K, norm, didx, dw, dcnt, doff, dlist, s);
+        CK(cudaStreamSynchronize(s));
+        down(gidx, didx, (size_t)T * K * 4);
+        down(gw, dw, (size_t)T * K * 4);
+        int same = memcmp(gidx, ridx, (size_t)T * K * 4) == 0;
+        double we = 0;
+        for (int i = 0; i < T * K; i++) we = fmax(we, fabs(gw[i] - rw[i]));
+        T_CHECKF(rc == 0 && same && we < 1e-6, "kc_moe_route NE=%d k=%d norm=%d T=%d: same experts %d, weights max diff %.3g", NE, K, norm,
+                 T, same, we);
+        /* grouping: every entry exactly once, under its expert, experts in order */
+        int32_t *cnt = malloc(NE * 4), *off = malloc(NE * 4), *list = malloc((size_t)T * K * 4);
+        uint8_t *seen = calloc((size_t)T * K, 1);
+        down(cnt, dcnt, NE * 4);
+        down(off, doff, NE * 4);
+        down(list, dlist, (size_t)T * K * 4);
+        int ok = 1, total = 0;
+        for (int e = 0; e < NE; e++) {
+            ok &= off[e] == total;
+            for (int i = 0; i < cnt[e]; i++) {
+                int en = list[off[e] + i];
+                ok &= en >= 0 && en < T * K && gidx[en] == e && !seen[en];
+                if (en >= 0 && en < T * K) seen[en] = 1;
+            }
+            total += cnt[e];
+        }
+        free(seen);
+        T_CHECKF(ok && total == T * K, "kc_moe_route grouping NE=%d T=%d", NE, T);
+        /* the MLP: experts as F16 (gate rows, then up rows; down), inputs x [T, E] */
+        const size_t ngu = (size_t)NE * 2 * F * E, ndn = (size_t)NE * E * F;
+        float *wgu = rnd(ngu, 0.2f), *wdn = rnd(ndn, 0.2f), *x = rnd((size_t)T * E, 1.0f);
+        uint16_t *hgu = malloc(ngu * 2), *hdn = malloc(ndn * 2);
+        dt_quantize(DT_F16, wgu, hgu, (int64_t)ngu);
+        dt_quantize(DT_F16, wdn, hdn, (int64_t)ndn);
+        dt_dequantize(DT_F16, hgu, wgu, (int64_t)ngu); /* the reference reads what the GPU reads */
+        dt_dequantize(DT_F16, hdn, wdn, (int64_t)ndn);
+        float *ref = calloc((size_t)T * E, 4), *res = rnd((size_t)T * E, 1.0f), *refacc = malloc((size_t)T * E * 4);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++) {
+                const int e = ridx[t * K + j];
+                double h[64];
+                for (int f = 0; f < F; f++) {
+                    double g = 0, u = 0;
+                    for (int i = 0; i < E; i++) {
+                        g += (double)wgu[((size_t)e * 2 * F + f) * E + i] * x[(size_t)t * E + i];
+                        u += (double)wgu[((size_t)e * 2 * F + F + f) * E + i] * x[(size_t)t * E + i];
+                    }
+                    h[f] = g / (1 + exp(-g)) * u * rw[t * K + j];
+                }
+                for (int o = 0; o < E; o++) {
+                    double y = 0;
+                    for (int f = 0; f < F; f++) y += (double)wdn[((size_t)e * E + o) * F + f] * h[f];
+                    ref[(size_t)t * E + o] += (float)y;
+                }
+            }
+        for (size_t i = 0; i < (size_t)T * E; i++) refacc[i] = res[i] + ref[i];
+        kc_half *dgu = up(hgu, ngu * 2), *ddn = up(hdn, ndn * 2);
+        float *dx = up(x, (size_t)T * E * 4), *degu = dnew((size_t)T * K * 2 * F * 4), *deact = dnew((size_t)T * K * F * 4),
+              *deout = dnew((size_t)T * K * E * 4), *dout = dnew((size_t)T * E * 4), *dres = up(res, (size_t)T * E * 4);
+        rc = kc_moe_gemv(dgu, NE, E, 2 * F, dx, K, dcnt, doff, dlist, degu, s);
+        rc |= kc_glu(degu, deact, T * K, F, MDL_ACT_SILU, 1, dw, s);
+        rc |= kc_moe_gemv(ddn, NE, F, E, deact, 1, dcnt, doff, dlist, deout, s);
+        rc |= kc_moe_combine(deout, dout, T, K, E, 0, s);
+        rc |= kc_moe_combine(deout, dres, T, K, E, 1, s);
+        CK(cudaStreamSynchronize(s));
+        float *g = malloc((size_t)T * E * 4), *g2 = malloc((size_t)T * E * 4);
+        down(g, dout, (size_t)T * E * 4);
+        down(g2, dres, (size_t)T * E * 4);
+        double e1 = rel_err_f(g, ref, (size_t)T * E), e2 = rel_err_f(g2, refacc, (size_t)T * E);
+        T_CHECKF(rc == 0 && e1 < 1e-4 && e2 < 1e-4, "moe MLP NE=%d k=%d T=%d: rel_err %.3g, accumulated %.3g", NE, K, T, e1, e2);
+        free(lg); free(ridx); free(gidx); free(rw); free(gw); free(cnt); free(off); free(list);
+        free(wgu); free(wdn); free(x); free(hgu); free(hdn); free(ref); free(res); free(refacc); free(g); free(g2);
+        void *ds[] = { dlg, dw, didx, dcnt, doff, dlist, dgu, ddn, dx, degu, deact, deout, dout, dres };
+        for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+    }
+}
+
+/* The grouped GEMV over experts kept in their file type: GGUF blocks as dt_quantize writes
+ * them, against the CPU's dequantization of the same blocks (double dot products); entries from
+ * the device router; experts nobody chose are never read (their blocks are NaN). */
+static void test_moe_quant(cudaStream_t s) {
+    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
+    const int NE = 6, K = 2, n_in = 512, n_out = 72;
+    const int toks[] = { 1, 3, 40 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t ni = 0; ni < sizeof toks / sizeof *toks; ni++) {
+            const int type = types[ti], T = toks[ni];
+            T_CHECKF(kc_moe_type_ok(type, n_in), "kc_moe_type_ok(%s)", dt_name(type));
+            const size_t rb = dt_row_size(type, n_in), mb = rb * n_out, nw = (size_t)n_in * n_out;
+            uint8_t *blocks = malloc(mb * NE);
+            float *wf = malloc(nw * NE * 4), *x = rnd((size_t)T * n_in, 1.0f), *lg = rnd((size_t)T * NE, 2.0f);
+            for (int t = 0; t < T; t++) lg[(size_t)t * NE + 5] = -1e30f; /* expert 5: never chosen */
+            for (int e = 0; e < NE; e++) {
+                float *w = rnd(nw, 0.3f);
+                dt_quantize(type, w, blocks + e * mb, (int64_t)nw);
+                dt_dequantize(type, blocks + e * mb, wf + e * nw, (int64_t)nw);
+                free(w);
+            }
+            memset(blocks + 5 * mb, 0xff, mb); /* NaN / garbage: must not be read */
+            int32_t *ridx = malloc((size_t)T * K * 4);
+            float *rw = malloc((size_t)T * K * 4), *ref = malloc((size_t)T * K * n_out * 4), *got = malloc((size_t)T * K * n_out * 4);
+            for (int t = 0; t < T; t++) k_topk_route(lg + (size_t)t * NE, NE, K, 1, ridx + (size_t)t * K, rw + (size_t)t * K);
+            for (int i = 0; i < T * K; i++)
+                for (int o = 0; o < n_out; o++) {
+                    double a = 0;
+                    for (int c = 0; c < n_in; c++) a += (double)wf[(size_t)ridx[i] * nw + (size_t)o * n_in + c] * x[(size_t)(i / K) * n_in + c];
+                    ref[(size_t)i * n_out + o] = (float)a;
+                }
+            void *dw = up(blocks, mb * NE);
+            float *dx = up(x, (size_t)T * n_in * 4), *dlg = up(lg, (size_t)T * NE * 4), *drw = dnew((size_t)T * K * 4),
+                  *dy = dnew((size_t)T * K * n_out * 4);
+            int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4);
+            int rc = kc_moe_route(dlg, T, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+            rc |= kc_moe_gemv_t(dw, type, NE, n_in, n_out, dx, K, dcnt, doff, dlist, dy, s);
+            CK(cudaStreamSynchronize(s));
+            down(got, dy, (size_t)T * K * n_out * 4);
+            double e = rel_err_f(got, ref, (size_t)T * K * n_out);
+            T_CHECKF(rc == 0 && e < 1e-5, "kc_moe_gemv_t %s T=%d: rel_err %.3g", dt_name(type), T, e);
+            free(blocks); free(wf); free(x); free(lg); free(ridx); free(rw); free(ref); free(got);
+            void *ds[] = { dw, dx, dlg, drw, dy, didx, dcnt, doff, dlist };
+            for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+        }
+    T_CHECK(!kc_moe_type_ok(DT_Q4_K, 512 + 32) && !kc_moe_type_ok(DT_F32, 512) && kc_moe_type_ok(DT_Q8_0, 96));
+}
+
+/* RoPE from the CPU's per-pair table (yarn with an attention factor, longrope, partial
+ * rotation), with and without QK-norm in the same kernel: q against k_rmsnorm + k_rope, k in
+ * the cache as half of theirs, v copied. */
+static void test_rope_table(cudaStream_t s) {
+    const float longf[8] = { 1, 1.5f, 2, 3, 4, 6, 8, 12 }, shortf[8] = { 1, 1, 1.1f, 1.2f, 1.5f, 2, 2, 3 };
+    const int hds[3] = { 32, 128, 256 };
+    for (int hi = 0; hi < 3; hi++)
+        for (int v = 0; v < 3; v++)
+            for (int qn = 0; qn < 2; qn++) {
+                const int hd = hds[hi], n_head = 4, n_kv = 2, n_tok = 6, bs = 16, max_blocks = 4;
+                const int rd = v == 2 ? 16 : hd; /* longrope: partial rotation (16 of hd) */
+                float longv[128], shortv[128];
+                for (int i = 0; i < 128; i++) longv[i] = longf[i % 8], shortv[i] = shortf[i % 8];
+                mdl_rope r = { .dim = rd, .layout = v == 1 ? MDL_ROPE_ADJACENT : MDL_ROPE_HALF, .base = 10000.0f, .factor = 4.0f,
+                               .beta_fast = 32.0f, .beta_slow = 1.0f, .attn_factor = v == 0 ? 1.2f : 1.0f, .orig_ctx = 64 };
+                r.scaling = v == 2 ? MDL_ROPE_SCALING_LONGROPE : MDL_ROPE_SCALING_YARN;
+                r.long_factor = longv;
+                r.short_factor = shortv;
+                k_rope_params rp;
+                T_CHECK(k_rope_init_layer(&rp, &r, v == 2 ? 32 : 256) == 0);
+                float fr[128];
+                for (int i = 0; i < rd / 2; i++) fr[i] = (float)rp.inv_freq[i];
+                const int row = (n_head + 2 * n_kv) * hd;
+                float *qkv = rnd((size_t)n_tok * row, 2.0f), *q = malloc((size_t)n_tok * n_head * hd * 4),
+                      *k = malloc((size_t)n_tok * n_kv * hd * 4), *qw = rnd(hd, 1.5f), *kw = rnd(hd, 1.5f);
+                int32_t pos[6] = { 0, 1, 7, 30, 31, 63 }, seq[6] = { 0 }, bt[4] = { 3, 1, 0, 2 };
+                for (int t = 0; t < n_tok; t++) {
+                    memcpy(q + (size_t)t * n_head * hd, qkv + (size_t)t * row, (size_t)n_head * hd * 4);
+                    memcpy(k + (size_t)t * n_kv * hd, qkv + (size_t)t * row + n_head * hd, (size_t)n_kv * hd * 4);
+                }
+                if (qn) {
+                    k_rmsnorm(q, qw, (int64_t)n_tok * n_head, hd, 1e-6f, q);
+                    k_rmsnorm(k, kw, (int64_t)n_tok * n_kv, hd, 1e-6f, k);
+                }
+                k_rope(&rp, q, n_tok, n_head, hd, pos);
+                k_rope(&rp, k, n_tok, n_kv, hd, pos);
+                float *dqw = up(qw, hd * 4), *dkw = up(kw, hd * 4);
+                kc_rope kr = { .layout = r.layout, .rope_dim = rd, .base = r.base, .freq = up(fr, sizeof fr), .mscale = (float)rp.mscale,
+                               .q_norm = qn ? dqw : NULL, .k_norm = qn ? dkw : NULL, .norm_eps = 1e-6f };
+                const size_t ce = (size_t)max_blocks * n_kv * bs * hd;
+                float *dqkv = up(qkv, (size_t)n_tok * row * 4), *dq = dnew((size_t)n_tok * n_head * hd * 4);
+                kc_half *dk = dnew(ce * 2), *dv = dnew(ce * 2);
+                int32_t *dpos = up(pos, sizeof pos), *dseq = up(seq, sizeof seq), *dbt = up(bt, sizeof bt);
+                int rc = kc_rope_store_kv(dqkv, dq, dk, dv, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &kr, s);
+                CK(cudaStreamSynchronize(s));
+                float *gq = malloc((size_t)n_tok * n_head * hd * 4), *gk = malloc((size_t)n_tok * n_kv * hd * 4),
+                      *gv = malloc((size_t)n_tok * n_kv * hd * 4), *rv = malloc((size_t)n_tok * n_kv * hd * 4);
+                uint16_t *kc = malloc(ce * 2), *vc = malloc(ce * 2);
+                down(gq, dq, (size_t)n_tok * n_head * hd * 4);
+                down(kc, dk, ce * 2);
+                down(vc, dv, ce * 2);
+                for (int t = 0; t < n_tok; t++)
+                    for (int h = 0; h < n_kv; h++)
+                        for (int e = 0; e < hd; e++) {
+                            const size_t ci = (((size_t)bt[pos[t] / bs] * n_kv + h) * bs + pos[t] % bs) * hd + e, gi = ((size_t)t * n_kv + h) * hd + e;
+                            gk[gi] = dt_f16_to_f32(kc[ci]);
+                            gv[gi] = dt_f16_to_f32(vc[ci]);
+                            rv[gi] = qkv[(size_t)t * row + (n_head + n_kv + h) * hd + e];
+                        }
+                double eq = rel_err_f(gq, q, (size_t)n_tok * n_head * hd), ek = rel_err_f(gk, k, (size_t)n_tok * n_kv * hd),
+                       ev = rel_err_f(gv, rv, (size_t)n_tok * n_kv * hd);
+                T_CHECKF(rc == 0 && eq < 1e-4 && ek < 1e-3 && ev < 1e-3, "rope table %s hd %d dim %d qk-norm %d: q rel_err %.3g, k (half) %.3g, v %.3g",
+                         v == 2 ? "longrope" : v == 1 ? "yarn adjacent" : "yarn", hd, rd, qn, eq, ek, ev);
+                free(qkv); free(q); free(k); free(qw); free(kw); free(gq); free(gk); free(gv); free(rv); free(kc); free(vc);
+                cudaFree((void *)kr.freq); cudaFree(dqw); cudaFree(dkw); cudaFree(dqkv); cudaFree(dq); cudaFree(dk); cudaFree(dv);
+                cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+            }
+}
+
+/* Reference attention of one (query, head): scale, soft-cap, window, over the paged cache. */
+static void attn_ref(const float *q, const uint16_t *kc, const uint16_t *vc, const int32_t *bt, int n_kv, int bs, int hd, int kvh, int p,
+                     float scale, float cap, int window, float *out) {
+    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    double m = -INFINITY, l = 0, *sc = malloc((size_t)(p + 1) * 8), acc[256] = { 0 };
+    for (int j = lo; j <= p; j++) {
+        const size_t base = (((size_t)bt[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
+        double d = 0;
+        for (int e = 0; e < hd; e++) d += (double)q[e] * dt_f16_to_f32(kc[base + e]);
+        d *= scale;
+        if (cap > 0) d = cap * tanh(d / cap);
+        sc[j] = d;
+        if (d > m) m = d;
+    }
+    for (int j = lo; j <= p; j++) {
+        const size_t base = (((size_t)bt[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
+        double w = exp(sc[j] - m);
+        l += w;
+        for (int e = 0; e < hd; e++) acc[e] += w * dt_f16_to_f32(vc[base + e]);
+    }
+    for (int e = 0; e < hd; e++) out[e] = (float)(acc[e] / l);
+    free(sc);
+}
+
+/* Sequences of lens[] positions whose last nq[] tokens are queries; with a window, the blocks
+ * wholly before the first query's window point at a block of NaNs. Per-head kernel (1 and
+ * several splits, merge kernel and counters), tensor-core decode (last tokens) and prefill
+ * (tiles of the queries) when they take the head dim. */
+static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int window) {
+    const int n_kv = 2, n_head = n_kv * G, bs = 16, n_seq = 4, nqd = n_head * hd;
+    const int lens[4] = { 1, 20, 100, 300 }, nq[4] = { 1, 20, 37, 40 };
+    const int max_blocks = (300 + bs - 1) / bs;
+    int n_used = 0, n_tok = 0;
+    for (int q = 0; q < n_seq; q++) n_used += (lens[q] + bs - 1) / bs, n_tok += nq[q];
+    const int nan_blk = n_used, n_phys = n_used + 1;
+    int32_t *bt = malloc((size_t)n_seq * max_blocks * 4);
+    for (int q = 0, k = n_used - 1; q < n_seq; q++) /* reversed physical order */
+        for (int j = 0; j < max_blocks; j++) {
+            const int first_q = lens[q] - nq[q], lo = window > 0 && first_q - window + 1 > 0 ? first_q - window + 1 : 0;
+            if (j >= (lens[q] + bs - 1) / bs) bt[q * max_blocks + j] = nan_blk;
+            else {
+                int id = k--;
+                bt[q * max_blocks + j] = (j + 1) * bs <= lo ? nan_blk : id; /* freed: wholly before the window */
+            }
+        }
+    const size_t ce = (size_t)n_phys * n_kv * bs * hd;
+    uint16_t *kc = malloc(ce * 2), *vc = malloc(ce * 2);
+    for (size_t i = 0; i < ce; i++) kc[i] = vc[i] = 0x7e00; /* NaN */
+    for (int q = 0; q < n_seq; q++)
+        for (int j = 0; j < lens[q]; j++) {
+            const int b = bt[q * max_blocks + j / bs];
+            if (b == nan_blk) continue;
+            for (int h = 0; h < n_kv; h++)
+                for (int e = 0; e < hd; e++) {
+                    const size_t i = (((size_t)b * n_kv + h) * bs + j % bs) * hd + e;
+                    kc[i] = dt_f32_to_f16(frand());
+                    vc[i] = dt_f32_to_f16(frand());
+                }
+        }
+    float *qh = rnd((size_t)n_tok * nqd, 3.0f), *ref = malloc((size_t)n_tok * nqd * 4), *got = malloc((size_t)n_tok * nqd * 4);
+    int32_t *pos = malloc((size_t)n_tok * 4), *seq = malloc((size_t)n_tok * 4);
+    const float scale = 0.7f / sqrtf((float)hd);
+    for (int q = 0, t = 0; q < n_seq; q++)
+        for (int j = lens[q] - nq[q]; j < lens[q]; j++, t++) {
+            pos[t] = j;
+            seq[t] = q;
+            for (int h = 0; h < n_head; h++)
+                attn_ref(qh + ((size_t)t * n_head + h) * hd, kc, vc, bt + q * max_blocks, n_kv, bs, hd, h / G, j, scale, cap, window,
+                         ref + ((size_t)t * n_head + h) * hd);
+        }
+    kc_half *dk = up(kc, ce * 2), *dv = up(vc, ce * 2);
+    float *dq = up(qh, (size_t)n_tok * nqd * 4), *dout = dnew((size_t)n_tok * nqd * 4);
+    int32_t *dpos = up(pos, (size_t)n_tok * 4), *dseq = up(seq, (size_t)n_tok * 4), *dbt = up(bt, (size_t)n_seq * max_blocks * 4);
+    const int chunk = 64, ns_all = (300 + chunk - 1) / chunk;
+    float *part = dnew((size_t)n_tok * n_head * ns_all * (hd + 2) * 4);
+    int *cnt;
+    CK(cudaMalloc((void **)&cnt, (size_t)n_tok * n_head * 4));
+    CK(cudaMemset(cnt, 0, (size_t)n_tok * n_head * 4));
+    const kc_attn_mods mods = { .softcap = cap, .window = window };
+    /* per-head kernel: one split (chunk covering everything), several with the merge kernel, several with counters */
+    for (int mode = 0; mode < 3; mode++) {
+        CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
+        kc_attention_mods(&mods);
+        int rc = mode == 0 ? kc_attention_ex(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, 1,
+                                             ns_all * chunk, part, NULL, 0, s)
+                           : kc_attention_ex(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale,
+                                             ns_all, chunk, part, mode == 2 ? cnt : NULL, 0, s);
+        kc_attention_mods(NULL);
+        CK(cudaStreamSynchronize(s));
+        down(got, dout, (size_t)n_tok * nqd * 4);
+        double e = rel_err_f(got, ref, (size_t)n_tok * nqd);
+        T_CHECKF(rc == 0 && e < 2e-3, "per-head attention hd=%d G=%d cap=%g window=%d %s: rel_err %.3g", hd, G, cap, window,
+                 mode == 0 ? "1 split" : mode == 1 ? "splits + merge kernel" : "splits + counters", e);
+    }
+    if (kc_attention_tc_ok(hd, n_head, n_kv, bs)) {
+        /* decode: each sequence's last token */
+        int32_t lst[4], *dl, *dchunk;
+        float *rd = malloc((size_t)n_seq * nqd * 4), *gd = malloc((size_t)n_seq * nqd * 4);
+        for (int q = 0, t0 = 0; q < n_seq; t0 += nq[q], q++) {
+            lst[q] = t0 + nq[q] - 1;
+            memcpy(rd + (size_t)q * nqd, ref + (size_t)lst[q] * nqd, (size_t)nqd * 4);
+        }
+        dl = up(lst, sizeof lst);
+        CK(cudaMalloc((void **)&dchunk, 4));
+        const int splits[2] = { 1, ns_all };
+        for (int si = 0; si < 2; si++) {
+            const int ns = splits[si], ch = (ns_all + ns - 1) / ns * 64;
+            CK(cudaMemcpy(dchunk, &ch, 4, cudaMemcpyHostToDevice));
+            CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
+            kc_attention_mods(&mods);
+            int rc = kc_attention_decode_tc(dq, dk, dv, dout, NULL, dl, n_seq, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                            ns, dchunk, part, cnt, s);
+            kc_attention_mods(NULL);
+            CK(cudaStreamSynchronize(s));
+            down(got, dout, (size_t)n_tok * nqd * 4);
+            for (int q = 0; q < n_seq; q++) memcpy(gd + (size_t)q * nqd, got + (size_t)lst[q] * nqd, (size_t)nqd * 4);
+            double e = rel_err_f(gd, rd, (size_t)n_seq * nqd);
+            T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d cap=%g window=%d splits=%d: rel_err %.3g", hd, G, cap, window, ns, e);
+        }
+        /* prefill: the queries in tiles */
+        for (int warps = 4; warps <= 8; warps += 4) {
+            const int tt = kc_attention_tc_tile_tok(warps, n_head, n_kv);
+            int32_t tiles[2 * 64];
+            int nt = 0;
+            for (int q = 0, t0 = 0; q < n_seq; t0 += nq[q], q++)
+                for (int j = 0; j < nq[q]; j += tt) {
+                    tiles[2 * nt] = t0 + j;
+                    tiles[2 * nt + 1] = nq[q] - j < tt ? nq[q] - j : tt;
+                    nt++;
+                }
+            int32_t *dt = up(tiles, (size_t)nt * 8);
+            CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
+            kc_attention_mods(&mods);
+            int rc = kc_attention_prefill_tc(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
+            kc_attention_mods(NULL);
+            CK(cudaStreamSynchronize(s));
+            down(got, dout, (size_t)n_tok * nqd * 4);
+            double e = rel_err_f(got, ref, (size_t)n_tok * nqd);
+            T_CHECKF(rc == 0 && e < 5e-3, "tc prefill hd=%d G=%d cap=%g window=%d warps=%d: rel_err %.3g", hd, G, cap, window, warps, e);
+            cudaFree(dt);
+        }
+        free(rd); free(gd);
+        cudaFree(dl); cudaFree(dchunk);
+    }
+    free(bt); free(kc); free(vc); free(qh); free(ref); free(got); free(pos); free(seq);
+    cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt); cudaFree(part); cudaFree(cnt);
+}
+
+int main(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device\n0 passed, 1 failed\n");
+        return 1;
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    test_elementwise(s);
+    test_moe(s);
+    test_moe_quant(s);
+    test_rope_table(s);
+    const int hds[] = { 16, 32, 64, 128, 256 };
+    for (size_t i = 0; i < sizeof hds / sizeof *hds; i++) {
+        test_attention_mods(s, hds[i], 4, 0.0f, 0);     /* the plain kernels still right */
+        test_attention_mods(s, hds[i], 4, 1.5f, 0);     /* soft-cap */
+        test_attention_mods(s, hds[i], 2, 0.0f, 24);    /* window shorter than a block table row */
+        test_attention_mods(s, hds[i], 8, 2.0f, 70);    /* both, a window across tiles */
+    }
+    return t_done();
+}
