@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
     double *pt = malloc(sizeof(double) * (size_t)(reps + 1));
     for (int i = 0; i <= reps; i++) {
         ex_batch_buf_clear(&bb);
-        ex_batch_buf_add(&bb, ids, prompt, 0, t[0].blocks, t[0].n, 0);
+        ex_batch_buf_add_kv(&bb, ids, prompt, 0, &t[0], 0); /* both pools' rows (sliding-window layers) */
         double a = cm_time_s();
         if (ex_engine_forward(e, &bb.b, &logits)) { fprintf(stderr, "forward failed\n"); return 1; }
         pt[i] = cm_time_s() - a;
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     /* prefill every other sequence (not timed) */
     for (int s = 1; s < batch; s++) {
         ex_batch_buf_clear(&bb);
-        ex_batch_buf_add(&bb, ids, prompt, 0, t[s].blocks, t[s].n, 0);
+        ex_batch_buf_add_kv(&bb, ids, prompt, 0, &t[s], 0);
         ex_engine_forward(e, &bb.b, &logits);
     }
     double *st = malloc(sizeof(double) * (size_t)gen);
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
         ex_batch_buf_clear(&bb);
         for (int s = 0; s < batch; s++) {
             int32_t tok = (int32_t)((g * 31 + s * 7) % c->n_vocab);
-            ex_batch_buf_add(&bb, &tok, 1, prompt + g, t[s].blocks, t[s].n, 0);
+            ex_batch_buf_add_kv(&bb, &tok, 1, prompt + g, &t[s], 0);
         }
         for (int s = 0; s < batch; s++) /* the prompt stands in for each sequence's tokens */
             rows[s] = (ex_sample_row){ .row = s, .sp = &sp, .prev = ids, .n_prev = prompt, .pos = prompt + g };

@@ -1289,10 +1289,11 @@ static void test_matmul_fp8(cublasHandle_t cb, cudaStream_t s) {
                     int rc = kc_matmul(&w, dx, nt, dy, acc, &ws, s);
                     CK(cudaStreamSynchronize(s));
                     CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
-                    /* GEMV and cuBLASLt: exact products, f32 sums (cuBLASLt on the activation codes);
-                     * the fallback: f16 operands */
+                    /* GEMV: exact products, f32 sums; cuBLASLt: on the activation codes, with the FP8
+                     * tensor cores' accumulation (narrower than f32 on Hopper: ~1e-4 measured on an
+                     * H200); the fallback: f16 operands */
                     const double e = rel_err(y, want, ny), eq = rel_err(y, wantq, ny);
-                    const int by_lt = lt_cand && eq < 2e-5;
+                    const int by_lt = lt_cand && eq < 5e-4;
                     n_lt += by_lt;
                     n_lt_cand += lt_cand;
                     const double tol = nt <= KC_GEMV_MAX_TOK ? 2e-5 : 5e-3;
