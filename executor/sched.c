@@ -14,7 +14,6 @@
 #include <string.h>
 
 #define GRAM_CACHE 64     /* compiled grammars kept (unused ones are dropped oldest first) */
-#define GUARD_MIN_TOKENS 64   /* the decode guard's smallest chunk: a GPU prefill tile (fewer cost as much) */
 #define GUARD_WAIT_TOKENS 256 /* its chunks beside decodes until the cost model is fitted */
 
 typedef struct seq {
@@ -822,11 +821,11 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
             if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
-            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a tile */
+            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
                 int w = fitted ? chunk_fit(ck, q->n_cached, stall * dec_cost - cost) : GUARD_WAIT_TOKENS;
-                if (w < GUARD_MIN_TOKENS) {
+                if (w < s->lim.block_size) {
                     if (n_chunks) continue; /* the step is full: the next one takes it */
-                    w = GUARD_MIN_TOKENS;
+                    w = s->lim.block_size;
                 }
                 if (want > w) want = w;
             }

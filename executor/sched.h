@@ -20,8 +20,8 @@
  * model of the forward pass, k . (1, tokens, positions read, attention work) (positions read:
  * each sequence's context, its K/V pass over memory; attention work: each token times the
  * positions it attends to), fitted to the forward passes' times. Each prompt chunk gets the
- * tokens that fit what is left of that bound (fewer as its context grows), at least 64 (a GPU
- * prefill tile: fewer cost as much), 256 until the model is fitted. A step without decodes takes
+ * tokens that fit what is left of that bound (fewer as its context grows), at least a block,
+ * 256 until the model is fitted. A step without decodes takes
  * whole chunks up to the budget. It trades the long prompt's time to first token for the
  * others' inter-token latency (bench/RESULTS.md: a 120k-token prompt beside 64 streams on an
  * H200).

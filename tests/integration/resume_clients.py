@@ -5,7 +5,7 @@
 
 Sends the same request set every time: 20 greedy streams, 20 seeded sampling streams (top-k,
 top-p, min-p, penalties, min_tokens, logprobs, n = 2, completions and chat), and 4 non-streaming
-requests. With --fault, once every stream has received 40 pieces of text, the executor PID is sent SIGKILL
+requests. With --fault, once half the streams have received 40 pieces of text (or one has finished), the executor PID is sent SIGKILL
 (kill) or SIGSTOP (stop: the gateway's heartbeat check kills it). Each result (per choice: the
 text, the finish reason, the sampled tokens' logprobs when asked; usage; whether an error event
 came) goes to OUT.json. With --ref, each result must equal the reference's: prints one line per
@@ -181,8 +181,10 @@ def main():
     if fault:
         streams = [r for r in runs if r.stream]
         deadline = time.time() + 120
-        # well into every stream (40 pieces of text each), none finished yet
-        while time.time() < deadline and not all(r.chunks >= 40 or r.done for r in streams):
+        # well into the streams (40 pieces of text in half of them; on a GPU the first ones
+        # finish before the slowest reach 40), before any has finished
+        while time.time() < deadline and not any(r.done for r in streams) and \
+                sum(1 for r in streams if r.chunks >= 40) < (len(streams) + 1) // 2:
             time.sleep(0.002)
         fault_info["in_flight"] = sum(1 for r in runs if not r.done)
         fault_info["chunks_min"] = min((r.chunks for r in streams if not r.done), default=0)

@@ -298,7 +298,7 @@ static void test_step_shares(void) {
 
 /* The decode guard (sched.h): four sequences decode while a 200-token prompt arrives. With a
  * given cost model (a + b tokens + c attention work) the prompt's chunks keep each step within
- * 1.75 times its decodes' cost (at least 64 tokens), the prompt still completes; without the
+ * 1.75 times its decodes' cost (at least a block), the prompt still completes; without the
  * guard it takes the whole budget in one step; a prompt alone is never cut. */
 static int guard_chunk(double b, double c, int n0, double e) {
     if (e <= 0) return 0;
@@ -328,6 +328,7 @@ static void test_decode_guard(void) {
         so.step_cost[0] = a, so.step_cost[1] = b, so.step_cost[2] = c;
         ex_sched *s = NULL;
         T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+        const int bs = ex_engine_limits(e)->block_size;
         ex_event ev[16];
         int n_ev, n0 = 0, first = -1;
         uint64_t last = 0;
@@ -355,7 +356,7 @@ static void test_decode_guard(void) {
             /* the four decodes: position 4 + step - 1 each, attending to 4 + step positions */
             double dec = a + 4 * (b + c * (4 + step));
             int want = on ? guard_chunk(b, c, n0, 1.75 * dec - dec) : 124;
-            if (want < 64) want = 64; /* at least a prefill tile */
+            if (want < bs) want = bs; /* at least a block */
             if (want > rest) want = rest;
             if (want > 124) want = 124;
             T_CHECKF(chunk >= want - 1 && chunk <= want + 1, "guard %d, step %d: a chunk of %d at %d, want %d", on, step, chunk,
