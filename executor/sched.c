@@ -269,7 +269,7 @@ static int blocks_for(const ex_sched *s, int n_pos) { return (n_pos + s->lim.blo
 /* An embedding request: its own queue. */
 static int embed_submit(ex_sched *s, const ex_request *r) {
     int where, idx;
-    if (!ex_engine_has_hidden(s->e)) REFUSE(CM_EUNSUPPORTED, "this backend has no hidden-state forward (embeddings run on the cpu backend)");
+    if (!ex_engine_has_hidden(s->e)) REFUSE(CM_EUNSUPPORTED, "this backend has no hidden-state forward (no embeddings)");
     if (r->pooling != MDL_POOL_MEAN && r->pooling != MDL_POOL_LAST && r->pooling != MDL_POOL_CLS)
         REFUSE(CM_EINVAL, "pooling %d", r->pooling);
     for (int i = 0; i < r->n_prompt; i++)
