@@ -34,7 +34,7 @@ typedef struct ex_backend_opts {
     int n_threads;   /* cpu: threads including the caller; <= 0 = automatic */
     int device;      /* cuda: device ordinal */
     int kv_type;     /* element type of the KV storage (executor/kv.h's layouts): cpu DT_F32, DT_F16,
-                      * DT_F8_E4M3, DT_Q8_0; cuda DT_F16 (the engine refuses a backend whose
+                      * DT_F8_E4M3, DT_Q8_0; cuda DT_F16, DT_F8_E4M3 (the engine refuses a backend whose
                       * ex_backend.kv_type differs from what was asked) */
     /* cuda, lim.n_kv_blocks == 0: the pool takes what is left of mem_fraction x the device's
      * memory after the weights, activations and workspaces (ex_kv_fit_blocks), at least one
