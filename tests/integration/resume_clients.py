@@ -5,7 +5,7 @@
 
 Sends the same request set every time: 20 greedy streams, 20 seeded sampling streams (top-k,
 top-p, min-p, penalties, min_tokens, logprobs, n = 2, completions and chat), and 4 non-streaming
-requests. With --fault, once half the streams have received 40 pieces of text (or one has finished), the executor PID is sent SIGKILL
+requests. With --fault, once every stream has started and half of them have received 40 pieces of text (or one has finished), the executor PID is sent SIGKILL
 (kill) or SIGSTOP (stop: the gateway's heartbeat check kills it). Each result (per choice: the
 text, the finish reason, the sampled tokens' logprobs when asked; usage; whether an error event
 came) goes to OUT.json. With --ref, each result must equal the reference's: prints one line per
@@ -81,6 +81,7 @@ class Run:
         self.url, self.path, self.body = url, path, body
         self.stream = body.get("stream", False)
         self.chunks = 0
+        self.started = False  # the response's headers came: the server has the request
         self.done = False
         self.result = {"choices": {}, "error": None, "usage": None, "done_marker": False}
 
@@ -104,6 +105,7 @@ class Run:
                     self.result["usage"] = d.get("usage")
                     self.chunks = 1
                     return
+                self.started = True
                 for raw in r:
                     line = raw.decode().rstrip("\n")
                     if not line.startswith("data: "):
@@ -181,10 +183,11 @@ def main():
     if fault:
         streams = [r for r in runs if r.stream]
         deadline = time.time() + 120
-        # well into the streams (40 pieces of text in half of them; on a GPU the first ones
-        # finish before the slowest reach 40), before any has finished
-        while time.time() < deadline and not any(r.done for r in streams) and \
-                sum(1 for r in streams if r.chunks >= 40) < (len(streams) + 1) // 2:
+        # every stream under way at the server (its headers came), and well into them: 40 pieces
+        # of text in half of them (on a GPU the first ones finish before the slowest reach 40),
+        # or one finished
+        while time.time() < deadline and not (all(r.started or r.done for r in streams) and (
+                any(r.done for r in streams) or sum(1 for r in streams if r.chunks >= 40) >= (len(streams) + 1) // 2)):
             time.sleep(0.002)
         fault_info["in_flight"] = sum(1 for r in runs if not r.done)
         fault_info["chunks_min"] = min((r.chunks for r in streams if not r.done), default=0)
