@@ -27,8 +27,11 @@ typedef struct gw_backend_ops {
     /* g has ended (every choice finished, a failure or a cancel): stop its choices still
      * running and forget g. */
     void (*detach)(void *impl, gw_gen *g);
-    /* 1 when generations can be submitted (an executor is up). */
+    /* 1 when an executor is up (what /health and /ready report). */
     int  (*ready)(void *impl);
+    /* 1 when a generation submitted now will run: an executor is up, or one that was up is
+     * restarting (the generation waits for it, as a resumed one does). NULL: as ready. */
+    int  (*accepting)(void *impl);
 } gw_backend_ops;
 
 typedef struct gw_backend {

@@ -801,7 +801,8 @@ int gw_gen_start(gw_gen *g) {
     gw_gen_env *env = g->env;
     const gw_oai_req *q = &g->q;
     int nv = tok_n_vocab(env->vocab);
-    if (!env->backend.ops->ready(env->backend.impl))
+    const gw_backend_ops *ops = env->backend.ops;
+    if (!(ops->accepting ? ops->accepting : ops->ready)(env->backend.impl))
         return refuse(g, CM_ESTATE, 503, NULL, "model_not_ready", "No executor is ready; try again shortly.");
     if (env->inflight >= env->max_requests)
         return refuse(g, CM_EFULL, 503, NULL, "overloaded", "The server has %d requests in flight; retry shortly.",

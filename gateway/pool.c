@@ -280,10 +280,33 @@ static int dispatch(gw_pool *p, pool_ex *e, gw_gen *g, gw_oai_err *err) {
     return 0;
 }
 
+static void on_wait_tick(uv_timer_t *t);
+
+/* An executor that was ready restarts (its generations wait to resume on it): new ones may
+ * wait with them. */
+static int restarting(const gw_pool *p) {
+    if (p->stopping || p->cfg.resume_max <= 0) return 0;
+    for (int k = 0; k < p->n_ex; k++)
+        if (!p->ex[k].stopped && p->ex[k].ever_ready) return 1;
+    return 0;
+}
+
+/* g waits for an executor (after its executor died, or submitted while the executors restart),
+ * behind the others; failed when none is ready within resume_wait_ms. */
+static void wait_append(gw_pool *p, gw_gen *g) {
+    g->be.waiting = 1;
+    g->be.wait_since = uv_now(p->loop);
+    g->be.qnext = NULL;
+    if (p->wait_tail) p->wait_tail->be.qnext = g;
+    else p->wait_head = g;
+    p->wait_tail = g;
+    if (!uv_is_active((uv_handle_t *)&p->wait_timer)) uv_timer_start(&p->wait_timer, on_wait_tick, WAIT_TICK_MS, WAIT_TICK_MS);
+}
+
 static int be_submit(void *impl, gw_gen *g, gw_oai_err *err) {
     gw_pool *p = impl;
     pool_ex *e = pick_executor(p);
-    if (!e) {
+    if (!e && !restarting(p)) {
         gw_oai_err_set(err, 503, "server_error", NULL, "model_not_ready", "No executor is ready; try again shortly.");
         return CM_ESTATE;
     }
@@ -293,6 +316,10 @@ static int be_submit(void *impl, gw_gen *g, gw_oai_err *err) {
     /* without a seed the draws still need one the pool knows, or a resumed choice could not
      * draw as it would have */
     g->be.seed = g->sp.has_seed ? g->sp.seed : mix64(uv_hrtime() ^ mix64(++p->seed_ctr ^ (uintptr_t)g));
+    if (!e) { /* the executors restart: g waits for the first one ready */
+        wait_append(p, g);
+        return 0;
+    }
     return dispatch(p, e, g, err);
 }
 
@@ -308,7 +335,9 @@ static void be_detach(void *impl, gw_gen *g) {
 
 static int be_ready(void *impl) { return pick_executor(impl) != NULL; }
 
-static const gw_backend_ops pool_ops = { be_submit, be_stop, be_detach, be_ready };
+static int be_accepting(void *impl) { return be_ready(impl) || restarting(impl); }
+
+static const gw_backend_ops pool_ops = { be_submit, be_stop, be_detach, be_ready, be_accepting };
 
 gw_backend gw_pool_backend(gw_pool *p) { return (gw_backend){ &pool_ops, p }; }
 
@@ -384,7 +413,6 @@ static void fail_executor_gone(gw_gen *g, const char *why) {
                 why ? why : "exited");
 }
 
-static void on_wait_tick(uv_timer_t *t);
 
 /* Choice i ended with the last token it delivered (max_tokens, a stop id, or the context is
  * full) but its DONE was lost with the executor: the finish, or SHM_FINISH_NONE. */
@@ -425,9 +453,11 @@ static void resume_waiting(gw_pool *p) {
         if (finish_without_executor(g)) continue;
         int open = 0;
         for (int i = 0; i < g->n; i++) open += g->ch[i].finish == SHM_FINISH_NONE;
-        CM_LOG_INFO("pool", "generation resumed", "executor=%d id=%s choices=%d resumes=%d waited_ms=%llu", e->idx, g->id, open,
-                    g->be.resumes, (unsigned long long)(uv_now(p->loop) - g->be.wait_since));
-        gw_met_request_resumed(p->cfg.met);
+        if (g->be.resumes) { /* else it came while the executors restarted: a first dispatch */
+            CM_LOG_INFO("pool", "generation resumed", "executor=%d id=%s choices=%d resumes=%d waited_ms=%llu", e->idx, g->id, open,
+                        g->be.resumes, (unsigned long long)(uv_now(p->loop) - g->be.wait_since));
+            gw_met_request_resumed(p->cfg.met);
+        }
         gw_oai_err err;
         if (dispatch(p, e, g, &err)) gw_gen_error(g, &err);
     }
@@ -449,15 +479,8 @@ static void executor_lost(pool_ex *e, const char *why) {
         leave_executor(g);
         g->be.n_sent = 0;
         g->be.resumes++;
-        g->be.waiting = 1;
-        g->be.wait_since = uv_now(p->loop);
-        g->be.qnext = NULL;
-        if (p->wait_tail) p->wait_tail->be.qnext = g;
-        else p->wait_head = g;
-        p->wait_tail = g;
+        wait_append(p, g);
     }
-    if (p->wait_head && !uv_is_active((uv_handle_t *)&p->wait_timer))
-        uv_timer_start(&p->wait_timer, on_wait_tick, WAIT_TICK_MS, WAIT_TICK_MS);
     resume_waiting(p); /* another executor may be ready now */
 }
 
@@ -468,7 +491,9 @@ static void on_wait_tick(uv_timer_t *t) {
         gw_gen *g = p->wait_head;
         CM_LOG_WARN("pool", "generation not resumed: no executor ready in time", "id=%s waited_ms=%llu", g->id,
                     (unsigned long long)(now - g->be.wait_since));
-        fail_executor_gone(g, "no executor was ready to resume it in time"); /* unlinks g */
+        if (g->be.resumes) fail_executor_gone(g, "no executor was ready to resume it in time"); /* unlinks g */
+        else /* it came while the executors restarted and none came back */
+            gw_gen_fail(g, 503, "server_error", "model_not_ready", "No executor became ready in time; try again shortly.");
     }
     if (!p->wait_head) uv_timer_stop(&p->wait_timer);
 }

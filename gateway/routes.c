@@ -66,6 +66,12 @@ int gw_app_active(const gw_app *app) { return app->active; }
 
 static int backend_ready(gw_app *a) { return a->cfg.env->backend.ops->ready(a->cfg.env->backend.impl); }
 
+/* A generation taken now will run: an executor is up, or one that was up restarts (it waits). */
+static int backend_accepting(gw_app *a) {
+    const gw_backend *b = &a->cfg.env->backend;
+    return (b->ops->accepting ? b->ops->accepting : b->ops->ready)(b->impl);
+}
+
 /* ---- small helpers ------------------------------------------------------------------------ */
 
 /* The client's x-request-id when it is printable ASCII of at most 128 bytes, else NULL. */
@@ -853,7 +859,7 @@ static void handle_generate(gw_app *a, gw_req *r, int kind) {
         }
     }
     gw_server *srv = gw_req_server(r);
-    if ((srv && gw_server_draining(srv)) || !backend_ready(a)) {
+    if ((srv && gw_server_draining(srv)) || !backend_accepting(a)) {
         char h[sizeof hdrs + 32];
         snprintf(h, sizeof h, "Retry-After: 1\r\n%s", hdrs);
         if (srv && gw_server_draining(srv))
@@ -1054,7 +1060,7 @@ static void ws_create_parsed(ws_sock *s, int rc, gw_oai_req *q_in, gw_oai_err *e
                        "At most %d responses may be in progress on one connection.", a->cfg.ws_max_responses);
     } else if (s->ws && gw_server_draining(gw_ws_server(s->ws))) {
         gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
-    } else if (!backend_ready(a)) {
+    } else if (!backend_accepting(a)) {
         gw_oai_err_set(&e, 503, "server_error", NULL, "model_not_ready", "The model is loading; try again shortly.");
     } else {
         refused = 0;
@@ -1330,7 +1336,7 @@ static int generate_route(gw_req *r) {
  * GW_HDR_ANSWERED or GW_HDR_GO. */
 static int take_now(gw_app *a, gw_req *r) {
     gw_server *srv = gw_req_server(r);
-    if (gw_req_method(r) != HTTP_POST || !srv || (!gw_server_draining(srv) && backend_ready(a))) return GW_HDR_GO;
+    if (gw_req_method(r) != HTTP_POST || !srv || (!gw_server_draining(srv) && backend_accepting(a))) return GW_HDR_GO;
     gw_oai_err e;
     if (gw_server_draining(srv))
         gw_oai_err_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");

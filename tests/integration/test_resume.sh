@@ -5,7 +5,8 @@
 # generation completes, identical to the same request on the undisturbed server (run twice first:
 # the baseline must itself be identical; on cuda, where a row's arithmetic depends on its batch,
 # continuous instead: resume_clients.py --continuity), and arka:requests_resumed_total and
-# arka:executor_restarts_total count it. Then what cannot resume gets the error it got before:
+# arka:executor_restarts_total count it; requests that arrive while the executor restarts wait for
+# it. Then what cannot resume gets the error it got before:
 # --max-resumes 0, a second death past --max-resumes 1, and no executor back within
 # --resume-timeout.
 #
@@ -90,6 +91,21 @@ r2=$(metric requests_resumed_total)
 check '[ "$inflight" -ge 30 ] && [ $((r2 - r1)) -ge "$inflight" ] && [ "$(metric executor_restarts_total)" = 2 ] && grep -q "heartbeat stalled" "$TMP/main.log"' \
     "stop: $inflight in flight, resumed_total $r1 -> $r2, restarts $(metric executor_restarts_total), log: $(grep -c heartbeat "$TMP/main.log")"
 wait_up || bad "no executor after the hang"
+
+# ---- requests that arrive while the executor restarts wait for it (not a 503) ----
+kill -9 "$(exec_pid)"
+APIDS=()
+for i in $(seq 20); do
+    curl -s -o "$TMP/arr$i.json" -w '%{http_code}' --max-time 60 "$URL/v1/completions" \
+        -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":8,"temperature":0}' >"$TMP/arr$i.code" &
+    APIDS+=($!)
+    sleep 0.02
+done
+wait "${APIDS[@]}"
+codes=$(for f in "$TMP"/arr*.code; do cat "$f"; echo; done | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+check '[ "$(for f in "$TMP"/arr*.code; do cat "$f"; echo; done | grep -c "^200$")" = 20 ] && [ "$(grep -l "\"text\":\"[^\"]" "$TMP"/arr*.json | wc -l)" = 20 ]' \
+    "20 requests around a restart: statuses $codes"
+wait_up || bad "no executor after the third restart"
 kill "$SPID"; wait "$SPID" 2>/dev/null
 
 # ---- what cannot resume fails as before ----
