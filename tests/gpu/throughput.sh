@@ -129,6 +129,18 @@ serve|workloads|resume|longctx)
   for d in .carry/debs/*.deb; do dpkg -x "$d" "$LIBS"; done
   export LD_LIBRARY_PATH="$LIBS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
   SRV=/tmp/arka-srv; [ -x $SRV ] || { xz -dc .carry/arka-srv.xz >$SRV && chmod +x $SRV; }
+  srv() { # srv ARGS...: `arka serve --port 0 ARGS` logging to OUT/serve.log; SP, and URL once /health is 200 (3 min)
+    $SRV serve --port 0 "$@" >"$OUT/serve.log" 2>&1 &
+    SP=$!
+    URL=""
+    for _ in $(seq 900); do
+      URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$OUT/serve.log" | head -1)
+      [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return
+      kill -0 $SP 2>/dev/null || break
+      sleep 0.2
+    done
+    URL=""
+  }
   if [ "$MODE" = resume ]; then
     step "resume after executor kill -9 / SIGSTOP, cuda backend, stories260K"
     ARKA_BIN=$SRV ARKA_RESUME_MODEL=.carry/stories260K.gguf timeout 400 bash tests/integration/test_resume.sh cuda \
@@ -140,16 +152,7 @@ serve|workloads|resume|longctx)
     step "arka serve --ctx 131072, llama3.1-8b F16"
     # no prefix cache: the load generator's prompts of one seed share their first words
     # shellcheck disable=SC2086
-    $SRV serve -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --port 0 --no-auth --log-level info ${LONGCTX_SERVE_ARGS:-} \
-      >"$OUT/serve.log" 2>&1 &
-    SP=$!
-    URL=""
-    for _ in $(seq 900); do
-      URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$OUT/serve.log" | head -1)
-      [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && break
-      kill -0 $SP 2>/dev/null || break
-      sleep 0.2
-    done
+    srv -m "$M" --backend cuda --ctx 131072 --no-prefix-cache --no-auth --log-level info ${LONGCTX_SERVE_ARGS:-}
     grep -E 'kernel plan|KV pool|KV cache|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-300
     bs() { timeout 300 $SRV bench serve --url "$URL" --seed 1 "$@"; }
     PARTS=${LONGCTX_PARTS:-ttft over itl}
@@ -189,15 +192,7 @@ print('ITL p99 of 64 streams: alone %.2f ms, beside the 120k prompt %.2f ms: %.2
   fi
   M=$(mk llama3-8b f16)
   step "arka serve --backend cuda -m llama3-8b-f16 (default flags)"
-  $SRV serve -m "$M" --backend cuda --port 0 --no-auth --log-level info >"$OUT/serve.log" 2>&1 &
-  SP=$!
-  URL=""
-  for _ in $(seq 600); do
-    URL=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$OUT/serve.log" | head -1)
-    [ -n "$URL" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && break
-    kill -0 $SP 2>/dev/null || break
-    sleep 0.2
-  done
+  srv -m "$M" --backend cuda --no-auth --log-level info
   grep -E 'kernel plan|KV pool|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-400
   if [ -n "$URL" ]; then
     step "512 requests, ~1000 in / 1000 out, concurrency 256"

@@ -122,7 +122,8 @@ typedef struct {
 static int32_t prompts[MAXR][64];
 
 /* A scheduler on stories260K: slots sequences, budget tokens per step, fixed_tokens (opts). */
-static ex_sched *mk(ex_engine **e, int slots, int budget, int fixed_tokens) {
+/* An engine of slots sequences and budget tokens a step, and its scheduler with options so. */
+static ex_sched *mk_opts(ex_engine **e, int slots, int budget, const ex_sched_opts *so) {
     ex_engine_opts o;
     ex_engine_opts_default(&o);
     o.n_threads = 1;
@@ -134,12 +135,16 @@ static ex_sched *mk(ex_engine **e, int slots, int budget, int fixed_tokens) {
     *e = NULL;
     int rc = ex_engine_create(m, &o, e, err, sizeof err);
     T_CHECKF(rc == 0, "%s", err);
+    ex_sched *s = NULL;
+    if (!rc) T_EQ_INT(ex_sched_create(*e, so, &s), 0);
+    return s;
+}
+
+static ex_sched *mk(ex_engine **e, int slots, int budget, int fixed_tokens) {
     ex_sched_opts so;
     ex_sched_opts_default(&so);
     so.fixed_tokens = fixed_tokens;
-    ex_sched *s = NULL;
-    T_EQ_INT(ex_sched_create(*e, &so, &s), 0);
-    return s;
+    return mk_opts(e, slots, budget, &so);
 }
 
 /* Runs rs on a fresh scheduler (max_running slots, budget tokens per step); per_step (may be
@@ -312,22 +317,13 @@ static void test_decode_guard(void) {
     longp[0] = 1;
     for (int j = 1; j < 200; j++) longp[j] = 3 + (int32_t)((j * 7919u) % 500);
     for (int on = 1; on >= 0; on--) {
-        ex_engine_opts o;
-        ex_engine_opts_default(&o);
-        o.n_threads = 1;
-        o.n_ctx = 256;
-        o.kv_cache_mb = 8;
-        o.max_tokens = 128;
-        o.max_seqs = 8;
-        char err[256];
-        ex_engine *e = NULL;
-        if (ex_engine_create(m, &o, &e, err, sizeof err)) { T_CHECKF(0, "%s", err); return; }
         ex_sched_opts so;
         ex_sched_opts_default(&so);
         so.stall_max = on ? 1.75 : -1;
         so.step_cost[0] = a, so.step_cost[1] = b, so.step_cost[2] = c;
-        ex_sched *s = NULL;
-        T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+        ex_engine *e;
+        ex_sched *s = mk_opts(&e, 8, 128, &so);
+        if (!s) return;
         const int bs = ex_engine_limits(e)->block_size;
         ex_event ev[16];
         int n_ev, n0 = 0, first = -1;
