@@ -1,5 +1,20 @@
-# Helpers shared by the tests that run `arka serve` (sourced, not a test). They expect BIN,
+# Helpers shared by the tests that run `arka serve` (sourced, not a test). The servers expect BIN,
 # MODEL, TMP and an array PIDS (killed by the test's cleanup) to be set.
+
+# A test's counters and checks, unless the script defined its own before sourcing (it keeps
+# them and its counts): ok; bad MSG; check EXPR MSG (EXPR eval'ed); the script prints
+# "$pass passed, $fail failed" last.
+: "${pass:=0}" "${fail:=0}"
+declare -F ok >/dev/null || ok() { pass=$((pass + 1)); }
+declare -F bad >/dev/null || bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+declare -F check >/dev/null || check() { if eval "$1"; then ok; else bad "$2"; fi; }
+
+# serve_require: BIN built, MODEL present, curl and python3 installed, or the test fails at once.
+serve_require() {
+    [ -x "$BIN" ] || { echo "FAIL: $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
+    [ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
+    command -v curl >/dev/null && command -v python3 >/dev/null || { echo "FAIL: curl or python3 missing"; echo "0 passed, 1 failed"; exit 1; }
+}
 
 # start NAME ARGS...: a server on a free port with ARGS; sets URL and SPID; waits for /health
 # 200 (ARKA_START_S seconds, default 30). Returns 1 (after printing its log) when it does not come up.

@@ -18,13 +18,8 @@ ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
 MODEL=$ROOT/../shared/models/stories260K.gguf
 CLIENTS=$ROOT/tests/integration/limits_clients.py
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-[ -x "$BIN" ] || { echo "FAIL: $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
-command -v curl >/dev/null && command -v python3 >/dev/null || { echo "FAIL: curl or python3 missing"; echo "0 passed, 1 failed"; exit 1; }
+. "$ROOT/tests/integration/serve_lib.sh"
+serve_require
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -33,7 +28,6 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-. "$ROOT/tests/integration/serve_lib.sh"
 LONG=0
 [ "${ARKA_LONG_TESTS:-0}" = 1 ] && LONG=1
 SAN=0

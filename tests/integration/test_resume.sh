@@ -22,13 +22,8 @@ BIN=${ARKA_BIN:-$ROOT/build/bin/arka}
 BACKEND=${1:-${ARKA_RESUME_BACKEND:-cpu}}
 MODEL=${ARKA_RESUME_MODEL:-$ROOT/../shared/models/stories260K.gguf}
 CLIENTS=$ROOT/tests/integration/resume_clients.py
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-[ -x "$BIN" ] || { echo "FAIL: $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; echo "0 passed, 1 failed"; exit 1; }
-command -v curl >/dev/null && command -v python3 >/dev/null || { echo "FAIL: curl or python3 missing"; echo "0 passed, 1 failed"; exit 1; }
+. "$ROOT/tests/integration/serve_lib.sh"
+serve_require
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -38,7 +33,6 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-. "$ROOT/tests/integration/serve_lib.sh"
 metric() { curl -s "$URL/metrics" | awk -v n="arka:$1" '$1 ~ "^"n"[{ ]" || $1 == n {s += $2} END {print s + 0}'; }
 exec_pid() { pgrep -P "$SPID" -f " executor" | head -1; } # the server's child (any binary name)
 wait_up() { for _ in $(seq 600); do [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && return 0; sleep 0.1; done; return 1; }
