@@ -1596,7 +1596,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         /* what the layers' norms, attention and SwiGLU must write in GEMV-sized steps, and which
          * half copies are read */
         /* blocks are only written for rows of whole blocks (norm: n_embd, attention: head_dim, SwiGLU: n_ff) */
-        int f16_after_norm = s->output.type == DT_F16, f16_wo = 0, f16_down = 0;
+        /* F16 and FP8 GEMVs read the half copy */
+#define HALF_X(t) ((t) == DT_F16 || (t) == DT_F8_E4M3)
+        int f16_after_norm = HALF_X(s->output.type), f16_wo = 0, f16_down = 0;
         s->norm_blocks_max = s->att_blocks_max = s->act_blocks_max = 0;
         /* the largest step size up to which no matrix after them reads the f32 output (the
          * matrices' paths may change with the token count) */
@@ -1615,10 +1617,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
-            f16_after_norm |= L->qkv.type == DT_F16 || L->gu.type == DT_F16 || (L->moe && L->router.type == DT_F16);
-            f16_wo |= L->wo.type == DT_F16;
-            f16_down |= L->down.type == DT_F16;
+            f16_after_norm |= HALF_X(L->qkv.type) || HALF_X(L->gu.type) || (L->moe && HALF_X(L->router.type));
+            f16_wo |= HALF_X(L->wo.type);
+            f16_down |= HALF_X(L->down.type);
         }
+#undef HALF_X
         /* half copies nothing reads: no F16 matrix after the norms, the attention, SwiGLU */
         if (!f16_after_norm) s->xq_h.xh = NULL;
         if (!f16_wo) s->xq_o.xh = NULL;

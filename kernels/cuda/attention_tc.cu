@@ -75,9 +75,15 @@ __device__ __forceinline__ void load_q(uint32_t (&qa)[HD / 16][4], const float *
 // One online-softmax step of a warp's 16 rows against NK keys in shared memory (ks, vs: the
 // shared addresses of K and V rows, [NK][HD + 8] halves each): S = Q Kᵀ, masked where
 // allowed(hi, key) is false (hi: the row is g + 8; key: 0..NK-1), then m, l and O updated.
-template <int HD, int NK, typename Allowed>
+// F8: the rows hold the FP8 cache's codes as halves (exact), and ksc / vsc (shared memory,
+// NK floats each) the keys' K and V scales: a score is (q . codes) x its key's K scale, in
+// f32, and P enters P V as p x the key's V scale x F8_PV (O comes out F8_PV times too large;
+// the caller divides): no scale is rounded to half, and small V scales stay clear of half
+// subnormals.
+constexpr float F8_PV = 1024.0f;
+template <int HD, int NK, bool F8 = false, typename Allowed>
 __device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD / 16][4], uint32_t ks, uint32_t vs, int lane,
-                                       float capl, Allowed allowed) {
+                                       float capl, Allowed allowed, const float *ksc = nullptr, const float *vsc = nullptr) {
     constexpr int ROW = (HD + 8) * 2; // bytes per shared row
     const int t4 = lane & 3;
     float s[NK / 8][4];
@@ -95,6 +101,19 @@ __device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD /
             kc_mma16816(s[2 * np], qa[kk], b[0], b[1]);
             kc_mma16816(s[2 * np + 1], qa[kk], b[2], b[3]);
         }
+    float vsk[NK / 8][2];
+    if constexpr (F8) {
+#pragma unroll
+        for (int n = 0; n < NK / 8; n++) {
+            const float2 k2 = *(const float2 *)(ksc + n * 8 + 2 * t4), v2 = *(const float2 *)(vsc + n * 8 + 2 * t4);
+            s[n][0] *= k2.x;
+            s[n][1] *= k2.y;
+            s[n][2] *= k2.x;
+            s[n][3] *= k2.y;
+            vsk[n][0] = v2.x * F8_PV;
+            vsk[n][1] = v2.y * F8_PV;
+        }
+    }
     float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
     for (int n = 0; n < NK / 8; n++)
@@ -126,6 +145,12 @@ __device__ __forceinline__ void attend(wstate<HD> &st, const uint32_t (&qa)[HD /
         for (int c = 0; c < 4; c++) p[c] = ex2(s[n][c] - mref[c >> 1]);
         rs[0] += p[0] + p[1];
         rs[1] += p[2] + p[3];
+        if constexpr (F8) {
+            p[0] *= vsk[n][0];
+            p[1] *= vsk[n][1];
+            p[2] *= vsk[n][0];
+            p[3] *= vsk[n][1];
+        }
         pa[n >> 1][(n & 1) * 2] = kc_pack_h2(p[0], p[1]);
         pa[n >> 1][(n & 1) * 2 + 1] = kc_pack_h2(p[2], p[3]);
     }
@@ -218,6 +243,55 @@ __device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uin
     }
 }
 
+// The FP8 decode path's raw stage: a 16-position group's K codes [16][HD], V codes [16][HD],
+// then K scales [16] and V scales [16] (f32), copied by cp.async like the F16 rows (rows at or
+// past n_ok zero-filled). b: the group's block, r0: its first row in the block.
+template <int HD> __host__ __device__ constexpr int f8_raw_bytes() { return 2 * 16 * HD + 2 * 16 * 4; }
+template <int HD>
+__device__ __forceinline__ void stage_f8_raw(uint32_t dst, const uint8_t *kc, const uint8_t *vc, size_t b, int r0, int n_ok,
+                                             int n_kv, int bs, int h, int lane) {
+    constexpr int PR = HD / 16; // 16-byte pieces a row
+    const size_t blk = (size_t)bs * n_kv * (HD + 4), sc = (size_t)bs * n_kv * HD;
+    const uint8_t *kb = kc + b * blk, *vb = vc + b * blk;
+#pragma unroll
+    for (int pc = lane; pc < 2 * 16 * PR; pc += 32) {
+        const int isv = pc >= 16 * PR, c = isv ? pc - 16 * PR : pc, r = c / PR, col = (c % PR) * 16;
+        const bool ok = r < n_ok;
+        const uint8_t *src = (isv ? vb : kb) + ((size_t)(r0 + r) * n_kv + h) * HD + col;
+        kc_cp_async16(dst + isv * 16 * HD + r * HD + col, ok ? src : kb, ok);
+    }
+    const int r = lane & 15, isv = lane >> 4;
+    const bool ok = r < n_ok;
+    const uint8_t *src = (isv ? vb : kb) + sc + ((size_t)(r0 + r) * n_kv + h) * 4;
+    kc_cp_async4(dst + 2 * 16 * HD + lane * 4, ok ? src : kb, ok);
+}
+// The raw stage's codes as halves (exact; the scales stay f32 for attend) into rows of pitch
+// HD + 8 at dst: K rows, then V rows at dst + v_off.
+template <int HD>
+__device__ __forceinline__ void f8_raw_to_half(uint32_t dst, uint32_t v_off, uint32_t raw, int lane) {
+    constexpr int PR = HD / 16;
+#pragma unroll
+    for (int pc = lane; pc < 2 * 16 * PR; pc += 32) {
+        const int isv = pc >= 16 * PR, c = isv ? pc - 16 * PR : pc, r = c / PR, col = (c % PR) * 16;
+        uint32_t u[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+                     : "r"(raw + isv * 16 * HD + r * HD + col));
+        uint32_t o[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[k] & 0xffff), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[k] >> 16), __NV_E4M3);
+            o[2 * k] = *(const uint32_t *)&lo;
+            o[2 * k + 1] = *(const uint32_t *)&hi;
+        }
+        const uint32_t a = dst + isv * v_off + (r * (HD + 8) + col) * 2;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a + 16), "r"(o[4]), "r"(o[5]), "r"(o[6]), "r"(o[7])
+                     : "memory");
+    }
+}
+
 // ---- decode ---------------------------------------------------------------------------------
 
 // The split merge of one (token, head) by the whole CTA (the last split's; partials in
@@ -301,7 +375,11 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     const float *qt = q + ((size_t)t * n_head + h0) * HD;
     load_q<HD>(qa, g < G ? qt + (size_t)g * HD : nullptr, g + 8 < G ? qt + (size_t)(g + 8) * HD : nullptr, qscale, t4);
 
-    const uint32_t sw = kc_smem_addr(smem) + warp * NST * STAGE * 2;
+    // F16: NST stages of half rows a warp. F8: NST raw stages and one stage of half rows.
+    constexpr int WBYTES = F8 ? NST * f8_raw_bytes<HD>() + STAGE * 2 : NST * STAGE * 2;
+    const uint32_t sw = kc_smem_addr(smem) + warp * WBYTES;
+    const uint32_t sh = sw + (F8 ? NST * f8_raw_bytes<HD>() : 0); // F8: the half rows
+    const uint8_t *sraw = smem + warp * WBYTES;                   // F8: the raw stages (generic address)
     const int first = start + 16 * warp;
     const int n_grp = end > first ? (end - first + 63) / 64 : 0;
     // sliding window: keys below lo are masked; groups entirely below it are skipped (their
@@ -311,16 +389,10 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     auto issue = [&](int i) {
         if (i < n_grp) {
             const int j0 = first + 64 * i;
-            const uint32_t dst = sw + (i % NST) * STAGE * 2;
+            const uint32_t dst = sw + (i % NST) * STAGE * 2; // F16
             if constexpr (F8) { // 16 rows of one block (j0 % 16 == 0, block_size % 16 == 0)
-                const size_t b = bt[j0 / block_size];
-                const int r0 = j0 % block_size, n_ok = end - j0;
-                stage_f8<HD, HD / 16>(dst, 16 * ROWH * 2, (const uint8_t *)k_cache, (const uint8_t *)v_cache, n_kv, block_size, kvh,
-                                      lane, 32, [&](int c, size_t &bb, int &r, bool &ok) {
-                                          bb = b;
-                                          r = r0 + c / (HD / 8);
-                                          ok = c / (HD / 8) < n_ok;
-                                      });
+                stage_f8_raw<HD>(sw + (i % NST) * f8_raw_bytes<HD>(), (const uint8_t *)k_cache, (const uint8_t *)v_cache,
+                                 bt[j0 / block_size], j0 % block_size, end - j0, n_kv, block_size, kvh, lane);
             } else {
                 const size_t base = (((size_t)bt[j0 / block_size] * n_kv + kvh) * block_size + j0 % block_size) * HD;
                 stage_rows<HD>(dst, (const __half *)k_cache + base, 16, end - j0, lane, 32);
@@ -339,12 +411,26 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         __syncwarp();
         const int lim = end - (first + 64 * i); // keys of this group below end
         const int low = lo - (first + 64 * i);  // and from lo
-        const uint32_t ks = sw + (i % NST) * STAGE * 2;
-        attend<HD, 16>(st, qa, ks, ks + 16 * ROWH * 2, lane, capl, [&](int, int key) { return key < lim && key >= low; });
+        if constexpr (F8) {
+            const uint32_t raw = sw + (i % NST) * f8_raw_bytes<HD>();
+            const float *sc = (const float *)(sraw + (i % NST) * f8_raw_bytes<HD>() + 2 * 16 * HD);
+            f8_raw_to_half<HD>(sh, 16 * ROWH * 2, raw, lane);
+            __syncwarp();
+            attend<HD, 16, true>(st, qa, sh, sh + 16 * ROWH * 2, lane, capl,
+                                 [&](int, int key) { return key < lim && key >= low; }, sc, sc + 16);
+        } else {
+            const uint32_t ks = sw + (i % NST) * STAGE * 2;
+            attend<HD, 16>(st, qa, ks, ks + 16 * ROWH * 2, lane, capl, [&](int, int key) { return key < lim && key >= low; });
+        }
         __syncwarp(); // every lane is done with this stage before it is refilled
     }
     kc_cp_async_wait<0>();
     wstate_finish(st);
+    if constexpr (F8) // attend's F8_PV
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) st.o[d][c] *= 1.0f / F8_PV;
     __syncthreads(); // the stages are free: the warps' states meet there
     float *red_o = (float *)smem;                       // [DEC_WARPS][16][HD]
     float *red_m = red_o + DEC_WARPS * 16 * HD, *red_l = red_m + DEC_WARPS * 16;
@@ -495,8 +581,9 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
 constexpr int DEC_NST = 3; // cp.async stages per decode warp (two groups in flight while one is used)
 constexpr int PF_NST = 2;
 
-template <int HD> size_t dec_smem() {
-    const size_t stages = (size_t)DEC_WARPS * DEC_NST * 2 * 16 * (HD + 8) * 2;
+template <int HD, bool F8> size_t dec_smem() {
+    const size_t stages = F8 ? (size_t)DEC_WARPS * (DEC_NST * f8_raw_bytes<HD>() + 2 * 16 * (HD + 8) * 2)
+                             : (size_t)DEC_WARPS * DEC_NST * 2 * 16 * (HD + 8) * 2;
     const size_t merge = ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4;
     return stages > merge ? stages : merge;
 }
@@ -513,7 +600,7 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
-    const size_t smem = dec_smem<HD>();
+    const size_t smem = dec_smem<HD, F8>();
     if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial,
               counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),

@@ -42,14 +42,44 @@ __device__ __forceinline__ void f8_expand16(const uint4 &w, float (&f)[16]) {
     }
 }
 
+// 16 codes -> 8 half2 times 2^-8 (exact: the codes are halves, and the smallest E4M3 value
+// 2^-9 becomes 2^-17, a half subnormal on the 2^-24 grid). The factor keeps sums of products
+// with half activations far from the half range's end (448 x 2^-8 = 1.75 a product at most).
+__device__ __forceinline__ void f8_expand16_h(const uint4 &w, __half2 (&h)[8]) {
+    const uint32_t u[4] = { w.x, w.y, w.z, w.w };
+    const __half2 k = __float2half2_rn(0.00390625f);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[j] & 0xffff), __NV_E4M3);
+        const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[j] >> 16), __NV_E4M3);
+        h[2 * j] = __hmul2(*(const __half2 *)&lo, k);
+        h[2 * j + 1] = __hmul2(*(const __half2 *)&hi, k);
+    }
+}
+
+// SwiGLU in the gate|up GEMV's epilogue (kc__matmul_f8_swiglu): rows interleave gate and up
+// (row 2j gate j, 2j + 1 up j), so a warp of R even rows holds pairs.
+struct f8_swi {
+    float *out; // [NT][n_ff] f32, or NULL
+    __half *xh; // [NT][n_ff] half
+    int n_ff;
+};
+
 // One warp per R rows, NT tokens; a lane takes chunks of 16 codes c = lane, lane + 32, ...
 // in ascending order (the sum's order depends on n_in only). U batches of chunks per row are
 // in flight: the first two are loaded before the programmatic wait.
-template <int NT, int R, int U>
+// XH = false: x is f32 and every product is exact, summed in f32 (the CPU's order of
+// operations: the row's scale at the end). XH = true: x is the producer's half copy
+// (kc_xq.xh, 2 bytes an activation instead of 4): the 16 products of a chunk are summed in
+// half pairs (codes x 2^-8, as the F16 GEMV sums 8 products in half), then in f32. The
+// f32 path's conversions (16 per 16 codes) bounded it at ~2.4 TB/s on an H200.
+// SWI (XH only): the SwiGLU of each gate/up row pair is written as f32 (sw.out) and half.
+template <int NT, int R, int U, bool XH, bool SWI>
 __global__ void __launch_bounds__(F8_WARPS * 32)
-gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, const float *x, float *y, int n_in,
-               int n_out, int ldy, int accumulate) {
+gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, const void *xv, float *y, int n_in,
+               int n_out, int ldy, int accumulate, f8_swi sw) {
     KC_TRACE_SCOPE(KC_TR_GEMV);
+    static_assert(!SWI || (XH && R % 2 == 0), "SwiGLU: half activations, gate and up rows in one warp");
     kc_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * F8_WARPS + (threadIdx.x >> 5)) * R;
@@ -77,24 +107,52 @@ gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, c
         }
     kc_pdl_wait();
     auto step = [&](const uint4 (&wc)[R], int cc) {
-        float xs[NT][16];
+        if constexpr (XH) {
+            __half2 xs[NT][8];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4 *p = (const float4 *)(x + (size_t)t * n_in + (size_t)cc * 16);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float4 v = __ldca(p + k); // written by the kernel before: not the read-only path
-                xs[t][4 * k] = v.x; xs[t][4 * k + 1] = v.y; xs[t][4 * k + 2] = v.z; xs[t][4 * k + 3] = v.w;
+            for (int t = 0; t < NT; t++) {
+                const uint4 *p = (const uint4 *)((const __half *)xv + (size_t)t * n_in + (size_t)cc * 16);
+                const uint4 a = __ldca(p), b = __ldca(p + 1); // written by the kernel before
+                memcpy(&xs[t][0], &a, 16);
+                memcpy(&xs[t][4], &b, 16);
             }
-        }
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float f[16];
-            f8_expand16(wc[r], f);
+            for (int r = 0; r < R; r++) {
+                __half2 f[8];
+                f8_expand16_h(wc[r], f);
 #pragma unroll
-            for (int t = 0; t < NT; t++)
+                for (int t = 0; t < NT; t++) {
+                    __half2 p0 = __hmul2(f[0], xs[t][0]), p1 = __hmul2(f[4], xs[t][4]);
 #pragma unroll
-                for (int k = 0; k < 16; k++) acc[r][t] = fmaf(f[k], xs[t][k], acc[r][t]);
+                    for (int k = 1; k < 4; k++) {
+                        p0 = __hfma2(f[k], xs[t][k], p0);
+                        p1 = __hfma2(f[4 + k], xs[t][4 + k], p1);
+                    }
+                    const float2 a = __half22float2(p0), b = __half22float2(p1);
+                    acc[r][t] += (a.x + a.y) + (b.x + b.y);
+                }
+            }
+        } else {
+            const float *x = (const float *)xv;
+            float xs[NT][16];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *p = (const float4 *)(x + (size_t)t * n_in + (size_t)cc * 16);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float4 v = __ldca(p + k); // written by the kernel before: not the read-only path
+                    xs[t][4 * k] = v.x; xs[t][4 * k + 1] = v.y; xs[t][4 * k + 2] = v.z; xs[t][4 * k + 3] = v.w;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float f[16];
+                f8_expand16(wc[r], f);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int k = 0; k < 16; k++) acc[r][t] = fmaf(f[k], xs[t][k], acc[r][t]);
+            }
         }
     };
     for (; c + 32 * (U - 1) < nchunks; c += 32 * U) {
@@ -111,40 +169,65 @@ gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, c
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (c + 32 * u < nchunks) step(w[u], c + 32 * u);
+    const float k = XH ? 256.0f : 1.0f; // undoes f8_expand16_h's 2^-8 (exact)
+    if constexpr (SWI) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r + 1 < R; r += 2)
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = kc_warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) {
-                float *dst = y + (size_t)t * ldy + row0 + r;
-                const float o = __ldg(scale + row0 + r) * v;
-                *dst = accumulate ? *dst + o : o;
+            for (int t = 0; t < NT; t++) {
+                const float g = kc_warp_sum(acc[r][t]), u = kc_warp_sum(acc[r + 1][t]);
+                const int j = (row0 + r) / 2;
+                if (lane == 0 && j < sw.n_ff) {
+                    const float v = kc_silu_mul(__ldg(scale + row0 + r) * (g * k), __ldg(scale + row0 + r + 1) * (u * k));
+                    const size_t e = (size_t)t * sw.n_ff + j;
+                    if (sw.out) sw.out[e] = v;
+                    sw.xh[e] = __float2half_rn(v);
+                }
             }
-        }
-}
-
-template <int NT, int R, int U>
-static void launch_gemv_f8_r(const kc_weight *W, const float *x, float *y, int ldy, int acc, cudaStream_t s) {
-    const int rows_per_block = F8_WARPS * R;
-    kc_launch(gemv_f8_kernel<NT, R, U>, dim3((W->n_out + rows_per_block - 1) / rows_per_block), dim3(F8_WARPS * 32), 0, s,
-              (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, acc);
-}
-
-static void launch_gemv_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
-    switch (n_tok) {
-    /* one token: 4 rows a warp share each chunk of f32 activations (64 bytes of them per 16 bytes of
-     * codes a row: with 2 rows the activations' L1 traffic, not the codes, bounded the kernel at
-     * ~2.4 TB/s on an H200) */
-    case 1: launch_gemv_f8_r<1, 4, 2>(W, x, y, ldy, acc, s); break;
-    case 2: launch_gemv_f8_r<2, 2, 2>(W, x, y, ldy, acc, s); break;
-    case 3: launch_gemv_f8_r<3, 2, 2>(W, x, y, ldy, acc, s); break;
-    case 4: launch_gemv_f8_r<4, 2, 2>(W, x, y, ldy, acc, s); break;
-    case 5: launch_gemv_f8_r<5, 1, 2>(W, x, y, ldy, acc, s); break;
-    case 6: launch_gemv_f8_r<6, 1, 2>(W, x, y, ldy, acc, s); break;
-    case 7: launch_gemv_f8_r<7, 1, 2>(W, x, y, ldy, acc, s); break;
-    default: launch_gemv_f8_r<8, 1, 2>(W, x, y, ldy, acc, s); break;
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float v = kc_warp_sum(acc[r][t]);
+                if (lane == 0 && row0 + r < n_out) {
+                    float *dst = y + (size_t)t * ldy + row0 + r;
+                    const float o = __ldg(scale + row0 + r) * (v * k);
+                    *dst = accumulate ? *dst + o : o;
+                }
+            }
     }
+}
+
+template <int NT, int R, int U, bool XH, bool SWI = false>
+static void launch_gemv_f8_r(const kc_weight *W, const void *x, float *y, int ldy, int acc, cudaStream_t s,
+                             const f8_swi &sw) {
+    const int rows_per_block = F8_WARPS * R;
+    kc_launch(gemv_f8_kernel<NT, R, U, XH, SWI>, dim3((W->n_out + rows_per_block - 1) / rows_per_block), dim3(F8_WARPS * 32), 0,
+              s, (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, acc, sw);
+}
+
+// Rows a warp per token count: more rows share each activation load, fewer keep more warps in
+// flight. One token: 4 rows a warp (with 2, the f32 activations' L1 traffic, 64 bytes of them
+// per 16 bytes of codes a row, bounded the f32 kernel at ~2.4 TB/s on an H200).
+template <bool XH, bool SWI>
+static void launch_gemv_f8(const kc_weight *W, const void *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s,
+                           const f8_swi &sw = f8_swi{}) {
+    switch (n_tok) {
+    case 1: launch_gemv_f8_r<1, 4, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 2: launch_gemv_f8_r<2, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 3: launch_gemv_f8_r<3, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 4: launch_gemv_f8_r<4, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 5: launch_gemv_f8_r<5, XH ? 2 : 1, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 6: launch_gemv_f8_r<6, XH ? 2 : 1, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 7: launch_gemv_f8_r<7, XH ? 2 : 1, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    default: launch_gemv_f8_r<8, XH ? 2 : 1, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    }
+}
+
+// Whether the GEMV can read xq's half copy for W and n_tok tokens.
+static bool f8_half_x(const kc_weight *W, const kc_xq *xq, int n_tok) {
+    return n_tok <= KC_GEMV_MAX_TOK && xq && xq->xh && xq->n == W->n_in && n_tok <= xq->cap_tok && W->n_in % 16 == 0;
 }
 
 // Rows not a multiple of 16 codes: one code at a time (tiny models).
@@ -349,11 +432,16 @@ static bool f8_tensor_cores(void) {
 
 extern "C" int kc_fp8_tensor_cores(void) { return f8_tensor_cores(); }
 
-extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int accumulate,
-                             const kc_gemm_ws *ws, cudaStream_t s) {
+extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy,
+                             int accumulate, const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W->data || !W->d || ldy < W->n_out) return CM_EINVAL;
+    if (f8_half_x(W, xq, n_tok)) {
+        launch_gemv_f8<true, false>(W, xq->xh, n_tok, y, ldy, accumulate, s);
+        KC_LAUNCH_CHECK();
+    }
     if (n_tok <= KC_GEMV_MAX_TOK) {
-        if (W->n_in % 16 == 0) launch_gemv_f8(W, x, n_tok, y, ldy, accumulate, s);
+        if (!x) return CM_EINVAL;
+        if (W->n_in % 16 == 0) launch_gemv_f8<false, false>(W, x, n_tok, y, ldy, accumulate, s);
         else
             gemv_f8_scalar_kernel<<<(W->n_out + F8_WARPS - 1) / F8_WARPS, F8_WARPS * 32, 0, s>>>(
                 (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, n_tok, accumulate);
@@ -375,4 +463,15 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, floa
         }
     }
     return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
+}
+
+extern "C" int kc__matmul_f8_swiglu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, cudaStream_t s) {
+    const int n_ff = W->n_out / 2;
+    if (W->type != DT_F8_E4M3 || W->n_out % 2 || !f8_half_x(W, xq, n_tok) || !xq_act || !xq_act->no_ints || !xq_act->xh ||
+        n_ff % 32 || n_tok > xq_act->cap_tok || n_ff > xq_act->cap_n)
+        return 1;
+    const f8_swi sw = { out, (__half *)xq_act->xh, n_ff };
+    launch_gemv_f8<true, true>(W, xq->xh, n_tok, nullptr, 0, 0, s, sw);
+    xq_act->n = n_ff;
+    KC_LAUNCH_CHECK();
 }

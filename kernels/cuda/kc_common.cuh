@@ -202,10 +202,15 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               cudaStream_t s);
 
-// fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, else
-// cuBLASLt FP8 or dequantize + cuBLAS), into rows of stride ldy.
-extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, int n_tok, float *y, int ldy, int accumulate,
-                             const kc_gemm_ws *ws, cudaStream_t s);
+// fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, on xq's
+// half copy when it holds x for W, else on x; more tokens: cuBLASLt FP8 or dequantize +
+// cuBLAS), into rows of stride ldy.
+extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy,
+                             int accumulate, const kc_gemm_ws *ws, cudaStream_t s);
+// kc_matmul_swiglu's one-kernel path for an F8_E4M3 gate|up matrix (the GEMV on xq's half copy,
+// SwiGLU in its epilogue, into out (may be NULL) and xq_act's half copy): 0 when launched (or
+// a launch error), 1 when the shape or the buffers do not allow it (nothing launched).
+extern "C" int kc__matmul_f8_swiglu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, cudaStream_t s);
 
 // ---- quantized weight layouts (kcuda.h, kc_weight) ----------------------------------------------
 // Bytes of one row of a quantized kc_weight's data and d regions (n_in whole blocks of the type;
@@ -358,6 +363,7 @@ __device__ __forceinline__ void kc_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t 
 #ifdef KC_OLD_ARCH
 __device__ __forceinline__ void kc_cp_async8(uint32_t, const void *) { __trap(); }
 __device__ __forceinline__ void kc_cp_async16(uint32_t, const void *, bool) { __trap(); }
+__device__ __forceinline__ void kc_cp_async4(uint32_t, const void *, bool) { __trap(); }
 __device__ __forceinline__ void kc_cp_async_commit() {}
 template <int N> __device__ __forceinline__ void kc_cp_async_wait() {}
 #else
@@ -367,6 +373,10 @@ __device__ __forceinline__ void kc_cp_async8(uint32_t saddr, const void *g) {
 // 16 bytes from g, or 16 zero bytes when !valid (g is not read then, but must be a valid address).
 __device__ __forceinline__ void kc_cp_async16(uint32_t saddr, const void *g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(valid ? 16 : 0));
+}
+// 4 bytes from g (4-byte aligned), or zeros when !valid (g must still be a valid address).
+__device__ __forceinline__ void kc_cp_async4(uint32_t saddr, const void *g, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(g), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void kc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void kc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

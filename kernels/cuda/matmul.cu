@@ -1102,7 +1102,7 @@ extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
     if (gemmq_use(W, n_tok)) return 1;
     if (is_quant(W->type)) return 0;
-    return !(W->type == DT_F16 && W->n_in % 32 == 0);
+    return !((W->type == DT_F16 || W->type == DT_F8_E4M3) && W->n_in % 32 == 0); /* the half copy */
 }
 
 extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y, int accumulate,
@@ -1128,7 +1128,7 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
 // already holds x as half (converted once for every range).
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
                       const kc_gemm_ws *ws, bool xh_ready, cudaStream_t s) {
-    if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, n_tok, y, ldy, accumulate, ws, s);
+    if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
@@ -1263,6 +1263,10 @@ extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq 
             xq_act->n = n_ff;
             KC_LAUNCH_CHECK();
         }
+    }
+    if (n_tok <= kc_plan_get()->swiglu_fuse && W->type == DT_F8_E4M3) {
+        int rc = kc__matmul_f8_swiglu(W, xq, n_tok, out, xq_act, s);
+        if (rc <= 0) return rc;
     }
     if (!gu) return CM_EINVAL;
     int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);

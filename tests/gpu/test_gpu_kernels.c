@@ -1323,6 +1323,86 @@ static void test_matmul_fp8(cublasHandle_t cb, cudaStream_t s) {
             cudaFree(ws.x_half);
             cudaFree(ws.x_scale);
         }
+        /* the GEMV on the producer's half copy (kc_xq.xh; the f32 rows passed are NaN): against the
+         * products with the activations rounded to half (the half pair sums: ~1e-3); then, for a
+         * gate|up matrix (n_out even), SwiGLU in the epilogue against silu(g) u of the same */
+        if (n_in % 32 == 0) {
+            kc_xq q = xq_alloc(KC_GEMV_MAX_TOK, n_in);
+            q.n = n_in;
+            q.no_ints = 1;
+            uint16_t *xh16 = malloc((size_t)KC_GEMV_MAX_TOK * n_in * 2);
+            float *xr = malloc((size_t)KC_GEMV_MAX_TOK * n_in * 4);
+            for (size_t i = 0; i < (size_t)KC_GEMV_MAX_TOK * n_in; i++) {
+                xh16[i] = f2h(x[i]);
+                xr[i] = h2f(xh16[i]);
+            }
+            CK(cudaMemcpy(q.xh, xh16, (size_t)KC_GEMV_MAX_TOK * n_in * 2, cudaMemcpyHostToDevice));
+            float *dnan; /* the f32 rows the GEMV must not read (NaN) */
+            CK(cudaMalloc((void **)&dnan, (size_t)KC_GEMV_MAX_TOK * n_in * 4));
+            poison(dnan, (size_t)KC_GEMV_MAX_TOK * n_in * 4);
+            double *refh = malloc((size_t)KC_GEMV_MAX_TOK * n_out * 8);
+            k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, xr, KC_GEMV_MAX_TOK, refh);
+            T_CHECKF(kc_matmul_reads_x(&w, 1) == 0 && kc_matmul_reads_x(&w, KC_GEMV_MAX_TOK + 1) == 1,
+                     "fp8 %dx%d: kc_matmul_reads_x says the GEMV reads the half copy", n_in, n_out);
+            for (int nt = 1; nt <= KC_GEMV_MAX_TOK; nt++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const size_t ny = (size_t)nt * n_out;
+                    float *base = malloc(ny * 4);
+                    double *want = malloc(ny * 8);
+                    for (size_t i = 0; i < ny; i++) {
+                        base[i] = acc ? frand() : 0.0f;
+                        want[i] = refh[i] + base[i];
+                    }
+                    if (acc) CK(cudaMemcpy(dy, base, ny * 4, cudaMemcpyHostToDevice));
+                    else poison(dy, ny * 4);
+                    int rc = kc_matmul_xq(&w, dnan, &q, nt, dy, acc, NULL, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                    const double e = rel_err(y, want, ny);
+                    T_CHECKF(rc == 0 && e < 3e-3, "fp8 gemv on half activations %dx%d n_tok=%d acc=%d rc=%d rel_err=%.3g", n_in,
+                             n_out, nt, acc, rc, e);
+                    free(base);
+                    free(want);
+                }
+            if (n_out % 64 == 0) {
+                const int n_ff = n_out / 2;
+                kc_xq qa = xq_alloc(KC_GEMV_MAX_TOK, n_ff);
+                qa.no_ints = 1;
+                float *dout, *out = malloc((size_t)n_ff * 4);
+                uint16_t *oh = malloc((size_t)n_ff * 2);
+                CK(cudaMalloc((void **)&dout, (size_t)n_ff * 4));
+                poison(dout, (size_t)n_ff * 4);
+                poison(qa.xh, (size_t)n_ff * 2);
+                kc_plan p0 = *kc_plan_get(), p1 = p0;
+                p1.swiglu_fuse = 1;
+                kc_plan_set(&p1);
+                int rc = kc_matmul_swiglu(&w, dnan, &q, 1, NULL, dout, &qa, NULL, s); /* no gu: only the fused path can run */
+                kc_plan_set(&p0);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(out, dout, (size_t)n_ff * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(oh, qa.xh, (size_t)n_ff * 2, cudaMemcpyDeviceToHost));
+                double err = 0, nrm = 0;
+                int half_ok = qa.n == n_ff;
+                for (int j = 0; j < n_ff; j++) {
+                    const double g = refh[2 * j], u = refh[2 * j + 1], v = g / (1.0 + exp(-g)) * u;
+                    err += (out[j] - v) * (out[j] - v);
+                    nrm += v * v;
+                    half_ok &= oh[j] == f2h(out[j]);
+                }
+                const double e = sqrt(err / (nrm > 0 ? nrm : 1));
+                T_CHECKF(rc == 0 && e < 3e-3 && half_ok, "fp8 gate|up GEMV with SwiGLU %dx%d: rc=%d rel_err=%.3g, half copy %s",
+                         n_in, n_out, rc, e, half_ok ? "= out" : "differs (or xq_act->n not set)");
+                cudaFree(dout);
+                free(out);
+                free(oh);
+                xq_free(&qa);
+            }
+            cudaFree(dnan);
+            free(xh16);
+            free(xr);
+            free(refh);
+            xq_free(&q);
+        }
         cudaFree(w.data);
         cudaFree(w.d);
         cudaFree(dx);
