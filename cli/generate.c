@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "common/cm_config.h"
 #include "common/cm_err.h"
+#include "common/cm_file.h"
 #include "common/cm_time.h"
 #include "executor/backend.h"
 #include "executor/engine.h"
@@ -26,7 +27,7 @@
 #define MAX_THREADS     1024          /* what the CPU thread pool accepts (k_pool_create) */
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids, *backend, *quantize, *kv_dtype;
+    const char *model, *prompt, *prompt_ids, *prompt_file, *backend, *quantize, *kv_dtype;
     int     n_predict, top_k, threads, ctx, ids, block_size, batch, no_bos;
     float   temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int     repeat_last_n;
@@ -117,7 +118,8 @@ int cli_generate(int argc, char **argv) {
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &g.model, "model file (GGUF) or safetensors directory" },
         { "prompt", 'p', CM_OPT_STR, &g.prompt, "prompt text" },
-        { "prompt-ids", 0, CM_OPT_STR, &g.prompt_ids, "prompt as token ids (\"1 2 3\") instead of text" },
+        { "prompt-ids", 0, CM_OPT_STR, &g.prompt_ids, "prompt as token ids (\"1 2 3\") instead of text; @FILE reads them from FILE" },
+        { "file", 'f', CM_OPT_STR, &g.prompt_file, "prompt text from FILE (long prompts)" },
         { "n-predict", 'n', CM_OPT_INT, &g.n_predict, "tokens to generate (>= 1; default 128)" },
         { "temp", 0, CM_OPT_F32, &g.temp, "temperature; 0 = greedy (default 0.8)" },
         { "top-k", 0, CM_OPT_INT, &g.top_k, "keep the k most likely tokens; 0 = off (default 40)" },
@@ -159,8 +161,9 @@ int cli_generate(int argc, char **argv) {
 #define USAGE_ERR(...) do { fprintf(stderr, "arka generate: "); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 2; } while (0)
     if (npos) USAGE_ERR("unexpected argument '%s'", pos[0]);
     if (!g.model) USAGE_ERR("no model given (-m MODEL)");
-    if (!g.prompt && !g.prompt_ids) USAGE_ERR("no prompt given (-p PROMPT or --prompt-ids \"1 2 3\")");
-    if (g.prompt && g.prompt_ids) USAGE_ERR("give either -p or --prompt-ids, not both");
+    if (!g.prompt && !g.prompt_ids && !g.prompt_file) USAGE_ERR("no prompt given (-p PROMPT, -f FILE or --prompt-ids \"1 2 3\")");
+    if (!!g.prompt + !!g.prompt_ids + !!g.prompt_file > 1) USAGE_ERR("give one of -p, -f and --prompt-ids");
+
     if (g.n_predict < 1) USAGE_ERR("-n must be >= 1 (got %d)", g.n_predict);
     if (g.ctx < 0) USAGE_ERR("--ctx must be >= 0 (got %d)", g.ctx);
     if (g.threads < 0 || g.threads > MAX_THREADS) USAGE_ERR("--threads must be in [0, %d] (got %d)", MAX_THREADS, g.threads);
@@ -195,6 +198,7 @@ int cli_generate(int argc, char **argv) {
         USAGE_ERR("invalid sampling parameters (temp finite, top-p in (0,1], min-p in [0,1], repeat-penalty > 0, repeat-last-n >= -1)");
 
     int rc = 1;
+    char *file_text = NULL; /* -f or --prompt-ids @FILE */
     mdl_model *m = NULL;
     tok_vocab *tv = NULL;
     ex_engine *e = NULL;
@@ -225,6 +229,18 @@ int cli_generate(int argc, char **argv) {
     }
 
     int n_prompt = 0;
+    /* -f FILE and --prompt-ids @FILE: the text or the ids from a file (past the argument length limit) */
+    const char *fpath = g.prompt_file ? g.prompt_file : g.prompt_ids && g.prompt_ids[0] == '@' ? g.prompt_ids + 1 : NULL;
+    if (fpath) {
+        size_t flen = 0;
+        if (cm_file_read(fpath, (size_t)1 << 30, &file_text, &flen, err, sizeof err)) {
+            fprintf(stderr, "arka generate: %s\n", err);
+            rc = 2;
+            goto done;
+        }
+        if (g.prompt_file) g.prompt = file_text;
+        else g.prompt_ids = file_text;
+    }
     if (g.prompt_ids) {
         if (parse_ids(g.prompt_ids, c->n_vocab, &prompt, &n_prompt, err, sizeof err)) {
             fprintf(stderr, "arka generate: %s\n", err);
@@ -356,5 +372,6 @@ done:
     mdl_free(m);
     free(prompt);
     free(out);
+    free(file_text);
     return rc;
 }

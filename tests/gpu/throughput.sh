@@ -14,6 +14,8 @@
 #   tests/gpu/throughput.sh peer OUT      llama.cpp on the same llama3-8b GGUF (llama-bench, llama-batched-bench)
 #   tests/gpu/throughput.sh gemm OUT      F16 matmuls at llama3-8b's shapes: cublasGemmEx against cublasLt's algorithms
 #   tests/gpu/throughput.sh serve OUT     `arka serve --backend cuda` with default flags on llama3-8b F16: `arka bench serve`
+#                                         (SERVE_ARGS adds serve options, e.g. "--quantize fp8 --kv-cache-dtype fp8";
+#                                         ARKA_SERVE_POISSON= (empty) skips the Poisson run)
 #                                         512 requests of ~1,000 in / 1,000 out at concurrency 256, then Poisson
 #                                         arrivals at 70 % of the measured capacity (TTFT, ITL); needs the gateway
 #                                         build (.carry/arka-srv: cmake -DARKA_WITH_CURL=OFF, target arka) and
@@ -191,8 +193,9 @@ print('ITL p99 of 64 streams: alone %.2f ms, beside the 120k prompt %.2f ms: %.2
     exit 0
   fi
   M=$(mk llama3-8b f16)
-  step "arka serve --backend cuda -m llama3-8b-f16 (default flags)"
-  srv -m "$M" --backend cuda --no-auth --log-level info
+  step "arka serve --backend cuda -m llama3-8b-f16 (default flags) ${SERVE_ARGS:-}"
+  # shellcheck disable=SC2086
+  srv -m "$M" --backend cuda --no-auth --log-level info ${SERVE_ARGS:-}
   grep -E 'kernel plan|KV pool|graphs captured|listening' "$OUT/serve.log" | sed 's/^ts=[^ ]* //' | cut -c1-400
   if [ -n "$URL" ]; then
     step "512 requests, ~1000 in / 1000 out, concurrency 256"
@@ -200,7 +203,7 @@ print('ITL p99 of 64 streams: alone %.2f ms, beside the 120k prompt %.2f ms: %.2
       --json "$OUT/serve-c256.json" >"$OUT/serve-c256.txt" 2>&1; echo "rc=$?"; cat "$OUT/serve-c256.txt"
     cap=$(python3 -c "import json; d=json.load(open('$OUT/serve-c256.json')); print(d['output_throughput'] if 'output_throughput' in d else d.get('output_tok_s', 0))" 2>/dev/null)
     rate=$(python3 -c "print(round(0.7 * float('${cap:-0}') / 1000, 2))" 2>/dev/null)
-    if [ -n "${ARKA_SERVE_POISSON:-1}" ] && python3 -c "import sys; sys.exit(0 if float('${rate:-0}') > 0 else 1)"; then
+    if [ -n "${ARKA_SERVE_POISSON-1}" ] && python3 -c "import sys; sys.exit(0 if float('${rate:-0}') > 0 else 1)"; then
       step "Poisson arrivals at $rate req/s (70 % of $cap output tok/s), 200 requests"
       timeout 300 $SRV bench serve --url "$URL" --requests 200 --rate "$rate" --prompt-len 1000 --max-tokens 1000 \
         --json "$OUT/serve-poisson.json" >"$OUT/serve-poisson.txt" 2>&1; echo "rc=$?"; cat "$OUT/serve-poisson.txt"

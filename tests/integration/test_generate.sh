@@ -36,6 +36,13 @@ check "$(wc -w <"$TMP/ids.txt" | tr -d ' ')" 200 "--ids count"
 check "$(cut -d' ' -f1-5 "$TMP/ids.txt")" "432 383 286 261 376" "--ids first ids"
 "$ARKA" generate -m "$M" --prompt-ids "1 403 407 261 378" -n 200 --temp 0 >"$TMP/out2.txt" 2>/dev/null
 check "$(cat "$TMP/out2.txt")" "$(cat "$TMP/out.txt")" "--prompt-ids gives the same text"
+# the prompt from a file: ids (--prompt-ids @FILE) and text (-f FILE)
+printf '1 403\n407 261 378\n' >"$TMP/ids.in"
+"$ARKA" generate -m "$M" --prompt-ids "@$TMP/ids.in" -n 200 --temp 0 >"$TMP/out2f.txt" 2>/dev/null
+check "$(cat "$TMP/out2f.txt")" "$(cat "$TMP/out.txt")" "--prompt-ids @FILE gives the same text"
+printf 'Once upon a time' >"$TMP/prompt.in"
+"$ARKA" generate -m "$M" -f "$TMP/prompt.in" -n 200 --temp 0 >"$TMP/out2g.txt" 2>/dev/null
+check "$(cat "$TMP/out2g.txt")" "$(cat "$TMP/out.txt")" "-f FILE gives the same text"
 # chunked prefill and other thread counts and block sizes change nothing
 "$ARKA" generate -m "$M" -p "Once upon a time" -n 200 --temp 0 --batch 2 --kv-block-size 4 >"$TMP/out3.txt" 2>/dev/null
 check "$(cat "$TMP/out3.txt")" "$(cat "$TMP/out.txt")" "--batch 2 --kv-block-size 4"
@@ -70,6 +77,8 @@ expect_err "KV cache" -m "$M" -p "hi" --kv-cache-mb 1 --kv-block-size 1024
 expect_err "no model" -p "hi"
 expect_err "prompt" -m "$M"
 expect_err "token id" -m "$M" --prompt-ids "1 99999"
+expect_err "prompt-missing" -m "$M" -f "$TMP/prompt-missing.txt"
+expect_err "one of" -m "$M" -p "hi" -f "$TMP/prompt.in"
 expect_err "no such file\|stories-missing" -m "$TMP/stories-missing.gguf" -p "hi"
 # a model of an unsupported architecture, and one whose weight has a type without a kernel:
 # byte patches of the real file (same lengths, so every offset stays valid)
