@@ -1498,7 +1498,10 @@ static void test_kv_fp8(cudaStream_t s) {
                     }
                 }
             const double ek = sqrt(num[0] / den[0]), ev = sqrt(num[1] / den[1]), eq = sqrt(qn / qd);
-            T_CHECKF(rc == 0 && serr < 1e-5 && ek < 5e-3 && ev == 0 && eq < 0.05,
+            /* the K scale is amax(rotated K) / 448: the GPU's rotation (f32 angles) and the reference's
+             * differ by up to ~1e-5 of a value at these positions, so the scales do too (1.33e-5 seen on
+             * an H200; the bound of 1e-5 held only for some random inputs) */
+            T_CHECKF(rc == 0 && serr < 1e-4 && ek < 5e-3 && ev == 0 && eq < 0.05,
                      "rope+store fp8 hd=%d static=%d rc=%d: scales rel %.3g, K vs CPU store %.3g, V %.3g, vs exact %.3g", hd, stat,
                      rc, serr, ek, ev, eq);
             /* attention on the CPU-written pool */
