@@ -11,7 +11,11 @@
 //     m64n128k16 (Q and K from shared memory), masking (causal, window) and soft-cap, online
 //     softmax in the log2 domain, then O += P V with P from registers and V as an MN-major
 //     ("transposed") shared operand. Each releases a stage's K as soon as S is computed and
-//     its V after P V, so the loader refills while the other group still computes.
+//     its V after P V, so the loader refills while the other group still computes. Variant 1
+//     runs S, softmax and P V in turn; variant 2 (FlashAttention-3's intra-warpgroup overlap)
+//     issues S of tile i with P V of tile i - 1 and runs the softmax of tile i while that P V
+//     is computed (two P register sets).
+// Registers: the loader gives back all but 24 (setmaxnreg), the computing groups take 240.
 // Key tiles past the tile's last position are never loaded (causal skipping); a group whose
 // rows all end before a key tile (or, with a window, start after it) skips its math but still
 // takes part in the stage handshake.
@@ -82,13 +86,22 @@ __device__ __forceinline__ void cp_async16(uint32_t saddr, const void *g, bool v
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 
+// Before a batch of wgmma; the reg_fence of its accumulators and A operands just before it
+// keeps their last writes ahead of it (ptxas serializes wgmma otherwise).
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Keeps the compiler from moving accesses of an accumulator across the asynchronous wgmma.
+// Waits until at most N committed groups of this warp group's wgmma are pending.
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Placed after a wait: keeps the compiler from moving accesses of a wgmma's accumulator, or
+// reusing the registers of its A operand, before the asynchronous wgmma is done with them;
+// placed before wg_fence: keeps their definitions before it.
 template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
 
 // D (m64n128, f32) = scale_d D + A (64 x 16, shared, K-major) B (16 x 128, shared, K-major).
@@ -150,6 +163,89 @@ template <> __device__ __forceinline__ void wgmma_pv<128>(float (&o)[64], const 
 template <> __device__ __forceinline__ void wgmma_pv<64>(float (&o)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_n64_t(o, a, db);
 }
+
+// S = Q K^T of the group's 64 rows (qa: their shared Q) and the key tile at ks: the wgmma of
+// each 16 dims (column block kk / 4, 32 bytes further per step inside it). Issued, not waited.
+template <int HD> __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t qa, uint32_t ks) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss_n128(sc, sw128_desc(qa + (kk / 4) * FA_ROWS * 128 + (kk % 4) * 32, 16, 1024),
+                      sw128_desc(ks + (kk / 4) * FA_NK * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+}
+// O += P V with V the tile at vs: 16 keys (2 KiB of rows) per step; column blocks FA_NK * 128
+// bytes apart (the leading byte offset of an MN-major operand).
+template <int HD> __device__ __forceinline__ void issue_pv(float (&o)[HD / 2], const uint32_t (&pa)[FA_NK / 16][4], uint32_t vs) {
+#pragma unroll
+    for (int kp = 0; kp < FA_NK / 16; kp++) wgmma_pv<HD>(o, pa[kp], sw128_desc(vs + kp * 16 * 128, FA_NK * 128, 1024));
+}
+
+// What a thread needs to mask its two rows: the last key each sees, the last key below its
+// window (-1: none), its quad lane, and the soft-cap in log2 units (0: none).
+struct fa3_rows {
+    int lim0, lim1, wlo0, wlo1, t4;
+    float capl;
+};
+
+// One online-softmax step on the scores sc of key tile j0 (sc[4 n + c]: row g + 8 (c >> 1),
+// key j0 + 8 n + 2 t4 + (c & 1)): soft-cap, masking (unless every key is visible to every
+// row), the new maxima m and sums l, the factors corr that rescale O, and P as the A operand
+// of P V (16 x 16 per warp and key step: keys 16 kp + 0..7 from n-tile 2 kp, 8..15 from
+// 2 kp + 1).
+__device__ __forceinline__ void softmax_step(const float (&sc)[64], uint32_t (&pa)[FA_NK / 16][4], float (&corr)[2],
+                                             float (&m)[2], float (&l)[2], const fa3_rows &rw, int j0, bool unmasked) {
+    // sc is only read (computed twice where capped or masked): with overlap, S's registers
+    // must not be written while the P V of the same wgmma batch is in flight
+    auto val = [&](int n, int c) {
+        float x = sc[4 * n + c];
+        if (rw.capl > 0.0f) x = rw.capl * tanhf(x / rw.capl);
+        if (!unmasked) {
+            const int key = j0 + 8 * n + 2 * rw.t4 + (c & 1);
+            if (key > (c >> 1 ? rw.lim1 : rw.lim0) || key <= (c >> 1 ? rw.wlo1 : rw.wlo0)) x = -INFINITY;
+        }
+        return x;
+    };
+    float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+    for (int n = 0; n < FA_NK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], val(n, c));
+    float mref[2], rs[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so its masked
+        // scores give exp2(-inf) = 0 and its empty state stays 0
+        const float ms = mn == -INFINITY ? 0.0f : mn;
+        corr[r] = ex2(m[r] - ms);
+        mref[r] = ms;
+        m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < FA_NK / 8; n++) {
+        float p[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) p[c] = ex2(val(n, c) - mref[c >> 1]);
+        rs[0] += p[0] + p[1];
+        rs[1] += p[2] + p[3];
+        pa[n >> 1][(n & 1) * 2] = kc_pack_h2(p[0], p[1]);
+        pa[n >> 1][(n & 1) * 2 + 1] = kc_pack_h2(p[2], p[3]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
+}
+
+// O's rows (o[4 d + c]: row g + 8 (c >> 1)) scaled by corr.
+template <int HD> __device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        o[4 * d] *= corr[0];
+        o[4 * d + 1] *= corr[0];
+        o[4 * d + 2] *= corr[1];
+        o[4 * d + 3] *= corr[1];
+    }
+}
 #endif // FA3_DEVICE_CODE
 
 template <int HD> constexpr size_t fa3_smem() {
@@ -157,7 +253,8 @@ template <int HD> constexpr size_t fa3_smem() {
     return 1024 + (size_t)FA_ROWS * HD * 2 + (size_t)FA_NST * 2 * FA_NK * HD * 2;
 }
 
-template <int HD>
+// OVERLAP: the softmax of a key tile overlaps P V of the previous one (else they alternate).
+template <int HD, bool OVERLAP>
 __global__ void __launch_bounds__(FA_THREADS, 1)
 fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
@@ -200,7 +297,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
 
     if (wg == 0) { // ---- the loader
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         // this thread's pieces: rows r_in + RPP p of a tile, 16-byte piece c of each (the
         // swizzled place depends on r % 8 only, the same for all of them)
         constexpr int RPP = 128 / CPR;
@@ -228,7 +325,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     }
 
     // ---- the computing warp groups
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int cw = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
     for (int pc = tid; pc < 64 * CPR; pc += 128) {
@@ -258,91 +355,128 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
     const uint32_t qa = sq + cw * 64 * 128;
 
-    for (int i = i_lo; i < n_kt; i++) {
-        const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST, j0 = i * FA_NK;
-        const bool act = live && j0 <= w_hi && (window <= 0 || j0 + FA_NK - 1 > w_lo - window);
+    const fa3_rows rw = { lim0, lim1, wlo0, wlo1, t4, capl };
+    // whether this group computes on key tile i (else it only takes part in the handshake)
+    auto act = [&](int i) {
+        const int j0 = i * FA_NK;
+        return live && j0 <= w_hi && (window <= 0 || j0 + FA_NK - 1 > w_lo - window);
+    };
+    // every row of the group sees every key of tile i: no masking
+    auto unmasked = [&](int i) {
+        const int j0 = i * FA_NK;
+        return j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
+    };
+    // a tile this group skips: its stages are released in turn, each after it filled (so that
+    // the arrival counts for this use of the stage, not the previous one)
+    auto pass = [&](int s, int u) {
         mbar_wait(kfull(s), u & 1);
-        if (!act) { // nothing to compute: release the stage in turn (after it filled, so that
-                    // this arrival counts for this use of the stage, not the previous one)
-            if (lane == 0) mbar_arrive(kempty(s));
-            mbar_wait(vfull(s), u & 1);
-            if (lane == 0) mbar_arrive(vempty(s));
-            continue;
-        }
-        fence_proxy_async();
-        float sc[64];
-        const uint32_t ks = sk + s * TILE;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss_n128(sc, sw128_desc(qa + (kk / 4) * CB_Q + (kk % 4) * 32, 16, 1024),
-                          sw128_desc(ks + (kk / 4) * CB_K + (kk % 4) * 32, 16, 1024), kk > 0);
-        wg_commit();
-        wg_wait0();
-        reg_fence(sc);
         if (lane == 0) mbar_arrive(kempty(s));
-
-        // sc[4 n + c]: row (c >> 1 ? g + 8 : g), key j0 + 8 n + 2 t4 + (c & 1)
-        const bool full = j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
-        float mx[2] = { -INFINITY, -INFINITY };
-#pragma unroll
-        for (int n = 0; n < FA_NK / 8; n++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float x = sc[4 * n + c];
-                if (capl > 0.0f) x = capl * tanhf(x / capl); // soft-cap in log2 units
-                if (!full) {
-                    const int key = j0 + 8 * n + 2 * t4 + (c & 1);
-                    if (key > (c >> 1 ? lim1 : lim0) || key <= (c >> 1 ? wlo1 : wlo0)) x = -INFINITY;
-                }
-                sc[4 * n + c] = x;
-                mx[c >> 1] = fmaxf(mx[c >> 1], x);
-            }
-        float corr[2], mref[2], rs[2] = { 0.0f, 0.0f };
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]);
-            // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so its masked
-            // scores give exp2(-inf) = 0 and its empty state stays 0
-            const float ms = mn == -INFINITY ? 0.0f : mn;
-            corr[r] = ex2(m[r] - ms);
-            mref[r] = ms;
-            m[r] = mn;
-        }
-        // P as the A operand of P V (16 x 16 per warp and key step): keys 16 kp + 0..7 come
-        // from n-tile 2 kp, keys 16 kp + 8..15 from 2 kp + 1
-        uint32_t pa[FA_NK / 16][4];
-#pragma unroll
-        for (int n = 0; n < FA_NK / 8; n++) {
-            float p[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) p[c] = ex2(sc[4 * n + c] - mref[c >> 1]);
-            rs[0] += p[0] + p[1];
-            rs[1] += p[2] + p[3];
-            pa[n >> 1][(n & 1) * 2] = kc_pack_h2(p[0], p[1]);
-            pa[n >> 1][(n & 1) * 2 + 1] = kc_pack_h2(p[2], p[3]);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            o[4 * d] *= corr[0];
-            o[4 * d + 1] *= corr[0];
-            o[4 * d + 2] *= corr[1];
-            o[4 * d + 3] *= corr[1];
-        }
+        mbar_wait(vfull(s), u & 1);
+        if (lane == 0) mbar_arrive(vempty(s));
+    };
+    float sc[64];
+    uint32_t pa[FA_NK / 16][4];
+    float corr[2];
+    // O += P V of the tile in stage s, use u, then its V released
+    auto pv_step = [&](int s, int u) {
         mbar_wait(vfull(s), u & 1);
         fence_proxy_async();
-        const uint32_t vs = sv + s * TILE;
-        wg_fence();
-#pragma unroll
-        for (int kp = 0; kp < FA_NK / 16; kp++) wgmma_pv<HD>(o, pa[kp], sw128_desc(vs + kp * 16 * 128, CB_K, 1024));
-        wg_commit();
-        wg_wait0();
         reg_fence(o);
+        reg_fence(pa);
+        wg_fence();
+        issue_pv<HD>(o, pa, sv + s * TILE);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pa);
         if (lane == 0) mbar_arrive(vempty(s));
+    };
+    if (!OVERLAP) {
+        // S, softmax, P V in turn (the other computing group fills the tensor cores meanwhile)
+        for (int i = i_lo; i < n_kt; i++) {
+            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST;
+            if (!act(i)) {
+                pass(s, u);
+                continue;
+            }
+            mbar_wait(kfull(s), u & 1);
+            fence_proxy_async();
+            reg_fence(sc);
+            wg_fence();
+            issue_qk<HD>(sc, qa, sk + s * TILE);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(kempty(s));
+            softmax_step(sc, pa, corr, m, l, rw, i * FA_NK, unmasked(i));
+            rescale<HD>(o, corr);
+            pv_step(s, u);
+        }
+    } else {
+        // FlashAttention-3's overlap within the group: S of tile i and P V of tile i - 1 are
+        // issued together; the softmax of tile i runs while P V of tile i - 1 is computed.
+        // The tiles the group computes on are a range [a_lo, a_hi] (causal end, window start);
+        // no wgmma sits in a branch inside it (ptxas serializes wgmma on divergent paths).
+        const int x = w_lo - window + 1; // the first key the group's first row sees (window)
+        const int a_lo = window > 0 && x > 0 ? max(i_lo, x / FA_NK) : i_lo;
+        const int a_hi = live ? min(n_kt - 1, w_hi / FA_NK) : i_lo - 1;
+        for (int i = i_lo; i < min(a_lo, n_kt); i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
+        if (a_lo <= a_hi) {
+            int s = (a_lo - i_lo) % FA_NST, u = (a_lo - i_lo) / FA_NST;
+            mbar_wait(kfull(s), u & 1);
+            fence_proxy_async();
+            reg_fence(sc);
+            wg_fence();
+            issue_qk<HD>(sc, qa, sk + s * TILE);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(kempty(s));
+            softmax_step(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
+            // tile i: S = Q K_i^T and O += P_{i-1} V_{i-1} (P_{i-1} in pin, of the stage s, use
+            // u), then the softmax of tile i into pout. P alternates between pa and pb (a copy
+            // inside the loop makes ptxas serialize the wgmma).
+            uint32_t pb[FA_NK / 16][4];
+            auto overlap_step = [&](int i, uint32_t(&pin)[FA_NK / 16][4], uint32_t(&pout)[FA_NK / 16][4]) {
+                const int sn = (i - i_lo) % FA_NST, un = (i - i_lo) / FA_NST;
+                mbar_wait(kfull(sn), un & 1);
+                mbar_wait(vfull(s), u & 1);
+                fence_proxy_async();
+                reg_fence(sc);
+                reg_fence(o);
+                reg_fence(pin);
+                wg_fence();
+                issue_qk<HD>(sc, qa, sk + sn * TILE);
+                wg_commit();
+                issue_pv<HD>(o, pin, sv + s * TILE);
+                wg_commit();
+                wg_wait<1>(); // S done, P V may still run
+                reg_fence(sc);
+                if (lane == 0) mbar_arrive(kempty(sn));
+                softmax_step(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
+                wg_wait<0>();
+                reg_fence(o);
+                reg_fence(pin);
+                if (lane == 0) mbar_arrive(vempty(s));
+                rescale<HD>(o, corr);
+                s = sn;
+                u = un;
+            };
+            int i = a_lo + 1;
+            for (; i < a_hi; i += 2) {
+                overlap_step(i, pa, pb);
+                overlap_step(i + 1, pb, pa);
+            }
+            if (i == a_hi) { // an odd count: the last P into pa for pv_step
+                overlap_step(i, pa, pb);
+#pragma unroll
+                for (int k = 0; k < FA_NK / 16; k++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) pa[k][c] = pb[k][c];
+            }
+            pv_step(s, u);
+        }
+        for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -364,16 +498,16 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
 #endif
 }
 
-template <int HD>
+template <int HD, bool OVERLAP>
 int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
                float qscale, cudaStream_t s) {
     static unsigned char configured[64];
     constexpr size_t smem = fa3_smem<HD>();
-    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
-    kc_launch(fa3_pf_kernel<HD>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v, out,
-              tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f,
+    kc_launch(fa3_pf_kernel<HD, OVERLAP>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v,
+              out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f,
               mods.window);
     return 0;
 }
@@ -390,7 +524,7 @@ bool fa3_device_ok() {
     if (!ok[dev]) {
         cudaFuncAttributes a;
         int major = 0, minor = 0;
-        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128>) == cudaSuccess && a.binaryVersion == 90 &&
+        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128, true>) == cudaSuccess && a.binaryVersion == 90 &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                          minor == 0;
@@ -415,15 +549,14 @@ extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
 extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                                         const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                        int block_size, float scale, cudaStream_t s) {
+                                        int block_size, float scale, int variant, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        (variant != 1 && variant != 2) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
-    int rc = hd == 64 ? launch_fa3<64>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv,
-                                       block_size, qs, s)
-                      : launch_fa3<128>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                        n_kv, block_size, qs, s);
-    if (rc) return rc;
+    auto *f = hd == 64 ? (variant == 2 ? launch_fa3<64, true> : launch_fa3<64, false>)
+                       : (variant == 2 ? launch_fa3<128, true> : launch_fa3<128, false>);
+    if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs, s))
+        return rc;
     KC_LAUNCH_CHECK();
 }

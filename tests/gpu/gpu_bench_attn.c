@@ -143,9 +143,10 @@ static void bench_prefill(void) {
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
-        for (int kind = 0; kind < 3; kind++) { /* mma.sync with 4 and 8 warps, then wgmma (where it runs) */
-            const int warps = kind ? 8 : 4, fa3 = kind == 2;
+        for (int kind = 0; kind < 4; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1 and 2 (where it runs) */
+            const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
             if (fa3 && !kc_attention_fa3_ok(HD, NH, NKV, BS)) {
+                if (fa3 == 2) continue;
                 printf("  T=%-6d fa3: not on this device (needs compute capability 9.0 and this build's sm_90a code)\n", T);
                 continue;
             }
@@ -159,7 +160,7 @@ static void bench_prefill(void) {
             const int iters = T >= 32768 ? 3 : 10;
             for (int i = 0; i < iters + 1; i++) {
                 if (i == 1) CK(cudaEventRecord(e0, 0));
-                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 0)
+                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, fa3, 0)
                         : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
                     fprintf(stderr, "prefill launch failed\n");
                     exit(1);
@@ -167,7 +168,7 @@ static void bench_prefill(void) {
             }
             CK(cudaEventRecord(e1, 0));
             double ms = time_ms(e0, e1) / iters;
-            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 ? "fa3 wgmma" : warps == 4 ? "warps=4  " : "warps=8  ",
+            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
                    tt, ms, flops / ms / 1e9);
         }
         cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(pos); cudaFree(seq); cudaFree(bt); cudaFree(tiles);

@@ -730,9 +730,10 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         return;
     }
     const int tt = kc_attention_fa3_tile_tok(n_head, n_kv);
-    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, s) == CM_EINVAL &&
+    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 1, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 3, s) == CM_EINVAL &&
                  !kc_attention_fa3_ok(96, n_head, n_kv, bs) && !kc_attention_fa3_ok(hd, n_head, n_kv, 8),
-             "fa3 prefill refuses what it cannot do (no output, head dim 96, blocks of 8)");
+             "fa3 prefill refuses what it cannot do (no output, variant 3, head dim 96, blocks of 8)");
     T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
              kc_attention_tc_tile_tok(8, n_head, n_kv));
     const size_t bytes = (size_t)n_tok * nq * 4;
@@ -743,11 +744,13 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
     char msg[256];
     int from[8];
     for (int q = 0; q < n_seq; q++) from[q] = lens[q] > 1 ? lens[q] / 2 + 5 < lens[q] ? lens[q] / 2 + 5 : lens[q] - 1 : 0;
-    for (int mode = 0; mode < 3; mode++) { /* whole tiles, ragged tiles, the second part of each sequence */
+    for (int vm = 0; vm < 6; vm++) { /* variants 1 and 2 x whole tiles, ragged tiles, the second part of each sequence */
+        const int variant = 1 + vm / 3, mode = vm % 3;
         int nt;
         int32_t *dtiles = make_tiles_from(lens, mode == 2 ? from : NULL, n_seq, tt, mode == 1, &nt);
         poison(dout, bytes);
-        int rc = kc_attention_prefill_fa3(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
+        int rc = kc_attention_prefill_fa3(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                          variant, s);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(all, dout, bytes, cudaMemcpyDeviceToHost));
         /* rows outside the tiles (mode 2: before from[q]) keep the poison; the others are finite */
@@ -777,22 +780,25 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         const int close = pf_worst(got, cref, crow, n_cmp, n_head, hd, msg, sizeof msg);
         const double e = rel_err(got, cref, (size_t)n_cmp * nq);
         T_CHECKF(rc == 0 && finite && untouched && close && e < 5e-3,
-                 "fa3 prefill %s hd=%d G=%d longest=%d tiles=%d: rc %d, tile rows all finite %d, other rows untouched %d, rel_err %.3g, %s",
-                 mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, lens[n_seq - 1], nt, rc,
+                 "fa3 prefill variant %d, %s, hd=%d G=%d longest=%d tiles=%d: rc %d, tile rows all finite %d, other rows untouched %d, "
+                 "rel_err %.3g, %s", variant, mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G,
+                 lens[n_seq - 1], nt, rc,
                  finite, untouched, e, msg);
         if (mode == 0) { /* the first half of the tiles, then the rest = one launch */
             poison(dout2, bytes);
             const int h1 = nt / 2;
-            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
+            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                          variant, s);
             rc |= kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
-                                           bs, scale, s);
+                                           bs, scale, variant, s);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
             long first = -1;
             for (size_t i = 0; i < (size_t)n_tok * nq && first < 0; i++)
                 if (memcmp(all + i, all2 + i, 4)) first = (long)i;
-            T_CHECKF(rc == 0 && first < 0, "fa3 prefill in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld",
-                     hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
+            T_CHECKF(rc == 0 && first < 0,
+                     "fa3 prefill variant %d in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld",
+                     variant, hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
         }
         free(crow);
         free(cref);
