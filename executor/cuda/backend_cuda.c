@@ -594,6 +594,9 @@ static int att_decode_f16(const float *q, const void *k, const void *v, float *o
 static int att_prefill_f16(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
                                      int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
                                      int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
+    if (kc_plan_get()->att_pf_fa3 && kc_attention_fa3_ok(hd, n_head, n_kv, bs)) /* tiles of its size: backend_create */
+        return kc_attention_prefill_fa3(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                        kc_plan_get()->att_pf_fa3, s);
     return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
 }
 
@@ -1356,6 +1359,13 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->att_chunk = s->plan.att_chunk;
     s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
     s->pf_tile_tok = s->att_tc ? kc_attention_tc_tile_tok(s->plan.att_pf_warps, c->n_head, c->n_head_kv) : 0;
+    /* the wgmma prefill kernel (att_prefill_f16 makes the same choice) takes tiles of 128 rows */
+    if (s->att_tc && s->plan.att_pf_fa3 && !s->kv_f8 &&
+        kc_attention_fa3_ok(c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size))
+        s->pf_tile_tok = kc_attention_fa3_tile_tok(c->n_head, c->n_head_kv);
+    else if (s->plan.att_pf_fa3)
+        CM_LOG_WARN("cuda", "att_pf_fa3: prefill stays on the mma.sync kernel", "reason=\"%s\"",
+                    !s->att_tc ? "att_tc=0" : s->kv_f8 ? "FP8 KV cache" : "needs compute capability 9.0, head dim 64 or 128");
     cublasSetStream(s->cublas, s->stream);
     /* what is in use now (other processes, this process's CUDA context) is not ours to budget */
     size_t free0 = 0, total = 0;

@@ -132,6 +132,8 @@ typedef struct kc_plan {
     int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
     int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
+    int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
+                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2) */
     int att_dec_ctas;     /* decode: key splits so that tokens x KV heads x splits reach this many CTAs */
     int att_chunk;        /* the per-head decode kernel: positions per split */
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
@@ -352,6 +354,21 @@ int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_hal
                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                             float scale, int warps, cudaStream_t s);
+
+/* Prefill as kc_attention_prefill_tc, on Hopper's wgmma (attention_fa3.cu, sm_90a code): CTAs
+ * of 128 query rows (tiles of kc_attention_fa3_tile_tok tokens, = kc_attention_tc_tile_tok(8,
+ * ...)), K/V tiles of 128 positions loaded by a warp group of their own. F16 cache; soft-cap
+ * and window (kc_attention_mods) as the other kernels. kc_attention_fa3_ok: head dim 64 or
+ * 128, n_head / n_kv <= 16, block_size % 16 == 0, and a device of compute capability 9.0 with
+ * this build's sm_90a code (else the launcher returns CM_EINVAL: use kc_attention_prefill_tc).
+ * variant (the plan's att_pf_fa3): 1 = softmax and P V in turn in each warp group, 2 = the
+ * softmax of a key tile overlapping P V of the previous one. */
+int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
+int kc_attention_fa3_tile_tok(int n_head, int n_kv);
+int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                             float scale, int variant, cudaStream_t s);
 
 /* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
  * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3

@@ -2,7 +2,8 @@
  * head dim 128, KV blocks of 16): decode over B sequences of C positions (bytes of K and V read
  * against the copy bandwidth measured in the same run; the tensor-core kernel with the backend's
  * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
- * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds, 4 and 8 warps).
+ * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds: mma.sync with 4 and 8 warps, and the
+ * wgmma kernel of attention_fa3.cu on compute capability 9.0).
  * usage: gpu_bench_attn [decode|prefill]... (default both) */
 #include "kernels/cuda/kcuda.h"
 
@@ -142,8 +143,14 @@ static void bench_prefill(void) {
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
-        for (int warps = 4; warps <= 8; warps += 4) {
-            const int tt = kc_attention_tc_tile_tok(warps, NH, NKV);
+        for (int kind = 0; kind < 4; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1 and 2 (where it runs) */
+            const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
+            if (fa3 && !kc_attention_fa3_ok(HD, NH, NKV, BS)) {
+                if (fa3 == 2) continue;
+                printf("  T=%-6d fa3: not on this device (needs compute capability 9.0 and this build's sm_90a code)\n", T);
+                continue;
+            }
+            const int tt = fa3 ? kc_attention_fa3_tile_tok(NH, NKV) : kc_attention_tc_tile_tok(warps, NH, NKV);
             int nt = 0;
             for (int j = 0; j < T; j += tt, nt++) {
                 ht[2 * nt] = j;
@@ -153,14 +160,16 @@ static void bench_prefill(void) {
             const int iters = T >= 32768 ? 3 : 10;
             for (int i = 0; i < iters + 1; i++) {
                 if (i == 1) CK(cudaEventRecord(e0, 0));
-                if (kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
+                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, fa3, 0)
+                        : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
                     fprintf(stderr, "prefill launch failed\n");
                     exit(1);
                 }
             }
             CK(cudaEventRecord(e1, 0));
             double ms = time_ms(e0, e1) / iters;
-            printf("  T=%-6d warps=%d tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, warps, tt, ms, flops / ms / 1e9);
+            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
+                   tt, ms, flops / ms / 1e9);
         }
         cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(pos); cudaFree(seq); cudaFree(bt); cudaFree(tiles);
         free(hp); free(hs); free(hb); free(ht);

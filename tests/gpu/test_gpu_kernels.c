@@ -430,21 +430,30 @@ static int xq_xh_only_ok(const kc_xq *full, const kc_xq *xo, int nt, int n) {
 
 /* Tiles of up to tt consecutive tokens per sequence (lens[n_seq], flat order) for the tensor-core
  * prefill kernel, uploaded; *nt: how many. */
-static int32_t *make_tiles(const int *lens, int n_seq, int tt, int *nt) {
-    int cap = n_seq;
-    for (int q = 0; q < n_seq; q++) cap += lens[q] / tt;
-    int32_t *tiles = malloc((size_t)cap * 8);
+/* Prefill tiles (device copy) over tokens from[q] .. lens[q] - 1 of each sequence (from NULL:
+ * all of them; tokens of a sequence are consecutive, sequence after sequence): tt tokens each,
+ * or (ragged) sizes cycling through 1, tt, 3, tt - 1, tt / 2, 2, all at most tt. */
+static int32_t *make_tiles_from(const int *lens, const int *from, int n_seq, int tt, int ragged, int *nt) {
+    const int sizes[6] = { 1, tt, 3, tt - 1 > 0 ? tt - 1 : 1, tt / 2 > 0 ? tt / 2 : 1, 2 };
+    int cap = 0;
+    for (int q = 0; q < n_seq; q++) cap += lens[q];
+    int32_t *tiles = malloc((size_t)(cap > 0 ? cap : 1) * 8);
     *nt = 0;
-    for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
-        for (int j = 0; j < lens[q]; j += tt) {
+    for (int q = 0, t0 = 0, k = 0; q < n_seq; t0 += lens[q], q++)
+        for (int j = from ? from[q] : 0; j < lens[q];) {
+            int n = ragged ? sizes[k++ % 6] : tt;
+            if (n > tt) n = tt;
+            if (n > lens[q] - j) n = lens[q] - j;
             tiles[2 * *nt] = t0 + j;
-            tiles[2 * *nt + 1] = lens[q] - j < tt ? lens[q] - j : tt;
+            tiles[2 * *nt + 1] = n;
             (*nt)++;
+            j += n;
         }
     int32_t *d = dev_upload(tiles, (size_t)*nt * 8);
     free(tiles);
     return d;
 }
+static int32_t *make_tiles(const int *lens, int n_seq, int tt, int *nt) { return make_tiles_from(lens, NULL, n_seq, tt, 0, nt); }
 
 static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128 };
@@ -683,6 +692,122 @@ static double attn_ref_row(const float *q, const uint16_t *kc, const uint16_t *v
     return l;
 }
 
+/* Where got (n_rows rows of nq values) first differs from ref by more than 1e-2 + 1e-2 |ref|
+ * or is not finite: the message names the row's token, head and dim and the largest error. */
+static int pf_worst(const float *got, const double *ref, const int *rows, int n_rows, int n_head, int hd, char *msg, size_t n) {
+    double mx = 0;
+    long bad = -1;
+    const size_t all = (size_t)n_rows * n_head * hd;
+    for (size_t i = 0; i < all; i++) {
+        const double d = isfinite(got[i]) ? fabs(got[i] - ref[i]) : INFINITY;
+        if (d > mx) mx = d;
+        if (bad < 0 && d > 1e-2 + 1e-2 * fabs(ref[i])) bad = (long)i;
+    }
+    if (bad < 0) snprintf(msg, n, "max |err| %.3g", mx);
+    else {
+        const size_t nq = (size_t)n_head * hd;
+        snprintf(msg, n, "max |err| %.3g, first bad: token %d head %d dim %d got %.6g want %.6g", mx, rows[bad / nq],
+                 (int)(bad % nq / hd), (int)(bad % hd), got[bad], ref[bad]);
+    }
+    return bad < 0;
+}
+
+/* The wgmma prefill kernel (attention_fa3.cu) on test_attention_tc's cache and reference:
+ * tiles of its size in one launch and in two (the same bits), ragged tiles, and chunked
+ * prefill over a cached prefix (tiles over the second part of each sequence only: first
+ * position > 0, the rows before it must stay poisoned). On a compute capability 9.0 device the
+ * kernel must take every shape of the test. */
+static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n_tok, int n_head, int n_kv, int hd, int bs,
+                               int max_blocks, const kc_half *dk, const kc_half *dv, const float *dq, const int32_t *dpos,
+                               const int32_t *dseq, const int32_t *dbt, const int *rows, int n_rows, const double *ref) {
+    const int G = n_head / n_kv, nq = n_head * hd;
+    int dev = 0, major = 0, minor = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (!kc_attention_fa3_ok(hd, n_head, n_kv, bs)) {
+        T_CHECKF(major != 9 || minor != 0, "fa3 prefill refuses hd=%d G=%d on a compute capability 9.0 device (no sm_90a code?)", hd, G);
+        return;
+    }
+    const int tt = kc_attention_fa3_tile_tok(n_head, n_kv);
+    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 1, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 3, s) == CM_EINVAL &&
+                 !kc_attention_fa3_ok(96, n_head, n_kv, bs) && !kc_attention_fa3_ok(hd, n_head, n_kv, 8),
+             "fa3 prefill refuses what it cannot do (no output, variant 3, head dim 96, blocks of 8)");
+    T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
+             kc_attention_tc_tile_tok(8, n_head, n_kv));
+    const size_t bytes = (size_t)n_tok * nq * 4;
+    float *dout, *dout2, *all = malloc(bytes), *all2 = malloc(bytes), *got = malloc((size_t)n_rows * nq * 4);
+    CK(cudaMalloc((void **)&dout, bytes));
+    CK(cudaMalloc((void **)&dout2, bytes));
+    const float scale = 1.0f / sqrtf((float)hd);
+    char msg[256];
+    int from[8];
+    for (int q = 0; q < n_seq; q++) from[q] = lens[q] > 1 ? lens[q] / 2 + 5 < lens[q] ? lens[q] / 2 + 5 : lens[q] - 1 : 0;
+    for (int vm = 0; vm < 6; vm++) { /* variants 1 and 2 x whole tiles, ragged tiles, the second part of each sequence */
+        const int variant = 1 + vm / 3, mode = vm % 3;
+        int nt;
+        int32_t *dtiles = make_tiles_from(lens, mode == 2 ? from : NULL, n_seq, tt, mode == 1, &nt);
+        poison(dout, bytes);
+        int rc = kc_attention_prefill_fa3(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                          variant, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(all, dout, bytes, cudaMemcpyDeviceToHost));
+        /* rows outside the tiles (mode 2: before from[q]) keep the poison; the others are finite */
+        int n_cmp = 0, untouched = 1, finite = 1;
+        int *crow = malloc((size_t)n_rows * 4);
+        double *cref = malloc((size_t)n_rows * nq * 8);
+        for (int q = 0, t0 = 0; q < n_seq; t0 += lens[q], q++)
+            for (int j = 0; j < lens[q]; j++) {
+                const float *o = all + (size_t)(t0 + j) * nq;
+                const int in = mode != 2 || j >= from[q];
+                for (int e = 0; e < nq; e++) {
+                    uint32_t u;
+                    memcpy(&u, o + e, 4);
+                    if (in) finite &= isfinite(o[e]) != 0;
+                    else untouched &= u == 0xffffffffu;
+                }
+            }
+        for (int r = 0; r < n_rows; r++) {
+            const int t = rows[r];
+            int q = 0, t0 = 0;
+            while (t >= t0 + lens[q]) t0 += lens[q++];
+            if (mode == 2 && t - t0 < from[q]) continue;
+            memcpy(got + (size_t)n_cmp * nq, all + (size_t)t * nq, (size_t)nq * 4);
+            memcpy(cref + (size_t)n_cmp * nq, ref + (size_t)r * nq, (size_t)nq * 8);
+            crow[n_cmp++] = t;
+        }
+        const int close = pf_worst(got, cref, crow, n_cmp, n_head, hd, msg, sizeof msg);
+        const double e = rel_err(got, cref, (size_t)n_cmp * nq);
+        T_CHECKF(rc == 0 && finite && untouched && close && e < 5e-3,
+                 "fa3 prefill variant %d, %s, hd=%d G=%d longest=%d tiles=%d: rc %d, tile rows all finite %d, other rows untouched %d, "
+                 "rel_err %.3g, %s", variant, mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G,
+                 lens[n_seq - 1], nt, rc,
+                 finite, untouched, e, msg);
+        if (mode == 0) { /* the first half of the tiles, then the rest = one launch */
+            poison(dout2, bytes);
+            const int h1 = nt / 2;
+            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                          variant, s);
+            rc |= kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                           bs, scale, variant, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
+            long first = -1;
+            for (size_t i = 0; i < (size_t)n_tok * nq && first < 0; i++)
+                if (memcmp(all + i, all2 + i, 4)) first = (long)i;
+            T_CHECKF(rc == 0 && first < 0,
+                     "fa3 prefill variant %d in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld",
+                     variant, hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
+        }
+        free(crow);
+        free(cref);
+        cudaFree(dtiles);
+    }
+    free(all); free(all2); free(got);
+    cudaFree(dout); cudaFree(dout2);
+}
+
 static void test_attention_tc(cudaStream_t s) {
     const int gqa[3] = { 1, 4, 8 }, hds[2] = { 64, 128 };
     for (int hi = 0; hi < 2; hi++)
@@ -774,6 +899,7 @@ static void test_attention_tc(cudaStream_t s) {
                          hd, G, warps);
                 cudaFree(dtiles);
             }
+            test_attention_fa3(s, lens, n_seq, n_tok, n_head, n_kv, hd, bs, max_blocks, dk, dv, dq, dpos, dseq, dbt, rows, n_rows, ref);
             /* decode: the last token of each sequence, compact, in a shuffled list */
             {
                 int32_t last[5], pos_d[5], seq_d[5], lst[5] = { 3, 0, 4, 2, 1 };

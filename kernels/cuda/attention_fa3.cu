@@ -1,0 +1,562 @@
+// attention_fa3: causal GQA prefill attention over the paged KV cache for Hopper (sm_90a: wgmma,
+// mbarriers, setmaxnreg), FlashAttention-3 style.
+//
+// One CTA per (tile of consecutive query tokens of one sequence, KV head), 3 warp groups:
+//   - warp group 0 loads: for each key tile of FA_NK positions it copies K, then V, into a
+//     ring of FA_NST stages with cp.async (16-byte pieces of the paged cache, zero past the
+//     tile's last position and, with a window, before its first key), and each thread's
+//     cp.async.mbarrier.arrive marks the stage full once its copies have landed;
+//   - warp groups 1 and 2 compute 64 query rows each (row r = token r / G, head r % G of the
+//     KV head's G query heads, like attention_tc.cu's prefill): S = Q K^T with wgmma
+//     m64n128k16 (Q and K from shared memory), masking (causal, window) and soft-cap, online
+//     softmax in the log2 domain, then O += P V with P from registers and V as an MN-major
+//     ("transposed") shared operand. Each releases a stage's K as soon as S is computed and
+//     its V after P V, so the loader refills while the other group still computes. Variant 1
+//     runs S, softmax and P V in turn; variant 2 (FlashAttention-3's intra-warpgroup overlap)
+//     issues S of tile i with P V of tile i - 1 and runs the softmax of tile i while that P V
+//     is computed (two P register sets).
+// Registers: the loader gives back all but 24 (setmaxnreg), the computing groups take 240.
+// Key tiles past the tile's last position are never loaded (causal skipping); a group whose
+// rows all end before a key tile (or, with a window, start after it) skips its math but still
+// takes part in the stage handshake.
+//
+// Shared tiles use the 128-byte swizzle of the wgmma descriptors: a row of HD halves is cut
+// into 64-half (128-byte) column blocks; column block c of row r sits at c * (rows * 128) +
+// r * 128, with its 16-byte piece k stored at piece k ^ (r % 8). K (key rows) is the K-major
+// B of Q K^T, Q the K-major A, and the same bytes of V are the MN-major B of P V.
+#include "kc_common.cuh"
+
+extern "C" {
+#include "kcuda.h"
+}
+
+namespace {
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr int FA_NK = 128;     // key positions per shared tile
+constexpr int FA_ROWS = 128;   // query rows per CTA: two computing warp groups of 64
+constexpr int FA_NST = 2;      // K/V stages
+constexpr int FA_THREADS = 384;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA3_DEVICE_CODE 1
+#endif
+
+#ifdef FA3_DEVICE_CODE
+// 2^x on the special-function unit (exp2(-inf) = 0).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle (start, leading and stride byte
+// offsets in 16-byte units; swizzle mode 1 in bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32 |
+           1ull << 62;
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// An arrival on bar once every cp.async this thread issued so far has landed (counted in the
+// barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void mbar_cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(valid ? 16 : 0) : "memory");
+}
+// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
+// that wgmma reads shared operands through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+
+// Before a batch of wgmma; the reg_fence of its accumulators and A operands just before it
+// keeps their last writes ahead of it (ptxas serializes wgmma otherwise).
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most N committed groups of this warp group's wgmma are pending.
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Placed after a wait: keeps the compiler from moving accesses of a wgmma's accumulator, or
+// reusing the registers of its A operand, before the asynchronous wgmma is done with them;
+// placed before wg_fence: keeps their definitions before it.
+template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
+
+// D (m64n128, f32) = scale_d D + A (64 x 16, shared, K-major) B (16 x 128, shared, K-major).
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+                 "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+                 "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D (m64n128, f32) += A (64 x 16, registers) B (16 x 128, shared, MN-major: "transposed").
+__device__ __forceinline__ void wgmma_rs_n128_t(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+                 "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+                 "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// D (m64n64, f32) += A (64 x 16, registers) B (16 x 64, shared, MN-major: "transposed").
+__device__ __forceinline__ void wgmma_rs_n64_t(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+                 "%28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// P V for one 16-key step: the m64n(HD) wgmma of the head dim.
+template <int HD> __device__ __forceinline__ void wgmma_pv(float (&o)[HD / 2], const uint32_t (&a)[4], uint64_t db);
+template <> __device__ __forceinline__ void wgmma_pv<128>(float (&o)[64], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs_n128_t(o, a, db);
+}
+template <> __device__ __forceinline__ void wgmma_pv<64>(float (&o)[32], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs_n64_t(o, a, db);
+}
+
+// S = Q K^T of the group's 64 rows (qa: their shared Q) and the key tile at ks: the wgmma of
+// each 16 dims (column block kk / 4, 32 bytes further per step inside it). Issued, not waited.
+template <int HD> __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t qa, uint32_t ks) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss_n128(sc, sw128_desc(qa + (kk / 4) * FA_ROWS * 128 + (kk % 4) * 32, 16, 1024),
+                      sw128_desc(ks + (kk / 4) * FA_NK * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+}
+// O += P V with V the tile at vs: 16 keys (2 KiB of rows) per step; column blocks FA_NK * 128
+// bytes apart (the leading byte offset of an MN-major operand).
+template <int HD> __device__ __forceinline__ void issue_pv(float (&o)[HD / 2], const uint32_t (&pa)[FA_NK / 16][4], uint32_t vs) {
+#pragma unroll
+    for (int kp = 0; kp < FA_NK / 16; kp++) wgmma_pv<HD>(o, pa[kp], sw128_desc(vs + kp * 16 * 128, FA_NK * 128, 1024));
+}
+
+// What a thread needs to mask its two rows: the last key each sees, the last key below its
+// window (-1: none), its quad lane, and the soft-cap in log2 units (0: none).
+struct fa3_rows {
+    int lim0, lim1, wlo0, wlo1, t4;
+    float capl;
+};
+
+// One online-softmax step on the scores sc of key tile j0 (sc[4 n + c]: row g + 8 (c >> 1),
+// key j0 + 8 n + 2 t4 + (c & 1)): soft-cap, masking (unless every key is visible to every
+// row), the new maxima m and sums l, the factors corr that rescale O, and P as the A operand
+// of P V (16 x 16 per warp and key step: keys 16 kp + 0..7 from n-tile 2 kp, 8..15 from
+// 2 kp + 1).
+__device__ __forceinline__ void softmax_step(const float (&sc)[64], uint32_t (&pa)[FA_NK / 16][4], float (&corr)[2],
+                                             float (&m)[2], float (&l)[2], const fa3_rows &rw, int j0, bool unmasked) {
+    // sc is only read (computed twice where capped or masked): with overlap, S's registers
+    // must not be written while the P V of the same wgmma batch is in flight
+    auto val = [&](int n, int c) {
+        float x = sc[4 * n + c];
+        if (rw.capl > 0.0f) x = rw.capl * tanhf(x / rw.capl);
+        if (!unmasked) {
+            const int key = j0 + 8 * n + 2 * rw.t4 + (c & 1);
+            if (key > (c >> 1 ? rw.lim1 : rw.lim0) || key <= (c >> 1 ? rw.wlo1 : rw.wlo0)) x = -INFINITY;
+        }
+        return x;
+    };
+    float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+    for (int n = 0; n < FA_NK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], val(n, c));
+    float mref[2], rs[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so its masked
+        // scores give exp2(-inf) = 0 and its empty state stays 0
+        const float ms = mn == -INFINITY ? 0.0f : mn;
+        corr[r] = ex2(m[r] - ms);
+        mref[r] = ms;
+        m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < FA_NK / 8; n++) {
+        float p[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) p[c] = ex2(val(n, c) - mref[c >> 1]);
+        rs[0] += p[0] + p[1];
+        rs[1] += p[2] + p[3];
+        pa[n >> 1][(n & 1) * 2] = kc_pack_h2(p[0], p[1]);
+        pa[n >> 1][(n & 1) * 2 + 1] = kc_pack_h2(p[2], p[3]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
+}
+
+// O's rows (o[4 d + c]: row g + 8 (c >> 1)) scaled by corr.
+template <int HD> __device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        o[4 * d] *= corr[0];
+        o[4 * d + 1] *= corr[0];
+        o[4 * d + 2] *= corr[1];
+        o[4 * d + 3] *= corr[1];
+    }
+}
+#endif // FA3_DEVICE_CODE
+
+template <int HD> constexpr size_t fa3_smem() {
+    // 1 KiB of slack to align the tiles to the swizzle's 1,024-byte period
+    return 1024 + (size_t)FA_ROWS * HD * 2 + (size_t)FA_NST * 2 * FA_NK * HD * 2;
+}
+
+// OVERLAP: the softmax of a key tile overlaps P V of the previous one (else they alternate).
+template <int HD, bool OVERLAP>
+__global__ void __launch_bounds__(FA_THREADS, 1)
+fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
+              const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
+              int block_size, float qscale, float capl, int window) {
+#ifdef FA3_DEVICE_CODE
+    constexpr int TILE = FA_NK * HD * 2;    // bytes of one K (or V) stage
+    constexpr int CB_Q = FA_ROWS * 128;     // bytes between 64-half column blocks of Q
+    constexpr int CB_K = FA_NK * 128;       // ... of a K or V tile
+    constexpr int CPR = HD / 8;             // 16-byte pieces per row
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[4 * FA_NST];
+    const uint32_t sq = (kc_smem_addr(smem_raw) + 1023) & ~1023u, sk = sq + FA_ROWS * HD * 2, sv = sk + FA_NST * TILE;
+    // per stage s: K full, V full (the loader's 128 threads arrive), K empty, V empty (the 8
+    // computing warps arrive)
+    const uint32_t bar0 = kc_smem_addr(bars);
+    auto kfull = [&](int s) { return bar0 + 8 * s; };
+    auto vfull = [&](int s) { return bar0 + 8 * (FA_NST + s); };
+    auto kempty = [&](int s) { return bar0 + 8 * (2 * FA_NST + s); };
+    auto vempty = [&](int s) { return bar0 + 8 * (3 * FA_NST + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FA_NST; s++) {
+            mbar_init(kfull(s), 128);
+            mbar_init(vfull(s), 128);
+            mbar_init(kempty(s), 8);
+            mbar_init(vempty(s), 8);
+        }
+    }
+    __syncthreads();
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int tile = gridDim.x - 1 - blockIdx.x; // the backend lists tiles by position: the longest start first
+    const int kvh = blockIdx.y;
+    const int t0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
+    const int G = n_head / n_kv, h0 = kvh * G;
+    const int p0 = pos[t0], p_last = p0 + nq - 1;
+    const int32_t *bt = block_tables + (size_t)seq[t0] * max_blocks;
+    // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0 on, so
+    // key tiles below lo0 are skipped and positions below it never loaded (freed blocks)
+    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0, i_lo = lo0 / FA_NK, n_kt = p_last / FA_NK + 1;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+
+    if (wg == 0) { // ---- the loader
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        // this thread's pieces: rows r_in + RPP p of a tile, 16-byte piece c of each (the
+        // swizzled place depends on r % 8 only, the same for all of them)
+        constexpr int RPP = 128 / CPR;
+        const int r_in = tid / CPR, c = tid % CPR;
+        const uint32_t off = (c / 8) * CB_K + r_in * 128 + ((c % 8) ^ (r_in % 8)) * 16;
+        for (int i = i_lo; i < n_kt; i++) {
+            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST, j0 = i * FA_NK;
+#pragma unroll
+            for (int kv = 0; kv < 2; kv++) {
+                if (u > 0) mbar_wait(kv ? vempty(s) : kempty(s), (u - 1) & 1);
+                const __half *src = kv ? v_cache : k_cache;
+                const uint32_t dst = (kv ? sv : sk) + s * TILE + off;
+#pragma unroll 4
+                for (int p = 0; p < FA_NK / RPP; p++) {
+                    const int j = j0 + r_in + RPP * p;
+                    const bool ok = j <= p_last && j >= lo0;
+                    const size_t e = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + c * 8 : 0;
+                    cp_async16(dst + p * RPP * 128, src + e, ok);
+                }
+                mbar_cp_async_arrive(kv ? vfull(s) : kfull(s));
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // ---- the computing warp groups
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int cw = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
+    for (int pc = tid; pc < 64 * CPR; pc += 128) {
+        const int r = 64 * cw + pc / CPR, c = pc % CPR, i = r / G;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (i < nq) {
+            const float *src = q + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + c * 8;
+            const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+            v = make_uint4(kc_pack_h2(a.x * qscale, a.y * qscale), kc_pack_h2(a.z * qscale, a.w * qscale),
+                           kc_pack_h2(b.x * qscale, b.y * qscale), kc_pack_h2(b.z * qscale, b.w * qscale));
+        }
+        const uint32_t dst = sq + (c / 8) * CB_Q + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    }
+    fence_proxy_async();
+    wg_bar_sync(1 + cw);
+
+    // this thread's rows r0 = 64 cw + 16 warp + g and r1 = r0 + 8 (token r / G of the tile)
+    const int r0 = 64 * cw + 16 * warp + g, r1 = r0 + 8, i0 = r0 / G, i1 = r1 / G;
+    const int lim0 = p0 + i0, lim1 = p0 + i1; // the last key each row sees
+    const int wlo0 = window > 0 ? lim0 - window : -1, wlo1 = window > 0 ? lim1 - window : -1;
+    const bool live = (64 * cw) / G < nq;
+    const int w_lo = p0 + (64 * cw) / G, w_hi = p0 + min((64 * cw + 63) / G, nq - 1);
+    float o[HD / 2];
+#pragma unroll
+    for (int d = 0; d < HD / 2; d++) o[d] = 0.0f;
+    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+    const uint32_t qa = sq + cw * 64 * 128;
+
+    const fa3_rows rw = { lim0, lim1, wlo0, wlo1, t4, capl };
+    // whether this group computes on key tile i (else it only takes part in the handshake)
+    auto act = [&](int i) {
+        const int j0 = i * FA_NK;
+        return live && j0 <= w_hi && (window <= 0 || j0 + FA_NK - 1 > w_lo - window);
+    };
+    // every row of the group sees every key of tile i: no masking
+    auto unmasked = [&](int i) {
+        const int j0 = i * FA_NK;
+        return j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
+    };
+    // a tile this group skips: its stages are released in turn, each after it filled (so that
+    // the arrival counts for this use of the stage, not the previous one)
+    auto pass = [&](int s, int u) {
+        mbar_wait(kfull(s), u & 1);
+        if (lane == 0) mbar_arrive(kempty(s));
+        mbar_wait(vfull(s), u & 1);
+        if (lane == 0) mbar_arrive(vempty(s));
+    };
+    float sc[64];
+    uint32_t pa[FA_NK / 16][4];
+    float corr[2];
+    // O += P V of the tile in stage s, use u, then its V released
+    auto pv_step = [&](int s, int u) {
+        mbar_wait(vfull(s), u & 1);
+        fence_proxy_async();
+        reg_fence(o);
+        reg_fence(pa);
+        wg_fence();
+        issue_pv<HD>(o, pa, sv + s * TILE);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pa);
+        if (lane == 0) mbar_arrive(vempty(s));
+    };
+    if (!OVERLAP) {
+        // S, softmax, P V in turn (the other computing group fills the tensor cores meanwhile)
+        for (int i = i_lo; i < n_kt; i++) {
+            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST;
+            if (!act(i)) {
+                pass(s, u);
+                continue;
+            }
+            mbar_wait(kfull(s), u & 1);
+            fence_proxy_async();
+            reg_fence(sc);
+            wg_fence();
+            issue_qk<HD>(sc, qa, sk + s * TILE);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(kempty(s));
+            softmax_step(sc, pa, corr, m, l, rw, i * FA_NK, unmasked(i));
+            rescale<HD>(o, corr);
+            pv_step(s, u);
+        }
+    } else {
+        // FlashAttention-3's overlap within the group: S of tile i and P V of tile i - 1 are
+        // issued together; the softmax of tile i runs while P V of tile i - 1 is computed.
+        // The tiles the group computes on are a range [a_lo, a_hi] (causal end, window start);
+        // no wgmma sits in a branch inside it (ptxas serializes wgmma on divergent paths).
+        const int x = w_lo - window + 1; // the first key the group's first row sees (window)
+        const int a_lo = window > 0 && x > 0 ? max(i_lo, x / FA_NK) : i_lo;
+        const int a_hi = live ? min(n_kt - 1, w_hi / FA_NK) : i_lo - 1;
+        for (int i = i_lo; i < min(a_lo, n_kt); i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
+        if (a_lo <= a_hi) {
+            int s = (a_lo - i_lo) % FA_NST, u = (a_lo - i_lo) / FA_NST;
+            mbar_wait(kfull(s), u & 1);
+            fence_proxy_async();
+            reg_fence(sc);
+            wg_fence();
+            issue_qk<HD>(sc, qa, sk + s * TILE);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(kempty(s));
+            softmax_step(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
+            // tile i: S = Q K_i^T and O += P_{i-1} V_{i-1} (P_{i-1} in pin, of the stage s, use
+            // u), then the softmax of tile i into pout. P alternates between pa and pb (a copy
+            // inside the loop makes ptxas serialize the wgmma).
+            uint32_t pb[FA_NK / 16][4];
+            auto overlap_step = [&](int i, uint32_t(&pin)[FA_NK / 16][4], uint32_t(&pout)[FA_NK / 16][4]) {
+                const int sn = (i - i_lo) % FA_NST, un = (i - i_lo) / FA_NST;
+                mbar_wait(kfull(sn), un & 1);
+                mbar_wait(vfull(s), u & 1);
+                fence_proxy_async();
+                reg_fence(sc);
+                reg_fence(o);
+                reg_fence(pin);
+                wg_fence();
+                issue_qk<HD>(sc, qa, sk + sn * TILE);
+                wg_commit();
+                issue_pv<HD>(o, pin, sv + s * TILE);
+                wg_commit();
+                wg_wait<1>(); // S done, P V may still run
+                reg_fence(sc);
+                if (lane == 0) mbar_arrive(kempty(sn));
+                softmax_step(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
+                wg_wait<0>();
+                reg_fence(o);
+                reg_fence(pin);
+                if (lane == 0) mbar_arrive(vempty(s));
+                rescale<HD>(o, corr);
+                s = sn;
+                u = un;
+            };
+            int i = a_lo + 1;
+            for (; i < a_hi; i += 2) {
+                overlap_step(i, pa, pb);
+                overlap_step(i + 1, pb, pa);
+            }
+            if (i == a_hi) { // an odd count: the last P into pa for pv_step
+                overlap_step(i, pa, pb);
+#pragma unroll
+                for (int k = 0; k < FA_NK / 16; k++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) pa[k][c] = pb[k][c];
+            }
+            pv_step(s, u);
+        }
+        for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    // o[4 d + c]: row (c >> 1 ? g + 8 : g), dims 8 d + 2 t4 + (c & 1)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+        const int r = hi ? r1 : r0, i = hi ? i1 : i0;
+        if (i >= nq) continue;
+        const float il = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
+        float *op = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) *(float2 *)(op + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap(); // built without sm_90a code: kc_attention_fa3_ok refuses every shape
+#endif
+}
+
+template <int HD, bool OVERLAP>
+int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
+               const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
+               float qscale, cudaStream_t s) {
+    static unsigned char configured[64];
+    constexpr size_t smem = fa3_smem<HD>();
+    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    const kc_attn_mods mods = kc_attention_mods_get();
+    kc_launch(fa3_pf_kernel<HD, OVERLAP>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v,
+              out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f,
+              mods.window);
+    return 0;
+}
+
+// Whether this build holds sm_90a code for the kernel and the device runs it (compute
+// capability 9.0 exactly: sm_90a code runs nowhere else). Cached per device.
+bool fa3_device_ok() {
+    static signed char ok[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!ok[dev]) {
+        cudaFuncAttributes a;
+        int major = 0, minor = 0;
+        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128, true>) == cudaSuccess && a.binaryVersion == 90 &&
+                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+                         minor == 0;
+        cudaGetLastError(); // a missing image is an answer, not an error for later calls
+        ok[dev] = yes ? 1 : -1;
+    }
+    return ok[dev] > 0;
+}
+
+} // namespace
+
+extern "C" int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size) {
+    return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size % 16 == 0 &&
+           fa3_device_ok();
+}
+
+extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
+    if (n_kv <= 0 || n_head % n_kv || n_head / n_kv > FA_ROWS) return 0;
+    return FA_ROWS / (n_head / n_kv);
+}
+
+extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                        const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                        int block_size, float scale, int variant, cudaStream_t s) {
+    if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+        (variant != 1 && variant != 2) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        return CM_EINVAL;
+    const float qs = scale * LOG2E;
+    auto *f = hd == 64 ? (variant == 2 ? launch_fa3<64, true> : launch_fa3<64, false>)
+                       : (variant == 2 ? launch_fa3<128, true> : launch_fa3<128, false>);
+    if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs, s))
+        return rc;
+    KC_LAUNCH_CHECK();
+}
