@@ -63,6 +63,16 @@ static const shape shapes[] = {
     { "phi3-tiny",      "phi3",  256,  2,  4,  4,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 128, "tests: phi3, 128-token window" },
 };
 
+/* --type q4_k_m: llama.cpp's Q4_K_M mix (Q4_K matrices; Q6_K for output.weight and for attn_v and
+ * ffn_down(_exps) in the layers its use_more_bits rule picks). Not a tensor type: resolved per
+ * tensor by mix_type. */
+#define TYPE_Q4_K_M 1000
+static int more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+static int mix_type(int type, int l, int n_layer, int more) {
+    if (type != TYPE_Q4_K_M) return type;
+    return more && (l < 0 || more_bits(l, n_layer)) ? DT_Q6_K : DT_Q4_K;
+}
+
 /* ggml's llama_ftype for a file whose weight matrices are all of one type. */
 static int file_type_of(int t) {
     switch (t) {
@@ -77,6 +87,7 @@ static int file_type_of(int t) {
     case DT_Q5_K: return 16; /* Q5_K_S */
     case DT_Q6_K: return 18;
     case DT_BF16: return 32;
+    case TYPE_Q4_K_M: return 15;
     default: return -1;
     }
 }
@@ -283,7 +294,7 @@ static void usage(const cm_opt *opts, FILE *f) {
         fprintf(f, "  %-15s %-8s dim %4d, %2d layers, %2d/%2d heads of %3d, ff %5d, vocab %6d  %s\n", shapes[i].name, shapes[i].arch,
                 shapes[i].dim, shapes[i].n_layer, shapes[i].n_head, shapes[i].n_head_kv, shapes[i].head_dim,
                 shapes[i].n_expert ? shapes[i].n_ff_exp : shapes[i].n_ff, shapes[i].n_vocab, shapes[i].about);
-    fprintf(f, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n"
+    fprintf(f, "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m (Q4_K with Q6_K for output, attn_v and ffn_down in some layers, as llama.cpp)\n"
                "default vocab: ROOT/" DEFAULT_VOCAB ", ROOT = $ARKA_ROOT or two levels above the binary (build/bin/arka)\n\noptions:\n");
     cm_config_usage(opts, f);
 }
@@ -346,42 +357,43 @@ static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
                 sd_fe = moe ? 1.0f / sqrtf((float)s->n_ff_exp) : 0;
     char nm[64];
 #define ADD(fmt, ty, a, b, c, init, sd) (snprintf(nm, sizeof nm, fmt, l), plan_add(p, &k, nm, ty, a, b, c, init, sd))
-    plan_add(p, &k, "token_embd.weight", type, s->dim, s->n_vocab, 1, INIT_EMBD, 0.02f);
+#define T(more) mix_type(type, l, s->n_layer, more)
+    plan_add(p, &k, "token_embd.weight", mix_type(type, 0, s->n_layer, 0), s->dim, s->n_vocab, 1, INIT_EMBD, 0.02f);
     if (s->rope_llama3) plan_add(p, &k, "rope_freqs.weight", DT_F32, hd / 2, 1, 1, INIT_ROPE_LLAMA3, s->rope_base);
     for (int l = 0; l < s->n_layer; l++) {
         ADD("blk.%d.attn_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
         if (phi3) {
-            ADD("blk.%d.attn_qkv.weight", type, s->dim, qd + 2 * kvd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_qkv.weight", T(0), s->dim, qd + 2 * kvd, 1, INIT_MATRIX, sd_in);
         } else {
-            ADD("blk.%d.attn_q.weight", type, s->dim, qd, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.attn_k.weight", type, s->dim, kvd, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.attn_v.weight", type, s->dim, kvd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_q.weight", T(0), s->dim, qd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_k.weight", T(0), s->dim, kvd, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.attn_v.weight", T(1), s->dim, kvd, 1, INIT_MATRIX, sd_in);
         }
         if (qk_norm) {
             ADD("blk.%d.attn_q_norm.weight", DT_F32, hd, 1, 1, INIT_NORM, 0.02f);
             ADD("blk.%d.attn_k_norm.weight", DT_F32, hd, 1, 1, INIT_NORM, 0.02f);
         }
-        ADD("blk.%d.attn_output.weight", type, qd, s->dim, 1, INIT_MATRIX, sd_o);
+        ADD("blk.%d.attn_output.weight", T(0), qd, s->dim, 1, INIT_MATRIX, sd_o);
         if (gemma) ADD("blk.%d.post_attention_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
         ADD("blk.%d.ffn_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
         if (moe) {
             ADD("blk.%d.ffn_gate_inp.weight", DT_F32, s->dim, s->n_expert, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_gate_exps.weight", type, s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_up_exps.weight", type, s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_down_exps.weight", type, s->n_ff_exp, s->dim, s->n_expert, INIT_MATRIX, sd_fe);
+            ADD("blk.%d.ffn_gate_exps.weight", T(0), s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_up_exps.weight", T(0), s->dim, s->n_ff_exp, s->n_expert, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down_exps.weight", T(1), s->n_ff_exp, s->dim, s->n_expert, INIT_MATRIX, sd_fe);
         } else if (phi3) {
-            ADD("blk.%d.ffn_up.weight", type, s->dim, 2 * (int64_t)s->n_ff, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_down.weight", type, s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
+            ADD("blk.%d.ffn_up.weight", T(0), s->dim, 2 * (int64_t)s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down.weight", T(1), s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
         } else {
-            ADD("blk.%d.ffn_gate.weight", type, s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_up.weight", type, s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
-            ADD("blk.%d.ffn_down.weight", type, s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
+            ADD("blk.%d.ffn_gate.weight", T(0), s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_up.weight", T(0), s->dim, s->n_ff, 1, INIT_MATRIX, sd_in);
+            ADD("blk.%d.ffn_down.weight", T(1), s->n_ff, s->dim, 1, INIT_MATRIX, sd_ff);
         }
         if (gemma) ADD("blk.%d.post_ffw_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
     }
 #undef ADD
     plan_add(p, &k, "output_norm.weight", DT_F32, s->dim, 1, 1, INIT_NORM, 0.02f);
-    if (!gemma) plan_add(p, &k, "output.weight", type, s->dim, s->n_vocab, 1, INIT_MATRIX, sd_in); /* gemma ties it */
+    if (!gemma) plan_add(p, &k, "output.weight", mix_type(type, -1, s->n_layer, 1), s->dim, s->n_vocab, 1, INIT_MATRIX, sd_in); /* gemma ties it */
     *out = p;
     *n_out = k;
     return 0;
@@ -389,7 +401,7 @@ static int build_plan(const shape *s, int type, tplan **out, int *n_out) {
 
 static int set_metadata(gguf_writer *w, const shape *s, int type) {
     char name[96], key[128];
-    snprintf(name, sizeof name, "arka-random %s %s", s->name, dt_name(type));
+    snprintf(name, sizeof name, "arka-random %s %s", s->name, type == TYPE_Q4_K_M ? "q4_k_m" : dt_name(type));
     const char *a = s->arch;
     const int gemma = !strcmp(a, "gemma2") || !strcmp(a, "gemma3");
     int rc;
@@ -458,7 +470,7 @@ int cli_mkmodel(int argc, char **argv) {
     shape custom;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         if (!strcmp(pos[0], shapes[i].name)) s = &shapes[i];
-    int type = dt_from_name(type_name);
+    int type = !strcasecmp(type_name, "q4_k_m") ? TYPE_Q4_K_M : dt_from_name(type_name);
     if (!s || type < 0 || file_type_of(type) < 0 || n_threads < 1 || n_threads > MAX_THREADS || vocab_size < 0 ||
         vocab_size > (1 << 24)) {
         if (!s) fprintf(stderr, "arka mkmodel: unknown shape '%s'\n", pos[0]);
@@ -547,7 +559,7 @@ int cli_mkmodel(int argc, char **argv) {
     uint64_t params = 0;
     for (int i = 0; i < n_plan; i++) params += (uint64_t)plan[i].ne[0] * (uint64_t)plan[i].ne[1] * (uint64_t)plan[i].ne[2];
     fprintf(stderr, "mkmodel: wrote %s: %s, %s, %.1fM params, %.1f MiB, %d tensors, %.1f s (%d threads)\n", out_path, s->name,
-            dt_name(type), params / 1e6, gguf_w_file_size(w) / 1048576.0, n_plan, cm_time_s() - prog.t0, n_threads);
+            type == TYPE_Q4_K_M ? "q4_k_m" : dt_name(type), params / 1e6, gguf_w_file_size(w) / 1048576.0, n_plan, cm_time_s() - prog.t0, n_threads);
     status = 0;
 done:
     if (status && part) {
