@@ -614,8 +614,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     prof_mark(s, -1);
     CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
     prof_mark(s, PC_STAGE);
-    KC_FATAL(kc_embed(&s->tok_embd, d_tok, n_tok, s->x, cs));
-    if (c->embd_scale > 0 && c->embd_scale != 1.0f) KC_FATAL(kc_scale(s->x, (size_t)n_tok * c->n_embd, c->embd_scale, cs));
+    KC_FATAL(kc_embed_scaled(&s->tok_embd, d_tok, n_tok, s->x, c->embd_scale > 0 ? c->embd_scale : 1.0f, cs));
     prof_mark(s, PC_EMBED);
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
     int32_t *d_bt_swa = meta_bt_swa(s, s->d_meta);
@@ -623,10 +622,13 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     /* attention's: only the blocks for wo where the step is small and has no prefill tile */
     float *ay = n_tok <= s->att_blocks_max && !st->n_tiles ? NULL : s->att;
     float *gy = n_tok <= s->act_blocks_max ? NULL : s->act;  /* SwiGLU's */
+    int normed = 0; /* the layer's attention pre-norm came with the previous layer's post-FFN norm */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
-        prof_mark(s, PC_NORM);
+        if (!normed) {
+            KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            prof_mark(s, PC_NORM);
+        }
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
@@ -664,14 +666,19 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         }
         kc_attention_mods(NULL);
         prof_mark(s, PC_ATTN);
-        if (L->attn_post) { /* x += rmsnorm(att Wo) */
+        if (L->attn_post) { /* x += rmsnorm(att Wo), and the FFN pre-norm, in one launch */
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->h, 0, &s->gws, cs));
-            KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->attn_post, n_tok, c->n_embd, c->norm_eps, cs));
-        } else
+            prof_mark(s, PC_WO);
+            KC_FATAL(kc_rmsnorm_add_xq(s->x, s->h, L->attn_post, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+        } else {
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
-        prof_mark(s, PC_WO);
-        KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            prof_mark(s, PC_WO);
+            KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+        }
         prof_mark(s, PC_NORM);
+        /* the post-FFN norm: with the next layer's attention pre-norm where there is one */
+        const float *next_norm = l + 1 < c->n_layer ? s->layers[l + 1].attn_norm : NULL;
+        normed = L->ffn_post && next_norm;
         if (L->moe) { /* router, top-k and grouping on the device; the chosen experts' weights only */
             const int K = c->n_expert_used, F = c->n_ff_exp;
             KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
@@ -684,29 +691,23 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist,
                                    s->eout, cs));
             KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
-            if (L->ffn_post) KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
-            prof_mark(s, PC_DOWN);
-            continue;
+        } else { /* SwiGLU or GeGLU (c->ffn_act) */
+            if (s->prof_on) { /* separate kernels: timed one by one */
+                KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
+                prof_mark(s, PC_GU);
+                KC_FATAL(kc_glu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
+                prof_mark(s, PC_ACT);
+            } else /* one kernel where the F16 GEMV takes the activation (decode steps of F16 models) */
+                KC_FATAL(kc_matmul_glu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, c->ffn_act, &s->gws, cs));
+            /* x += act Wdown, or into h for the post-norm */
+            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
         }
-        if (c->ffn_act != MDL_ACT_SILU) { /* GeGLU: the f32 activations, which down reads */
-            KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
-            prof_mark(s, PC_GU);
-            KC_FATAL(kc_glu(s->gu, s->act, n_tok, c->n_ff, c->ffn_act, 0, NULL, cs));
-            s->xq_a.n = 0;
-            prof_mark(s, PC_ACT);
-        } else if (s->prof_on) { /* separate kernels: timed one by one */
-            KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
-            prof_mark(s, PC_GU);
-            KC_FATAL(kc_swiglu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, cs));
-            prof_mark(s, PC_ACT);
-        } else /* one kernel where the F16 GEMV takes the SwiGLU (decode steps of F16 models) */
-            KC_FATAL(kc_matmul_swiglu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, &s->gws, cs));
-        if (L->ffn_post) { /* x += rmsnorm(act Wdown) */
-            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->h, 0, &s->gws, cs));
-            KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
-        } else
-            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, s->x, 1, &s->gws, cs));
         prof_mark(s, PC_DOWN);
+        if (normed) /* x += rmsnorm(FFN out), and the next layer's pre-norm, in one launch */
+            KC_FATAL(kc_rmsnorm_add_xq(s->x, s->h, L->ffn_post, next_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+        else if (L->ffn_post)
+            KC_FATAL(kc_rmsnorm_add(s->x, s->h, L->ffn_post, n_tok, c->n_embd, c->norm_eps, cs));
+        if (L->ffn_post) prof_mark(s, PC_NORM);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, cs));
     KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, cs));

@@ -1,15 +1,17 @@
-// act: SwiGLU activation (silu(gate) * up) over the fused gate|up projection, whose rows
-// interleave gate and up.
+// act: the gated activations over the fused gate|up projection, whose rows interleave gate and
+// up: SwiGLU (silu(gate) * up) and GeGLU (gelu_tanh(gate) * up).
 #include "kc_common.cuh"
 
 extern "C" {
 #include "kcuda.h"
+#include "model/model.h"
 }
 
 KC_TRACE_TU(act)
 
 // gu rows interleave gate and up: gu[t][2j] = gate j, gu[t][2j + 1] = up j (kcuda.h).
-__global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
+template <bool GELU>
+__global__ void glu_il_kernel(const float *gu, float *out, int n_ff, size_t n) {
     KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -17,13 +19,13 @@ __global__ void swiglu_kernel(const float *gu, float *out, int n_ff, size_t n) {
     if (i >= n) return;
     size_t t = i / n_ff, j = i % n_ff;
     float2 p = *(const float2 *)(gu + t * 2 * n_ff + 2 * j);
-    out[i] = kc_silu_mul(p.x, p.y);
+    out[i] = kc_glu_mul<GELU>(p.x, p.y);
 }
 
 // Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq);
 // out may be NULL (only the blocks).
-__global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql,
-                                 int32_t *qm, __half *xh) {
+template <bool GELU>
+__global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
     KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -34,30 +36,41 @@ __global__ void swiglu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *
     if (ok) {
         const float4 *p = (const float4 *)(gu + t * 2 * n_ff + 2 * j);
         float4 a = p[0], b = p[1]; // gate j, up j, gate j + 1, up j + 1; then j + 2, j + 3
-        o = make_float4(kc_silu_mul(a.x, a.y), kc_silu_mul(a.z, a.w), kc_silu_mul(b.x, b.y), kc_silu_mul(b.z, b.w));
+        o = make_float4(kc_glu_mul<GELU>(a.x, a.y), kc_glu_mul<GELU>(a.z, a.w), kc_glu_mul<GELU>(b.x, b.y),
+                        kc_glu_mul<GELU>(b.z, b.w));
         if (out) *(float4 *)(out + t * n_ff + j) = o;
     }
     kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
 }
 
-extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
-    if (!gu || n_tok <= 0 || n_ff <= 0) return CM_EINVAL;
-    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
-    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
-    if (xq) xq->n = quant ? n_ff : 0;
+template <bool GELU> static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, int n_tok, int n_ff, cudaStream_t s) {
     if (quant) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(swiglu_xq_kernel, grid, dim3(threads), 0, s, gu, out, n_ff, xq->no_ints ? nullptr : xq->qh, xq->ql, xq->m, (__half *)xq->xh);
+        kc_launch(glu_xq_kernel<GELU>, grid, dim3(threads), 0, s, gu, out, n_ff, xq->no_ints ? nullptr : xq->qh, xq->ql, xq->m,
+                  (__half *)xq->xh);
     } else {
         size_t n = (size_t)n_tok * n_ff;
-        kc_launch(swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);
+        kc_launch(glu_il_kernel<GELU>, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);
     }
+}
+
+extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
+    if (!gu || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
+    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? n_ff : 0;
+    if (act == MDL_ACT_GELU_TANH) launch_glu<true>(gu, out, xq, quant, n_tok, n_ff, s);
+    else launch_glu<false>(gu, out, xq, quant, n_tok, n_ff, s);
     KC_LAUNCH_CHECK();
 }
 
+extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {
+    return kc_glu_xq(gu, out, xq, n_tok, n_ff, MDL_ACT_SILU, s);
+}
+
 extern "C" int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s) {
-    return kc_swiglu_xq(gu, out, NULL, n_tok, n_ff, s);
+    return kc_glu_xq(gu, out, NULL, n_tok, n_ff, MDL_ACT_SILU, s);
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, size_t total) {

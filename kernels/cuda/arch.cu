@@ -1,7 +1,8 @@
 // arch: the steps of the forward pass that the architectures past Llama add (model/model.h's
 // features; QK-norm is part of the RoPE kernel, rope.cu): the embedding scale, soft-capping of the
-// logits, a post-norm added to the residual, GeGLU, and the mixture-of-experts layer (router
-// top-k, tokens grouped by expert, grouped GEMVs over the chosen experts only, the weighted sum).
+// logits, GeGLU (the post-norm added to the residual is norm.cu's kc_rmsnorm_add), and the
+// mixture-of-experts layer (router top-k, tokens grouped by expert, grouped GEMVs over the chosen
+// experts only, the weighted sum).
 // Every kernel here works row by row (a token's result never depends on the other tokens of the
 // launch) and has a fixed grid for a given token count, so it can be captured in a graph.
 #include "kc_common.cuh"
@@ -22,19 +23,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Sum over the CTA (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
-__device__ float block_sum(float v) {
-    __shared__ float red[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads(); // red may still be read by an earlier call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < nw; i++) t += red[i];
-    return t;
-}
-
 __global__ void scale_kernel(float *x, size_t n, float s) {
     KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
@@ -51,26 +39,6 @@ __global__ void softcap_kernel(float *x, size_t n, float cap) {
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
-// x[t] += rmsnorm(y[t]) * w, one CTA per token.
-__global__ void rmsnorm_add_kernel(float *x, const float *y, const float *w, int n, float eps) {
-    KC_TRACE_SCOPE(KC_TR_NORM);
-    kc_pdl_trigger();
-    kc_pdl_wait();
-    const size_t t = blockIdx.x;
-    const float *yr = y + t * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
-    ss = block_sum(ss);
-    const float r = rsqrtf(ss / (float)n + eps);
-    float *xr = x + t * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += yr[i] * r * w[i];
-}
-
-__device__ __forceinline__ float gelu_tanh(float g) {
-    const float c = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-}
-
 // out[t][j] = act(gate) * up: interleaved rows (gu[t][2j], gu[t][2j + 1]) or split rows
 // (gu[t][j], gu[t][n_ff + j]); rows of 2 n_ff in, n_ff out.
 __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int gelu, int split, const float *row_w) {
@@ -82,7 +50,7 @@ __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int 
     size_t t = i / n_ff, j = i % n_ff;
     const float *r = gu + t * 2 * n_ff;
     float g = split ? r[j] : r[2 * j], u = split ? r[n_ff + j] : r[2 * j + 1];
-    float v = gelu ? gelu_tanh(g) * u : g / (1.0f + __expf(-g)) * u;
+    float v = gelu ? kc_gelu_mul(g, u) : kc_silu_mul(g, u);
     out[i] = row_w ? v * row_w[t] : v;
 }
 
@@ -399,12 +367,6 @@ extern "C" int kc_scale(float *x, size_t n, float scale, cudaStream_t s) {
 extern "C" int kc_softcap(float *x, size_t n, float cap, cudaStream_t s) {
     if (!x || !n || !(cap > 0)) return CM_EINVAL;
     kc_launch(softcap_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, cap);
-    KC_LAUNCH_CHECK();
-}
-
-extern "C" int kc_rmsnorm_add(float *x, const float *y, const float *w, int n_tok, int n, float eps, cudaStream_t s) {
-    if (!x || !y || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
-    kc_launch(rmsnorm_add_kernel, dim3(n_tok), dim3(256), 0, s, x, y, w, n, eps);
     KC_LAUNCH_CHECK();
 }
 

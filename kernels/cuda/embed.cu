@@ -29,11 +29,13 @@ template <int TYPE> __device__ __forceinline__ float embed_elem(const void *data
     }
 }
 
-// One CTA per token. The loop is unrolled so that a thread's loads are in flight together: a
-// step's first kernel, reading its row from DRAM, was one round trip per element a thread
-// handled (10.7 us for one Q4_0 row of 4,096 under ncu).
+// One CTA per token, every value times scale (the embedding scale; times 1 is exact). The loop
+// is unrolled so that a thread's loads are in flight together: a step's first kernel, reading
+// its row from DRAM, was one round trip per element a thread handled (10.7 us for one Q4_0 row
+// of 4,096 under ncu).
 template <int TYPE>
-__global__ void embed_kernel(const void *data, const kc_half *d, int n_embd, int n_vocab, const int32_t *ids, float *x) {
+__global__ void embed_kernel(const void *data, const kc_half *d, int n_embd, int n_vocab, const int32_t *ids, float *x,
+                             float scale) {
     KC_TRACE_SCOPE(KC_TR_EMBED);
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -46,24 +48,28 @@ __global__ void embed_kernel(const void *data, const kc_half *d, int n_embd, int
     }
     const size_t base = (size_t)id * n_embd;
 #pragma unroll 8
-    for (int i = threadIdx.x; i < n_embd; i += blockDim.x) out[i] = embed_elem<TYPE>(data, d, base + i);
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x) out[i] = __fmul_rn(embed_elem<TYPE>(data, d, base + i), scale);
 }
 
-extern "C" int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cudaStream_t s) {
+extern "C" int kc_embed_scaled(const kc_weight *table, const int32_t *ids, int n_tok, float *x, float scale, cudaStream_t s) {
     if (!table || !ids || !x || n_tok <= 0) return CM_EINVAL;
     if (table->type != DT_F32 && table->type != DT_F16 && table->type != DT_BF16 && table->type != DT_Q8_0 &&
         table->type != DT_Q4_0 && table->type != DT_Q4_K)
         return CM_EUNSUPPORTED;
     const int n = table->n_in, threads = n >= 1024 ? 1024 : (n + 31) / 32 * 32;
     switch (table->type) {
-    case DT_F32: embed_kernel<DT_F32><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
-    case DT_F16: embed_kernel<DT_F16><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
-    case DT_BF16: embed_kernel<DT_BF16><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
-    case DT_Q8_0: embed_kernel<DT_Q8_0><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
-    case DT_Q4_0: embed_kernel<DT_Q4_0><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
-    default: embed_kernel<DT_Q4_K><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x); break;
+    case DT_F32: embed_kernel<DT_F32><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
+    case DT_F16: embed_kernel<DT_F16><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
+    case DT_BF16: embed_kernel<DT_BF16><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
+    case DT_Q8_0: embed_kernel<DT_Q8_0><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
+    case DT_Q4_0: embed_kernel<DT_Q4_0><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
+    default: embed_kernel<DT_Q4_K><<<n_tok, threads, 0, s>>>(table->data, table->d, n, table->n_out, ids, x, scale); break;
     }
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cudaStream_t s) {
+    return kc_embed_scaled(table, ids, n_tok, x, 1.0f, s);
 }
 
 // One CTA per row; float4 copies when n allows, unrolled so that a thread's loads are in flight

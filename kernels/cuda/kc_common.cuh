@@ -184,6 +184,20 @@ static inline int kc_smem_limit_once(K kernel, int bytes, unsigned char (&done)[
 // silu(g) * u: the one expression every SwiGLU producer uses (the fused GEMV epilogue and the
 // SwiGLU kernels give the same bits).
 __device__ __forceinline__ float kc_silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+// gelu_tanh(g) * u, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): the CPU's
+// k_geglu in its order, roundings spelled out (no contraction), so that the GeGLU producers (the
+// fused GEMV epilogue, kc_glu_xq, kc_glu) give the same bits.
+__device__ __forceinline__ float kc_gelu_mul(float g, float u) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    const float g3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+    const float t = tanhf(__fmul_rn(c, __fadd_rn(g, g3)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
+}
+// act(g) * u for the gated activations: GELU false SwiGLU, true GeGLU (tanh GELU).
+template <bool GELU> __device__ __forceinline__ float kc_glu_mul(float g, float u) {
+    if constexpr (GELU) return kc_gelu_mul(g, u);
+    else return kc_silu_mul(g, u);
+}
 
 // Scale and min of sub-block is (0..7) of a Q4_K super-block whose head h is d | dmin << 16,
 // then the 12 packed scale bytes (kcuda.h's layout): ggml's get_scale_min_k4 on bytes y|z|w.

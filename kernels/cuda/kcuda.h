@@ -526,4 +526,20 @@ int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const
 /* out[t] (+)= sum_j y[t k + j] over the k slots in order (y rows of n). */
 int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s);
 
+/* The gated activations in general: act MDL_ACT_SILU (SwiGLU: kc_matmul_swiglu) or MDL_ACT_GELU_TANH
+ * (GeGLU: gelu_tanh(gate) * up, the expression of the CPU's k_geglu), fused into the F16 GEMV
+ * on the same terms as SwiGLU. kc_glu_xq: kc_swiglu_xq with the activation. */
+int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out, kc_xq *xq_act,
+                  int act, const kc_gemm_ws *ws, cudaStream_t s);
+int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s);
+
+/* kc_rmsnorm_add then kc_rmsnorm_xq of the new x in one launch (norm.cu): x[t] += rmsnorm(h[t]) *
+ * w_post, then y[t] = rmsnorm(x[t]) * w and its blocks in xq as kc_rmsnorm_xq writes them (y may
+ * be NULL on the same terms, and may be h); the same bits as the two calls. x != h, x != y. */
+int kc_rmsnorm_add_xq(float *x, const float *h, const float *w_post, const float *w, float *y, kc_xq *xq, int n_tok, int n,
+                      float eps, cudaStream_t s);
+/* kc_embed with every value multiplied by scale (the embedding scale; 1: kc_embed), the same
+ * bits as kc_embed then kc_scale. */
+int kc_embed_scaled(const kc_weight *table, const int32_t *ids, int n_tok, float *x, float scale, cudaStream_t s);
+
 #endif

@@ -10,6 +10,7 @@
 extern "C" {
 #include "kcuda.h"
 #include "model/dtype.h"
+#include "model/model.h"
 }
 
 KC_TRACE_TU(matmul)
@@ -384,14 +385,15 @@ __device__ __forceinline__ void gemv_store(float (*acc)[NT], const float (*res)[
         }
 }
 
-// SwiGLU fused into the F16 gate|up GEMV (kc_matmul_swiglu): rows interleave gate and up, so
-// rows (row0 + r, row0 + r + 1) of a warp (R even, row0 even) are gate j and up j.
+// SwiGLU / GeGLU fused into the F16 gate|up GEMV (kc_matmul_glu): rows interleave gate and up,
+// so rows (row0 + r, row0 + r + 1) of a warp (R even, row0 even) are gate j and up j.
 struct gemv_swi {
     float *out;  // [NT][n_ff] f32, or NULL
     __half *xh;  // [NT][n_ff] half
     int n_ff;
+    int gelu;    // GeGLU (tanh GELU), else SwiGLU
 };
-template <int R, int NT>
+template <int R, int NT, bool GELU>
 __device__ __forceinline__ void gemv_store_swiglu(float (*acc)[NT], const gemv_swi &sw, int row0, int lane) {
 #pragma unroll
     for (int r = 0; r + 1 < R; r += 2)
@@ -400,7 +402,7 @@ __device__ __forceinline__ void gemv_store_swiglu(float (*acc)[NT], const gemv_s
             const float g = kc_warp_sum(acc[r][t]), u = kc_warp_sum(acc[r + 1][t]);
             const int j = (row0 + r) / 2;
             if (lane == 0 && j < sw.n_ff) {
-                const float v = kc_silu_mul(g, u);
+                const float v = kc_glu_mul<GELU>(g, u);
                 const size_t e = (size_t)t * sw.n_ff + j;
                 if (sw.out) sw.out[e] = v;
                 sw.xh[e] = __float2half_rn(v);
@@ -448,12 +450,13 @@ __device__ __forceinline__ void gemv_step(const uint4 *w, const void *xv, int n_
     }
 }
 
-template <int TYPE, int NT, int R, int U, bool XH, bool SWI = false>
+// GLU: 0 a plain GEMV, 1 SwiGLU, 2 GeGLU in the epilogue (gemv_store_swiglu).
+template <int TYPE, int NT, int R, int U, bool XH, int GLU = 0>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const void *x, float *y, int n_in, int n_out,
             int accumulate, gemv_swi sw) {
     KC_TRACE_SCOPE(KC_TR_GEMV);
-    static_assert(!SWI || (R % 2 == 0 && TYPE == DT_F16), "SwiGLU needs gate and up rows in one warp");
+    static_assert(!GLU || (R % 2 == 0 && TYPE == DT_F16), "a fused GLU needs gate and up rows in one warp");
     typedef wchunk<TYPE> C;
     constexpr int EPC = C::EPC;
     kc_pdl_trigger();
@@ -506,7 +509,7 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (c + 32 * u < nchunks) gemv_step<TYPE, NT, R, XH>(w[u], x, n_in, c + 32 * u, d, row0, n_out, row_scales, acc);
-    if constexpr (SWI) gemv_store_swiglu<R, NT>(acc, sw, row0, lane);
+    if constexpr (GLU) gemv_store_swiglu<R, NT, GLU == 2>(acc, sw, row0, lane);
     else gemv_store<R, NT>(acc, res, y, row0, n_out, n_out, lane, accumulate);
 }
 
@@ -533,15 +536,19 @@ __global__ void gemv_scalar_kernel(const void *W, int type, const float *x, floa
 }
 
 // Rows per warp: more rows share each activation load; fewer keep more warps in flight.
-// sw (F16 gate|up only): SwiGLU fused when R is even; false, nothing launched, when it cannot be.
+// sw (F16 gate|up only): SwiGLU / GeGLU fused when R is even; false, nothing launched, when it cannot be.
 template <int TYPE, int NT, int R, int U, bool XH>
 static bool launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s, const gemv_swi *sw) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
     if (sw) {
         if constexpr (TYPE == DT_F16 && R % 2 == 0) {
-            kc_launch(gemv_kernel<TYPE, NT, R, U, XH, true>, grid, block, 0, s, (const uint8_t *)W->data, (const kc_half *)W->d,
-                      x, y, W->n_in, W->n_out, acc, *sw);
+            if (sw->gelu)
+                kc_launch(gemv_kernel<TYPE, NT, R, U, XH, 2>, grid, block, 0, s, (const uint8_t *)W->data,
+                          (const kc_half *)W->d, x, y, W->n_in, W->n_out, acc, *sw);
+            else
+                kc_launch(gemv_kernel<TYPE, NT, R, U, XH, 1>, grid, block, 0, s, (const uint8_t *)W->data,
+                          (const kc_half *)W->d, x, y, W->n_in, W->n_out, acc, *sw);
             return true;
         }
         return false;
@@ -1250,15 +1257,15 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     return 0;
 }
 
-extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
-                                kc_xq *xq_act, const kc_gemm_ws *ws, cudaStream_t s) {
-    if (!W || !x || n_tok <= 0 || W->n_out % 2) return CM_EINVAL;
+extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
+                             kc_xq *xq_act, int act, const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W || !x || n_tok <= 0 || W->n_out % 2 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
     const int n_ff = W->n_out / 2;
     const bool fuse = n_tok <= kc_plan_get()->swiglu_fuse && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in &&
                       n_tok <= xq->cap_tok && W->n_in % 8 == 0 && xq_act && xq_act->no_ints && xq_act->xh &&
                       n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n;
     if (fuse) {
-        const gemv_swi sw = { out, (__half *)xq_act->xh, n_ff };
+        const gemv_swi sw = { out, (__half *)xq_act->xh, n_ff, act == MDL_ACT_GELU_TANH };
         if (launch_gemv<DT_F16, true>(W, xq->xh, n_tok, nullptr, 0, s, &sw)) {
             xq_act->n = n_ff;
             KC_LAUNCH_CHECK();
@@ -1270,5 +1277,10 @@ extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq 
     }
     if (!gu) return CM_EINVAL;
     int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);
-    return rc ? rc : kc_swiglu_xq(gu, out, xq_act, n_tok, n_ff, s);
+    return rc ? rc : kc_glu_xq(gu, out, xq_act, n_tok, n_ff, act, s);
+}
+
+extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
+                                kc_xq *xq_act, const kc_gemm_ws *ws, cudaStream_t s) {
+    return kc_matmul_glu(W, x, xq, n_tok, gu, out, xq_act, MDL_ACT_SILU, ws, s);
 }

@@ -1,4 +1,5 @@
-// norm: RMSNorm over rows of f32 activations.
+// norm: RMSNorm over rows of f32 activations; a post-norm added to the residual, alone or with
+// the next pre-norm in the same launch.
 #include "kc_common.cuh"
 
 #include <stdlib.h>
@@ -160,4 +161,129 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
 
 extern "C" int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s) {
     return kc_rmsnorm_xq(x, w, y, NULL, n_tok, n, eps, s);
+}
+
+// ---- post-norm added to the residual, and the next pre-norm ------------------------------------
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+// x[t] += rmsnorm(h[t]) * wp; with NEXT, then y[t] = rmsnorm(x[t]) * w (and the blocks with
+// QUANT) from the new x held in registers: one CTA per token, each thread up to NV float4 of
+// both rows. The second norm has the thread count, sum order and roundings of
+// rmsnorm_vec_kernel as launch_vec picks it (and so the split kernel's bits), so the launch
+// gives the same bits as kc_rmsnorm_add then kc_rmsnorm_xq. y may be h: a CTA reads its row of h
+// before the first reduction and writes y after the second.
+template <int NV, bool NEXT, bool QUANT>
+__global__ void rmsnorm_add_vec_kernel(float *x, const float *h, const float *__restrict__ wp, const float *__restrict__ w,
+                                       float *y, int n, float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    __shared__ float red[32];
+    kc_pdl_trigger();
+    const int n4 = n / 4;
+    float4 gp[NV], g[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        gp[k] = i < n4 ? __ldg((const float4 *)wp + i) : make_float4(0, 0, 0, 0);
+        if (NEXT) g[k] = i < n4 ? __ldg((const float4 *)w + i) : make_float4(0, 0, 0, 0);
+    }
+    kc_pdl_wait();
+    const float4 *hr = (const float4 *)(h + (size_t)blockIdx.x * n);
+    float4 *xr = (float4 *)(x + (size_t)blockIdx.x * n);
+    float4 v[NV], a[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < n4 ? hr[i] : make_float4(0, 0, 0, 0);
+        a[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
+    }
+    float ss = rms_sumsq4(v[0]);
+#pragma unroll
+    for (int k = 1; k < NV; k++) ss = __fadd_rn(ss, rms_sumsq4(v[k]));
+    ss = kc_block_sum(ss, red);
+    const float r = rms_scale(ss, n, eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) {
+            a[k] = add4(a[k], rms_apply4(v[k], r, gp[k]));
+            xr[i] = a[k];
+        }
+    }
+    if constexpr (NEXT) {
+        float *yrow = y ? y + (size_t)blockIdx.x * n : nullptr; // NULL: only the blocks
+        float s2 = rms_sumsq4(a[0]);
+#pragma unroll
+        for (int k = 1; k < NV; k++) s2 = __fadd_rn(s2, rms_sumsq4(a[k]));
+        s2 = kc_block_sum(s2, red);
+        const float r2 = rms_scale(s2, n, eps);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            float4 o = make_float4(0, 0, 0, 0);
+            if (i < n4) {
+                o = rms_apply4(a[k], r2, g[k]);
+                if (yrow) ((float4 *)yrow)[i] = o;
+            }
+            if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
+        }
+    }
+}
+
+// Any n (tiny models): x[t] += rmsnorm(h[t]) * w, strided scalar loop.
+__global__ void rmsnorm_add_kernel(float *x, const float *h, const float *__restrict__ w, int n, float eps) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    __shared__ float red[32];
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const float *hr = h + (size_t)blockIdx.x * n;
+    float *xr = x + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(hr[i], hr[i], ss);
+    ss = kc_block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += hr[i] * r * w[i];
+}
+
+static bool norm_vec_ok(int n) { return n % 4 == 0 && n <= 4 * 1024 * 8; }
+
+template <bool NEXT, bool QUANT>
+static void launch_add_vec(float *x, const float *h, const float *wp, const float *w, float *y, kc_xq *xq, int n_tok, int n,
+                           float eps, cudaStream_t s) {
+    /* launch_vec's thread count (the second norm's bits depend on it) */
+    const int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32, nv = (n4 + threads - 1) / threads;
+    int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
+    int32_t *qm = QUANT ? xq->m : nullptr;
+    __half *xh = QUANT ? (__half *)xq->xh : nullptr;
+    typedef void (*fn)(float *, const float *, const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *,
+                       __half *);
+    const fn k = nv <= 1 ? rmsnorm_add_vec_kernel<1, NEXT, QUANT>
+               : nv <= 2 ? rmsnorm_add_vec_kernel<2, NEXT, QUANT>
+               : nv <= 4 ? rmsnorm_add_vec_kernel<4, NEXT, QUANT> : rmsnorm_add_vec_kernel<8, NEXT, QUANT>;
+    kc_launch(k, dim3(n_tok), dim3(threads), 0, s, x, h, wp, w, y, n, eps, qh, ql, qm, xh);
+}
+
+extern "C" int kc_rmsnorm_add(float *x, const float *y, const float *w, int n_tok, int n, float eps, cudaStream_t s) {
+    if (!x || !y || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
+    if (norm_vec_ok(n)) launch_add_vec<false, false>(x, y, w, nullptr, nullptr, nullptr, n_tok, n, eps, s);
+    else kc_launch(rmsnorm_add_kernel, dim3(n_tok), dim3(n >= 256 ? 256 : ((n + 31) / 32) * 32), 0, s, x, y, w, n, eps);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rmsnorm_add_xq(float *x, const float *h, const float *w_post, const float *w, float *y, kc_xq *xq, int n_tok,
+                                 int n, float eps, cudaStream_t s) {
+    if (!x || !h || !w_post || !w || x == h || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
+    if (!norm_vec_ok(n)) { /* the two launches (the plain norm writes only y) */
+        if (!y) return CM_EINVAL;
+        int rc = kc_rmsnorm_add(x, h, w_post, n_tok, n, eps, s);
+        return rc ? rc : kc_rmsnorm_xq(x, w, y, xq, n_tok, n, eps, s);
+    }
+    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (!y && !quant) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? n : 0;
+    if (quant) launch_add_vec<true, true>(x, h, w_post, w, y, xq, n_tok, n, eps, s);
+    else launch_add_vec<true, false>(x, h, w_post, w, y, xq, n_tok, n, eps, s);
+    KC_LAUNCH_CHECK();
 }

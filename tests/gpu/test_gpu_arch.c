@@ -8,15 +8,20 @@
  * longrope, partial rotation) with and without QK-norm, and attention with soft-capping and a
  * sliding window on every kernel (per-head at head dims 16..256, tensor-core decode and
  * prefill at 64 / 128), where the blocks wholly before the window are a block of NaNs that
- * must never be read. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
+ * must never be read. The fused launches of the Gemma layers: the gate|up GEMV with SwiGLU or
+ * GeGLU in its epilogue (kc_matmul_glu; F16, Q8_0, Q4_K), the post-norm with the next pre-norm
+ * (kc_rmsnorm_add_xq) and the scaled embedding, each against the unfused sequence (the same
+ * bits) and the CPU. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
  * (tests/gpu/models.sh). */
 #include "common/cm_err.h"
+#include "kernels/cpu/kcpu.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "tests/unit/t.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +29,7 @@
 #include <string.h>
 
 #include "gpu_ck.h"
+#include "gpu_plan.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -490,6 +496,253 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
     cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt); cudaFree(part); cudaFree(cnt);
 }
 
+/* ---- the fused launches of the Gemma layers --------------------------------------------------- */
+
+static kc_xq xq_new(int cap_tok, int cap_n, int no_ints) {
+    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n, .no_ints = no_ints };
+    const size_t n = (size_t)cap_tok * cap_n;
+    CK(cudaMalloc((void **)&q.qh, n));
+    CK(cudaMalloc((void **)&q.ql, n));
+    CK(cudaMalloc((void **)&q.m, n / 32 * 8 + 8));
+    CK(cudaMalloc((void **)&q.xh, n * 2));
+    return q;
+}
+static void xq_poison(kc_xq *q) { /* 0x55: a producer that writes only the half copy leaves it */
+    const size_t n = (size_t)q->cap_tok * q->cap_n;
+    CK(cudaMemset(q->qh, 0x55, n));
+    CK(cudaMemset(q->ql, 0x55, n));
+    CK(cudaMemset(q->m, 0x55, n / 32 * 8));
+    CK(cudaMemset(q->xh, 0xff, n * 2));
+    q->n = -1;
+}
+static void xq_del(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
+static int dev_same(const void *a, const void *b, size_t n) {
+    char *x = malloc(n ? n : 1), *y = malloc(n ? n : 1);
+    down(x, a, n);
+    down(y, b, n);
+    int ok = memcmp(x, y, n) == 0;
+    free(x); free(y);
+    return ok;
+}
+/* a's rows of n as b's: the half copy, and the integer blocks unless a wrote only the half copy
+ * (then they must still hold the 0x55 poison) */
+static int xq_same(const kc_xq *a, const kc_xq *b, int nt, int n) {
+    const size_t e = (size_t)nt * n;
+    int ok = a->n == n && dev_same(a->xh, b->xh, e * 2);
+    if (!a->no_ints) return ok && dev_same(a->qh, b->qh, e) && dev_same(a->ql, b->ql, e) && dev_same(a->m, b->m, e / 32 * 8);
+    int8_t *h = malloc(e);
+    down(h, a->qh, e);
+    for (size_t i = 0; i < e; i++) ok &= h[i] == 0x55;
+    free(h);
+    return ok;
+}
+static kc_weight weight_up(int type, const void *blocks, int n_in, int n_out) {
+    size_t db, sb;
+    kc_weight w = { .type = type, .n_in = n_in, .n_out = n_out };
+    if (kc_weight_sizes(type, n_in, n_out, &db, &sb)) {
+        fprintf(stderr, "kc_weight_sizes %s %dx%d\n", dt_name(type), n_in, n_out);
+        exit(1);
+    }
+    void *hq = malloc(db);
+    kc_half *hd = sb ? malloc(sb) : NULL;
+    kc_weight_repack(type, blocks, n_in, n_out, hq, hd);
+    w.data = up(hq, db);
+    w.d = sb ? up(hd, sb) : NULL;
+    free(hq); free(hd);
+    return w;
+}
+static void plan_glu_fuse(int n) {
+    kc_plan p = *kc_plan_get();
+    p.swiglu_fuse = n;
+    kc_plan_set(&p);
+}
+
+/* kc_matmul_glu (gate|up rows interleaved) for SwiGLU and GeGLU, F16 / Q8_0 / Q4_K, 1..8 tokens
+ * (the GEMV; fused into its epilogue for F16 wherever a warp holds gate and up rows, with the
+ * plan's limit raised to 8) and 12, 40 (the matmul paths): output, half copy and blocks the same
+ * bits as kc_matmul_xq + kc_glu + kc_quantize_x, gu left alone where fused (one token at the
+ * default plan too), and the output against the CPU (double GEMV of the same weights, k_swiglu /
+ * k_geglu). */
+static void test_matmul_glu(cublasHandle_t cb, cudaStream_t s) {
+    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_K }, ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 12, 40 };
+    const int n_in = 512, n_ff = 96, ntmax = 40, cap = KC_GEMV_MAX_TOK;
+    const int dflt = kc_plan_get()->swiglu_fuse;
+    float *x = rnd((size_t)ntmax * n_in, 1.0f), *wf = rnd((size_t)2 * n_ff * n_in, 0.1f);
+    double *gref = malloc((size_t)ntmax * 2 * n_ff * sizeof(double));
+    float *ref = malloc((size_t)ntmax * n_ff * 4), *got = malloc((size_t)ntmax * n_ff * 4), gate[96], upv[96];
+    float *dx = up(x, (size_t)ntmax * n_in * 4), *dgu = dnew((size_t)ntmax * 2 * n_ff * 4), *dgu2 = dnew((size_t)ntmax * 2 * n_ff * 4);
+    float *dout = dnew((size_t)ntmax * n_ff * 4), *dout2 = dnew((size_t)ntmax * n_ff * 4);
+    kc_gemm_ws ws = { .cublas = cb, .xq = xq_new(cap, n_in, 0) };
+    ws.w_cap = (size_t)2 * n_ff * n_in;
+    ws.x_cap = (size_t)ntmax * n_in;
+    CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+    CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+    kc_xq xin = xq_new(cap, n_in, 0), xb = xq_new(cap, n_ff, 0);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        const int type = types[ti];
+        void *blocks = malloc(dt_row_size(type, n_in) * 2 * n_ff);
+        dt_quantize(type, wf, blocks, (int64_t)2 * n_ff * n_in);
+        kc_weight W = weight_up(type, blocks, n_in, 2 * n_ff);
+        k_matmul_ref(blocks, type, n_in, 2 * n_ff, x, ntmax, gref);
+        /* F16: the backend's down reads only the half copy (no_ints) */
+        kc_xq xa = xq_new(cap, n_ff, type == DT_F16);
+        for (int act = 0; act < 2; act++)
+            for (int fuse = 1; fuse <= cap; fuse += cap - 1)
+                for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++)
+                    for (int with_out = 0; with_out < 2; with_out++) {
+                        const int nt = ntoks[ni], a = act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, small = nt <= cap;
+                        if (!small && (!with_out || fuse != 1)) continue; /* past the GEMV: f32 output only */
+                        const size_t no = (size_t)nt * n_ff;
+                        plan_glu_fuse(fuse);
+                        int rc = 0;
+                        if (small) rc |= kc_quantize_x(dx, nt, n_in, &xin, s); /* the pre-norm's blocks */
+                        CK(cudaMemset(dgu, 0x55, (size_t)nt * 2 * n_ff * 4));
+                        CK(cudaMemset(dout, 0xff, no * 4));
+                        xq_poison(&xa);
+                        rc |= kc_matmul_glu(&W, dx, small ? &xin : NULL, nt, dgu, with_out ? dout : NULL, small ? &xa : NULL, a, &ws, s);
+                        CK(cudaStreamSynchronize(s));
+                        uint32_t g0;
+                        down(&g0, dgu, 4);
+                        /* the unfused sequence */
+                        CK(cudaMemset(dout2, 0xff, no * 4));
+                        xq_poison(&xb);
+                        rc |= kc_matmul_xq(&W, dx, small ? &xin : NULL, nt, dgu2, 0, &ws, s);
+                        rc |= kc_glu(dgu2, dout2, nt, n_ff, a, 0, NULL, s);
+                        if (small) rc |= kc_quantize_x(dout2, nt, n_ff, &xb, s);
+                        CK(cudaStreamSynchronize(s));
+                        const int same_out = !with_out || dev_same(dout, dout2, no * 4), same_q = !small || xq_same(&xa, &xb, nt, n_ff);
+                        /* fused: F16 with a half copy and a warp holding gate and up (2 rows per warp up to 4 tokens) */
+                        const int fused = type == DT_F16 && small && nt <= fuse && nt <= 4, untouched = g0 == 0x55555555u;
+                        double e = 0;
+                        if (with_out) {
+                            for (int t = 0; t < nt; t++) {
+                                for (int j = 0; j < n_ff; j++) {
+                                    gate[j] = (float)gref[(size_t)t * 2 * n_ff + 2 * j];
+                                    upv[j] = (float)gref[(size_t)t * 2 * n_ff + 2 * j + 1];
+                                }
+                                (act ? k_geglu : k_swiglu)(gate, upv, n_ff, ref + (size_t)t * n_ff);
+                            }
+                            down(got, dout, no * 4);
+                            e = rel_err_f(got, ref, no);
+                        }
+                        T_CHECKF(rc == 0 && same_out && same_q && untouched == fused && e < 5e-3,
+                                 "matmul_glu %s %s nt=%d fuse<=%d out=%d: rc=%d same out %d, same blocks %d, fused %d/%d, rel_err %.3g",
+                                 dt_name(type), act ? "gelu" : "silu", nt, fuse, with_out, rc, same_out, same_q, untouched, fused, e);
+                    }
+        xq_del(&xa);
+        cudaFree(W.data); cudaFree(W.d); free(blocks);
+    }
+    plan_glu_fuse(dflt);
+    T_CHECK(kc_matmul_glu(NULL, dx, NULL, 1, dgu, dout, NULL, MDL_ACT_SILU, &ws, s) == CM_EINVAL);
+    T_CHECK(kc_glu_xq(dgu, NULL, NULL, 1, n_ff, MDL_ACT_GELU_TANH, s) == CM_EINVAL); /* nothing would be written */
+    T_CHECK(kc_glu_xq(dgu, dout, NULL, 1, n_ff, 7, s) == CM_EINVAL);
+    xq_del(&xin); xq_del(&xb); xq_del(&ws.xq);
+    cudaFree(ws.w_half); cudaFree(ws.x_half);
+    cudaFree(dx); cudaFree(dgu); cudaFree(dgu2); cudaFree(dout); cudaFree(dout2);
+    free(x); free(wf); free(gref); free(ref); free(got);
+}
+
+/* kc_rmsnorm_add_xq against kc_rmsnorm_add + kc_rmsnorm_xq (x, y and the blocks the same bits:
+ * full blocks, half copy only, y NULL, y = h) with the RMSNorm split on and off, for 1..8 and
+ * 13 tokens and row lengths of the one-CTA kernel (1..8 float4 per thread), the split kernel
+ * (2560), rows without blocks (100, 1000: n % 32 != 0) and any n (90: the two launches); and
+ * x, y against the CPU (k_rmsnorm, k_add, k_rmsnorm). */
+static void test_rmsnorm_add_xq(cudaStream_t s) {
+    const int ns[] = { 64, 90, 100, 1000, 2304, 2560, 3840, 5120, 12288 }, ntoks[] = { 1, 2, 3, 5, 8, 13 }, cap = 8;
+    for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
+        for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++)
+            for (int split = 0; split < 2; split++) {
+                const int n = ns[si], nt = ntoks[ni], quant = n % 32 == 0 && nt <= cap;
+                const size_t N = (size_t)nt * n;
+                float *x = rnd(N, 2.0f), *h = rnd(N, 5.0f), *wp = rnd(n, 1.5f), *w = rnd(n, 1.5f);
+                for (size_t i = 0; i < N; i += 97) h[i] *= 20.0f; /* a few large values: blocks of different scales */
+                float *rx = malloc(N * 4), *ry = malloc(N * 4), *tmp = malloc(N * 4), *got = malloc(N * 4);
+                k_rmsnorm(h, wp, nt, n, 1e-6f, tmp);
+                memcpy(rx, x, N * 4);
+                k_add(rx, tmp, (int64_t)N);
+                k_rmsnorm(rx, w, nt, n, 1e-6f, ry);
+                float *dh = up(h, N * 4), *dwp = up(wp, (size_t)n * 4), *dw = up(w, (size_t)n * 4);
+                float *dx1 = up(x, N * 4), *dx2 = up(x, N * 4), *dy1 = dnew(N * 4), *dy2 = dnew(N * 4);
+                kc_xq q1 = xq_new(cap, n, 0), q2 = xq_new(cap, n, 0);
+                xq_poison(&q1);
+                xq_poison(&q2);
+                gpu_plan_norm_split(split);
+                int rc = kc_rmsnorm_add(dx1, dh, dwp, nt, n, 1e-6f, s);
+                rc |= kc_rmsnorm_xq(dx1, dw, dy1, &q1, nt, n, 1e-6f, s);
+                rc |= kc_rmsnorm_add_xq(dx2, dh, dwp, dw, dy2, &q2, nt, n, 1e-6f, s);
+                CK(cudaStreamSynchronize(s));
+                int same_x = dev_same(dx1, dx2, N * 4), same_y = dev_same(dy1, dy2, N * 4);
+                int same_q = q1.n == q2.n && (q2.n != n || xq_same(&q2, &q1, nt, n)) && (q2.n == n) == quant;
+                down(got, dx2, N * 4);
+                double ex = rel_err_f(got, rx, N);
+                down(got, dy2, N * 4);
+                double ey = rel_err_f(got, ry, N);
+                T_CHECKF(rc == 0 && same_x && same_y && same_q && ex < 1e-5 && ey < 1e-5,
+                         "rmsnorm_add_xq n=%d nt=%d split=%d: rc=%d same x %d y %d blocks %d, rel_err x %.3g y %.3g", n, nt, split,
+                         rc, same_x, same_y, same_q, ex, ey);
+                if (quant && n <= 4 * 1024 * 8) {
+                    /* the blocks only; the half copy only (F16 models); y = h */
+                    kc_xq q3 = xq_new(cap, n, 1);
+                    xq_poison(&q2);
+                    xq_poison(&q3);
+                    CK(cudaMemcpy(dx2, x, N * 4, cudaMemcpyHostToDevice));
+                    rc = kc_rmsnorm_add_xq(dx2, dh, dwp, dw, NULL, &q2, nt, n, 1e-6f, s);
+                    CK(cudaStreamSynchronize(s));
+                    int ok_blocks = rc == 0 && dev_same(dx1, dx2, N * 4) && xq_same(&q2, &q1, nt, n);
+                    CK(cudaMemcpy(dx2, x, N * 4, cudaMemcpyHostToDevice));
+                    rc = kc_rmsnorm_add_xq(dx2, dh, dwp, dw, NULL, &q3, nt, n, 1e-6f, s);
+                    CK(cudaStreamSynchronize(s));
+                    int ok_half = rc == 0 && dev_same(dx1, dx2, N * 4) && xq_same(&q3, &q1, nt, n);
+                    float *dh2 = up(h, N * 4);
+                    CK(cudaMemcpy(dx2, x, N * 4, cudaMemcpyHostToDevice));
+                    rc = kc_rmsnorm_add_xq(dx2, dh2, dwp, dw, dh2, &q2, nt, n, 1e-6f, s);
+                    CK(cudaStreamSynchronize(s));
+                    int ok_alias = rc == 0 && dev_same(dx1, dx2, N * 4) && dev_same(dy1, dh2, N * 4);
+                    T_CHECKF(ok_blocks && ok_half && ok_alias, "rmsnorm_add_xq n=%d nt=%d split=%d: blocks only %d, half only %d, y = h %d",
+                             n, nt, split, ok_blocks, ok_half, ok_alias);
+                    cudaFree(dh2);
+                    xq_del(&q3);
+                }
+                if (!quant) /* nothing but y to write: y NULL refused, x untouched */
+                    T_CHECK(kc_rmsnorm_add_xq(dx2, dh, dwp, dw, NULL, &q2, nt, n, 1e-6f, s) == CM_EINVAL && dev_same(dx1, dx2, N * 4));
+                gpu_plan_norm_split(1);
+                xq_del(&q1); xq_del(&q2);
+                cudaFree(dh); cudaFree(dwp); cudaFree(dw); cudaFree(dx1); cudaFree(dx2); cudaFree(dy1); cudaFree(dy2);
+                free(x); free(h); free(wp); free(w); free(rx); free(ry); free(tmp); free(got);
+            }
+    float *d = dnew(64 * 4);
+    T_CHECK(kc_rmsnorm_add_xq(d, d, d, d, NULL, NULL, 1, 64, 1e-6f, s) == CM_EINVAL); /* x == h */
+    cudaFree(d);
+}
+
+/* kc_embed_scaled = kc_embed then kc_scale (bits), every table type, an out-of-range id a NaN row. */
+static void test_embed_scaled(cudaStream_t s) {
+    const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K };
+    const int n_embd = 512, n_vocab = 40, nt = 5;
+    const int32_t ids[5] = { 3, 39, 0, 40, 17 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        float *tf = rnd((size_t)n_embd * n_vocab, 1.0f);
+        void *blocks = malloc(dt_row_size(types[ti], n_embd) * n_vocab);
+        dt_quantize(types[ti], tf, blocks, (int64_t)n_embd * n_vocab);
+        kc_weight w = weight_up(types[ti], blocks, n_embd, n_vocab);
+        int32_t *dids = up(ids, sizeof ids);
+        float *da = dnew((size_t)nt * n_embd * 4), *db = dnew((size_t)nt * n_embd * 4), *g = malloc((size_t)nt * n_embd * 4);
+        const float sc = sqrtf(3840.0f); /* gemma3-12b's sqrt(n_embd) */
+        int rc = kc_embed_scaled(&w, dids, nt, da, sc, s);
+        rc |= kc_embed(&w, dids, nt, db, s);
+        rc |= kc_scale(db, (size_t)nt * n_embd, sc, s);
+        CK(cudaStreamSynchronize(s));
+        down(g, da, (size_t)nt * n_embd * 4);
+        int nan_row = 1, finite = 1;
+        for (int i = 0; i < n_embd; i++) nan_row &= isnan(g[3 * n_embd + i]);
+        for (int i = 0; i < nt * n_embd; i++) finite &= i / n_embd == 3 || isfinite(g[i]);
+        T_CHECKF(rc == 0 && dev_same(da, db, (size_t)nt * n_embd * 4) && nan_row && finite, "kc_embed_scaled %s: rc=%d",
+                 dt_name(types[ti]), rc);
+        cudaFree(da); cudaFree(db); cudaFree(dids); cudaFree(w.data); cudaFree(w.d);
+        free(g); free(blocks); free(tf);
+    }
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -499,6 +752,15 @@ int main(void) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     test_elementwise(s);
+    {
+        cublasHandle_t cb;
+        if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
+        cublasSetStream(cb, s);
+        test_matmul_glu(cb, s);
+        cublasDestroy(cb);
+    }
+    test_rmsnorm_add_xq(s);
+    test_embed_scaled(s);
     test_moe(s);
     test_moe_quant(s);
     test_rope_table(s);
