@@ -57,12 +57,13 @@ __device__ __forceinline__ void f8_expand16_h(const uint4 &w, __half2 (&h)[8]) {
     }
 }
 
-// SwiGLU in the gate|up GEMV's epilogue (kc__matmul_f8_swiglu): rows interleave gate and up
+// SwiGLU or GeGLU in the gate|up GEMV's epilogue (kc__matmul_f8_glu): rows interleave gate and up
 // (row 2j gate j, 2j + 1 up j), so a warp of R even rows holds pairs.
 struct f8_swi {
     float *out; // [NT][n_ff] f32, or NULL
     __half *xh; // [NT][n_ff] half
     int n_ff;
+    int gelu;   // GeGLU (tanh GELU) instead of SwiGLU
 };
 
 // One warp per R rows, NT tokens; a lane takes chunks of 16 codes c = lane, lane + 32, ...
@@ -73,7 +74,7 @@ struct f8_swi {
 // (kc_xq.xh, 2 bytes an activation instead of 4): the 16 products of a chunk are summed in
 // half pairs (codes x 2^-8, as the F16 GEMV sums 8 products in half), then in f32. The
 // f32 path's conversions (16 per 16 codes) bounded it at ~2.4 TB/s on an H200.
-// SWI (XH only): the SwiGLU of each gate/up row pair is written as f32 (sw.out) and half.
+// SWI (XH only): the SwiGLU (or GeGLU) of each gate/up row pair is written as f32 (sw.out) and half.
 template <int NT, int R, int U, bool XH, bool SWI>
 __global__ void __launch_bounds__(F8_WARPS * 32)
 gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, const void *xv, float *y, int n_in,
@@ -178,7 +179,8 @@ gemv_f8_kernel(const uint8_t *__restrict__ W, const float *__restrict__ scale, c
                 const float g = kc_warp_sum(acc[r][t]), u = kc_warp_sum(acc[r + 1][t]);
                 const int j = (row0 + r) / 2;
                 if (lane == 0 && j < sw.n_ff) {
-                    const float v = kc_silu_mul(__ldg(scale + row0 + r) * (g * k), __ldg(scale + row0 + r + 1) * (u * k));
+                    const float gs = __ldg(scale + row0 + r) * (g * k), us = __ldg(scale + row0 + r + 1) * (u * k);
+                    const float v = sw.gelu ? kc_gelu_mul(gs, us) : kc_silu_mul(gs, us);
                     const size_t e = (size_t)t * sw.n_ff + j;
                     if (sw.out) sw.out[e] = v;
                     sw.xh[e] = __float2half_rn(v);
@@ -465,12 +467,13 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq
     return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
 }
 
-extern "C" int kc__matmul_f8_swiglu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, cudaStream_t s) {
+extern "C" int kc__matmul_f8_glu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, int gelu,
+                                 cudaStream_t s) {
     const int n_ff = W->n_out / 2;
     if (W->type != DT_F8_E4M3 || W->n_out % 2 || !f8_half_x(W, xq, n_tok) || !xq_act || !xq_act->no_ints || !xq_act->xh ||
         n_ff % 32 || n_tok > xq_act->cap_tok || n_ff > xq_act->cap_n)
         return 1;
-    const f8_swi sw = { out, (__half *)xq_act->xh, n_ff };
+    const f8_swi sw = { out, (__half *)xq_act->xh, n_ff, gelu };
     launch_gemv_f8<true, true>(W, xq->xh, n_tok, nullptr, 0, 0, s, sw);
     xq_act->n = n_ff;
     KC_LAUNCH_CHECK();

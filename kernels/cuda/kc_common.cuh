@@ -221,10 +221,11 @@ extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, f
 // cuBLAS), into rows of stride ldy.
 extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy,
                              int accumulate, const kc_gemm_ws *ws, cudaStream_t s);
-// kc_matmul_swiglu's one-kernel path for an F8_E4M3 gate|up matrix (the GEMV on xq's half copy,
-// SwiGLU in its epilogue, into out (may be NULL) and xq_act's half copy): 0 when launched (or
-// a launch error), 1 when the shape or the buffers do not allow it (nothing launched).
-extern "C" int kc__matmul_f8_swiglu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, cudaStream_t s);
+// kc_matmul_glu's one-kernel path for an F8_E4M3 gate|up matrix (the GEMV on xq's half copy,
+// SwiGLU, or GeGLU when gelu, in its epilogue, into out (may be NULL) and xq_act's half copy):
+// 0 when launched (or a launch error), 1 when the shape or the buffers do not allow it.
+extern "C" int kc__matmul_f8_glu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, int gelu,
+                                 cudaStream_t s);
 
 // ---- quantized weight layouts (kcuda.h, kc_weight) ----------------------------------------------
 // Bytes of one row of a quantized kc_weight's data and d regions (n_in whole blocks of the type;

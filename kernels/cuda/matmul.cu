@@ -1272,7 +1272,7 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
         }
     }
     if (n_tok <= kc_plan_get()->swiglu_fuse && W->type == DT_F8_E4M3) {
-        int rc = kc__matmul_f8_swiglu(W, xq, n_tok, out, xq_act, s);
+        int rc = kc__matmul_f8_glu(W, xq, n_tok, out, xq_act, act == MDL_ACT_GELU_TANH, s);
         if (rc <= 0) return rc;
     }
     if (!gu) return CM_EINVAL;
