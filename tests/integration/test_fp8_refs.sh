@@ -4,10 +4,14 @@
 # dequantized network: for every tests/models/fp8/<layout>/ holding reference data (written by
 # tests/models/fp8/make_fp8_refs.py on a machine with PyTorch and committed), arka's CPU logits
 # must match: relative error of every position's logit row <= 1e-3, top-1 agreement 100 %.
-# Skips (exit 77) with a message while no data has been committed.
+# ARKA_FP8_BACKEND=cuda (on a GPU host, tests/gpu): the cuda backend's logits, within the GPU's
+# bounds against a reference (relative error <= 1e-2, top-1 >= 99 %: its FP8 GEMV sums half
+# activations, as the F16 one does). Skips (exit 77) with a message while no data has been committed.
 set -uo pipefail
 ROOT=${ARKA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 ARKA=${ARKA_BIN:-$ROOT/build/bin/arka}
+BACKEND=${ARKA_FP8_BACKEND:-cpu}
+if [ "$BACKEND" = cpu ]; then TOP1_MIN=100; REL_MAX=1e-3; else TOP1_MIN=99; REL_MAX=1e-2; fi
 DATA=${ARKA_FP8_REFS:-$ROOT/tests/models/fp8}
 pass=0 fail=0
 ok() { pass=$((pass + 1)); }
@@ -26,14 +30,14 @@ for ref in "${refs[@]}"; do
     d=$(dirname "$ref")
     name=$(basename "$d")
     n=$(wc -w <"$d/ids.txt")
-    out=$("$ARKA" perplexity -m "$d" --ids "$d/ids.txt" --ctx "$n" --first 0 --kl-divergence-base "$ref" --threads 2 2>&1) \
+    out=$("$ARKA" perplexity -m "$d" --ids "$d/ids.txt" --ctx "$n" --first 0 --kl-divergence-base "$ref" --threads 2 --backend "$BACKEND" 2>&1) \
         || { bad "$name: $out"; continue; }
     line=$(grep '^kl-divergence' <<<"$out")
     top1=$(sed -n 's/.*top-1 agreement: \([0-9.]*\) %.*/\1/p' <<<"$line")
     rel=$(sed -n 's/.*relative error of logits: mean [^,]*, max \([0-9.e+-]*\)$/\1/p' <<<"$line")
     echo "$name: $line"
-    [ "$top1" = "100.000" ] && ok || bad "$name: top-1 agreement $top1 %"
-    awk -v r="$rel" 'BEGIN { exit !(r != "" && r <= 1e-3) }' && ok || bad "$name: relative error $rel > 1e-3"
+    awk -v t="$top1" -v m="$TOP1_MIN" 'BEGIN { exit !(t != "" && t + 0 >= m) }' && ok || bad "$name: top-1 agreement $top1 % < $TOP1_MIN %"
+    awk -v r="$rel" -v m="$REL_MAX" 'BEGIN { exit !(r != "" && r <= m) }' && ok || bad "$name: relative error $rel > $REL_MAX"
 done
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
