@@ -684,11 +684,11 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
             KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
             prof_mark(s, PC_GU);
-            KC_FATAL(kc_moe_gemv_t(L->exp_gu, L->exp_gu_type, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist,
+            KC_FATAL(kc_moe_gemv_t(L->exp_gu, L->exp_gu_type, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist, n_tok * K,
                                    s->egu, cs));
             KC_FATAL(kc_glu(s->egu, s->eact, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
             prof_mark(s, PC_ACT);
-            KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist,
+            KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist, n_tok * K,
                                    s->eout, cs));
             KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
         } else { /* SwiGLU or GeGLU (c->ffn_act) */

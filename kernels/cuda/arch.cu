@@ -118,7 +118,34 @@ __global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_
     }
 }
 
-constexpr int MOE_WARPS = 8, MOE_RPW = 4, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
+constexpr int MOE_WARPS = 8, MOE_RPW = 1, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
+
+// The expert of CTA column i: i itself when the grid has a column per expert, else the i-th
+// expert (ascending) that some entry chose (-1: fewer were chosen). A step of T tokens and k
+// slots launches min(n_exp, T k) columns, so a decode step does not schedule a CTA per expert
+// (128 x the row tiles, nearly all exiting at once: most of an MoE layer's time at batch 1).
+__device__ __forceinline__ int moe_expert(const int32_t *cnt, int n_exp, int i) {
+    if ((int)gridDim.x == n_exp) return i;
+    __shared__ int s_e;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int seen = 0, found = -1;
+        for (int base = 0; base < n_exp && found < 0; base += 32) {
+            const int j = base + lane;
+            const unsigned m = __ballot_sync(0xffffffffu, j < n_exp && cnt[j] > 0);
+            const int c = __popc(m);
+            if (i < seen + c) {
+                unsigned mm = m;
+                for (int q = 0; q < i - seen; q++) mm &= mm - 1;
+                found = base + __ffs(mm) - 1;
+            }
+            seen += c;
+        }
+        if (lane == 0) s_e = found;
+    }
+    __syncthreads();
+    return s_e;
+}
 
 // Grouped GEMV over the experts' F16 matrices W [n_exp][n_out][n_in]: CTA (e, row tile) computes
 // rows of expert e for each of its entries, MOE_TOK entries at a time (warp: MOE_RPW rows; lanes:
@@ -126,11 +153,12 @@ constexpr int MOE_WARPS = 8, MOE_RPW = 4, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TO
 // read. Entry i's input is row i / x_div of x, its output row i of y ([n_ent][n_out]).
 __global__ void __launch_bounds__(MOE_WARPS * 32)
 moe_gemv_kernel(const __half *W, const float *x, float *y, const int32_t *cnt, const int32_t *off, const int32_t *list,
-                int n_in, int n_out, int x_div) {
+                int n_in, int n_out, int x_div, int n_exp) {
     KC_TRACE_SCOPE(KC_TR_GEMV);
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = moe_expert(cnt, n_exp, blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (e < 0) return;
     const int n = cnt[e], o0 = off[e];
     if (!n) return;
     const int r0 = blockIdx.y * MOE_ROWS + warp * MOE_RPW;
@@ -284,11 +312,12 @@ template <int T> __device__ __forceinline__ void deq32(const uint8_t *row, int c
 template <int T>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
 moe_gemvq_kernel(const uint8_t *W, size_t row_bytes, const float *x, float *y, const int32_t *cnt, const int32_t *off,
-                 const int32_t *list, int n_in, int n_out, int x_div) {
+                 const int32_t *list, int n_in, int n_out, int x_div, int n_exp) {
     KC_TRACE_SCOPE(KC_TR_GEMVQ);
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = moe_expert(cnt, n_exp, blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (e < 0) return;
     const int n = cnt[e], o0 = off[e];
     if (!n) return;
     const int r0 = blockIdx.y * MOE_ROWS + warp * MOE_RPW;
@@ -389,11 +418,11 @@ extern "C" int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, in
 }
 
 extern "C" int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                           const int32_t *off, const int32_t *list, float *y, cudaStream_t s) {
-    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_in % 8 || n_out <= 0 || x_div <= 0)
+                           const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s) {
+    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_in % 8 || n_out <= 0 || x_div <= 0 || n_ent <= 0)
         return CM_EINVAL;
-    kc_launch(moe_gemv_kernel, dim3(n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), dim3(MOE_WARPS * 32), 0, s, (const __half *)W, x, y,
-              cnt, off, list, n_in, n_out, x_div);
+    kc_launch(moe_gemv_kernel, dim3(n_ent < n_exp ? n_ent : n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), dim3(MOE_WARPS * 32), 0, s,
+              (const __half *)W, x, y, cnt, off, list, n_in, n_out, x_div, n_exp);
     KC_LAUNCH_CHECK();
 }
 
@@ -407,15 +436,16 @@ extern "C" int kc_moe_type_ok(int type, int n_in) {
 }
 
 extern "C" int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                             const int32_t *off, const int32_t *list, float *y, cudaStream_t s) {
-    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_out <= 0 || x_div <= 0 || !kc_moe_type_ok(type, n_in))
+                             const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s) {
+    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_out <= 0 || x_div <= 0 || n_ent <= 0 ||
+        !kc_moe_type_ok(type, n_in))
         return CM_EINVAL;
-    if (type == DT_F16) return kc_moe_gemv((const kc_half *)W, n_exp, n_in, n_out, x, x_div, cnt, off, list, y, s);
-    const dim3 grid(n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), block(MOE_WARPS * 32);
+    if (type == DT_F16) return kc_moe_gemv((const kc_half *)W, n_exp, n_in, n_out, x, x_div, cnt, off, list, n_ent, y, s);
+    const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), block(MOE_WARPS * 32);
     const uint8_t *w = (const uint8_t *)W;
     const size_t rb = dt_row_size(type, n_in);
 #define MOE_Q(T) \
-    case T: kc_launch(moe_gemvq_kernel<T>, grid, block, 0, s, w, rb, x, y, cnt, off, list, n_in, n_out, x_div); break;
+    case T: kc_launch(moe_gemvq_kernel<T>, grid, block, 0, s, w, rb, x, y, cnt, off, list, n_in, n_out, x_div, n_exp); break;
     switch (type) {
         MOE_Q(DT_Q4_0)
         MOE_Q(DT_Q4_1)

@@ -512,17 +512,18 @@ int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split,
 int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int32_t *idx, float *w, int32_t *cnt,
                  int32_t *off, int32_t *list, cudaStream_t s);
 /* Grouped GEMV: y[i] = W[e] x[i / x_div] for every entry i of every expert e (cnt, off, list
- * from kc_moe_route), one launch; W: [n_exp][n_out][n_in] half (n_in % 8 == 0), x rows of n_in
- * f32, y [entries][n_out] f32. Experts without entries are not read. */
+ * from kc_moe_route; n_ent entries in all, n_tok k), one launch; W: [n_exp][n_out][n_in] half
+ * (n_in % 8 == 0), x rows of n_in f32, y [entries][n_out] f32. Experts without entries are not
+ * read, and at most n_ent of them get CTAs. */
 int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
+                const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s);
 /* The same over experts kept in their file type: W holds [n_exp][n_out] rows of type `type`
  * (GGUF blocks as in the file, dt_row_size(type, n_in) bytes each; F16 as kc_moe_gemv).
  * kc_moe_type_ok: F16 (n_in % 8 == 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (n_in % 32 == 0), Q4_K, Q5_K,
  * Q6_K (n_in % 256 == 0). */
 int kc_moe_type_ok(int type, int n_in);
 int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                  const int32_t *off, const int32_t *list, float *y, cudaStream_t s);
+                  const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s);
 /* out[t] (+)= sum_j y[t k + j] over the k slots in order (y rows of n). */
 int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s);
 

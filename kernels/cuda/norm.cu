@@ -176,7 +176,7 @@ __device__ __forceinline__ float4 add4(float4 a, float4 b) {
 // gives the same bits as kc_rmsnorm_add then kc_rmsnorm_xq. y may be h: a CTA reads its row of h
 // before the first reduction and writes y after the second.
 template <int NV, bool NEXT, bool QUANT>
-__global__ void rmsnorm_add_vec_kernel(float *x, const float *h, const float *__restrict__ wp, const float *__restrict__ w,
+__global__ void __launch_bounds__(1024) rmsnorm_add_vec_kernel(float *x, const float *h, const float *__restrict__ wp, const float *__restrict__ w,
                                        float *y, int n, float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
