@@ -58,34 +58,54 @@ __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int 
 
 // One thread per token: softmax over the n router logits, the k largest probabilities (ties:
 // the lower expert first), renormalized when norm (kernels/cpu/ops.c k_topk_route).
-__global__ void moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w) {
+// One warp per token: the maximum and the exponentials in parallel, their sum by lane 0 in
+// expert order (the bits of the serial loop), then k passes of a warp argmax (the largest
+// probability not chosen in an earlier pass, the lowest expert of equals). A thread per token
+// (the first version) took ~0.2 ms a layer at batch 1 on qwen3-30b-a3b (128 experts, k = 8).
+constexpr int ROUTE_WARPS = 4;
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w) {
     KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tok) return;
+    __shared__ float s_ex[ROUTE_WARPS][MDL_MAX_EXPERTS];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int t = blockIdx.x * ROUTE_WARPS + wi;
+    if (t >= n_tok) return; // the whole warp
     const float *l = logits + (size_t)t * n;
-    float mx = l[0];
-    for (int e = 1; e < n; e++) mx = fmaxf(mx, l[e]);
+    float *ex = s_ex[wi];
+    float mx = -INFINITY;
+    for (int e = lane; e < n; e += 32) mx = fmaxf(mx, l[e]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int e = lane; e < n; e += 32) ex[e] = expf(l[e] - mx);
+    __syncwarp();
     float sum = 0.0f;
-    for (int e = 0; e < n; e++) sum += expf(l[e] - mx);
+    if (lane == 0)
+        for (int e = 0; e < n; e++) sum += ex[e];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
     int32_t *it = idx + (size_t)t * k;
     float *wt = w + (size_t)t * k, tot = 0.0f;
+    uint32_t taken = 0; // bit i: expert lane + 32 i
     for (int j = 0; j < k; j++) {
-        // the largest probability not chosen in an earlier pass (the first of equals)
         int best = -1;
         float pb = 0.0f;
-        for (int e = 0; e < n; e++) {
-            bool taken = false;
-            for (int q = 0; q < j; q++) taken |= it[q] == e;
-            const float pe = expf(l[e] - mx) / sum;
-            if (!taken && (best < 0 || pe > pb)) best = e, pb = pe;
+        for (int i = 0, e = lane; e < n; i++, e += 32) {
+            const float pe = ex[e] / sum;
+            if (!((taken >> i) & 1u) && (best < 0 || pe > pb)) best = e, pb = pe;
         }
-        it[j] = best;
-        wt[j] = pb;
-        tot += pb;
+        for (int o = 16; o > 0; o >>= 1) {
+            const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const float op = __shfl_xor_sync(0xffffffffu, pb, o);
+            if (ob >= 0 && (best < 0 || op > pb || (op == pb && ob < best))) best = ob, pb = op;
+        }
+        if (best >= 0 && (best & 31) == lane) taken |= 1u << (best >> 5);
+        if (lane == 0) {
+            it[j] = best;
+            wt[j] = pb;
+            tot += pb;
+        }
     }
-    if (norm)
+    if (norm && lane == 0)
         for (int j = 0; j < k; j++) wt[j] /= tot;
 }
 
@@ -412,7 +432,8 @@ extern "C" int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, in
     if (!logits || !idx || !w || !cnt || !off || !list || n_tok <= 0 || n_exp <= 0 || n_exp > MDL_MAX_EXPERTS || k <= 0 ||
         k > n_exp)
         return CM_EINVAL;
-    kc_launch(moe_route_kernel, dim3(blocks_for((size_t)n_tok, 64)), dim3(64), 0, s, logits, n_tok, n_exp, k, norm ? 1 : 0, idx, w);
+    kc_launch(moe_route_kernel, dim3((n_tok + ROUTE_WARPS - 1) / ROUTE_WARPS), dim3(ROUTE_WARPS * 32), 0, s, logits, n_tok, n_exp, k,
+              norm ? 1 : 0, idx, w);
     kc_launch(moe_sort_kernel, dim3(1), dim3(1024), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off, list);
     KC_LAUNCH_CHECK();
 }
