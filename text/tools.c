@@ -255,8 +255,21 @@ static size_t json_unescape(char *s, size_t n) {
     return o;
 }
 
-/* Begins the call once its name is known, then passes on the argument text held so far. */
-static void call_flush(tok_out *o) {
+/* Bytes of s[0..n) up to the last whole UTF-8 character: a multi-byte character whose bytes have
+ * not all arrived stays behind (a delta must not end inside one: a client decodes each alone). */
+static size_t utf8_whole(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte */
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back ? n - back : n;
+    }
+    return n;
+}
+
+/* Begins the call once its name is known, then passes on the argument text held so far (all of
+ * it at the end of the call; before, up to the last whole UTF-8 character). */
+static void call_flush_at(tok_out *o, int end) {
     if (!o->c.named) return;
     if (!o->c.begun) {
         o->c.begun = 1;
@@ -264,10 +277,13 @@ static void call_flush(tok_out *o) {
         o->n_calls++;
     }
     if (!o->c.args_string && o->c.args.n) {
-        if (o->cb->call_args) o->cb->call_args(o->ud, o->n_calls - 1, o->c.args.s, o->c.args.n);
-        o->c.args.n = 0;
+        const size_t m = end ? o->c.args.n : utf8_whole(o->c.args.s, o->c.args.n);
+        if (m && o->cb->call_args) o->cb->call_args(o->ud, o->n_calls - 1, o->c.args.s, m);
+        memmove(o->c.args.s, o->c.args.s + m, o->c.args.n - m);
+        o->c.args.n -= m;
     }
 }
+static void call_flush(tok_out *o) { call_flush_at(o, 0); }
 
 /* The call object ended: a call when it had a name, else its text is content. */
 static void call_done(tok_out *o) {
@@ -277,7 +293,7 @@ static void call_done(tok_out *o) {
         o->state = o->fmt == TOK_TOOLS_LLAMA3 ? ST_PLAIN : ST_CONTENT;
         return;
     }
-    call_flush(o);
+    call_flush_at(o, 1);
     int idx = o->n_calls - 1;
     if (o->c.args_string) {
         size_t n = json_unescape(o->c.args.s ? o->c.args.s : (char *)"", o->c.args.n);
@@ -633,7 +649,7 @@ int tok_out_end(tok_out *o) {
     }
     if (o->state == ST_CALL || o->state == ST_M_NAME) { /* cut short */
         if (o->c.named) {
-            call_flush(o);
+            call_flush_at(o, 1);
             if (o->cb->call_end) o->cb->call_end(o->ud, o->n_calls - 1);
             call_reset(o);
         } else call_abort(o);
