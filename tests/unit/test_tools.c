@@ -15,6 +15,7 @@ typedef struct rec {
     char content[2048], reasoning[2048];
     char names[8][64], args[8][512];
     int n_calls, begun, ended, bad_order;
+    int split_utf8; /* argument deltas that ended inside a UTF-8 character */
 } rec;
 
 static void on_content(void *ud, const char *s, size_t n) { strncat(((rec *)ud)->content, s, n); }
@@ -30,6 +31,13 @@ static void on_args(void *ud, int i, const char *s, size_t n) {
     rec *r = ud;
     if (i < 0 || i >= r->n_calls) { r->bad_order = 1; return; }
     strncat(r->args[i], s, n);
+    size_t k = n; /* the last character of the delta must be whole */
+    while (k > 0 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--;
+    if (k > 0) {
+        const unsigned char c = (unsigned char)s[k - 1];
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        r->split_utf8 += n - (k - 1) != need;
+    }
 }
 static void on_end(void *ud, int i) {
     rec *r = ud;
@@ -138,6 +146,18 @@ static void test_parser(void) {
     tok_out_feed(&o, p2, strlen(p2));
     tok_out_end(&o);
     T_CHECK(r.ended == 1 && !strcmp(r.args[0], "{\"text\": \"a long story\"}"));
+    tok_out_free(&o);
+    /* a multi-byte character split between two pieces: no delta ends inside it */
+    memset(&r, 0, sizeof r);
+    r.split_utf8 = 0;
+    tok_out_init(&o, TOK_TOOLS_HERMES, 0, 0, &CB, &r);
+    const char *q1 = "<tool_call>{\"name\": \"f\", \"arguments\": {\"city\": \"Malm\xc3", *q2 = "\xb6 \xe2\x82", *q3 = "\xac\"}}</tool_call>";
+    tok_out_feed(&o, q1, strlen(q1));
+    tok_out_feed(&o, q2, strlen(q2));
+    tok_out_feed(&o, q3, strlen(q3));
+    tok_out_end(&o);
+    T_CHECKF(r.split_utf8 == 0 && !strcmp(r.args[0], "{\"city\": \"Malm\xc3\xb6 \xe2\x82\xac\"}"), "utf-8 split: %d deltas ended inside a character; args %s",
+             r.split_utf8, r.args[0]);
     tok_out_free(&o);
 }
 
