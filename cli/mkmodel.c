@@ -61,6 +61,7 @@ static const shape shapes[] = {
     { "gemma2-tiny",    "gemma2", 256, 2,  4,  2,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 64, "tests: gemma2, 64-token window on layer 0" },
     { "gemma3-tiny",    "gemma3", 256, 6,  4,  2,  64,  512,   32000,  2048,  1e6f,     0, 0, 0, 64, "tests: gemma3, 64-token windows on 5 of 6 layers" },
     { "phi3-tiny",      "phi3",  256,  2,  4,  4,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 128, "tests: phi3, 128-token window" },
+    { "phi3-tiny96",    "phi3",  768,  2,  8,  8,  96,  512,   32000,  2048,  10000.f,  0, 0, 0, 128, "tests: phi3-mini's head dim 96, 128-token window" },
 };
 
 /* --type q4_k_m: llama.cpp's Q4_K_M mix (Q4_K matrices; Q6_K for output.weight and for attn_v and

@@ -90,7 +90,9 @@ typedef struct cu_layer {
     int swa;                     /* sliding-window layer: K/V in the sliding pool, its block tables, its rope */
     int moe;                     /* mixture-of-experts MLP (router + experts instead of gu / down) */
     kc_weight router;            /* {n_embd, n_expert} */
-    void *exp_gu, *exp_down;     /* [n_expert][2 n_ff_exp (gate rows, then up rows)][n_embd], [n_expert][n_embd][n_ff_exp] */
+    /* the experts stacked: n_expert x 2 n_ff_exp rows (each expert's gate rows, then its up rows)
+     * of n_embd, n_expert x n_embd rows of n_ff_exp; kc_moe_gemvq's layout (F16: kc_moe_gemv's) */
+    kc_weight exp_gu, exp_down;
     int exp_gu_type, exp_down_type; /* their types: the file's when kc_moe_type_ok, else F16 */
 } cu_layer;
 
@@ -143,6 +145,7 @@ typedef struct cu_state {
                                               * tensor-core decode: [tokens x splits <= max_tc_part][n_head][hd + 2] */
     size_t partial_floats;
     kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
+    kc_xq xq_e, xq_f;                        /* quantized experts: h of every token, the weighted GLU of every entry */
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
     int64_t fault_at, n_steps;               /* --cuda-fault-at-step (testing): a trapping kernel in that step */
     kc_gemm_ws gws;
@@ -484,42 +487,61 @@ static int upload_f32(cu_state *s, const mdl_tensor *const *parts, int n_parts, 
     return 0;
 }
 
-/* Uploads n_mat matrices (each rows x n_in) as consecutive rows of `type` at dst (device):
- * as they are in the file when it is their type, else (any readable type, FP8 with its row
- * scales) converted to F16. */
-static int upload_expert_rows(cu_state *s, const mdl_tensor *const *mats, int n_mat, int type, uint8_t *dst, char *err,
-                              size_t errlen) {
-    size_t off = 0;
-    for (int i = 0; i < n_mat; i++) {
-        const mdl_tensor *t = mats[i];
-        const size_t nel = (size_t)t->ne[0] * t->ne[1], nb = dt_row_size(type, t->ne[0]) * (size_t)t->ne[1];
-        int rc = 0;
-        if (t->type == type) {
-            if (cudaMemcpy(dst + off, t->data, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
-        } else {
-            float *hf = malloc(nel * sizeof(float));
-            kc_half *hh = malloc(nel * sizeof(kc_half));
-            rc = !hf || !hh ? CM_ENOMEM : mdl_tensor_rows_f32(t, 0, t->ne[1], hf);
-            if (!rc) rc = dt_quantize(DT_F16, hf, hh, (int64_t)nel);
-            if (!rc && cudaMemcpy(dst + off, hh, nb, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
-            free(hf);
-            free(hh);
-        }
-        if (rc) {
-            snprintf(err, errlen, "cuda backend: uploading expert tensor '%s' (%s as %s) failed: %s", t->name,
-                     dt_name(t->type) ? dt_name(t->type) : "?", dt_name(type) ? dt_name(type) : "?", cm_err_str(rc));
-            return rc;
-        }
-        off += nb;
+/* Uploads every expert's matrices of a layer (gate and up: down = 0; down: 1) as one stacked
+ * kc_weight of `type`: repacked (kc_weight_repack) when the file has that type, else converted
+ * to F16. Expert e's rows start at e x its row count. */
+static int upload_experts(cu_state *s, const mdl_layer *ly, int n_exp, int down, int type, kc_weight *w, char *err,
+                          size_t errlen) {
+    const mdl_tensor *t0 = down ? &ly->exp_down[0] : &ly->exp_gate[0];
+    const int n_in = (int)t0->ne[0], per = down ? (int)t0->ne[1] : 2 * (int)t0->ne[1];
+    size_t db, sb;
+    memset(w, 0, sizeof *w);
+    if (kc_weight_sizes(type, n_in, n_exp * per, &db, &sb)) {
+        snprintf(err, errlen, "cuda backend: experts '%s' of type %s cannot be laid out", t0->name, dt_name(type) ? dt_name(type) : "?");
+        return CM_EUNSUPPORTED;
     }
-    s->weight_bytes += off;
+    w->type = type;
+    w->n_in = n_in;
+    w->n_out = n_exp * per;
+    if (cudaMalloc(&w->data, db) != cudaSuccess || (sb && cudaMalloc((void **)&w->d, sb) != cudaSuccess)) {
+        snprintf(err, errlen, "cuda backend: out of GPU memory uploading experts '%s' (%.1f MiB)", t0->name, (db + sb) / 1048576.0);
+        return CM_ENOMEM;
+    }
+    const size_t dr = db / w->n_out, sr = sb / w->n_out;
+    for (int e = 0, row = 0; e < n_exp; e++) {
+        const mdl_tensor *mats[2] = { down ? &ly->exp_down[e] : &ly->exp_gate[e], &ly->exp_up[e] };
+        for (int i = 0; i < (down ? 1 : 2); row += (int)mats[i]->ne[1], i++) {
+            const mdl_tensor *t = mats[i];
+            const size_t nel = (size_t)t->ne[0] * t->ne[1], nr = (size_t)t->ne[1];
+            uint8_t *hq = malloc(dr * nr > 0 ? dr * nr : 1);
+            kc_half *hs = sr ? malloc(sr * nr) : NULL;
+            float *hf = t->type != type ? malloc(nel * sizeof(float)) : NULL;
+            int rc = !hq || (sr && !hs) || (t->type != type && !hf) ? CM_ENOMEM : 0;
+            if (!rc && t->type == type) rc = kc_weight_repack(type, t->data, n_in, (int)nr, hq, hs);
+            else if (!rc) { /* F16 (expert_type): every value as half */
+                rc = mdl_tensor_rows_f32(t, 0, t->ne[1], hf);
+                if (!rc) rc = dt_quantize(DT_F16, hf, hq, (int64_t)nel);
+            }
+            if (!rc && cudaMemcpy((uint8_t *)w->data + row * dr, hq, dr * nr, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+            if (!rc && sr && cudaMemcpy((uint8_t *)w->d + row * sr, hs, sr * nr, cudaMemcpyHostToDevice) != cudaSuccess) rc = CM_ECUDA;
+            free(hq);
+            free(hs);
+            free(hf);
+            if (rc) {
+                snprintf(err, errlen, "cuda backend: uploading expert tensor '%s' (%s as %s) failed: %s", t->name,
+                         dt_name(t->type) ? dt_name(t->type) : "?", dt_name(type) ? dt_name(type) : "?", cm_err_str(rc));
+                return rc;
+            }
+        }
+    }
+    s->weight_bytes += db + sb;
     return 0;
 }
 
 /* Uploads a layer's parts beyond the Llama ones: QK-norm and post-norm weights, and for a
  * mixture-of-experts layer the router (as upload_rows) and every expert in its file type when
  * the grouped GEMV reads it, else converted to F16 (expert_type), gate rows then up rows, then
- * down: kc_moe_gemv_t's layout. */
+ * down: upload_experts. */
 static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, size_t errlen) {
     const mdl_config *c = &m->cfg;
     const mdl_layer *ly = &m->layers[l];
@@ -540,21 +562,11 @@ static int upload_arch_layer(cu_state *s, const mdl_model *m, int l, char *err, 
     }
     const mdl_tensor *rt[] = { &ly->ffn_gate_inp };
     if ((rc = upload_rows(s, rt, 1, &L->router, 0, err, errlen))) return rc;
-    const size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff_exp, NE = (size_t)c->n_expert;
     L->exp_gu_type = expert_type(c, ly, 0);
     L->exp_down_type = expert_type(c, ly, 1);
-    const size_t gu_b = 2 * F * dt_row_size(L->exp_gu_type, (int64_t)E), dn_b = E * dt_row_size(L->exp_down_type, (int64_t)F);
-    if (cudaMalloc(&L->exp_gu, NE * gu_b) != cudaSuccess || cudaMalloc(&L->exp_down, NE * dn_b) != cudaSuccess) {
-        snprintf(err, errlen, "cuda backend: out of GPU memory uploading the experts of layer %d (%.1f MiB)", l,
-                 NE * (gu_b + dn_b) / 1048576.0);
-        return CM_ENOMEM;
-    }
-    for (size_t e = 0; e < NE; e++) {
-        const mdl_tensor *gu[] = { &ly->exp_gate[e], &ly->exp_up[e] }, *dn[] = { &ly->exp_down[e] };
-        if ((rc = upload_expert_rows(s, gu, 2, L->exp_gu_type, (uint8_t *)L->exp_gu + e * gu_b, err, errlen)) ||
-            (rc = upload_expert_rows(s, dn, 1, L->exp_down_type, (uint8_t *)L->exp_down + e * dn_b, err, errlen)))
-            return rc;
-    }
+    if ((rc = upload_experts(s, ly, c->n_expert, 0, L->exp_gu_type, &L->exp_gu, err, errlen)) ||
+        (rc = upload_experts(s, ly, c->n_expert, 1, L->exp_down_type, &L->exp_down, err, errlen)))
+        return rc;
     return 0;
 }
 
@@ -623,9 +635,14 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     float *ay = n_tok <= s->att_blocks_max && !st->n_tiles ? NULL : s->att;
     float *gy = n_tok <= s->act_blocks_max ? NULL : s->act;  /* SwiGLU's */
     int normed = 0; /* the layer's attention pre-norm came with the previous layer's post-FFN norm */
+    int moe_add = 0; /* the previous layer's experts' outputs are still to be added to x: with this norm */
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
-        if (!normed) {
+        if (moe_add) {
+            KC_FATAL(kc_rmsnorm_moe_xq(s->x, s->eout, c->n_expert_used, L->attn_norm, s->h, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            prof_mark(s, PC_NORM);
+            moe_add = 0;
+        } else if (!normed) {
             KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
             prof_mark(s, PC_NORM);
         }
@@ -684,13 +701,41 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
             KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
             prof_mark(s, PC_GU);
-            KC_FATAL(kc_moe_gemv_t(L->exp_gu, L->exp_gu_type, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff, s->elist, n_tok * K,
-                                   s->egu, cs));
-            KC_FATAL(kc_glu(s->egu, s->eact, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
+            /* quantized experts: the integer GEMV up to KC_GEMV_MAX_TOK tokens (activations as two-level
+             * int8), then the tensor cores grouped by expert (activations as half) */
+            const int mm = n_tok > KC_GEMV_MAX_TOK;
+            if (kc_weight_is_quant(L->exp_gu_type) && mm && kc_gemmq_ok(&L->exp_gu)) {
+                kc_xq xv = s->xq_e;
+                xv.qh = NULL; /* the half copy only */
+                KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &xv, cs));
+                KC_FATAL(kc_moe_gemmq(&L->exp_gu, c->n_expert, xv.xh, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
+            } else if (kc_weight_is_quant(L->exp_gu_type)) { /* the tokens' h as two-level int8 (the norm's when it wrote them) */
+                const kc_xq *xe = &s->xq_h;
+                if (!(n_tok <= s->xq_h.cap_tok && s->xq_h.n == c->n_embd && !s->xq_h.no_ints)) {
+                    KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &s->xq_e, cs));
+                    xe = &s->xq_e;
+                }
+                KC_FATAL(kc_moe_gemvq(&L->exp_gu, c->n_expert, xe, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
+            } else {
+                KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_gu.data, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff,
+                                     s->elist, n_tok * K, s->egu, cs));
+            }
+            const int q_dn = kc_weight_is_quant(L->exp_down_type), mm_dn = q_dn && mm && kc_gemmq_ok(&L->exp_down);
+            kc_xq xf = s->xq_f;
+            if (mm_dn) xf.qh = NULL;
+            KC_FATAL(kc_glu(s->egu, q_dn ? NULL : s->eact, q_dn ? &xf : NULL, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
             prof_mark(s, PC_ACT);
-            KC_FATAL(kc_moe_gemv_t(L->exp_down, L->exp_down_type, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff, s->elist, n_tok * K,
-                                   s->eout, cs));
-            KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
+            if (mm_dn)
+                KC_FATAL(kc_moe_gemmq(&L->exp_down, c->n_expert, xf.xh, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
+            else if (q_dn)
+                KC_FATAL(kc_moe_gemvq(&L->exp_down, c->n_expert, &xf, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
+            else
+                KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_down.data, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff,
+                                     s->elist, n_tok * K, s->eout, cs));
+            if (!L->ffn_post && l + 1 < c->n_layer && c->n_embd % 4 == 0 && c->n_embd <= 32768)
+                moe_add = 1; /* x += the experts' sum in the next layer's pre-norm */
+            else
+                KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
         } else { /* SwiGLU or GeGLU (c->ffn_act) */
             if (s->prof_on) { /* separate kernels: timed one by one */
                 KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
@@ -1024,8 +1069,8 @@ static void cuda_destroy(ex_backend *base) {
             float *fs[] = { L->q_norm, L->k_norm, L->attn_post, L->ffn_post };
             for (int i = 0; i < 4; i++) cudaFree(fs[i]);
             free_weight(&L->router);
-            cudaFree(L->exp_gu);
-            cudaFree(L->exp_down);
+            free_weight(&L->exp_gu);
+            free_weight(&L->exp_down);
         }
     free(s->layers);
     free_weight(&s->tok_embd);
@@ -1038,7 +1083,7 @@ static void cuda_destroy(ex_backend *base) {
     void *moe_bufs[] = { s->rlogits, s->rw, s->egu, s->eact, s->eout, s->ridx, s->ecnt, s->eoff, s->elist };
     for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
-                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh,
+                     s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->xq_e.qh, s->xq_f.qh,
                      s->att_counters, s->d_samp, s->d_sout };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
@@ -1152,6 +1197,23 @@ static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen
 /* cudaMalloc of at least one byte; returns nonzero on failure. */
 static int dalloc(void *pp, size_t bytes) {
     return cudaMalloc((void **)pp, bytes ? bytes : 1) != cudaSuccess;
+}
+
+/* Two-level int8 activations of cap_tok rows of cap_n values (kcuda.h's kc_xq) in one buffer:
+ * qh, ql, the block pairs, then (half: 1) the half copy. */
+static int xq_alloc(kc_xq *q, size_t cap_tok, int cap_n, int half) {
+    const size_t n = cap_tok * (size_t)cap_n, off_m = (2 * n + 15) & ~(size_t)15, off_h = (off_m + n / 32 * 8 + 15) & ~(size_t)15;
+    int8_t *buf;
+    if (dalloc(&buf, half ? off_h + 2 * n : off_h)) return 1;
+    q->qh = buf;
+    q->ql = buf + n;
+    q->m = (int32_t *)(buf + off_m);
+    q->xh = half ? (kc_half *)(buf + off_h) : NULL;
+    q->cap_tok = (int)cap_tok;
+    q->cap_n = cap_n;
+    q->n = 0;
+    q->no_ints = 0;
+    return 0;
 }
 
 /* Sizes and allocates the KV pool, after everything else (see the top of the file). free0 and
@@ -1280,8 +1342,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         return CM_EUNSUPPORTED;
     }
     const mdl_config *c = &m->cfg;
-    if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1))) {
-        snprintf(err, errlen, "cuda backend: head_dim %d is not supported (powers of two from 8 to 256)", c->head_dim);
+    if (c->head_dim % 8 || c->head_dim > 256 || ((c->head_dim & (c->head_dim - 1)) && c->head_dim != 96)) {
+        snprintf(err, errlen, "cuda backend: head_dim %d is not supported (powers of two from 8 to 256, and 96)", c->head_dim);
         return CM_EUNSUPPORTED;
     }
     cu_state *s = calloc(1, sizeof *s);
@@ -1553,19 +1615,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (c->n_embd > widest) widest = c->n_embd;
             kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->xq_o, &s->gws.xq };
             int ns[] = { c->n_embd, c->n_ff, (int)nq, widest };
-            for (int i = 0; i < 4; i++) {
-                size_t n = (size_t)ct * ns[i];
-                int8_t *buf;
-                size_t off_m = (2 * n + 15) & ~(size_t)15, off_h = (off_m + n / 32 * 8 + 15) & ~(size_t)15;
-                if (dalloc(&buf, off_h + 2 * n)) goto oom;
-                qs[i]->qh = buf;
-                qs[i]->ql = buf + n;
-                qs[i]->m = (int32_t *)(buf + off_m);
-                qs[i]->xh = (kc_half *)(buf + off_h);
-                qs[i]->cap_tok = ct;
-                qs[i]->cap_n = ns[i];
-                qs[i]->n = 0;
+            for (int i = 0; i < 4; i++)
+                if (xq_alloc(qs[i], (size_t)ct, ns[i], 1)) goto oom;
+            int q_gu = 0, q_dn = 0; /* layers whose experts run on the integer GEMV */
+            for (int l = 0; l < c->n_layer; l++) {
+                q_gu |= s->layers[l].moe && kc_weight_is_quant(s->layers[l].exp_gu_type);
+                q_dn |= s->layers[l].moe && kc_weight_is_quant(s->layers[l].exp_down_type);
             }
+            if ((q_gu && xq_alloc(&s->xq_e, (size_t)s->lim.max_tokens, c->n_embd, 1)) ||
+                (q_dn && xq_alloc(&s->xq_f, (size_t)s->lim.max_tokens * c->n_expert_used, c->n_ff_exp, 1)))
+                goto oom;
             if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
                 cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
                 goto oom;
@@ -1643,7 +1702,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
                 q_after_norm |= kc_weight_is_quant(L->qkv.type) || kc_weight_is_quant(L->gu.type) ||
-                                (L->moe && kc_weight_is_quant(L->router.type));
+                                (L->moe && (kc_weight_is_quant(L->router.type) || kc_weight_is_quant(L->exp_gu_type)));
                 q_wo |= kc_weight_is_quant(L->wo.type);
                 q_down |= kc_weight_is_quant(L->down.type);
             }

@@ -39,8 +39,8 @@ __global__ void softcap_kernel(float *x, size_t n, float cap) {
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
-// out[t][j] = act(gate) * up: interleaved rows (gu[t][2j], gu[t][2j + 1]) or split rows
-// (gu[t][j], gu[t][n_ff + j]); rows of 2 n_ff in, n_ff out.
+// out[t][j] = act(gate) * up (times row_w[t] when given): interleaved rows (gu[t][2j],
+// gu[t][2j + 1]) or split rows (gu[t][j], gu[t][n_ff + j]); rows of 2 n_ff in, n_ff out.
 __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int gelu, int split, const float *row_w) {
     KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
@@ -54,6 +54,29 @@ __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int 
     out[i] = row_w ? v * row_w[t] : v;
 }
 
+// The same for split rows (the experts' gate|up), four values a thread (n_ff % 32 == 0), also
+// written as two-level int8 blocks (kc_xq) for the integer GEMV of the down projection and / or
+// as half for its tensor-core form; out may be NULL. The values are glu_kernel's bit for bit.
+template <bool GELU>
+__global__ void glu_split_xq_kernel(const float *gu, float *out, int n_ff, const float *row_w, int8_t *qh, int8_t *ql, int32_t *qm,
+                    __half *xh) {
+    KC_TRACE_SCOPE(KC_TR_SWIGLU);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const size_t t = blockIdx.y;
+    const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    const bool ok = j < n_ff;
+    float4 o = make_float4(0, 0, 0, 0);
+    if (ok) {
+        const float4 g = *(const float4 *)(gu + t * 2 * n_ff + j), u = *(const float4 *)(gu + t * 2 * n_ff + n_ff + j);
+        const float w = row_w ? row_w[t] : 1.0f;
+        o = make_float4(kc_glu_mul<GELU>(g.x, u.x), kc_glu_mul<GELU>(g.y, u.y), kc_glu_mul<GELU>(g.z, u.z), kc_glu_mul<GELU>(g.w, u.w));
+        if (row_w) o = make_float4(o.x * w, o.y * w, o.z * w, o.w * w);
+        if (out) *(float4 *)(out + t * n_ff + j) = o;
+    }
+    kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
+}
+
 // ---- mixture of experts ---------------------------------------------------------------------
 
 // One thread per token: softmax over the n router logits, the k largest probabilities (ties:
@@ -63,17 +86,11 @@ __global__ void glu_kernel(const float *gu, float *out, int n_ff, size_t n, int 
 // probability not chosen in an earlier pass, the lowest expert of equals). A thread per token
 // (the first version) took ~0.2 ms a layer at batch 1 on qwen3-30b-a3b (128 experts, k = 8).
 constexpr int ROUTE_WARPS = 4;
-__global__ void __launch_bounds__(ROUTE_WARPS * 32)
-moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w) {
-    KC_TRACE_SCOPE(KC_TR_OTHER);
-    kc_pdl_trigger();
-    kc_pdl_wait();
-    __shared__ float s_ex[ROUTE_WARPS][MDL_MAX_EXPERTS];
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-    const int t = blockIdx.x * ROUTE_WARPS + wi;
-    if (t >= n_tok) return; // the whole warp
+// Token t's routing by the calling warp; ex: n floats of shared memory of its own.
+__device__ __forceinline__ void moe_route_token(const float *logits, int t, int n, int k, int norm, int32_t *idx, float *w,
+                                                float *ex) {
+    const int lane = threadIdx.x & 31;
     const float *l = logits + (size_t)t * n;
-    float *ex = s_ex[wi];
     float mx = -INFINITY;
     for (int e = lane; e < n; e += 32) mx = fmaxf(mx, l[e]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -107,23 +124,44 @@ moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t
     }
     if (norm && lane == 0)
         for (int j = 0; j < k; j++) wt[j] /= tot;
+    __syncwarp();
 }
 
-// One CTA: the n_ent = n_tok * k routing entries (token t's slot j is entry t k + j) grouped by
-// expert: list[off[e] .. off[e] + cnt[e]) are expert e's entries, in no particular order (each
-// entry's result is computed on its own, so the order changes no bit of the output). Counts by
-// shared-memory atomics, the offsets by one thread, then every entry takes its slot.
-__global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_t *cnt, int32_t *off, int32_t *list) {
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+moe_route_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w) {
     KC_TRACE_SCOPE(KC_TR_OTHER);
     kc_pdl_trigger();
     kc_pdl_wait();
+    __shared__ float s_ex[ROUTE_WARPS][MDL_MAX_EXPERTS];
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= n_tok) return; // the whole warp
+    moe_route_token(logits, t, n, k, norm, idx, w, s_ex[threadIdx.x >> 5]);
+}
+
+// The CTA groups the n_ent = n_tok * k routing entries (token t's slot j is entry t k + j) by
+// expert: list[off[e] .. off[e] + cnt[e]) are expert e's entries, in no particular order (each
+// entry's result is computed on its own, so the order changes no bit of the output). Counts by
+// shared-memory atomics, the offsets by a scan of warp 0, then every entry takes its slot.
+__device__ __forceinline__ void moe_sort_cta(const int32_t *idx, int n_ent, int n_exp, int32_t *cnt, int32_t *off, int32_t *list) {
     __shared__ int32_t sc[MDL_MAX_EXPERTS], so[MDL_MAX_EXPERTS];
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) sc[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n_ent; i += blockDim.x) atomicAdd(&sc[idx[i]], 1);
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int e = 0, o = 0; e < n_exp; o += sc[e], e++) so[e] = o;
+    if (threadIdx.x < 32) { // exclusive prefix sums, 32 experts a pass
+        const int lane = threadIdx.x;
+        int base = 0;
+        for (int e0 = 0; e0 < n_exp; e0 += 32) {
+            const int c = e0 + lane < n_exp ? sc[e0 + lane] : 0;
+            int v = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int u = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += u;
+            }
+            if (e0 + lane < n_exp) so[e0 + lane] = base + v - c;
+            base += __shfl_sync(0xffffffffu, v, 31);
+        }
+    }
     __syncthreads();
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
         cnt[e] = sc[e];
@@ -138,34 +176,29 @@ __global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_
     }
 }
 
-constexpr int MOE_WARPS = 8, MOE_RPW = 1, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
-
-// The expert of CTA column i: i itself when the grid has a column per expert, else the i-th
-// expert (ascending) that some entry chose (-1: fewer were chosen). A step of T tokens and k
-// slots launches min(n_exp, T k) columns, so a decode step does not schedule a CTA per expert
-// (128 x the row tiles, nearly all exiting at once: most of an MoE layer's time at batch 1).
-__device__ __forceinline__ int moe_expert(const int32_t *cnt, int n_exp, int i) {
-    if ((int)gridDim.x == n_exp) return i;
-    __shared__ int s_e;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        int seen = 0, found = -1;
-        for (int base = 0; base < n_exp && found < 0; base += 32) {
-            const int j = base + lane;
-            const unsigned m = __ballot_sync(0xffffffffu, j < n_exp && cnt[j] > 0);
-            const int c = __popc(m);
-            if (i < seen + c) {
-                unsigned mm = m;
-                for (int q = 0; q < i - seen; q++) mm &= mm - 1;
-                found = base + __ffs(mm) - 1;
-            }
-            seen += c;
-        }
-        if (lane == 0) s_e = found;
-    }
-    __syncthreads();
-    return s_e;
+__global__ void moe_sort_kernel(const int32_t *idx, int n_ent, int n_exp, int32_t *cnt, int32_t *off, int32_t *list) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    moe_sort_cta(idx, n_ent, n_exp, cnt, off, list);
 }
+
+// Both in one CTA for small steps (decode): its warps route the tokens, then it groups the
+// entries; one launch instead of two. Dynamic shared memory: a row of n floats per warp.
+__global__ void __launch_bounds__(1024)
+moe_route_sort_kernel(const float *logits, int n_tok, int n, int k, int norm, int32_t *idx, float *w, int32_t *cnt, int32_t *off,
+                      int32_t *list) {
+    KC_TRACE_SCOPE(KC_TR_OTHER);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    extern __shared__ float s_rex[];
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int t = warp; t < n_tok; t += nw) moe_route_token(logits, t, n, k, norm, idx, w, s_rex + (size_t)warp * n);
+    __syncthreads(); // the choices in idx (global) are visible to the CTA
+    moe_sort_cta(idx, n_tok * k, n, cnt, off, list);
+}
+
+constexpr int MOE_WARPS = 8, MOE_RPW = 1, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
 
 // Grouped GEMV over the experts' F16 matrices W [n_exp][n_out][n_in]: CTA (e, row tile) computes
 // rows of expert e for each of its entries, MOE_TOK entries at a time (warp: MOE_RPW rows; lanes:
@@ -177,7 +210,7 @@ moe_gemv_kernel(const __half *W, const float *x, float *y, const int32_t *cnt, c
     KC_TRACE_SCOPE(KC_TR_GEMV);
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int e = moe_expert(cnt, n_exp, blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = kc_moe_expert(cnt, n_exp, blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (e < 0) return;
     const int n = cnt[e], o0 = off[e];
     if (!n) return;
@@ -231,154 +264,6 @@ moe_gemv_kernel(const __half *W, const float *x, float *y, const int32_t *cnt, c
     }
 }
 
-// ---- quantized experts: GGUF blocks as they are in the file --------------------------------
-// deq32<T>(row, c, w): the 32 values of chunk c (values 32 c .. 32 c + 31) of a row of GGUF
-// blocks of type T (ggml's block layouts, dequantized with ggml's formulas).
-
-__device__ __forceinline__ float ldh(const uint8_t *p) { // an unaligned little-endian half
-    const unsigned short b = (unsigned short)(__ldg(p) | (__ldg(p + 1) << 8));
-    return __half2float(__ushort_as_half(b));
-}
-__device__ __forceinline__ void k4_scale_min(const uint8_t *q, int j, float *sc, float *mn) { // get_scale_min_k4
-    int d, m;
-    if (j < 4) {
-        d = __ldg(q + j) & 63;
-        m = __ldg(q + j + 4) & 63;
-    } else {
-        d = (__ldg(q + j + 4) & 0xF) | ((__ldg(q + j - 4) >> 6) << 4);
-        m = (__ldg(q + j + 4) >> 4) | ((__ldg(q + j) >> 6) << 4);
-    }
-    *sc = (float)d;
-    *mn = (float)m;
-}
-
-template <int T> struct qinfo;
-template <> struct qinfo<DT_Q4_0> { static constexpr int vals = 32, bytes = 18; };
-template <> struct qinfo<DT_Q4_1> { static constexpr int vals = 32, bytes = 20; };
-template <> struct qinfo<DT_Q5_0> { static constexpr int vals = 32, bytes = 22; };
-template <> struct qinfo<DT_Q5_1> { static constexpr int vals = 32, bytes = 24; };
-template <> struct qinfo<DT_Q8_0> { static constexpr int vals = 32, bytes = 34; };
-template <> struct qinfo<DT_Q4_K> { static constexpr int vals = 256, bytes = 144; };
-template <> struct qinfo<DT_Q5_K> { static constexpr int vals = 256, bytes = 176; };
-template <> struct qinfo<DT_Q6_K> { static constexpr int vals = 256, bytes = 210; };
-
-template <int T> __device__ __forceinline__ void deq32(const uint8_t *row, int c, float (&w)[32]) {
-    constexpr int V = qinfo<T>::vals, B = qinfo<T>::bytes;
-    const uint8_t *b = row + (size_t)(c * 32 / V) * B;
-    const int sub = c % (V / 32); // 32-value chunk inside a super-block
-    if constexpr (T == DT_Q8_0) {
-        const float d = ldh(b);
-#pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = d * (float)(int8_t)__ldg(b + 2 + l);
-    } else if constexpr (T == DT_Q4_0 || T == DT_Q4_1) {
-        const float d = ldh(b), m = T == DT_Q4_1 ? ldh(b + 2) : 0.0f;
-        const uint8_t *qs = b + (T == DT_Q4_1 ? 4 : 2);
-#pragma unroll
-        for (int l = 0; l < 16; l++) {
-            const int q = __ldg(qs + l);
-            if (T == DT_Q4_0) {
-                w[l] = ((q & 0xF) - 8) * d;
-                w[l + 16] = ((q >> 4) - 8) * d;
-            } else {
-                w[l] = (q & 0xF) * d + m;
-                w[l + 16] = (q >> 4) * d + m;
-            }
-        }
-    } else if constexpr (T == DT_Q5_0 || T == DT_Q5_1) {
-        const float d = ldh(b), m = T == DT_Q5_1 ? ldh(b + 2) : 0.0f;
-        const uint8_t *h = b + (T == DT_Q5_1 ? 4 : 2), *qs = h + 4;
-        const uint32_t qh = __ldg(h) | (__ldg(h + 1) << 8) | (__ldg(h + 2) << 16) | ((uint32_t)__ldg(h + 3) << 24);
-#pragma unroll
-        for (int l = 0; l < 16; l++) {
-            const int q = __ldg(qs + l);
-            const int x0 = (q & 0xF) | (((qh >> l) << 4) & 0x10), x1 = (q >> 4) | ((qh >> (l + 12)) & 0x10);
-            if (T == DT_Q5_0) {
-                w[l] = (x0 - 16) * d;
-                w[l + 16] = (x1 - 16) * d;
-            } else {
-                w[l] = x0 * d + m;
-                w[l + 16] = x1 * d + m;
-            }
-        }
-    } else if constexpr (T == DT_Q4_K || T == DT_Q5_K) {
-        const float d = ldh(b), dmin = ldh(b + 2);
-        float sc, mn;
-        k4_scale_min(b + 4, sub, &sc, &mn);
-        const float d1 = d * sc, m1 = dmin * mn;
-        const uint8_t *qs = b + (T == DT_Q5_K ? 48 : 16) + 32 * (sub / 2), *qh = b + 16;
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            const int q = __ldg(qs + l);
-            int v = sub & 1 ? q >> 4 : q & 0xF;
-            if (T == DT_Q5_K) v += ((__ldg(qh + l) >> sub) & 1) << 4;
-            w[l] = d1 * v - m1;
-        }
-    } else { // Q6_K: ql[128] qh[64] scales[16] d
-        const int n = sub / 4, i = sub % 4;
-        const uint8_t *ql = b + 64 * n + (i & 1 ? 32 : 0), *qh = b + 128 + 32 * n;
-        const int8_t *sc = (const int8_t *)(b + 192 + 8 * n);
-        const float d = ldh(b + 208);
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            const int lo = i < 2 ? __ldg(ql + l) & 0xF : __ldg(ql + l) >> 4;
-            const int q = lo | (((__ldg(qh + l) >> (2 * i)) & 3) << 4);
-            w[l] = d * (float)__ldg(sc + l / 16 + 2 * i) * (float)(q - 32);
-        }
-    }
-}
-
-// The grouped GEMV of moe_gemv_kernel over experts kept in their GGUF type: W [n_exp][n_out]
-// rows of row_bytes. Lanes take 32-value chunks of a row (n_in % 32 == 0; K-quants: % 256).
-template <int T>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-moe_gemvq_kernel(const uint8_t *W, size_t row_bytes, const float *x, float *y, const int32_t *cnt, const int32_t *off,
-                 const int32_t *list, int n_in, int n_out, int x_div, int n_exp) {
-    KC_TRACE_SCOPE(KC_TR_GEMVQ);
-    kc_pdl_trigger();
-    kc_pdl_wait();
-    const int e = moe_expert(cnt, n_exp, blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (e < 0) return;
-    const int n = cnt[e], o0 = off[e];
-    if (!n) return;
-    const int r0 = blockIdx.y * MOE_ROWS + warp * MOE_RPW;
-    const uint8_t *We = W + (size_t)e * n_out * row_bytes;
-    for (int b = 0; b < n; b += MOE_TOK) {
-        const int nb = min(MOE_TOK, n - b);
-        int ent[MOE_TOK];
-#pragma unroll
-        for (int q = 0; q < MOE_TOK; q++) ent[q] = q < nb ? list[o0 + b + q] : -1;
-        for (int rr = 0; rr < MOE_RPW; rr++) {
-            const int r = r0 + rr;
-            if (r >= n_out) break;
-            float acc[MOE_TOK];
-#pragma unroll
-            for (int q = 0; q < MOE_TOK; q++) acc[q] = 0.0f;
-            for (int c = lane; c < n_in / 32; c += 32) {
-                float w[32];
-                deq32<T>(We + (size_t)r * row_bytes, c, w);
-#pragma unroll
-                for (int q = 0; q < MOE_TOK; q++) {
-                    if (ent[q] < 0) continue;
-                    const float4 *xr = (const float4 *)(x + (size_t)(ent[q] / x_div) * n_in + 32 * c);
-                    float a = 0.0f;
-#pragma unroll
-                    for (int v = 0; v < 8; v++) {
-                        const float4 xv = xr[v];
-                        a += w[4 * v] * xv.x + w[4 * v + 1] * xv.y + w[4 * v + 2] * xv.z + w[4 * v + 3] * xv.w;
-                    }
-                    acc[q] += a;
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < MOE_TOK; q++) {
-                if (ent[q] < 0) continue;
-                const float v = warp_sum(acc[q]);
-                if (lane == 0) y[(size_t)ent[q] * n_out + r] = v;
-            }
-        }
-    }
-}
-
 // out[t] (+)= sum_j y[t k + j] (the routing weights were applied to the activations), one CTA
 // per token, the slots in order.
 __global__ void moe_combine_kernel(const float *y, float *out, int k, int n, int accumulate) {
@@ -419,11 +304,26 @@ extern "C" int kc_softcap(float *x, size_t n, float cap, cudaStream_t s) {
     KC_LAUNCH_CHECK();
 }
 
-extern "C" int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split, const float *row_w, cudaStream_t s) {
-    if (!gu || !out || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
-    const size_t n = (size_t)n_tok * n_ff;
-    kc_launch(glu_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, gu, out, n_ff, n, act == MDL_ACT_GELU_TANH ? 1 : 0,
-              split ? 1 : 0, row_w);
+extern "C" int kc_glu(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, int split, const float *row_w,
+                      cudaStream_t s) {
+    if (!gu || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
+    const bool quant = xq && split && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (xq->qh || xq->xh);
+    if (xq) xq->n = quant ? n_ff : 0;
+    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
+    if (quant) {
+        const int threads = 256;
+        const dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
+        if (act == MDL_ACT_GELU_TANH)
+            kc_launch(glu_split_xq_kernel<true>, grid, dim3(threads), 0, s, gu, out, n_ff, row_w, xq->qh, xq->ql, xq->m,
+                      (__half *)xq->xh);
+        else
+            kc_launch(glu_split_xq_kernel<false>, grid, dim3(threads), 0, s, gu, out, n_ff, row_w, xq->qh, xq->ql, xq->m,
+                      (__half *)xq->xh);
+    } else {
+        const size_t n = (size_t)n_tok * n_ff;
+        kc_launch(glu_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, gu, out, n_ff, n, act == MDL_ACT_GELU_TANH ? 1 : 0,
+                  split ? 1 : 0, row_w);
+    }
     KC_LAUNCH_CHECK();
 }
 
@@ -432,9 +332,16 @@ extern "C" int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, in
     if (!logits || !idx || !w || !cnt || !off || !list || n_tok <= 0 || n_exp <= 0 || n_exp > MDL_MAX_EXPERTS || k <= 0 ||
         k > n_exp)
         return CM_EINVAL;
-    kc_launch(moe_route_kernel, dim3((n_tok + ROUTE_WARPS - 1) / ROUTE_WARPS), dim3(ROUTE_WARPS * 32), 0, s, logits, n_tok, n_exp, k,
-              norm ? 1 : 0, idx, w);
-    kc_launch(moe_sort_kernel, dim3(1), dim3(1024), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off, list);
+    // one launch while every warp routes at most two tokens (decode steps), else a CTA per four tokens then the grouping
+    const int warps = min(32, 10240 / n_exp); // 40 KB of rows (and the grouping's 4 KB)
+    if (n_tok <= 2 * warps) {
+        kc_launch(moe_route_sort_kernel, dim3(1), dim3(32 * min(warps, n_tok)), (size_t)min(warps, n_tok) * n_exp * 4, s, logits, n_tok,
+                  n_exp, k, norm ? 1 : 0, idx, w, cnt, off, list);
+    } else {
+        kc_launch(moe_route_kernel, dim3((n_tok + ROUTE_WARPS - 1) / ROUTE_WARPS), dim3(ROUTE_WARPS * 32), 0, s, logits, n_tok, n_exp,
+                  k, norm ? 1 : 0, idx, w);
+        kc_launch(moe_sort_kernel, dim3(1), dim3(1024), 0, s, (const int32_t *)idx, n_tok * k, n_exp, cnt, off, list);
+    }
     KC_LAUNCH_CHECK();
 }
 
@@ -444,41 +351,6 @@ extern "C" int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, con
         return CM_EINVAL;
     kc_launch(moe_gemv_kernel, dim3(n_ent < n_exp ? n_ent : n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), dim3(MOE_WARPS * 32), 0, s,
               (const __half *)W, x, y, cnt, off, list, n_in, n_out, x_div, n_exp);
-    KC_LAUNCH_CHECK();
-}
-
-extern "C" int kc_moe_type_ok(int type, int n_in) {
-    switch (type) {
-    case DT_F16: return n_in % 8 == 0;
-    case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0: return n_in % 32 == 0;
-    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return n_in % 256 == 0;
-    default: return 0;
-    }
-}
-
-extern "C" int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                             const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s) {
-    if (!W || !x || !y || !cnt || !off || !list || n_exp <= 0 || n_in <= 0 || n_out <= 0 || x_div <= 0 || n_ent <= 0 ||
-        !kc_moe_type_ok(type, n_in))
-        return CM_EINVAL;
-    if (type == DT_F16) return kc_moe_gemv((const kc_half *)W, n_exp, n_in, n_out, x, x_div, cnt, off, list, n_ent, y, s);
-    const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_out + MOE_ROWS - 1) / MOE_ROWS), block(MOE_WARPS * 32);
-    const uint8_t *w = (const uint8_t *)W;
-    const size_t rb = dt_row_size(type, n_in);
-#define MOE_Q(T) \
-    case T: kc_launch(moe_gemvq_kernel<T>, grid, block, 0, s, w, rb, x, y, cnt, off, list, n_in, n_out, x_div, n_exp); break;
-    switch (type) {
-        MOE_Q(DT_Q4_0)
-        MOE_Q(DT_Q4_1)
-        MOE_Q(DT_Q5_0)
-        MOE_Q(DT_Q5_1)
-        MOE_Q(DT_Q8_0)
-        MOE_Q(DT_Q4_K)
-        MOE_Q(DT_Q5_K)
-        MOE_Q(DT_Q6_K)
-    default: return CM_EUNSUPPORTED;
-    }
-#undef MOE_Q
     KC_LAUNCH_CHECK();
 }
 

@@ -18,7 +18,9 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
             int block_size, float scale, int n_split, int chunk, int kv_ready, float softcap, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
-    constexpr int LPK = HD / 8;   // lanes per key: each lane owns 8 consecutive dims
+    // lanes per key: each lane owns 8 consecutive dims; a head dim of 96 takes 16 lanes, the last
+    // 4 idle (their dims zero: they add nothing to the score and are not stored)
+    constexpr int LPK = HD == 96 ? 16 : HD / 8;
     constexpr int KPW = 32 / LPK; // keys a warp handles at once
     __shared__ float sm_m[ATT_WARPS * KPW], sm_l[ATT_WARPS * KPW];
     __shared__ float sm_acc[ATT_WARPS * KPW][HD];
@@ -32,6 +34,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK, kslot = lane / LPK;
+    const bool dims = sub * 8 < HD; // the lane owns dims of the head
     const int kvh = h / (n_head / n_kv);
     const int p = pos[t];
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
@@ -71,7 +74,7 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
             kv[u] = make_uint4(0, 0, 0, 0);
             vv[u] = make_uint4(0, 0, 0, 0);
             if (!old_only || j < p) {
-                if (valid[u]) fetch(j, kv[u], vv[u]);
+                if (valid[u] && dims) fetch(j, kv[u], vv[u]);
             }
         }
     };
@@ -82,14 +85,14 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
 #pragma unroll
         for (int u = 0; u < G; u++) {
             int j = j_first + u * STRIDE + kslot;
-            if (j == p) fetch(j, kv[u], vv[u]);
+            if (j == p && dims) fetch(j, kv[u], vv[u]);
         }
     }
 
     float qv[8];
     const float *qh = q + row + sub * 8;
 #pragma unroll
-    for (int e = 0; e < 8; e++) qv[e] = qh[e] * scale;
+    for (int e = 0; e < 8; e++) qv[e] = dims ? qh[e] * scale : 0.0f;
 
     float m = -INFINITY, l = 0.0f, acc[8];
 #pragma unroll
@@ -128,7 +131,8 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
     const int g = warp * KPW + kslot;
     if (sub == 0) { sm_m[g] = m; sm_l[g] = l; }
 #pragma unroll
-    for (int e = 0; e < 8; e++) sm_acc[g][sub * 8 + e] = acc[e];
+    for (int e = 0; e < 8; e++)
+        if (dims) sm_acc[g][sub * 8 + e] = acc[e];
     __syncthreads();
 
     float *pp = partial + ((size_t)t * n_head + h) * n_split * (HD + 2);
@@ -220,6 +224,7 @@ static int attention_ex(const float *q, const void *k_cache, const void *v_cache
         ATT_CASE(16)
         ATT_CASE(32)
         ATT_CASE(64)
+        ATT_CASE(96)
         ATT_CASE(128)
         ATT_CASE(256)
     default: return CM_EUNSUPPORTED;

@@ -215,10 +215,52 @@ template <> struct qt<DT_Q6_K> {
     }
 };
 
-template <int TYPE, int WM, int WK, int BN, int MT>
+// The grouped form (mixture of experts, kc_moe_gemmq): W stacks n_exp matrices of n_out rows;
+// the tokens of a CTA are BN entries of one expert (kc_moe_route's grouping), each reading row
+// entry / x_div of x and writing row entry of y.
+struct moe_group {
+    const int32_t *cnt, *off, *list;
+    int n_exp, x_div;
+};
+
+// The CTA's expert and tile: the i-th BN-entry tile over the experts in order (e = -1: fewer).
+template <int BN>
+__device__ __forceinline__ void moe_tile(const moe_group &mg, int i, int &e_out, int &tile_out) {
+    __shared__ int s_e, s_t;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int seen = 0, e = -1, tile = 0;
+        for (int base = 0; base < mg.n_exp && e < 0; base += 32) {
+            const int j = base + lane;
+            const int nt = j < mg.n_exp ? (mg.cnt[j] + BN - 1) / BN : 0;
+            int v = nt; // inclusive prefix of the tiles
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int u = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += u;
+            }
+            const unsigned hit = __ballot_sync(0xffffffffu, i < seen + v && i >= seen + v - nt);
+            if (hit) {
+                const int l = __ffs(hit) - 1;
+                e = base + l;
+                tile = i - seen - (__shfl_sync(0xffffffffu, v, l) - __shfl_sync(0xffffffffu, nt, l));
+            }
+            seen += __shfl_sync(0xffffffffu, v, 31);
+        }
+        if (lane == 0) {
+            s_e = e;
+            s_t = tile;
+        }
+    }
+    __syncthreads();
+    e_out = s_e;
+    tile_out = s_t;
+}
+
+template <int TYPE, int WM, int WK, int BN, int MT, bool GROUPED = false>
 __global__ void __launch_bounds__(WM * WK * 32)
 gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const __half *x, float *y, int n_in,
-             int n_out, int ldy, int n_tok, int accumulate) {
+             int n_out, int ldy, int n_tok, int accumulate, moe_group mg) {
     KC_TRACE_SCOPE(KC_TR_GEMMQ);
     typedef qt<TYPE> T;
     constexpr int NT = BN / 8, NTHR = WM * WK * 32, BM = 16 * MT * WM;
@@ -227,18 +269,39 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
     const int wm = warp % WM, kw = warp / WM, g = lane >> 2, q = lane & 3;
     // rows of this thread: row_a + 8 r, r < 2 MT (MMA m of r / 2, its rows g and g + 8)
     const int row_a = blockIdx.x * BM + 16 * MT * wm + g;
-    size_t rows[2 * MT];
-#pragma unroll
-    for (int r = 0; r < 2 * MT; r++) rows[r] = (size_t)min(row_a + 8 * r, n_out - 1);
-    const int n0 = blockIdx.y * BN;
     const int nsteps = n_in / BK, niter = (nsteps + WK - 1) / WK;
-
-    // the first step's weights stream in before the wait (nothing in the stream writes them)
+    size_t rows[2 * MT];
     typename T::raw a[2 * MT], b[2 * MT];
-    if (kw < nsteps)
+    int n0 = blockIdx.y * BN;
+    __shared__ int s_xrow[GROUPED ? BN : 1], s_ent[GROUPED ? BN : 1]; // grouped: x row and entry of each token slot
+    if constexpr (GROUPED) { // the expert and its entries come from the kernels before: wait first
+        kc_pdl_wait();
+        int e, tile;
+        moe_tile<BN>(mg, blockIdx.y, e, tile);
+        if (e < 0) return;
+        const int ne = mg.cnt[e], o = mg.off[e];
+        n0 = tile * BN;
+        n_tok = n0 + min(BN, ne - n0); // the slots past the expert's entries are not stored
+        for (int t = threadIdx.x; t < BN; t += NTHR) {
+            const int ent = mg.list[o + min(n0 + t, ne - 1)];
+            s_ent[t] = ent;
+            s_xrow[t] = ent / mg.x_div;
+        }
+        __syncthreads();
 #pragma unroll
-        for (int r = 0; r < 2 * MT; r++) T::load(a[r], W, D, rows[r], n_in, kw, q);
-    kc_pdl_wait();
+        for (int r = 0; r < 2 * MT; r++) rows[r] = (size_t)e * n_out + min(row_a + 8 * r, n_out - 1);
+        if (kw < nsteps)
+#pragma unroll
+            for (int r = 0; r < 2 * MT; r++) T::load(a[r], W, D, rows[r], n_in, kw, q);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++) rows[r] = (size_t)min(row_a + 8 * r, n_out - 1);
+        // the first step's weights stream in before the wait (nothing in the stream writes them)
+        if (kw < nsteps)
+#pragma unroll
+            for (int r = 0; r < 2 * MT; r++) T::load(a[r], W, D, rows[r], n_in, kw, q);
+        kc_pdl_wait();
+    }
 
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     constexpr int TILE = WK * BN * XROW; // bytes of one buffer
@@ -247,8 +310,8 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
             const int k = p / (BN * 32), t = (p / 32) % BN, slot = p % 32; // slot = 4 e4 + quad
             const int ks = it * WK + k;
             if (ks >= nsteps) continue;
-            const int tok = min(n0 + t, n_tok - 1);
-            const __half *src = x + (size_t)tok * n_in + T::xoff(ks, slot & 3, slot >> 2);
+            const size_t xr = GROUPED ? (size_t)s_xrow[t] : (size_t)min(n0 + t, n_tok - 1);
+            const __half *src = x + xr * n_in + T::xoff(ks, slot & 3, slot >> 2);
             kc_cp_async8(sbase + buf * TILE + (k * BN + t) * XROW + slot * 8, src);
         }
         kc_cp_async_commit();
@@ -332,22 +395,28 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
             for (int c = 0; c < 4; c++) {
                 const int row = row_a + 16 * m + (c >> 1) * 8, tok = n0 + n * 8 + 2 * q + (c & 1);
                 if (row >= n_out || tok >= n_tok) continue;
-                float *p = y + (size_t)tok * ldy + row;
+                float *p = y + (size_t)(GROUPED ? s_ent[n * 8 + 2 * q + (c & 1)] : tok) * ldy + row;
                 *p = accumulate ? *p + acc[m][n][c] : acc[m][n][c];
             }
 }
 
-template <int TYPE, int WM, int WK, int BN, int MT>
-int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
+// Dense: n_tok tokens of x, w->n_out rows. Grouped (mg != NULL): n_tok k entries over mg->n_exp
+// experts of w->n_out / n_exp rows each, y rows of ldy = that row count.
+template <int TYPE, int WM, int WK, int BN, int MT, bool GROUPED = false>
+int launch(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s,
+           const moe_group *mg = nullptr, int n_ent = 0) {
     const size_t tile = (size_t)WK * BN * XROW * 2;
     const size_t red = (size_t)(WK - 1) * WM * MT * (BN / 8) * 32 * 4 * 4;
     const size_t smem = tile > red ? tile : red;
     static unsigned char smem_set[64];
     if (smem > 48 * 1024)
-        if (int rc = kc_smem_limit_once(gemmq_kernel<TYPE, WM, WK, BN, MT>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
-    dim3 grid((w->n_out + 16 * MT * WM - 1) / (16 * MT * WM), (n_tok + BN - 1) / BN), block(WM * WK * 32);
-    kc_launch(gemmq_kernel<TYPE, WM, WK, BN, MT>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d,
-              x, y, w->n_in, w->n_out, ldy, n_tok, acc);
+        if (int rc = kc_smem_limit_once(gemmq_kernel<TYPE, WM, WK, BN, MT, GROUPED>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
+    const int n_out = GROUPED ? w->n_out / mg->n_exp : w->n_out;
+    // grouped: at most n_ent / BN full tiles plus one partial tile per chosen expert
+    const int tiles = GROUPED ? n_ent / BN + min(mg->n_exp, n_ent) : (n_tok + BN - 1) / BN;
+    dim3 grid((n_out + 16 * MT * WM - 1) / (16 * MT * WM), tiles), block(WM * WK * 32);
+    kc_launch(gemmq_kernel<TYPE, WM, WK, BN, MT, GROUPED>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d,
+              x, y, w->n_in, n_out, ldy, n_tok, acc, mg ? *mg : moe_group{});
     KC_LAUNCH_CHECK();
 }
 
@@ -371,7 +440,39 @@ int dispatch(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, 
     }
 }
 
+// Grouped: four of the configurations, by the entries an expert has on average (tiles of 8, 16,
+// 32, 64 entries); each keeps WK fixed for its tile, so an entry's sum order depends on the choice.
+template <int TYPE>
+int dispatch_moe(const kc_weight *w, const __half *x, float *y, const moe_group &mg, int n_ent, int per_exp, cudaStream_t s) {
+    const int ldy = w->n_out / mg.n_exp;
+    if (per_exp <= 8) return launch<TYPE, 2, 8, 8, 1, true>(w, x, 0, y, ldy, 0, s, &mg, n_ent);
+    if (per_exp <= 16) return launch<TYPE, 2, 8, 16, 1, true>(w, x, 0, y, ldy, 0, s, &mg, n_ent);
+    if (per_exp <= 32) return launch<TYPE, 4, 2, 32, 2, true>(w, x, 0, y, ldy, 0, s, &mg, n_ent);
+    return launch<TYPE, 4, 2, 64, 1, true>(w, x, 0, y, ldy, 0, s, &mg, n_ent);
+}
+
 } // namespace
+
+extern "C" int kc_moe_gemmq(const kc_weight *W, int n_exp, const kc_half *x, int x_div, const int32_t *cnt, const int32_t *off,
+                            const int32_t *list, int n_tok, int k, float *y, cudaStream_t s) {
+    if (!W || !x || !cnt || !off || !list || !y || n_exp <= 0 || x_div <= 0 || n_tok <= 0 || k <= 0 || W->n_out % n_exp ||
+        W->type == KC_WEIGHT_MIXED || !kc_gemmq_ok(W))
+        return CM_EINVAL;
+    const int n_ent = n_tok * k, per_exp = (n_ent + min(n_exp, n_ent) - 1) / min(n_exp, n_ent);
+    const moe_group mg = { cnt, off, list, n_exp, x_div };
+    const __half *xh = (const __half *)x;
+    switch (W->type) {
+    case DT_Q8_0: return dispatch_moe<DT_Q8_0>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q4_0: return dispatch_moe<DT_Q4_0>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q4_1: return dispatch_moe<DT_Q4_1>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q5_0: return dispatch_moe<DT_Q5_0>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q5_1: return dispatch_moe<DT_Q5_1>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q4_K: return dispatch_moe<DT_Q4_K>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q5_K: return dispatch_moe<DT_Q5_K>(W, xh, y, mg, n_ent, per_exp, s);
+    case DT_Q6_K: return dispatch_moe<DT_Q6_K>(W, xh, y, mg, n_ent, per_exp, s);
+    default: return CM_EUNSUPPORTED;
+    }
+}
 
 extern "C" int kc_gemmq_ok(const kc_weight *w) {
     static int arch = -1; // the SASS this build runs on the device: mma.sync / cp.async need sm_80

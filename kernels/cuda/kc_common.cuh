@@ -397,6 +397,33 @@ __device__ __forceinline__ void kc_cp_async_commit() { asm volatile("cp.async.co
 template <int N> __device__ __forceinline__ void kc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 #endif
 
+// The expert of CTA column i: i itself when the grid has a column per expert, else the i-th
+// expert (ascending) that some entry chose (-1: fewer were chosen). A step of T tokens and k
+// slots launches min(n_exp, T k) columns, so a decode step does not schedule a CTA per expert
+// (128 x the row tiles, nearly all exiting at once: most of an MoE layer's time at batch 1).
+__device__ __forceinline__ int kc_moe_expert(const int32_t *cnt, int n_exp, int i) {
+    if ((int)gridDim.x == n_exp) return i;
+    __shared__ int s_e;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int seen = 0, found = -1;
+        for (int base = 0; base < n_exp && found < 0; base += 32) {
+            const int j = base + lane;
+            const unsigned m = __ballot_sync(0xffffffffu, j < n_exp && cnt[j] > 0);
+            const int c = __popc(m);
+            if (i < seen + c) {
+                unsigned mm = m;
+                for (int q = 0; q < i - seen; q++) mm &= mm - 1;
+                found = base + __ffs(mm) - 1;
+            }
+            seen += c;
+        }
+        if (lane == 0) s_e = found;
+    }
+    __syncthreads();
+    return s_e;
+}
+
 __device__ __forceinline__ uint32_t kc_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // Two floats as the half2 bits of an mma operand (round to nearest).

@@ -502,8 +502,11 @@ int kc_softcap(float *x, size_t n, float cap, cudaStream_t s);
 int kc_rmsnorm_add(float *x, const float *y, const float *w, int n_tok, int n, float eps, cudaStream_t s);
 /* out[t][j] = act(gate) * up (act: MDL_ACT_SILU or MDL_ACT_GELU_TANH) from rows of 2 n_ff: gate
  * and up interleaved (split 0: the backend's gate|up matrices) or gate then up (split 1: the
- * experts'); row_w (may be NULL): row t is also multiplied by row_w[t]. */
-int kc_glu(const float *gu, float *out, int n_tok, int n_ff, int act, int split, const float *row_w, cudaStream_t s);
+ * experts'); row_w (may be NULL): row t is also multiplied by row_w[t]. With xq (may be NULL) and
+ * split rows: out is also written as two-level int8 blocks (qh, ql, m; see kc_xq; qh NULL: not
+ * those) and as half (xq->xh, when not NULL) when n_ff % 32 == 0 and n_tok <= xq->cap_tok
+ * (xq->n = n_ff, else 0); out may then be NULL. */
+int kc_glu(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, int split, const float *row_w, cudaStream_t s);
 /* Mixture-of-experts routing on the device: per token, softmax of the router logits
  * [n_tok, n_exp], the k most probable experts (ties: the lower index) into idx [n_tok, k] and
  * their probabilities into w (renormalized to sum 1 when norm); then the n_tok k entries
@@ -517,15 +520,31 @@ int kc_moe_route(const float *logits, int n_tok, int n_exp, int k, int norm, int
  * read, and at most n_ent of them get CTAs. */
 int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
                 const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s);
-/* The same over experts kept in their file type: W holds [n_exp][n_out] rows of type `type`
- * (GGUF blocks as in the file, dt_row_size(type, n_in) bytes each; F16 as kc_moe_gemv).
- * kc_moe_type_ok: F16 (n_in % 8 == 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (n_in % 32 == 0), Q4_K, Q5_K,
- * Q6_K (n_in % 256 == 0). */
+/* The same over experts kept quantized (matmul.cu): W is a uniform kc_weight of n_exp x n_out
+ * rows in the kc_weight layout (expert e's rows from e n_out: kc_weight_repack of each expert's
+ * rows), against two-level int8 activations: each entry i of the n_tok k (kc_moe_route's) reads
+ * row i / x_div of xq (kc_quantize_x, or a producer such as kc_glu; xq->n == W->n_in), and
+ * writes row i of y [n_tok k][n_out] f32. The integer GEMV's dot products (dp4a); a
+ * row's summation order depends only on n_in, so an entry's result does not depend on the other
+ * entries of the launch. kc_moe_type_ok: whether experts of the type and row width run on these
+ * kernels: F16 (kc_moe_gemv, n_in % 8 == 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (n_in % 32 == 0),
+ * Q4_K, Q5_K, Q6_K (n_in % 256 == 0). */
 int kc_moe_type_ok(int type, int n_in);
-int kc_moe_gemv_t(const void *W, int type, int n_exp, int n_in, int n_out, const float *x, int x_div, const int32_t *cnt,
-                  const int32_t *off, const int32_t *list, int n_ent, float *y, cudaStream_t s);
+int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                 const int32_t *list, int n_tok, int k, float *y, cudaStream_t s);
+/* The same on tensor cores (gemmq.cu, kc_gemmq's dequantization in registers), for steps past
+ * KC_GEMV_MAX_TOK tokens: x holds half activations (entry i reads row i / x_div), the tiles of
+ * one CTA are entries of one expert (8 to 64 of them, by the entries an expert has on average).
+ * W: as kc_moe_gemvq, kc_gemmq_ok. */
+int kc_moe_gemmq(const kc_weight *W, int n_exp, const kc_half *x, int x_div, const int32_t *cnt, const int32_t *off,
+                 const int32_t *list, int n_tok, int k, float *y, cudaStream_t s);
 /* out[t] (+)= sum_j y[t k + j] over the k slots in order (y rows of n). */
 int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s);
+/* kc_moe_combine (accumulating) into x, then kc_rmsnorm_xq of the new x, in one launch (norm.cu):
+ * x[t] += sum_j ey[t k + j], y[t] = rmsnorm(x[t]) * w, the blocks into xq as kc_rmsnorm_xq
+ * writes them; the bits of the two calls. n % 4 == 0, n <= 32768; y != x. */
+int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps,
+                      cudaStream_t s);
 
 /* The gated activations in general: act MDL_ACT_SILU (SwiGLU: kc_matmul_swiglu) or MDL_ACT_GELU_TANH
  * (GeGLU: gelu_tanh(gate) * up, the expression of the CPU's k_geglu), fused into the F16 GEMV

@@ -773,6 +773,83 @@ template <int TYPE> __device__ __forceinline__ float qdot(const uint4 *w, const 
     else return qchunk<TYPE>::dot(w, sc, xh, xl, xm);
 }
 
+// Loads a lane's batch of U chunks from c0 (chunks c0, c0 + L, ..., L lanes to a row) of the
+// R rows wrow / rows into bw / bs.
+template <int TYPE, int R, int U, int L>
+__device__ __forceinline__ void gemvq_load(const uint4 *const (&wrow)[R], const size_t (&rows)[R], const uint8_t *sc, int nchunks,
+                                           int c0, uint4 (&bw)[U][R][qchunk<TYPE>::NV],
+                                           typename qchunk<TYPE>::scale_t (&bs)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int cc = c0 + L * u;
+        if (cc < nchunks)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int v = 0; v < qchunk<TYPE>::NV; v++) bw[u][r][v] = __ldg(wrow[r] + (size_t)cc * qchunk<TYPE>::NV + v);
+                bs[u][r] = qchunk<TYPE>::load_scale(sc, rows[r], nchunks, cc);
+            }
+    }
+}
+
+// The lane's share of R rows times nb <= NT activation rows (xrow(t): the row of the two-level
+// activations xqh / xql / xm that token t reads), added to acc[r][t]. The first batch of chunks
+// (from the lane's first chunk c) is already in w / s; each iteration multiplies one batch while
+// the next is in flight. A row's summation order depends only on its length and L.
+template <int TYPE, int NT, int R, int U, int L, typename XRow>
+__device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const size_t (&rows)[R], const uint8_t *sc,
+                                           const int8_t *xqh, const int8_t *xql, const int2 *xm, int n_in, XRow xrow, int nb,
+                                           int c, uint4 (&w)[U][R][qchunk<TYPE>::NV],
+                                           typename qchunk<TYPE>::scale_t (&s)[U][R], float (&acc)[R][NT]) {
+    typedef qchunk<TYPE> C;
+    constexpr int EPC = C::EPC, NV = C::NV;
+    const int nchunks = n_in / EPC, nblk = n_in / 32;
+    uint4 wn[U][R][NV];
+    typename C::scale_t sn[U][R];
+    for (;;) {
+        gemvq_load<TYPE, R, U, L>(wrow, rows, sc, nchunks, c + L * U, wn, sn); // the next batch
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + L * u;
+            if (cc >= nchunks) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nb) break;
+                const size_t xr = (size_t)xrow(t);
+                int xh[EPC / 4], xl[EPC / 4];
+                int2 xb[EPC / 32];
+                const int4 *ph = (const int4 *)(xqh + xr * n_in + (size_t)cc * EPC);
+                const int4 *pl = (const int4 *)(xql + xr * n_in + (size_t)cc * EPC);
+#pragma unroll
+                for (int k = 0; k < EPC / 16; k++) {
+                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
+                    xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
+                    xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
+                }
+#pragma unroll
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + xr * nblk + (size_t)cc * (EPC / 32) + k);
+                const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
+            }
+        }
+        c += L * U;
+        if (c >= nchunks) break;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
+                s[u][r] = sn[u][r];
+            }
+    }
+}
+
+struct xrow_id {
+    __device__ int operator()(int t) const { return t; }
+};
+
 template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
@@ -787,7 +864,7 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
         kc_pdl_wait();
         return;
     }
-    const int nchunks = n_in / EPC, nblk = n_in / 32;
+    const int nchunks = n_in / EPC;
     size_t rows[R];
     const uint4 *wrow[R];
 #pragma unroll
@@ -800,69 +877,18 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-
-    uint4 w[U][R][NV], wn[U][R][NV];
-    typename C::scale_t s[U][R], sn[U][R];
-    // loads the batch of U chunks from c0 (each lane's chunks c0 + 32 u) into bw / bs
-    auto load = [&](int c0, uint4 (&bw)[U][R][NV], typename C::scale_t (&bs)[U][R]) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int cc = c0 + 32 * u;
-            if (cc < nchunks)
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-#pragma unroll
-                    for (int v = 0; v < NV; v++) bw[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
-                    bs[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
-                }
-        }
-    };
+    uint4 w[U][R][NV];
+    typename C::scale_t s[U][R];
     // The first batch of U chunks of every row is loaded before waiting for the activations:
-    // with programmatic launch it streams while the previous kernel finishes. Then each
-    // iteration multiplies one batch while the next is in flight. One batch before the wait is
-    // the fastest on an H100 (llama2-7b batch 1, none / two: Q4_0 -5 % / -3 %, Q8_0 -4 % / -6 %,
-    // Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before this one.
-    int c = lane;
-    load(c, w, s);
+    // with programmatic launch it streams while the previous kernel finishes. One batch before
+    // the wait is the fastest on an H100 (llama2-7b batch 1, none / two: Q4_0 -5 % / -3 %, Q8_0
+    // -4 % / -6 %, Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before
+    // this one.
+    gemvq_load<TYPE, R, U, 32>(wrow, rows, sc, nchunks, lane, w, s);
     kc_pdl_wait();
     float res[R][NT];
     gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, accumulate);
-    for (;;) {
-        load(c + 32 * U, wn, sn); // the next batch, in flight while this one is multiplied
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int cc = c + 32 * u;
-            if (cc >= nchunks) break;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                int xh[EPC / 4], xl[EPC / 4];
-                int2 xb[EPC / 32];
-                const int4 *ph = (const int4 *)(xqh + (size_t)t * n_in + (size_t)cc * EPC);
-                const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
-#pragma unroll
-                for (int k = 0; k < EPC / 16; k++) {
-                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
-                    xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
-                    xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
-                }
-#pragma unroll
-                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
-                const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
-            }
-        }
-        c += 32 * U;
-        if (c >= nchunks) break;
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-#pragma unroll
-                for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
-                s[u][r] = sn[u][r];
-            }
-    }
+    gemvq_loop<TYPE, NT, R, U, 32>(wrow, rows, sc, xqh, xql, xm, n_in, xrow_id(), NT, lane, w, s, acc);
     gemv_store<R, NT>(acc, res, y, row0, n_out, ldy, lane, accumulate);
 }
 
@@ -934,6 +960,123 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
     case 7: launch_gemvq_nt<TYPE, 7>(W, xq, y, ldy, acc, s); break;
     case 8: launch_gemvq_nt<TYPE, 8>(W, xq, y, ldy, acc, s); break;
     }
+}
+
+// ---- grouped integer GEMV over the chosen experts (mixture of experts) ----------------------
+// CTA (i, row tile) computes rows of the i-th chosen expert (kc_moe_expert) for each of its
+// entries, NT at a time, on the integer GEMV's chunks (gemvq_loop). L lanes share a row: 32, or 16
+// for rows of at most 16 chunks (an expert's down projection: 768 values are 12 Q4_K chunks), so a
+// warp has two rows' loads in flight instead of idle lanes; L depends on n_in alone, so a row's
+// summation order does not change with NT or R. Entries are the activation rows of xq through
+// x_div (gate|up: token i / k; down: entry i).
+constexpr int MOEQ_WARPS = 4;
+
+template <int TYPE, int NT, int R, int L>
+__global__ void __launch_bounds__(MOEQ_WARPS * 32)
+moe_gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
+                 const int2 *xm, float *y, const int32_t *cnt, const int32_t *off, const int32_t *list, int n_in, int n_out,
+                 int x_div, int n_exp) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    typedef qchunk<TYPE> C;
+    constexpr int NV = C::NV, G = 32 / L;
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int e = kc_moe_expert(cnt, n_exp, blockIdx.x);
+    if (e < 0) return;
+    const int n = cnt[e], o0 = off[e];
+    if (!n) return;
+    const int lane = threadIdx.x & 31, ll = lane % L;
+    const int row0 = ((blockIdx.y * MOEQ_WARPS + (threadIdx.x >> 5)) * G + lane / L) * R;
+    if ((row0 - (lane / L) * R) >= n_out) return; // the warp's first row: whole warps leave
+    const int nchunks = n_in / C::EPC;
+    size_t rows[R];
+    const uint4 *wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        rows[r] = (size_t)e * n_out + min(row0 + r, n_out - 1);
+        wrow[r] = (const uint4 *)(W + rows[r] * (size_t)nchunks * NV * 16);
+    }
+    for (int b = 0; b < n; b += NT) {
+        const int nb = min(NT, n - b);
+        int ent[NT], xr[NT];
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            ent[q] = q < nb ? list[o0 + b + q] : 0;
+            xr[q] = ent[q] / x_div;
+        }
+        float acc[R][NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        uint4 w[1][R][NV];
+        typename C::scale_t s[1][R];
+        gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
+        gemvq_loop<TYPE, NT, R, 1, L>(wrow, rows, sc, xqh, xql, xm, n_in, [&](int t) { return xr[t]; }, nb, ll, w, s, acc);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = acc[r][t];
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (t < nb && ll == 0 && row0 + r < n_out) y[(size_t)ent[t] * n_out + row0 + r] = v;
+            }
+    }
+}
+
+template <int TYPE, int NT, int R, int L>
+static void launch_moe_gemvq_r(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                               const int32_t *list, int n_ent, float *y, cudaStream_t s) {
+    const int n_out = W->n_out / n_exp, rows_per_cta = MOEQ_WARPS * (32 / L) * R;
+    const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_out + rows_per_cta - 1) / rows_per_cta), block(MOEQ_WARPS * 32);
+    kc_launch(moe_gemvq_kernel<TYPE, NT, R, L>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
+              (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, cnt, off, list, W->n_in, n_out, x_div,
+              n_exp);
+}
+
+// One token (an entry per expert): 4 rows a warp (2 for Q5_K and Q6_K, whose larger chunks
+// spill with 4); more tokens: 8 entries a pass, 4 rows a warp but 2 for the K-quants (4 spill
+// 264 bytes of registers with Q4_K; nvcc -Xptxas -v).
+template <int TYPE, int L>
+static void launch_moe_gemvq_l(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                               const int32_t *list, int n_ent, int n_tok, float *y, cudaStream_t s) {
+    constexpr bool K = TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K;
+    constexpr int R1 = TYPE == DT_Q5_K || TYPE == DT_Q6_K ? 2 : 4, R8 = K ? 2 : 4;
+    if (n_tok == 1) launch_moe_gemvq_r<TYPE, 1, R1, L>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, s);
+    else launch_moe_gemvq_r<TYPE, 8, R8, L>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, s);
+}
+
+extern "C" int kc_moe_type_ok(int type, int n_in) {
+    if (type == DT_F16) return n_in > 0 && n_in % 8 == 0;
+    return is_quant(type) && n_in > 0 && n_in % dt_block_size(type) == 0 && n_in % 32 == 0;
+}
+
+extern "C" int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                            const int32_t *list, int n_tok, int k, float *y, cudaStream_t s) {
+    if (!W || !W->data || !W->d || !xq || !xq->qh || !cnt || !off || !list || !y || n_exp <= 0 || x_div <= 0 || n_tok <= 0 ||
+        k <= 0 || !is_quant(W->type) || W->n_out % n_exp || !kc_moe_type_ok(W->type, W->n_in) || xq->n != W->n_in)
+        return CM_EINVAL;
+    const int n_ent = n_tok * k; // an expert has at most n_tok entries: a token chooses it once
+    const bool half = W->n_in / (W->type == DT_Q4_K || W->type == DT_Q5_K || W->type == DT_Q6_K ? 64 : 32) <= 16;
+#define MOEQ_T(T)                                                                                                  \
+    case T:                                                                                                        \
+        if (half) launch_moe_gemvq_l<T, 16>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, s);                  \
+        else launch_moe_gemvq_l<T, 32>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, s);                  \
+        break;
+    switch (W->type) {
+        MOEQ_T(DT_Q4_0)
+        MOEQ_T(DT_Q4_1)
+        MOEQ_T(DT_Q5_0)
+        MOEQ_T(DT_Q5_1)
+        MOEQ_T(DT_Q8_0)
+        MOEQ_T(DT_Q4_K)
+        MOEQ_T(DT_Q5_K)
+        MOEQ_T(DT_Q6_K)
+    default: return CM_EUNSUPPORTED;
+    }
+#undef MOEQ_T
+    KC_LAUNCH_CHECK();
 }
 
 // ---- activation quantization ---------------------------------------------------------------

@@ -26,9 +26,11 @@ __device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
 // round trip to every norm between two GEMVs.
-template <int NV, bool QUANT>
+// With ADD (kc_rmsnorm_moe_xq), x[t] += sum_j ad[t ak + j] first (the slots in order, from 0: the
+// bits of kc_moe_combine) and the new x is written back before it is normalized.
+template <int NV, bool QUANT, bool ADD>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
-                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
@@ -48,6 +50,15 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
+        if (ADD && i < n4) {
+            float4 a = make_float4(0, 0, 0, 0);
+            for (int j = 0; j < ak; j++) {
+                const float4 b = ((const float4 *)(ad + ((size_t)blockIdx.x * ak + j) * n))[i];
+                a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+            }
+            v[k] = make_float4(__fadd_rn(v[k].x, a.x), __fadd_rn(v[k].y, a.y), __fadd_rn(v[k].z, a.z), __fadd_rn(v[k].w, a.w));
+            ((float4 *)(x + (size_t)blockIdx.x * n))[i] = v[k];
+        }
     }
     float ss = rms_sumsq4(v[0]);
 #pragma unroll
@@ -137,10 +148,10 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
         kc_launch(ks[n / 512 - 1], dim3(n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
         return;
     }
-    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
-    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
-    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
-    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
+    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
+    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
+    else kc_launch(rmsnorm_vec_kernel<8, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
@@ -161,6 +172,30 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
 
 extern "C" int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s) {
     return kc_rmsnorm_xq(x, w, y, NULL, n_tok, n, eps, s);
+}
+
+extern "C" int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps,
+                                 cudaStream_t s) {
+    if (!x || !ey || k <= 0 || !w || !y || x == y || n_tok <= 0 || n <= 0 || n % 4 || n > 4 * 1024 * 8) return CM_EINVAL;
+    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (xq) xq->n = quant ? n : 0;
+    /* launch_vec's thread count and float4 per thread (so the norm's bits), never the split kernel:
+     * its CTAs would read a row that another CTA of the token is writing */
+    const int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32, nv = (n4 + threads - 1) / threads;
+    int8_t *qh = quant && !xq->no_ints ? xq->qh : nullptr, *ql = quant ? xq->ql : nullptr;
+    int32_t *qm = quant ? xq->m : nullptr;
+    __half *xh = quant ? (__half *)xq->xh : nullptr;
+#define MOE_NORM(NV)                                                                                                     \
+    (quant ? kc_launch(rmsnorm_vec_kernel<NV, true, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
+                       qm, xh, ey, k)                                                                                    \
+           : kc_launch(rmsnorm_vec_kernel<NV, false, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
+                       qm, xh, ey, k))
+    if (nv <= 1) MOE_NORM(1);
+    else if (nv <= 2) MOE_NORM(2);
+    else if (nv <= 4) MOE_NORM(4);
+    else MOE_NORM(8);
+#undef MOE_NORM
+    KC_LAUNCH_CHECK();
 }
 
 // ---- post-norm added to the residual, and the next pre-norm ------------------------------------

@@ -4,7 +4,9 @@ tests/models/*/logits.bin): the same header and tokens, then float32 rows [posit
 
 usage: logits_cmp.py CUR BASE
 prints: "rows N top1 P % rel_mean M rel_max X" where per row rel = ||cur - base|| / ||base||
-(arka perplexity's --kl-divergence-base definition) and top-1 counts rows whose argmax agrees.
+(arka perplexity's --kl-divergence-base definition) and top-1 counts rows whose argmax agrees;
+with numpy, rows that disagree are also described: base's margin of its top-1 over cur's choice
+against the row's largest difference (at most ~1: near-ties that the difference decides).
 Exit 2 when the files cannot be compared. numpy when present, else plain Python."""
 import math
 import struct
@@ -52,8 +54,16 @@ def main():
         num = ((a - b) ** 2).sum(axis=1)
         rel = np.where(den > 0, np.sqrt(num / np.where(den > 0, den, 1)), np.sqrt(num))
         rel = np.where(np.isfinite(a).all(axis=1), rel, np.inf)
-        top1 = int((a.argmax(axis=1) == b.argmax(axis=1)).sum())
-        print(f"rows {len(cur)} top1 {100.0 * top1 / len(cur):.3f} % rel_mean {rel.mean():.3g} rel_max {rel.max():.3g}")
+        ia, ib = a.argmax(axis=1), b.argmax(axis=1)
+        top1 = int((ia == ib).sum())
+        line = f"rows {len(cur)} top1 {100.0 * top1 / len(cur):.3f} % rel_mean {rel.mean():.3g} rel_max {rel.max():.3g}"
+        flips = np.nonzero(ia != ib)[0]
+        if len(flips):  # how close each disagreement was: base's margin of its top-1 over cur's, in units of the row's largest error
+            r = np.arange(len(b))[flips]
+            margin = b[r, ib[flips]] - b[r, ia[flips]]
+            err = np.abs(a[flips] - b[flips]).max(axis=1)
+            line += f" flips {len(flips)}: base margin / max |cur - base| at most {float((margin / np.where(err > 0, err, 1)).max()):.3g}"
+        print(line)
         return 0
     top1 = 0
     rels = []

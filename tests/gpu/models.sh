@@ -11,6 +11,7 @@
 #        prefill), its logits
 #        against the CPU backend's and against transformers' (logits.bin);
 #     3. arka mkmodel's tiny shapes of the new architectures (head dims 64 / 128: the tensor-core
+#        attention; 96: phi3-mini's, on the per-head kernels;
 #        attention, windows of 64 / 128 inside 300 positions, F16 and Q8_0 experts) on cuda vs cpu.
 #     A line per run: "PASS|FAIL name: cuda vs cpu ... ; vs transformers ..."; the pass rule is the
 #     issue's: relative error <= 1e-2 and top-1 >= 99 % against the CPU backend (transformers:
@@ -104,11 +105,11 @@ for ref in tests/models/*/logits.bin; do
   done
 done
 
-step "mkmodel tiny shapes (head dims 64 / 128, windows inside 300 positions): cuda vs cpu"
+step "mkmodel tiny shapes (head dims 64 / 96 / 128, windows inside 300 positions): cuda vs cpu"
 if [ -f "$VOCAB" ]; then
   python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(32000)) for _ in range(300)))' >"$WORK/ids.txt"
   for spec in qwen3-tiny:f16 qwen3moe-tiny:f16 qwen3moe-tiny:q8_0 mixtral-tiny:f16 gemma2-tiny:f16 gemma3-tiny:f16 gemma3-tiny:q8_0 \
-              phi3-tiny:f16; do
+              phi3-tiny:f16 phi3-tiny96:f16; do
     shape=${spec%:*}; type=${spec#*:}; f="$MODELS/$shape-$type.gguf"
     [ -f "$f" ] || "$BIN/arka" mkmodel "$shape" "$f" --type "$type" --seed 1 --vocab "$VOCAB" >/dev/null 2>"$OUT/mkmodel-$shape-$type.log" ||
       { echo "FAIL mkmodel $shape $type:"; tail -3 "$OUT/mkmodel-$shape-$type.log"; fail=$((fail + 1)); continue; }

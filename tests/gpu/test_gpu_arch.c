@@ -62,6 +62,64 @@ static double rel_err_f(const float *got, const float *ref, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+static kc_xq xq_new(int cap_tok, int cap_n, int no_ints) {
+    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n, .no_ints = no_ints };
+    const size_t n = (size_t)cap_tok * cap_n;
+    CK(cudaMalloc((void **)&q.qh, n));
+    CK(cudaMalloc((void **)&q.ql, n));
+    CK(cudaMalloc((void **)&q.m, n / 32 * 8 + 8));
+    CK(cudaMalloc((void **)&q.xh, n * 2));
+    return q;
+}
+static void xq_poison(kc_xq *q) { /* 0x55: a producer that writes only the half copy leaves it */
+    const size_t n = (size_t)q->cap_tok * q->cap_n;
+    CK(cudaMemset(q->qh, 0x55, n));
+    CK(cudaMemset(q->ql, 0x55, n));
+    CK(cudaMemset(q->m, 0x55, n / 32 * 8));
+    CK(cudaMemset(q->xh, 0xff, n * 2));
+    q->n = -1;
+}
+static void xq_del(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
+static int dev_same(const void *a, const void *b, size_t n) {
+    char *x = malloc(n ? n : 1), *y = malloc(n ? n : 1);
+    down(x, a, n);
+    down(y, b, n);
+    int ok = memcmp(x, y, n) == 0;
+    free(x); free(y);
+    return ok;
+}
+/* a's rows of n as b's: the half copy, and the integer blocks unless a wrote only the half copy
+ * (then they must still hold the 0x55 poison) */
+static int xq_ints_same(const kc_xq *a, const kc_xq *b, int nt, int n) {
+    const size_t e = (size_t)nt * n;
+    return a->n == n && dev_same(a->qh, b->qh, e) && dev_same(a->ql, b->ql, e) && dev_same(a->m, b->m, e / 32 * 8);
+}
+static int xq_same(const kc_xq *a, const kc_xq *b, int nt, int n) {
+    const size_t e = (size_t)nt * n;
+    int ok = a->n == n && dev_same(a->xh, b->xh, e * 2);
+    if (!a->no_ints) return ok && xq_ints_same(a, b, nt, n);
+    int8_t *h = malloc(e);
+    down(h, a->qh, e);
+    for (size_t i = 0; i < e; i++) ok &= h[i] == 0x55;
+    free(h);
+    return ok;
+}
+static kc_weight weight_up(int type, const void *blocks, int n_in, int n_out) {
+    size_t db, sb;
+    kc_weight w = { .type = type, .n_in = n_in, .n_out = n_out };
+    if (kc_weight_sizes(type, n_in, n_out, &db, &sb)) {
+        fprintf(stderr, "kc_weight_sizes %s %dx%d\n", dt_name(type), n_in, n_out);
+        exit(1);
+    }
+    void *hq = malloc(db);
+    kc_half *hd = sb ? malloc(sb) : NULL;
+    kc_weight_repack(type, blocks, n_in, n_out, hq, hd);
+    w.data = up(hq, db);
+    w.d = sb ? up(hd, sb) : NULL;
+    free(hq); free(hd);
+    return w;
+}
+
 static float *rnd(size_t n, float scale) {
     float *p = malloc(n * 4);
     for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
@@ -126,11 +184,28 @@ static void test_elementwise(cudaStream_t s) {
                     if (weighted) k_scale(ref + (size_t)t * F, F, rw[t]);
                 }
                 float *dg = up(gu, (size_t)nt * 2 * F * 4), *dw = up(rw, nt * 4), *dout = dnew((size_t)nt * F * 4);
-                int rc = kc_glu(dg, dout, nt, F, act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, split, weighted ? dw : NULL, s);
+                int rc = kc_glu(dg, dout, NULL, nt, F, act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, split, weighted ? dw : NULL, s);
                 CK(cudaStreamSynchronize(s));
                 down(g, dout, (size_t)nt * F * 4);
                 double e = rel_err_f(g, ref, (size_t)nt * F);
                 T_CHECKF(rc == 0 && e < 1e-5, "kc_glu act=%s split=%d weighted=%d: rel_err %.3g", act ? "gelu" : "silu", split, weighted, e);
+                if (split) { /* also quantized (the experts' down input): the same f32 values, the blocks of kc_quantize_x */
+                    kc_xq qa = xq_new(nt, F, 0), qb = xq_new(nt, F, 0);
+                    float *dout2 = dnew((size_t)nt * F * 4), *g2 = malloc((size_t)nt * F * 4);
+                    int rc2 = kc_glu(dg, dout2, &qa, nt, F, act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, 1, weighted ? dw : NULL, s);
+                    rc2 |= kc_quantize_x(dout, nt, F, &qb, s);
+                    kc_xq qc = xq_new(nt, F, 0); /* no f32 output: the blocks only */
+                    rc2 |= kc_glu(dg, NULL, &qc, nt, F, act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU, 1, weighted ? dw : NULL, s);
+                    CK(cudaStreamSynchronize(s));
+                    down(g2, dout2, (size_t)nt * F * 4);
+                    T_CHECKF(rc2 == 0 && qa.n == F && qc.n == F && memcmp(g2, g, (size_t)nt * F * 4) == 0 && xq_ints_same(&qa, &qb, nt, F) &&
+                                 xq_ints_same(&qc, &qb, nt, F),
+                             "kc_glu act=%s weighted=%d with blocks: the f32 values and kc_quantize_x's blocks", act ? "gelu" : "silu",
+                             weighted);
+                    xq_del(&qa); xq_del(&qb); xq_del(&qc);
+                    cudaFree(dout2);
+                    free(g2);
+                }
                 free(gu); free(rw); free(ref); free(g);
                 cudaFree(dg); cudaFree(dw); cudaFree(dout);
             }
@@ -209,7 +284,7 @@ static void test_moe(cudaStream_t s) {
         float *dx = up(x, (size_t)T * E * 4), *degu = dnew((size_t)T * K * 2 * F * 4), *deact = dnew((size_t)T * K * F * 4),
               *deout = dnew((size_t)T * K * E * 4), *dout = dnew((size_t)T * E * 4), *dres = up(res, (size_t)T * E * 4);
         rc = kc_moe_gemv(dgu, NE, E, 2 * F, dx, K, dcnt, doff, dlist, T * K, degu, s);
-        rc |= kc_glu(degu, deact, T * K, F, MDL_ACT_SILU, 1, dw, s);
+        rc |= kc_glu(degu, deact, NULL, T * K, F, MDL_ACT_SILU, 1, dw, s);
         rc |= kc_moe_gemv(ddn, NE, F, E, deact, 1, dcnt, doff, dlist, T * K, deout, s);
         rc |= kc_moe_combine(deout, dout, T, K, E, 0, s);
         rc |= kc_moe_combine(deout, dres, T, K, E, 1, s);
@@ -226,52 +301,115 @@ static void test_moe(cudaStream_t s) {
     }
 }
 
-/* The grouped GEMV over experts kept in their file type: GGUF blocks as dt_quantize writes
- * them, against the CPU's dequantization of the same blocks (double dot products); entries from
- * the device router; experts nobody chose are never read (their blocks are NaN). */
-static void test_moe_quant(cudaStream_t s) {
-    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
-    const int NE = 6, K = 2, n_in = 512, n_out = 72;
-    const int toks[] = { 1, 3, 40 };
-    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
-        for (size_t ni = 0; ni < sizeof toks / sizeof *toks; ni++) {
-            const int type = types[ti], T = toks[ni];
-            T_CHECKF(kc_moe_type_ok(type, n_in), "kc_moe_type_ok(%s)", dt_name(type));
-            const size_t rb = dt_row_size(type, n_in), mb = rb * n_out, nw = (size_t)n_in * n_out;
-            uint8_t *blocks = malloc(mb * NE);
-            float *wf = malloc(nw * NE * 4), *x = rnd((size_t)T * n_in, 1.0f), *lg = rnd((size_t)T * NE, 2.0f);
-            for (int t = 0; t < T; t++) lg[(size_t)t * NE + 5] = -1e30f; /* expert 5: never chosen */
-            for (int e = 0; e < NE; e++) {
-                float *w = rnd(nw, 0.3f);
-                dt_quantize(type, w, blocks + e * mb, (int64_t)nw);
-                dt_dequantize(type, blocks + e * mb, wf + e * nw, (int64_t)nw);
-                free(w);
-            }
-            memset(blocks + 5 * mb, 0xff, mb); /* NaN / garbage: must not be read */
-            int32_t *ridx = malloc((size_t)T * K * 4);
-            float *rw = malloc((size_t)T * K * 4), *ref = malloc((size_t)T * K * n_out * 4), *got = malloc((size_t)T * K * n_out * 4);
-            for (int t = 0; t < T; t++) k_topk_route(lg + (size_t)t * NE, NE, K, 1, ridx + (size_t)t * K, rw + (size_t)t * K);
-            for (int i = 0; i < T * K; i++)
-                for (int o = 0; o < n_out; o++) {
-                    double a = 0;
-                    for (int c = 0; c < n_in; c++) a += (double)wf[(size_t)ridx[i] * nw + (size_t)o * n_in + c] * x[(size_t)(i / K) * n_in + c];
-                    ref[(size_t)i * n_out + o] = (float)a;
-                }
-            void *dw = up(blocks, mb * NE);
-            float *dx = up(x, (size_t)T * n_in * 4), *dlg = up(lg, (size_t)T * NE * 4), *drw = dnew((size_t)T * K * 4),
-                  *dy = dnew((size_t)T * K * n_out * 4);
-            int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4);
-            int rc = kc_moe_route(dlg, T, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
-            rc |= kc_moe_gemv_t(dw, type, NE, n_in, n_out, dx, K, dcnt, doff, dlist, T * K, dy, s);
+/* The experts' sum added in the next pre-norm (kc_rmsnorm_moe_xq): the same bits as
+ * kc_moe_combine (accumulating) then kc_rmsnorm_xq, in x, y and the blocks; rows of one float4
+ * a thread, of 512 threads (which kc_rmsnorm_xq may give to its split kernel) and of two float4. */
+static void test_moe_norm(cudaStream_t s) {
+    const int ns[] = { 64, 2048, 6144 }, toks[] = { 1, 5 }, K = 8;
+    for (size_t ni = 0; ni < 3; ni++)
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int n = ns[ni], T = toks[ti];
+            float *x = rnd((size_t)T * n, 2.0f), *ey = rnd((size_t)T * K * n, 1.0f), *w = rnd(n, 1.0f);
+            float *dxa = up(x, (size_t)T * n * 4), *dxb = up(x, (size_t)T * n * 4), *dey = up(ey, (size_t)T * K * n * 4),
+                  *dw = up(w, (size_t)n * 4), *dya = dnew((size_t)T * n * 4), *dyb = dnew((size_t)T * n * 4);
+            kc_xq qa = xq_new(T, n, 0), qb = xq_new(T, n, 0);
+            int rc = kc_rmsnorm_moe_xq(dxa, dey, K, dw, dya, &qa, T, n, 1e-6f, s);
+            rc |= kc_moe_combine(dey, dxb, T, K, n, 1, s);
+            rc |= kc_rmsnorm_xq(dxb, dw, dyb, &qb, T, n, 1e-6f, s);
             CK(cudaStreamSynchronize(s));
-            down(got, dy, (size_t)T * K * n_out * 4);
-            double e = rel_err_f(got, ref, (size_t)T * K * n_out);
-            T_CHECKF(rc == 0 && e < 1e-5, "kc_moe_gemv_t %s T=%d: rel_err %.3g", dt_name(type), T, e);
-            free(blocks); free(wf); free(x); free(lg); free(ridx); free(rw); free(ref); free(got);
-            void *ds[] = { dw, dx, dlg, drw, dy, didx, dcnt, doff, dlist };
+            const int same = dev_same(dxa, dxb, (size_t)T * n * 4) && dev_same(dya, dyb, (size_t)T * n * 4) && xq_same(&qa, &qb, T, n);
+            T_CHECKF(rc == 0 && same, "kc_rmsnorm_moe_xq n=%d T=%d: the bits of combine + rmsnorm (rc %d)", n, T, rc);
+            free(x); free(ey); free(w);
+            xq_del(&qa); xq_del(&qb);
+            void *ds[] = { dxa, dxb, dey, dw, dya, dyb };
             for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
         }
-    T_CHECK(!kc_moe_type_ok(DT_Q4_K, 512 + 32) && !kc_moe_type_ok(DT_F32, 512) && kc_moe_type_ok(DT_Q8_0, 96));
+}
+
+/* The grouped integer GEMV over quantized experts (kc_moe_gemvq): GGUF blocks as dt_quantize
+ * writes them, repacked per expert into one stacked kc_weight, against the CPU's dequantization
+ * of the same blocks times x (double dot products; the GPU multiplies two-level int8 activations,
+ * ~2e-5); entries from the device router, their rows a token's (x_div = k, gate|up) or their own
+ * (x_div = 1, down); rows of 512 (lanes in halves: at most 16 chunks) and 1536 values; experts
+ * nobody chose are never read (their blocks are NaN). An entry's result has the same bits at
+ * every token count (token 0 alone against all T). The tensor-core form (kc_moe_gemmq) on the
+ * same entries from half activations. F16 experts: kc_moe_gemv (test_moe). */
+static void test_moe_quant(cudaStream_t s) {
+    const int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
+    const int NE = 6, K = 2, n_out = 72, n_ins[] = { 512, 1536 };
+    const int toks[] = { 1, 3, 40, 90, 300 }; /* kc_moe_gemmq's tiles of 8, 16, 32 and 64 entries */
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t ii = 0; ii < 2; ii++)
+            for (int per_ent = 0; per_ent < 2; per_ent++)
+                for (size_t ni = 0; ni < sizeof toks / sizeof *toks; ni++) {
+                    const int type = types[ti], T = toks[ni], n_in = n_ins[ii], x_div = per_ent ? 1 : K, nx = per_ent ? T * K : T;
+                    T_CHECKF(kc_moe_type_ok(type, n_in), "kc_moe_type_ok(%s)", dt_name(type));
+                    const size_t rb = dt_row_size(type, n_in), mb = rb * n_out, nw = (size_t)n_in * n_out;
+                    size_t db, sb;
+                    kc_weight_sizes(type, n_in, NE * n_out, &db, &sb);
+                    uint8_t *blocks = malloc(mb * NE);
+                    float *wf = malloc(nw * NE * 4), *x = rnd((size_t)nx * n_in, 1.0f), *lg = rnd((size_t)T * NE, 2.0f);
+                    for (int t = 0; t < T; t++) lg[(size_t)t * NE + 5] = -1e30f; /* expert 5: never chosen */
+                    for (int e = 0; e < NE; e++) {
+                        float *w = rnd(nw, 0.3f);
+                        dt_quantize(type, w, blocks + e * mb, (int64_t)nw);
+                        dt_dequantize(type, blocks + e * mb, wf + e * nw, (int64_t)nw);
+                        free(w);
+                    }
+                    kc_weight W = weight_up(type, blocks, n_in, NE * n_out); /* the experts' rows stacked */
+                    CK(cudaMemset((uint8_t *)W.data + 5 * (db / NE), 0xff, db / NE)); /* NaN / garbage: must not be read */
+                    CK(cudaMemset((uint8_t *)W.d + 5 * (sb / NE), 0xff, sb / NE));
+                    int32_t *ridx = malloc((size_t)T * K * 4);
+                    float *rw = malloc((size_t)T * K * 4), *ref = malloc((size_t)T * K * n_out * 4), *got = malloc((size_t)T * K * n_out * 4),
+                          *one = malloc((size_t)K * n_out * 4);
+                    for (int t = 0; t < T; t++) k_topk_route(lg + (size_t)t * NE, NE, K, 1, ridx + (size_t)t * K, rw + (size_t)t * K);
+                    for (int i = 0; i < T * K; i++)
+                        for (int o = 0; o < n_out; o++) {
+                            double a = 0;
+                            for (int c = 0; c < n_in; c++)
+                                a += (double)wf[(size_t)ridx[i] * nw + (size_t)o * n_in + c] * x[(size_t)(i / x_div) * n_in + c];
+                            ref[(size_t)i * n_out + o] = (float)a;
+                        }
+                    kc_xq xq = xq_new(nx, n_in, 0);
+                    float *dx = up(x, (size_t)nx * n_in * 4), *dlg = up(lg, (size_t)T * NE * 4), *drw = dnew((size_t)T * K * 4),
+                          *dy = dnew((size_t)T * K * n_out * 4);
+                    int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4);
+                    int rc = kc_quantize_x(dx, nx, n_in, &xq, s);
+                    rc |= kc_moe_route(dlg, T, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+                    rc |= kc_moe_gemvq(&W, NE, &xq, x_div, dcnt, doff, dlist, T, K, dy, s);
+                    CK(cudaStreamSynchronize(s));
+                    down(got, dy, (size_t)T * K * n_out * 4);
+                    /* token 0 alone (its rows of x, its logits) */
+                    rc |= kc_moe_route(dlg, 1, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+                    rc |= kc_moe_gemvq(&W, NE, &xq, x_div, dcnt, doff, dlist, 1, K, dy, s);
+                    CK(cudaStreamSynchronize(s));
+                    down(one, dy, (size_t)K * n_out * 4);
+                    double e = rel_err_f(got, ref, (size_t)T * K * n_out);
+                    T_CHECKF(rc == 0 && e < 1e-4 && memcmp(one, got, (size_t)K * n_out * 4) == 0,
+                             "kc_moe_gemvq %s n_in=%d x_div=%d T=%d: rel_err %.3g, token 0 alone the same bits %d", dt_name(type), n_in,
+                             x_div, T, e, memcmp(one, got, (size_t)K * n_out * 4) == 0);
+                    if (T > 1) { /* the tensor-core form on half activations (f16 operands, f32 sums: ~1e-3) */
+                        uint16_t *xh = malloc((size_t)nx * n_in * 2);
+                        dt_quantize(DT_F16, x, xh, (int64_t)nx * n_in);
+                        kc_half *dxh = up(xh, (size_t)nx * n_in * 2);
+                        rc = kc_moe_route(dlg, T, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+                        CK(cudaMemset(dy, 0xff, (size_t)T * K * n_out * 4)); /* every entry's row must be written */
+                        rc |= kc_moe_gemmq(&W, NE, dxh, x_div, dcnt, doff, dlist, T, K, dy, s);
+                        CK(cudaStreamSynchronize(s));
+                        down(got, dy, (size_t)T * K * n_out * 4);
+                        double e2 = rel_err_f(got, ref, (size_t)T * K * n_out);
+                        T_CHECKF(rc == 0 && e2 < 5e-3, "kc_moe_gemmq %s n_in=%d x_div=%d T=%d: rel_err %.3g", dt_name(type), n_in, x_div,
+                                 T, e2);
+                        free(xh);
+                        cudaFree(dxh);
+                    }
+                    free(blocks); free(wf); free(x); free(lg); free(ridx); free(rw); free(ref); free(got); free(one);
+                    xq_del(&xq);
+                    void *ds[] = { W.data, W.d, dx, dlg, drw, dy, didx, dcnt, doff, dlist };
+                    for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+                }
+    T_CHECK(!kc_moe_type_ok(DT_Q4_K, 512 + 32) && !kc_moe_type_ok(DT_F32, 512) && kc_moe_type_ok(DT_Q8_0, 96) &&
+            kc_moe_type_ok(DT_F16, 40));
 }
 
 /* RoPE from the CPU's per-pair table (yarn with an attention factor, longrope, partial
@@ -498,59 +636,6 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
 
 /* ---- the fused launches of the Gemma layers --------------------------------------------------- */
 
-static kc_xq xq_new(int cap_tok, int cap_n, int no_ints) {
-    kc_xq q = { .cap_tok = cap_tok, .cap_n = cap_n, .no_ints = no_ints };
-    const size_t n = (size_t)cap_tok * cap_n;
-    CK(cudaMalloc((void **)&q.qh, n));
-    CK(cudaMalloc((void **)&q.ql, n));
-    CK(cudaMalloc((void **)&q.m, n / 32 * 8 + 8));
-    CK(cudaMalloc((void **)&q.xh, n * 2));
-    return q;
-}
-static void xq_poison(kc_xq *q) { /* 0x55: a producer that writes only the half copy leaves it */
-    const size_t n = (size_t)q->cap_tok * q->cap_n;
-    CK(cudaMemset(q->qh, 0x55, n));
-    CK(cudaMemset(q->ql, 0x55, n));
-    CK(cudaMemset(q->m, 0x55, n / 32 * 8));
-    CK(cudaMemset(q->xh, 0xff, n * 2));
-    q->n = -1;
-}
-static void xq_del(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
-static int dev_same(const void *a, const void *b, size_t n) {
-    char *x = malloc(n ? n : 1), *y = malloc(n ? n : 1);
-    down(x, a, n);
-    down(y, b, n);
-    int ok = memcmp(x, y, n) == 0;
-    free(x); free(y);
-    return ok;
-}
-/* a's rows of n as b's: the half copy, and the integer blocks unless a wrote only the half copy
- * (then they must still hold the 0x55 poison) */
-static int xq_same(const kc_xq *a, const kc_xq *b, int nt, int n) {
-    const size_t e = (size_t)nt * n;
-    int ok = a->n == n && dev_same(a->xh, b->xh, e * 2);
-    if (!a->no_ints) return ok && dev_same(a->qh, b->qh, e) && dev_same(a->ql, b->ql, e) && dev_same(a->m, b->m, e / 32 * 8);
-    int8_t *h = malloc(e);
-    down(h, a->qh, e);
-    for (size_t i = 0; i < e; i++) ok &= h[i] == 0x55;
-    free(h);
-    return ok;
-}
-static kc_weight weight_up(int type, const void *blocks, int n_in, int n_out) {
-    size_t db, sb;
-    kc_weight w = { .type = type, .n_in = n_in, .n_out = n_out };
-    if (kc_weight_sizes(type, n_in, n_out, &db, &sb)) {
-        fprintf(stderr, "kc_weight_sizes %s %dx%d\n", dt_name(type), n_in, n_out);
-        exit(1);
-    }
-    void *hq = malloc(db);
-    kc_half *hd = sb ? malloc(sb) : NULL;
-    kc_weight_repack(type, blocks, n_in, n_out, hq, hd);
-    w.data = up(hq, db);
-    w.d = sb ? up(hd, sb) : NULL;
-    free(hq); free(hd);
-    return w;
-}
 static void plan_glu_fuse(int n) {
     kc_plan p = *kc_plan_get();
     p.swiglu_fuse = n;
@@ -607,7 +692,7 @@ static void test_matmul_glu(cublasHandle_t cb, cudaStream_t s) {
                         CK(cudaMemset(dout2, 0xff, no * 4));
                         xq_poison(&xb);
                         rc |= kc_matmul_xq(&W, dx, small ? &xin : NULL, nt, dgu2, 0, &ws, s);
-                        rc |= kc_glu(dgu2, dout2, nt, n_ff, a, 0, NULL, s);
+                        rc |= kc_glu(dgu2, dout2, NULL, nt, n_ff, a, 0, NULL, s);
                         if (small) rc |= kc_quantize_x(dout2, nt, n_ff, &xb, s);
                         CK(cudaStreamSynchronize(s));
                         const int same_out = !with_out || dev_same(dout, dout2, no * 4), same_q = !small || xq_same(&xa, &xb, nt, n_ff);
@@ -770,6 +855,7 @@ int main(void) {
     test_embed_scaled(s);
     test_moe(s);
     test_moe_quant(s);
+    test_moe_norm(s);
     test_rope_table(s);
     const int hds[] = { 16, 32, 64, 128, 256 };
     for (size_t i = 0; i < sizeof hds / sizeof *hds; i++) {

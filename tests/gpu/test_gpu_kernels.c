@@ -456,8 +456,8 @@ static int32_t *make_tiles_from(const int *lens, const int *from, int n_seq, int
 static int32_t *make_tiles(const int *lens, int n_seq, int tt, int *nt) { return make_tiles_from(lens, NULL, n_seq, tt, 0, nt); }
 
 static void test_rope_attention(cudaStream_t s) {
-    const int hds[] = { 8, 64, 128 };
-    for (int hi = 0; hi < 3; hi++)
+    const int hds[] = { 8, 64, 128, 96 }; /* 96: phi3-mini, 16 lanes a key with 4 idle */
+    for (int hi = 0; hi < 4; hi++)
         for (int layout = 0; layout < 2; layout++)
             for (int nsplit_i = 0; nsplit_i < 3; nsplit_i++) {
                 int hd = hds[hi], n_head = 8, n_kv = 2, bs = 16, n_seq = 3, max_blocks = 8;

@@ -40,6 +40,7 @@ check gemma2-tiny gemma2 "sliding window: 64 positions on 1 of 2 layers (SF)" "s
       "mlp: geglu (tanh gelu)" "post norms: yes" "output: tied to token_embd"
 check gemma3-tiny gemma3 "sliding window: 64 positions on 5 of 6 layers (SSSSSF)" "sliding layers: base 10000, unscaled" "qk norm: yes"
 check phi3-tiny phi3 "sliding window: 128 positions on 2 of 2 layers (SS)" "kv heads: 4"
+check phi3-tiny96 phi3 "sliding window: 128 positions on 2 of 2 layers (SS)" "kv heads: 8" "head dim: 96" "rope: dim 96"
 check llama3.1-tiny llama "scaling llama3 factor 8 low 1 high 4 original context 8192" "context (trained): 131072"
 
 # quantized experts stay quantized: every matrix of the file is Q4_K (routers and norms F32)
