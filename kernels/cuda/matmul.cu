@@ -846,10 +846,10 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
     }
 }
 
-struct xrow_id {
-    __device__ int operator()(int t) const { return t; }
-};
-
+// The dense kernel keeps its own copy of gemvq_loop's body: built on the shared helpers, nvcc
+// allocated Q6_K's 4-row one-token variant (llama2-7b's qkv and gate|up) with a 4-byte spill and
+// the Q6_K llama2-7b step went from 420 to 357 tok/s on the H200 (bench/RESULTS.md, fourth
+// 2026-11-25 session).
 template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
@@ -864,7 +864,7 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
         kc_pdl_wait();
         return;
     }
-    const int nchunks = n_in / EPC;
+    const int nchunks = n_in / EPC, nblk = n_in / 32;
     size_t rows[R];
     const uint4 *wrow[R];
 #pragma unroll
@@ -877,18 +877,69 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    uint4 w[U][R][NV];
-    typename C::scale_t s[U][R];
+
+    uint4 w[U][R][NV], wn[U][R][NV];
+    typename C::scale_t s[U][R], sn[U][R];
+    // loads the batch of U chunks from c0 (each lane's chunks c0 + 32 u) into bw / bs
+    auto load = [&](int c0, uint4 (&bw)[U][R][NV], typename C::scale_t (&bs)[U][R]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c0 + 32 * u;
+            if (cc < nchunks)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+#pragma unroll
+                    for (int v = 0; v < NV; v++) bw[u][r][v] = __ldg(wrow[r] + (size_t)cc * NV + v);
+                    bs[u][r] = C::load_scale(sc, rows[r], nchunks, cc);
+                }
+        }
+    };
     // The first batch of U chunks of every row is loaded before waiting for the activations:
-    // with programmatic launch it streams while the previous kernel finishes. One batch before
-    // the wait is the fastest on an H100 (llama2-7b batch 1, none / two: Q4_0 -5 % / -3 %, Q8_0
-    // -4 % / -6 %, Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before
-    // this one.
-    gemvq_load<TYPE, R, U, 32>(wrow, rows, sc, nchunks, lane, w, s);
+    // with programmatic launch it streams while the previous kernel finishes. Then each
+    // iteration multiplies one batch while the next is in flight. One batch before the wait is
+    // the fastest on an H100 (llama2-7b batch 1, none / two: Q4_0 -5 % / -3 %, Q8_0 -4 % / -6 %,
+    // Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before this one.
+    int c = lane;
+    load(c, w, s);
     kc_pdl_wait();
     float res[R][NT];
     gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, accumulate);
-    gemvq_loop<TYPE, NT, R, U, 32>(wrow, rows, sc, xqh, xql, xm, n_in, xrow_id(), NT, lane, w, s, acc);
+    for (;;) {
+        load(c + 32 * U, wn, sn); // the next batch, in flight while this one is multiplied
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + 32 * u;
+            if (cc >= nchunks) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int xh[EPC / 4], xl[EPC / 4];
+                int2 xb[EPC / 32];
+                const int4 *ph = (const int4 *)(xqh + (size_t)t * n_in + (size_t)cc * EPC);
+                const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
+#pragma unroll
+                for (int k = 0; k < EPC / 16; k++) {
+                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
+                    xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
+                    xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
+                }
+#pragma unroll
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
+                const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
+            }
+        }
+        c += 32 * U;
+        if (c >= nchunks) break;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
+                s[u][r] = sn[u][r];
+            }
+    }
     gemv_store<R, NT>(acc, res, y, row0, n_out, ldy, lane, accumulate);
 }
 
