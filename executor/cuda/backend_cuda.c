@@ -721,8 +721,9 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                      s->elist, n_tok * K, s->egu, cs));
             }
             const int q_dn = kc_weight_is_quant(L->exp_down_type), mm_dn = q_dn && mm && kc_gemmq_ok(&L->exp_down);
-            kc_xq xf = s->xq_f;
+            kc_xq xf = s->xq_f; /* what the down projection's path reads: the half copy or the integer blocks */
             if (mm_dn) xf.qh = NULL;
+            else xf.xh = NULL;
             KC_FATAL(kc_glu(s->egu, q_dn ? NULL : s->eact, q_dn ? &xf : NULL, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
             prof_mark(s, PC_ACT);
             if (mm_dn)

@@ -22,6 +22,10 @@ __device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
                        __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
 }
 
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
@@ -52,11 +56,8 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
         if (ADD && i < n4) {
             float4 a = make_float4(0, 0, 0, 0);
-            for (int j = 0; j < ak; j++) {
-                const float4 b = ((const float4 *)(ad + ((size_t)blockIdx.x * ak + j) * n))[i];
-                a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-            }
-            v[k] = make_float4(__fadd_rn(v[k].x, a.x), __fadd_rn(v[k].y, a.y), __fadd_rn(v[k].z, a.z), __fadd_rn(v[k].w, a.w));
+            for (int j = 0; j < ak; j++) a = add4(a, ((const float4 *)(ad + ((size_t)blockIdx.x * ak + j) * n))[i]);
+            v[k] = add4(v[k], a);
             ((float4 *)(x + (size_t)blockIdx.x * n))[i] = v[k];
         }
     }
@@ -200,9 +201,6 @@ extern "C" int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *
 
 // ---- post-norm added to the residual, and the next pre-norm ------------------------------------
 
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
 
 // x[t] += rmsnorm(h[t]) * wp; with NEXT, then y[t] = rmsnorm(x[t]) * w (and the blocks with
 // QUANT) from the new x held in registers: one CTA per token, each thread up to NV float4 of
