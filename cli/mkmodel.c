@@ -57,6 +57,7 @@ static const shape shapes[] = {
     { "llama3.1-tiny",  "llama", 256,  2,  4,  2,  64,  512,   32000,  131072, 500000.f, 0, 0, 0, 0, "tests: llama3 rope scaling (rope_freqs), 128k context", 1 },
     { "qwen3-tiny",     "qwen3", 256,  2,  4,  2,  128, 512,   32000,  2048,  1e6f,     0, 0, 0, 0, "tests: qwen3, head_dim 128 apart from 256/4" },
     { "qwen3moe-tiny",  "qwen3moe", 256, 2, 4,  2,  64,  512,   32000,  2048,  1e6f,     8, 2, 256, 0, "tests: qwen3moe, 8 experts, 2 per token" },
+    { "qwen3moe-tiny512", "qwen3moe", 512, 2, 8, 4, 64, 1024, 32000, 2048, 1e6f,   16, 4, 256, 0, "tests: qwen3moe at rows of 512, the GPU's fused decode-step MoE launches" },
     { "mixtral-tiny",   "llama", 256,  2,  4,  2,  64,  512,   32000,  2048,  1e6f,     4, 2, 512, 0, "tests: llama arch with 4 experts" },
     { "gemma2-tiny",    "gemma2", 256, 2,  4,  2,  64,  512,   32000,  2048,  10000.f,  0, 0, 0, 64, "tests: gemma2, 64-token window on layer 0" },
     { "gemma3-tiny",    "gemma3", 256, 6,  4,  2,  64,  512,   32000,  2048,  1e6f,     0, 0, 0, 64, "tests: gemma3, 64-token windows on 5 of 6 layers" },

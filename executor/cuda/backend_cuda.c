@@ -138,6 +138,7 @@ typedef struct cu_state {
      * activations [T K, F], expert outputs [T K, n_embd] */
     float *rlogits, *rw, *egu, *eact, *eout;
     int32_t *ridx, *ecnt, *eoff, *elist;
+    int32_t *route_ctr; /* kc_moe_norm_route's count of finished CTAs: 0 between launches */
     /* activations, sized for lim.max_tokens (T) and lim.max_out (R) */
     float *x, *h, *qkv, *q, *att, *gu, *act; /* [T, n_embd] [T, n_embd] [T, qkv_dim] [T, nq] [T, nq] [T, 2 n_ff] [T, n_ff] */
     float *last, *last_n, *logits;           /* [R, n_embd] [R, n_embd] [R, n_vocab] */
@@ -683,6 +684,14 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         }
         kc_attention_mods(NULL);
         prof_mark(s, PC_ATTN);
+        /* a decode step of a MoE layer: the FFN norm, router and routing in one launch, the SwiGLU
+         * in the gate|up GEMV, the down GEMV quantizing its input (the plan's moe_fuse) */
+        const int moe_step = L->moe && !L->attn_post && n_tok <= s->plan.moe_fuse && kc_moe_norm_route_ok(&L->router, n_tok, c->n_embd);
+        const int moe_glu = moe_step && c->ffn_act == MDL_ACT_SILU && kc_weight_is_quant(L->exp_gu_type) &&
+                            n_tok <= s->xq_h.cap_tok && c->n_embd <= s->xq_h.cap_n && !s->xq_h.no_ints &&
+                            kc_moe_gemvq_f_ok(&L->exp_down, c->n_expert, n_tok);
+        /* one token whose expert launches read the choices themselves: no grouping */
+        const int moe_ungrouped = moe_glu && n_tok == 1;
         if (L->attn_post) { /* x += rmsnorm(att Wo), and the FFN pre-norm, in one launch */
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->h, 0, &s->gws, cs));
             prof_mark(s, PC_WO);
@@ -690,7 +699,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         } else {
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
             prof_mark(s, PC_WO);
-            KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            if (moe_step)
+                KC_FATAL(kc_moe_norm_route(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, &L->router, s->rlogits,
+                                           c->n_expert_used, c->expert_norm, s->ridx, s->rw, moe_ungrouped ? NULL : s->ecnt,
+                                           moe_ungrouped ? NULL : s->eoff, moe_ungrouped ? NULL : s->elist, s->route_ctr, cs));
+            else
+                KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         }
         prof_mark(s, PC_NORM);
         /* the post-FFN norm: with the next layer's attention pre-norm where there is one */
@@ -698,41 +712,51 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         normed = L->ffn_post && next_norm;
         if (L->moe) { /* router, top-k and grouping on the device; the chosen experts' weights only */
             const int K = c->n_expert_used, F = c->n_ff_exp;
-            KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
-            KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
-            prof_mark(s, PC_GU);
-            /* quantized experts: the integer GEMV up to KC_GEMV_MAX_TOK tokens (activations as two-level
-             * int8), then the tensor cores grouped by expert (activations as half) */
-            const int mm = n_tok > KC_GEMV_MAX_TOK;
-            if (kc_weight_is_quant(L->exp_gu_type) && mm && kc_gemmq_ok(&L->exp_gu)) {
-                kc_xq xv = s->xq_e;
-                xv.qh = NULL; /* the half copy only */
-                KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &xv, cs));
-                KC_FATAL(kc_moe_gemmq(&L->exp_gu, c->n_expert, xv.xh, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
-            } else if (kc_weight_is_quant(L->exp_gu_type)) { /* the tokens' h as two-level int8 (the norm's when it wrote them) */
-                const kc_xq *xe = &s->xq_h;
-                if (!(n_tok <= s->xq_h.cap_tok && s->xq_h.n == c->n_embd && !s->xq_h.no_ints)) {
-                    KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &s->xq_e, cs));
-                    xe = &s->xq_e;
-                }
-                KC_FATAL(kc_moe_gemvq(&L->exp_gu, c->n_expert, xe, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
-            } else {
-                KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_gu.data, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff,
-                                     s->elist, n_tok * K, s->egu, cs));
+            if (!moe_step) {
+                KC_FATAL(kc_matmul_xq(&L->router, s->h, &s->xq_h, n_tok, s->rlogits, 0, &s->gws, cs));
+                KC_FATAL(kc_moe_route(s->rlogits, n_tok, c->n_expert, K, c->expert_norm, s->ridx, s->rw, s->ecnt, s->eoff, s->elist, cs));
             }
-            const int q_dn = kc_weight_is_quant(L->exp_down_type), mm_dn = q_dn && mm && kc_gemmq_ok(&L->exp_down);
-            kc_xq xf = s->xq_f; /* what the down projection's path reads: the half copy or the integer blocks */
-            if (mm_dn) xf.qh = NULL;
-            else xf.xh = NULL;
-            KC_FATAL(kc_glu(s->egu, q_dn ? NULL : s->eact, q_dn ? &xf : NULL, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
-            prof_mark(s, PC_ACT);
-            if (mm_dn)
-                KC_FATAL(kc_moe_gemmq(&L->exp_down, c->n_expert, xf.xh, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
-            else if (q_dn)
-                KC_FATAL(kc_moe_gemvq(&L->exp_down, c->n_expert, &xf, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
-            else
-                KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_down.data, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff,
-                                     s->elist, n_tok * K, s->eout, cs));
+            prof_mark(s, PC_GU);
+            /* the SwiGLU in the gate|up GEMV's epilogue, the down GEMV quantizing its own input */
+            if (moe_glu) {
+                KC_FATAL(kc_moe_gemvq_glu(&L->exp_gu, c->n_expert, &s->xq_h, K, s->ridx, s->ecnt, s->eoff, s->elist, n_tok, K, s->rw,
+                                          s->eact, cs));
+                prof_mark(s, PC_ACT);
+                KC_FATAL(kc_moe_gemvq_f(&L->exp_down, c->n_expert, s->eact, s->ridx, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
+            } else {
+                /* quantized experts: the integer GEMV up to KC_GEMV_MAX_TOK tokens (activations as two-level
+                 * int8), then the tensor cores grouped by expert (activations as half) */
+                const int mm = n_tok > KC_GEMV_MAX_TOK;
+                if (kc_weight_is_quant(L->exp_gu_type) && mm && kc_gemmq_ok(&L->exp_gu)) {
+                    kc_xq xv = s->xq_e;
+                    xv.qh = NULL; /* the half copy only */
+                    KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &xv, cs));
+                    KC_FATAL(kc_moe_gemmq(&L->exp_gu, c->n_expert, xv.xh, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
+                } else if (kc_weight_is_quant(L->exp_gu_type)) { /* the tokens' h as two-level int8 (the norm's when it wrote them) */
+                    const kc_xq *xe = &s->xq_h;
+                    if (!(n_tok <= s->xq_h.cap_tok && s->xq_h.n == c->n_embd && !s->xq_h.no_ints)) {
+                        KC_FATAL(kc_quantize_x(s->h, n_tok, c->n_embd, &s->xq_e, cs));
+                        xe = &s->xq_e;
+                    }
+                    KC_FATAL(kc_moe_gemvq(&L->exp_gu, c->n_expert, xe, K, s->ecnt, s->eoff, s->elist, n_tok, K, s->egu, cs));
+                } else {
+                    KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_gu.data, c->n_expert, c->n_embd, 2 * F, s->h, K, s->ecnt, s->eoff,
+                                         s->elist, n_tok * K, s->egu, cs));
+                }
+                const int q_dn = kc_weight_is_quant(L->exp_down_type), mm_dn = q_dn && mm && kc_gemmq_ok(&L->exp_down);
+                kc_xq xf = s->xq_f; /* what the down projection's path reads: the half copy or the integer blocks */
+                if (mm_dn) xf.qh = NULL;
+                else xf.xh = NULL;
+                KC_FATAL(kc_glu(s->egu, q_dn ? NULL : s->eact, q_dn ? &xf : NULL, n_tok * K, F, c->ffn_act, 1, s->rw, cs));
+                prof_mark(s, PC_ACT);
+                if (mm_dn)
+                    KC_FATAL(kc_moe_gemmq(&L->exp_down, c->n_expert, xf.xh, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
+                else if (q_dn)
+                    KC_FATAL(kc_moe_gemvq(&L->exp_down, c->n_expert, &xf, 1, s->ecnt, s->eoff, s->elist, n_tok, K, s->eout, cs));
+                else
+                    KC_FATAL(kc_moe_gemv((const kc_half *)L->exp_down.data, c->n_expert, F, c->n_embd, s->eact, 1, s->ecnt, s->eoff,
+                                         s->elist, n_tok * K, s->eout, cs));
+            }
             if (!L->ffn_post && l + 1 < c->n_layer && c->n_embd % 4 == 0 && c->n_embd <= 32768)
                 moe_add = 1; /* x += the experts' sum in the next layer's pre-norm */
             else
@@ -1081,7 +1105,7 @@ static void cuda_destroy(ex_backend *base) {
     cudaFree(s->kv_pool_swa);
     cudaFree(s->rope_freq);
     cudaFree(s->rope_freq_swa);
-    void *moe_bufs[] = { s->rlogits, s->rw, s->egu, s->eact, s->eout, s->ridx, s->ecnt, s->eoff, s->elist };
+    void *moe_bufs[] = { s->rlogits, s->rw, s->egu, s->eact, s->eout, s->ridx, s->ecnt, s->eoff, s->elist, s->route_ctr };
     for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
                      s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->xq_e.qh, s->xq_f.qh,
@@ -1537,7 +1561,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             size_t NE = (size_t)c->n_expert, K = (size_t)c->n_expert_used, F = (size_t)c->n_ff_exp;
             if (dalloc(&s->rlogits, T * NE * 4) || dalloc(&s->rw, T * K * 4) || dalloc(&s->ridx, T * K * 4) ||
                 dalloc(&s->ecnt, NE * 4) || dalloc(&s->eoff, NE * 4) || dalloc(&s->elist, T * K * 4) ||
-                dalloc(&s->egu, T * K * 2 * F * 4) || dalloc(&s->eact, T * K * F * 4) || dalloc(&s->eout, T * K * c->n_embd * 4))
+                dalloc(&s->egu, T * K * 2 * F * 4) || dalloc(&s->eact, T * K * F * 4) || dalloc(&s->eout, T * K * c->n_embd * 4) ||
+                dalloc(&s->route_ctr, sizeof(int32_t)) || cudaMemset(s->route_ctr, 0, sizeof(int32_t)) != cudaSuccess)
                 goto oom;
         }
         /* split-K partials: the per-head kernel's for every token it may take (all of them

@@ -198,6 +198,151 @@ moe_route_sort_kernel(const float *logits, int n_tok, int n, int k, int norm, in
     moe_sort_cta(idx, n_tok * k, n, cnt, off, list);
 }
 
+// moe_route_token's result by a whole CTA, for the launches that route a few tokens: the maximum
+// by a block reduction, the exponentials and probabilities a thread per expert (their sum by one
+// thread in expert order: moe_route_token's bits), then each expert's rank among the
+// probabilities (larger first, the lower expert of equals: the order of moe_route_token's
+// passes) by comparing against all of them; the experts ranked below k take those slots. l: the
+// token's n logits; sp: n floats of shared memory.
+__device__ __forceinline__ void moe_route_token_cta(const float *l, int t, int n, int k, int norm, int32_t *idx, float *w, float *sp) {
+    __shared__ float s_red[32], s_sum;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) s_red[warp] = mx;
+    __syncthreads();
+    mx = s_red[0];
+    for (int i = 1; i < nw; i++) mx = fmaxf(mx, s_red[i]);
+    for (int e = threadIdx.x; e < n; e += blockDim.x) sp[e] = expf(l[e] - mx);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int e = 0; e < n; e++) sum += sp[e];
+        s_sum = sum;
+    }
+    __syncthreads();
+    const float sum = s_sum;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) sp[e] = sp[e] / sum;
+    __syncthreads();
+    int32_t *it = idx + (size_t)t * k;
+    float *wt = w + (size_t)t * k;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const float p = sp[e];
+        int r = 0;
+        for (int e2 = 0; e2 < n; e2++) {
+            const float q = sp[e2];
+            r += q > p || (q == p && e2 < e);
+        }
+        if (r < k) {
+            it[r] = e;
+            wt[r] = p;
+        }
+    }
+    __syncthreads(); // the slots (global) visible to the CTA
+    if (threadIdx.x == 0) {
+        float tot = 0.0f;
+        for (int j = 0; j < k; j++) tot += wt[j];
+        if (norm)
+            for (int j = 0; j < k; j++) wt[j] /= tot;
+    }
+    __syncthreads();
+}
+
+// The FFN pre-norm, the router and the routing of a decode step in one launch: CTA c (4 warps,
+// the split norm's 128 threads) normalizes every token's row itself (rmsnorm_split_kernel's
+// order and roundings, so its bits) into shared memory, writes the blocks of the float4 chunks
+// kk = c, c + grid, ... (the split kernel's CTA kk's share), and its warps form the logits of
+// experts 4c .. 4c + 3 (one row each, f32, the lane's n / 128 float4 of the row loaded before the
+// programmatic wait). The last CTA to finish (ctr) routes every token (moe_route_token_cta: the
+// bits of kc_moe_route) and groups the entries (its code), then puts ctr back to 0. Dynamic
+// shared memory: max(n, (n_tok + 1) n_exp) floats.
+constexpr int NR_PRE = 16; // float4 of the router row a lane holds from before the wait
+__device__ __forceinline__ float4 nr_load4(const float *w, size_t i) { return __ldg((const float4 *)w + i); }
+__device__ __forceinline__ float4 nr_load4(const __half *w, size_t i) {
+    const uint2 u = __ldg((const uint2 *)w + i);
+    const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 nr_load4(const __nv_bfloat16 *w, size_t i) {
+    const uint2 u = __ldg((const uint2 *)w + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+
+template <int K, typename WT>
+__global__ void __launch_bounds__(128)
+moe_norm_route_kernel(const float *x, const float *__restrict__ nw, float *y, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh,
+                      int n_tok, float eps, const WT *__restrict__ R, int n_exp, float *logits, int k, int norm, int32_t *idx,
+                      float *w, int32_t *cnt, int32_t *off, int32_t *list, int32_t *ctr) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    constexpr int n = 512 * K, NJ = n / 128; // NJ: float4 of a router row per lane
+    extern __shared__ float s_nr[];
+    __shared__ float red[32];
+    __shared__ int s_last;
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, er = blockIdx.x * 4 + warp;
+    const bool has_row = er < n_exp;
+    float4 wr[NJ < NR_PRE ? NJ : NR_PRE], g[K];
+#pragma unroll
+    for (int j = 0; j < (NJ < NR_PRE ? NJ : NR_PRE); j++)
+        wr[j] = has_row ? nr_load4(R, (size_t)er * (n / 4) + lane + 32 * j) : make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int kk = 0; kk < K; kk++) g[kk] = __ldg((const float4 *)nw + kk * 128 + threadIdx.x);
+    kc_pdl_wait();
+    for (int t = 0; t < n_tok; t++) {
+        const float4 *xr = (const float4 *)(x + (size_t)t * n);
+        float4 v[K];
+#pragma unroll
+        for (int kk = 0; kk < K; kk++) v[kk] = xr[kk * 128 + threadIdx.x];
+#pragma unroll
+        for (int kk = 0; kk < K; kk++) {
+            const float p = kc_warp_sum(rms_sumsq4(v[kk]));
+            if (lane == 0) red[kk * 4 + warp] = p;
+        }
+        __syncthreads();
+        const float r = rms_scale(kc_warp_sum(lane < 4 * K ? red[lane] : 0.0f), n, eps);
+#pragma unroll
+        for (int kk = 0; kk < K; kk++) {
+            const int i = kk * 128 + threadIdx.x;
+            const float4 o = rms_apply4(v[kk], r, g[kk]);
+            ((float4 *)s_nr)[i] = o;
+            if (kk % gridDim.x == blockIdx.x) { // CTA-uniform
+                if (y) ((float4 *)(y + (size_t)t * n))[i] = o;
+                if (qh || xh) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)t * n + (size_t)i * 4);
+            }
+        }
+        __syncthreads(); // the row in s_nr; red free again
+        if (has_row) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const float4 a = ((const float4 *)s_nr)[lane + 32 * j];
+                const float4 b = j < NR_PRE ? wr[j < NR_PRE ? j : 0] : nr_load4(R, (size_t)er * (n / 4) + lane + 32 * j);
+                acc = fmaf(b.x, a.x, acc);
+                acc = fmaf(b.y, a.y, acc);
+                acc = fmaf(b.z, a.z, acc);
+                acc = fmaf(b.w, a.w, acc);
+            }
+            acc = kc_warp_sum(acc);
+            if (lane == 0) logits[(size_t)t * n_exp + er] = acc;
+        }
+        __syncthreads(); // s_nr read by every warp before the next token's row
+    }
+    __threadfence(); // the logits before the count
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ctr, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    float *s_lg = s_nr, *s_ex = s_nr + (size_t)n_tok * n_exp;
+    for (int i = threadIdx.x; i < n_tok * n_exp; i += blockDim.x) s_lg[i] = __ldcg(logits + i); // the other CTAs': past L1
+    __syncthreads();
+    for (int t = 0; t < n_tok; t++) moe_route_token_cta(s_lg + (size_t)t * n_exp, t, n_exp, k, norm, idx, w, s_ex);
+    if (list) moe_sort_cta(idx, n_tok * k, n_exp, cnt, off, list);
+    if (threadIdx.x == 0) *ctr = 0;
+}
+
 constexpr int MOE_WARPS = 8, MOE_RPW = 1, MOE_ROWS = MOE_WARPS * MOE_RPW, MOE_TOK = 8;
 
 // Grouped GEMV over the experts' F16 matrices W [n_exp][n_out][n_in]: CTA (e, row tile) computes
@@ -357,5 +502,53 @@ extern "C" int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, con
 extern "C" int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accumulate, cudaStream_t s) {
     if (!y || !out || n_tok <= 0 || k <= 0 || n <= 0) return CM_EINVAL;
     kc_launch(moe_combine_kernel, dim3(n_tok), dim3(256), 0, s, y, out, k, n, accumulate ? 1 : 0);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_norm_route_ok(const kc_weight *router, int n_tok, int n) {
+    return router && (router->type == DT_F32 || router->type == DT_F16 || router->type == DT_BF16) && router->n_in == n &&
+           router->n_out > 0 && router->n_out <= MDL_MAX_EXPERTS && n_tok > 0 && n_tok <= KC_GEMV_MAX_TOK && n % 512 == 0 &&
+           n <= 4096;
+}
+
+extern "C" int kc_moe_norm_route(const float *x, const float *norm_w, float *y, kc_xq *xq, int n_tok, int n, float eps,
+                                 const kc_weight *router, float *logits, int k, int norm, int32_t *idx, float *w, int32_t *cnt,
+                                 int32_t *off, int32_t *list, int32_t *ctr, cudaStream_t s) {
+    const bool group = cnt || off || list;
+    if (!x || !norm_w || x == y || !router || !router->data || !logits || !idx || !w || (group && !(cnt && off && list)) || !ctr ||
+        k <= 0)
+        return CM_EINVAL;
+    if (!kc_moe_norm_route_ok(router, n_tok, n)) return CM_EUNSUPPORTED;
+    const int n_exp = router->n_out;
+    if (k > n_exp) return CM_EINVAL;
+    const bool quant = xq && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (!y && !quant) return CM_EINVAL; /* the norm's output would go nowhere */
+    if (xq) xq->n = quant ? n : 0;
+    int8_t *qh = quant && !xq->no_ints ? xq->qh : nullptr, *ql = quant ? xq->ql : nullptr;
+    int32_t *qm = quant ? xq->m : nullptr;
+    __half *xh = quant ? (__half *)xq->xh : nullptr;
+    const size_t smem = (size_t)max(n, (n_tok + 1) * n_exp) * sizeof(float);
+    const dim3 grid((n_exp + 3) / 4), block(128);
+#define NR_LAUNCH(KK, WT)                                                                                                  \
+    kc_launch(moe_norm_route_kernel<KK, WT>, grid, block, smem, s, x, norm_w, y, qh, ql, qm, xh, n_tok, eps,                \
+              (const WT *)router->data, n_exp, logits, k, norm ? 1 : 0, idx, w, cnt, off, list, ctr)
+#define NR_TYPES(KK)                                                                                                       \
+    case KK:                                                                                                               \
+        if (router->type == DT_F32) NR_LAUNCH(KK, float);                                                                  \
+        else if (router->type == DT_F16) NR_LAUNCH(KK, __half);                                                           \
+        else NR_LAUNCH(KK, __nv_bfloat16);                                                                                 \
+        break;
+    switch (n / 512) {
+        NR_TYPES(1)
+        NR_TYPES(2)
+        NR_TYPES(3)
+        NR_TYPES(4)
+        NR_TYPES(5)
+        NR_TYPES(6)
+        NR_TYPES(7)
+        NR_TYPES(8)
+    }
+#undef NR_TYPES
+#undef NR_LAUNCH
     KC_LAUNCH_CHECK();
 }

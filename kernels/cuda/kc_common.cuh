@@ -120,6 +120,23 @@ struct kc_trace_scope {
 #define KC_TRACE_TU(name)
 #endif
 
+// RMSNorm's arithmetic, which every kernel that normalizes a row shares (norm.cu, the MoE
+// norm + router launch in arch.cu), roundings spelled out rather than left to contraction: a
+// row's bits may not depend on which kernel normalized it.
+__device__ __forceinline__ float rms_sumsq4(float4 v) {
+    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+// 1 / rms from the row's sum of squares
+__device__ __forceinline__ float rms_scale(float ss, int n, float eps) { return rsqrtf(__fdiv_rn(ss, (float)n) + eps); }
+__device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
+    return make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
+                       __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
 // ---- programmatic dependent launch (Hopper) ---------------------------------------------------
 // Kernels of the forward pass are launched with kc_launch, which sets
 // cudaLaunchAttributeProgrammaticStreamSerialization: the next kernel's CTAs may start while

@@ -139,6 +139,10 @@ typedef struct kc_plan {
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
     int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
     int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
+    int moe_fuse;         /* mixture-of-experts steps of up to this many tokens (0: none, at most
+                           * KC_GEMV_MAX_TOK): the FFN norm, router and routing in one launch
+                           * (kc_moe_norm_route), the SwiGLU in the gate|up GEMV (kc_moe_gemvq_glu), the
+                           * down GEMV quantizing its input (kc_moe_gemvq_f) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);
@@ -532,6 +536,37 @@ int kc_moe_gemv(const kc_half *W, int n_exp, int n_in, int n_out, const float *x
 int kc_moe_type_ok(int type, int n_in);
 int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
                  const int32_t *list, int n_tok, int k, float *y, cudaStream_t s);
+/* The MoE layer's decode-step launches (up to KC_GEMV_MAX_TOK tokens; the plan's moe_fuse):
+ * - kc_moe_gemvq_glu: kc_moe_gemvq of the gate|up experts (rows of 2 n_ff: gate then up) with
+ *   the SwiGLU in its epilogue: act[i] = silu(gate) * up * row_w[i] for entry i (act
+ *   [n_tok k][n_ff] f32; row_w: kc_moe_route's w, may be NULL). The bits of kc_moe_gemvq then
+ *   kc_glu (split rows).
+ * - kc_moe_gemvq_f: kc_moe_gemvq with f32 activations x [n_tok k][n_in] (entry i reads row i):
+ *   each CTA quantizes its entries' rows into shared memory, with the blocks kc_glu would have
+ *   written, so the bits of kc_glu's blocks then kc_moe_gemvq.
+ * With one token and idx (kc_moe_route's choices) each CTA finds its expert and entry there, and
+ * cnt, off and list may be NULL (one dependent read before the weights instead of three);
+ * otherwise they come from kc_moe_route's grouping.
+ * Both return CM_EUNSUPPORTED, launching nothing, where they do not take the shapes or types
+ * (the caller runs the separate kernels): more than KC_GEMV_MAX_TOK tokens, a type
+ * kc_moe_gemvq does not take, rows of x over the shared memory (kc_moe_gemvq_f_ok). */
+int kc_moe_gemvq_glu(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *idx, const int32_t *cnt,
+                     const int32_t *off, const int32_t *list, int n_tok, int k, const float *row_w, float *act, cudaStream_t s);
+int kc_moe_gemvq_f_ok(const kc_weight *W, int n_exp, int n_tok);
+int kc_moe_gemvq_f(const kc_weight *W, int n_exp, const float *x, const int32_t *idx, const int32_t *cnt, const int32_t *off,
+                   const int32_t *list, int n_tok, int k, float *y, cudaStream_t s);
+/* The FFN pre-norm, the router and the routing in one launch (arch.cu), steps of up to
+ * KC_GEMV_MAX_TOK tokens: y (may be NULL) and xq's blocks as kc_rmsnorm_xq writes them (the same
+ * bits), logits [n_tok][n_exp] = router h in f32 (F32, F16 or BF16 router: a warp per expert's
+ * row), then kc_moe_route's idx, w, cnt, off and list from those logits (its code). ctr: one
+ * int32 on the device, 0 before the launch and left 0 after it (the last CTA routes). cnt, off
+ * and list all NULL: no grouping (the choices in idx are all the consumers read). ok: whether
+ * the launch takes the shapes (n % 512 == 0, n <= 4096, n_tok <= KC_GEMV_MAX_TOK, the router's
+ * type, n_exp <= MDL_MAX_EXPERTS); kc_moe_norm_route returns CM_EUNSUPPORTED where it does not. */
+int kc_moe_norm_route_ok(const kc_weight *router, int n_tok, int n);
+int kc_moe_norm_route(const float *x, const float *norm_w, float *y, kc_xq *xq, int n_tok, int n, float eps, const kc_weight *router,
+                      float *logits, int k, int norm, int32_t *idx, float *w, int32_t *cnt, int32_t *off, int32_t *list,
+                      int32_t *ctr, cudaStream_t s);
 /* The same on tensor cores (gemmq.cu, kc_gemmq's dequantization in registers), for steps past
  * KC_GEMV_MAX_TOK tokens: x holds half activations (entry i reads row i / x_div), the tiles of
  * one CTA are entries of one expert (8 to 64 of them, by the entries an expert has on average).

@@ -795,8 +795,10 @@ __device__ __forceinline__ void gemvq_load(const uint4 *const (&wrow)[R], const 
 // The lane's share of R rows times nb <= NT activation rows (xrow(t): the row of the two-level
 // activations xqh / xql / xm that token t reads), added to acc[r][t]. The first batch of chunks
 // (from the lane's first chunk c) is already in w / s; each iteration multiplies one batch while
-// the next is in flight. A row's summation order depends only on its length and L.
-template <int TYPE, int NT, int R, int U, int L, typename XRow>
+// the next is in flight. A row's summation order depends only on its length and L. SX: the
+// activations are in shared memory (ordinary loads; __ldca is a global-space load). ONE: the
+// row has at most L U chunks, so one batch is all (no registers for a next one in flight).
+template <int TYPE, int NT, int R, int U, int L, typename XRow, bool SX = false, bool ONE = false>
 __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const size_t (&rows)[R], const uint8_t *sc,
                                            const int8_t *xqh, const int8_t *xql, const int2 *xm, int n_in, XRow xrow, int nb,
                                            int c, uint4 (&w)[U][R][qchunk<TYPE>::NV],
@@ -807,7 +809,7 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
     uint4 wn[U][R][NV];
     typename C::scale_t sn[U][R];
     for (;;) {
-        gemvq_load<TYPE, R, U, L>(wrow, rows, sc, nchunks, c + L * U, wn, sn); // the next batch
+        if constexpr (!ONE) gemvq_load<TYPE, R, U, L>(wrow, rows, sc, nchunks, c + L * U, wn, sn); // the next batch
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int cc = c + L * u;
@@ -822,19 +824,24 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
                 const int4 *pl = (const int4 *)(xql + xr * n_in + (size_t)cc * EPC);
 #pragma unroll
                 for (int k = 0; k < EPC / 16; k++) {
-                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
+                    int4 a, b;
+                    if constexpr (SX) a = ph[k], b = pl[k];
+                    else a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
                     xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
                     xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
                 }
 #pragma unroll
-                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + xr * nblk + (size_t)cc * (EPC / 32) + k);
+                for (int k = 0; k < EPC / 32; k++) {
+                    if constexpr (SX) xb[k] = xm[xr * nblk + (size_t)cc * (EPC / 32) + k];
+                    else xb[k] = __ldca(xm + xr * nblk + (size_t)cc * (EPC / 32) + k);
+                }
                 const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
             }
         }
         c += L * U;
-        if (c >= nchunks) break;
+        if (ONE || c >= nchunks) break;
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -1021,99 +1028,148 @@ static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *
 // summation order does not change with NT or R. Entries are the activation rows of xq through
 // x_div (gate|up: token i / k; down: entry i).
 constexpr int MOEQ_WARPS = 4;
+// What a launch of moe_gemvq_kernel does around the dot products: MOEQ_PLAIN y = W x from the
+// blocks in xq; MOEQ_GLU the gate|up experts with the SwiGLU in the epilogue (a lane group's R
+// rows are R / 2 gate rows and the up rows of the same columns; y = act [entries][n_out / 2]);
+// MOEQ_SX x in f32, each CTA quantizing its entries' rows into shared memory first.
+enum { MOEQ_PLAIN = 0, MOEQ_GLU = 1, MOEQ_SX = 2 };
 
-template <int TYPE, int NT, int R, int L>
+// ONE: rows of at most L chunks (moe_gemvq_loop's ONE). idx1 (one token, NT = 1): CTA i takes
+// entry i, of expert idx1[i] (kc_moe_route's choices; cnt, off and list are not read).
+template <int TYPE, int NT, int R, int L, int MODE, bool ONE>
 __global__ void __launch_bounds__(MOEQ_WARPS * 32)
 moe_gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
                  const int2 *xm, float *y, const int32_t *cnt, const int32_t *off, const int32_t *list, int n_in, int n_out,
-                 int x_div, int n_exp) {
-    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+                 int x_div, int n_exp, const float *xf, const float *row_w, const int32_t *idx1) {
+    KC_TRACE_SCOPE(MODE == MOEQ_GLU ? KC_TR_SWIGLU : KC_TR_GEMVQ); // the fused gate|up apart from down in a trace
     typedef qchunk<TYPE> C;
-    constexpr int NV = C::NV, G = 32 / L;
+    constexpr int NV = C::NV, G = 32 / L, RO = MODE == MOEQ_GLU ? R / 2 : R; // RO: output rows of a lane group
+    static_assert(MODE != MOEQ_GLU || R % 2 == 0, "gate and up rows in pairs");
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int e = kc_moe_expert(cnt, n_exp, blockIdx.x);
-    if (e < 0) return;
-    const int n = cnt[e], o0 = off[e];
-    if (!n) return;
+    int e, n = 1, o0 = 0;
+    if (NT == 1 && idx1) {
+        e = idx1[blockIdx.x];
+    } else {
+        e = kc_moe_expert(cnt, n_exp, blockIdx.x);
+        if (e < 0) return;
+        n = cnt[e], o0 = off[e];
+        if (!n) return;
+    }
+    // entry q of the CTA's (q < n)
+    auto entry = [&](int q) { return NT == 1 && idx1 ? (int)blockIdx.x : list[o0 + q]; };
     const int lane = threadIdx.x & 31, ll = lane % L;
-    const int row0 = ((blockIdx.y * MOEQ_WARPS + (threadIdx.x >> 5)) * G + lane / L) * R;
-    if ((row0 - (lane / L) * R) >= n_out) return; // the warp's first row: whole warps leave
+    const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out; // the output rows (columns of act for GLU)
+    const int row0 = ((blockIdx.y * MOEQ_WARPS + (threadIdx.x >> 5)) * G + lane / L) * RO;
+    const bool idle = (row0 - (lane / L) * RO) >= n_rows; // the warp's first row: whole warps
+    if (MODE != MOEQ_SX && idle) return;
     const int nchunks = n_in / C::EPC;
     size_t rows[R];
     const uint4 *wrow[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        rows[r] = (size_t)e * n_out + min(row0 + r, n_out - 1);
+        const int j = MODE == MOEQ_GLU ? (r < RO ? 0 : n_rows) + min(row0 + r % RO, n_rows - 1) : min(row0 + r, n_out - 1);
+        rows[r] = (size_t)e * n_out + j;
         wrow[r] = (const uint4 *)(W + rows[r] * (size_t)nchunks * NV * 16);
+    }
+    // the first weights in flight before anything else is read
+    uint4 w[1][R][NV];
+    typename C::scale_t s[1][R];
+    if (!idle) gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
+    if constexpr (MODE == MOEQ_SX) { // the entries' rows (at most NT: the launcher's condition) as blocks, kc_xq_block4's bits
+        extern __shared__ int4 s_xq[];
+        int8_t *sqh = (int8_t *)s_xq, *sql = sqh + (size_t)NT * n_in;
+        int32_t *sm = (int32_t *)(sql + (size_t)NT * n_in);
+        const int n4 = n_in / 4, tot = n * n4; // whole blocks: 8 consecutive threads, n_in % 32 == 0
+        for (int i0 = 0; i0 < tot; i0 += blockDim.x) {
+            const int i = i0 + threadIdx.x, q = i / n4, c = (i - q * n4) * 4;
+            const bool ok = i < tot;
+            float4 v = make_float4(0, 0, 0, 0);
+            if (ok) v = *(const float4 *)(xf + (size_t)entry(q) * n_in + c);
+            kc_xq_block4(v, ok, sqh, sql, sm, nullptr, (size_t)q * n_in + c);
+        }
+        __syncthreads();
+        if (idle) return;
+        xqh = sqh, xql = sql, xm = (const int2 *)sm;
     }
     for (int b = 0; b < n; b += NT) {
         const int nb = min(NT, n - b);
         int ent[NT], xr[NT];
 #pragma unroll
         for (int q = 0; q < NT; q++) {
-            ent[q] = q < nb ? list[o0 + b + q] : 0;
-            xr[q] = ent[q] / x_div;
+            ent[q] = q < nb ? entry(b + q) : 0;
+            xr[q] = MODE == MOEQ_SX ? q : ent[q] / x_div;
         }
         float acc[R][NT];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        uint4 w[1][R][NV];
-        typename C::scale_t s[1][R];
-        gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
-        gemvq_loop<TYPE, NT, R, 1, L>(wrow, rows, sc, xqh, xql, xm, n_in, [&](int t) { return xr[t]; }, nb, ll, w, s, acc);
+        if (b > 0) gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
+        auto xrow = [&](int t) { return xr[t]; };
+        gemvq_loop<TYPE, NT, R, 1, L, decltype(xrow), MODE == MOEQ_SX, ONE>(wrow, rows, sc, xqh, xql, xm, n_in, xrow, nb, ll, w, s, acc);
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float v = acc[r][t];
+            for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (t < nb && ll == 0 && row0 + r < n_out) y[(size_t)ent[t] * n_out + row0 + r] = v;
+                for (int o = L / 2; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+#pragma unroll
+        for (int r = 0; r < RO; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (!(t < nb && ll == 0 && row0 + r < n_rows)) continue;
+                if constexpr (MODE == MOEQ_GLU) { // glu_split_xq_kernel's expression
+                    float v = kc_silu_mul(acc[r][t], acc[r + RO][t]);
+                    if (row_w) v = v * row_w[ent[t]];
+                    y[(size_t)ent[t] * n_rows + row0 + r] = v;
+                } else
+                    y[(size_t)ent[t] * n_out + row0 + r] = acc[r][t];
             }
     }
 }
 
-template <int TYPE, int NT, int R, int L>
+template <int TYPE, int NT, int R, int L, int MODE, bool ONE>
 static void launch_moe_gemvq_r(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
-                               const int32_t *list, int n_ent, float *y, cudaStream_t s) {
-    const int n_out = W->n_out / n_exp, rows_per_cta = MOEQ_WARPS * (32 / L) * R;
-    const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_out + rows_per_cta - 1) / rows_per_cta), block(MOEQ_WARPS * 32);
-    kc_launch(moe_gemvq_kernel<TYPE, NT, R, L>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
-              (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, y, cnt, off, list, W->n_in, n_out, x_div,
-              n_exp);
+                               const int32_t *list, int n_ent, float *y, const float *xf, const float *row_w, size_t smem,
+                               const int32_t *idx1, cudaStream_t s) {
+    const int n_out = W->n_out / n_exp, rows_per_cta = MOEQ_WARPS * (32 / L) * (MODE == MOEQ_GLU ? R / 2 : R);
+    const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out;
+    const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_rows + rows_per_cta - 1) / rows_per_cta), block(MOEQ_WARPS * 32);
+    kc_launch(moe_gemvq_kernel<TYPE, NT, R, L, MODE, ONE>, grid, block, smem, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
+              xq ? (const int8_t *)xq->qh : nullptr, xq ? (const int8_t *)xq->ql : nullptr, xq ? (const int2 *)xq->m : nullptr, y,
+              cnt, off, list, W->n_in, n_out, x_div, n_exp, xf, row_w, idx1);
 }
 
 // One token (an entry per expert): 4 rows a warp (2 for Q5_K and Q6_K, whose larger chunks
-// spill with 4); more tokens: 8 entries a pass, 4 rows a warp but 2 for the K-quants (4 spill
-// 264 bytes of registers with Q4_K; nvcc -Xptxas -v).
-template <int TYPE, int L>
+// spill with 4); rows of at most L chunks (qwen3-30b-a3b's experts: 32 chunks of gate|up, 12 of
+// down) without the next batch's registers: 193-242 registers a thread took two CTAs an SM and
+// three to four waves of CTAs a launch. More tokens: 8 entries a pass, 4 rows a warp but 2 for
+// the K-quants (4 spill 264 bytes of registers with Q4_K; nvcc -Xptxas -v).
+template <int TYPE, int L, int MODE>
 static void launch_moe_gemvq_l(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
-                               const int32_t *list, int n_ent, int n_tok, float *y, cudaStream_t s) {
+                               const int32_t *list, int n_ent, int n_tok, float *y, const float *xf, const float *row_w, size_t smem,
+                               const int32_t *idx1, cudaStream_t s) {
     constexpr bool K = TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K;
     constexpr int R1 = TYPE == DT_Q5_K || TYPE == DT_Q6_K ? 2 : 4, R8 = K ? 2 : 4;
-    if (n_tok == 1) launch_moe_gemvq_r<TYPE, 1, R1, L>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, s);
-    else launch_moe_gemvq_r<TYPE, 8, R8, L>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, s);
+    if (n_tok == 1 && W->n_in / qchunk<TYPE>::EPC <= L)
+        launch_moe_gemvq_r<TYPE, 1, R1, L, MODE, true>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, xf, row_w, smem, idx1, s);
+    else if (n_tok == 1)
+        launch_moe_gemvq_r<TYPE, 1, R1, L, MODE, false>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, xf, row_w, smem, idx1, s);
+    else launch_moe_gemvq_r<TYPE, 8, R8, L, MODE, false>(W, n_exp, xq, x_div, cnt, off, list, n_ent, y, xf, row_w, smem, nullptr, s);
 }
 
-extern "C" int kc_moe_type_ok(int type, int n_in) {
-    if (type == DT_F16) return n_in > 0 && n_in % 8 == 0;
-    return is_quant(type) && n_in > 0 && n_in % dt_block_size(type) == 0 && n_in % 32 == 0;
-}
-
-extern "C" int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
-                            const int32_t *list, int n_tok, int k, float *y, cudaStream_t s) {
-    if (!W || !W->data || !W->d || !xq || !xq->qh || !cnt || !off || !list || !y || n_exp <= 0 || x_div <= 0 || n_tok <= 0 ||
-        k <= 0 || !is_quant(W->type) || W->n_out % n_exp || !kc_moe_type_ok(W->type, W->n_in) || xq->n != W->n_in)
-        return CM_EINVAL;
+// Every quantized type, L by the row width (half a warp for rows of at most 16 chunks).
+template <int MODE>
+static int launch_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                            const int32_t *list, int n_tok, int k, float *y, const float *xf, const float *row_w, size_t smem,
+                            const int32_t *idx1, cudaStream_t s) {
     const int n_ent = n_tok * k; // an expert has at most n_tok entries: a token chooses it once
     const bool half = W->n_in / (W->type == DT_Q4_K || W->type == DT_Q5_K || W->type == DT_Q6_K ? 64 : 32) <= 16;
 #define MOEQ_T(T)                                                                                                  \
     case T:                                                                                                        \
-        if (half) launch_moe_gemvq_l<T, 16>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, s);                  \
-        else launch_moe_gemvq_l<T, 32>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, s);                  \
+        if (half) launch_moe_gemvq_l<T, 16, MODE>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, xf, row_w, smem, idx1, s); \
+        else launch_moe_gemvq_l<T, 32, MODE>(W, n_exp, xq, x_div, cnt, off, list, n_ent, n_tok, y, xf, row_w, smem, idx1, s); \
         break;
     switch (W->type) {
         MOEQ_T(DT_Q4_0)
@@ -1128,6 +1184,55 @@ extern "C" int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int 
     }
 #undef MOEQ_T
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_moe_type_ok(int type, int n_in) {
+    if (type == DT_F16) return n_in > 0 && n_in % 8 == 0;
+    return is_quant(type) && n_in > 0 && n_in % dt_block_size(type) == 0 && n_in % 32 == 0;
+}
+
+extern "C" int kc_moe_gemvq(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *cnt, const int32_t *off,
+                            const int32_t *list, int n_tok, int k, float *y, cudaStream_t s) {
+    if (!W || !W->data || !W->d || !xq || !xq->qh || !cnt || !off || !list || !y || n_exp <= 0 || x_div <= 0 || n_tok <= 0 ||
+        k <= 0 || !is_quant(W->type) || W->n_out % n_exp || !kc_moe_type_ok(W->type, W->n_in) || xq->n != W->n_in)
+        return CM_EINVAL;
+    return launch_moe_gemvq<MOEQ_PLAIN>(W, n_exp, xq, x_div, cnt, off, list, n_tok, k, y, nullptr, nullptr, 0, nullptr, s);
+}
+
+// The entries' lookup of the fused launches: with one token and idx, the choices themselves (k
+// distinct experts, k <= n_exp), else the grouping.
+static bool moe_lookup_ok(const int32_t *idx, const int32_t *cnt, const int32_t *off, const int32_t *list, int n_tok, int k, int n_exp) {
+    return (n_tok == 1 && idx && k <= n_exp) || (cnt && off && list);
+}
+
+extern "C" int kc_moe_gemvq_glu(const kc_weight *W, int n_exp, const kc_xq *xq, int x_div, const int32_t *idx, const int32_t *cnt,
+                                const int32_t *off, const int32_t *list, int n_tok, int k, const float *row_w, float *act,
+                                cudaStream_t s) {
+    if (!W || !W->data || !W->d || !xq || !xq->qh || !act || n_exp <= 0 || x_div <= 0 || n_tok <= 0 || k <= 0 ||
+        W->n_out % (2 * n_exp) || xq->n != W->n_in || !moe_lookup_ok(idx, cnt, off, list, n_tok, k, n_exp))
+        return CM_EINVAL;
+    if (!is_quant(W->type) || !kc_moe_type_ok(W->type, W->n_in) || n_tok > KC_GEMV_MAX_TOK) return CM_EUNSUPPORTED;
+    return launch_moe_gemvq<MOEQ_GLU>(W, n_exp, xq, x_div, cnt, off, list, n_tok, k, act, nullptr, row_w, 0,
+                                      n_tok == 1 ? idx : nullptr, s);
+}
+
+// Shared memory of kc_moe_gemvq_f: the rows of up to NT entries (the kernel's, by n_tok) as blocks.
+static size_t moe_sx_smem(int n_in, int n_tok) { return (size_t)(n_tok == 1 ? 1 : 8) * ((size_t)n_in * 2 + (size_t)n_in / 32 * 8); }
+
+extern "C" int kc_moe_gemvq_f_ok(const kc_weight *W, int n_exp, int n_tok) {
+    return W && n_exp > 0 && n_tok > 0 && n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type) && kc_moe_type_ok(W->type, W->n_in) &&
+           moe_sx_smem(W->n_in, n_tok) <= 48 * 1024;
+}
+
+extern "C" int kc_moe_gemvq_f(const kc_weight *W, int n_exp, const float *x, const int32_t *idx, const int32_t *cnt, const int32_t *off,
+                              const int32_t *list, int n_tok, int k, float *y, cudaStream_t s) {
+    if (!W || !W->data || !W->d || !x || !y || n_exp <= 0 || n_tok <= 0 || k <= 0 || W->n_out % n_exp ||
+        !moe_lookup_ok(idx, cnt, off, list, n_tok, k, n_exp))
+        return CM_EINVAL;
+    if (!kc_moe_gemvq_f_ok(W, n_exp, n_tok)) return CM_EUNSUPPORTED;
+    static_assert(KC_GEMV_MAX_TOK <= 8, "an expert's entries in one pass of the 8-entry variant");
+    return launch_moe_gemvq<MOEQ_SX>(W, n_exp, nullptr, 1, cnt, off, list, n_tok, k, y, x, nullptr, moe_sx_smem(W->n_in, n_tok),
+                                     n_tok == 1 ? idx : nullptr, s);
 }
 
 // ---- activation quantization ---------------------------------------------------------------

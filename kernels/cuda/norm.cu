@@ -10,22 +10,6 @@ extern "C" {
 
 KC_TRACE_TU(norm)
 
-// The arithmetic both row kernels share, roundings spelled out rather than left to
-// contraction: a row's bits may not depend on which kernel normalized it.
-__device__ __forceinline__ float rms_sumsq4(float4 v) {
-    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
-}
-// 1 / rms from the row's sum of squares
-__device__ __forceinline__ float rms_scale(float ss, int n, float eps) { return rsqrtf(__fdiv_rn(ss, (float)n) + eps); }
-__device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
-    return make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
-                       __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
-}
-
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory

@@ -3,7 +3,7 @@
 
 #ifdef KC_TRACE
 #define TU(n) extern "C" int kc_trace_tu_##n(kc_trace_rec *buf, unsigned *cnt, unsigned cap);
-TU(act) TU(attention) TU(embed) TU(gemmq) TU(matmul) TU(norm) TU(rope)
+TU(act) TU(arch) TU(attention) TU(attention_tc) TU(embed) TU(fp8) TU(gemmq) TU(matmul) TU(norm) TU(rope)
 #undef TU
 
 static kc_trace_rec *g_buf;
@@ -12,8 +12,9 @@ static unsigned g_cap;
 
 // Points every file's copy of the trace address at buf (NULL: recording off).
 static int set_all(kc_trace_rec *buf, unsigned *n, unsigned cap) {
-    int (*const set[])(kc_trace_rec *, unsigned *, unsigned) = { kc_trace_tu_act,   kc_trace_tu_attention, kc_trace_tu_embed,
-                                                                  kc_trace_tu_gemmq, kc_trace_tu_matmul,    kc_trace_tu_norm,
+    int (*const set[])(kc_trace_rec *, unsigned *, unsigned) = { kc_trace_tu_act,   kc_trace_tu_arch,  kc_trace_tu_attention,
+                                                                  kc_trace_tu_attention_tc, kc_trace_tu_embed, kc_trace_tu_fp8,
+                                                                  kc_trace_tu_gemmq, kc_trace_tu_matmul, kc_trace_tu_norm,
                                                                   kc_trace_tu_rope };
     for (auto f : set)
         if (int rc = f(buf, n, cap)) return rc;

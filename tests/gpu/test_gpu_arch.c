@@ -11,7 +11,8 @@
  * must never be read. The fused launches of the Gemma layers: the gate|up GEMV with SwiGLU or
  * GeGLU in its epilogue (kc_matmul_glu; F16, Q8_0, Q4_K), the post-norm with the next pre-norm
  * (kc_rmsnorm_add_xq) and the scaled embedding, each against the unfused sequence (the same
- * bits) and the CPU. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
+ * bits) and the CPU; the MoE decode-step launches (norm + router + routing, the gate|up GEMV
+ * with the SwiGLU, the down GEMV quantizing its input) against the kernels they replace. Outputs are poisoned (NaN) before each launch. Runs on a GPU host only
  * (tests/gpu/models.sh). */
 #include "common/cm_err.h"
 #include "kernels/cpu/kcpu.h"
@@ -410,6 +411,152 @@ static void test_moe_quant(cudaStream_t s) {
                 }
     T_CHECK(!kc_moe_type_ok(DT_Q4_K, 512 + 32) && !kc_moe_type_ok(DT_F32, 512) && kc_moe_type_ok(DT_Q8_0, 96) &&
             kc_moe_type_ok(DT_F16, 40));
+}
+
+/* The MoE decode-step launches (the plan's moe_fuse) against the separate kernels they replace.
+ * kc_moe_norm_route: y and the blocks with the bits of kc_rmsnorm_xq; the logits against a
+ * double-precision product of the router (F32, F16, BF16 as stored) with that y; idx, w, cnt and
+ * off the bits of kc_moe_route on the same logits, every entry once under its expert; launched
+ * twice (the count of finished CTAs left at 0). Rows of 512 to 4096 (the router row past what a
+ * lane holds from before the wait), 8 to 128 experts, 1 to 8 tokens.
+ * kc_moe_gemvq_glu then kc_moe_gemvq_f against kc_moe_gemvq, kc_glu (split rows, row weights,
+ * blocks) and kc_moe_gemvq: the same bits in the activations and the outputs, every type, rows
+ * of 512 and 1536 (half and whole warps a row), 1, 3 and 8 tokens. */
+static void test_moe_fused(cudaStream_t s) {
+    const int nr_cfgs[][5] = { /* n, n_exp, k, n_tok, router type */
+                               { 2048, 128, 8, 1, DT_F32 }, { 2048, 128, 8, 8, DT_F32 }, { 512, 8, 2, 5, DT_F16 },
+                               { 1536, 60, 4, 3, DT_BF16 }, { 4096, 8, 2, 2, DT_F32 }, { 512, 6, 6, 1, DT_F16 } };
+    for (size_t ci = 0; ci < sizeof nr_cfgs / sizeof *nr_cfgs; ci++) {
+        const int n = nr_cfgs[ci][0], NE = nr_cfgs[ci][1], K = nr_cfgs[ci][2], T = nr_cfgs[ci][3], rt = nr_cfgs[ci][4];
+        const size_t nw = (size_t)NE * n, es = dt_row_size(rt, 1);
+        float *x = rnd((size_t)T * n, 2.0f), *g = rnd(n, 1.0f), *wr = rnd(nw, 0.05f);
+        void *wb = malloc(nw * es);
+        dt_quantize(rt, wr, wb, (int64_t)nw);
+        dt_dequantize(rt, wb, wr, (int64_t)nw);
+        kc_weight R = { .type = rt, .n_in = n, .n_out = NE };
+        R.data = up(wb, nw * es);
+        float *dx = up(x, (size_t)T * n * 4), *dg = up(g, (size_t)n * 4), *dya = dnew((size_t)T * n * 4), *dyb = dnew((size_t)T * n * 4),
+              *dlg = dnew((size_t)T * NE * 4), *dw = dnew((size_t)T * K * 4), *dw2 = dnew((size_t)T * K * 4);
+        int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4),
+                *didx2 = dnew((size_t)T * K * 4), *dcnt2 = dnew(NE * 4), *doff2 = dnew(NE * 4), *dlist2 = dnew((size_t)T * K * 4),
+                *dctr = up(&(int32_t){ 0 }, 4);
+        kc_xq qa = xq_new(T, n, 0), qb = xq_new(T, n, 0);
+        T_CHECKF(kc_moe_norm_route_ok(&R, T, n), "kc_moe_norm_route_ok n=%d NE=%d T=%d", n, NE, T);
+        int rc = 0;
+        for (int rep = 0; rep < 2; rep++) {
+            xq_poison(&qa);
+            rc |= kc_moe_norm_route(dx, dg, dya, &qa, T, n, 1e-6f, &R, dlg, K, 1, didx, dw, dcnt, doff, dlist, dctr, s);
+        }
+        rc |= kc_rmsnorm_xq(dx, dg, dyb, &qb, T, n, 1e-6f, s);
+        rc |= kc_moe_route(dlg, T, NE, K, 1, didx2, dw2, dcnt2, doff2, dlist2, s);
+        CK(cudaStreamSynchronize(s));
+        {   /* without the grouping: the same choices and weights */
+            int32_t *di3 = dnew((size_t)T * K * 4);
+            float *dw3 = dnew((size_t)T * K * 4);
+            int r3 = kc_moe_norm_route(dx, dg, NULL, &qa, T, n, 1e-6f, &R, dlg, K, 1, di3, dw3, NULL, NULL, NULL, dctr, s);
+            CK(cudaStreamSynchronize(s));
+            T_CHECKF(r3 == 0 && dev_same(di3, didx2, (size_t)T * K * 4) && dev_same(dw3, dw2, (size_t)T * K * 4),
+                     "kc_moe_norm_route without grouping n=%d NE=%d T=%d: the same choices (rc %d)", n, NE, T, r3);
+            cudaFree(di3);
+            cudaFree(dw3);
+        }
+        int32_t ctr = -1;
+        down(&ctr, dctr, 4);
+        const int norm_same = dev_same(dya, dyb, (size_t)T * n * 4) && xq_same(&qa, &qb, T, n);
+        const int route_same = dev_same(didx, didx2, (size_t)T * K * 4) && dev_same(dw, dw2, (size_t)T * K * 4) &&
+                               dev_same(dcnt, dcnt2, NE * 4) && dev_same(doff, doff2, NE * 4);
+        float *y = malloc((size_t)T * n * 4), *lg = malloc((size_t)T * NE * 4), *ref = malloc((size_t)T * NE * 4);
+        int32_t *idx = malloc((size_t)T * K * 4), *cnt = malloc(NE * 4), *off = malloc(NE * 4), *list = malloc((size_t)T * K * 4);
+        down(y, dyb, (size_t)T * n * 4);
+        down(lg, dlg, (size_t)T * NE * 4);
+        down(idx, didx, (size_t)T * K * 4);
+        down(cnt, dcnt, NE * 4);
+        down(off, doff, NE * 4);
+        down(list, dlist, (size_t)T * K * 4);
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < NE; e++) {
+                double a = 0;
+                for (int i = 0; i < n; i++) a += (double)wr[(size_t)e * n + i] * y[(size_t)t * n + i];
+                ref[(size_t)t * NE + e] = (float)a;
+            }
+        const double le = rel_err_f(lg, ref, (size_t)T * NE);
+        int grouped = 1, total = 0;
+        uint8_t *seen = calloc((size_t)T * K, 1);
+        for (int e = 0; e < NE; e++) {
+            grouped &= off[e] == total;
+            for (int i = 0; i < cnt[e]; i++) {
+                const int en = list[off[e] + i];
+                grouped &= en >= 0 && en < T * K && idx[en] == e && !seen[en];
+                if (en >= 0 && en < T * K) seen[en] = 1;
+            }
+            total += cnt[e];
+        }
+        grouped &= total == T * K;
+        T_CHECKF(rc == 0 && norm_same && le < 1e-5 && route_same && grouped && ctr == 0,
+                 "kc_moe_norm_route n=%d NE=%d k=%d T=%d %s: norm bits %d, logits rel_err %.3g, routing bits %d, grouped %d, "
+                 "count %d (rc %d)",
+                 n, NE, K, T, dt_name(rt), norm_same, le, route_same, grouped, ctr, rc);
+        free(x); free(g); free(wr); free(wb); free(y); free(lg); free(ref); free(idx); free(cnt); free(off); free(list); free(seen);
+        xq_del(&qa); xq_del(&qb);
+        void *ds[] = { R.data, dx, dg, dya, dyb, dlg, dw, dw2, didx, dcnt, doff, dlist, didx2, dcnt2, doff2, dlist2, dctr };
+        for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+    }
+    {   /* what it refuses: rows not of 512, a quantized router, more than KC_GEMV_MAX_TOK tokens */
+        kc_weight r1 = { .type = DT_F32, .n_in = 640, .n_out = 8 }, r2 = { .type = DT_Q8_0, .n_in = 512, .n_out = 8 },
+                  r3 = { .type = DT_F32, .n_in = 512, .n_out = 8 };
+        T_CHECK(!kc_moe_norm_route_ok(&r1, 1, 640) && !kc_moe_norm_route_ok(&r2, 1, 512) &&
+                !kc_moe_norm_route_ok(&r3, KC_GEMV_MAX_TOK + 1, 512) && kc_moe_norm_route_ok(&r3, KC_GEMV_MAX_TOK, 512));
+    }
+
+    const int types[] = { DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
+    const int shapes[][2] = { { 512, 256 }, { 1536, 768 } }, toks[] = { 1, 3, 8 }, NE = 6, K = 2;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t si = 0; si < 2; si++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                const int type = types[ti], E = shapes[si][0], F = shapes[si][1], T = toks[ni];
+                const size_t ngu = (size_t)NE * 2 * F * E, ndn = (size_t)NE * E * F;
+                uint8_t *bgu = malloc(dt_row_size(type, E) * 2 * F * NE), *bdn = malloc(dt_row_size(type, F) * E * NE);
+                float *wgu = rnd(ngu, 0.3f), *wdn = rnd(ndn, 0.3f), *x = rnd((size_t)T * E, 1.0f), *lg = rnd((size_t)T * NE, 2.0f);
+                dt_quantize(type, wgu, bgu, (int64_t)ngu);
+                dt_quantize(type, wdn, bdn, (int64_t)ndn);
+                kc_weight Wgu = weight_up(type, bgu, E, NE * 2 * F), Wdn = weight_up(type, bdn, F, NE * E);
+                kc_xq xq = xq_new(T, E, 0), xf = xq_new(T * K, F, 0);
+                kc_half *xfh = xf.xh;
+                xf.xh = NULL; /* the blocks only, as the backend asks kc_glu for them */
+                float *dx = up(x, (size_t)T * E * 4), *dlg = up(lg, (size_t)T * NE * 4), *drw = dnew((size_t)T * K * 4),
+                      *degu = dnew((size_t)T * K * 2 * F * 4), *dact_a = dnew((size_t)T * K * F * 4), *dact_b = dnew((size_t)T * K * F * 4),
+                      *dout_a = dnew((size_t)T * K * E * 4), *dout_b = dnew((size_t)T * K * E * 4);
+                int32_t *didx = dnew((size_t)T * K * 4), *dcnt = dnew(NE * 4), *doff = dnew(NE * 4), *dlist = dnew((size_t)T * K * 4);
+                int rc = kc_quantize_x(dx, T, E, &xq, s);
+                rc |= kc_moe_route(dlg, T, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+                rc |= kc_moe_gemvq(&Wgu, NE, &xq, K, dcnt, doff, dlist, T, K, degu, s);
+                rc |= kc_glu(degu, dact_a, &xf, T * K, F, MDL_ACT_SILU, 1, drw, s);
+                rc |= kc_moe_gemvq(&Wdn, NE, &xf, 1, dcnt, doff, dlist, T, K, dout_a, s);
+                const int ok_f = kc_moe_gemvq_f_ok(&Wdn, NE, T);
+                /* one token: the CTAs read the choices (no grouping given) */
+                const int32_t *gc = T == 1 ? NULL : dcnt, *go = T == 1 ? NULL : doff, *gl = T == 1 ? NULL : dlist;
+                rc |= kc_moe_gemvq_glu(&Wgu, NE, &xq, K, didx, gc, go, gl, T, K, drw, dact_b, s);
+                rc |= kc_moe_gemvq_f(&Wdn, NE, dact_b, didx, gc, go, gl, T, K, dout_b, s);
+                CK(cudaStreamSynchronize(s));
+                float *oa = malloc((size_t)T * K * E * 4);
+                down(oa, dout_a, (size_t)T * K * E * 4);
+                int fin = 1;
+                for (size_t i = 0; i < (size_t)T * K * E; i++) fin &= isfinite(oa[i]) != 0;
+                const int act_same = dev_same(dact_a, dact_b, (size_t)T * K * F * 4),
+                          out_same = dev_same(dout_a, dout_b, (size_t)T * K * E * 4);
+                T_CHECKF(rc == 0 && ok_f && fin && act_same && out_same,
+                         "kc_moe_gemvq_glu + kc_moe_gemvq_f %s E=%d F=%d T=%d: the bits of gemvq + glu + gemvq: act %d, out %d (rc %d)",
+                         dt_name(type), E, F, T, act_same, out_same, rc);
+                free(bgu); free(bdn); free(wgu); free(wdn); free(x); free(lg); free(oa);
+                xq_del(&xq);
+                cudaFree(xf.qh); cudaFree(xf.ql); cudaFree(xf.m); cudaFree(xfh);
+                void *ds[] = { Wgu.data, Wgu.d, Wdn.data, Wdn.d, dx, dlg, drw, degu, dact_a, dact_b, dout_a, dout_b, didx, dcnt, doff, dlist };
+                for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+            }
+    {   /* what they refuse: more than KC_GEMV_MAX_TOK tokens, an F16 expert */
+        kc_weight q = { .type = DT_Q4_K, .n_in = 768, .n_out = 6 * 512 }, h = { .type = DT_F16, .n_in = 768, .n_out = 6 * 512 };
+        T_CHECK(kc_moe_gemvq_f_ok(&q, 6, KC_GEMV_MAX_TOK) && !kc_moe_gemvq_f_ok(&q, 6, KC_GEMV_MAX_TOK + 1) && !kc_moe_gemvq_f_ok(&h, 6, 1));
+    }
 }
 
 /* RoPE from the CPU's per-pair table (yarn with an attention factor, longrope, partial
@@ -856,6 +1003,7 @@ int main(void) {
     test_moe(s);
     test_moe_quant(s);
     test_moe_norm(s);
+    test_moe_fused(s);
     test_rope_table(s);
     const int hds[] = { 16, 32, 64, 128, 256 };
     for (size_t i = 0; i < sizeof hds / sizeof *hds; i++) {

@@ -35,6 +35,7 @@ check() {
 
 check qwen3-tiny qwen3 "head dim: 128" "qk norm: yes" "features beyond llama: qk-norm, head_dim apart from n_embd/n_head"
 check qwen3moe-tiny qwen3moe "experts: 8, 2 per token, expert ffn 256, weights renormalised, 2 of 2 layers sparse" "qk norm: yes"
+check qwen3moe-tiny512 qwen3moe "experts: 16, 4 per token, expert ffn 256, weights renormalised, 2 of 2 layers sparse" "head dim: 64"
 check mixtral-tiny llama "experts: 4, 2 per token, expert ffn 512" "rope: dim 64, base 1e+06, layout adjacent-pairs"
 check gemma2-tiny gemma2 "sliding window: 64 positions on 1 of 2 layers (SF)" "soft-cap: attention 50, logits 30" "embedding scale: 16" \
       "mlp: geglu (tanh gelu)" "post norms: yes" "output: tied to token_embd"
