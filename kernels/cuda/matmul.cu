@@ -840,16 +840,20 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
             }
         }
-        c += L * U;
-        if (ONE || c >= nchunks) break;
+        if constexpr (ONE) {
+            break;
+        } else {
+            c += L * U;
+            if (c >= nchunks) break;
 #pragma unroll
-        for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) {
+                for (int r = 0; r < R; r++) {
 #pragma unroll
-                for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
-                s[u][r] = sn[u][r];
-            }
+                    for (int v = 0; v < NV; v++) w[u][r][v] = wn[u][r][v];
+                    s[u][r] = sn[u][r];
+                }
+        }
     }
 }
 
