@@ -214,6 +214,24 @@ static void test_elementwise(cudaStream_t s) {
 
 /* Routing, grouping, grouped GEMV and the weighted sum against the CPU's k_topk_route and a
  * double reference of the whole MoE MLP. */
+/* kc_moe_route's grouping (host copies): every one of the n_ent entries exactly once, under the
+ * expert idx gives it, experts in order (off a running sum of cnt). */
+static int grouping_ok(const int32_t *idx, const int32_t *cnt, const int32_t *off, const int32_t *list, int n_exp, int n_ent) {
+    uint8_t *seen = calloc((size_t)n_ent, 1);
+    int ok = 1, total = 0;
+    for (int e = 0; e < n_exp; e++) {
+        ok &= off[e] == total;
+        for (int i = 0; i < cnt[e]; i++) {
+            const int en = list[off[e] + i];
+            ok &= en >= 0 && en < n_ent && idx[en] == e && !seen[en];
+            if (en >= 0 && en < n_ent) seen[en] = 1;
+        }
+        total += cnt[e];
+    }
+    free(seen);
+    return ok && total == n_ent;
+}
+
 static void test_moe(cudaStream_t s) {
     const int cfgs[][4] = { /* n_exp, k, norm, n_tok */
                             { 8, 2, 1, 1 }, { 8, 2, 1, 24 }, { 4, 2, 0, 13 }, { 128, 8, 1, 3 }, { 128, 8, 1, 300 }, { 60, 4, 0, 33 } };
@@ -235,24 +253,11 @@ static void test_moe(cudaStream_t s) {
         for (int i = 0; i < T * K; i++) we = fmax(we, fabs(gw[i] - rw[i]));
         T_CHECKF(rc == 0 && same && we < 1e-6, "kc_moe_route NE=%d k=%d norm=%d T=%d: same experts %d, weights max diff %.3g", NE, K, norm,
                  T, same, we);
-        /* grouping: every entry exactly once, under its expert, experts in order */
         int32_t *cnt = malloc(NE * 4), *off = malloc(NE * 4), *list = malloc((size_t)T * K * 4);
-        uint8_t *seen = calloc((size_t)T * K, 1);
         down(cnt, dcnt, NE * 4);
         down(off, doff, NE * 4);
         down(list, dlist, (size_t)T * K * 4);
-        int ok = 1, total = 0;
-        for (int e = 0; e < NE; e++) {
-            ok &= off[e] == total;
-            for (int i = 0; i < cnt[e]; i++) {
-                int en = list[off[e] + i];
-                ok &= en >= 0 && en < T * K && gidx[en] == e && !seen[en];
-                if (en >= 0 && en < T * K) seen[en] = 1;
-            }
-            total += cnt[e];
-        }
-        free(seen);
-        T_CHECKF(ok && total == T * K, "kc_moe_route grouping NE=%d T=%d", NE, T);
+        T_CHECKF(grouping_ok(gidx, cnt, off, list, NE, T * K), "kc_moe_route grouping NE=%d T=%d", NE, T);
         /* the MLP: experts as F16 (gate rows, then up rows; down), inputs x [T, E] */
         const size_t ngu = (size_t)NE * 2 * F * E, ndn = (size_t)NE * E * F;
         float *wgu = rnd(ngu, 0.2f), *wdn = rnd(ndn, 0.2f), *x = rnd((size_t)T * E, 1.0f);
@@ -480,23 +485,12 @@ static void test_moe_fused(cudaStream_t s) {
                 ref[(size_t)t * NE + e] = (float)a;
             }
         const double le = rel_err_f(lg, ref, (size_t)T * NE);
-        int grouped = 1, total = 0;
-        uint8_t *seen = calloc((size_t)T * K, 1);
-        for (int e = 0; e < NE; e++) {
-            grouped &= off[e] == total;
-            for (int i = 0; i < cnt[e]; i++) {
-                const int en = list[off[e] + i];
-                grouped &= en >= 0 && en < T * K && idx[en] == e && !seen[en];
-                if (en >= 0 && en < T * K) seen[en] = 1;
-            }
-            total += cnt[e];
-        }
-        grouped &= total == T * K;
+        const int grouped = grouping_ok(idx, cnt, off, list, NE, T * K);
         T_CHECKF(rc == 0 && norm_same && le < 1e-5 && route_same && grouped && ctr == 0,
                  "kc_moe_norm_route n=%d NE=%d k=%d T=%d %s: norm bits %d, logits rel_err %.3g, routing bits %d, grouped %d, "
                  "count %d (rc %d)",
                  n, NE, K, T, dt_name(rt), norm_same, le, route_same, grouped, ctr, rc);
-        free(x); free(g); free(wr); free(wb); free(y); free(lg); free(ref); free(idx); free(cnt); free(off); free(list); free(seen);
+        free(x); free(g); free(wr); free(wb); free(y); free(lg); free(ref); free(idx); free(cnt); free(off); free(list);
         xq_del(&qa); xq_del(&qb);
         void *ds[] = { R.data, dx, dg, dya, dyb, dlg, dw, dw2, didx, dcnt, doff, dlist, didx2, dcnt2, doff2, dlist2, dctr };
         for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
