@@ -34,7 +34,6 @@ GEMVS = ("gemv", "gemvq", "gemmq")
 
 
 def launches(rows):
-    rows.sort(key=lambda r: (r["t_wait"] or r["t_entry"], r["t_end"]))
     # consecutive runs of one kind, in the order the CTAs started
     out = []
     for r in sorted(rows, key=lambda r: r["t_entry"]):
@@ -106,7 +105,7 @@ def label(kinds):
         for i in ffn:
             k = kinds[i]
             if k in GEMVS:
-                names[i] = "down" if i == gemvs[-1] else ("router" if k == "gemvq" and kinds[i + 1] == "other" else "gate|up")
+                names[i] = "down" if i == gemvs[-1] else ("router" if k == "gemvq" and i + 1 < len(kinds) and kinds[i + 1] == "other" else "gate|up")
             elif k == "swiglu":
                 names[i] = "gate|up+act" if not any(j < i for j in gemvs if names[j] == "gate|up") else "act"
             elif k == "norm":

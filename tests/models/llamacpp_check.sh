@@ -10,11 +10,10 @@
 #   LLAMA_COMMIT=... tests/models/llamacpp_check.sh $LLAMA_SRC $LLAMA_BUILD
 #
 # It builds llamacpp_logits.c (llama.h's public API; F32 KV cache, flash attention off) against
-# that build, runs it on each model and compares with logits.bin as arka perplexity
-# --kl-divergence-base does (cli/perplexity.c's compare_row, here in stdlib python3, since arka's
-# comparison needs arka's own run on one side): KL(transformers || llama.cpp), top-1 agreement,
-# relative error |llama.cpp - transformers| / |transformers| of each logit row. One line per
-# model in check.txt's format, then a trailer, go to tests/models/check-llamacpp.txt (or $OUT).
+# that build, runs it on each model and compares with logits.bin by tests/gpu/logits_cmp.py (the
+# definitions of arka perplexity --kl-divergence-base): top-1 agreement, relative error
+# |llama.cpp - transformers| / |transformers| of each logit row, KL(transformers || llama.cpp).
+# One line per model, then a trailer, go to tests/models/check-llamacpp.txt (or $OUT).
 # Exit status 1 when a model does not load (qwen3moe-mixed does not), else 0 whatever the figures:
 # they are a record, not a gate.
 #
@@ -68,43 +67,6 @@ trap 'rm -rf "$TMP"' EXIT
 cc -O2 -Wall -o "$TMP/llamacpp_logits" "$DIR/llamacpp_logits.c" -I"$SRC/include" -I"$SRC/ggml/include" \
     -L"$LIB" -lllama -Wl,-rpath,"$LIB" || exit 1
 
-compare() { # compare BASE.bin (ARKALGT1, transformers) CUR.bin (raw f32 rows, llama.cpp)
-    python3 - "$1" "$2" <<'EOF'
-import array, math, struct, sys
-with open(sys.argv[1], "rb") as f:
-    assert f.read(8) == b"ARKALGT1"
-    _, V, n, first, chunks, _ = struct.unpack("<6I", f.read(24))
-    f.read(4 * n * chunks)
-    base = array.array("f", f.read())
-cur = array.array("f", open(sys.argv[2], "rb").read())
-if sys.byteorder != "little":
-    base.byteswap(); cur.byteswap()
-rows = n - first
-if len(cur) != rows * V or len(base) != rows * V:
-    sys.exit(f"{len(cur)} llama.cpp logits, {len(base)} reference logits, want {rows} x {V}")
-def lse(x):
-    m = max(x)
-    return m, math.log(sum(math.exp(v - m) for v in x))
-kl_sum = kl_max = rel_sum = rel_max = 0.0
-top1 = 0
-for r in range(rows):
-    b, c = base[r * V:(r + 1) * V], cur[r * V:(r + 1) * V]
-    mb, lb = lse(b)
-    mc, lc = lse(c)
-    kl = num = den = 0.0
-    for i in range(V):
-        lpb, lpc = b[i] - mb - lb, c[i] - mc - lc
-        kl += math.exp(lpb) * (lpb - lpc)
-        num += (c[i] - b[i]) ** 2
-        den += b[i] * b[i]
-    rel = math.sqrt(num / den) if den > 0 else math.sqrt(num)
-    kl_sum += kl; kl_max = max(kl_max, kl); rel_sum += rel; rel_max = max(rel_max, rel)
-    top1 += max(range(V), key=lambda i: (c[i], -i)) == max(range(V), key=lambda i: (b[i], -i))
-print("kl-divergence: mean %.6g, max %.6g; top-1 agreement: %.3f %% (%d of %d); relative error of logits: mean %.3g, max %.3g"
-      % (kl_sum / rows, kl_max, 100.0 * top1 / rows, top1, rows, rel_sum / rows, rel_max))
-EOF
-}
-
 rc=0
 : >"$OUT"
 for g in "$DIR"/*/model.gguf; do
@@ -112,7 +74,7 @@ for g in "$DIR"/*/model.gguf; do
     name=$(basename "$d")
     [ -f "$d/logits.bin" ] || continue
     if "$TMP/llamacpp_logits" "$g" "$d/ids.txt" "$TMP/$name.bin" 2 >"$TMP/$name.log" 2>&1; then
-        line="$name llama.cpp: $(compare "$d/logits.bin" "$TMP/$name.bin" 2>&1)"
+        line="$name llama.cpp: $(python3 "$DIR/../gpu/logits_cmp.py" "$TMP/$name.bin" "$d/logits.bin" 2>&1)"
     else
         line="$name llama.cpp: FAILED: $(grep -iE 'error|failed|missing|wrong' "$TMP/$name.log" | head -2 | paste -sd' ')"
         rc=1
