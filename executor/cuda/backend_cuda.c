@@ -23,9 +23,9 @@
  * half Q, K, V and P and f32 accumulation: decode tokens one CTA per (token, KV head, split),
  * prefill and chunked-prefill sequences in tiles of tokens x the query heads of a KV head, both
  * kinds in one step (mixed steps). The decode keys are split so that the step fills the GPU
- * (the kernel plan's att_dec_ctas); the split size is staged per step (the longest context over
- * the splits of the graph's bucket), so a short context keeps 64-position splits whatever the
- * batch. Models the tensor-core kernels do not take (head dims other than 64 / 128, more than
+ * (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the split size is staged per step
+ * (kc_plan_dec_chunk: from the longest context, splits of att_dec_min_chunk positions but at
+ * least a wave of them), so one captured graph serves every context. Models the tensor-core kernels do not take (head dims other than 64 / 128, more than
  * 16 query heads per KV head) use the per-head kernel with fixed 64-position splits.
  *
  * Every kernel choice comes from the kernel plan (kcuda.h), chosen at create time from the
@@ -850,19 +850,9 @@ static int bucket_of(int n) {
     return n;
 }
 
-/* Tensor-core decode: the splits a launch of n_dec tokens gets, so that tokens x KV heads x
- * splits reach the plan's att_dec_ctas; at most one per 64 positions of n_ctx. */
+/* Tensor-core decode: the splits a launch of n_dec tokens gets (kc_plan_dec_splits). */
 static int tc_splits(const cu_state *s, int n_dec) {
-    int per = s->cfg.n_head_kv * n_dec, ns = (s->plan.att_dec_ctas + per - 1) / per;
-    int most = (s->lim.n_ctx + 63) / 64;
-    return ns < 1 ? 1 : ns > most ? most : ns;
-}
-
-/* Positions per split for a step whose longest context ends at max_pos: the fewest 64-position
- * units that cover it in n_split splits. */
-static int tc_chunk(int max_pos, int n_split) {
-    int units = (max_pos + 1 + 63) / 64;
-    return (units + n_split - 1) / n_split * 64;
+    return kc_plan_dec_splits(&s->plan, s->cfg.n_head_kv, n_dec, s->lim.n_ctx);
 }
 
 /* Per-head kernel: the splits a step launches: enough for its longest context (the split-K
@@ -906,8 +896,9 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
         }
     }
     st->dec_all = pure_decode;
-    st->n_split = st->n_dec ? tc_splits(s, pure_decode ? n_bucket : st->n_dec) : 1;
-    *meta_chunk(s, s->h_meta) = tc_chunk(max_pos, st->n_split);
+    const int nd = pure_decode ? n_bucket : st->n_dec;
+    st->n_split = st->n_dec ? tc_splits(s, nd) : 1;
+    *meta_chunk(s, s->h_meta) = kc_plan_dec_chunk(&s->plan, s->cfg.n_head_kv, nd > 0 ? nd : 1, st->n_split, max_pos);
 }
 
 /* Enqueues the forward pass of a checked batch (a decode graph when one fits, else eager),
@@ -1567,8 +1558,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         /* split-K partials: the per-head kernel's for every token it may take (all of them
          * without the tensor-core kernels, else the decode buckets below att_tc_min_tok), and
-         * the tensor-core decode's for tokens x splits of any launch (tc_splits: at most
-         * att_dec_ctas / n_kv + 1 per token of the largest bucket) */
+         * the tensor-core decode's for tokens x splits of any launch (kc_plan_dec_splits: at
+         * most 2 att_dec_ctas / n_kv, or one a token of the largest bucket) */
         size_t ph_tok = !s->att_tc ? T : s->plan.att_tc_min_tok > 1 ? (size_t)bucket_of(s->plan.att_tc_min_tok - 1) : 0;
         if (ph_tok > T) ph_tok = T;
         /* The per-head kernel's partials grow with tokens x splits: every step on it at long
@@ -1591,7 +1582,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             }
         }
         size_t ph = ph_tok * s->n_split;
-        size_t tc = s->att_tc ? (size_t)s->plan.att_dec_ctas / c->n_head_kv + 1 + (size_t)bucket_of(s->lim.max_seqs) : 0;
+        size_t tc = s->att_tc ? 2 * (size_t)s->plan.att_dec_ctas / c->n_head_kv + 1 + (size_t)bucket_of(s->lim.max_seqs) : 0;
         s->partial_floats = (ph > tc ? ph : tc) * c->n_head * (c->head_dim + 2);
         if (dalloc(&s->partial, s->partial_floats * 4)) goto oom;
         /* cuBLAS path: quantized/BF16 weights converted to half (bounded below), the widest activations as half */

@@ -247,6 +247,19 @@ __device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uin
 // then K scales [16] and V scales [16] (f32), copied by cp.async like the F16 rows (rows at or
 // past n_ok zero-filled). b: the group's block, r0: its first row in the block.
 template <int HD> __host__ __device__ constexpr int f8_raw_bytes() { return 2 * 16 * HD + 2 * 16 * 4; }
+
+constexpr int DEC_NST = 3; // cp.async stages per decode warp (two groups in flight while one is used)
+// The decode kernel's dynamic shared memory: the warps' stages (F8: raw stages and a half
+// stage a warp), or the merge of the warps' states if that is larger.
+__host__ __device__ constexpr size_t dec_stage_bytes(int HD, bool F8) {
+    return F8 ? (size_t)DEC_WARPS * (DEC_NST * (2 * 16 * HD + 2 * 16 * 4) + 2 * 16 * (HD + 8) * 2)
+              : (size_t)DEC_WARPS * DEC_NST * 2 * 16 * (HD + 8) * 2;
+}
+__host__ __device__ constexpr size_t dec_smem_bytes(int HD, bool F8) {
+    return dec_stage_bytes(HD, F8) > ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4
+               ? dec_stage_bytes(HD, F8)
+               : ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4;
+}
 template <int HD>
 __device__ __forceinline__ void stage_f8_raw(uint32_t dst, const uint8_t *kc, const uint8_t *vc, size_t b, int r0, int n_ok,
                                              int n_kv, int bs, int h, int lane) {
@@ -298,8 +311,9 @@ __device__ __forceinline__ void f8_raw_to_half(uint32_t dst, uint32_t v_off, uin
 // natural-log units, [n_valid][HD + 2]): the maximum over all splits first, then warp w adds
 // splits w, w + DEC_WARPS, ... (lane: elements 2 lane, 2 lane + 1 and 64 more for HD 128, with
 // independent loads in flight), and the warps' sums meet in shared memory in warp order. red:
-// shared scratch of DEC_WARPS * (HD + 2) + DEC_WARPS floats (rows of HD + 2 keep float2 alignment). A long context (batch 1, 32k: 66
-// splits) costs a few round trips here instead of one per split.
+// shared scratch of DEC_WARPS * (HD + 2) + DEC_WARPS floats (rows of HD + 2 keep float2
+// alignment). Only where tc_merge_rows' sums do not fit shared memory (more splits than any
+// plan launches).
 template <int HD>
 __device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_t row, float *red) {
     static_assert(HD == 64 || HD == 128, "tc_merge: head dim");
@@ -347,6 +361,95 @@ __device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_
     __syncthreads(); // red is reused by the next row
 }
 
+// The split merge of all G rows of one (token, KV head) at once, by the whole CTA (the last
+// split's). Row r's partials sit at pp + r * n_split * (HD + 2), n_valid of them. The maxima and
+// sums of every row's splits come to shared memory in one pass; warp w then adds splits w,
+// w + DEC_WARPS, ... of every row (lane: elements 2 lane, 2 lane + 1 and 64 more for HD 128),
+// so the loads of all rows are in flight together, and the warps' sums meet in shared memory
+// in warp order. tc_merge took the rows one after another: four or five dependent L2 round
+// trips a row at the end of the step's attention (batch 1, 32k positions: 4 rows x 66 splits).
+// red: shared scratch of merge_rows_floats(GM, n_valid) floats.
+__host__ __device__ constexpr size_t merge_rows_floats(int HD, int GM, int n_valid) {
+    return ((size_t)2 * GM * n_valid + 16 + 3) / 4 * 4 + (size_t)DEC_WARPS * GM * HD;
+}
+template <int HD, int GM>
+__device__ void tc_merge_rows(const float *pp, int n_split, int G, int n_valid, const att_emit &em, size_t row0, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *sm_c = red, *sm_l = red + G * n_valid, *sm_L = red + 2 * G * n_valid; // [G][n_valid], [G][n_valid], [G]
+    float *ro = red + ((size_t)2 * GM * n_valid + 16 + 3) / 4 * 4;               // [DEC_WARPS][GM][HD]
+    for (int i = threadIdx.x; i < G * n_valid; i += blockDim.x) {
+        const int r = i / n_valid, sp = i - r * n_valid;
+        const float *pi = pp + ((size_t)r * n_split + sp) * (HD + 2);
+        sm_c[i] = __ldcg(pi);
+        sm_l[i] = __ldcg(pi + 1);
+    }
+    __syncthreads();
+    for (int r = warp; r < G; r += DEC_WARPS) { // weights exp(m - M) replace the maxima
+        float M = -INFINITY;
+        for (int sp = lane; sp < n_valid; sp += 32) M = fmaxf(M, sm_c[r * n_valid + sp]);
+        M = kc_warp_max(M);
+        float L = 0.0f;
+        for (int sp = lane; sp < n_valid; sp += 32) {
+            const float c = M > -INFINITY ? __expf(sm_c[r * n_valid + sp] - M) : 0.0f;
+            sm_c[r * n_valid + sp] = c;
+            L = fmaf(sm_l[r * n_valid + sp], c, L);
+        }
+        L = kc_warp_sum(L);
+        if (lane == 0) sm_L[r] = L;
+    }
+    __syncthreads();
+    constexpr int NP = HD / 64; // float2 pairs per lane
+    float2 o[GM][NP];
+#pragma unroll
+    for (int r = 0; r < GM; r++)
+#pragma unroll
+        for (int k = 0; k < NP; k++) o[r][k] = make_float2(0.0f, 0.0f);
+    // US splits a warp at a time, every row of each: their loads are one basic block, so they are
+    // all in flight together (rows past G read row G - 1 again with weight 0, never a branch)
+    constexpr int US = GM >= 16 ? 1 : GM >= 8 ? 2 : 4;
+    for (int s0 = warp; s0 < n_valid; s0 += US * DEC_WARPS) {
+        float2 v[US][GM][NP];
+        float c[US][GM];
+#pragma unroll
+        for (int u = 0; u < US; u++) {
+            const int sp = min(s0 + u * DEC_WARPS, n_valid - 1);
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                const int rr = min(r, G - 1);
+                const float *pi = pp + ((size_t)rr * n_split + sp) * (HD + 2) + 2;
+#pragma unroll
+                for (int k = 0; k < NP; k++) v[u][r][k] = __ldcg((const float2 *)(pi + 64 * k + 2 * lane));
+                c[u][r] = r < G && s0 + u * DEC_WARPS < n_valid ? sm_c[rr * n_valid + sp] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < US; u++)
+#pragma unroll
+            for (int r = 0; r < GM; r++)
+#pragma unroll
+                for (int k = 0; k < NP; k++) {
+                    o[r][k].x = fmaf(v[u][r][k].x, c[u][r], o[r][k].x);
+                    o[r][k].y = fmaf(v[u][r][k].y, c[u][r], o[r][k].y);
+                }
+    }
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        if (r >= G) break;
+#pragma unroll
+        for (int k = 0; k < NP; k++) *(float2 *)(ro + ((size_t)warp * GM + r) * HD + 64 * k + 2 * lane) = o[r][k];
+    }
+    __syncthreads();
+    // G HD-wide rows; a warp's 32 consecutive outputs are one block of one row (HD % 32 == 0)
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int r = i / HD, e = i % HD;
+        float O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) O += ro[((size_t)w * GM + r) * HD + e];
+        const float L = sm_L[r];
+        att_finish<HD>(em, row0 + (size_t)r * HD, e, L > 0.0f ? O / L : 0.0f);
+    }
+}
+
 // F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves.
 template <int HD, int NST, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
@@ -371,9 +474,6 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         return;
     }
     kc_pdl_wait();
-    uint32_t qa[HD / 16][4];
-    const float *qt = q + ((size_t)t * n_head + h0) * HD;
-    load_q<HD>(qa, g < G ? qt + (size_t)g * HD : nullptr, g + 8 < G ? qt + (size_t)(g + 8) * HD : nullptr, qscale, t4);
 
     // F16: NST stages of half rows a warp. F8: NST raw stages and one stage of half rows.
     constexpr int WBYTES = F8 ? NST * f8_raw_bytes<HD>() + STAGE * 2 : NST * STAGE * 2;
@@ -401,10 +501,14 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         }
         kc_cp_async_commit(); // empty groups too: the wait below counts groups
     };
-    wstate<HD> st;
-    wstate_init(st);
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) issue(i_lo + i);
+    // the queries after the first stages' copies are on their way
+    uint32_t qa[HD / 16][4];
+    const float *qt = q + ((size_t)t * n_head + h0) * HD;
+    load_q<HD>(qa, g < G ? qt + (size_t)g * HD : nullptr, g + 8 < G ? qt + (size_t)(g + 8) * HD : nullptr, qscale, t4);
+    wstate<HD> st;
+    wstate_init(st);
     for (int i = i_lo; i < n_grp; i++) {
         issue(i + NST - 1);
         kc_cp_async_wait<NST - 1>();
@@ -475,9 +579,18 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     if (n_split == 1) return;
     const int n_valid = min(n_split, p / chunk + 1);
     if (!att_last_split(counters + (size_t)ti * n_head + h0, n_valid)) return;
-    for (int r = 0; r < G; r++)
-        tc_merge<HD>(partial + ((size_t)ti * n_head + h0 + r) * n_split * (HD + 2), n_valid, em, ((size_t)t * n_head + h0 + r) * HD,
-                     (float *)smem);
+    const float *pp = partial + ((size_t)ti * n_head + h0) * n_split * (HD + 2);
+    const size_t row0 = ((size_t)t * n_head + h0) * HD;
+    constexpr size_t SMEM = dec_smem_bytes(HD, F8);
+    if (G <= 4 && merge_rows_floats(HD, 4, n_valid) * 4 <= SMEM)
+        tc_merge_rows<HD, 4>(pp, n_split, G, n_valid, em, row0, (float *)smem);
+    else if (G <= 8 && merge_rows_floats(HD, 8, n_valid) * 4 <= SMEM)
+        tc_merge_rows<HD, 8>(pp, n_split, G, n_valid, em, row0, (float *)smem);
+    else if (merge_rows_floats(HD, 16, n_valid) * 4 <= SMEM)
+        tc_merge_rows<HD, 16>(pp, n_split, G, n_valid, em, row0, (float *)smem);
+    else // more splits than shared memory holds the sums of
+        for (int r = 0; r < G; r++)
+            tc_merge<HD>(pp + (size_t)r * n_split * (HD + 2), n_valid, em, row0 + (size_t)r * HD, (float *)smem);
 }
 
 // ---- prefill --------------------------------------------------------------------------------
@@ -578,15 +691,9 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
     }
 }
 
-constexpr int DEC_NST = 3; // cp.async stages per decode warp (two groups in flight while one is used)
 constexpr int PF_NST = 2;
 
-template <int HD, bool F8> size_t dec_smem() {
-    const size_t stages = F8 ? (size_t)DEC_WARPS * (DEC_NST * f8_raw_bytes<HD>() + 2 * 16 * (HD + 8) * 2)
-                             : (size_t)DEC_WARPS * DEC_NST * 2 * 16 * (HD + 8) * 2;
-    const size_t merge = ((size_t)DEC_WARPS * 16 * HD + 2 * DEC_WARPS * 16) * 4;
-    return stages > merge ? stages : merge;
-}
+template <int HD, bool F8> size_t dec_smem() { return dec_smem_bytes(HD, F8); }
 // The soft-cap in the kernels' log2 units (0: none).
 float mods_capl() {
     const float c = kc_attention_mods_get().softcap;
@@ -627,6 +734,27 @@ extern "C" int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size) 
     if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
     if (arch < 80) return 0;
     return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size % 16 == 0;
+}
+
+extern "C" int kc_attention_dec_per_sm(int hd) {
+    if (hd != 64 && hd != 128) return 0;
+    int n = 0, dev = 0, optin = 0;
+    const size_t smem = hd == 64 ? dec_smem<64, false>() : dec_smem<128, false>();
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        (size_t)optin < smem) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaError_t e = hd == 64 ? cudaFuncSetAttribute(attn_dec_kernel<64, DEC_NST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                             : cudaFuncSetAttribute(attn_dec_kernel<128, DEC_NST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = hd == 64 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_dec_kernel<64, DEC_NST, false>, DEC_WARPS * 32, smem)
+                     : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_dec_kernel<128, DEC_NST, false>, DEC_WARPS * 32, smem);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 extern "C" int kc_attention_tc_tile_tok(int warps, int n_head, int n_kv) {

@@ -134,7 +134,10 @@ typedef struct kc_plan {
     int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
                            * 0 no, else kc_attention_prefill_fa3's variant (1, 2) */
-    int att_dec_ctas;     /* decode: key splits so that tokens x KV heads x splits reach this many CTAs */
+    int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
+                           * has splits for two waves (kc_plan_dec_splits) ... */
+    int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
+                           * at least a wave's worth (kc_plan_dec_chunk; a multiple of 64) */
     int att_chunk;        /* the per-head decode kernel: positions per split */
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
     int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
@@ -154,6 +157,18 @@ int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_si
 int  kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen);
 /* "key=value ..." of every field, for the start-up log. */
 void kc_plan_format(const kc_plan *p, char *buf, size_t n);
+/* Tensor-core decode splits (attention_tc.cu's decode kernel: one CTA per token, KV head and
+ * split). kc_plan_dec_splits: the splits a launch of n_dec tokens gets: two waves of
+ * att_dec_ctas in whole splits per (token, KV head), at least 1, at most one per 64 positions of
+ * n_ctx. kc_plan_dec_chunk: the positions a split takes in a step whose longest context ends at
+ * max_pos: the step uses the fewest splits of at least att_dec_min_chunk positions, but no fewer
+ * than one wave's splits and no more than n_split (64-position units). Short splits cost a
+ * partial each in the merge at the end of the launch and the ramp of a CTA; too few CTAs leave
+ * SMs idle (bench/RESULTS.md, "2026-11-28 (seventh session)"). */
+int kc_plan_dec_splits(const kc_plan *p, int n_kv, int n_dec, int n_ctx);
+int kc_plan_dec_chunk(const kc_plan *p, int n_kv, int n_dec, int n_split, int max_pos);
+/* CTAs of the tensor-core decode kernel that fit an SM at head dim hd (F16 cache); 0 if unknown. */
+int kc_attention_dec_per_sm(int hd);
 /* Installs p for every launcher of this process (before the first launch or capture). */
 void kc_plan_set(const kc_plan *p);
 const kc_plan *kc_plan_get(void);

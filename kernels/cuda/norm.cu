@@ -124,7 +124,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
-    if (n % 512 == 0 && n <= 4096 && kc_plan_get()->norm_split) {
+    if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && kc_plan_get()->norm_split) { // tokens are grid.y here
         typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *);
         static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
                                         rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,

@@ -40,6 +40,7 @@ const field k_fields[] = {
     F(att_pf_warps, 4, 8),
     F(att_pf_fa3, 0, 2),
     F(att_dec_ctas, 1, 1 << 20),
+    F(att_dec_min_chunk, 64, 1 << 20),
     F(att_chunk, 16, 1 << 20),
     F(graph_max_tok, 1, 4096),
     F(fp8_gemm, 0, 1),
@@ -77,7 +78,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_tc_long_ctx = 2048;
     // prefill CTAs of 8 warps: 186-191 against 162-163 TFLOP/s at 8k and 32k positions (H200)
     p->att_pf_warps = 8;
-    p->att_dec_ctas = 528;
+    // one wave of decode CTAs on an H200 (132 SMs, two 104 KiB CTAs each at head dim 128); with
+    // splits of at least 1,024 positions (H200, llama3-8b shapes, bench/RESULTS.md "2026-11-28
+    // (seventh session)")
+    p->att_dec_ctas = 264;
+    p->att_dec_min_chunk = 1024;
     p->att_chunk = 64;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
@@ -98,10 +103,29 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     }
     p->pdl = prop.major >= 9;
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
-    // two decode CTAs fit an SM (104 KiB of stages each at head dim 128); four waves of them
-    // leave a short tail when the work per CTA is even
-    p->att_dec_ctas = 4 * prop.multiProcessorCount;
+    // one wave of decode CTAs: two fit an SM at head dim 128 (104 KiB of stages each), four at 64
+    const int per_sm = kc_attention_dec_per_sm(head_dim);
+    p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;
     return 0;
+}
+
+extern "C" int kc_plan_dec_splits(const kc_plan *p, int n_kv, int n_dec, int n_ctx) {
+    const int per = n_kv * n_dec, most = (n_ctx + 63) / 64;
+    int ns = per > 0 ? 2 * p->att_dec_ctas / per : 1;
+    if (ns > most) ns = most;
+    return ns < 1 ? 1 : ns;
+}
+
+extern "C" int kc_plan_dec_chunk(const kc_plan *p, int n_kv, int n_dec, int n_split, int max_pos) {
+    const int units = (max_pos + 1 + 63) / 64, per = n_kv * n_dec;
+    int wave = per > 0 ? p->att_dec_ctas / per : 1; // one wave's splits
+    if (wave < 1) wave = 1;
+    if (wave > n_split) wave = n_split;
+    const int most = (units + n_split - 1) / n_split;    // units a split takes with all n_split
+    const int least = (units + wave - 1) / wave;         // ... with one wave's
+    const int want = p->att_dec_min_chunk / 64;
+    const int u = want < most ? most : want > least ? least : want;
+    return u * 64;
 }
 
 extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen) {
@@ -144,6 +168,10 @@ extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t 
         }
         *slot(p, *f) = (int)v;
         s += len + (end ? 1 : 0);
+    }
+    if (p->att_dec_min_chunk % 64) {
+        snprintf(err, errlen, "--cuda-plan: att_dec_min_chunk must be a multiple of 64");
+        return CM_EINVAL;
     }
     if (p->att_pf_warps != 4 && p->att_pf_warps != 8) {
         snprintf(err, errlen, "--cuda-plan: att_pf_warps must be 4 or 8");

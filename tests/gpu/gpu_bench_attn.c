@@ -4,7 +4,8 @@
  * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
  * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds: mma.sync with 4 and 8 warps, and the
  * wgmma kernel of attention_fa3.cu on compute capability 9.0).
- * usage: gpu_bench_attn [decode|prefill]... (default both) */
+ * usage: gpu_bench_attn [decode|prefill|splits]... (default: decode and prefill; splits sweeps the
+ * decode kernel's split count at 1-32 sequences of 8k-128k positions) */
 #include "kernels/cuda/kcuda.h"
 
 #include <cuda_runtime_api.h>
@@ -48,68 +49,99 @@ static float time_ms(cudaEvent_t e0, cudaEvent_t e1) {
     return ms;
 }
 
-static void bench_decode(double bw, int sms) {
-    const int Bs[] = { 1, 8, 64, 128, 256 }, Cs[] = { 1024, 8192, 32768 };
+/* One decode shape: B sequences of C positions on the tensor-core kernel with ns splits of the
+ * fewest 64-position units that cover C (0: the backend's rule, kc_plan_dec_splits and
+ * kc_plan_dec_chunk of the installed plan), and unless tc_only the per-head kernel with
+ * 64-position splits. */
+static void decode_one(double bw, int B, int C, int ns, int tc_only) {
+    const int mb = C / BS, nblk = B * mb;
+    const size_t ce = (size_t)(nblk + 1) * NKV * BS * HD;
+    kc_half *k, *v;
+    float *q, *out, *part;
+    int32_t *pos, *seq, *bt, *chunk, *cnt;
+    CK(cudaMalloc((void **)&k, ce * 2));
+    CK(cudaMalloc((void **)&v, ce * 2));
+    CK(cudaMemset(k, 0x3a, ce * 2));
+    CK(cudaMemset(v, 0x39, ce * 2));
+    CK(cudaMalloc((void **)&q, (size_t)B * NH * HD * 4));
+    CK(cudaMemset(q, 0x3c, (size_t)B * NH * HD * 4));
+    CK(cudaMalloc((void **)&out, (size_t)B * NH * HD * 4));
+    int32_t *hp = malloc((size_t)B * 4), *hs = malloc((size_t)B * 4), *hb = malloc((size_t)nblk * 4);
+    for (int i = 0; i < B; i++) { hp[i] = C - 1; hs[i] = i; }
+    /* blocks of a sequence scattered: block j of sequence i is physical j * B + i */
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < mb; j++) hb[i * mb + j] = j * B + i;
+    CK(cudaMalloc((void **)&pos, (size_t)B * 4));
+    CK(cudaMalloc((void **)&seq, (size_t)B * 4));
+    CK(cudaMalloc((void **)&bt, (size_t)nblk * 4));
+    CK(cudaMemcpy(pos, hp, (size_t)B * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(seq, hs, (size_t)B * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(bt, hb, (size_t)nblk * 4, cudaMemcpyHostToDevice));
+    const int units = C / 64;
+    int ch;
+    if (ns <= 0) {
+        ns = kc_plan_dec_splits(kc_plan_get(), NKV, B, C);
+        ch = kc_plan_dec_chunk(kc_plan_get(), NKV, B, ns, C - 1);
+    } else {
+        if (ns > units) ns = units;
+        ch = (units + ns - 1) / ns * 64;
+    }
+    const int ph_split = C / 64, used = (C + ch - 1) / ch;
+    size_t part_n = (size_t)B * NH * (ph_split > ns ? ph_split : ns) * (HD + 2);
+    CK(cudaMalloc((void **)&part, part_n * 4));
+    CK(cudaMalloc((void **)&chunk, 4));
+    CK(cudaMemcpy(chunk, &ch, 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&cnt, (size_t)B * NH * 4));
+    CK(cudaMemset(cnt, 0, (size_t)B * NH * 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const double bytes = 2.0 * B * C * NKV * HD * 2;
+    for (int arm = 0; arm < (tc_only ? 1 : 2); arm++) {
+        const int iters = 20;
+        for (int i = 0; i < iters + 3; i++) {
+            if (i == 3) CK(cudaEventRecord(e0, 0));
+            int rc = arm == 0 ? kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
+                                                       chunk, part, cnt, 0)
+                              : kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split, 64,
+                                                part, cnt, 0, 0);
+            if (rc) { fprintf(stderr, "launch failed (%d)\n", rc); exit(1); }
+        }
+        CK(cudaEventRecord(e1, 0));
+        double ms = time_ms(e0, e1) / iters;
+        printf("  %-9s B=%-4d C=%-6d splits=%-4d ctas=%-5d %8.1f MB %9.4f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : "tc", B, C,
+               arm ? ph_split : used, arm ? B * NKV * ph_split : B * NKV * used, bytes / 1e6, ms, bytes / ms / 1e6,
+               100 * bytes / ms / 1e6 / bw);
+    }
+    cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(pos); cudaFree(seq); cudaFree(bt);
+    cudaFree(chunk); cudaFree(cnt);
+    free(hp); free(hs); free(hb);
+}
+
+static void bench_decode(double bw) {
+    const int Bs[] = { 1, 2, 4, 8, 16, 64, 128, 256 }, Cs[] = { 1024, 8192, 32768, 131072 };
     printf("decode: B x C positions, KV bytes read per call, time, GB/s and fraction of %.0f GB/s copy bandwidth\n", bw);
+    for (int ci = 0; ci < 4; ci++)
+        for (int bi = 0; bi < 8; bi++)
+            if ((size_t)Bs[bi] * Cs[ci] <= ((size_t)2 << 20)) decode_one(bw, Bs[bi], Cs[ci], 0, Cs[ci] > 32768);
+}
+
+/* The split count of the tensor-core decode kernel swept at few sequences and long contexts:
+ * tokens x KV heads x splits = m x SMs for m in 1..8, and the per-sequence split counts between. */
+static void bench_splits(double bw, int sms) {
+    const int Bs[] = { 1, 2, 4, 8, 16, 32 }, Cs[] = { 8192, 32768, 131072 }, Ms[] = { 1, 2, 3, 4, 6, 8 };
+    printf("decode splits: B x C positions, splits so that B x %d KV heads x splits reaches m x %d SMs\n", NKV, sms);
     for (int ci = 0; ci < 3; ci++)
-        for (int bi = 0; bi < 5; bi++) {
+        for (int bi = 0; bi < 6; bi++) {
             const int B = Bs[bi], C = Cs[ci];
             if ((size_t)B * C > ((size_t)2 << 20)) continue;
-            const int mb = C / BS, nblk = B * mb;
-            const size_t ce = (size_t)(nblk + 1) * NKV * BS * HD;
-            kc_half *k, *v;
-            float *q, *out, *part;
-            int32_t *pos, *seq, *bt, *chunk, *cnt;
-            CK(cudaMalloc((void **)&k, ce * 2));
-            CK(cudaMalloc((void **)&v, ce * 2));
-            CK(cudaMemset(k, 0x3a, ce * 2));
-            CK(cudaMemset(v, 0x39, ce * 2));
-            CK(cudaMalloc((void **)&q, (size_t)B * NH * HD * 4));
-            CK(cudaMemset(q, 0x3c, (size_t)B * NH * HD * 4));
-            CK(cudaMalloc((void **)&out, (size_t)B * NH * HD * 4));
-            int32_t *hp = malloc((size_t)B * 4), *hs = malloc((size_t)B * 4), *hb = malloc((size_t)nblk * 4);
-            for (int i = 0; i < B; i++) { hp[i] = C - 1; hs[i] = i; }
-            /* blocks of a sequence scattered: block j of sequence i is physical j * B + i */
-            for (int i = 0; i < B; i++)
-                for (int j = 0; j < mb; j++) hb[i * mb + j] = j * B + i;
-            CK(cudaMalloc((void **)&pos, (size_t)B * 4));
-            CK(cudaMalloc((void **)&seq, (size_t)B * 4));
-            CK(cudaMalloc((void **)&bt, (size_t)nblk * 4));
-            CK(cudaMemcpy(pos, hp, (size_t)B * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(seq, hs, (size_t)B * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(bt, hb, (size_t)nblk * 4, cudaMemcpyHostToDevice));
-            /* the backend's rule: tokens x KV heads x splits >= 4 x SMs, 64-position units */
-            int ns = (4 * sms + B * NKV - 1) / (B * NKV), units = C / 64;
-            if (ns > units) ns = units;
-            int ch = (units + ns - 1) / ns * 64, ph_split = C / 64;
-            size_t part_n = (size_t)B * NH * (ph_split > ns ? ph_split : ns) * (HD + 2);
-            CK(cudaMalloc((void **)&part, part_n * 4));
-            CK(cudaMalloc((void **)&chunk, 4));
-            CK(cudaMemcpy(chunk, &ch, 4, cudaMemcpyHostToDevice));
-            CK(cudaMalloc((void **)&cnt, (size_t)B * NH * 4));
-            CK(cudaMemset(cnt, 0, (size_t)B * NH * 4));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0));
-            CK(cudaEventCreate(&e1));
-            const double bytes = 2.0 * B * C * NKV * HD * 2;
-            for (int arm = 0; arm < 2; arm++) {
-                const int iters = 20;
-                for (int i = 0; i < iters + 3; i++) {
-                    if (i == 3) CK(cudaEventRecord(e0, 0));
-                    int rc = arm == 0 ? kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS,
-                                                               0.088f, ns, chunk, part, cnt, 0)
-                                      : kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split,
-                                                        64, part, cnt, 0, 0);
-                    if (rc) { fprintf(stderr, "launch failed (%d)\n", rc); exit(1); }
-                }
-                CK(cudaEventRecord(e1, 0));
-                double ms = time_ms(e0, e1) / iters;
-                printf("  %-9s B=%-4d C=%-6d splits=%-4d %8.1f MB %9.3f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : "tc", B, C,
-                       arm ? ph_split : ns, bytes / 1e6, ms, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / bw);
+            int last = 0;
+            for (int mi = 0; mi < 6; mi++) {
+                const int ns = (Ms[mi] * sms + B * NKV - 1) / (B * NKV);
+                if (ns == last) continue;
+                last = ns;
+                decode_one(bw, B, C, ns, 1);
             }
-            cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(pos); cudaFree(seq); cudaFree(bt);
-            cudaFree(chunk); cudaFree(cnt);
-            free(hp); free(hs); free(hb);
         }
 }
 
@@ -186,12 +218,14 @@ int main(int argc, char **argv) {
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
-    int dec = argc < 2, pf = argc < 2;
+    int dec = argc < 2, pf = argc < 2, spl = 0;
     for (int i = 1; i < argc; i++) {
         dec |= !strcmp(argv[i], "decode");
         pf |= !strcmp(argv[i], "prefill");
+        spl |= !strcmp(argv[i], "splits");
     }
-    if (dec) bench_decode(bw, prop.multiProcessorCount);
+    if (dec) bench_decode(bw);
+    if (spl) bench_splits(bw, prop.multiProcessorCount);
     if (pf) bench_prefill();
     return 0;
 }

@@ -1252,6 +1252,31 @@ static void test_rmsnorm_split(cudaStream_t s) {
         free(ha); free(hb); xq_free(&qa); xq_free(&qb);
         cudaFree(dx); cudaFree(dw); cudaFree(da); cudaFree(db); free(x); free(w); free(ya); free(yb);
     }
+    { /* more rows than a grid's y dimension takes (one forward of a 131k-token prompt): every row
+       * normalized, the last against a double reference */
+        const int n = 512, rows = 70000;
+        const size_t N = (size_t)rows * n;
+        float *x = malloc(N * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+        for (size_t i = 0; i < N; i++) x[i] = frand() * 2;
+        for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
+        float *dx = dev_upload(x, N * 4), *dw = dev_upload(w, (size_t)n * 4), *dy;
+        CK(cudaMalloc((void **)&dy, N * 4));
+        poison(dy, N * 4);
+        const int rc = kc_rmsnorm(dx, dw, dy, rows, n, 1e-5f, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(y, dy + N - n, (size_t)n * 4, cudaMemcpyDeviceToHost));
+        const float *xl = x + N - n;
+        double ss = 0, e = 0, m = 0;
+        for (int i = 0; i < n; i++) ss += (double)xl[i] * xl[i];
+        const double r = 1 / sqrt(ss / n + 1e-5);
+        for (int i = 0; i < n; i++) {
+            const double ref = xl[i] * r * w[i];
+            e = fmax(e, fabs(y[i] - ref));
+            m = fmax(m, fabs(ref));
+        }
+        T_CHECKF(rc == 0 && e <= 1e-6 * m, "rmsnorm of %d rows: rc %d, last row max err %.3g of %.3g", rows, rc, e, m);
+        cudaFree(dx); cudaFree(dw); cudaFree(dy); free(x); free(w); free(y);
+    }
 }
 
 /* kc_matmul_swiglu on an F16 gate|up matrix (rows interleaved): against a double reference, and

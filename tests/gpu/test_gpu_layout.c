@@ -171,11 +171,42 @@ static void test_plan_keys(void) {
             p.gemmq_max_tok[kc_qtype_index(DT_Q6_K)] == 15);
     kc_plan_format(&p, line, sizeof line);
     T_CHECK(strstr(line, "gemmq_max_tok_q6_k=15") && strstr(line, "gemmq_max_tok_q4_k="));
+    /* a decode split is whole 64-position groups */
+    T_EQ_INT(kc_plan_override(&p, "att_dec_min_chunk=1024", err, sizeof err), 0);
+    T_CHECK(p.att_dec_min_chunk == 1024);
+    T_EQ_INT(kc_plan_override(&p, "att_dec_min_chunk=1000", err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "multiple of 64") != NULL);
+}
+
+/* the tensor-core decode's splits: two waves a launch; a step's splits of min_chunk positions,
+ * but at least one wave and at most the launch's */
+static void test_dec_splits(void) {
+    kc_plan p;
+    kc_plan_default(&p);
+    p.att_dec_ctas = 264;
+    p.att_dec_min_chunk = 1024;
+    T_EQ_INT(kc_plan_dec_splits(&p, 8, 1, 131072), 66);
+    T_EQ_INT(kc_plan_dec_splits(&p, 8, 16, 131072), 4);
+    T_EQ_INT(kc_plan_dec_splits(&p, 8, 64, 131072), 1);
+    T_EQ_INT(kc_plan_dec_splits(&p, 8, 256, 131072), 1);
+    T_EQ_INT(kc_plan_dec_splits(&p, 8, 1, 1000), 16); /* one per 64 positions of the context */
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 1, 66, 32767), 1024);   /* 32 splits of 1,024 */
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 1, 66, 8191), 256);     /* a wave: 33 splits, 32 used */
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 1, 66, 131071), 2048);  /* all 66: 64 used */
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 1, 66, 0), 64);
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 16, 4, 8191), 2048);    /* 4 splits: one wave is 2 */
+    T_EQ_INT(kc_plan_dec_chunk(&p, 8, 64, 1, 8191), 8192);
+    for (int pos = 0; pos < 140000; pos += 997) /* the splits used cover the context within the launch's */
+        for (int b = 1; b <= 64; b *= 2) {
+            const int ns = kc_plan_dec_splits(&p, 8, b, 140000), ch = kc_plan_dec_chunk(&p, 8, b, ns, pos);
+            T_CHECK(ch % 64 == 0 && ch >= 64 && (pos + ch) / ch <= ns);
+        }
 }
 
 int main(void) {
     test_repack();
     test_layout();
     test_plan_keys();
+    test_dec_splits();
     return t_done();
 }
