@@ -148,6 +148,8 @@ typedef struct cu_state {
     kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
     kc_xq xq_e, xq_f;                        /* quantized experts: h of every token, the weighted GLU of every entry */
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
+    float *pf_partial;                       /* prefill tiles split over the keys: [2 att_dec_ctas][16 x 8 rows][hd + 2] */
+    int *pf_counters;                        /* [att_dec_ctas] zeros: their merge */
     int64_t fault_at, n_steps;               /* --cuda-fault-at-step (testing): a trapping kernel in that step */
     kc_gemm_ws gws;
     /* batch arrays on the device and their pinned host staging (one block, one copy) */
@@ -586,6 +588,7 @@ typedef struct cu_step {
     int dec_all;
     int n_tiles;    /* tensor-core prefill tiles (tiles) */
     int n_split;    /* decode splits (either kernel) */
+    int pf_split, pf_kchunk; /* prefill tiles split over the keys (kc_plan_pf_splits): count, positions each */
     int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
@@ -675,7 +678,13 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                     s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o, st->dec_all ? NULL : meta_dtoks(s, s->d_meta),
                     st->n_dec, d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
                     meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
-            if (st->n_tiles) {
+            if (st->n_tiles && st->pf_split > 1) {
+                KC_FATAL(kc_attention_prefill_tc_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
+                                                       lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
+                                                       s->plan.att_pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
+                                                       s->pf_counters, cs));
+                s->xq_o.n = 0; /* wo reads the f32 rows */
+            } else if (st->n_tiles) {
                 KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
                     s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, lbt, max_blocks, c->n_head,
                     c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
@@ -896,6 +905,10 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
         }
     }
     st->dec_all = pure_decode;
+    st->pf_split = 1;
+    if (st->n_tiles && !(s->plan.att_pf_fa3 && !s->kv_f8 && kc_attention_fa3_ok(s->cfg.head_dim, s->cfg.n_head, s->cfg.n_head_kv,
+                                                                              s->lim.block_size)))
+        st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
     const int nd = pure_decode ? n_bucket : st->n_dec;
     st->n_split = st->n_dec ? tc_splits(s, nd) : 1;
     *meta_chunk(s, s->h_meta) = kc_plan_dec_chunk(&s->plan, s->cfg.n_head_kv, nd > 0 ? nd : 1, st->n_split, max_pos);
@@ -1100,7 +1113,7 @@ static void cuda_destroy(ex_backend *base) {
     for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
                      s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->xq_e.qh, s->xq_f.qh,
-                     s->att_counters, s->d_samp, s->d_sout };
+                     s->att_counters, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
@@ -1644,6 +1657,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 goto oom;
             if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
                 cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
+                goto oom;
+            /* prefill tiles split over the keys: fewer tiles x KV heads than a wave (kc_plan_pf_splits) */
+            if (s->att_tc &&
+                (dalloc(&s->pf_partial, (size_t)2 * s->plan.att_dec_ctas * 16 * 8 * (c->head_dim + 2) * sizeof(float)) ||
+                 dalloc(&s->pf_counters, (size_t)s->plan.att_dec_ctas * sizeof(int)) ||
+                 cudaMemset(s->pf_counters, 0, (size_t)s->plan.att_dec_ctas * sizeof(int)) != cudaSuccess))
                 goto oom;
         }
         /* tok pos seq [T], rows [R], block tables [(S + 1) x max_blocks], tiles [2T], dtoks [T], chunk [1]:

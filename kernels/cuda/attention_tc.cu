@@ -597,22 +597,85 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
 
 constexpr int PF_NK = 64; // key positions per shared tile
 
+// The split merge of a prefill tile's rows (rows 0..n_rows-1: token r / G of the tile, head
+// r % G) by the whole CTA (the last split's): every row's split maxima and sums to shared memory
+// (red: 2 R n_valid + R floats), the weights exp(m - M) and the sums per row (a warp a row),
+// then each thread adds, split by split, HD / 4 float pairs of the rows (consecutive threads on
+// consecutive pairs of a row), the loads of a split in one basic block. out0: the tile's first
+// token's first head of this KV head; row r goes to out0 + ((r / G) n_head + r % G) HD.
+template <int HD, int NW>
+__device__ void pf_merge(const float *pp, int n_split, int n_valid, int n_rows, int G, float *out0, int n_head, float *red) {
+    constexpr int R = 16 * NW, NT = NW * 32, NI = R * (HD / 2) / NT; // float pairs a thread
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *sm_c = red, *sm_l = red + R * n_valid, *sm_L = red + 2 * R * n_valid;
+    for (int i = threadIdx.x; i < n_rows * n_valid; i += NT) {
+        const int r = i / n_valid, sp = i - r * n_valid;
+        const float *pi = pp + ((size_t)r * n_split + sp) * (HD + 2);
+        sm_c[i] = __ldcg(pi);
+        sm_l[i] = __ldcg(pi + 1);
+    }
+    __syncthreads();
+    for (int r = warp; r < n_rows; r += NW) {
+        float M = -INFINITY;
+        for (int sp = lane; sp < n_valid; sp += 32) M = fmaxf(M, sm_c[r * n_valid + sp]);
+        M = kc_warp_max(M);
+        float L = 0.0f;
+        for (int sp = lane; sp < n_valid; sp += 32) {
+            const float c = M > -INFINITY ? __expf(sm_c[r * n_valid + sp] - M) : 0.0f;
+            sm_c[r * n_valid + sp] = c;
+            L = fmaf(sm_l[r * n_valid + sp], c, L);
+        }
+        L = kc_warp_sum(L);
+        if (lane == 0) sm_L[r] = L;
+    }
+    __syncthreads();
+    float2 acc[NI];
+#pragma unroll
+    for (int j = 0; j < NI; j++) acc[j] = make_float2(0.0f, 0.0f);
+    for (int sp = 0; sp < n_valid; sp++) {
+        float2 v[NI];
+#pragma unroll
+        for (int j = 0; j < NI; j++) { // rows past n_rows read row n_rows - 1 again with weight 0
+            const int f = j * NT + threadIdx.x, r = min(f / (HD / 2), n_rows - 1), e = f % (HD / 2);
+            v[j] = __ldcg((const float2 *)(pp + ((size_t)r * n_split + sp) * (HD + 2) + 2 + 2 * e));
+        }
+#pragma unroll
+        for (int j = 0; j < NI; j++) {
+            const int f = j * NT + threadIdx.x, r = f / (HD / 2);
+            const float c = r < n_rows ? sm_c[r * n_valid + sp] : 0.0f;
+            acc[j].x = fmaf(v[j].x, c, acc[j].x);
+            acc[j].y = fmaf(v[j].y, c, acc[j].y);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NI; j++) {
+        const int f = j * NT + threadIdx.x, r = f / (HD / 2), e = f % (HD / 2);
+        if (r >= n_rows) continue;
+        const float L = sm_L[r], il = L > 0.0f ? 1.0f / L : 0.0f;
+        *(float2 *)(out0 + ((size_t)(r / G) * n_head + r % G) * HD + 2 * e) = make_float2(acc[j].x * il, acc[j].y * il);
+    }
+}
+
 template <int HD, int NW, int NST, bool F8>
 __global__ void __launch_bounds__(NW * 32)
 attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-               int block_size, float qscale, float capl, int window) {
+               int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
     constexpr int ROWH = HD + 8, STAGE = 2 * PF_NK * ROWH;
     extern __shared__ __align__(16) uint8_t smem[];
     kc_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int tile = gridDim.x - 1 - blockIdx.x; // the backend lists tiles by position: the longest start first
-    const int kvh = blockIdx.y;
+    const int kvh = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
     const int t0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
     const int G = n_head / n_kv, h0 = kvh * G;
     const int p0 = pos[t0], p_last = p0 + nq - 1;
     const int32_t *bt = block_tables + (size_t)seq[t0] * max_blocks;
+    if (n_split > 1 && split * kchunk > p_last) { // no key of this tile here: the merge reads only splits below p_last / kchunk + 1
+        kc_pdl_wait();
+        return;
+    }
     kc_pdl_wait();
     // this thread's rows r = 16 warp + g (+ 8): token r / G of the tile, head r % G
     const int r0 = 16 * warp + g, r1 = r0 + 8, i0 = r0 / G, i1 = r1 / G;
@@ -624,10 +687,12 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
     const int w_lo = p0 + (16 * warp) / G, w_hi = p0 + min((16 * warp + 15) / G, nq - 1);
 
     const uint32_t sb = kc_smem_addr(smem);
-    const int n_kt = p_last / PF_NK + 1;
+    // split: key tiles [split kchunk, (split + 1) kchunk) / PF_NK only (kchunk % PF_NK == 0)
+    const int n_kt = n_split > 1 ? min(p_last / PF_NK + 1, (split + 1) * (kchunk / PF_NK)) : p_last / PF_NK + 1;
     // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0 on, so
     // key tiles below lo0 are skipped and positions below it never loaded (freed blocks)
-    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0, i_lo = lo0 / PF_NK;
+    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
+    const int i_lo = max(lo0 / PF_NK, n_split > 1 ? split * (kchunk / PF_NK) : 0);
     const int wlo0 = window > 0 ? lim0 - window : -1, wlo1 = window > 0 ? lim1 - window : -1;
     auto issue = [&](int i) {
         if (i < n_kt) {
@@ -680,15 +745,37 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
     }
     kc_cp_async_wait<0>();
     wstate_finish(st);
+    if (n_split == 1) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int r = hi ? r1 : r0, i = hi ? i1 : i0;
+            if (i >= nq) continue;
+            const float il = st.l[hi] > 0.0f ? 1.0f / st.l[hi] : 0.0f;
+            float *o = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) *(float2 *)(o + d * 8) = make_float2(st.o[d][2 * hi] * il, st.o[d][2 * hi + 1] * il);
+        }
+        return;
+    }
+    // split: the rows' partials (natural-log maximum, sum, unnormalized output), then the last
+    // split's CTA merges them (pf_merge)
+    constexpr int R = 16 * NW;
+    float *pp = partial + (size_t)(tile * n_kv + kvh) * R * n_split * (HD + 2);
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
         const int r = hi ? r1 : r0, i = hi ? i1 : i0;
         if (i >= nq) continue;
-        const float il = st.l[hi] > 0.0f ? 1.0f / st.l[hi] : 0.0f;
-        float *o = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+        float *ps = pp + ((size_t)r * n_split + split) * (HD + 2);
+        if (t4 == 0) {
+            ps[0] = st.m[hi] * LN2;
+            ps[1] = st.l[hi];
+        }
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++) *(float2 *)(o + d * 8) = make_float2(st.o[d][2 * hi] * il, st.o[d][2 * hi + 1] * il);
+        for (int d = 0; d < HD / 8; d++) *(float2 *)(ps + 2 + d * 8 + 2 * t4) = make_float2(st.o[d][2 * hi], st.o[d][2 * hi + 1]);
     }
+    const int n_valid = min(n_split, p_last / kchunk + 1);
+    if (!att_last_split(counters + (size_t)tile * n_kv + kvh, n_valid)) return;
+    pf_merge<HD, NW>(pp, n_split, n_valid, min(R, nq * G), G, out + ((size_t)t0 * n_head + h0) * HD, n_head, (float *)smem);
 }
 
 constexpr int PF_NST = 2;
@@ -718,12 +805,14 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
 template <int HD, int NW, bool F8>
 int launch_pf(const float *q, const void *k, const void *v, float *out, const int32_t *tiles, int n_tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
-              float qscale, cudaStream_t s) {
+              float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = pf_smem<HD>();
+    // pf_merge's shared scratch: 2 R n_split + R floats in the stages' memory
+    static_assert(2 * 16 * 8 * KC_PF_MAX_SPLIT + 16 * 8 <= PF_NST * 2 * PF_NK * (64 + 8) * 2 / 4, "prefill merge scratch");
     if (int rc = kc_smem_limit_once(attn_pf_kernel<HD, NW, PF_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos, seq, bt,
-              max_blocks, n_head, n_kv, bs, qscale, mods_capl(), kc_attention_mods_get().window);
+    kc_launch(attn_pf_kernel<HD, NW, PF_NST, F8>, dim3(n_tiles, n_kv, n_split), dim3(NW * 32), smem, s, q, k, v, out, tiles, pos,
+              seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods_capl(), kc_attention_mods_get().window, kchunk, partial, counters);
     return 0;
 }
 
@@ -789,22 +878,23 @@ template <bool F8>
 static int attention_prefill_tc(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
                                 int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                                 int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int warps,
-                                cudaStream_t s) {
+                                int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8))
+        !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8) || n_split < 1 ||
+        n_split > KC_PF_MAX_SPLIT || (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % PF_NK)))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
     int rc;
     if (hd == 64)
         rc = warps == 4 ? launch_pf<64, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                           n_kv, block_size, qs, s)
+                                           n_kv, block_size, qs, n_split, kchunk, partial, counters, s)
                         : launch_pf<64, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                           n_kv, block_size, qs, s);
+                                           n_kv, block_size, qs, n_split, kchunk, partial, counters, s);
     else
         rc = warps == 4 ? launch_pf<128, 4, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
-                                            n_head, n_kv, block_size, qs, s)
+                                            n_head, n_kv, block_size, qs, n_split, kchunk, partial, counters, s)
                         : launch_pf<128, 8, F8>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
-                                            n_head, n_kv, block_size, qs, s);
+                                            n_head, n_kv, block_size, qs, n_split, kchunk, partial, counters, s);
     if (rc) return rc;
     KC_LAUNCH_CHECK();
 }
@@ -832,7 +922,7 @@ extern "C" int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, c
                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
                                        int block_size, float scale, int warps, cudaStream_t s) {
     return attention_prefill_tc<false>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                       n_kv, hd, block_size, scale, warps, s);
+                                       n_kv, hd, block_size, scale, warps, 1, 0, nullptr, nullptr, s);
 }
 
 extern "C" int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out,
@@ -840,5 +930,16 @@ extern "C" int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, c
                                           const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
                                           int block_size, float scale, int warps, cudaStream_t s) {
     return attention_prefill_tc<true>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                      n_kv, hd, block_size, scale, warps, s);
+                                      n_kv, hd, block_size, scale, warps, 1, 0, nullptr, nullptr, s);
+}
+
+extern "C" int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const void *v_cache, float *out,
+                                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                             int block_size, float scale, int warps, int f8, int n_split, int kchunk,
+                                             float *partial, int *counters, cudaStream_t s) {
+    return f8 ? attention_prefill_tc<true>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                           n_kv, hd, block_size, scale, warps, n_split, kchunk, partial, counters, s)
+              : attention_prefill_tc<false>(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                            n_kv, hd, block_size, scale, warps, n_split, kchunk, partial, counters, s);
 }

@@ -167,6 +167,11 @@ void kc_plan_format(const kc_plan *p, char *buf, size_t n);
  * SMs idle (bench/RESULTS.md, "2026-11-28 (seventh session)"). */
 int kc_plan_dec_splits(const kc_plan *p, int n_kv, int n_dec, int n_ctx);
 int kc_plan_dec_chunk(const kc_plan *p, int n_kv, int n_dec, int n_split, int max_pos);
+/* Prefill tiles split over the keys (kc_attention_prefill_tc_split): where n_tiles x n_kv CTAs
+ * are at most half a wave (att_dec_ctas), up to two waves of splits of at least att_dec_min_chunk
+ * positions of the longest context (ending at max_pos), at most KC_PF_MAX_SPLIT; *kchunk: the
+ * positions a split takes. 1: no split. */
+int kc_plan_pf_splits(const kc_plan *p, int n_kv, int n_tiles, int max_pos, int *kchunk);
 /* CTAs of the tensor-core decode kernel that fit an SM at head dim hd (F16 cache); 0 if unknown. */
 int kc_attention_dec_per_sm(int hd);
 /* Installs p for every launcher of this process (before the first launch or capture). */
@@ -373,6 +378,18 @@ int kc_attention_prefill_tc(const float *q, const kc_half *k_cache, const kc_hal
                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                             float scale, int warps, cudaStream_t s);
+/* The same with the keys split (few tiles at a long context, e.g. a small chunk of a long
+ * prompt: one CTA per tile and KV head leaves SMs idle): CTAs per (tile, KV head, split), split
+ * j taking key positions [j kchunk, (j + 1) kchunk) (kchunk % 64 == 0); 1 <= n_split <=
+ * KC_PF_MAX_SPLIT. Splits write partials [n_tiles][n_kv][16 warps][n_split][hd + 2] that the last
+ * split's CTA of a (tile, KV head) merges (counters: [n_tiles][n_kv] zeros, left zero). f8: the
+ * caches are FP8 (as kc_attention_prefill_tc_f8). n_split 1: kc_attention_prefill_tc's results. */
+#define KC_PF_MAX_SPLIT 32
+int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const void *v_cache, float *out,
+                                  const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                  const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                                  float scale, int warps, int f8, int n_split, int kchunk, float *partial, int *counters,
+                                  cudaStream_t s);
 
 /* Prefill as kc_attention_prefill_tc, on Hopper's wgmma (attention_fa3.cu, sm_90a code): CTAs
  * of 128 query rows (tiles of kc_attention_fa3_tile_tok tokens, = kc_attention_tc_tile_tok(8,

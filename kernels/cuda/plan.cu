@@ -202,3 +202,16 @@ extern "C" const kc_plan *kc_plan_get(void) {
     }
     return &g_plan;
 }
+
+extern "C" int kc_plan_pf_splits(const kc_plan *p, int n_kv, int n_tiles, int max_pos, int *kchunk) {
+    const int per = n_kv * n_tiles, units = (max_pos + 1 + 63) / 64, least = p->att_dec_min_chunk / 64;
+    *kchunk = units * 64;
+    if (per <= 0 || 2 * per > p->att_dec_ctas) return 1; // half a wave or more: splitting lost (32 tiles x 8 KV heads: 2 splits 2-8 % slower)
+    int ns = 2 * p->att_dec_ctas / per, by_len = (units + least - 1) / least;
+    if (ns > by_len) ns = by_len;
+    if (ns > KC_PF_MAX_SPLIT) ns = KC_PF_MAX_SPLIT;
+    if (ns <= 1) return 1;
+    const int u = (units + ns - 1) / ns; // 64-position units a split
+    *kchunk = u * 64;
+    return (units + u - 1) / u;
+}

@@ -4,8 +4,9 @@
  * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
  * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds: mma.sync with 4 and 8 warps, and the
  * wgmma kernel of attention_fa3.cu on compute capability 9.0).
- * usage: gpu_bench_attn [decode|prefill|splits]... (default: decode and prefill; splits sweeps the
- * decode kernel's split count at 1-32 sequences of 8k-128k positions) */
+ * usage: gpu_bench_attn [decode|prefill|splits|chunk]... (default: decode and prefill; splits sweeps
+ * the decode kernel's split count at 1-32 sequences of 8k-128k positions; chunk: a chunk of a
+ * long prompt on the prefill kernel, whole and split over the keys) */
 #include "kernels/cuda/kcuda.h"
 
 #include <cuda_runtime_api.h>
@@ -208,6 +209,77 @@ static void bench_prefill(void) {
     }
 }
 
+/* A chunk of T prompt tokens at the end of a C-position context (chunked prefill of a long
+ * prompt): the prefill kernel (8 warps) with one CTA per tile and KV head, and with the keys split
+ * by the plan's rule (kc_plan_pf_splits). */
+static void bench_chunk(double bw) {
+    const int Ts[] = { 16, 64, 256, 1024 }, Cs[] = { 8192, 32768, 131072 };
+    printf("chunk: T new tokens after C - T cached positions, one sequence; KV bytes of the context a tile reads, GB/s of those\n");
+    for (int ci = 0; ci < 3; ci++) {
+        const int C = Cs[ci], mb = C / BS;
+        const size_t ce = (size_t)mb * NKV * BS * HD;
+        kc_half *k, *v;
+        float *q, *out, *part;
+        int32_t *pos, *seq, *bt, *tiles, *cnt;
+        CK(cudaMalloc((void **)&k, ce * 2));
+        CK(cudaMalloc((void **)&v, ce * 2));
+        CK(cudaMemset(k, 0x3a, ce * 2));
+        CK(cudaMemset(v, 0x39, ce * 2));
+        CK(cudaMalloc((void **)&q, (size_t)C * NH * HD * 4));
+        CK(cudaMemset(q, 0x3c, (size_t)C * NH * HD * 4));
+        CK(cudaMalloc((void **)&out, (size_t)C * NH * HD * 4));
+        CK(cudaMalloc((void **)&part, (size_t)2 * kc_plan_get()->att_dec_ctas * 16 * 8 * (HD + 2) * 4));
+        CK(cudaMalloc((void **)&cnt, (size_t)kc_plan_get()->att_dec_ctas * 4));
+        CK(cudaMemset(cnt, 0, (size_t)kc_plan_get()->att_dec_ctas * 4));
+        int32_t *hp = malloc((size_t)C * 4), *hs = calloc((size_t)C, 4), *hb = malloc((size_t)mb * 4), *ht = malloc((size_t)C * 8);
+        for (int i = 0; i < C; i++) hp[i] = i;
+        for (int j = 0; j < mb; j++) hb[j] = j;
+        CK(cudaMalloc((void **)&pos, (size_t)C * 4));
+        CK(cudaMalloc((void **)&seq, (size_t)C * 4));
+        CK(cudaMalloc((void **)&bt, (size_t)mb * 4));
+        CK(cudaMalloc((void **)&tiles, (size_t)C * 8));
+        CK(cudaMemcpy(pos, hp, (size_t)C * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(seq, hs, (size_t)C * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(bt, hb, (size_t)mb * 4, cudaMemcpyHostToDevice));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const int tt = kc_attention_tc_tile_tok(8, NH, NKV);
+        for (int ti = 0; ti < 4; ti++) {
+            const int T = Ts[ti];
+            int nt = 0;
+            for (int j = C - T; j < C; j += tt, nt++) {
+                ht[2 * nt] = j;
+                ht[2 * nt + 1] = C - j < tt ? C - j : tt;
+            }
+            CK(cudaMemcpy(tiles, ht, (size_t)nt * 8, cudaMemcpyHostToDevice));
+            int kchunk = 0;
+            const int rule = kc_plan_pf_splits(kc_plan_get(), NKV, nt, C - 1, &kchunk);
+            const double bytes = (double)nt * C * NKV * HD * 2 * 2;
+            for (int arm = 0; arm < 2; arm++) {
+                const int ns = arm ? rule : 1;
+                if (arm && ns == 1) break;
+                const int iters = 10;
+                for (int i = 0; i < iters + 1; i++) {
+                    if (i == 1) CK(cudaEventRecord(e0, 0));
+                    if (kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 8, 0, ns,
+                                                      kchunk, part, cnt, 0)) {
+                        fprintf(stderr, "chunk launch failed\n");
+                        exit(1);
+                    }
+                }
+                CK(cudaEventRecord(e1, 0));
+                const double ms = time_ms(e0, e1) / iters;
+                printf("  C=%-6d T=%-5d tiles=%-3d splits=%-3d %9.4f ms per layer %7.0f GB/s %5.1f %%\n", C, T, nt, ns, ms,
+                       bytes / ms / 1e6, 100 * bytes / ms / 1e6 / bw);
+            }
+        }
+        cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(cnt); cudaFree(pos); cudaFree(seq);
+        cudaFree(bt); cudaFree(tiles);
+        free(hp); free(hs); free(hb); free(ht);
+    }
+}
+
 int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { fprintf(stderr, "no CUDA device\n"); return 1; }
@@ -218,14 +290,16 @@ int main(int argc, char **argv) {
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
-    int dec = argc < 2, pf = argc < 2, spl = 0;
+    int dec = argc < 2, pf = argc < 2, spl = 0, chk = 0;
     for (int i = 1; i < argc; i++) {
         dec |= !strcmp(argv[i], "decode");
         pf |= !strcmp(argv[i], "prefill");
         spl |= !strcmp(argv[i], "splits");
+        chk |= !strcmp(argv[i], "chunk");
     }
     if (dec) bench_decode(bw);
     if (spl) bench_splits(bw, prop.multiProcessorCount);
+    if (chk) bench_chunk(bw);
     if (pf) bench_prefill();
     return 0;
 }

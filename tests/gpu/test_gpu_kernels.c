@@ -897,6 +897,43 @@ static void test_attention_tc(cudaStream_t s) {
                 CK(cudaMemcpy(all2, dout2, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
                 T_CHECKF(rc == 0 && memcmp(all, all2, (size_t)n_tok * nq * 4) == 0, "tc prefill in two launches = one: hd=%d G=%d warps=%d",
                          hd, G, warps);
+                /* split over the keys: 2 and 5 splits of whole 64-position tiles (the 1,024-position
+                 * rule's shape), then the most the merge takes; every row against the reference, the
+                 * counters back at zero */
+                const int splits[3] = { 2, 5, KC_PF_MAX_SPLIT };
+                for (int si = 0; si < 3; si++) {
+                    const int ns = splits[si], kchunk = ((longest + 63) / 64 + ns - 1) / ns * 64;
+                    const size_t pn = (size_t)nt * n_kv * 16 * warps * ns * (hd + 2);
+                    float *dpart;
+                    int *dcnt, cnt_bad = 0;
+                    CK(cudaMalloc((void **)&dpart, pn * 4));
+                    CK(cudaMalloc((void **)&dcnt, (size_t)nt * n_kv * 4));
+                    CK(cudaMemset(dcnt, 0, (size_t)nt * n_kv * 4));
+                    poison(dpart, pn * 4);
+                    poison(dout2, (size_t)n_tok * nq * 4);
+                    rc = kc_attention_prefill_tc_split(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                       bs, 1.0f / sqrtf((float)hd), warps, 0, ns, kchunk, dpart, dcnt, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(all2, dout2, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+                    int *hc = malloc((size_t)nt * n_kv * 4);
+                    CK(cudaMemcpy(hc, dcnt, (size_t)nt * n_kv * 4, cudaMemcpyDeviceToHost));
+                    for (int i = 0; i < nt * n_kv; i++) cnt_bad |= hc[i] != 0;
+                    free(hc);
+                    int fin2 = 1;
+                    for (size_t i = 0; i < (size_t)n_tok * nq; i++) fin2 &= isfinite(all2[i]) != 0;
+                    for (int r = 0; r < n_rows; r++) memcpy(got + (size_t)r * nq, all2 + (size_t)rows[r] * nq, (size_t)nq * 4);
+                    const double e2 = rel_err(got, ref, (size_t)n_rows * nq);
+                    T_CHECKF(rc == 0 && fin2 && !cnt_bad && e2 < 5e-3,
+                             "tc prefill split %d x %d positions hd=%d G=%d warps=%d: every row written %d, counters zero %d, rel_err %.3g",
+                             ns, kchunk, hd, G, warps, fin2, !cnt_bad, e2);
+                    cudaFree(dpart);
+                    cudaFree(dcnt);
+                }
+                T_CHECKF(kc_attention_prefill_tc_split(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                       1.0f, warps, 0, KC_PF_MAX_SPLIT + 1, 64, dout, (int *)dout, s) == CM_EINVAL &&
+                             kc_attention_prefill_tc_split(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                           bs, 1.0f, warps, 0, 2, 100, dout, (int *)dout, s) == CM_EINVAL,
+                         "tc prefill split: more splits than the merge takes, or splits not of whole tiles, refused");
                 cudaFree(dtiles);
             }
             test_attention_fa3(s, lens, n_seq, n_tok, n_head, n_kv, hd, bs, max_blocks, dk, dv, dq, dpos, dseq, dbt, rows, n_rows, ref);

@@ -196,6 +196,21 @@ static void test_dec_splits(void) {
     T_EQ_INT(kc_plan_dec_chunk(&p, 8, 1, 66, 0), 64);
     T_EQ_INT(kc_plan_dec_chunk(&p, 8, 16, 4, 8191), 2048);    /* 4 splits: one wave is 2 */
     T_EQ_INT(kc_plan_dec_chunk(&p, 8, 64, 1, 8191), 8192);
+    int kchunk = 0; /* prefill tiles: split where tiles x KV heads are at most half a wave */
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 1, 131071, &kchunk), KC_PF_MAX_SPLIT);
+    T_EQ_INT(kchunk, 4096);
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 1, 8191, &kchunk), 8);
+    T_EQ_INT(kchunk, 1024);
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 16, 32767, &kchunk), 4);
+    T_EQ_INT(kchunk, 8192);
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 64, 32767, &kchunk), 1);
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 32, 32767, &kchunk), 1); /* 256 CTAs: near a wave already */
+    T_EQ_INT(kc_plan_pf_splits(&p, 8, 1, 500, &kchunk), 1);
+    for (int pos = 0; pos < 140000; pos += 997)
+        for (int nt = 1; nt <= 40; nt += 3) {
+            const int ns = kc_plan_pf_splits(&p, 8, nt, pos, &kchunk);
+            T_CHECK(ns >= 1 && ns <= KC_PF_MAX_SPLIT && (ns == 1 || (kchunk % 64 == 0 && (ns - 1) * kchunk <= pos && ns * kchunk > pos)));
+        }
     for (int pos = 0; pos < 140000; pos += 997) /* the splits used cover the context within the launch's */
         for (int b = 1; b <= 64; b *= 2) {
             const int ns = kc_plan_dec_splits(&p, 8, b, 140000), ch = kc_plan_dec_chunk(&p, 8, b, ns, pos);
