@@ -146,35 +146,61 @@ static void bench_splits(double bw, int sms) {
         }
 }
 
+/* One sequence of T positions in blocks 0, 1, ... of a fresh cache (constant K, V and queries):
+ * device arrays for the prefill launchers, and host tiles (ht) to fill. */
+typedef struct seq1 {
+    int T, mb;
+    kc_half *k, *v;
+    float *q, *out;
+    int32_t *pos, *seq, *bt, *tiles, *ht;
+    cudaEvent_t e0, e1;
+} seq1;
+
+static seq1 seq1_new(int T) {
+    seq1 a = { .T = T, .mb = T / BS };
+    const size_t ce = (size_t)a.mb * NKV * BS * HD;
+    CK(cudaMalloc((void **)&a.k, ce * 2));
+    CK(cudaMalloc((void **)&a.v, ce * 2));
+    CK(cudaMemset(a.k, 0x3a, ce * 2));
+    CK(cudaMemset(a.v, 0x39, ce * 2));
+    CK(cudaMalloc((void **)&a.q, (size_t)T * NH * HD * 4));
+    CK(cudaMemset(a.q, 0x3c, (size_t)T * NH * HD * 4));
+    CK(cudaMalloc((void **)&a.out, (size_t)T * NH * HD * 4));
+    int32_t *hp = malloc((size_t)T * 4), *hs = calloc((size_t)T, 4), *hb = malloc((size_t)a.mb * 4);
+    a.ht = malloc((size_t)T * 8);
+    for (int i = 0; i < T; i++) hp[i] = i;
+    for (int j = 0; j < a.mb; j++) hb[j] = j;
+    CK(cudaMalloc((void **)&a.pos, (size_t)T * 4));
+    CK(cudaMalloc((void **)&a.seq, (size_t)T * 4));
+    CK(cudaMalloc((void **)&a.bt, (size_t)a.mb * 4));
+    CK(cudaMalloc((void **)&a.tiles, (size_t)T * 8));
+    CK(cudaMemcpy(a.pos, hp, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.seq, hs, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.bt, hb, (size_t)a.mb * 4, cudaMemcpyHostToDevice));
+    CK(cudaEventCreate(&a.e0));
+    CK(cudaEventCreate(&a.e1));
+    free(hp); free(hs); free(hb);
+    return a;
+}
+
+static void seq1_free(seq1 *a) {
+    cudaFree(a->k); cudaFree(a->v); cudaFree(a->q); cudaFree(a->out); cudaFree(a->pos); cudaFree(a->seq); cudaFree(a->bt);
+    cudaFree(a->tiles);
+    cudaEventDestroy(a->e0);
+    cudaEventDestroy(a->e1);
+    free(a->ht);
+}
+
 static void bench_prefill(void) {
     const int Ts[] = { 2048, 8192, 32768 };
     printf("prefill: one causal sequence of T positions, 4 n_head hd T^2/2 FLOPs per call\n");
     for (int ti = 0; ti < 3; ti++) {
         const int T = Ts[ti], mb = T / BS;
-        const size_t ce = (size_t)mb * NKV * BS * HD;
-        kc_half *k, *v;
-        float *q, *out;
-        int32_t *pos, *seq, *bt, *tiles;
-        CK(cudaMalloc((void **)&k, ce * 2));
-        CK(cudaMalloc((void **)&v, ce * 2));
-        CK(cudaMemset(k, 0x3a, ce * 2));
-        CK(cudaMemset(v, 0x39, ce * 2));
-        CK(cudaMalloc((void **)&q, (size_t)T * NH * HD * 4));
-        CK(cudaMemset(q, 0x3c, (size_t)T * NH * HD * 4));
-        CK(cudaMalloc((void **)&out, (size_t)T * NH * HD * 4));
-        int32_t *hp = malloc((size_t)T * 4), *hs = calloc((size_t)T, 4), *hb = malloc((size_t)mb * 4), *ht = malloc((size_t)T * 8);
-        for (int i = 0; i < T; i++) hp[i] = i;
-        for (int j = 0; j < mb; j++) hb[j] = j;
-        CK(cudaMalloc((void **)&pos, (size_t)T * 4));
-        CK(cudaMalloc((void **)&seq, (size_t)T * 4));
-        CK(cudaMalloc((void **)&bt, (size_t)mb * 4));
-        CK(cudaMalloc((void **)&tiles, (size_t)T * 8));
-        CK(cudaMemcpy(pos, hp, (size_t)T * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(seq, hs, (size_t)T * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(bt, hb, (size_t)mb * 4, cudaMemcpyHostToDevice));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
+        seq1 a = seq1_new(T);
+        kc_half *k = a.k, *v = a.v;
+        float *q = a.q, *out = a.out;
+        int32_t *pos = a.pos, *seq = a.seq, *bt = a.bt, *tiles = a.tiles, *ht = a.ht;
+        cudaEvent_t e0 = a.e0, e1 = a.e1;
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
         for (int kind = 0; kind < 4; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1 and 2 (where it runs) */
             const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
@@ -204,8 +230,7 @@ static void bench_prefill(void) {
             printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
                    tt, ms, flops / ms / 1e9);
         }
-        cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(pos); cudaFree(seq); cudaFree(bt); cudaFree(tiles);
-        free(hp); free(hs); free(hb); free(ht);
+        seq1_free(&a);
     }
 }
 
@@ -217,33 +242,14 @@ static void bench_chunk(double bw) {
     printf("chunk: T new tokens after C - T cached positions, one sequence; KV bytes of the context a tile reads, GB/s of those\n");
     for (int ci = 0; ci < 3; ci++) {
         const int C = Cs[ci], mb = C / BS;
-        const size_t ce = (size_t)mb * NKV * BS * HD;
-        kc_half *k, *v;
-        float *q, *out, *part;
-        int32_t *pos, *seq, *bt, *tiles, *cnt;
-        CK(cudaMalloc((void **)&k, ce * 2));
-        CK(cudaMalloc((void **)&v, ce * 2));
-        CK(cudaMemset(k, 0x3a, ce * 2));
-        CK(cudaMemset(v, 0x39, ce * 2));
-        CK(cudaMalloc((void **)&q, (size_t)C * NH * HD * 4));
-        CK(cudaMemset(q, 0x3c, (size_t)C * NH * HD * 4));
-        CK(cudaMalloc((void **)&out, (size_t)C * NH * HD * 4));
+        seq1 a = seq1_new(C);
+        kc_half *k = a.k, *v = a.v;
+        float *q = a.q, *out = a.out, *part;
+        int32_t *pos = a.pos, *seq = a.seq, *bt = a.bt, *tiles = a.tiles, *ht = a.ht, *cnt;
+        cudaEvent_t e0 = a.e0, e1 = a.e1;
         CK(cudaMalloc((void **)&part, (size_t)2 * kc_plan_get()->att_dec_ctas * 16 * 8 * (HD + 2) * 4));
         CK(cudaMalloc((void **)&cnt, (size_t)kc_plan_get()->att_dec_ctas * 4));
         CK(cudaMemset(cnt, 0, (size_t)kc_plan_get()->att_dec_ctas * 4));
-        int32_t *hp = malloc((size_t)C * 4), *hs = calloc((size_t)C, 4), *hb = malloc((size_t)mb * 4), *ht = malloc((size_t)C * 8);
-        for (int i = 0; i < C; i++) hp[i] = i;
-        for (int j = 0; j < mb; j++) hb[j] = j;
-        CK(cudaMalloc((void **)&pos, (size_t)C * 4));
-        CK(cudaMalloc((void **)&seq, (size_t)C * 4));
-        CK(cudaMalloc((void **)&bt, (size_t)mb * 4));
-        CK(cudaMalloc((void **)&tiles, (size_t)C * 8));
-        CK(cudaMemcpy(pos, hp, (size_t)C * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(seq, hs, (size_t)C * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(bt, hb, (size_t)mb * 4, cudaMemcpyHostToDevice));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
         const int tt = kc_attention_tc_tile_tok(8, NH, NKV);
         for (int ti = 0; ti < 4; ti++) {
             const int T = Ts[ti];
@@ -274,9 +280,9 @@ static void bench_chunk(double bw) {
                        bytes / ms / 1e6, 100 * bytes / ms / 1e6 / bw);
             }
         }
-        cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(cnt); cudaFree(pos); cudaFree(seq);
-        cudaFree(bt); cudaFree(tiles);
-        free(hp); free(hs); free(hb); free(ht);
+        cudaFree(part);
+        cudaFree(cnt);
+        seq1_free(&a);
     }
 }
 
