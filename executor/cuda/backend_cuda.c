@@ -25,8 +25,10 @@
  * kinds in one step (mixed steps). The decode keys are split so that the step fills the GPU
  * (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the split size is staged per step
  * (kc_plan_dec_chunk: from the longest context, splits of att_dec_min_chunk positions but at
- * least a wave of them), so one captured graph serves every context. Models the tensor-core kernels do not take (head dims other than 64 / 128, more than
- * 16 query heads per KV head) use the per-head kernel with fixed 64-position splits.
+ * least a wave of them), so one captured graph serves every context. A step whose prefill tiles
+ * x KV heads are at most half a wave splits their keys too (kc_plan_pf_splits). Models the
+ * tensor-core kernels do not take (head dims other than 64 / 128, more than 16 query heads per
+ * KV head) use the per-head kernel with fixed 64-position splits.
  *
  * Every kernel choice comes from the kernel plan (kcuda.h), chosen at create time from the
  * device and the model, changed only by --cuda-plan, and logged in one line.
@@ -1658,7 +1660,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
                 cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
                 goto oom;
-            /* prefill tiles split over the keys: fewer tiles x KV heads than a wave (kc_plan_pf_splits) */
+            /* prefill tiles split over the keys (kc_plan_pf_splits: at most 2 att_dec_ctas CTAs of 16 x 8 rows) */
             if (s->att_tc &&
                 (dalloc(&s->pf_partial, (size_t)2 * s->plan.att_dec_ctas * 16 * 8 * (c->head_dim + 2) * sizeof(float)) ||
                  dalloc(&s->pf_counters, (size_t)s->plan.att_dec_ctas * sizeof(int)) ||
