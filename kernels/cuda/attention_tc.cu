@@ -768,7 +768,6 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
 
 constexpr int PF_NST = 2;
 
-template <int HD, bool F8> size_t dec_smem() { return dec_smem_bytes(HD, F8); }
 // The soft-cap in the kernels' log2 units (0: none).
 float mods_capl() {
     const float c = kc_attention_mods_get().softcap;
@@ -782,7 +781,7 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
-    const size_t smem = dec_smem<HD, F8>();
+    const size_t smem = dec_smem_bytes(HD, F8);
     if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     kc_launch(attn_dec_kernel<HD, DEC_NST, F8>, dim3(n_tok, n_kv, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial,
               counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),
@@ -816,7 +815,7 @@ extern "C" int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size) 
 extern "C" int kc_attention_dec_per_sm(int hd) {
     if (hd != 64 && hd != 128) return 0;
     int n = 0, dev = 0, optin = 0;
-    const size_t smem = hd == 64 ? dec_smem<64, false>() : dec_smem<128, false>();
+    const size_t smem = dec_smem_bytes(hd, false);
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         (size_t)optin < smem) {
         cudaGetLastError();
