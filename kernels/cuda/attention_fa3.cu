@@ -35,7 +35,7 @@ namespace {
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr int FA_NK = 128;     // key positions per shared tile
 constexpr int FA_ROWS = 128;   // query rows per CTA: two computing warp groups of 64
-constexpr int FA_NST = 2;      // K/V stages
+constexpr int FA_NST = 3;      // K/V stages (3 x 64 KiB + Q: 225 KiB at head dim 128)
 constexpr int FA_THREADS = 384;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -191,14 +191,15 @@ struct fa3_rows {
 // row), the new maxima m and sums l, the factors corr that rescale O, and P as the A operand
 // of P V (16 x 16 per warp and key step: keys 16 kp + 0..7 from n-tile 2 kp, 8..15 from
 // 2 kp + 1).
+template <bool MASK>
 __device__ __forceinline__ void softmax_step(const float (&sc)[64], uint32_t (&pa)[FA_NK / 16][4], float (&corr)[2],
-                                             float (&m)[2], float (&l)[2], const fa3_rows &rw, int j0, bool unmasked) {
+                                             float (&m)[2], float (&l)[2], const fa3_rows &rw, int j0) {
     // sc is only read (computed twice where capped or masked): with overlap, S's registers
     // must not be written while the P V of the same wgmma batch is in flight
     auto val = [&](int n, int c) {
         float x = sc[4 * n + c];
         if (rw.capl > 0.0f) x = rw.capl * tanhf(x / rw.capl);
-        if (!unmasked) {
+        if (MASK) {
             const int key = j0 + 8 * n + 2 * rw.t4 + (c & 1);
             if (key > (c >> 1 ? rw.lim1 : rw.lim0) || key <= (c >> 1 ? rw.wlo1 : rw.wlo0)) x = -INFINITY;
         }
@@ -236,6 +237,15 @@ __device__ __forceinline__ void softmax_step(const float (&sc)[64], uint32_t (&p
     for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
 }
 
+// The step without the masking code where every row sees every key of the tile (all but the
+// tiles on the causal diagonal or a window's edge): the compares and selects were as many
+// instructions as the rest of the softmax.
+__device__ __forceinline__ void softmax_any(const float (&sc)[64], uint32_t (&pa)[FA_NK / 16][4], float (&corr)[2],
+                                            float (&m)[2], float (&l)[2], const fa3_rows &rw, int j0, bool unmasked) {
+    if (unmasked) softmax_step<false>(sc, pa, corr, m, l, rw, j0);
+    else softmax_step<true>(sc, pa, corr, m, l, rw, j0);
+}
+
 // O's rows (o[4 d + c]: row g + 8 (c >> 1)) scaled by corr.
 template <int HD> __device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
 #pragma unroll
@@ -254,7 +264,9 @@ template <int HD> constexpr size_t fa3_smem() {
 }
 
 // OVERLAP: the softmax of a key tile overlaps P V of the previous one (else they alternate).
-template <int HD, bool OVERLAP>
+// PP (with OVERLAP): the two computing groups take turns to issue their wgmma (FlashAttention-3's
+// ping-pong: named barriers 4 and 5), so one group's softmax runs while the other's products do.
+template <int HD, bool OVERLAP, bool PP>
 __global__ void __launch_bounds__(FA_THREADS, 1)
 fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
@@ -266,6 +278,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     constexpr int CPR = HD / 8;             // 16-byte pieces per row
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[4 * FA_NST];
+    __shared__ uint32_t rows_s[2 * FA_NK]; // the loader's ring of key rows
     const uint32_t sq = (kc_smem_addr(smem_raw) + 1023) & ~1023u, sk = sq + FA_ROWS * HD * 2, sv = sk + FA_NST * TILE;
     // per stage s: K full, V full (the loader's 128 threads arrive), K empty, V empty (the 8
     // computing warps arrive)
@@ -303,22 +316,33 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         constexpr int RPP = 128 / CPR;
         const int r_in = tid / CPR, c = tid % CPR;
         const uint32_t off = (c / 8) * CB_K + r_in * 128 + ((c % 8) ^ (r_in % 8)) * 16;
+        // Each key tile's rows in the cache (row = (block * n_kv + kvh) * block_size + offset,
+        // HD halves each; ~0: outside the tile's keys), one per thread, written a tile ahead
+        // into a ring of two, so the copies read shared memory, not the block table.
+        const int lbs = __ffs(block_size) - 1, bsm = block_size - 1;
+        auto row_of = [&](int j) -> uint32_t {
+            return j <= p_last && j >= lo0 ? (uint32_t)(bt[j >> lbs] * n_kv + kvh) << lbs | (uint32_t)(j & bsm) : ~0u;
+        };
+        rows_s[tid] = row_of(i_lo * FA_NK + tid);
+        asm volatile("bar.sync 3, 128;" ::: "memory");
         for (int i = i_lo; i < n_kt; i++) {
-            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST, j0 = i * FA_NK;
+            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST;
+            const uint32_t *rows = rows_s + (it & 1) * FA_NK;
+            const uint32_t next = i + 1 < n_kt ? row_of((i + 1) * FA_NK + tid) : ~0u; // in flight during the copies
 #pragma unroll
             for (int kv = 0; kv < 2; kv++) {
                 if (u > 0) mbar_wait(kv ? vempty(s) : kempty(s), (u - 1) & 1);
-                const __half *src = kv ? v_cache : k_cache;
+                const char *src = (const char *)(kv ? v_cache : k_cache) + c * 16;
                 const uint32_t dst = (kv ? sv : sk) + s * TILE + off;
-#pragma unroll 4
+#pragma unroll
                 for (int p = 0; p < FA_NK / RPP; p++) {
-                    const int j = j0 + r_in + RPP * p;
-                    const bool ok = j <= p_last && j >= lo0;
-                    const size_t e = ok ? (((size_t)bt[j / block_size] * n_kv + kvh) * block_size + j % block_size) * HD + c * 8 : 0;
-                    cp_async16(dst + p * RPP * 128, src + e, ok);
+                    const uint32_t row = rows[r_in + RPP * p];
+                    cp_async16(dst + p * RPP * 128, src + (row != ~0u ? (size_t)row * (HD * 2) : 0), row != ~0u);
                 }
                 mbar_cp_async_arrive(kv ? vfull(s) : kfull(s));
             }
+            rows_s[((it + 1) & 1) * FA_NK + tid] = next;
+            asm volatile("bar.sync 3, 128;" ::: "memory");
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
@@ -368,11 +392,23 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     };
     // a tile this group skips: its stages are released in turn, each after it filled (so that
     // the arrival counts for this use of the stage, not the previous one)
+    // ping-pong turns: the group waits for its turn (barrier 4 + cw: its own 128 threads and the
+    // other group's arrival), issues, then hands the turn over. Every group takes the same number
+    // of turns per CTA (one a key tile, plus one), so the arrivals balance.
+    auto turn_begin = [&]() {
+        if (PP) asm volatile("bar.sync %0, 256;" ::"r"(4 + cw) : "memory");
+    };
+    auto turn_end = [&]() {
+        if (PP) asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
+    };
+    if (PP && cw == 1) asm volatile("bar.arrive 4, 256;" ::: "memory"); // group 0 goes first
     auto pass = [&](int s, int u) {
         mbar_wait(kfull(s), u & 1);
         if (lane == 0) mbar_arrive(kempty(s));
         mbar_wait(vfull(s), u & 1);
         if (lane == 0) mbar_arrive(vempty(s));
+        turn_begin();
+        turn_end();
     };
     float sc[64];
     uint32_t pa[FA_NK / 16][4];
@@ -383,9 +419,11 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         fence_proxy_async();
         reg_fence(o);
         reg_fence(pa);
+        turn_begin();
         wg_fence();
         issue_pv<HD>(o, pa, sv + s * TILE);
         wg_commit();
+        turn_end();
         wg_wait<0>();
         reg_fence(o);
         reg_fence(pa);
@@ -408,7 +446,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             wg_wait<0>();
             reg_fence(sc);
             if (lane == 0) mbar_arrive(kempty(s));
-            softmax_step(sc, pa, corr, m, l, rw, i * FA_NK, unmasked(i));
+            softmax_any(sc, pa, corr, m, l, rw, i * FA_NK, unmasked(i));
             rescale<HD>(o, corr);
             pv_step(s, u);
         }
@@ -426,13 +464,15 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             mbar_wait(kfull(s), u & 1);
             fence_proxy_async();
             reg_fence(sc);
+            turn_begin();
             wg_fence();
             issue_qk<HD>(sc, qa, sk + s * TILE);
             wg_commit();
+            turn_end();
             wg_wait<0>();
             reg_fence(sc);
             if (lane == 0) mbar_arrive(kempty(s));
-            softmax_step(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
+            softmax_any(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
             // tile i: S = Q K_i^T and O += P_{i-1} V_{i-1} (P_{i-1} in pin, of the stage s, use
             // u), then the softmax of tile i into pout. P alternates between pa and pb (a copy
             // inside the loop makes ptxas serialize the wgmma).
@@ -445,15 +485,17 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
                 reg_fence(sc);
                 reg_fence(o);
                 reg_fence(pin);
+                turn_begin();
                 wg_fence();
                 issue_qk<HD>(sc, qa, sk + sn * TILE);
                 wg_commit();
                 issue_pv<HD>(o, pin, sv + s * TILE);
                 wg_commit();
+                turn_end();
                 wg_wait<1>(); // S done, P V may still run
                 reg_fence(sc);
                 if (lane == 0) mbar_arrive(kempty(sn));
-                softmax_step(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
+                softmax_any(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
                 wg_wait<0>();
                 reg_fence(o);
                 reg_fence(pin);
@@ -475,8 +517,12 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
                     for (int c = 0; c < 4; c++) pa[k][c] = pb[k][c];
             }
             pv_step(s, u);
+        } else { // no final P V: the turn it would have taken
+            turn_begin();
+            turn_end();
         }
         for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
+        if (PP && cw == 0) asm volatile("bar.sync 4, 256;" ::: "memory"); // group 1's last hand-over
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -498,15 +544,15 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
 #endif
 }
 
-template <int HD, bool OVERLAP>
+template <int HD, bool OVERLAP, bool PP>
 int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
                float qscale, cudaStream_t s) {
     static unsigned char configured[64];
     constexpr size_t smem = fa3_smem<HD>();
-    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP, PP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
-    kc_launch(fa3_pf_kernel<HD, OVERLAP>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v,
+    kc_launch(fa3_pf_kernel<HD, OVERLAP, PP>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v,
               out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f,
               mods.window);
     return 0;
@@ -524,7 +570,7 @@ bool fa3_device_ok() {
     if (!ok[dev]) {
         cudaFuncAttributes a;
         int major = 0, minor = 0;
-        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128, true>) == cudaSuccess && a.binaryVersion == 90 &&
+        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128, true, false>) == cudaSuccess && a.binaryVersion == 90 &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                          minor == 0;
@@ -537,7 +583,8 @@ bool fa3_device_ok() {
 } // namespace
 
 extern "C" int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size) {
-    return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size % 16 == 0 &&
+    return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size >= 16 &&
+           (block_size & (block_size - 1)) == 0 &&
            fa3_device_ok();
 }
 
@@ -551,11 +598,11 @@ extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, 
                                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
                                         int block_size, float scale, int variant, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        (variant != 1 && variant != 2) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        variant < 1 || variant > 3 || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
-    auto *f = hd == 64 ? (variant == 2 ? launch_fa3<64, true> : launch_fa3<64, false>)
-                       : (variant == 2 ? launch_fa3<128, true> : launch_fa3<128, false>);
+    auto *f = hd == 64 ? (variant == 3 ? launch_fa3<64, true, true> : variant == 2 ? launch_fa3<64, true, false> : launch_fa3<64, false, false>)
+                       : (variant == 3 ? launch_fa3<128, true, true> : variant == 2 ? launch_fa3<128, true, false> : launch_fa3<128, false, false>);
     if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs, s))
         return rc;
     KC_LAUNCH_CHECK();

@@ -133,7 +133,7 @@ typedef struct kc_plan {
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
     int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
-                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2) */
+                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3) */
     int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
@@ -395,10 +395,11 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
  * of 128 query rows (tiles of kc_attention_fa3_tile_tok tokens, = kc_attention_tc_tile_tok(8,
  * ...)), K/V tiles of 128 positions loaded by a warp group of their own. F16 cache; soft-cap
  * and window (kc_attention_mods) as the other kernels. kc_attention_fa3_ok: head dim 64 or
- * 128, n_head / n_kv <= 16, block_size % 16 == 0, and a device of compute capability 9.0 with
+ * 128, n_head / n_kv <= 16, block_size a power of two >= 16, and a device of compute capability 9.0 with
  * this build's sm_90a code (else the launcher returns CM_EINVAL: use kc_attention_prefill_tc).
  * variant (the plan's att_pf_fa3): 1 = softmax and P V in turn in each warp group, 2 = the
- * softmax of a key tile overlapping P V of the previous one. */
+ * softmax of a key tile overlapping P V of the previous one, 3 = 2 with the two computing
+ * groups taking turns to issue their products (ping-pong). */
 int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
 int kc_attention_fa3_tile_tok(int n_head, int n_kv);
 int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,

@@ -38,7 +38,7 @@ const field k_fields[] = {
     F(att_tc_min_tok, 1, 1 << 20),
     F(att_tc_long_ctx, 1, 1 << 30),
     F(att_pf_warps, 4, 8),
-    F(att_pf_fa3, 0, 2),
+    F(att_pf_fa3, 0, 3),
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
     F(att_chunk, 16, 1 << 20),

@@ -202,10 +202,10 @@ static void bench_prefill(void) {
         int32_t *pos = a.pos, *seq = a.seq, *bt = a.bt, *tiles = a.tiles, *ht = a.ht;
         cudaEvent_t e0 = a.e0, e1 = a.e1;
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
-        for (int kind = 0; kind < 4; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1 and 2 (where it runs) */
+        for (int kind = 0; kind < 5; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1, 2, 3 (where it runs) */
             const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
             if (fa3 && !kc_attention_fa3_ok(HD, NH, NKV, BS)) {
-                if (fa3 == 2) continue;
+                if (fa3 >= 2) continue;
                 printf("  T=%-6d fa3: not on this device (needs compute capability 9.0 and this build's sm_90a code)\n", T);
                 continue;
             }
@@ -227,7 +227,7 @@ static void bench_prefill(void) {
             }
             CK(cudaEventRecord(e1, 0));
             double ms = time_ms(e0, e1) / iters;
-            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
+            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 3 ? "fa3 v3   " : fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
                    tt, ms, flops / ms / 1e9);
         }
         seq1_free(&a);

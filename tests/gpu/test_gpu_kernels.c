@@ -731,9 +731,9 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
     }
     const int tt = kc_attention_fa3_tile_tok(n_head, n_kv);
     T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 1, s) == CM_EINVAL &&
-                 kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 3, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 4, s) == CM_EINVAL &&
                  !kc_attention_fa3_ok(96, n_head, n_kv, bs) && !kc_attention_fa3_ok(hd, n_head, n_kv, 8),
-             "fa3 prefill refuses what it cannot do (no output, variant 3, head dim 96, blocks of 8)");
+             "fa3 prefill refuses what it cannot do (no output, variant 4, head dim 96, blocks of 8)");
     T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
              kc_attention_tc_tile_tok(8, n_head, n_kv));
     const size_t bytes = (size_t)n_tok * nq * 4;
@@ -744,7 +744,7 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
     char msg[256];
     int from[8];
     for (int q = 0; q < n_seq; q++) from[q] = lens[q] > 1 ? lens[q] / 2 + 5 < lens[q] ? lens[q] / 2 + 5 : lens[q] - 1 : 0;
-    for (int vm = 0; vm < 6; vm++) { /* variants 1 and 2 x whole tiles, ragged tiles, the second part of each sequence */
+    for (int vm = 0; vm < 9; vm++) { /* variants 1, 2 and 3 x whole tiles, ragged tiles, the second part of each sequence */
         const int variant = 1 + vm / 3, mode = vm % 3;
         int nt;
         int32_t *dtiles = make_tiles_from(lens, mode == 2 ? from : NULL, n_seq, tt, mode == 1, &nt);
