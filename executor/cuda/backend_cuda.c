@@ -22,7 +22,8 @@
  * K/V stored as half. Attention (kernels/cuda/attention_tc.cu) runs on the tensor cores with
  * half Q, K, V and P and f32 accumulation: decode tokens one CTA per (token, KV head, split),
  * prefill and chunked-prefill sequences in tiles of tokens x the query heads of a KV head, both
- * kinds in one step (mixed steps). The decode keys are split so that the step fills the GPU
+ * kinds in one step (mixed steps); on compute capability 9.0 the prefill tiles go to the wgmma
+ * kernel (kernels/cuda/attention_fa3.cu, the plan's att_pf_fa3). The decode keys are split so that the step fills the GPU
  * (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the split size is staged per step
  * (kc_plan_dec_chunk: from the longest context, splits of att_dec_min_chunk positions but at
  * least a wave of them), so one captured graph serves every context. A step whose prefill tiles
@@ -121,6 +122,7 @@ typedef struct cu_state {
     int att_chunk, n_split;      /* per-head decode kernel: split size and count, ceil(n_ctx / att_chunk) */
     int att_tc;                  /* the tensor-core attention kernels take this model */
     int pf_tile_tok;             /* prefill attention: tokens per tile */
+    int pf_fa3;                  /* whole prefill tiles go to the wgmma kernel (the plan's att_pf_fa3 variant; 0: mma.sync) */
     int max_tc_split;            /* tensor-core decode: most splits of any bucket (partials sized for it) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
     int kv_f8;                   /* the KV cache is FP8 E4M3 with scales (--kv-cache-dtype fp8) */
@@ -683,7 +685,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             if (st->n_tiles && st->pf_split > 1) {
                 KC_FATAL(kc_attention_prefill_tc_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
                                                        lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
-                                                       s->plan.att_pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
+                                                       s->pf_fa3 ? 8 : s->plan.att_pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
                                                        s->pf_counters, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles) {
@@ -908,9 +910,9 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
     }
     st->dec_all = pure_decode;
     st->pf_split = 1;
-    if (st->n_tiles && !(s->plan.att_pf_fa3 && !s->kv_f8 && kc_attention_fa3_ok(s->cfg.head_dim, s->cfg.n_head, s->cfg.n_head_kv,
-                                                                              s->lim.block_size)))
-        st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
+    /* few tiles over a long context (a chunk of a long prompt) split their keys on the mma.sync
+     * kernel, also where whole prompts go to the wgmma kernel (its tiles are the 8-warp kernel's) */
+    if (st->n_tiles) st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
     const int nd = pure_decode ? n_bucket : st->n_dec;
     st->n_split = st->n_dec ? tc_splits(s, nd) : 1;
     *meta_chunk(s, s->h_meta) = kc_plan_dec_chunk(&s->plan, s->cfg.n_head_kv, nd > 0 ? nd : 1, st->n_split, max_pos);
@@ -1455,10 +1457,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     s->pf_tile_tok = s->att_tc ? kc_attention_tc_tile_tok(s->plan.att_pf_warps, c->n_head, c->n_head_kv) : 0;
     /* the wgmma prefill kernel (att_prefill_f16 makes the same choice) takes tiles of 128 rows */
     if (s->att_tc && s->plan.att_pf_fa3 && !s->kv_f8 &&
-        kc_attention_fa3_ok(c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size))
+        kc_attention_fa3_ok(c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size)) {
         s->pf_tile_tok = kc_attention_fa3_tile_tok(c->n_head, c->n_head_kv);
-    else if (s->plan.att_pf_fa3)
-        CM_LOG_WARN("cuda", "att_pf_fa3: prefill stays on the mma.sync kernel", "reason=\"%s\"",
+        s->pf_fa3 = s->plan.att_pf_fa3;
+    } else if (s->plan.att_pf_fa3)
+        CM_LOG_INFO("cuda", "att_pf_fa3: prefill stays on the mma.sync kernel", "reason=\"%s\"",
                     !s->att_tc ? "att_tc=0" : s->kv_f8 ? "FP8 KV cache" : "needs compute capability 9.0, head dim 64 or 128");
     cublasSetStream(s->cublas, s->stream);
     /* what is in use now (other processes, this process's CUDA context) is not ours to budget */

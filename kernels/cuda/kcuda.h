@@ -133,7 +133,9 @@ typedef struct kc_plan {
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
     int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
-                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3) */
+                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
+                           * takes 3 where the kernel runs. Steps that split their prefill keys
+                           * (kc_plan_pf_splits) stay on the 8-warp mma.sync kernel */
     int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but

@@ -103,6 +103,10 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     }
     p->pdl = prop.major >= 9;
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
+    // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
+    // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
+    // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")
+    p->att_pf_fa3 = p->att_tc && kc_attention_fa3_ok(head_dim, n_head, n_kv, block_size) ? 3 : 0;
     // one wave of decode CTAs: two fit an SM at head dim 128 (104 KiB of stages each), four at 64
     const int per_sm = kc_attention_dec_per_sm(head_dim);
     p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;

@@ -11,6 +11,7 @@
 #include "model/dtype.h"
 #include "tests/unit/t.h"
 
+#include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,8 +219,30 @@ static void test_dec_splits(void) {
         }
 }
 
+/* the plan puts prefill tiles on the wgmma kernel (variant 3) exactly where it runs: compute
+ * capability 9.0, head dim 64 / 128, blocks a power of two of at least 16 */
+static void test_plan_prefill(void) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+        return;
+    kc_plan p;
+    const int cc90 = major == 9 && minor == 0;
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 16, &p), 0);
+    T_CHECKF(p.att_pf_fa3 == (cc90 ? 3 : 0), "att_pf_fa3 %d on compute capability %d.%d", p.att_pf_fa3, major, minor);
+    T_EQ_INT(kc_plan_choose(0, 64, 16, 16, 32, &p), 0);
+    T_EQ_INT(p.att_pf_fa3, cc90 ? 3 : 0);
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 8, &p), 0); /* blocks of 8: mma.sync */
+    T_EQ_INT(p.att_pf_fa3, 0);
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 48, &p), 0); /* not a power of two */
+    T_EQ_INT(p.att_pf_fa3, 0);
+    T_EQ_INT(kc_plan_choose(0, 96, 32, 8, 16, &p), 0); /* head dim 96 */
+    T_EQ_INT(p.att_pf_fa3, 0);
+}
+
 int main(void) {
     test_repack();
+    test_plan_prefill();
     test_layout();
     test_plan_keys();
     test_dec_splits();
