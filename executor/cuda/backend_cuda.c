@@ -593,6 +593,7 @@ typedef struct cu_step {
     int n_tiles;    /* tensor-core prefill tiles (tiles) */
     int n_split;    /* decode splits (either kernel) */
     int pf_split, pf_kchunk; /* prefill tiles split over the keys (kc_plan_pf_splits): count, positions each */
+    int pf_warps;            /* ... on the mma.sync kernel with CTAs of this many warps (the tiles' size) */
     int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
@@ -685,7 +686,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             if (st->n_tiles && st->pf_split > 1) {
                 KC_FATAL(kc_attention_prefill_tc_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
                                                        lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
-                                                       s->pf_fa3 ? 8 : s->plan.att_pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
+                                                       st->pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
                                                        s->pf_counters, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles) {
@@ -910,9 +911,16 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
     }
     st->dec_all = pure_decode;
     st->pf_split = 1;
+    st->pf_warps = s->pf_fa3 ? 8 : s->plan.att_pf_warps; /* the split kernel's CTAs: tiles of pf_tile_tok */
     /* few tiles over a long context (a chunk of a long prompt) split their keys on the mma.sync
      * kernel, also where whole prompts go to the wgmma kernel (its tiles are the 8-warp kernel's) */
     if (st->n_tiles) st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
+    /* chunks that each fit a tile of the plan's att_pf_split_warps (F16 cache): the same tiles on
+     * CTAs of that many warps (a 16-token chunk leaves half an 8-warp CTA's warps idle) */
+    const int stt = kc_attention_tc_tile_tok(s->plan.att_pf_split_warps, s->cfg.n_head, s->cfg.n_head_kv);
+    int fits = st->pf_split > 1 && !s->kv_f8 && stt > 0;
+    for (int q = 0; fits && q < b->n_seqs; q++) fits = b->seq_len[q] <= stt;
+    if (fits) st->pf_warps = s->plan.att_pf_split_warps;
     const int nd = pure_decode ? n_bucket : st->n_dec;
     st->n_split = st->n_dec ? tc_splits(s, nd) : 1;
     *meta_chunk(s, s->h_meta) = kc_plan_dec_chunk(&s->plan, s->cfg.n_head_kv, nd > 0 ? nd : 1, st->n_split, max_pos);

@@ -132,6 +132,9 @@ typedef struct kc_plan {
     int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
     int att_pf_warps;     /* prefill attention CTAs: 4 or 8 warps */
+    int att_pf_split_warps; /* a step whose prefill keys split (kc_plan_pf_splits) and whose chunks
+                           * each fit a tile of this many warps (4: 64 rows, two CTAs an SM; or 8)
+                           * runs them on CTAs of that size */
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
                            * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
                            * takes 3 where the kernel runs. Steps that split their prefill keys

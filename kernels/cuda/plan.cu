@@ -38,6 +38,7 @@ const field k_fields[] = {
     F(att_tc_min_tok, 1, 1 << 20),
     F(att_tc_long_ctx, 1, 1 << 30),
     F(att_pf_warps, 4, 8),
+    F(att_pf_split_warps, 4, 8),
     F(att_pf_fa3, 0, 3),
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
@@ -78,6 +79,12 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_tc_long_ctx = 2048;
     // prefill CTAs of 8 warps: 186-191 against 162-163 TFLOP/s at 8k and 32k positions (H200)
     p->att_pf_warps = 8;
+    // chunks of a long prompt short enough for a 4-warp tile (16 tokens at 4 query heads a KV
+    // head) split their keys on 4-warp CTAs, two an SM: llama3-8b shape, 16 tokens at 128k 0.349
+    // -> 0.278 ms a layer, at 32k 0.139 -> 0.117; longer chunks cut into 4-warp tiles lost (64 at
+    // 128k 0.794 -> 0.877, 256 at 32k 0.762 -> 0.863), so they keep 8-warp tiles (H200,
+    // bench/RESULTS.md "2026-11-29")
+    p->att_pf_split_warps = 4;
     // one wave of decode CTAs on an H200 (132 SMs, two 104 KiB CTAs each at head dim 128); with
     // splits of at least 1,024 positions (H200, llama3-8b shapes, bench/RESULTS.md "2026-11-28
     // (seventh session)")
@@ -179,6 +186,10 @@ extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t 
     }
     if (p->att_pf_warps != 4 && p->att_pf_warps != 8) {
         snprintf(err, errlen, "--cuda-plan: att_pf_warps must be 4 or 8");
+        return CM_EINVAL;
+    }
+    if (p->att_pf_split_warps != 4 && p->att_pf_split_warps != 8) {
+        snprintf(err, errlen, "--cuda-plan: att_pf_split_warps must be 4 or 8");
         return CM_EINVAL;
     }
     return 0;

@@ -177,6 +177,15 @@ static void test_plan_keys(void) {
     T_CHECK(p.att_dec_min_chunk == 1024);
     T_EQ_INT(kc_plan_override(&p, "att_dec_min_chunk=1000", err, sizeof err), CM_EINVAL);
     T_CHECK(strstr(err, "multiple of 64") != NULL);
+    /* the split chunks' CTAs: 4 (the default) or 8 warps, nothing else (a failed override leaves
+     * its values in p: start again from the defaults) */
+    kc_plan_default(&p);
+    T_CHECK(p.att_pf_split_warps == 4);
+    T_EQ_INT(kc_plan_override(&p, "att_pf_split_warps=8", err, sizeof err), 0);
+    T_CHECK(p.att_pf_split_warps == 8);
+    T_EQ_INT(kc_plan_override(&p, "att_pf_split_warps=6", err, sizeof err), CM_EINVAL);
+    T_CHECK(strstr(err, "att_pf_split_warps must be 4 or 8") != NULL);
+    p.att_pf_split_warps = 4;
 }
 
 /* the tensor-core decode's splits: two waves a launch; a step's splits of min_chunk positions,
