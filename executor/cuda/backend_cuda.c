@@ -23,11 +23,12 @@
  * half Q, K, V and P and f32 accumulation: decode tokens one CTA per (token, KV head, split),
  * prefill and chunked-prefill sequences in tiles of tokens x the query heads of a KV head, both
  * kinds in one step (mixed steps); on compute capability 9.0 the prefill tiles go to the wgmma
- * kernel (kernels/cuda/attention_fa3.cu, the plan's att_pf_fa3). The decode keys are split so that the step fills the GPU
- * (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the split size is staged per step
- * (kc_plan_dec_chunk: from the longest context, splits of att_dec_min_chunk positions but at
- * least a wave of them), so one captured graph serves every context. A step whose prefill tiles
- * x KV heads are at most half a wave splits their keys too (kc_plan_pf_splits). Models the
+ * kernel (kernels/cuda/attention_fa3.cu, the plan's att_pf_fa3). The decode keys are split so
+ * that the step fills the GPU (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the
+ * split size is staged per step (kc_plan_dec_chunk: from the longest context, splits of
+ * att_dec_min_chunk positions but at least a wave of them), so one captured graph serves every
+ * context. A step whose prefill tiles x KV heads are at most half a wave splits their keys too,
+ * on the mma.sync kernel (kc_plan_pf_splits, att_pf_split_warps). Models the
  * tensor-core kernels do not take (head dims other than 64 / 128, more than 16 query heads per
  * KV head) use the per-head kernel with fixed 64-position splits.
  *

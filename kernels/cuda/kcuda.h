@@ -138,7 +138,7 @@ typedef struct kc_plan {
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
                            * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
                            * takes 3 where the kernel runs. Steps that split their prefill keys
-                           * (kc_plan_pf_splits) stay on the 8-warp mma.sync kernel */
+                           * (kc_plan_pf_splits) stay on the mma.sync kernel (att_pf_split_warps) */
     int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
@@ -158,7 +158,7 @@ void kc_plan_default(kc_plan *p);
 int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p);
 /* Applies "key=value[,key=value...]" (keys: the field names above; gemmq_max_tok_q8_0 / _q4_0 /
  * _q4_k / _q4_1 / _q5_0 / _q5_1 / _q5_k / _q6_k for the array). CM_EINVAL with the offending key
- * or value named in err. */
+ * or value named in err, and p as it was. */
 int  kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen);
 /* "key=value ..." of every field, for the start-up log. */
 void kc_plan_format(const kc_plan *p, char *buf, size_t n);
@@ -400,8 +400,9 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
  * of 128 query rows (tiles of kc_attention_fa3_tile_tok tokens, = kc_attention_tc_tile_tok(8,
  * ...)), K/V tiles of 128 positions loaded by a warp group of their own. F16 cache; soft-cap
  * and window (kc_attention_mods) as the other kernels. kc_attention_fa3_ok: head dim 64 or
- * 128, n_head / n_kv <= 16, block_size a power of two >= 16, and a device of compute capability 9.0 with
- * this build's sm_90a code (else the launcher returns CM_EINVAL: use kc_attention_prefill_tc).
+ * 128, n_head / n_kv <= 16, block_size a power of two >= 16, and a device of compute
+ * capability 9.0 with this build's sm_90a code (else the launcher returns CM_EINVAL: use
+ * kc_attention_prefill_tc).
  * variant (the plan's att_pf_fa3): 1 = softmax and P V in turn in each warp group, 2 = the
  * softmax of a key tile overlapping P V of the previous one, 3 = 2 with the two computing
  * groups taking turns to issue their products (ping-pong). */

@@ -139,8 +139,8 @@ extern "C" int kc_plan_dec_chunk(const kc_plan *p, int n_kv, int n_dec, int n_sp
     return u * 64;
 }
 
-extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen) {
-    if (!spec) return 0;
+// The overrides go to a copy, which replaces *p only when every one of them is taken.
+static int plan_override(kc_plan *p, const char *spec, char *err, size_t errlen) {
     const char *s = spec;
     while (*s) {
         const char *end = strchr(s, ',');
@@ -193,6 +193,14 @@ extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t 
         return CM_EINVAL;
     }
     return 0;
+}
+
+extern "C" int kc_plan_override(kc_plan *p, const char *spec, char *err, size_t errlen) {
+    if (!spec) return 0;
+    kc_plan t = *p;
+    const int rc = plan_override(&t, spec, err, errlen);
+    if (!rc) *p = t;
+    return rc;
 }
 
 extern "C" void kc_plan_format(const kc_plan *p, char *buf, size_t n) {

@@ -177,9 +177,11 @@ static void test_plan_keys(void) {
     T_CHECK(p.att_dec_min_chunk == 1024);
     T_EQ_INT(kc_plan_override(&p, "att_dec_min_chunk=1000", err, sizeof err), CM_EINVAL);
     T_CHECK(strstr(err, "multiple of 64") != NULL);
-    /* the split chunks' CTAs: 4 (the default) or 8 warps, nothing else (a failed override leaves
-     * its values in p: start again from the defaults) */
-    kc_plan_default(&p);
+    /* a refused override changes nothing, also the keys before the bad one */
+    T_CHECK(p.att_dec_min_chunk == 1024);
+    T_EQ_INT(kc_plan_override(&p, "att_pf_warps=4,att_pf_split_warps=5", err, sizeof err), CM_EINVAL);
+    T_CHECK(p.att_pf_warps == 8 && p.att_pf_split_warps == 4);
+    /* the split chunks' CTAs: 4 (the default) or 8 warps, nothing else */
     T_CHECK(p.att_pf_split_warps == 4);
     T_EQ_INT(kc_plan_override(&p, "att_pf_split_warps=8", err, sizeof err), 0);
     T_CHECK(p.att_pf_split_warps == 8);
