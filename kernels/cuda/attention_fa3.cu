@@ -395,8 +395,6 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         const int j0 = i * FA_NK;
         return j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
     };
-    // a tile this group skips: its stages are released in turn, each after it filled (so that
-    // the arrival counts for this use of the stage, not the previous one)
     // ping-pong turns: the group waits for its turn (barrier 4 + cw: its own 128 threads and the
     // other group's arrival), issues, then hands the turn over. Every group takes the same number
     // of turns per CTA (one a key tile, plus one), so the arrivals balance.
@@ -407,6 +405,8 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         if (PP) asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
     };
     if (PP && cw == 1) asm volatile("bar.arrive 4, 256;" ::: "memory"); // group 0 goes first
+    // a tile this group skips: its stages are released in turn, each after it filled (so that
+    // the arrival counts for this use of the stage, not the previous one), and its turn taken
     auto pass = [&](int s, int u) {
         mbar_wait(kfull(s), u & 1);
         if (lane == 0) mbar_arrive(kempty(s));
