@@ -36,6 +36,10 @@ extern "C" {
 #define HD __host__ __device__ inline
 
 enum { S_THREADS = 512, S_WARPS = S_THREADS / 32, S_BINS = 256, S_GATHER = 64 };
+/* A pass over a row loads S_UNROLL of each thread's elements before it works on any: with one
+ * load in flight a thread, every pass waited on memory (H200, 128 rows of 128,256 logits at
+ * T = 1, top_p = 0.9: 0.665 -> 0.430 ms; bench/RESULTS.md "2026-11-29 (ninth session)"). */
+enum { S_UNROLL = 8 };
 enum { SET_ALL, SET_C0, SET_C1, SET_C2, SET_LP }; /* candidate sets; C2 within C1 within C0 */
 enum { C0_ALL, C0_KEY, C0_VAL };
 #define S_HIST_BYTES ((size_t)S_WARPS * S_BINS * (sizeof(uint32_t) + sizeof(double)))
@@ -100,9 +104,9 @@ typedef struct rowctx {
 
 HD float lp_of(const rowctx &c, float z) { return (float)d_sub(d_mul((double)z, c.inv_t_d), c.lse); }
 
-/* Membership of element i in set (all but the C2 filter, which needs the mass) and its key. */
-HD bool member_key(const rowctx &c, int set, int i, uint64_t &key, float &zt) {
-    float zi = c.z[i];
+/* Membership of element i (value zi = c.z[i]) in set (all but the C2 filter, which needs the
+ * mass) and its key. */
+HD bool member_key_z(const rowctx &c, int set, int i, float zi, uint64_t &key, float &zt) {
     if (set == SET_LP) {
         key = ckey(lp_of(c, zi), i, c.V);
         return true;
@@ -114,6 +118,9 @@ HD bool member_key(const rowctx &c, int set, int i, uint64_t &key, float &zt) {
     if (c.c0_mode == C0_VAL && !((double)zt >= c.thr_pre)) return false;
     if (set >= SET_C1 && c.c1_on && key < c.k1) return false;
     return true;
+}
+HD bool member_key(const rowctx &c, int set, int i, uint64_t &key, float &zt) {
+    return member_key_z(c, set, i, c.z[i], key, zt);
 }
 
 /* The unnormalised probability exp(zt - zt0) (the CPU's pr[i] * sum), and the C2 filter. */
@@ -244,38 +251,48 @@ struct dev_blk {
         __syncthreads();
         uint32_t *wc = hc + warp * S_BINS;
         double *wm = hm + warp * S_BINS;
-        for (int base = warp * 32; base < c.V; base += S_THREADS) {
-            int i = base + lane, bin = -1;
-            double w = 0;
-            uint64_t key;
-            float zt;
-            if (i < c.V && member_key(c, set, i, key, zt) && key >= lo && key <= hi && (COUNT || weigh(c, set, zt, w)))
-                bin = (int)((hi - key) >> s);
-            if (!__ballot_sync(0xffffffffu, bin >= 0)) continue;
-            unsigned grp = __match_any_sync(0xffffffffu, bin);
-            int leader = __ffs(grp) - 1;
-            if (COUNT) {
-                if (bin >= 0 && lane == leader) wc[bin] += __popc(grp);
-            } else {
-                int single = (grp & (grp - 1)) == 0;
-                if (bin >= 0 && single) {
-                    wc[bin] += 1;
-                    wm[bin] += w;
-                }
-                unsigned multi = __ballot_sync(0xffffffffu, bin >= 0 && !single && lane == leader);
-                while (multi) {
-                    int l = __ffs(multi) - 1;
-                    multi &= multi - 1;
-                    int b = __shfl_sync(0xffffffffu, bin, l);
-                    double v = bin == b ? w : 0.0;
-                    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-                    if (lane == l) {
-                        wc[b] += __popc(grp);
-                        wm[b] += v;
+        for (int base0 = warp * 32; base0 < c.V; base0 += S_THREADS * S_UNROLL) {
+            float zv[S_UNROLL];
+#pragma unroll
+            for (int u = 0; u < S_UNROLL; u++) {
+                int i = base0 + u * S_THREADS + lane;
+                zv[u] = i < c.V ? c.z[i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < S_UNROLL; u++) {
+                /* the same elements in the same order as one at a time */
+                int i = base0 + u * S_THREADS + lane, bin = -1;
+                double w = 0;
+                uint64_t key;
+                float zt;
+                if (i < c.V && member_key_z(c, set, i, zv[u], key, zt) && key >= lo && key <= hi && (COUNT || weigh(c, set, zt, w)))
+                    bin = (int)((hi - key) >> s);
+                if (!__ballot_sync(0xffffffffu, bin >= 0)) continue;
+                unsigned grp = __match_any_sync(0xffffffffu, bin);
+                int leader = __ffs(grp) - 1;
+                if (COUNT) {
+                    if (bin >= 0 && lane == leader) wc[bin] += __popc(grp);
+                } else {
+                    int single = (grp & (grp - 1)) == 0;
+                    if (bin >= 0 && single) {
+                        wc[bin] += 1;
+                        wm[bin] += w;
+                    }
+                    unsigned multi = __ballot_sync(0xffffffffu, bin >= 0 && !single && lane == leader);
+                    while (multi) {
+                        int l = __ffs(multi) - 1;
+                        multi &= multi - 1;
+                        int b = __shfl_sync(0xffffffffu, bin, l);
+                        double v = bin == b ? w : 0.0;
+                        for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+                        if (lane == l) {
+                            wc[b] += __popc(grp);
+                            wm[b] += v;
+                        }
                     }
                 }
+                __syncwarp();
             }
-            __syncwarp();
         }
         __syncthreads();
         for (int b = threadIdx.x; b < S_BINS; b += S_THREADS) {
@@ -368,15 +385,22 @@ struct dev_blk {
 #ifdef __CUDA_ARCH__
         if (threadIdx.x == 0) *gn = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < c.V; i += S_THREADS) {
-            uint64_t key;
-            float zt;
-            double w = 0;
-            if (member_key(c, set, i, key, zt) && key >= lo && key <= hi && (!W || weigh(c, set, zt, w))) {
-                int slot = atomicAdd(gn, 1);
-                if (slot < S_GATHER) {
-                    gk_raw[slot] = key;
-                    gw_raw[slot] = w;
+        for (int i0 = threadIdx.x; i0 < c.V; i0 += S_THREADS * S_UNROLL) {
+            float zv[S_UNROLL];
+#pragma unroll
+            for (int u = 0; u < S_UNROLL; u++) zv[u] = i0 + u * S_THREADS < c.V ? c.z[i0 + u * S_THREADS] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < S_UNROLL; u++) {
+                int i = i0 + u * S_THREADS;
+                uint64_t key;
+                float zt;
+                double w = 0;
+                if (i < c.V && member_key_z(c, set, i, zv[u], key, zt) && key >= lo && key <= hi && (!W || weigh(c, set, zt, w))) {
+                    int slot = atomicAdd(gn, 1);
+                    if (slot < S_GATHER) {
+                        gk_raw[slot] = key;
+                        gw_raw[slot] = w;
+                    }
                 }
             }
         }
