@@ -27,8 +27,9 @@
  * that the step fills the GPU (kc_plan_dec_splits: two waves of the plan's att_dec_ctas); the
  * split size is staged per step (kc_plan_dec_chunk: from the longest context, splits of
  * att_dec_min_chunk positions but at least a wave of them), so one captured graph serves every
- * context. A step whose prefill tiles x KV heads are at most half a wave splits their keys too,
- * on the mma.sync kernel (kc_plan_pf_splits, att_pf_split_warps). Models the
+ * context. A step whose prefill tiles x KV heads are at most half a wave splits their keys too:
+ * on the wgmma kernel where it runs (kc_plan_pf_splits_fa3, one CTA an SM), else on the
+ * mma.sync kernel (kc_plan_pf_splits, att_pf_split_warps). Models the
  * tensor-core kernels do not take (head dims other than 64 / 128, more than 16 query heads per
  * KV head) use the per-head kernel with fixed 64-position splits.
  *
@@ -595,6 +596,7 @@ typedef struct cu_step {
     int n_split;    /* decode splits (either kernel) */
     int pf_split, pf_kchunk; /* prefill tiles split over the keys (kc_plan_pf_splits): count, positions each */
     int pf_warps;            /* ... on the mma.sync kernel with CTAs of this many warps (the tiles' size) */
+    int pf_split_fa3;        /* ... or on the wgmma kernel (kc_plan_pf_splits_fa3) */
     int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
@@ -684,7 +686,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                     s->q, L->k, L->v, ay, st->n_tiles ? NULL : &s->xq_o, st->dec_all ? NULL : meta_dtoks(s, s->d_meta),
                     st->n_dec, d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
                     meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
-            if (st->n_tiles && st->pf_split > 1) {
+            if (st->n_tiles && st->pf_split_fa3) {
+                KC_FATAL(kc_attention_prefill_fa3_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos,
+                                                        d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, s->pf_fa3,
+                                                        st->pf_split, st->pf_kchunk, s->pf_partial, s->pf_counters, cs));
+                s->xq_o.n = 0; /* wo reads the f32 rows */
+            } else if (st->n_tiles && st->pf_split > 1) {
                 KC_FATAL(kc_attention_prefill_tc_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
                                                        lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
                                                        st->pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
@@ -912,14 +919,20 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
     }
     st->dec_all = pure_decode;
     st->pf_split = 1;
+    st->pf_split_fa3 = 0;
     st->pf_warps = s->pf_fa3 ? 8 : s->plan.att_pf_warps; /* the split kernel's CTAs: tiles of pf_tile_tok */
-    /* few tiles over a long context (a chunk of a long prompt) split their keys on the mma.sync
-     * kernel, also where whole prompts go to the wgmma kernel (its tiles are the 8-warp kernel's) */
-    if (st->n_tiles) st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
+    /* few tiles over a long context (a chunk of a long prompt) split their keys: on the wgmma
+     * kernel where whole prompts go to it and the plan says so, else on the mma.sync kernel
+     * (the wgmma kernel's tiles are the 8-warp kernel's) */
+    if (st->n_tiles && s->pf_fa3 && s->plan.att_pf_fa3_ctas > 0) {
+        st->pf_split = kc_plan_pf_splits_fa3(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
+        st->pf_split_fa3 = st->pf_split > 1;
+    } else if (st->n_tiles)
+        st->pf_split = kc_plan_pf_splits(&s->plan, s->cfg.n_head_kv, st->n_tiles, max_pos, &st->pf_kchunk);
     /* chunks that each fit a tile of the plan's att_pf_split_warps (F16 cache): the same tiles on
      * CTAs of that many warps (a 16-token chunk leaves half an 8-warp CTA's warps idle) */
     const int stt = kc_attention_tc_tile_tok(s->plan.att_pf_split_warps, s->cfg.n_head, s->cfg.n_head_kv);
-    int fits = st->pf_split > 1 && !s->kv_f8 && stt > 0;
+    int fits = st->pf_split > 1 && !st->pf_split_fa3 && !s->kv_f8 && stt > 0;
     for (int q = 0; fits && q < b->n_seqs; q++) fits = b->seq_len[q] <= stt;
     if (fits) st->pf_warps = s->plan.att_pf_split_warps;
     const int nd = pure_decode ? n_bucket : st->n_dec;
@@ -1672,11 +1685,14 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
                 cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
                 goto oom;
-            /* prefill tiles split over the keys (kc_plan_pf_splits: at most 2 att_dec_ctas CTAs of 16 x 8 rows) */
+            /* prefill tiles split over the keys: kc_plan_pf_splits at most 2 att_dec_ctas CTAs of 16 x 8
+             * rows, att_dec_ctas / 2 (tile, KV head) counters; kc_plan_pf_splits_fa3 at most
+             * att_pf_fa3_ctas CTAs of 128 rows, half as many counters */
+            const size_t pf_ctas = (size_t)(2 * s->plan.att_dec_ctas > s->plan.att_pf_fa3_ctas ? 2 * s->plan.att_dec_ctas
+                                                                                                 : s->plan.att_pf_fa3_ctas);
             if (s->att_tc &&
-                (dalloc(&s->pf_partial, (size_t)2 * s->plan.att_dec_ctas * 16 * 8 * (c->head_dim + 2) * sizeof(float)) ||
-                 dalloc(&s->pf_counters, (size_t)s->plan.att_dec_ctas * sizeof(int)) ||
-                 cudaMemset(s->pf_counters, 0, (size_t)s->plan.att_dec_ctas * sizeof(int)) != cudaSuccess))
+                (dalloc(&s->pf_partial, pf_ctas * 16 * 8 * (c->head_dim + 2) * sizeof(float)) ||
+                 dalloc(&s->pf_counters, pf_ctas * sizeof(int)) || cudaMemset(s->pf_counters, 0, pf_ctas * sizeof(int)) != cudaSuccess))
                 goto oom;
         }
         /* tok pos seq [T], rows [R], block tables [(S + 1) x max_blocks], tiles [2T], dtoks [T], chunk [1]:

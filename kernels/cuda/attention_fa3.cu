@@ -24,12 +24,16 @@
 // Key tiles past the tile's last position are never loaded (causal skipping); a group whose
 // rows all end before a key tile (or, with a window, start after it) skips its math but still
 // takes part in the stage handshake.
+// Split over the keys (a chunk of a long prompt: few tiles, a long context): CTAs per (tile,
+// KV head, split), each on its range of whole key tiles, write their rows' partials in the
+// mma.sync kernel's layout, and the last split's CTA merges them on its computing groups
+// (attn_common.cuh's pf_merge, 64 rows at a time).
 //
 // Shared tiles use the 128-byte swizzle of the wgmma descriptors: a row of HD halves is cut
 // into 64-half (128-byte) column blocks; column block c of row r sits at c * (rows * 128) +
 // r * 128, with its 16-byte piece k stored at piece k ^ (r % 8). K (key rows) is the K-major
 // B of Q K^T, Q the K-major A, and the same bytes of V are the MN-major B of P V.
-#include "kc_common.cuh"
+#include "attn_common.cuh"
 
 extern "C" {
 #include "kcuda.h"
@@ -38,6 +42,7 @@ extern "C" {
 namespace {
 
 constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
 constexpr int FA_NK = 128;     // key positions per shared tile
 constexpr int FA_ROWS = 128;   // query rows per CTA: two computing warp groups of 64
 constexpr int FA_NST = 3;      // K/V stages (3 x 64 KiB + Q: 225 KiB at head dim 128)
@@ -275,7 +280,7 @@ template <int HD, bool OVERLAP, bool PP>
 __global__ void __launch_bounds__(FA_THREADS, 1)
 fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-              int block_size, float qscale, float capl, int window) {
+              int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters) {
 #ifdef FA3_DEVICE_CODE
     constexpr int TILE = FA_NK * HD * 2;    // bytes of one K (or V) stage
     constexpr int CB_Q = FA_ROWS * 128;     // bytes between 64-half column blocks of Q
@@ -304,14 +309,18 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     kc_pdl_trigger();
     kc_pdl_wait();
     const int tile = gridDim.x - 1 - blockIdx.x; // the backend lists tiles by position: the longest start first
-    const int kvh = blockIdx.y;
+    const int kvh = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
     const int t0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
     const int G = n_head / n_kv, h0 = kvh * G;
     const int p0 = pos[t0], p_last = p0 + nq - 1;
     const int32_t *bt = block_tables + (size_t)seq[t0] * max_blocks;
+    if (n_split > 1 && split * kchunk > p_last) return; // no key of this tile here: the merge reads only splits below p_last / kchunk + 1
     // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0 on, so
-    // key tiles below lo0 are skipped and positions below it never loaded (freed blocks)
-    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0, i_lo = lo0 / FA_NK, n_kt = p_last / FA_NK + 1;
+    // key tiles below lo0 are skipped and positions below it never loaded (freed blocks).
+    // Split over the keys: key tiles [split kchunk, (split + 1) kchunk) / FA_NK only.
+    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
+    const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
+    const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
 
     if (wg == 0) { // ---- the loader
@@ -535,14 +544,47 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     // o[4 d + c]: row (c >> 1 ? g + 8 : g), dims 8 d + 2 t4 + (c & 1)
+    if (n_split == 1) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int r = hi ? r1 : r0, i = hi ? i1 : i0;
+            if (i >= nq) continue;
+            const float il = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
+            float *op = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++)
+                *(float2 *)(op + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
+        }
+        return;
+    }
+    // split: the rows' partials (natural-log maximum, sum, unnormalized output) in the layout of
+    // the mma.sync kernel's, then the last split's CTA merges them on the two computing groups
+    // (the loader has exited: named barrier 6 of their 256 threads; the stages hold the
+    // merge's scratch, every copy into them having landed)
+    float *pp = partial + (size_t)(tile * n_kv + kvh) * FA_ROWS * n_split * (HD + 2);
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
         const int r = hi ? r1 : r0, i = hi ? i1 : i0;
         if (i >= nq) continue;
-        const float il = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
-        float *op = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+        float *ps = pp + ((size_t)r * n_split + split) * (HD + 2);
+        if (t4 == 0) {
+            ps[0] = m[hi] * LN2;
+            ps[1] = l[hi];
+        }
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++) *(float2 *)(op + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
+        for (int d = 0; d < HD / 8; d++) *(float2 *)(ps + 2 + d * 8 + 2 * t4) = make_float2(o[4 * d + 2 * hi], o[4 * d + 2 * hi + 1]);
+    }
+    const att_group grp = { 6, 128, 256 };
+    const int n_valid = min(n_split, p_last / kchunk + 1);
+    if (!att_last_split(counters + (size_t)tile * n_kv + kvh, n_valid, grp)) return;
+    fence_proxy_async(); // the stages were last read by wgmma (the async proxy)
+    // 64 rows at a time: all 128 took more registers than the computing groups have (spills)
+    const int n_rows = min(FA_ROWS, nq * G);
+    for (int r0m = 0; r0m < n_rows; r0m += 64) {
+        if (r0m) grp.sync(); // the first half's weights are read until here
+        pf_merge<HD, 64, 256>(pp + (size_t)r0m * n_split * (HD + 2), n_split, n_valid, min(64, n_rows - r0m), G,
+                              out + ((size_t)(t0 + r0m / G) * n_head + h0) * HD, n_head,
+                              (float *)(smem_raw + (sk - kc_smem_addr(smem_raw))), grp);
     }
 #elif defined(__CUDA_ARCH__)
     __trap(); // built without sm_90a code: kc_attention_fa3_ok refuses every shape
@@ -552,14 +594,14 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
 template <int HD, bool OVERLAP, bool PP>
 int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
-               float qscale, cudaStream_t s) {
+               float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     constexpr size_t smem = fa3_smem<HD>();
     if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP, PP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
-    kc_launch(fa3_pf_kernel<HD, OVERLAP, PP>, dim3(n_tiles, n_kv), dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v,
-              out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale, mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f,
-              mods.window);
+    kc_launch(fa3_pf_kernel<HD, OVERLAP, PP>, dim3(n_tiles, n_kv, n_split), dim3(FA_THREADS), smem, s, q, (const __half *)k,
+              (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
+              mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters);
     return 0;
 }
 
@@ -598,17 +640,28 @@ extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
     return FA_ROWS / (n_head / n_kv);
 }
 
-extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                        const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                        int block_size, float scale, int variant, cudaStream_t s) {
+extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                              int block_size, float scale, int variant, int n_split, int kchunk, float *partial,
+                                              int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        variant < 1 || variant > 3 || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        variant < 1 || variant > 3 || n_split < 1 || n_split > KC_PF_MAX_SPLIT ||
+        (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
     auto *f = hd == 64 ? (variant == 3 ? launch_fa3<64, true, true> : variant == 2 ? launch_fa3<64, true, false> : launch_fa3<64, false, false>)
                        : (variant == 3 ? launch_fa3<128, true, true> : variant == 2 ? launch_fa3<128, true, false> : launch_fa3<128, false, false>);
-    if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs, s))
+    if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs,
+                   n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
         return rc;
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                        const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                        int block_size, float scale, int variant, cudaStream_t s) {
+    return kc_attention_prefill_fa3_split(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                                          n_kv, hd, block_size, scale, variant, 1, 0, nullptr, nullptr, s);
 }

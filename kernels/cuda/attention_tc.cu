@@ -361,38 +361,6 @@ __device__ void tc_merge(const float *pp, int n_valid, const att_emit &em, size_
     __syncthreads(); // red is reused by the next row
 }
 
-// The first half of a split merge, by the whole CTA: the maxima m and sums l of n_rows rows'
-// n_valid partials (row r, split sp at pp + (r n_split + sp)(HD + 2)) come to shared memory in
-// one pass; then per row (a warp a row) the weights exp(m - M) replace the maxima and the row's
-// total sum L is formed. red: c [n_rows][n_valid], l [n_rows][n_valid], L [n_rows]. Returns c.
-template <int HD>
-__device__ float *split_weights(const float *pp, int n_split, int n_rows, int n_valid, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float *sm_c = red, *sm_l = red + n_rows * n_valid, *sm_L = red + 2 * n_rows * n_valid;
-    for (int i = threadIdx.x; i < n_rows * n_valid; i += blockDim.x) {
-        const int r = i / n_valid, sp = i - r * n_valid;
-        const float *pi = pp + ((size_t)r * n_split + sp) * (HD + 2);
-        sm_c[i] = __ldcg(pi);
-        sm_l[i] = __ldcg(pi + 1);
-    }
-    __syncthreads();
-    for (int r = warp; r < n_rows; r += nw) {
-        float M = -INFINITY;
-        for (int sp = lane; sp < n_valid; sp += 32) M = fmaxf(M, sm_c[r * n_valid + sp]);
-        M = kc_warp_max(M);
-        float L = 0.0f;
-        for (int sp = lane; sp < n_valid; sp += 32) {
-            const float c = M > -INFINITY ? __expf(sm_c[r * n_valid + sp] - M) : 0.0f;
-            sm_c[r * n_valid + sp] = c;
-            L = fmaf(sm_l[r * n_valid + sp], c, L);
-        }
-        L = kc_warp_sum(L);
-        if (lane == 0) sm_L[r] = L;
-    }
-    __syncthreads();
-    return sm_c;
-}
-
 // The split merge of all G rows of one (token, KV head) at once, by the whole CTA (the last
 // split's). Row r's partials sit at pp + r * n_split * (HD + 2), n_valid of them. The maxima and
 // sums of every row's splits come to shared memory in one pass; warp w then adds splits w,
@@ -407,7 +375,7 @@ __host__ __device__ constexpr size_t merge_rows_floats(int HD, int GM, int n_val
 template <int HD, int GM>
 __device__ void tc_merge_rows(const float *pp, int n_split, int G, int n_valid, const att_emit &em, size_t row0, float *red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *sm_c = split_weights<HD>(pp, n_split, G, n_valid, red), *sm_L = sm_c + 2 * G * n_valid;
+    const float *sm_c = split_weights<HD>(pp, n_split, G, n_valid, red, att_cta()), *sm_L = sm_c + 2 * G * n_valid;
     float *ro = red + ((size_t)2 * GM * n_valid + 16 + 3) / 4 * 4; // [DEC_WARPS][GM][HD]
     constexpr int NP = HD / 64; // float2 pairs per lane
     float2 o[GM][NP];
@@ -608,42 +576,6 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
 
 constexpr int PF_NK = 64; // key positions per shared tile
 
-// The split merge of a prefill tile's rows (rows 0..n_rows-1: token r / G of the tile, head
-// r % G) by the whole CTA (the last split's): split_weights (red: 2 n_rows n_valid + n_rows
-// floats), then each thread adds, split by split, HD / 4 float pairs of the rows (consecutive threads on
-// consecutive pairs of a row), the loads of a split in one basic block. out0: the tile's first
-// token's first head of this KV head; row r goes to out0 + ((r / G) n_head + r % G) HD.
-template <int HD, int NW>
-__device__ void pf_merge(const float *pp, int n_split, int n_valid, int n_rows, int G, float *out0, int n_head, float *red) {
-    constexpr int R = 16 * NW, NT = NW * 32, NI = R * (HD / 2) / NT; // float pairs a thread
-    const float *sm_c = split_weights<HD>(pp, n_split, n_rows, n_valid, red), *sm_L = sm_c + 2 * n_rows * n_valid;
-    float2 acc[NI];
-#pragma unroll
-    for (int j = 0; j < NI; j++) acc[j] = make_float2(0.0f, 0.0f);
-    for (int sp = 0; sp < n_valid; sp++) {
-        float2 v[NI];
-#pragma unroll
-        for (int j = 0; j < NI; j++) { // rows past n_rows read row n_rows - 1 again with weight 0
-            const int f = j * NT + threadIdx.x, r = min(f / (HD / 2), n_rows - 1), e = f % (HD / 2);
-            v[j] = __ldcg((const float2 *)(pp + ((size_t)r * n_split + sp) * (HD + 2) + 2 + 2 * e));
-        }
-#pragma unroll
-        for (int j = 0; j < NI; j++) {
-            const int f = j * NT + threadIdx.x, r = f / (HD / 2);
-            const float c = r < n_rows ? sm_c[r * n_valid + sp] : 0.0f;
-            acc[j].x = fmaf(v[j].x, c, acc[j].x);
-            acc[j].y = fmaf(v[j].y, c, acc[j].y);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < NI; j++) {
-        const int f = j * NT + threadIdx.x, r = f / (HD / 2), e = f % (HD / 2);
-        if (r >= n_rows) continue;
-        const float L = sm_L[r], il = L > 0.0f ? 1.0f / L : 0.0f;
-        *(float2 *)(out0 + ((size_t)(r / G) * n_head + r % G) * HD + 2 * e) = make_float2(acc[j].x * il, acc[j].y * il);
-    }
-}
-
 template <int HD, int NW, int NST, bool F8>
 __global__ void __launch_bounds__(NW * 32)
 attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *out, const int32_t *tiles,
@@ -763,7 +695,8 @@ attn_pf_kernel(const float *q, const void *k_cache, const void *v_cache, float *
     }
     const int n_valid = min(n_split, p_last / kchunk + 1);
     if (!att_last_split(counters + (size_t)tile * n_kv + kvh, n_valid)) return;
-    pf_merge<HD, NW>(pp, n_split, n_valid, min(R, nq * G), G, out + ((size_t)t0 * n_head + h0) * HD, n_head, (float *)smem);
+    pf_merge<HD, R, NW * 32>(pp, n_split, n_valid, min(R, nq * G), G, out + ((size_t)t0 * n_head + h0) * HD, n_head, (float *)smem,
+                              att_cta());
 }
 
 constexpr int PF_NST = 2;

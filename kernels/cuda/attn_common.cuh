@@ -95,21 +95,108 @@ __device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size
     }
 }
 
-// The split-K handshake: called by every thread of a CTA after it wrote its partial; true in
-// the last CTA of the n_valid that hold keys of counter *cnt's rows, which then resets the
-// counter for the next launch. The barrier orders the CTA's partial before thread 0's release
-// (the counting atomic is acq_rel); the second orders its acquire before the merge's loads.
-// No __threadfence: a fence.sc in every CTA and another in the last cost more than a
+// The threads that take part in a split merge: the whole CTA (bar 0: __syncthreads), or, in a
+// kernel whose other warps have exited, nt threads from threadIdx.x first on (whole warps)
+// that meet at named barrier bar.
+struct att_group {
+    int bar, first, nt;
+    __device__ __forceinline__ int tid() const { return (int)threadIdx.x - first; }
+    __device__ __forceinline__ void sync() const {
+        if (bar == 0) __syncthreads();
+        else asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nt) : "memory");
+    }
+};
+__device__ __forceinline__ att_group att_cta() { return att_group{ 0, 0, (int)blockDim.x }; }
+
+// The split-K handshake: called by every thread of g after it wrote its partial; true in the
+// last CTA of the n_valid that hold keys of counter *cnt's rows, which then resets the counter
+// for the next launch. The barrier orders the group's partial before its first thread's
+// release (the counting atomic is acq_rel); the second orders its acquire before the merge's
+// loads. No __threadfence: a fence.sc in every CTA and another in the last cost more than a
 // microsecond per kernel (bench/RESULTS.md).
-__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid) {
+__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid, const att_group &g) {
     __shared__ int sm_last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    g.sync();
+    if (g.tid() == 0) {
         int old;
         asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
         sm_last = old + 1 == n_valid;
         if (sm_last) *cnt = 0;
     }
-    __syncthreads();
+    g.sync();
     return sm_last;
 }
+__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid) { return att_last_split(cnt, n_valid, att_cta()); }
+
+// The first half of a split merge, by the threads of g: the maxima m and sums l of n_rows
+// rows' n_valid partials (row r, split sp at pp + (r n_split + sp)(HD + 2)) come to shared
+// memory in one pass; then per row (a warp a row) the weights exp(m - M) replace the maxima and
+// the row's total sum L is formed. red: c [n_rows][n_valid], l [n_rows][n_valid], L [n_rows].
+// Returns c.
+template <int HD>
+__device__ float *split_weights(const float *pp, int n_split, int n_rows, int n_valid, float *red, const att_group &g) {
+    const int t = g.tid(), lane = t & 31, warp = t >> 5, nw = g.nt >> 5;
+    float *sm_c = red, *sm_l = red + n_rows * n_valid, *sm_L = red + 2 * n_rows * n_valid;
+    for (int i = t; i < n_rows * n_valid; i += g.nt) {
+        const int r = i / n_valid, sp = i - r * n_valid;
+        const float *pi = pp + ((size_t)r * n_split + sp) * (HD + 2);
+        sm_c[i] = __ldcg(pi);
+        sm_l[i] = __ldcg(pi + 1);
+    }
+    g.sync();
+    for (int r = warp; r < n_rows; r += nw) {
+        float M = -INFINITY;
+        for (int sp = lane; sp < n_valid; sp += 32) M = fmaxf(M, sm_c[r * n_valid + sp]);
+        M = kc_warp_max(M);
+        float L = 0.0f;
+        for (int sp = lane; sp < n_valid; sp += 32) {
+            const float c = M > -INFINITY ? __expf(sm_c[r * n_valid + sp] - M) : 0.0f;
+            sm_c[r * n_valid + sp] = c;
+            L = fmaf(sm_l[r * n_valid + sp], c, L);
+        }
+        L = kc_warp_sum(L);
+        if (lane == 0) sm_L[r] = L;
+    }
+    g.sync();
+    return sm_c;
+}
+
+// The split merge of a prefill tile's rows (rows 0..n_rows-1: token r / G of the tile, head
+// r % G) by the NT threads of g (the last split's CTA): split_weights (red: 2 n_rows n_valid +
+// n_rows floats), then each thread adds, split by split, the float pairs of R rows it owns
+// (consecutive threads on consecutive pairs of a row), the loads of a split in one basic block.
+// out0: the tile's first token's first head of this KV head; row r goes to
+// out0 + ((r / G) n_head + r % G) HD.
+template <int HD, int R, int NT>
+__device__ void pf_merge(const float *pp, int n_split, int n_valid, int n_rows, int G, float *out0, int n_head, float *red,
+                         const att_group &g) {
+    constexpr int NI = R * (HD / 2) / NT; // float pairs a thread
+    const int t = g.tid();
+    const float *sm_c = split_weights<HD>(pp, n_split, n_rows, n_valid, red, g), *sm_L = sm_c + 2 * n_rows * n_valid;
+    float2 acc[NI];
+#pragma unroll
+    for (int j = 0; j < NI; j++) acc[j] = make_float2(0.0f, 0.0f);
+    for (int sp = 0; sp < n_valid; sp++) {
+        float2 v[NI];
+#pragma unroll
+        for (int j = 0; j < NI; j++) { // rows past n_rows read row n_rows - 1 again with weight 0
+            const int f = j * NT + t, r = min(f / (HD / 2), n_rows - 1), e = f % (HD / 2);
+            v[j] = __ldcg((const float2 *)(pp + ((size_t)r * n_split + sp) * (HD + 2) + 2 + 2 * e));
+        }
+#pragma unroll
+        for (int j = 0; j < NI; j++) {
+            const int f = j * NT + t, r = f / (HD / 2);
+            const float c = r < n_rows ? sm_c[r * n_valid + sp] : 0.0f;
+            acc[j].x = fmaf(v[j].x, c, acc[j].x);
+            acc[j].y = fmaf(v[j].y, c, acc[j].y);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NI; j++) {
+        const int f = j * NT + t, r = f / (HD / 2), e = f % (HD / 2);
+        if (r >= n_rows) continue;
+        const float L = sm_L[r], il = L > 0.0f ? 1.0f / L : 0.0f;
+        *(float2 *)(out0 + ((size_t)(r / G) * n_head + r % G) * HD + 2 * e) = make_float2(acc[j].x * il, acc[j].y * il);
+    }
+}
+

@@ -137,8 +137,10 @@ typedef struct kc_plan {
                            * runs them on CTAs of that size */
     int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
                            * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
-                           * takes 3 where the kernel runs. Steps that split their prefill keys
-                           * (kc_plan_pf_splits) stay on the mma.sync kernel (att_pf_split_warps) */
+                           * takes 3 where the kernel runs */
+    int att_pf_fa3_ctas;  /* steps that split their prefill keys run on the wgmma kernel (with
+                           * att_pf_fa3) in one wave of this many CTAs (one an SM; kc_plan_pf_splits);
+                           * 0: on the mma.sync kernel (att_pf_split_warps) */
     int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
@@ -177,6 +179,10 @@ int kc_plan_dec_chunk(const kc_plan *p, int n_kv, int n_dec, int n_split, int ma
  * positions of the longest context (ending at max_pos), at most KC_PF_MAX_SPLIT; *kchunk: the
  * positions a split takes. 1: no split. */
 int kc_plan_pf_splits(const kc_plan *p, int n_kv, int n_tiles, int max_pos, int *kchunk);
+/* The same for the wgmma kernel (att_pf_fa3_ctas > 0): where n_tiles x n_kv CTAs are at most
+ * half of att_pf_fa3_ctas, one wave of splits of whole 128-position tiles, each at least
+ * att_dec_min_chunk positions, at most KC_PF_MAX_SPLIT. 1: no split. */
+int kc_plan_pf_splits_fa3(const kc_plan *p, int n_kv, int n_tiles, int max_pos, int *kchunk);
 /* CTAs of the tensor-core decode kernel that fit an SM at head dim hd (F16 cache); 0 if unknown. */
 int kc_attention_dec_per_sm(int hd);
 /* Installs p for every launcher of this process (before the first launch or capture). */
@@ -412,6 +418,14 @@ int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_ha
                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                              float scale, int variant, cudaStream_t s);
+/* The same with the keys split (kc_attention_prefill_tc_split's arguments and partial layout,
+ * 128 rows a tile): split j takes key positions [j kchunk, (j + 1) kchunk), kchunk % 128 == 0;
+ * the last split's CTA of a (tile, KV head) merges on its two computing warp groups. */
+int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                                   const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                   const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                                   float scale, int variant, int n_split, int kchunk, float *partial, int *counters,
+                                   cudaStream_t s);
 
 /* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
  * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3

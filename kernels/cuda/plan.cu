@@ -40,6 +40,7 @@ const field k_fields[] = {
     F(att_pf_warps, 4, 8),
     F(att_pf_split_warps, 4, 8),
     F(att_pf_fa3, 0, 3),
+    F(att_pf_fa3_ctas, 0, 1 << 20),
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
     F(att_chunk, 16, 1 << 20),
@@ -114,10 +115,26 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")
     p->att_pf_fa3 = p->att_tc && kc_attention_fa3_ok(head_dim, n_head, n_kv, block_size) ? 3 : 0;
+    // steps that split their prefill keys (chunks of a long prompt) on the wgmma kernel too, one
+    // CTA an SM
+    p->att_pf_fa3_ctas = p->att_pf_fa3 ? prop.multiProcessorCount : 0;
     // one wave of decode CTAs: two fit an SM at head dim 128 (104 KiB of stages each), four at 64
     const int per_sm = kc_attention_dec_per_sm(head_dim);
     p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;
     return 0;
+}
+
+extern "C" int kc_plan_pf_splits_fa3(const kc_plan *p, int n_kv, int n_tiles, int max_pos, int *kchunk) {
+    const int per = n_kv * n_tiles, units = (max_pos + 1 + 127) / 128, least = (p->att_dec_min_chunk + 127) / 128;
+    *kchunk = units * 128;
+    if (per <= 0 || 2 * per > p->att_pf_fa3_ctas) return 1;
+    int ns = p->att_pf_fa3_ctas / per, by_len = units / least; // every split at least `least` tiles
+    if (ns > by_len) ns = by_len;
+    if (ns > KC_PF_MAX_SPLIT) ns = KC_PF_MAX_SPLIT;
+    if (ns <= 1) return 1;
+    const int u = (units + ns - 1) / ns; // 128-position tiles a split
+    *kchunk = u * 128;
+    return (units + u - 1) / u;
 }
 
 extern "C" int kc_plan_dec_splits(const kc_plan *p, int n_kv, int n_dec, int n_ctx) {

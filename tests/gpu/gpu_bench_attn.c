@@ -236,8 +236,9 @@ static void bench_prefill(void) {
 
 /* A chunk of T prompt tokens at the end of a C-position context (chunked prefill of a long
  * prompt): the prefill kernel (8 warps, then 4 warps on tiles of half the tokens) with one CTA per
- * tile and KV head, and with the keys split by the plan's rule (kc_plan_pf_splits). GB/s counts
- * the context's K/V bytes once per tile. */
+ * tile and KV head, and with the keys split by the plan's rule (kc_plan_pf_splits); then, where
+ * it runs, the wgmma kernel (variant 3, the 8-warp kernel's tiles), whole and split by its rule
+ * (kc_plan_pf_splits_fa3). GB/s counts the context's K/V bytes once per tile. */
 static void bench_chunk(double bw) {
     const int Ts[] = { 16, 64, 256, 1024 }, Cs[] = { 8192, 32768, 131072 };
     printf("chunk: T new tokens after C - T cached positions, one sequence; KV bytes of the context a tile reads, GB/s of those\n");
@@ -251,8 +252,9 @@ static void bench_chunk(double bw) {
         CK(cudaMalloc((void **)&part, (size_t)2 * kc_plan_get()->att_dec_ctas * 16 * 8 * (HD + 2) * 4));
         CK(cudaMalloc((void **)&cnt, (size_t)kc_plan_get()->att_dec_ctas * 4));
         CK(cudaMemset(cnt, 0, (size_t)kc_plan_get()->att_dec_ctas * 4));
-        for (int wi = 0; wi < 8; wi++) { /* tiles of the 8-warp kernel, then of the 4-warp kernel (half the tokens) */
-            const int warps = wi < 4 ? 8 : 4, ti = wi % 4, T = Ts[ti], tt = kc_attention_tc_tile_tok(warps, NH, NKV);
+        const int fa3 = kc_attention_fa3_ok(HD, NH, NKV, BS);
+        for (int wi = 0; wi < (fa3 ? 12 : 8); wi++) { /* tiles of the 8-warp kernel, of the 4-warp kernel (half the tokens), the wgmma kernel's */
+            const int warps = wi < 4 || wi >= 8 ? 8 : 4, ti = wi % 4, T = Ts[ti], tt = kc_attention_tc_tile_tok(warps, NH, NKV);
             int nt = 0;
             for (int j = C - T; j < C; j += tt, nt++) {
                 ht[2 * nt] = j;
@@ -260,7 +262,8 @@ static void bench_chunk(double bw) {
             }
             CK(cudaMemcpy(tiles, ht, (size_t)nt * 8, cudaMemcpyHostToDevice));
             int kchunk = 0;
-            const int rule = kc_plan_pf_splits(kc_plan_get(), NKV, nt, C - 1, &kchunk);
+            const int rule = wi >= 8 ? kc_plan_pf_splits_fa3(kc_plan_get(), NKV, nt, C - 1, &kchunk)
+                                     : kc_plan_pf_splits(kc_plan_get(), NKV, nt, C - 1, &kchunk);
             const double bytes = (double)nt * C * NKV * HD * 2 * 2;
             for (int arm = 0; arm < 2; arm++) {
                 const int ns = arm ? rule : 1;
@@ -268,15 +271,18 @@ static void bench_chunk(double bw) {
                 const int iters = 10;
                 for (int i = 0; i < iters + 1; i++) {
                     if (i == 1) CK(cudaEventRecord(e0, 0));
-                    if (kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0, ns,
-                                                      kchunk, part, cnt, 0)) {
+                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 3, ns,
+                                                                 kchunk, part, cnt, 0)
+                                : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0,
+                                                                ns, kchunk, part, cnt, 0)) {
                         fprintf(stderr, "chunk launch failed\n");
                         exit(1);
                     }
                 }
                 CK(cudaEventRecord(e1, 0));
                 const double ms = time_ms(e0, e1) / iters;
-                printf("  C=%-6d T=%-5d warps=%d tiles=%-3d splits=%-3d %9.4f ms per layer %7.0f GB/s %5.1f %%\n", C, T, warps, nt, ns, ms,
+                printf("  C=%-6d T=%-5d %s tiles=%-3d splits=%-3d %9.4f ms per layer %7.0f GB/s %5.1f %%\n", C, T,
+                       wi >= 8 ? "fa3 v3 " : warps == 4 ? "warps=4" : "warps=8", nt, ns, ms,
                        bytes / ms / 1e6, 100 * bytes / ms / 1e6 / bw);
             }
         }

@@ -223,6 +223,26 @@ static void test_dec_splits(void) {
             const int ns = kc_plan_pf_splits(&p, 8, nt, pos, &kchunk);
             T_CHECK(ns >= 1 && ns <= KC_PF_MAX_SPLIT && (ns == 1 || (kchunk % 64 == 0 && (ns - 1) * kchunk <= pos && ns * kchunk > pos)));
         }
+    /* ... on the wgmma kernel: one wave of att_pf_fa3_ctas CTAs, splits of whole 128-position tiles */
+    p.att_pf_fa3_ctas = 0;
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 1, 131071, &kchunk), 1); /* off */
+    p.att_pf_fa3_ctas = 132;
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 1, 131071, &kchunk), 16);
+    T_EQ_INT(kchunk, 8192);
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 1, 119999, &kchunk), 16); /* 938 tiles: 59 a split, the last 53 */
+    T_EQ_INT(kchunk, 59 * 128);
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 2, 2047, &kchunk), 2); /* at least att_dec_min_chunk a split */
+    T_EQ_INT(kchunk, 1024);
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 8, 32767, &kchunk), 2);
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 9, 32767, &kchunk), 1); /* 72 CTAs: more than half a wave */
+    T_EQ_INT(kc_plan_pf_splits_fa3(&p, 8, 1, 1000, &kchunk), 1);
+    for (int pos = 0; pos < 140000; pos += 997)
+        for (int nt = 1; nt <= 10; nt++) {
+            const int ns = kc_plan_pf_splits_fa3(&p, 8, nt, pos, &kchunk);
+            T_CHECK(ns >= 1 && ns <= KC_PF_MAX_SPLIT && ns * nt * 8 <= 132 &&
+                    (ns == 1 || (kchunk % 128 == 0 && kchunk >= 1024 && (ns - 1) * kchunk <= pos && ns * kchunk > pos)));
+        }
+    p.att_pf_fa3_ctas = 0;
     for (int pos = 0; pos < 140000; pos += 997) /* the splits used cover the context within the launch's */
         for (int b = 1; b <= 64; b *= 2) {
             const int ns = kc_plan_dec_splits(&p, 8, b, 140000), ch = kc_plan_dec_chunk(&p, 8, b, ns, pos);
@@ -241,10 +261,14 @@ static void test_plan_prefill(void) {
     const int cc90 = major == 9 && minor == 0;
     T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 16, &p), 0);
     T_CHECKF(p.att_pf_fa3 == (cc90 ? 3 : 0), "att_pf_fa3 %d on compute capability %d.%d", p.att_pf_fa3, major, minor);
+    int sms = 0;
+    T_EQ_INT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    T_CHECKF(p.att_pf_fa3_ctas == (cc90 ? sms : 0), "att_pf_fa3_ctas %d (%d SMs)", p.att_pf_fa3_ctas, sms);
     T_EQ_INT(kc_plan_choose(0, 64, 16, 16, 32, &p), 0);
     T_EQ_INT(p.att_pf_fa3, cc90 ? 3 : 0);
     T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 8, &p), 0); /* blocks of 8: mma.sync */
     T_EQ_INT(p.att_pf_fa3, 0);
+    T_EQ_INT(p.att_pf_fa3_ctas, 0);
     T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 48, &p), 0); /* not a power of two */
     T_EQ_INT(p.att_pf_fa3, 0);
     T_EQ_INT(kc_plan_choose(0, 96, 32, 8, 16, &p), 0); /* head dim 96 */
