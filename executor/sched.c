@@ -14,7 +14,14 @@
 #include <string.h>
 
 #define GRAM_CACHE 64     /* compiled grammars kept (unused ones are dropped oldest first) */
-#define GUARD_WAIT_TOKENS 256 /* its chunks beside decodes until the cost model is fitted */
+/* The decode guard's chunks beside decodes: one block until the cost model is fitted (the
+ * fit then sees other sizes), and at most GUARD_GROW times the sequence's previous chunk plus a
+ * block, so a model fitted on other contexts or chunk sizes cannot jump far past what it saw */
+#define GUARD_GROW 2
+/* Every GUARD_PROBE-th step of guarded chunks runs its decodes alone: their measured time
+ * (an average over such steps) is the bound's base, fresher and closer than the fit's, which
+ * shares its positions term with the chunks' */
+#define GUARD_PROBE 16
 
 typedef struct seq {
     uint64_t id;
@@ -29,6 +36,7 @@ typedef struct seq {
     int32_t *stop;
     int      n_stop;
     int      in_batch;    /* scheduled in the step being built */
+    int      guard_w;     /* its last prompt chunk beside decodes under the decode guard (0: none yet) */
     ex_fair_item fi;      /* priority, tenant, arrival; the waiting queue's links */
     uint64_t *bh;         /* [cap / block_size] prefix cache: chained hashes of toks' full blocks */
     int      n_bh;
@@ -82,6 +90,11 @@ struct ex_sched {
     /* the decode guard's cost model, fitted the same way: y = k . (1, tokens, positions read,
      * attention work); the decayed normal equations cm[4][4] k = cv[4] */
     double     cm[4][4], cv[4];
+    double     dec_avg;       /* the measured time of recent decode-only steps (s; 0: none yet) ... */
+    uint64_t   dec_avg_step;  /* ... the step count at the last of them */
+    int        guard_run;     /* steps with guarded chunks since the last decode-only step */
+    double     guard_over;    /* how far such steps ran past their predicted cost (s, decayed average
+                               * of the excess, 0 where they ran shorter): taken off the bound */
     ex_sched_stats st;
     /* grammars */
     ex_gram_vocab *vocab; /* token bytes (ex_sched_set_vocab), NULL: grammars refused */
@@ -610,8 +623,12 @@ static void cost_add(ex_sched *s, const double f[4], double y) {
 }
 
 /* The guard's cost model k (opts.step_cost: a, b, c with no positions term; else the fit,
- * solved by elimination with partial pivoting). 0 while the fit has too few or too alike steps,
- * or gives no positive attention cost: the guard then bounds chunks by MODEL_WAIT_TOKENS. */
+ * solved by elimination with partial pivoting). The normal equations get a ridge of 1e-4 of
+ * their diagonal: steps that are alike in some direction (every step with the same tokens, a
+ * chunk always of one size, a context that grows in step with the decodes') leave the fit
+ * singular there, and without the ridge it stayed unfitted for the whole of a long prompt.
+ * 0 while the fit has too few steps or gives no positive cost to a chunk's tokens, positions
+ * or attention work: the guard then takes one block a step. */
 static int cost_model(const ex_sched *s, double k[4]) {
     const double *o = s->o.step_cost;
     if (o[0] > 0 || o[1] > 0 || o[2] > 0) {
@@ -622,12 +639,13 @@ static int cost_model(const ex_sched *s, double k[4]) {
     double A[4][5];
     for (int i = 0; i < 4; i++) {
         for (int j = 0; j < 4; j++) A[i][j] = s->cm[i][j];
+        A[i][i] += 1e-4 * s->cm[i][i];
         A[i][4] = s->cv[i];
     }
     for (int c = 0; c < 4; c++) {
         int p = c;
         for (int r = c + 1; r < 4; r++) if (fabs(A[r][c]) > fabs(A[p][c])) p = r;
-        if (!(fabs(A[p][c]) > 1e-12 * (fabs(s->cm[c][c]) + 1e-300))) return 0;
+        if (!(fabs(A[p][c]) > 1e-12 * (fabs(s->cm[c][c]) + 1e-300))) return 0; /* a feature never seen */
         if (p != c) for (int j = 0; j < 5; j++) { double t = A[c][j]; A[c][j] = A[p][j]; A[p][j] = t; }
         for (int r = 0; r < 4; r++) {
             if (r == c) continue;
@@ -636,8 +654,8 @@ static int cost_model(const ex_sched *s, double k[4]) {
         }
     }
     for (int i = 0; i < 4; i++) k[i] = A[i][4] / A[i][i];
-    for (int i = 0; i < 3; i++) k[i] = k[i] > 0 ? k[i] : 0;
-    return k[3] > 0;
+    for (int i = 0; i < 4; i++) k[i] = k[i] > 0 ? k[i] : 0;
+    return k[1] > 0 || k[2] > 0 || k[3] > 0;
 }
 
 /* The most tokens of a prompt chunk at context n0 whose cost b w + d (n0 + w) + c w (n0 + w)
@@ -809,8 +827,18 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
      * a block when none is free preempts the best victim among the running sequences not
      * already in this step's batch (itself, when fair.h ranks it first); when there is none,
      * it sits this step out (or, alone, finishes with CM_ENOKV). */
+    /* the bound's base: the decodes' measured time alone where recent (not with a given model,
+     * whose units are its own), capped by the fit's */
+    const double *sc = s->o.step_cost;
+    const int given = sc[0] > 0 || sc[1] > 0 || sc[2] > 0;
+    double base = 0;
     for (int pass = 0; pass < 2; pass++) {
-        if (pass) dec_cost = cost; /* the decodes alone */
+        if (pass) {
+            dec_cost = cost; /* the decodes alone */
+            base = !given && s->dec_avg > 0 && s->st.steps - s->dec_avg_step <= 4 * GUARD_PROBE && s->dec_avg < dec_cost ? s->dec_avg
+                                                                                                                         : dec_cost;
+            if (guard && n_dec && s->guard_run >= GUARD_PROBE) break; /* a probe: the decodes alone */
+        }
         for (int i = 0; i < (pass ? s->n_ord : s->n_run) && budget > 0 && nb < room; i++) {
             seq *q = pass ? s->ord[i] : s->run[i];
             if (!q || q->fi.state != EX_FAIR_RUNNING) continue; /* preempted in this pass */
@@ -822,12 +850,14 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
             if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
-                int w = fitted ? chunk_fit(ck, q->n_cached, stall * dec_cost - cost) : GUARD_WAIT_TOKENS;
+                int w = fitted ? chunk_fit(ck, q->n_cached, dec_cost + (stall - 1) * base - s->guard_over - cost) : s->lim.block_size;
+                if (q->guard_w > 0 && w > GUARD_GROW * q->guard_w + s->lim.block_size) w = GUARD_GROW * q->guard_w + s->lim.block_size;
                 if (w < s->lim.block_size) {
                     if (n_chunks) continue; /* the step is full: the next one takes it */
                     w = s->lim.block_size;
                 }
                 if (want > w) want = w;
+                q->guard_w = want;
             }
             int rc, v = -1;
             while ((rc = ex_kv_table_reserve(s->kv, &q->kv, q->n_cached + want)) == CM_ENOKV) {
@@ -891,8 +921,22 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
     double dt = (double)(cm_time_ns() - t0) * 1e-9;
+    if (guard && n_dec && n_chunks)
+        CM_LOG_DEBUG("sched", "decode guard step", "fitted=%d decodes=%d chunk_tokens=%d positions=%.0f work=%.0f predicted_ms=%.3f "
+                     "decodes_ms=%.3f base_ms=%.3f bound_ms=%.3f measured_ms=%.3f k=%.4g,%.4g,%.4g,%.4g",
+                     fitted, n_dec, s->bb.b.n_tokens - n_dec, feat[2], feat[3], cost * 1e3, dec_cost * 1e3, base * 1e3,
+                     (dec_cost + (stall - 1) * base - s->guard_over) * 1e3,
+                     dt * 1e3, ck[0], ck[1], ck[2], ck[3]);
     fit_step(s, s->bb.b.n_tokens, dt);
     cost_add(s, feat, dt);
+    if (n_dec && !n_chunks) {
+        s->dec_avg = s->dec_avg > 0 && s->st.steps - s->dec_avg_step <= 4 * GUARD_PROBE ? 0.75 * s->dec_avg + 0.25 * dt : dt;
+        s->dec_avg_step = s->st.steps;
+        s->guard_run = 0;
+    } else if (guard && n_dec && n_chunks) {
+        s->guard_run++;
+        if (fitted && !given) s->guard_over = 0.9 * s->guard_over + 0.1 * (dt > cost ? dt - cost : 0);
+    }
     s->st.steps++;
     s->st.tokens_forwarded += (uint64_t)s->bb.b.n_tokens;
 

@@ -21,7 +21,13 @@
  * each sequence's context, its K/V pass over memory; attention work: each token times the
  * positions it attends to), fitted to the forward passes' times. Each prompt chunk gets the
  * tokens that fit what is left of that bound (fewer as its context grows), at least a block,
- * 256 until the model is fitted. A step without decodes takes
+ * one block until the model is fitted, and at most twice its previous chunk plus a block
+ * (the fit learns a chunk's cost from the sizes it has seen). The decodes' cost the bound
+ * multiplies is their measured time alone where that is recent and below the fit's: every
+ * 16th step of a run of such steps leaves the chunks out to measure it (the fit shares one
+ * positions term between decodes and chunks, and overstated the decodes by up to a third
+ * beside a 120k-token prompt), less the average amount by which recent guarded steps ran past
+ * their predicted cost. A step without decodes takes
  * whole chunks up to the budget. It trades the long prompt's time to first token for the
  * others' inter-token latency (bench/RESULTS.md: a 120k-token prompt beside 64 streams on an
  * H200).
