@@ -8,7 +8,7 @@
 // exactly the CPU's order (value desc, id asc). A select finds the first key, in descending
 // order, at which a running count or probability mass reaches a target:
 //   pass: a histogram of the bucket [lo, hi] into 256 bins of equal key width (per-warp bins,
-//         same-bin lanes summed by a fixed butterfly, warps merged in order: deterministic),
+//         same-bin lanes summed in lane order, warps merged in order: deterministic),
 //         a scan of the bins to the one where the target is reached, which becomes the bucket;
 //   end:  once the bucket holds <= 64 members they are gathered, ordered by key and walked
 //         one by one, as the CPU walks its sorted candidates.
@@ -144,6 +144,7 @@ typedef struct scan_res {
 struct dev_blk {
     uint32_t *hc;    /* [S_WARPS][S_BINS] per-warp counts (dynamic shared) */
     double *hm;      /* [S_WARPS][S_BINS] per-warp masses */
+    double *wsc;     /* [S_WARPS][32] a warp's lanes' masses */
     uint32_t *bc;    /* [S_BINS] merged */
     double *bm;
     uint64_t *gk, *gk_raw; /* [S_GATHER] gathered keys: ordered desc / as found */
@@ -239,7 +240,7 @@ struct dev_blk {
     }
 
     /* Histogram of the members of `set` with keys in [lo, hi] into bins (hi - key) >> s, merged
-     * into bc / bm. Same-bin lanes of a warp are summed by a fixed butterfly and each warp adds
+     * into bc / bm. Same-bin lanes of a warp are summed in lane order and each warp adds
      * into its own bins in its own element order, so the sums do not depend on timing. */
     template <bool COUNT> HD void hist(const rowctx &c, int set, uint64_t lo, uint64_t hi, int s) {
 #ifdef __CUDA_ARCH__
@@ -273,21 +274,43 @@ struct dev_blk {
                 if (COUNT) {
                     if (bin >= 0 && lane == leader) wc[bin] += __popc(grp);
                 } else {
-                    int single = (grp & (grp - 1)) == 0;
+                    const int single = (grp & (grp - 1)) == 0;
                     if (bin >= 0 && single) {
                         wc[bin] += 1;
                         wm[bin] += w;
                     }
-                    unsigned multi = __ballot_sync(0xffffffffu, bin >= 0 && !single && lane == leader);
-                    while (multi) {
-                        int l = __ffs(multi) - 1;
-                        multi &= multi - 1;
-                        int b = __shfl_sync(0xffffffffu, bin, l);
-                        double v = bin == b ? w : 0.0;
-                        for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-                        if (lane == l) {
-                            wc[b] += __popc(grp);
-                            wm[b] += v;
+                    /* bins of several lanes: where there are many of them for their size, each
+                     * bin's leader adds its lanes' masses in lane order through shared memory
+                     * (steps: the largest bin's lanes), else a butterfly of shuffles per bin
+                     * (steps: 5 a bin); the butterflies were most of a pass's time where the
+                     * candidates fill a handful of bins (N(0, 1) logits), the leaders' loops
+                     * where a few bins hold most lanes (one token far ahead). Either way the
+                     * order of the sums depends only on the data */
+                    const unsigned multi = __ballot_sync(0xffffffffu, bin >= 0 && !single && lane == leader);
+                    if (multi) {
+                        const int most = __reduce_max_sync(0xffffffffu, bin >= 0 ? __popc(grp) : 0);
+                        if (most < 4 * __popc(multi)) {
+                            double *ws = wsc + warp * 32;
+                            ws[lane] = w;
+                            __syncwarp();
+                            if (bin >= 0 && !single && lane == leader) {
+                                double v = 0.0;
+                                for (unsigned g = grp; g; g &= g - 1) v = __dadd_rn(v, ws[__ffs(g) - 1]);
+                                wc[bin] += __popc(grp);
+                                wm[bin] += v;
+                            }
+                        } else {
+                            for (unsigned mm = multi; mm;) {
+                                const int l = __ffs(mm) - 1;
+                                mm &= mm - 1;
+                                const int b = __shfl_sync(0xffffffffu, bin, l);
+                                double v = bin == b ? w : 0.0;
+                                for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+                                if (lane == l) {
+                                    wc[b] += __popc(grp);
+                                    wm[b] += v;
+                                }
+                            }
                         }
                     }
                 }
@@ -734,7 +757,9 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits, int ld
     __shared__ int s_gn;
     __shared__ uint64_t s_red[S_WARPS + 1];
     __shared__ scan_res s_sr;
+    __shared__ double s_wsc[S_WARPS * 32];
     dev_blk k;
+    k.wsc = s_wsc;
     k.hm = (double *)s_dyn;
     k.hc = (uint32_t *)(s_dyn + (size_t)S_WARPS * S_BINS * sizeof(double));
     k.bc = s_bc;
