@@ -384,6 +384,79 @@ static void test_decode_guard(void) {
     ex_engine_destroy(e);
 }
 
+/* The decode guard's probes and its start (sched.h): four sequences decode while a 600-token
+ * prompt arrives. With a given cost model that allows less than a block, every chunk is one
+ * block, and after 16 steps with chunks one step runs the decodes alone (their measured time
+ * is the bound's base); without a model (not fitted yet) the first chunks are one block. */
+static void test_decode_guard_probe(void) {
+    static int32_t longp[600];
+    longp[0] = 1;
+    for (int j = 1; j < 600; j++) longp[j] = 3 + (int32_t)((j * 7919u) % 500);
+    for (int given = 1; given >= 0; given--) {
+        ex_sched_opts so;
+        ex_sched_opts_default(&so);
+        so.stall_max = given ? 1.5 : 2;
+        if (given) so.step_cost[0] = 1, so.step_cost[1] = 0.01, so.step_cost[2] = 0.01;
+        ex_engine_opts o;
+        ex_engine_opts_default(&o);
+        o.n_threads = 1;
+        o.n_ctx = 1024;
+        o.kv_cache_mb = 8;
+        o.max_tokens = 128;
+        o.max_seqs = 8;
+        char err[256];
+        ex_engine *e = NULL;
+        ex_sched *s = NULL;
+        int rc = ex_engine_create(m, &o, &e, err, sizeof err);
+        T_CHECKF(rc == 0, "%s", err);
+        if (rc) return;
+        T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+        const int bs = ex_engine_limits(e)->block_size;
+        ex_event ev[16];
+        int n_ev, n0 = 0, run_len = 0, longest_run = 0, probes = 0, first = -1;
+        uint64_t last = 0;
+        for (int step = 0; step < 200 && first < 0; step++) {
+            for (int i = 0; i < 5; i++) {
+                if ((i < 4 && step != 0) || (i == 4 && step != 2)) continue;
+                ex_request r;
+                memset(&r, 0, sizeof r);
+                r.id = 1 + (uint64_t)i;
+                r.prompt = i < 4 ? prompts[i] : longp;
+                r.n_prompt = i < 4 ? 4 : 600;
+                ex_sample_params_default(&r.sp);
+                r.sp.max_tokens = i < 4 ? 400 : 2;
+                r.sp.ignore_eos = 1;
+                T_EQ_INT(ex_sched_submit(s, &r), 0);
+            }
+            T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+            for (int k = 0; k < n_ev; k++)
+                if (ev[k].id == 5 && ev[k].token >= 0) first = step;
+            ex_sched_stats st;
+            ex_sched_stats_get(s, &st);
+            const int chunk = (int)(st.tokens_forwarded - last) - 4;
+            last = st.tokens_forwarded;
+            if (step < 2) continue;
+            if (given) T_CHECKF(chunk == 0 || chunk == bs || chunk == 600 - n0, "step %d: a chunk of %d (one block: %d)", step, chunk, bs);
+            else if (step < 6) T_CHECKF(chunk == bs, "no model yet, step %d: a chunk of %d, not one block (%d)", step, chunk, bs);
+            if (chunk > 0) {
+                run_len++;
+                longest_run = run_len > longest_run ? run_len : longest_run;
+            } else if (n0 < 600) {
+                probes++;
+                run_len = 0;
+            }
+            n0 += chunk;
+        }
+        T_CHECKF(first >= 0, "guard (model %d): the long prompt never got its first token", given);
+        if (given) {
+            T_CHECKF(longest_run <= 16, "a run of %d steps with chunks, no probe after 16", longest_run);
+            T_CHECKF(probes >= 2, "%d probe steps over a 600-token prompt in blocks of %d", probes, bs);
+        }
+        ex_sched_destroy(s);
+        ex_engine_destroy(e);
+    }
+}
+
 int main(void) {
     test_fair();
     char err[256];
@@ -395,6 +468,7 @@ int main(void) {
     test_sched_policy();
     test_step_shares();
     test_decode_guard();
+    test_decode_guard_probe();
     mdl_free(m);
     return t_done();
 }
