@@ -132,8 +132,9 @@ pull "http://127.0.0.1:$PORT/x%2F..%2Fstories260K.gguf" -o "$tmp/l" >/dev/null 2
 check '[ $rc = 2 ]' "encoded slash: rc $rc"
 
 # 13. Two pulls of the same file at once: the second is refused while the first holds the
-# .part, and the first still completes correctly.
-pull "$URL?slow=50" -o "$tmp/m" --sha256 "$SHA" >/dev/null 2>"$tmp/err1" &
+# .part, and the first still completes correctly. The first takes ~5 s (300 ms a 64 KiB
+# chunk): at 50 ms (~1 s) a loaded machine once started the second after the first had ended.
+pull "$URL?slow=300" -o "$tmp/m" --sha256 "$SHA" >/dev/null 2>"$tmp/err1" &
 first=$!
 for _ in $(seq 100); do [ -s "$tmp/m/stories260K.gguf.part" ] && break; sleep 0.02; done
 pull "$URL" -o "$tmp/m" >/dev/null 2>"$tmp/err"; rc=$?
