@@ -122,12 +122,13 @@ typedef struct {
 static int32_t prompts[MAXR][64];
 
 /* A scheduler on stories260K: slots sequences, budget tokens per step, fixed_tokens (opts). */
-/* An engine of slots sequences and budget tokens a step, and its scheduler with options so. */
-static ex_sched *mk_opts(ex_engine **e, int slots, int budget, const ex_sched_opts *so) {
+/* An engine of slots sequences, budget tokens a step and n_ctx positions a sequence, and its
+ * scheduler with options so. */
+static ex_sched *mk_ctx(ex_engine **e, int slots, int budget, int n_ctx, const ex_sched_opts *so) {
     ex_engine_opts o;
     ex_engine_opts_default(&o);
     o.n_threads = 1;
-    o.n_ctx = 256;
+    o.n_ctx = n_ctx;
     o.kv_cache_mb = 8;
     o.max_tokens = budget;
     o.max_seqs = slots;
@@ -139,6 +140,8 @@ static ex_sched *mk_opts(ex_engine **e, int slots, int budget, const ex_sched_op
     if (!rc) T_EQ_INT(ex_sched_create(*e, so, &s), 0);
     return s;
 }
+
+static ex_sched *mk_opts(ex_engine **e, int slots, int budget, const ex_sched_opts *so) { return mk_ctx(e, slots, budget, 256, so); }
 
 static ex_sched *mk(ex_engine **e, int slots, int budget, int fixed_tokens) {
     ex_sched_opts so;
@@ -305,6 +308,43 @@ static void test_step_shares(void) {
  * given cost model (a + b tokens + c attention work) the prompt's chunks keep each step within
  * 1.75 times its decodes' cost (at least a block), the prompt still completes; without the
  * guard it takes the whole budget in one step; a prompt alone is never cut. */
+/* The decode guard tests' long prompt (its first n_long <= 600 tokens). */
+static const int32_t *guard_prompt(void) {
+    static int32_t p[600];
+    p[0] = 1;
+    for (int j = 1; j < 600; j++) p[j] = 3 + (int32_t)((j * 7919u) % 500);
+    return p;
+}
+
+/* One step of the decode guard's tests: four 4-token requests (ids 1-4, dec_tokens each, EOS
+ * ignored) arrive at step 0, the long prompt (id 5) at step 2. Returns the prompt chunk the step
+ * forwarded beside the four decodes (tokens forwarded - 4; *last: the forwarded count so far)
+ * and sets *first to the step that gave the long prompt its first token. */
+static int guard_step(ex_sched *s, int step, const int32_t *longp, int n_long, int dec_tokens, uint64_t *last, int *first) {
+    for (int i = 0; i < 5; i++) {
+        if ((i < 4 && step != 0) || (i == 4 && step != 2)) continue;
+        ex_request r;
+        memset(&r, 0, sizeof r);
+        r.id = 1 + (uint64_t)i;
+        r.prompt = i < 4 ? prompts[i] : longp;
+        r.n_prompt = i < 4 ? 4 : n_long;
+        ex_sample_params_default(&r.sp);
+        r.sp.max_tokens = i < 4 ? (uint32_t)dec_tokens : 5;
+        r.sp.ignore_eos = 1;
+        T_EQ_INT(ex_sched_submit(s, &r), 0);
+    }
+    ex_event ev[16];
+    int n_ev;
+    T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
+    for (int k = 0; k < n_ev; k++)
+        if (ev[k].id == 5 && ev[k].token >= 0) *first = step;
+    ex_sched_stats st;
+    ex_sched_stats_get(s, &st);
+    const int chunk = (int)(st.tokens_forwarded - *last) - 4;
+    *last = st.tokens_forwarded;
+    return chunk;
+}
+
 static int guard_chunk(double b, double c, int n0, double e) {
     if (e <= 0) return 0;
     double B = b + c * n0;
@@ -313,9 +353,7 @@ static int guard_chunk(double b, double c, int n0, double e) {
 
 static void test_decode_guard(void) {
     const double a = 1, b = 0.01, c = 0.001;
-    static int32_t longp[200];
-    longp[0] = 1;
-    for (int j = 1; j < 200; j++) longp[j] = 3 + (int32_t)((j * 7919u) % 500);
+    const int32_t *longp = guard_prompt();
     for (int on = 1; on >= 0; on--) {
         ex_sched_opts so;
         ex_sched_opts_default(&so);
@@ -325,30 +363,12 @@ static void test_decode_guard(void) {
         ex_sched *s = mk_opts(&e, 8, 128, &so);
         if (!s) return;
         const int bs = ex_engine_limits(e)->block_size;
-        ex_event ev[16];
-        int n_ev, n0 = 0, first = -1;
+        int n0 = 0, first = -1;
         uint64_t last = 0;
         for (int step = 0; step < 40 && first < 0; step++) {
-            for (int i = 0; i < 5; i++) {
-                if ((i < 4 && step != 0) || (i == 4 && step != 2)) continue;
-                ex_request r;
-                memset(&r, 0, sizeof r);
-                r.id = 1 + (uint64_t)i;
-                r.prompt = i < 4 ? prompts[i] : longp;
-                r.n_prompt = i < 4 ? 4 : 200;
-                ex_sample_params_default(&r.sp);
-                r.sp.max_tokens = i < 4 ? 100 : 5;
-                T_EQ_INT(ex_sched_submit(s, &r), 0);
-            }
-            T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
-            for (int k = 0; k < n_ev; k++)
-                if (ev[k].id == 5 && ev[k].token >= 0) first = step;
-            ex_sched_stats st;
-            ex_sched_stats_get(s, &st);
-            int tok = (int)(st.tokens_forwarded - last);
-            last = st.tokens_forwarded;
+            const int chunk = guard_step(s, step, longp, 200, 100, &last, &first);
             if (step < 2) continue;
-            int chunk = tok - 4, rest = 200 - n0;
+            int rest = 200 - n0;
             /* the four decodes: position 4 + step - 1 each, attending to 4 + step positions */
             double dec = a + 4 * (b + c * (4 + step));
             int want = on ? guard_chunk(b, c, n0, 1.75 * dec - dec) : 124;
@@ -389,52 +409,20 @@ static void test_decode_guard(void) {
  * block, and after 16 steps with chunks one step runs the decodes alone (their measured time
  * is the bound's base); without a model (not fitted yet) the first chunks are one block. */
 static void test_decode_guard_probe(void) {
-    static int32_t longp[600];
-    longp[0] = 1;
-    for (int j = 1; j < 600; j++) longp[j] = 3 + (int32_t)((j * 7919u) % 500);
+    const int32_t *longp = guard_prompt();
     for (int given = 1; given >= 0; given--) {
         ex_sched_opts so;
         ex_sched_opts_default(&so);
         so.stall_max = given ? 1.5 : 2;
         if (given) so.step_cost[0] = 1, so.step_cost[1] = 0.01, so.step_cost[2] = 0.01;
-        ex_engine_opts o;
-        ex_engine_opts_default(&o);
-        o.n_threads = 1;
-        o.n_ctx = 1024;
-        o.kv_cache_mb = 8;
-        o.max_tokens = 128;
-        o.max_seqs = 8;
-        char err[256];
-        ex_engine *e = NULL;
-        ex_sched *s = NULL;
-        int rc = ex_engine_create(m, &o, &e, err, sizeof err);
-        T_CHECKF(rc == 0, "%s", err);
-        if (rc) return;
-        T_EQ_INT(ex_sched_create(e, &so, &s), 0);
+        ex_engine *e;
+        ex_sched *s = mk_ctx(&e, 8, 128, 1024, &so);
+        if (!s) return;
         const int bs = ex_engine_limits(e)->block_size;
-        ex_event ev[16];
-        int n_ev, n0 = 0, run_len = 0, longest_run = 0, probes = 0, first = -1;
+        int n0 = 0, run_len = 0, longest_run = 0, probes = 0, first = -1;
         uint64_t last = 0;
         for (int step = 0; step < 200 && first < 0; step++) {
-            for (int i = 0; i < 5; i++) {
-                if ((i < 4 && step != 0) || (i == 4 && step != 2)) continue;
-                ex_request r;
-                memset(&r, 0, sizeof r);
-                r.id = 1 + (uint64_t)i;
-                r.prompt = i < 4 ? prompts[i] : longp;
-                r.n_prompt = i < 4 ? 4 : 600;
-                ex_sample_params_default(&r.sp);
-                r.sp.max_tokens = i < 4 ? 400 : 2;
-                r.sp.ignore_eos = 1;
-                T_EQ_INT(ex_sched_submit(s, &r), 0);
-            }
-            T_EQ_INT(ex_sched_step(s, ev, 16, &n_ev), 0);
-            for (int k = 0; k < n_ev; k++)
-                if (ev[k].id == 5 && ev[k].token >= 0) first = step;
-            ex_sched_stats st;
-            ex_sched_stats_get(s, &st);
-            const int chunk = (int)(st.tokens_forwarded - last) - 4;
-            last = st.tokens_forwarded;
+            const int chunk = guard_step(s, step, longp, 600, 400, &last, &first);
             if (step < 2) continue;
             if (given) T_CHECKF(chunk == 0 || chunk == bs || chunk == 600 - n0, "step %d: a chunk of %d (one block: %d)", step, chunk, bs);
             else if (step < 6) T_CHECKF(chunk == bs, "no model yet, step %d: a chunk of %d, not one block (%d)", step, chunk, bs);
