@@ -139,7 +139,7 @@ typedef struct kc_plan {
                            * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
                            * takes 3 where the kernel runs */
     int att_pf_fa3_ctas;  /* steps that split their prefill keys run on the wgmma kernel (with
-                           * att_pf_fa3) in one wave of this many CTAs (one an SM; kc_plan_pf_splits);
+                           * att_pf_fa3) in one wave of this many CTAs (one an SM; kc_plan_pf_splits_fa3);
                            * 0: on the mma.sync kernel (att_pf_split_warps) */
     int att_dec_ctas;     /* tensor-core decode: the CTAs of one wave (resident at once); a launch
                            * has splits for two waves (kc_plan_dec_splits) ... */
