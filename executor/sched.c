@@ -622,6 +622,17 @@ static void cost_add(ex_sched *s, const double f[4], double y) {
     }
 }
 
+/* Whether the guard's cost model is given (opts.step_cost, in units of its own) rather than fitted. */
+static int cost_given(const ex_sched *s) {
+    const double *o = s->o.step_cost;
+    return o[0] > 0 || o[1] > 0 || o[2] > 0;
+}
+
+/* The measured time of decode-only steps, where recent (within 4 probes' spacing): 0 if none. */
+static double dec_recent(const ex_sched *s) {
+    return s->dec_avg > 0 && s->st.steps - s->dec_avg_step <= 4 * GUARD_PROBE ? s->dec_avg : 0;
+}
+
 /* The guard's cost model k (opts.step_cost: a, b, c with no positions term; else the fit,
  * solved by elimination with partial pivoting). The normal equations get a ridge of 1e-4 of
  * their diagonal: steps that are alike in some direction (every step with the same tokens, a
@@ -631,7 +642,7 @@ static void cost_add(ex_sched *s, const double f[4], double y) {
  * or attention work: the guard then takes one block a step. */
 static int cost_model(const ex_sched *s, double k[4]) {
     const double *o = s->o.step_cost;
-    if (o[0] > 0 || o[1] > 0 || o[2] > 0) {
+    if (cost_given(s)) {
         k[0] = o[0], k[1] = o[1], k[2] = 0, k[3] = o[2];
         return 1;
     }
@@ -829,14 +840,13 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
      * it sits this step out (or, alone, finishes with CM_ENOKV). */
     /* the bound's base: the decodes' measured time alone where recent (not with a given model,
      * whose units are its own), capped by the fit's */
-    const double *sc = s->o.step_cost;
-    const int given = sc[0] > 0 || sc[1] > 0 || sc[2] > 0;
+    const int given = cost_given(s);
+    const double dec_meas = given ? 0 : dec_recent(s);
     double base = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) {
             dec_cost = cost; /* the decodes alone */
-            base = !given && s->dec_avg > 0 && s->st.steps - s->dec_avg_step <= 4 * GUARD_PROBE && s->dec_avg < dec_cost ? s->dec_avg
-                                                                                                                         : dec_cost;
+            base = dec_meas > 0 && dec_meas < dec_cost ? dec_meas : dec_cost;
             if (guard && n_dec && s->guard_run >= GUARD_PROBE) break; /* a probe: the decodes alone */
         }
         for (int i = 0; i < (pass ? s->n_ord : s->n_run) && budget > 0 && nb < room; i++) {
@@ -930,7 +940,8 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     fit_step(s, s->bb.b.n_tokens, dt);
     cost_add(s, feat, dt);
     if (n_dec && !n_chunks) {
-        s->dec_avg = s->dec_avg > 0 && s->st.steps - s->dec_avg_step <= 4 * GUARD_PROBE ? 0.75 * s->dec_avg + 0.25 * dt : dt;
+        const double prev = dec_recent(s);
+        s->dec_avg = prev > 0 ? 0.75 * prev + 0.25 * dt : dt;
         s->dec_avg_step = s->st.steps;
         s->guard_run = 0;
     } else if (guard && n_dec && n_chunks) {
