@@ -4,7 +4,8 @@
  * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
  * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds: mma.sync with 4 and 8 warps, and the
  * wgmma kernel of attention_fa3.cu on compute capability 9.0).
- * usage: gpu_bench_attn [decode|prefill|splits|chunk]... (default: decode and prefill; splits sweeps
+ * usage: gpu_bench_attn [decode|decode8|decode8x|prefill|splits|chunk]... (default: decode and prefill;
+ * decode8: the FP8 cache against the F16 one, decode8x: only 256 x 1,024, for a profiler; splits sweeps
  * the decode kernel's split count at 1-32 sequences of 8k-128k positions; chunk: a chunk of a
  * long prompt on the prefill kernel, whole and split over the keys) */
 #include "kernels/cuda/kcuda.h"
@@ -53,17 +54,20 @@ static float time_ms(cudaEvent_t e0, cudaEvent_t e1) {
 /* One decode shape: B sequences of C positions on the tensor-core kernel with ns splits of the
  * fewest 64-position units that cover C (0: the backend's rule, kc_plan_dec_splits and
  * kc_plan_dec_chunk of the installed plan), and unless tc_only the per-head kernel with
- * 64-position splits. */
-static void decode_one(double bw, int B, int C, int ns, int tc_only) {
+ * 64-position splits. f8: an FP8 cache (codes and a scale per position and head) on the
+ * tensor-core kernel only. */
+static void decode_one(double bw, int B, int C, int ns, int tc_only, int f8) {
     const int mb = C / BS, nblk = B * mb;
-    const size_t ce = (size_t)(nblk + 1) * NKV * BS * HD;
-    kc_half *k, *v;
+    /* elements (F16) or bytes (FP8: HD codes + a 4-byte scale per row) */
+    const size_t ce = (size_t)(nblk + 1) * NKV * BS * (f8 ? HD + 4 : HD), esz = f8 ? 1 : 2;
+    if (f8) tc_only = 1;
+    void *k, *v;
     float *q, *out, *part;
     int32_t *pos, *seq, *bt, *chunk, *cnt;
-    CK(cudaMalloc((void **)&k, ce * 2));
-    CK(cudaMalloc((void **)&v, ce * 2));
-    CK(cudaMemset(k, 0x3a, ce * 2));
-    CK(cudaMemset(v, 0x39, ce * 2));
+    CK(cudaMalloc((void **)&k, ce * esz));
+    CK(cudaMalloc((void **)&v, ce * esz));
+    CK(cudaMemset(k, 0x3a, ce * esz)); /* E4M3 0x3a = 1.25, 0x39 = 1.125; scales ~7e-4 */
+    CK(cudaMemset(v, 0x39, ce * esz));
     CK(cudaMalloc((void **)&q, (size_t)B * NH * HD * 4));
     CK(cudaMemset(q, 0x3c, (size_t)B * NH * HD * 4));
     CK(cudaMalloc((void **)&out, (size_t)B * NH * HD * 4));
@@ -97,20 +101,22 @@ static void decode_one(double bw, int B, int C, int ns, int tc_only) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const double bytes = 2.0 * B * C * NKV * HD * 2;
+    const double bytes = 2.0 * B * C * NKV * (f8 ? HD + 4 : HD * 2);
     for (int arm = 0; arm < (tc_only ? 1 : 2); arm++) {
         const int iters = 20;
         for (int i = 0; i < iters + 3; i++) {
             if (i == 3) CK(cudaEventRecord(e0, 0));
-            int rc = arm == 0 ? kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
+            int rc = arm == 1   ? kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split, 64,
+                                                  part, cnt, 0, 0)
+                     : f8 ? kc_attention_decode_tc_f8(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
                                                        chunk, part, cnt, 0)
-                              : kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split, 64,
-                                                part, cnt, 0, 0);
+                          : kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
+                                                   chunk, part, cnt, 0);
             if (rc) { fprintf(stderr, "launch failed (%d)\n", rc); exit(1); }
         }
         CK(cudaEventRecord(e1, 0));
         double ms = time_ms(e0, e1) / iters;
-        printf("  %-9s B=%-4d C=%-6d splits=%-4d ctas=%-5d %8.1f MB %9.4f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : "tc", B, C,
+        printf("  %-9s B=%-4d C=%-6d splits=%-4d ctas=%-5d %8.1f MB %9.4f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : f8 ? "tc-fp8" : "tc", B, C,
                arm ? ph_split : used, arm ? B * NKV * ph_split : B * NKV * used, bytes / 1e6, ms, bytes / ms / 1e6,
                100 * bytes / ms / 1e6 / bw);
     }
@@ -124,7 +130,18 @@ static void bench_decode(double bw) {
     printf("decode: B x C positions, KV bytes read per call, time, GB/s and fraction of %.0f GB/s copy bandwidth\n", bw);
     for (int ci = 0; ci < 4; ci++)
         for (int bi = 0; bi < 8; bi++)
-            if ((size_t)Bs[bi] * Cs[ci] <= ((size_t)2 << 20)) decode_one(bw, Bs[bi], Cs[ci], 0, Cs[ci] > 32768);
+            if ((size_t)Bs[bi] * Cs[ci] <= ((size_t)2 << 20)) decode_one(bw, Bs[bi], Cs[ci], 0, Cs[ci] > 32768, 0);
+}
+
+/* The FP8 cache against the F16 one on the tensor-core decode kernel (the plan's splits). */
+static void bench_decode_f8(double bw, int one) {
+    const int BC[][2] = { { 1, 8192 }, { 1, 32768 }, { 8, 32768 }, { 64, 1024 }, { 128, 1024 }, { 256, 1024 }, { 64, 8192 },
+                          { 256, 4096 } };
+    printf("decode, FP8 cache vs F16: B x C positions, bytes read per call (FP8: codes + scales)\n");
+    for (size_t i = one ? 5 : 0; i < (one ? 6 : sizeof BC / sizeof BC[0]); i++) {
+        decode_one(bw, BC[i][0], BC[i][1], 0, 1, 0);
+        decode_one(bw, BC[i][0], BC[i][1], 0, 1, 1);
+    }
 }
 
 /* The split count of the tensor-core decode kernel swept at few sequences and long contexts:
@@ -141,7 +158,7 @@ static void bench_splits(double bw, int sms) {
                 const int ns = (Ms[mi] * sms + B * NKV - 1) / (B * NKV);
                 if (ns == last) continue;
                 last = ns;
-                decode_one(bw, B, C, ns, 1);
+                decode_one(bw, B, C, ns, 1, 0);
             }
         }
 }
@@ -302,14 +319,16 @@ int main(int argc, char **argv) {
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
-    int dec = argc < 2, pf = argc < 2, spl = 0, chk = 0;
+    int dec = argc < 2, pf = argc < 2, spl = 0, chk = 0, d8 = 0;
     for (int i = 1; i < argc; i++) {
         dec |= !strcmp(argv[i], "decode");
         pf |= !strcmp(argv[i], "prefill");
         spl |= !strcmp(argv[i], "splits");
         chk |= !strcmp(argv[i], "chunk");
+        d8 |= !strcmp(argv[i], "decode8") ? 1 : !strcmp(argv[i], "decode8x") ? 2 : 0;
     }
     if (dec) bench_decode(bw);
+    if (d8) bench_decode_f8(bw, d8 == 2);
     if (spl) bench_splits(bw, prop.multiProcessorCount);
     if (chk) bench_chunk(bw);
     if (pf) bench_prefill();
