@@ -8,9 +8,10 @@
 #include <cuda_fp8.h>
 
 // FP8 KV cache (kcuda.h, the CPU's layout): one layer's block b holds the codes [bs][n_kv][hd]
-// (E4M3 bytes), then the scales [bs][n_kv] f32. The attention kernels read 8 values of a
-// (block, row, head) at a time as halves: code x scale in f32, rounded to half, so the rest
-// of each kernel is the F16 cache's.
+// (E4M3 bytes), then the scales [bs][n_kv] f32. The prefill and per-head kernels read 8 values
+// of a (block, row, head) at a time as halves: code x scale in f32, rounded to half, so the rest
+// of each kernel is the F16 cache's. (The tensor-core decode kernel takes the codes as exact
+// halves and applies the scales in f32: attention_tc.cu.)
 __device__ __forceinline__ uint4 kv_f8_expand8(uint2 c, float s) {
     const uint32_t u[2] = { c.x, c.y };
     uint32_t o[4];
