@@ -34,7 +34,7 @@ int cli_serve(int argc, char **argv) {
         { "max-batch", 0, CM_OPT_INT, &o.max_batch, "sequences per engine step (0 = executor default)" },
         { "max-batch-tokens", 0, CM_OPT_INT, &o.max_batch_tokens, "tokens per engine step (0 = executor default)" },
         { "no-prefix-cache", 0, CM_OPT_BOOL, &o.no_prefix_cache, "compute every prompt in full (no reuse of cached prefixes' KV)" },
-        { "max-decode-stall", 0, CM_OPT_F64, &o.max_decode_stall, "with decodes running, a step may cost at most F times their cost alone: long prompts' chunks shrink (their TTFT for the others' ITL); 0 = off (default)" },
+        { "max-decode-stall", 0, CM_OPT_F64, &o.max_decode_stall, "with decodes running, a step may cost at most F times their cost alone: the chunks of prompts longer than a step's token budget shrink (their TTFT for the others' ITL); 0 = off (default: 1.8 on cuda, off on cpu)" },
         { "chat-template", 0, CM_OPT_STR, &o.chat_template, "built-in chat template replacing the model's: chatml, llama3, llama2, mistral, gemma, phi3" },
         { "max-conns", 0, CM_OPT_INT, &o.max_conns,
           "open HTTP connections (0 = 1024); at the cap idle ones make room, /health /ready /metrics are always answered" },
@@ -97,6 +97,11 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     if (cli_check_cuda_opts("serve", o.gpu_mem_fraction, o.cuda_graph_budget_s)) return 2;
+    /* the decode guard's default: on for the GPU, where a long prompt's chunks would stall a
+     * large batch's decodes most (bench/RESULTS.md, 2026-11-29) */
+    for (const cm_opt *op = opts; op->name; op++)
+        if (!strcmp(op->name, "max-decode-stall") && !op->seen)
+            o.max_decode_stall = o.backend && !strcmp(o.backend, "cuda") ? 1.8 : 0;
     if (o.max_decode_stall != 0 && !(o.max_decode_stall >= 1 && o.max_decode_stall <= 100)) {
         fprintf(stderr, "arka serve: --max-decode-stall: expected 0 (off) or a factor from 1 to 100, got %g\n", o.max_decode_stall);
         return 2;

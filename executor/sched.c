@@ -831,7 +831,8 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_batch = 0;
     /* the decode guard (sched.h): its model, the decodes' cost, the bound */
     double ck[4] = { 0 }, stall = s->o.stall_max, dec_cost = 0, cost;
-    int guard = stall > 0, fitted = guard && cost_model(s, ck), n_dec = 0, n_chunks = 0;
+    int guard = stall > 0, fitted = guard && cost_model(s, ck), n_dec = 0, n_chunks = 0, n_guarded = 0;
+    const int probe = guard && s->guard_run >= GUARD_PROBE; /* the guarded chunks sit this step out */
     cost = ck[0]; /* the step's predicted cost so far */
     /* Pass 0: decoding sequences (one token each, oldest first), pass 1: prompt chunks in
      * fair.h's order, so a long prompt never delays the running decodes. A sequence that needs
@@ -847,7 +848,6 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         if (pass) {
             dec_cost = cost; /* the decodes alone */
             base = dec_meas > 0 && dec_meas < dec_cost ? dec_meas : dec_cost;
-            if (guard && n_dec && s->guard_run >= GUARD_PROBE) break; /* a probe: the decodes alone */
         }
         for (int i = 0; i < (pass ? s->n_ord : s->n_run) && budget > 0 && nb < room; i++) {
             seq *q = pass ? s->ord[i] : s->run[i];
@@ -859,7 +859,11 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             int over_left = (other + fixed > budget_min ? other + fixed : budget_min) - over;
             if ((lead && ex_fair_yields(s->fair, &q->fi, lead, !pass)) || (is_over && over_left <= 0)) continue;
             if (is_over && want > over_left) want = over_left;
-            if (pass && guard && n_dec) { /* the decode guard: what is left of the bound, at least a block */
+            /* the decode guard cuts the prompts longer than a step's budget (a shorter one costs
+             * the decodes one step at most): what is left of the bound, at least a block */
+            const int cut = pass && guard && n_dec && q->n_toks > s->o.max_tokens;
+            if (cut && probe) continue; /* a probe: the decodes without guarded chunks */
+            if (cut) {
                 int w = fitted ? chunk_fit(ck, q->n_cached, dec_cost + (stall - 1) * base - s->guard_over - cost) : s->lim.block_size;
                 if (q->guard_w > 0 && w > GUARD_GROW * q->guard_w + s->lim.block_size) w = GUARD_GROW * q->guard_w + s->lim.block_size;
                 if (w < s->lim.block_size) {
@@ -892,7 +896,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
             if (is_over) over += want;
             else other += want;
             cost += ck[1] * want + ck[2] * (q->n_cached + want) + ck[3] * (double)want * (q->n_cached + want);
-            if (pass) n_chunks++;
+            if (pass) n_chunks++, n_guarded += cut;
             else n_dec++;
             q->in_batch = 1;
             s->batch_seq[nb] = q;
@@ -931,7 +935,7 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
     int rc = ex_engine_forward_sample(s->e, &s->bb.b, s->srow, n_rows, s->sout);
     if (rc) { *n_ev = n; return rc; }
     double dt = (double)(cm_time_ns() - t0) * 1e-9;
-    if (guard && n_dec && n_chunks)
+    if (n_guarded)
         CM_LOG_DEBUG("sched", "decode guard step", "fitted=%d decodes=%d chunk_tokens=%d positions=%.0f work=%.0f predicted_ms=%.3f "
                      "decodes_ms=%.3f base_ms=%.3f bound_ms=%.3f measured_ms=%.3f k=%.4g,%.4g,%.4g,%.4g",
                      fitted, n_dec, s->bb.b.n_tokens - n_dec, feat[2], feat[3], cost * 1e3, dec_cost * 1e3, base * 1e3,
@@ -944,7 +948,9 @@ int ex_sched_step(ex_sched *s, ex_event *ev, int cap, int *n_ev) {
         s->dec_avg = prev > 0 ? 0.75 * prev + 0.25 * dt : dt;
         s->dec_avg_step = s->st.steps;
         s->guard_run = 0;
-    } else if (guard && n_dec && n_chunks) {
+    } else if (probe) { /* short prompts' chunks ran beside the decodes: no measurement, the run ends */
+        s->guard_run = 0;
+    } else if (n_guarded) {
         s->guard_run++;
         if (fitted && !given) s->guard_over = 0.9 * s->guard_over + 0.1 * (dt > cost ? dt - cost : 0);
     }

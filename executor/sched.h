@@ -15,22 +15,23 @@
  * (fitted, a + b * tokens, to the forward passes' times; opts.fixed_tokens sets it), and at
  * least a sixteenth of the budget.
  *
- * The decode guard (opts.stall_max > 0, `--max-decode-stall`; off by default): a step that carries
- * decoding sequences may cost at most stall_max times what its decodes alone would, by a cost
- * model of the forward pass, k . (1, tokens, positions read, attention work) (positions read:
- * each sequence's context, its K/V pass over memory; attention work: each token times the
- * positions it attends to), fitted to the forward passes' times. Each prompt chunk gets the
- * tokens that fit what is left of that bound (fewer as its context grows), at least a block,
- * one block until the model is fitted, and at most twice its previous chunk plus a block
- * (the fit learns a chunk's cost from the sizes it has seen). The decodes' cost the bound
- * multiplies is their measured time alone where that is recent and below the fit's: every
- * 16th step of a run of such steps leaves the chunks out to measure it (the fit shares one
- * positions term between decodes and chunks, and overstated the decodes by up to a third
- * beside a 120k-token prompt), less the average amount by which recent guarded steps ran past
- * their predicted cost. A step without decodes takes
- * whole chunks up to the budget. It trades the long prompt's time to first token for the
- * others' inter-token latency (bench/RESULTS.md: a 120k-token prompt beside 64 streams on an
- * H200).
+ * The decode guard (opts.stall_max > 0, `--max-decode-stall`; off unless set: `arka serve
+ * --backend cuda` sets 1.8): a step that carries decoding sequences may cost at most stall_max
+ * times what its decodes alone would, by a cost model of the forward pass, k . (1, tokens,
+ * positions read, attention work) (positions read: each sequence's context, its K/V pass over
+ * memory; attention work: each token times the positions it attends to), fitted to the forward
+ * passes' times. It cuts the prompts longer than a step's token budget (a shorter prompt costs
+ * the decodes one step at most). Each such prompt's chunk gets the tokens that fit what is left
+ * of that bound (fewer as its context grows), at least a block, one block until the model is
+ * fitted, and at most twice its previous chunk plus a block (the fit learns a chunk's cost from
+ * the sizes it has seen). The decodes' cost the bound multiplies is their measured time alone
+ * where that is recent and below the fit's: every 16th step of a run of such steps leaves the
+ * cut prompts' chunks out to measure it (the fit shares one positions term between decodes and
+ * chunks, and overstated the decodes by up to a third beside a 120k-token prompt), less the
+ * average amount by which recent guarded steps ran past their predicted cost. A step without
+ * decodes takes whole chunks up to the budget. It trades the long prompt's time to first token
+ * for the others' inter-token latency (bench/RESULTS.md: a 120k-token prompt beside 64 streams
+ * on an H200).
  *
  * KV: a sequence is admitted only when the pool holds blocks for its whole current context
  * (beyond what the prefix cache gives it) and for this step's growth of the decoding

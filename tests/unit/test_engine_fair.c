@@ -307,7 +307,8 @@ static void test_step_shares(void) {
 /* The decode guard (sched.h): four sequences decode while a 200-token prompt arrives. With a
  * given cost model (a + b tokens + c attention work) the prompt's chunks keep each step within
  * 1.75 times its decodes' cost (at least a block), the prompt still completes; without the
- * guard it takes the whole budget in one step; a prompt alone is never cut. */
+ * guard it takes the whole budget in one step; a prompt no longer than the budget (100 of
+ * 128) is not cut, nor is a prompt alone. */
 /* The decode guard tests' long prompt (its first n_long <= 600 tokens). */
 static const int32_t *guard_prompt(void) {
     static int32_t p[600];
@@ -382,6 +383,25 @@ static void test_decode_guard(void) {
         T_CHECKF(first >= 0, "guard %d: the long prompt never got its first token", on);
         if (on) T_CHECKF(first > 4, "guard on: the prompt completed at step %d, in big chunks", first);
         else T_EQ_INT(first, 3); /* 124 + 76 */
+        ex_sched_destroy(s);
+        ex_engine_destroy(e);
+    }
+    /* a prompt within the step's budget beside the same decodes: one chunk, guard on (the guard
+     * would allow ~23 tokens) */
+    {
+        ex_sched_opts so;
+        ex_sched_opts_default(&so);
+        so.stall_max = 1.75;
+        so.step_cost[0] = a, so.step_cost[1] = b, so.step_cost[2] = c;
+        ex_engine *e;
+        ex_sched *s = mk_opts(&e, 8, 128, &so);
+        if (!s) return;
+        int first = -1;
+        uint64_t last = 0;
+        for (int step = 0; step < 3; step++) {
+            const int chunk = guard_step(s, step, longp, 100, 100, &last, &first);
+            if (step == 2) T_CHECKF(chunk == 100 && first == 2, "a 100-token prompt beside decodes: a chunk of %d, first token at step %d", chunk, first);
+        }
         ex_sched_destroy(s);
         ex_engine_destroy(e);
     }
