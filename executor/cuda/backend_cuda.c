@@ -124,7 +124,7 @@ typedef struct cu_state {
     int att_chunk, n_split;      /* per-head decode kernel: split size and count, ceil(n_ctx / att_chunk) */
     int att_tc;                  /* the tensor-core attention kernels take this model */
     int pf_tile_tok;             /* prefill attention: tokens per tile */
-    int pf_fa3;                  /* whole prefill tiles go to the wgmma kernel (the plan's att_pf_fa3 variant; 0: mma.sync) */
+    int pf_fa3;                  /* whole prefill tiles go to the wgmma kernel (the plan's att_pf_fa3; 0: mma.sync) */
     int max_tc_split;            /* tensor-core decode: most splits of any bucket (partials sized for it) */
     int qkv_dim;                 /* (n_head + 2 n_kv) * hd */
     int kv_f8;                   /* the KV cache is FP8 E4M3 with scales (--kv-cache-dtype fp8) */
@@ -619,8 +619,7 @@ static int att_prefill_f16(const float *q, const void *k, const void *v, float *
                                      int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
                                      int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
     if (kc_plan_get()->att_pf_fa3 && kc_attention_fa3_ok(hd, n_head, n_kv, bs)) /* tiles of its size: backend_create */
-        return kc_attention_prefill_fa3(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale,
-                                        kc_plan_get()->att_pf_fa3, s);
+        return kc_attention_prefill_fa3(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, s);
     return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
 }
 
@@ -688,7 +687,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                     meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles && st->pf_split_fa3) {
                 KC_FATAL(kc_attention_prefill_fa3_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos,
-                                                        d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, s->pf_fa3,
+                                                        d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
                                                         st->pf_split, st->pf_kchunk, s->pf_partial, s->pf_counters, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles && st->pf_split > 1) {

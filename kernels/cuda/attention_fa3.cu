@@ -14,12 +14,13 @@
 //     m64n128k16 (Q and K from shared memory), masking (causal, window) and soft-cap, online
 //     softmax in the log2 domain, then O += P V with P from registers and V as an MN-major
 //     ("transposed") shared operand. Each releases a stage's K as soon as S is computed and
-//     its V after P V, so the loader refills while the other group still computes. Variant 1
-//     runs S, softmax and P V in turn; variant 2 (FlashAttention-3's intra-warpgroup overlap)
+//     its V after P V, so the loader refills while the other group still computes. A group
 //     issues S of tile i with P V of tile i - 1 and runs the softmax of tile i while that P V
-//     is computed (two P register sets); variant 3 (the plan's) is variant 2 with the two groups
-//     taking turns to issue their wgmma (named barriers 4 and 5: FlashAttention-3's ping-pong),
-//     so one group's softmax runs under the other's products.
+//     is computed (FlashAttention-3's intra-warpgroup overlap: two P register sets), and the two
+//     groups take turns to issue their wgmma (named barriers 4 and 5: FlashAttention-3's
+//     ping-pong), so one group's softmax runs under the other's products. (S, softmax and P V in
+//     turn, and the overlap without the turns, were measured against it and removed:
+//     bench/RESULTS.md, 2026-11-29, eighth session.)
 // Registers: the loader gives back all but 24 (setmaxnreg), the computing groups take 240.
 // Key tiles past the tile's last position are never loaded (causal skipping); a group whose
 // rows all end before a key tile (or, with a window, start after it) skips its math but still
@@ -273,10 +274,7 @@ template <int HD> constexpr size_t fa3_smem() {
     return 1024 + (size_t)FA_ROWS * HD * 2 + (size_t)FA_NST * 2 * FA_NK * HD * 2;
 }
 
-// OVERLAP: the softmax of a key tile overlaps P V of the previous one (else they alternate).
-// PP (with OVERLAP): the two computing groups take turns to issue their wgmma (FlashAttention-3's
-// ping-pong: named barriers 4 and 5), so one group's softmax runs while the other's products do.
-template <int HD, bool OVERLAP, bool PP>
+template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, 1)
 fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
@@ -408,12 +406,12 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     // other group's arrival), issues, then hands the turn over. Every group takes the same number
     // of turns per CTA (one a key tile, plus one), so the arrivals balance.
     auto turn_begin = [&]() {
-        if (PP) asm volatile("bar.sync %0, 256;" ::"r"(4 + cw) : "memory");
+        asm volatile("bar.sync %0, 256;" ::"r"(4 + cw) : "memory");
     };
     auto turn_end = [&]() {
-        if (PP) asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
+        asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
     };
-    if (PP && cw == 1) asm volatile("bar.arrive 4, 256;" ::: "memory"); // group 0 goes first
+    if (cw == 1) asm volatile("bar.arrive 4, 256;" ::: "memory"); // group 0 goes first
     // a tile this group skips: its stages are released in turn, each after it filled (so that
     // the arrival counts for this use of the stage, not the previous one), and its turn taken
     auto pass = [&](int s, int u) {
@@ -443,28 +441,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         reg_fence(pa);
         if (lane == 0) mbar_arrive(vempty(s));
     };
-    if (!OVERLAP) {
-        // S, softmax, P V in turn (the other computing group fills the tensor cores meanwhile)
-        for (int i = i_lo; i < n_kt; i++) {
-            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST;
-            if (!act(i)) {
-                pass(s, u);
-                continue;
-            }
-            mbar_wait(kfull(s), u & 1);
-            fence_proxy_async();
-            reg_fence(sc);
-            wg_fence();
-            issue_qk<HD>(sc, qa, sk + s * TILE);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(sc);
-            if (lane == 0) mbar_arrive(kempty(s));
-            softmax_any(sc, pa, corr, m, l, rw, i * FA_NK, unmasked(i));
-            rescale<HD>(o, corr);
-            pv_step(s, u);
-        }
-    } else {
+    {
         // FlashAttention-3's overlap within the group: S of tile i and P V of tile i - 1 are
         // issued together; the softmax of tile i runs while P V of tile i - 1 is computed.
         // The tiles the group computes on are a range [a_lo, a_hi] (causal end, window start);
@@ -536,7 +513,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             turn_end();
         }
         for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
-        if (PP && cw == 0) asm volatile("bar.sync 4, 256;" ::: "memory"); // group 1's last hand-over
+        if (cw == 0) asm volatile("bar.sync 4, 256;" ::: "memory"); // group 1's last hand-over
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -591,15 +568,15 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
 #endif
 }
 
-template <int HD, bool OVERLAP, bool PP>
+template <int HD>
 int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
                float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     constexpr size_t smem = fa3_smem<HD>();
-    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD, OVERLAP, PP>, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
-    kc_launch(fa3_pf_kernel<HD, OVERLAP, PP>, dim3(n_tiles, n_kv, n_split), dim3(FA_THREADS), smem, s, q, (const __half *)k,
+    kc_launch(fa3_pf_kernel<HD>, dim3(n_tiles, n_kv, n_split), dim3(FA_THREADS), smem, s, q, (const __half *)k,
               (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
               mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters);
     return 0;
@@ -617,7 +594,7 @@ bool fa3_device_ok() {
     if (!ok[dev]) {
         cudaFuncAttributes a;
         int major = 0, minor = 0;
-        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128, true, false>) == cudaSuccess && a.binaryVersion == 90 &&
+        const bool yes = cudaFuncGetAttributes(&a, fa3_pf_kernel<128>) == cudaSuccess && a.binaryVersion == 90 &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                          minor == 0;
@@ -643,15 +620,14 @@ extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
 extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                                               const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                              int block_size, float scale, int variant, int n_split, int kchunk, float *partial,
+                                              int block_size, float scale, int n_split, int kchunk, float *partial,
                                               int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        variant < 1 || variant > 3 || n_split < 1 || n_split > KC_PF_MAX_SPLIT ||
+        n_split < 1 || n_split > KC_PF_MAX_SPLIT ||
         (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     const float qs = scale * LOG2E;
-    auto *f = hd == 64 ? (variant == 3 ? launch_fa3<64, true, true> : variant == 2 ? launch_fa3<64, true, false> : launch_fa3<64, false, false>)
-                       : (variant == 3 ? launch_fa3<128, true, true> : variant == 2 ? launch_fa3<128, true, false> : launch_fa3<128, false, false>);
+    auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
     if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs,
                    n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
         return rc;
@@ -661,7 +637,7 @@ extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_c
 extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                                         const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                         const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                        int block_size, float scale, int variant, cudaStream_t s) {
+                                        int block_size, float scale, cudaStream_t s) {
     return kc_attention_prefill_fa3_split(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                          n_kv, hd, block_size, scale, variant, 1, 0, nullptr, nullptr, s);
+                                          n_kv, hd, block_size, scale, 1, 0, nullptr, nullptr, s);
 }

@@ -135,9 +135,8 @@ typedef struct kc_plan {
     int att_pf_split_warps; /* a step whose prefill keys split (kc_plan_pf_splits) and whose chunks
                            * each fit a tile of this many warps (4: 64 rows, two CTAs an SM; or 8)
                            * runs them on CTAs of that size */
-    int att_pf_fa3;       /* prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16 cache):
-                           * 0 no, else kc_attention_prefill_fa3's variant (1, 2, 3); kc_plan_choose
-                           * takes 3 where the kernel runs */
+    int att_pf_fa3;       /* 1: prefill attention on the wgmma kernel where kc_attention_fa3_ok (F16
+                           * cache; kc_plan_choose takes it where the kernel runs), 0: mma.sync */
     int att_pf_fa3_ctas;  /* steps that split their prefill keys run on the wgmma kernel (with
                            * att_pf_fa3) in one wave of this many CTAs (one an SM; kc_plan_pf_splits_fa3);
                            * 0: on the mma.sync kernel (att_pf_split_warps) */
@@ -408,24 +407,21 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
  * and window (kc_attention_mods) as the other kernels. kc_attention_fa3_ok: head dim 64 or
  * 128, n_head / n_kv <= 16, block_size a power of two >= 16, and a device of compute
  * capability 9.0 with this build's sm_90a code (else the launcher returns CM_EINVAL: use
- * kc_attention_prefill_tc).
- * variant (the plan's att_pf_fa3): 1 = softmax and P V in turn in each warp group, 2 = the
- * softmax of a key tile overlapping P V of the previous one, 3 = 2 with the two computing
- * groups taking turns to issue their products (ping-pong). */
+ * kc_attention_prefill_tc). Each computing warp group's softmax of a key tile overlaps P V of the
+ * previous one, and the two groups take turns to issue their products (ping-pong). */
 int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
 int kc_attention_fa3_tile_tok(int n_head, int n_kv);
 int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
-                             float scale, int variant, cudaStream_t s);
+                             float scale, cudaStream_t s);
 /* The same with the keys split (kc_attention_prefill_tc_split's arguments and partial layout,
  * 128 rows a tile): split j takes key positions [j kchunk, (j + 1) kchunk), kchunk % 128 == 0;
  * the last split's CTA of a (tile, KV head) merges on its two computing warp groups. */
 int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                                    const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                    const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
-                                   float scale, int variant, int n_split, int kchunk, float *partial, int *counters,
-                                   cudaStream_t s);
+                                   float scale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s);
 
 /* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
  * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3

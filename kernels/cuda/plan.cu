@@ -39,7 +39,7 @@ const field k_fields[] = {
     F(att_tc_long_ctx, 1, 1 << 30),
     F(att_pf_warps, 4, 8),
     F(att_pf_split_warps, 4, 8),
-    F(att_pf_fa3, 0, 3),
+    F(att_pf_fa3, 0, 1),
     F(att_pf_fa3_ctas, 0, 1 << 20),
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
@@ -114,7 +114,7 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")
-    p->att_pf_fa3 = p->att_tc && kc_attention_fa3_ok(head_dim, n_head, n_kv, block_size) ? 3 : 0;
+    p->att_pf_fa3 = p->att_tc && kc_attention_fa3_ok(head_dim, n_head, n_kv, block_size) ? 1 : 0;
     // steps that split their prefill keys (chunks of a long prompt) on the wgmma kernel too, one
     // CTA an SM
     p->att_pf_fa3_ctas = p->att_pf_fa3 ? prop.multiProcessorCount : 0;

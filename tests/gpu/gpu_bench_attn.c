@@ -219,10 +219,9 @@ static void bench_prefill(void) {
         int32_t *pos = a.pos, *seq = a.seq, *bt = a.bt, *tiles = a.tiles, *ht = a.ht;
         cudaEvent_t e0 = a.e0, e1 = a.e1;
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
-        for (int kind = 0; kind < 5; kind++) { /* mma.sync with 4 and 8 warps, then wgmma variants 1, 2, 3 (where it runs) */
-            const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
+        for (int kind = 0; kind < 3; kind++) { /* mma.sync with 4 and 8 warps, then wgmma (where it runs) */
+            const int warps = kind ? 8 : 4, fa3 = kind == 2;
             if (fa3 && !kc_attention_fa3_ok(HD, NH, NKV, BS)) {
-                if (fa3 >= 2) continue;
                 printf("  T=%-6d fa3: not on this device (needs compute capability 9.0 and this build's sm_90a code)\n", T);
                 continue;
             }
@@ -236,7 +235,7 @@ static void bench_prefill(void) {
             const int iters = T >= 32768 ? 3 : 10;
             for (int i = 0; i < iters + 1; i++) {
                 if (i == 1) CK(cudaEventRecord(e0, 0));
-                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, fa3, 0)
+                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 0)
                         : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
                     fprintf(stderr, "prefill launch failed\n");
                     exit(1);
@@ -244,7 +243,7 @@ static void bench_prefill(void) {
             }
             CK(cudaEventRecord(e1, 0));
             double ms = time_ms(e0, e1) / iters;
-            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 == 3 ? "fa3 v3   " : fa3 == 2 ? "fa3 v2   " : fa3 ? "fa3 v1   " : warps == 4 ? "warps=4  " : "warps=8  ",
+            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 ? "fa3      " : warps == 4 ? "warps=4  " : "warps=8  ",
                    tt, ms, flops / ms / 1e9);
         }
         seq1_free(&a);
@@ -254,7 +253,7 @@ static void bench_prefill(void) {
 /* A chunk of T prompt tokens at the end of a C-position context (chunked prefill of a long
  * prompt): the prefill kernel (8 warps, then 4 warps on tiles of half the tokens) with one CTA per
  * tile and KV head, and with the keys split by the plan's rule (kc_plan_pf_splits); then, where
- * it runs, the wgmma kernel (variant 3, the 8-warp kernel's tiles), whole and split by its rule
+ * it runs, the wgmma kernel (the 8-warp kernel's tiles), whole and split by its rule
  * (kc_plan_pf_splits_fa3). GB/s counts the context's K/V bytes once per tile. */
 static void bench_chunk(double bw) {
     const int Ts[] = { 16, 64, 256, 1024 }, Cs[] = { 8192, 32768, 131072 };
@@ -288,7 +287,7 @@ static void bench_chunk(double bw) {
                 const int iters = 10;
                 for (int i = 0; i < iters + 1; i++) {
                     if (i == 1) CK(cudaEventRecord(e0, 0));
-                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 3, ns,
+                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
                                                                  kchunk, part, cnt, 0)
                                 : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0,
                                                                 ns, kchunk, part, cnt, 0)) {

@@ -742,8 +742,8 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
             T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d cap=%g window=%d splits=%d: rel_err %.3g", hd, G, cap, window, ns, e);
         }
         /* prefill: the queries in tiles (4 and 8 warps, then the wgmma kernel where it runs) */
-        for (int kind = 0; kind < 5; kind++) { /* fa3: kind 2 = variant 1, 3 = variant 2, 4 = variant 3 */
-            const int warps = kind ? 8 : 4, fa3 = kind >= 2 ? kind - 1 : 0;
+        for (int kind = 0; kind < 3; kind++) { /* kind 2: the wgmma kernel */
+            const int warps = kind ? 8 : 4, fa3 = kind == 2;
             if (fa3 && !kc_attention_fa3_ok(hd, n_head, n_kv, bs)) continue;
             const int tt = fa3 ? kc_attention_fa3_tile_tok(n_head, n_kv) : kc_attention_tc_tile_tok(warps, n_head, n_kv);
             int32_t tiles[2 * 64];
@@ -757,14 +757,14 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
             int32_t *dt = up(tiles, (size_t)nt * 8);
             CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
             kc_attention_mods(&mods);
-            int rc = fa3 ? kc_attention_prefill_fa3(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, fa3, s)
+            int rc = fa3 ? kc_attention_prefill_fa3(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s)
                          : kc_attention_prefill_tc(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
                                                    warps, s);
             kc_attention_mods(NULL);
             CK(cudaStreamSynchronize(s));
             down(got, dout, (size_t)n_tok * nqd * 4);
             double e = rel_err_f(got, ref, (size_t)n_tok * nqd);
-            T_CHECKF(rc == 0 && e < 5e-3, "%s prefill hd=%d G=%d cap=%g window=%d warps=%d: rel_err %.3g", fa3 == 3 ? "fa3 v3" : fa3 == 2 ? "fa3 v2" : fa3 ? "fa3 v1" : "tc",
+            T_CHECKF(rc == 0 && e < 5e-3, "%s prefill hd=%d G=%d cap=%g window=%d warps=%d: rel_err %.3g", fa3 ? "fa3" : "tc",
                      hd, G, cap, window, fa3 ? 12 : warps, e);
             cudaFree(dt);
         }

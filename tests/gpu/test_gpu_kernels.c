@@ -730,16 +730,16 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         return;
     }
     const int tt = kc_attention_fa3_tile_tok(n_head, n_kv);
-    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 1, s) == CM_EINVAL &&
-                 kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, 4, s) == CM_EINVAL &&
+    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3(dq, dk, dv, (float *)dq, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, s) == CM_EINVAL &&
                  !kc_attention_fa3_ok(96, n_head, n_kv, bs) && !kc_attention_fa3_ok(hd, n_head, n_kv, 8),
-             "fa3 prefill refuses what it cannot do (no output, variant 4, head dim 96, blocks of 8)");
+             "fa3 prefill refuses what it cannot do (no output, no tiles, head dim 96, blocks of 8)");
     T_CHECKF(kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                            n_kv, hd, bs, 1.0f, 3, 2, 64, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
+                                            n_kv, hd, bs, 1.0f, 2, 64, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
                  kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                                n_kv, hd, bs, 1.0f, 3, KC_PF_MAX_SPLIT + 1, 128, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
+                                                n_kv, hd, bs, 1.0f, KC_PF_MAX_SPLIT + 1, 128, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
                  kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                                n_kv, hd, bs, 1.0f, 3, 2, 128, NULL, NULL, s) == CM_EINVAL,
+                                                n_kv, hd, bs, 1.0f, 2, 128, NULL, NULL, s) == CM_EINVAL,
              "fa3 prefill split refuses splits not of whole 128-position tiles, more than the merge takes, no partials");
     T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
              kc_attention_tc_tile_tok(8, n_head, n_kv));
@@ -751,12 +751,12 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
     char msg[256];
     int from[8];
     for (int q = 0; q < n_seq; q++) from[q] = lens[q] > 1 ? lens[q] / 2 + 5 < lens[q] ? lens[q] / 2 + 5 : lens[q] - 1 : 0;
-    /* variants 1, 2 and 3 x whole tiles, ragged tiles, the second part of each sequence; whole
-     * tiles and the second parts also with the keys split (2, 5 and the most splits the merge
-     * takes, of whole 128-position tiles: partials poisoned, the counters back at zero) */
+    /* whole tiles, ragged tiles, the second part of each sequence; whole tiles and the second
+     * parts also with the keys split (2, 5 and the most splits the merge takes, of whole
+     * 128-position tiles: partials poisoned, the counters back at zero) */
     const int splits[4] = { 1, 2, 5, KC_PF_MAX_SPLIT };
-    for (int vm = 0; vm < 36; vm++) {
-        const int variant = 1 + vm / 12, mode = vm / 4 % 3, ns = splits[vm % 4];
+    for (int vm = 0; vm < 12; vm++) {
+        const int mode = vm / 4, ns = splits[vm % 4];
         if (ns > 1 && mode == 1) continue;
         const int kchunk = ((lens[n_seq - 1] + 127) / 128 + ns - 1) / ns * 128;
         int nt;
@@ -776,7 +776,7 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         }
         poison(dout, bytes);
         int rc = kc_attention_prefill_fa3_split(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
-                                                scale, variant, ns, kchunk, dpart, dcnt, s);
+                                                scale, ns, kchunk, dpart, dcnt, s);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(all, dout, bytes, cudaMemcpyDeviceToHost));
         if (ns > 1) {
@@ -814,25 +814,23 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         const int close = pf_worst(got, cref, crow, n_cmp, n_head, hd, msg, sizeof msg);
         const double e = rel_err(got, cref, (size_t)n_cmp * nq);
         T_CHECKF(rc == 0 && finite && untouched && close && e < 5e-3 && !cnt_bad,
-                 "fa3 prefill variant %d, %s, hd=%d G=%d longest=%d tiles=%d splits=%d of %d: rc %d, tile rows all finite %d, other "
-                 "rows untouched %d, counters zero %d, rel_err %.3g, %s", variant,
+                 "fa3 prefill, %s, hd=%d G=%d longest=%d tiles=%d splits=%d of %d: rc %d, tile rows all finite %d, other "
+                 "rows untouched %d, counters zero %d, rel_err %.3g, %s",
                  mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, lens[n_seq - 1], nt, ns,
                  ns > 1 ? kchunk : 0, rc, finite, untouched, !cnt_bad, e, msg);
         if (mode == 0 && ns == 1) { /* the first half of the tiles, then the rest = one launch */
             poison(dout2, bytes);
             const int h1 = nt / 2;
-            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
-                                          variant, s);
+            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
             rc |= kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
-                                           bs, scale, variant, s);
+                                           bs, scale, s);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
             long first = -1;
             for (size_t i = 0; i < (size_t)n_tok * nq && first < 0; i++)
                 if (memcmp(all + i, all2 + i, 4)) first = (long)i;
             T_CHECKF(rc == 0 && first < 0,
-                     "fa3 prefill variant %d in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld",
-                     variant, hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
+                     "fa3 prefill in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld", hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
         }
         free(crow);
         free(cref);

@@ -250,7 +250,7 @@ static void test_dec_splits(void) {
         }
 }
 
-/* the plan puts prefill tiles on the wgmma kernel (variant 3) exactly where it runs: compute
+/* the plan puts prefill tiles on the wgmma kernel exactly where it runs: compute
  * capability 9.0, head dim 64 / 128, blocks a power of two of at least 16 */
 static void test_plan_prefill(void) {
     int major = 0, minor = 0;
@@ -260,12 +260,12 @@ static void test_plan_prefill(void) {
     kc_plan p;
     const int cc90 = major == 9 && minor == 0;
     T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 16, &p), 0);
-    T_CHECKF(p.att_pf_fa3 == (cc90 ? 3 : 0), "att_pf_fa3 %d on compute capability %d.%d", p.att_pf_fa3, major, minor);
+    T_CHECKF(p.att_pf_fa3 == (cc90 ? 1 : 0), "att_pf_fa3 %d on compute capability %d.%d", p.att_pf_fa3, major, minor);
     int sms = 0;
     T_EQ_INT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
     T_CHECKF(p.att_pf_fa3_ctas == (cc90 ? sms : 0), "att_pf_fa3_ctas %d (%d SMs)", p.att_pf_fa3_ctas, sms);
     T_EQ_INT(kc_plan_choose(0, 64, 16, 16, 32, &p), 0);
-    T_EQ_INT(p.att_pf_fa3, cc90 ? 3 : 0);
+    T_EQ_INT(p.att_pf_fa3, cc90 ? 1 : 0);
     T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 8, &p), 0); /* blocks of 8: mma.sync */
     T_EQ_INT(p.att_pf_fa3, 0);
     T_EQ_INT(p.att_pf_fa3_ctas, 0);
