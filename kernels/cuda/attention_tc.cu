@@ -236,18 +236,45 @@ template <int N> __device__ __forceinline__ void lds(uint32_t *u, uint32_t a) {
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "r"(a));
 }
 
-// The A fragments of 16 query rows in load_q_f8's order of dims (see above).
+// The dims of a query row in the order of a lane's K piece (see above), as the B fragments of
+// Qᵀ (qb[kk]: the low and high halves of word kk) for attend_f8t; qr NULL: a zero row.
 template <int HD>
-__device__ __forceinline__ void load_q_f8(uint32_t (&qa)[HD / 16][4], const float *r0, const float *r1, float qscale, int t4) {
+__device__ __forceinline__ void load_q_f8t(uint32_t (&qb)[HD / 16][2], const float *qr, float qscale, int t4) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-        const int c = HD / 4 * t4 + 4 * kk;
-        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float4 x0 = r0 ? *(const float4 *)(r0 + c) : z, x1 = r1 ? *(const float4 *)(r1 + c) : z;
-        qa[kk][0] = kc_pack_h2(x0.x * qscale, x0.y * qscale);
-        qa[kk][1] = kc_pack_h2(x1.x * qscale, x1.y * qscale);
-        qa[kk][2] = kc_pack_h2(x0.z * qscale, x0.w * qscale);
-        qa[kk][3] = kc_pack_h2(x1.z * qscale, x1.w * qscale);
+        const float4 x = qr ? *(const float4 *)(qr + HD / 4 * t4 + 4 * kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qb[kk][0] = kc_pack_h2(x.x * qscale, x.y * qscale);
+        qb[kk][1] = kc_pack_h2(x.z * qscale, x.w * qscale);
+    }
+}
+// The same as the A fragments of 16 query rows (r0, r1: this thread's rows g and g + 8).
+template <int HD>
+__device__ __forceinline__ void load_q_f8(uint32_t (&qa)[HD / 16][4], const float *r0, const float *r1, float qscale, int t4) {
+    uint32_t x0[HD / 16][2], x1[HD / 16][2];
+    load_q_f8t<HD>(x0, r0, qscale, t4);
+    load_q_f8t<HD>(x1, r1, qscale, t4);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        qa[kk][0] = x0[kk][0];
+        qa[kk][1] = x1[kk][0];
+        qa[kk][2] = x0[kk][1];
+        qa[kk][3] = x1[kk][1];
+    }
+}
+
+// The lane's K piece of key row r of a raw stage (bytes [HD/4 t4, HD/4 (t4 + 1)): word kk holds
+// k-step kk's fragment) and its V pieces (bytes [HD/8 g, HD/8 (g + 1)) of key rows 2 t4,
+// 2 t4 + 1, 2 t4 + 8, 2 t4 + 9).
+template <int HD> __device__ __forceinline__ void f8_k_piece(uint32_t (&u)[HD / 16], uint32_t raw, int r, int t4) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++) lds<4>(u + 4 * c, raw + r * HD + f8_swz<HD>(r, HD / 64 * t4 + c) * 16);
+}
+template <int HD> __device__ __forceinline__ void f8_v_pieces(uint32_t (&v)[4][HD / 32], uint32_t raw, int g, int t4) {
+    const int bo = HD / 8 * g; // the piece's first byte in its row
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int r = 2 * t4 + (k & 1) + 8 * (k >> 1);
+        lds<HD / 32>(v[k], raw + 16 * HD + r * HD + f8_swz<HD>(r, bo / 16) * 16 + bo % 16);
     }
 }
 
@@ -259,14 +286,11 @@ __device__ __forceinline__ void attend_f8(wstate<HD> &st, const uint32_t (&qa)[H
     float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        const int r = g + 8 * j;
         uint32_t u[HD / 16];
-#pragma unroll
-        for (int c = 0; c < HD / 64; c++) lds<4>(u + 4 * c, raw + r * HD + f8_swz<HD>(r, HD / 64 * t4 + c) * 16);
+        f8_k_piece<HD>(u, raw, g + 8 * j, t4);
         s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-        {
+        for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t b0, b1;
             f8x4_h2(u[kk], b0, b1);
             kc_mma16816(s[j], qa[kk], b0, b1);
@@ -276,12 +300,7 @@ __device__ __forceinline__ void attend_f8(wstate<HD> &st, const uint32_t (&qa)[H
     softmax_step<HD, 16, true>(st, s, pa, lane, capl, masked, allowed, ksc, vsc);
     constexpr int VW = HD / 32; // words of a lane's piece of a V row
     uint32_t v[4][VW];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int r = 2 * t4 + (k & 1) + 8 * (k >> 1);
-        const int bo = HD / 8 * g; // the piece's first byte in the row
-        lds<VW>(v[k], raw + 16 * HD + r * HD + f8_swz<HD>(r, bo / 16) * 16 + bo % 16);
-    }
+    f8_v_pieces<HD>(v, raw, g, t4);
 #pragma unroll
     for (int w = 0; w < VW; w++) {
         // bytes b of rows 2 t4 and 2 t4 + 1 side by side (b0 of n-tile 4 w + b), and of rows
@@ -311,26 +330,13 @@ template <int HD> struct tstate {
     float m[2], l[2];    // heads 2 t4 + e; l: this thread's keys' share until tstate_finish
 };
 
-template <int HD>
-__device__ __forceinline__ void load_q_f8t(uint32_t (&qb)[HD / 16][2], const float *qr, float qscale, int t4) {
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const float4 x = qr ? *(const float4 *)(qr + HD / 4 * t4 + 4 * kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        qb[kk][0] = kc_pack_h2(x.x * qscale, x.y * qscale);
-        qb[kk][1] = kc_pack_h2(x.z * qscale, x.w * qscale);
-    }
-}
-
 template <int HD, typename Allowed>
 __device__ __forceinline__ void attend_f8t(tstate<HD> &st, const uint32_t (&qb)[HD / 16][2], uint32_t raw, int lane, float capl,
                                            bool masked, Allowed allowed, const float *ksc, const float *vsc) {
     const int g = lane >> 2, t4 = lane & 3;
     uint32_t u0[HD / 16], u1[HD / 16];
-#pragma unroll
-    for (int c = 0; c < HD / 64; c++) {
-        lds<4>(u0 + 4 * c, raw + g * HD + f8_swz<HD>(g, HD / 64 * t4 + c) * 16);
-        lds<4>(u1 + 4 * c, raw + (g + 8) * HD + f8_swz<HD>(g + 8, HD / 64 * t4 + c) * 16);
-    }
+    f8_k_piece<HD>(u0, raw, g, t4);
+    f8_k_piece<HD>(u1, raw, g + 8, t4);
     float s[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
@@ -384,12 +390,7 @@ __device__ __forceinline__ void attend_f8t(tstate<HD> &st, const uint32_t (&qb)[
         }
     constexpr int VW = HD / 32;
     uint32_t v[4][VW];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int r = 2 * t4 + (k & 1) + 8 * (k >> 1);
-        const int bo = HD / 8 * g;
-        lds<VW>(v[k], raw + 16 * HD + r * HD + f8_swz<HD>(r, bo / 16) * 16 + bo % 16);
-    }
+    f8_v_pieces<HD>(v, raw, g, t4);
 #pragma unroll
     for (int w = 0; w < VW; w++) {
         uint32_t a0[4], a1[4]; // m-tiles 2 w and 2 w + 1
