@@ -118,7 +118,8 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // steps that split their prefill keys (chunks of a long prompt) on the wgmma kernel too, one
     // CTA an SM
     p->att_pf_fa3_ctas = p->att_pf_fa3 ? prop.multiProcessorCount : 0;
-    // one wave of decode CTAs: two fit an SM at head dim 128 (104 KiB of stages each), four at 64
+    // one wave of decode CTAs: as many as the occupancy calculator fits an SM (F16 cache, head
+    // dim 128 on an H200: two; ncu names shared memory the limit, 2026-11-29)
     const int per_sm = kc_attention_dec_per_sm(head_dim);
     p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;
     return 0;
