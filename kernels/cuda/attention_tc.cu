@@ -41,6 +41,17 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 constexpr float LN2 = 0.6931471805599453f;
+// The online softmax's new maximum of a row (m: so far, mx: this step's), the factor its running
+// sums take (corr) and what this step's scores subtract (mref). A row that has seen no key yet
+// keeps m = -inf and subtracts 0 instead (no branch), so its masked scores give exp2(-inf) = 0
+// and its empty state stays 0; corr is 0 after a first step's -inf, exactly 1 for an unchanged
+// maximum.
+__device__ __forceinline__ float online_max(float m, float mx, float &corr, float &mref) {
+    const float mn = fmaxf(m, mx), ms = mn == -INFINITY ? 0.0f : mn;
+    corr = ex2(m - ms);
+    mref = ms;
+    return mn;
+}
 constexpr int DEC_WARPS = 4;
 
 // A warp's online-softmax state for its 16 rows: this thread holds rows g and g + 8
@@ -76,9 +87,9 @@ __device__ __forceinline__ void load_q(uint32_t (&qa)[HD / 16][4], const float *
 }
 
 // The online-softmax update of a warp's 16 rows from their scores s against NK keys (C
-// fragments of S = Q Kᵀ, in the log2 domain): where masked, masked where allowed(hi, key) is
-// false (hi: the row is g + 8; key: 0..NK-1), soft-capped (capl = softcap x log2 e, 0: none), then m, l and O
-// updated and P written as the A fragments of P V (pa).
+// fragments of S = Q Kᵀ, in the log2 domain): soft-capped (capl = softcap x log2 e, 0: none),
+// where masked set to -inf where allowed(hi, key) is false (hi: the row is g + 8; key:
+// 0..NK-1), then m, l and O updated and P written as the A fragments of P V (pa).
 // F8: the keys' codes entered S unscaled; ksc / vsc (shared memory, NK floats each) hold the
 // keys' K and V scales: a score is (q . codes) x its key's K scale, in f32, and P enters P V as
 // p x the key's V scale x F8_PV (O comes out F8_PV times too large; the caller divides): no
@@ -122,12 +133,7 @@ __device__ __forceinline__ void softmax_step(wstate<HD> &st, float (&s)[NK / 8][
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mn[r] = fmaxf(st.m[r], mx[r]);
-        // a row that has seen no key yet keeps m = -inf: subtract 0 instead (no branch), so its
-        // masked scores give exp2(-inf) = 0 and its empty state stays 0
-        const float ms = mn[r] == -INFINITY ? 0.0f : mn[r];
-        corr[r] = ex2(st.m[r] - ms); // 0 after a first step's -inf, 1 for an unchanged max
-        mref[r] = ms;
+        mn[r] = online_max(st.m[r], mx[r], corr[r], mref[r]);
     }
     // P as the A operand of P V: keys 16 kp + 0..7 come from n-tile 2 kp, 8..15 from 2 kp + 1
 #pragma unroll
@@ -362,11 +368,7 @@ __device__ __forceinline__ void attend_f8t(tstate<HD> &st, const uint32_t (&qb)[
     for (int e = 0; e < 2; e++) {
 #pragma unroll
         for (int x = 4; x < 32; x <<= 1) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], x));
-        const float mn = fmaxf(st.m[e], mx[e]);
-        const float ms = mn == -INFINITY ? 0.0f : mn; // as in softmax_step
-        corr[e] = ex2(st.m[e] - ms);
-        mref[e] = ms;
-        st.m[e] = mn;
+        st.m[e] = online_max(st.m[e], mx[e], corr[e], mref[e]);
     }
     float p[4];
 #pragma unroll
@@ -978,10 +980,10 @@ int launch_dec1(const float *q, const void *k, const void *v, const att_emit &em
                 int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = dec_smem_bytes(HD, F8);
-    if (int rc = kc_smem_limit_once(attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB>, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB>, dim3(n_kv, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em,
-              partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),
-              kc_attention_mods_get().window);
+    auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB>;
+    if (int rc = kc_smem_limit_once(kern, (int)smem, configured, __FILE__, __LINE__)) return rc;
+    kc_launch(kern, dim3(n_kv, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial, counters, toks, pos, seq, bt,
+              chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(), kc_attention_mods_get().window);
     return 0;
 }
 template <int HD, bool F8>
@@ -993,11 +995,11 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
     // same kernel at three; 256 sequences: 0.97x)
     if constexpr (F8)
         if (n_head / n_kv <= 8)
-            return launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale,
-                                                 n_split, partial, counters, s);
+            return launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                  qscale, n_split, partial, counters, s);
     // F8 rows: 3 CTAs an SM (left alone, ptxas takes 194 registers: two)
-    return launch_dec1<HD, F8, false, F8 ? 3 : 1>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split,
-                                      partial, counters, s);
+    return launch_dec1<HD, F8, false, F8 ? 3 : 1>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                  qscale, n_split, partial, counters, s);
 }
 
 template <int HD, int NW, bool F8>

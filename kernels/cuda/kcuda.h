@@ -368,7 +368,8 @@ int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cac
 int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size);
 
 /* Decode: one query token per listed token (toks: [n_tok] flat token indices, staged with the
- * batch; NULL = tokens 0..n_tok-1; n_tok <= 65535), each attending to positions 0..pos[t] of its sequence.
+ * batch; NULL = tokens 0..n_tok-1; n_tok <= 65535), each attending to positions 0..pos[t] of
+ * its sequence.
  * The keys are cut into n_split ranges of *chunk positions (a device int, staged with the batch
  * so a captured graph serves any context: n_split * *chunk must cover every token's position,
  * and *chunk % 64 == 0); partials ([n_tok, n_head, n_split, hd + 2] f32, indexed by the

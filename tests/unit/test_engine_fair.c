@@ -400,7 +400,9 @@ static void test_decode_guard(void) {
         uint64_t last = 0;
         for (int step = 0; step < 3; step++) {
             const int chunk = guard_step(s, step, longp, 100, 100, &last, &first);
-            if (step == 2) T_CHECKF(chunk == 100 && first == 2, "a 100-token prompt beside decodes: a chunk of %d, first token at step %d", chunk, first);
+            if (step == 2)
+                T_CHECKF(chunk == 100 && first == 2, "a 100-token prompt beside decodes: a chunk of %d, first token at step %d",
+                         chunk, first);
         }
         ex_sched_destroy(s);
         ex_engine_destroy(e);
