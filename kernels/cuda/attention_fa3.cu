@@ -35,6 +35,7 @@
 // r * 128, with its 16-byte piece k stored at piece k ^ (r % 8). K (key rows) is the K-major
 // B of Q K^T, Q the K-major A, and the same bytes of V are the MN-major B of P V.
 #include "attn_common.cuh"
+#include "wgmma.cuh"
 
 extern "C" {
 #include "kcuda.h"
@@ -61,13 +62,6 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// A shared-memory matrix descriptor for the 128-byte swizzle (start, leading and stride byte
-// offsets in 16-byte units; swizzle mode 1 in bits 62-63).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32 |
-           1ull << 62;
-}
-
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -92,29 +86,6 @@ __device__ __forceinline__ void mbar_cp_async_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async16(uint32_t saddr, const void *g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(valid ? 16 : 0) : "memory");
 }
-// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
-// that wgmma reads shared operands through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
-
-// Before a batch of wgmma; the reg_fence of its accumulators and A operands just before it
-// keeps their last writes ahead of it (ptxas serializes wgmma otherwise).
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// Waits until at most N committed groups of this warp group's wgmma are pending.
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-// Placed after a wait: keeps the compiler from moving accesses of a wgmma's accumulator, or
-// reusing the registers of its A operand, before the asynchronous wgmma is done with them;
-// placed before wg_fence: keeps their definitions before it.
-template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
-}
-
 // D (m64n128, f32) = scale_d D + A (64 x 16, shared, K-major) B (16 x 128, shared, K-major).
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"

@@ -232,6 +232,11 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 // path for one row range of a KC_WEIGHT_MIXED weight.
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               cudaStream_t s);
+// gemmq_wg.cu: the same on Hopper's wgmma for one quantized type (not a mixed weight), in tile
+// configuration cfg < kc__gemmq_wg_ncfg() (0 where the build or the device lacks sm_90a code).
+extern "C" int kc__gemmq_wg_ncfg(void);
+extern "C" int kc__gemmq_wg(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
+                            cudaStream_t s);
 
 // fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, on xq's
 // half copy when it holds x for W, else on x; more tokens: cuBLASLt FP8 or dequantize +

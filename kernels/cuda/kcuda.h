@@ -128,6 +128,7 @@ typedef struct kc_plan {
     int gemmq_max_tok[KC_N_QTYPES]; /* per quantized type (kc_qtype_index): the tensor-core quantized
                            * matmul from KC_GEMV_MAX_TOK + 1 up to this many tokens (0: never),
                            * then dequantize + cuBLAS */
+    int gemmq_wg;         /* that matmul on Hopper's wgmma (gemmq_wg.cu) where the device runs it */
     int att_tc;           /* tensor-core attention where kc_attention_tc_ok (0: the per-head kernels) */
     int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */

@@ -34,6 +34,7 @@ const field k_fields[] = {
     { "gemmq_max_tok_q5_1", offsetof(kc_plan, gemmq_max_tok) + 5 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q5_k", offsetof(kc_plan, gemmq_max_tok) + 6 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q6_k", offsetof(kc_plan, gemmq_max_tok) + 7 * sizeof(int), 0, 1 << 20 },
+    F(gemmq_wg, 0, 1),
     F(att_tc, 0, 1),
     F(att_tc_min_tok, 1, 1 << 20),
     F(att_tc_long_ctx, 1, 1 << 30),
@@ -71,6 +72,8 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // not measured yet: the nearest measured type's (Q4_1, Q5_0, Q5_1: Q4_0's; Q5_K, Q6_K: Q4_K's)
     p->gemmq_max_tok[3] = p->gemmq_max_tok[4] = p->gemmq_max_tok[5] = 96;
     p->gemmq_max_tok[6] = p->gemmq_max_tok[7] = 48;
+    // quantized weights times 9+ tokens on wgmma where the device runs it (kc__gemmq_wg_ncfg)
+    p->gemmq_wg = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192
@@ -111,6 +114,11 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     }
     p->pdl = prop.major >= 9;
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
+    // where the wgmma tiles run (compute capability 9.0), kc_gemmq stops beating dequantize +
+    // cuBLAS past 64 tokens (Q4_K, Q5_K: 48); at 128 tokens cuBLAS wins for every type (H200,
+    // llama2-7b layer, bench/RESULTS.md "2026-11-29 (eleventh session)")
+    if (p->gemmq_wg && kc__gemmq_wg_ncfg() > 0)
+        for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = i == 2 || i == 6 ? 48 : 64;
     // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")

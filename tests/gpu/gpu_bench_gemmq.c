@@ -27,7 +27,7 @@ static float frand(void) {
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-enum { MAXC = 16, NCFG = 11, MAXT = 512 };
+enum { MAXC = 16, MAXCFG = 32, MAXT = 512 };
 
 int main(int argc, char **argv) {
     const char *names[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m" };
@@ -71,12 +71,13 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    const int NCFG = kc_gemmq_ncfg() < MAXCFG ? kc_gemmq_ncfg() : MAXCFG; /* cfg 11.. : the wgmma tiles (sm_90a) */
     for (int ti = 0; ti < n_types; ti++) {
         int want = argc < 2;
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         /* per n_tok: microseconds of one layer (the four matrices) for each path */
-        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][NCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
+        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][MAXCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
         double layer_mb = 0;
         for (int si = 0; si < NSH; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
@@ -139,7 +140,7 @@ int main(int argc, char **argv) {
         gpu_plan_gemmq(1);
         printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);
         printf("%5s %10s %10s", "n_tok", "gemv|deq", "gemmq");
-        for (int c = 0; c < NCFG; c++) printf("   cfg%d", c);
+        for (int c = 0; c < NCFG; c++) printf(c < 10 ? "   cfg%d" : "  cfg%d", c);
         printf(" %7s %8s %9s %9s\n", "speedup", "GB/s", "TFLOP/s", "rel_diff");
         for (int ni = 0; ni < NNT; ni++) {
             double flop = 2.0 * ntoks[ni] * (4096.0 * 12288 + 4096.0 * 4096 + 4096.0 * 22016 + 11008.0 * 4096);

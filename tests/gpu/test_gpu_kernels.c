@@ -136,9 +136,9 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     /* every tile configuration: the same accuracy; accumulate adds onto y; the
                      * configurations of one K split give identical bits */
                     if (kc_gemmq_ok(&w)) {
-                        float *yc[11];
+                        float *yc[32];
                         const int ncfg = kc_gemmq_ncfg();
-                        T_CHECK(ncfg == 11);
+                        T_CHECK(ncfg == 11 || ncfg == 16); /* the mma.sync tiles, and gemmq_wg.cu's on sm_90a */
                         for (int cfg = 0; cfg < ncfg; cfg++) {
                             yc[cfg] = malloc((size_t)nt * n_out * 4);
                             poison(dy, (size_t)nt * n_out * 4);
@@ -160,6 +160,10 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                                      memcmp(yc[3], yc[4], ny) == 0 && memcmp(yc[3], yc[5], ny) == 0 && memcmp(yc[7], yc[8], ny) == 0 &&
                                      memcmp(yc[7], yc[9], ny) == 0,
                                  "gemmq: configurations of one K split differ (%s n_tok=%d)", dt_name(type), nt);
+                        /* wgmma: 2 K groups x 2 CTAs of a cluster: cfg 13, 14 */
+                        if (ncfg > 11)
+                            T_CHECKF(memcmp(yc[13], yc[14], ny) == 0,
+                                     "gemmq_wg: configurations of one K split differ (%s n_tok=%d)", dt_name(type), nt);
                         for (int cfg = 0; cfg < ncfg; cfg++) free(yc[cfg]);
                     }
                     free(yb);

@@ -1,0 +1,206 @@
+// gemmq_types: how the tensor-core kernels for quantized weights (gemmq.cu's mma.sync tiles,
+// gemmq_wg.cu's wgmma) read each weight type. A warp step covers BK = 128 elements of K: lane
+// quad q of the step owns 32 of them (one block of the 32-element types, or half of a K-quant
+// quarter), loads them into registers in the type's raw form (qt<T>::load) and turns element
+// group i (elements 4 i .. 4 i + 3 of its 32) into two half pairs (qt<T>::pairs): the A
+// fragment's k = 2 q, 2 q + 1 and k = 2 q + 8, 2 q + 9 of MMA i. qt<T>::xoff says where those four
+// elements lie in the step's activations, so the activations are staged in the same order.
+#pragma once
+
+#include "kc_common.cuh"
+
+#include <type_traits>
+
+extern "C" {
+#include "model/dtype.h"
+}
+
+namespace {
+
+constexpr int BK = 128;             // elements of K per warp step (4 lane quads x 32)
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
+
+// Bytes 2p and 2p + 1 of u as the low bytes of the two 16-bit halves.
+template <int P> __device__ __forceinline__ uint32_t spread2(uint32_t u) {
+    return __byte_perm(u, 0, P == 0 ? 0x4140 : 0x4342);
+}
+
+// Per type: what one lane quad holds for one row in one step (raw), how it is loaded, where
+// its element group e4 (elements 4 e4 .. 4 e4 + 3 of the quad's 32) lies in the step's 128
+// activations, and the half pairs of MMA i (elements 4i, 4i + 1 | 4i + 2, 4i + 3).
+template <int TYPE> struct qt;
+
+template <> struct qt<DT_Q8_0> {
+    struct raw { uint4 w[2]; __half2 d; };
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        const uint4 *p = (const uint4 *)(W + row * (size_t)n_in + (size_t)ks * BK + 32 * q);
+        r.w[0] = __ldg(p);
+        r.w[1] = __ldg(p + 1);
+        r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + row * (size_t)(n_in / 32) + ks * 4 + q)));
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)r.w;
+        const uint32_t v = u[i] ^ 0x80808080u; // int8 + 128 in [0, 255]
+        const __half2 off = __half2half2(__ushort_as_half(0x6480)); // 1152 = 1024 + 128
+        lo = h2_bits(__hmul2(__hsub2(bits_h2(spread2<0>(v) | 0x64006400u), off), r.d));
+        hi = h2_bits(__hmul2(__hsub2(bits_h2(spread2<1>(v) | 0x64006400u), off), r.d));
+    }
+};
+
+// Q4_0, Q4_1, Q5_0, Q5_1: quad q takes block 4 ks + q of the row; its elements 0..15 are the low
+// nibbles of bytes 0..15, 16..31 the high nibbles (Q5: the fifth bits from the high-bit word).
+// Each pair of elements becomes half exactly (1024 + q as bits), then d (q - offset) or d q + m
+// in one half operation.
+template <int TYPE> struct qt_b32 {
+    static constexpr bool HI = TYPE == DT_Q5_0 || TYPE == DT_Q5_1, MIN = TYPE == DT_Q4_1 || TYPE == DT_Q5_1;
+    struct raw_min { uint4 w; uint32_t qh; __half2 d, m; };
+    struct raw_sym { uint4 w; uint32_t qh; __half2 d; };
+    struct raw_q4 { uint4 w; __half2 d; };
+    typedef typename std::conditional<MIN, raw_min, typename std::conditional<HI, raw_sym, raw_q4>::type>::type raw;
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        const size_t b = row * (size_t)(n_in / 32) + (size_t)ks * 4 + q;
+        r.w = __ldg((const uint4 *)W + b);
+        if constexpr (TYPE == DT_Q4_0) {
+            r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + b)));
+        } else {
+            uint32_t dm;
+            if constexpr (TYPE == DT_Q4_1) {
+                dm = __ldg((const uint32_t *)D + b);
+            } else if constexpr (TYPE == DT_Q5_1) {
+                const uint2 v = __ldg((const uint2 *)D + b);
+                dm = v.x;
+                r.qh = v.y;
+            } else { // Q5_0: a row is n_in / 32 high-bit words, then as many halves
+                const uint8_t *p = (const uint8_t *)D + row * kc_wq_d_row(DT_Q5_0, n_in);
+                const int bi = ks * 4 + q;
+                r.qh = __ldg((const uint32_t *)p + bi);
+                dm = __ldg((const unsigned short *)(p + (size_t)n_in / 8) + bi);
+            }
+            r.d = __half2half2(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
+            if constexpr (MIN) r.m = __half2half2(__ushort_as_half((unsigned short)(dm >> 16)));
+        }
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
+    // elements 4i .. 4i + 3: bytes 4 (i % 4) .. of the low (i < 4) or high nibbles
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w;
+        const int sh = i < 4 ? 0 : 4;
+        const uint32_t v = u[i & 3] >> sh;
+        if constexpr (TYPE == DT_Q4_0) {
+            const __half2 off = __half2half2(__ushort_as_half(0x6408)); // 1032 = 1024 + 8
+            lo = h2_bits(__hmul2(__hsub2(bits_h2((spread2<0>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
+            hi = h2_bits(__hmul2(__hsub2(bits_h2((spread2<1>(v) & 0x000F000Fu) | 0x64006400u), off), r.d));
+        } else {
+            uint32_t q5 = v & 0x0F0F0F0Fu;
+            if constexpr (HI) q5 |= kc_hbit4(r.qh, i);
+            const __half2 a = bits_h2(spread2<0>(q5) | 0x64006400u), b = bits_h2(spread2<1>(q5) | 0x64006400u);
+            if constexpr (TYPE == DT_Q5_0) {
+                const __half2 off = __half2half2(__ushort_as_half(0x6410)); // 1040 = 1024 + 16
+                lo = h2_bits(__hmul2(__hsub2(a, off), r.d));
+                hi = h2_bits(__hmul2(__hsub2(b, off), r.d));
+            } else {
+                const __half2 off = __half2half2(__ushort_as_half(0x6400)); // 1024
+                lo = h2_bits(__hfma2(__hsub2(a, off), r.d, r.m));
+                hi = h2_bits(__hfma2(__hsub2(b, off), r.d, r.m));
+            }
+        }
+    }
+};
+template <> struct qt<DT_Q4_0> : qt_b32<DT_Q4_0> {};
+template <> struct qt<DT_Q4_1> : qt_b32<DT_Q4_1> {};
+template <> struct qt<DT_Q5_0> : qt_b32<DT_Q5_0> {};
+template <> struct qt<DT_Q5_1> : qt_b32<DT_Q5_1> {};
+
+// Q4_K, Q5_K, Q6_K: step ks covers half of super-block ks / 2; quad q takes its 16-byte piece
+// u = 4 (ks % 2) + q: quarter j = u / 2, half h = u % 2. Low nibbles: elements 64j + 16h + 0..15,
+// high nibbles: 64j + 32 + 16h + 0..15 (Q4_K, Q5_K: sub-blocks 2j and 2j + 1; Q6_K: sub-blocks of
+// 16 4j + h and 4j + 2 + h).
+__device__ __forceinline__ int xoff_k(int ks, int q, int e4) {
+    const int u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
+    return (ks >> 1) * 256 + 64 * j + 16 * h + (e4 < 4 ? 4 * e4 : 32 + 4 * (e4 - 4));
+}
+__device__ __forceinline__ float nib(uint32_t v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
+
+// Q4_K, Q5_K (Q5_K: the fifth bits from the two sub-blocks' high-bit words, shifted to the
+// quad's half so that nibble word i % 4 takes bits i % 4 + 8b)
+template <int TYPE> struct qt_k {
+    static constexpr bool HI = TYPE == DT_Q5_K;
+    struct raw_q4 { uint4 w; float ds[2], dm[2]; };
+    struct raw_q5 { uint4 w; uint32_t qh[2]; float ds[2], dm[2]; };
+    typedef typename std::conditional<HI, raw_q5, raw_q4>::type raw;
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        const size_t sb = row * (size_t)(n_in / 256) + (size_t)(ks >> 1);
+        const int u = 4 * (ks & 1) + q, j = u >> 1;
+        r.w = __ldg((const uint4 *)(W + sb * 128) + u);
+        uint4 h;
+        if constexpr (HI) {
+            const uint8_t *p = (const uint8_t *)D + sb * 48;
+            h = __ldg((const uint4 *)p);
+            const uint2 qh = __ldg((const uint2 *)(p + 16) + j);
+            r.qh[0] = qh.x >> (4 * (u & 1));
+            r.qh[1] = qh.y >> (4 * (u & 1));
+        } else {
+            h = __ldg((const uint4 *)D + sb);
+        }
+        const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float s, m;
+            kc_q4k_scale_min(h, 2 * j + k, s, m);
+            r.ds[k] = d * s;
+            r.dm[k] = dmin * m;
+        }
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w;
+        const int k = i < 4 ? 0 : 1;
+        uint32_t v = (u[i & 3] >> (4 * k)) & 0x0F0F0F0Fu;
+        if constexpr (HI) v |= kc_hbit4(r.qh[k], i & 3);
+        const float ds = r.ds[k], dm = -r.dm[k];
+        float f[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) f[b] = fmaf(nib((v >> (8 * b)) & 0xFF), ds, dm);
+        lo = h2_bits(__floats2half2_rn(f[0], f[1]));
+        hi = h2_bits(__floats2half2_rn(f[2], f[3]));
+    }
+};
+template <> struct qt<DT_Q4_K> : qt_k<DT_Q4_K> {};
+template <> struct qt<DT_Q5_K> : qt_k<DT_Q5_K> {};
+
+// Q6_K: the quad's 16 nibble bytes of its quarter and the two words of 2-bit high parts they
+// need (kc_common.cuh's layout: words 2h and 2h + 1 of the quarter's four), the two sub-blocks'
+// d sc. Values d sc (q - 32) in f32 as the reference computes them, then rounded to half.
+template <> struct qt<DT_Q6_K> {
+    struct raw { uint4 w; uint2 hb; float ds[2]; };
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        const int nsb = n_in / 256, sb = ks >> 1, u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
+        const uint8_t *p = W + row * (size_t)(192 * nsb) + (size_t)sb * 192 + 48 * j;
+        r.w = __ldg((const uint4 *)p + h);
+        r.hb = __ldg((const uint2 *)(p + 32) + h);
+        const uint8_t *dr = (const uint8_t *)D + row * kc_wq_d_row(DT_Q6_K, n_in);
+        const uint32_t sc = __ldg((const uint32_t *)dr + 4 * sb + j); // scales 4j .. 4j + 3
+        const float d = __half2float(__ushort_as_half(__ldg((const unsigned short *)(dr + 16 * (size_t)nsb) + sb)));
+        r.ds[0] = d * (float)(int8_t)(sc >> (8 * h));
+        r.ds[1] = d * (float)(int8_t)(sc >> (8 * (2 + h)));
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w;
+        const int k = i < 4 ? 0 : 1, ww = i & 3;
+        const uint32_t hw = k ? r.hb.y : r.hb.x;
+        const uint32_t v = ((u[ww] >> (4 * k)) & 0x0F0F0F0Fu) | (((hw >> (2 * ww)) & 0x03030303u) << 4);
+        const float ds = r.ds[k];
+        float f[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) f[b] = (__uint_as_float(0x4B000000u | ((v >> (8 * b)) & 0xFF)) - 8388640.0f) * ds; // q - 32
+        lo = h2_bits(__floats2half2_rn(f[0], f[1]));
+        hi = h2_bits(__floats2half2_rn(f[2], f[3]));
+    }
+};
+
+} // namespace
