@@ -313,11 +313,13 @@ extern "C" int kc_gemmq_ncfg(void) { return NCFG + kc__gemmq_wg_ncfg(); }
 // spread over many tokens); the configurations chosen above 64 tokens serve larger plan limits.
 // Q4_1, Q5_0 and Q5_1 take Q4_0's choices, Q5_K and Q6_K Q4_K's (not measured yet).
 static int gemmq_choose(int type, int n_tok, int n_out) {
-    // wgmma (gemmq_wg.cu) from 17 tokens: wide matrices on 128-row CTAs, narrow ones (wo, down)
-    // on clusters of two 64-row CTAs that split K (H200, llama2-7b layer: 64 tokens Q4_0 287 ->
-    // 235 us, Q8_0 304 -> 245; 9-16 tokens keep the mma.sync tiles, bench/RESULTS.md "2026-11-29
+    // wgmma (gemmq_wg.cu) past the GEMV's token counts: wide matrices on 128-row CTAs, narrow
+    // ones (wo, down) on clusters of 64-row CTAs that split K. H200, llama2-7b layer, through
+    // kc_matmul (x written in the tiles' order): Q4_0 at 16 / 32 / 64 tokens 134 / 183 / 234 us
+    // (the mma.sync tiles or dequantize + cuBLAS) -> 119 / 142 / 170 (bench/RESULTS.md "2026-11-29
     // (eleventh session)")
-    if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > 16) {
+    if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
+        if (n_tok <= 16) return NCFG;
         if (n_tok <= 32) return NCFG + (n_out >= 8192 ? 1 : 2);
         return NCFG + (n_out >= 8192 ? 4 : 3);
     }
@@ -337,18 +339,19 @@ static int gemmq_choose(int type, int n_tok, int n_out) {
 // plan's gemmq_max_tok (plan.cu).
 
 extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                              cudaStream_t s) {
+                              int xperm, cudaStream_t s) {
     if (!w || !x || !y || n_tok <= 0 || !kc_gemmq_ok(w) || cfg >= kc_gemmq_ncfg() || ldy < w->n_out) return CM_EINVAL;
     const __half *xh = (const __half *)x;
     if (w->type == KC_WEIGHT_MIXED) { // range by range, into its rows of y
         for (int i = 0; i < w->n_parts; i++) {
             const kc_weight v = kc_weight_part_view(w, i);
-            if (int rc = kc__gemmq_rows(&v, x, n_tok, y + w->part[i].row0, ldy, accumulate, cfg, s)) return rc;
+            if (int rc = kc__gemmq_rows(&v, x, n_tok, y + w->part[i].row0, ldy, accumulate, cfg, xperm, s)) return rc;
         }
         return 0;
     }
     if (cfg < 0) cfg = gemmq_choose(w->type, n_tok, w->n_out);
-    if (cfg >= NCFG) return kc__gemmq_wg(w, x, n_tok, y, ldy, accumulate, cfg - NCFG, s);
+    if (cfg >= NCFG) return kc__gemmq_wg(w, x, n_tok, y, ldy, accumulate, cfg - NCFG, xperm, s);
+    if (xperm) return CM_EINVAL; // the mma.sync tiles read x as it is
     switch (w->type) {
     case DT_Q8_0: return dispatch<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
     case DT_Q4_0: return dispatch<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
@@ -363,5 +366,48 @@ extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, f
 
 extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
     if (!w) return CM_EINVAL;
-    return kc__gemmq_rows(w, x, n_tok, y, w->n_out, accumulate, cfg, s);
+    return kc__gemmq_rows(w, x, n_tok, y, w->n_out, accumulate, cfg, 0, s);
+}
+
+extern "C" int kc__gemmq_x_order(const kc_weight *w, int n_tok) {
+    if (w->type == KC_WEIGHT_MIXED) { // one order for every range, or none
+        int order = -1;
+        for (int i = 0; i < w->n_parts; i++) {
+            const kc_weight v = kc_weight_part_view(w, i);
+            const int o = kc__gemmq_x_order(&v, n_tok);
+            if (!o || (order >= 0 && o != order)) return 0;
+            order = o;
+        }
+        return order > 0 ? order : 0;
+    }
+    const int qi = kc_qtype_index(w->type);
+    if (qi < 0 || !kc_gemmq_ok(w) || n_tok <= KC_GEMV_MAX_TOK || n_tok > kc_plan_get()->gemmq_max_tok[qi]) return 0;
+    if (gemmq_choose(w->type, n_tok, w->n_out) < NCFG) return 0;
+    return w->type == DT_Q4_K || w->type == DT_Q5_K || w->type == DT_Q6_K ? 2 : 1;
+}
+
+namespace {
+// out[t][k] for logical k = 128 ks + 16 i + 8 h + 2 q + c: x[t][qt::xoff(ks, q, i) + 2 h + c] (the
+// order's xoff: the 32-element blocks' or the K-quants'), two elements a thread
+template <int TYPE>
+__global__ void to_half_gemmq_kernel(const float *x, size_t n_pairs, int n, __half *out) {
+    kc_pdl_wait();
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n_pairs; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = 2 * e / n;
+        const int k = (int)(2 * e - t * n), ks = k / BK, l = k % BK;
+        const int phys = qt<TYPE>::xoff(ks, (l >> 1) & 3, l >> 4) + (l & 8 ? 2 : 0);
+        const float2 v = *(const float2 *)(x + t * n + phys);
+        *(__half2 *)(out + 2 * e) = __floats2half2_rn(v.x, v.y);
+    }
+    kc_pdl_trigger();
+}
+} // namespace
+
+extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s) {
+    if (!x || !out || n_tok <= 0 || n <= 0 || n % (order == 2 ? 256 : BK) || order < 1 || order > 2) return CM_EINVAL;
+    const size_t pairs = (size_t)n_tok * n / 2;
+    const unsigned grid = (unsigned)((pairs + 255) / 256 < 4096 ? (pairs + 255) / 256 : 4096);
+    if (order == 1) kc_launch(to_half_gemmq_kernel<DT_Q4_0>, dim3(grid), dim3(256), 0, s, x, pairs, n, (__half *)out);
+    else kc_launch(to_half_gemmq_kernel<DT_Q4_K>, dim3(grid), dim3(256), 0, s, x, pairs, n, (__half *)out);
+    KC_LAUNCH_CHECK();
 }

@@ -61,8 +61,8 @@ __device__ __forceinline__ void wg_half(float (&acc)[BN / 2], uint32_t (&f)[4][4
 }
 #endif
 
-template <int TYPE, int BN, int WM, int KW, int KS>
-__global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(WM * KW * 128, 1)
+template <int TYPE, int BN, int WM, int KW, int KS, int MINB, bool XP>
+__global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(WM * KW * 128, MINB)
 gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const __half *x, float *y, int n_in, int n_out,
                 int ldy, int n_tok, int accumulate) {
 #ifdef KC_SM90A_DEVICE
@@ -94,18 +94,28 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     if (nj > 1) load_w(pre1, 1);
     kc_pdl_wait();
 
-    // the activations of step j into stage j % NS: a token's 64 pairs, lane order = the pairs'
-    // order in x (coalesced reads); pair p of quad q, group i, half h goes to 16-byte piece
-    // 2 (i % 4) + h of column block i / 4, word q
+    // the activations of step j into stage j % NS. XP: x holds each step's 128 activations in
+    // that order already (kc__to_half_gemmq): 16-byte copies, piece c of a token's step to piece
+    // c % 8 of column block c / 8. Else a token's 64 pairs, lane order = the pairs' order in x
+    // (coalesced reads); pair p of quad q, group i, half h goes to 16-byte piece 2 (i % 4) + h of
+    // column block i / 4, word q.
     auto stage_x = [&](int j) {
         if (j < nj) {
             const int ks = split + j * nsplit;
             const uint32_t st = sb + (j % WG_NS) * STAGE;
-            for (int idx = kt; idx < BN * 64; idx += KT) {
-                const int t = idx >> 6, p = idx & 63, pq = p >> 4, pi = (p >> 1) & 7, ph = p & 1;
-                const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + T::xoff(ks, pq, pi) + 2 * ph;
-                const uint32_t dst = st + (pi >> 2) * BN * 128 + t * 128 + ((((2 * (pi & 3) + ph) ^ (t & 7))) << 4) + 4 * pq;
-                kc_cp_async4(dst, src, true);
+            if constexpr (XP) {
+                for (int idx = kt; idx < BN * 16; idx += KT) {
+                    const int t = idx >> 4, c = idx & 15;
+                    const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + ks * BK + c * 8;
+                    kc_cp_async16(st + (c >> 3) * BN * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4), src, true);
+                }
+            } else {
+                for (int idx = kt; idx < BN * 64; idx += KT) {
+                    const int t = idx >> 6, p = idx & 63, pq = p >> 4, pi = (p >> 1) & 7, ph = p & 1;
+                    const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + T::xoff(ks, pq, pi) + 2 * ph;
+                    const uint32_t dst = st + (pi >> 2) * BN * 128 + t * 128 + ((((2 * (pi & 3) + ph) ^ (t & 7))) << 4) + 4 * pq;
+                    kc_cp_async4(dst, src, true);
+                }
             }
         }
         kc_cp_async_commit(); // one group a step, empty past the end
@@ -203,13 +213,13 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
 #endif
 }
 
-template <int TYPE, int BN, int WM, int KW, int KS>
+template <int TYPE, bool XP, int BN, int WM, int KW, int KS, int MINB = 1>
 int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
     constexpr size_t smem = wg_smem<BN, WM, KW>();
     static unsigned char smem_set[64];
-    if (int rc = kc_smem_limit_once(gemmq_wg_kernel<TYPE, BN, WM, KW, KS>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
+    if (int rc = kc_smem_limit_once(gemmq_wg_kernel<TYPE, BN, WM, KW, KS, MINB, XP>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(WM * KW * 128);
-    kc_launch(gemmq_wg_kernel<TYPE, BN, WM, KW, KS>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d, x, y,
+    kc_launch(gemmq_wg_kernel<TYPE, BN, WM, KW, KS, MINB, XP>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d, x, y,
               w->n_in, w->n_out, ldy, n_tok, acc);
     KC_LAUNCH_CHECK();
 }
@@ -217,14 +227,20 @@ int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy,
 // Tile configurations (tokens, warp groups over rows, K groups in the CTA, CTAs of a cluster
 // over K). Measured with others (two steps a stage, 128 tokens): bench/RESULTS.md "2026-11-29
 // (eleventh session)".
-template <int TYPE> int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
+template <int TYPE, bool XP>
+int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
     switch (cfg) {
-    case 0: return launch_wg<TYPE, 16, 1, 4, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 1: return launch_wg<TYPE, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
-    case 2: return launch_wg<TYPE, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 3: return launch_wg<TYPE, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    default: return launch_wg<TYPE, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 0: return launch_wg<TYPE, XP, 16, 1, 4, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 2: return launch_wg<TYPE, XP, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 3: return launch_wg<TYPE, XP, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
+    case 4: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    default: return launch_wg<TYPE, XP, 64, 1, 1, 2, 3>(w, x, n_tok, y, ldy, acc, s);
     }
+}
+template <int TYPE>
+int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg, int xperm) {
+    return xperm ? dispatch_wg<TYPE, true>(w, x, n_tok, y, ldy, acc, s, cfg) : dispatch_wg<TYPE, false>(w, x, n_tok, y, ldy, acc, s, cfg);
 }
 
 // Whether this build holds the sm_90a code and the device runs it (compute capability 9.0).
@@ -238,7 +254,7 @@ bool wg_device_ok() {
     if (!ok[dev]) {
         cudaFuncAttributes a;
         int major = 0, minor = 0;
-        const bool yes = cudaFuncGetAttributes(&a, gemmq_wg_kernel<DT_Q4_0, 64, 1, 2, 2>) == cudaSuccess && a.binaryVersion == 90 &&
+        const bool yes = cudaFuncGetAttributes(&a, gemmq_wg_kernel<DT_Q4_0, 64, 1, 2, 2, 1, true>) == cudaSuccess && a.binaryVersion == 90 &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                          minor == 0;
@@ -250,22 +266,22 @@ bool wg_device_ok() {
 
 } // namespace
 
-extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 5 : 0; }
+extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 6 : 0; }
 
 // One quantized type's matrix (not a mixed one: kc__gemmq_rows splits those), cfg < kc__gemmq_wg_ncfg().
 extern "C" int kc__gemmq_wg(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                            cudaStream_t s) {
+                            int xperm, cudaStream_t s) {
     if (cfg < 0 || cfg >= kc__gemmq_wg_ncfg()) return CM_EINVAL;
     const __half *xh = (const __half *)x;
     switch (w->type) {
-    case DT_Q8_0: return dispatch_wg<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q4_0: return dispatch_wg<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q4_1: return dispatch_wg<DT_Q4_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q5_0: return dispatch_wg<DT_Q5_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q5_1: return dispatch_wg<DT_Q5_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q4_K: return dispatch_wg<DT_Q4_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q5_K: return dispatch_wg<DT_Q5_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
-    case DT_Q6_K: return dispatch_wg<DT_Q6_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
+    case DT_Q8_0: return dispatch_wg<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q4_0: return dispatch_wg<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q4_1: return dispatch_wg<DT_Q4_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q5_0: return dispatch_wg<DT_Q5_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q5_1: return dispatch_wg<DT_Q5_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q4_K: return dispatch_wg<DT_Q4_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q5_K: return dispatch_wg<DT_Q5_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q6_K: return dispatch_wg<DT_Q6_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
     default: return CM_EUNSUPPORTED;
     }
 }

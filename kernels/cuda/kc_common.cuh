@@ -229,14 +229,21 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 }
 
 // gemmq.cu: kc_gemmq into the rows of a wider output (row stride ldy >= W->n_out): kc_matmul's
-// path for one row range of a KC_WEIGHT_MIXED weight.
+// path for one row range of a KC_WEIGHT_MIXED weight. xperm: x was written by kc__to_half_gemmq
+// in W's order (kc__gemmq_x_order).
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                              cudaStream_t s);
+                              int xperm, cudaStream_t s);
+// The order kc_matmul writes x in for W x n_tok tokens: 0 as is; else the wgmma tiles take it
+// (every range of a mixed W) and read each 128-element step as their MMAs do: 1 for the
+// 32-element block types, 2 for the K-quants.
+extern "C" int kc__gemmq_x_order(const kc_weight *W, int n_tok);
+// x [n_tok, n] f32 to half in that order (order 0: as is).
+extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);
 // gemmq_wg.cu: the same on Hopper's wgmma for one quantized type (not a mixed weight), in tile
 // configuration cfg < kc__gemmq_wg_ncfg() (0 where the build or the device lacks sm_90a code).
 extern "C" int kc__gemmq_wg_ncfg(void);
 extern "C" int kc__gemmq_wg(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                            cudaStream_t s);
+                            int xperm, cudaStream_t s);
 
 // fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, on xq's
 // half copy when it holds x for W, else on x; more tokens: cuBLASLt FP8 or dequantize +

@@ -1437,17 +1437,24 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
 // already holds x as half (converted once for every range).
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
-                      const kc_gemm_ws *ws, bool xh_ready, cudaStream_t s) {
+                      const kc_gemm_ws *ws, bool xh_ready, int x_order, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
+        // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
+        // caller's x_order, which is W's or 0 = as is, read with 4-byte copies)
+        const int own = kc__gemmq_x_order(W, n_tok), order = xh_ready ? (x_order == own ? own : 0) : own;
         if (!xh_ready) {
-            to_half(x, nx, ws->x_half, s);
-            if (int rc = launch_ok(__LINE__)) return rc;
+            if (order) {
+                if (int rc = kc__to_half_gemmq(x, n_tok, W->n_in, order, ws->x_half, s)) return rc;
+            } else {
+                to_half(x, nx, ws->x_half, s);
+                if (int rc = launch_ok(__LINE__)) return rc;
+            }
         }
-        return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, s);
+        return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
@@ -1540,7 +1547,8 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
 extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                             const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
-    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, false, s);
+    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, false, 0, s);
+    int x_order = 0; // how x_half holds x for the ranges
     if (W->n_parts < 1 || W->n_parts > KC_WEIGHT_MAX_PARTS) return CM_EINVAL;
     // the activations once for every range: quantized for the GEMVs, as half for the others
     // (every range is a quantized type: the integer GEMV up to KC_GEMV_MAX_TOK tokens, kc_gemmq
@@ -1550,12 +1558,17 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     } else {
         const size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
-        to_half(x, nx, ws->x_half, s);
-        if (int rc = launch_ok(__LINE__)) return rc;
+        // in the wgmma tiles' order when every range takes them (kc__gemmq_x_order), else as is
+        if ((x_order = kc__gemmq_x_order(W, n_tok))) {
+            if (int rc = kc__to_half_gemmq(x, n_tok, W->n_in, x_order, ws->x_half, s)) return rc;
+        } else {
+            to_half(x, nx, ws->x_half, s);
+            if (int rc = launch_ok(__LINE__)) return rc;
+        }
     }
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, s)) return rc;
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, x_order, s)) return rc;
     }
     return 0;
 }

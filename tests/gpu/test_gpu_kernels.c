@@ -138,7 +138,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     if (kc_gemmq_ok(&w)) {
                         float *yc[32];
                         const int ncfg = kc_gemmq_ncfg();
-                        T_CHECK(ncfg == 11 || ncfg == 16); /* the mma.sync tiles, and gemmq_wg.cu's on sm_90a */
+                        T_CHECK(ncfg == 11 || ncfg == 17); /* the mma.sync tiles, and gemmq_wg.cu's on sm_90a */
                         for (int cfg = 0; cfg < ncfg; cfg++) {
                             yc[cfg] = malloc((size_t)nt * n_out * 4);
                             poison(dy, (size_t)nt * n_out * 4);
@@ -1148,10 +1148,16 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                     same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
             }
-            /* kc_gemmq on the fused matrix, range by range */
+            /* kc_gemmq on the fused matrix, range by range, on x as half (ws.x_half is kc_matmul's
+             * scratch: it may hold x in the wgmma tiles' order) */
             if (nt > KC_GEMV_MAX_TOK) {
+                uint16_t *hh = malloc((size_t)nt * n_in * 2);
+                for (size_t k = 0; k < (size_t)nt * n_in; k++) hh[k] = dt_f32_to_f16(x[k]);
+                kc_half *dxh = dev_upload(hh, (size_t)nt * n_in * 2);
+                free(hh);
                 poison(dy, ny * 4);
-                rc = kc_gemmq(&w, ws.x_half, nt, dy, 0, -1, s);
+                rc = kc_gemmq(&w, dxh, nt, dy, 0, -1, s);
+                cudaFree(dxh);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
                 const double eg = rel_err(y2, ref, ny);
