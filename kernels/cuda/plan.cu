@@ -114,11 +114,14 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     }
     p->pdl = prop.major >= 9;
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
-    // where the wgmma tiles run (compute capability 9.0), kc_gemmq stops beating dequantize +
-    // cuBLAS past 64 tokens (Q4_K, Q5_K: 48); at 128 tokens cuBLAS wins for every type (H200,
-    // llama2-7b layer, bench/RESULTS.md "2026-11-29 (eleventh session)")
+    // where the wgmma tiles run (compute capability 9.0), kc_gemmq (x in the tiles' order) beats
+    // dequantize + cuBLAS up to 128 tokens for the 32-element block types (Q4_0 at 128: 282
+    // against 302 us a llama2-7b layer; at 192 it loses, 396 against 330) and up to 64 for the
+    // K-quants (Q4_K at 64: 218 against 296, at 128 361 against 312; Q6_K wins at 128 too, but
+    // the K-quants of a Q4_K_M matrix share one limit so that x is written in one order for all)
+    // (H200, bench/RESULTS.md "2026-11-29 (eleventh session)")
     if (p->gemmq_wg && kc__gemmq_wg_ncfg() > 0)
-        for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = i == 2 || i == 6 ? 48 : 64;
+        for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = i == 2 || i == 6 || i == 7 ? 64 : 128;
     // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")

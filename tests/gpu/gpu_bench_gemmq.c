@@ -4,7 +4,10 @@
  * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs.
  * Each matrix is timed over >= 20 launches rotating over enough copies that they do not stay in
  * the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
- * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K).
+ * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K). Columns: gemv|deq (the other path),
+ * gemmq (kc_matmul as the plan has it), cfgN (kc_gemmq in configuration N on x as it is; 11.. the
+ * wgmma tiles), gemmq* (kc_matmul with kc_gemmq at every token count: x in the wgmma tiles' order
+ * where those are chosen, the conversion included).
  * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m; default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
@@ -77,7 +80,7 @@ int main(int argc, char **argv) {
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         /* per n_tok: microseconds of one layer (the four matrices) for each path */
-        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_cfg[16][MAXCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
+        double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_all[16] = { 0 }, t_cfg[16][MAXCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
         double layer_mb = 0;
         for (int si = 0; si < NSH; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
@@ -113,15 +116,26 @@ int main(int argc, char **argv) {
                 double e = sqrt(num / (den > 0 ? den : 1));
                 if (e > maxerr[ni] || e != e) maxerr[ni] = e;
                 const int iters = 2 * nc > 20 ? 2 * nc : 20;
-                for (int path = 0; path < 2 + NCFG; path++) {
+                /* paths: 0 the other path, 1 kc_matmul as planned, 2.. each configuration (kc_gemmq
+                 * on x as it is), last: kc_matmul with kc_gemmq at every token count (its choice,
+                 * x in the wgmma tiles' order where they are chosen) */
+                for (int path = 0; path < 3 + NCFG; path++) {
+                    const int all = path == 2 + NCFG;
+                    if (all && nt <= KC_GEMV_MAX_TOK) continue;
                     gpu_plan_gemmq(path != 0);
+                    if (all) {
+                        kc_plan p = *kc_plan_get();
+                        for (int k = 0; k < KC_N_QTYPES; k++) p.gemmq_max_tok[k] = 1 << 20;
+                        kc_plan_set(&p);
+                    }
+                    const int mm = path == 0 || ((path == 1 || all) && nt > KC_GEMV_MAX_TOK);
                     for (int i = 0; i < 3; i++) {
-                        if (path == 0 || (path == 1 && nt > KC_GEMV_MAX_TOK)) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        if (mm) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
                     }
                     CK(cudaEventRecord(e0, s));
                     for (int i = 0; i < iters; i++) {
-                        if (path == 0 || (path == 1 && nt > KC_GEMV_MAX_TOK)) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        if (mm) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
                     }
                     CK(cudaEventRecord(e1, s));
@@ -132,6 +146,7 @@ int main(int argc, char **argv) {
                     double us = ms * 1000.0 / iters;
                     if (path == 0) t_deq[ni] += us;
                     else if (path == 1) t_auto[ni] += us;
+                    else if (all) t_all[ni] += us;
                     else t_cfg[ni][path - 2] += us;
                 }
             }
@@ -141,12 +156,12 @@ int main(int argc, char **argv) {
         printf("%s: one llama2-7b layer (qkv, wo, gate|up, down; %.1f MB of weights), microseconds\n", names[ti], layer_mb);
         printf("%5s %10s %10s", "n_tok", "gemv|deq", "gemmq");
         for (int c = 0; c < NCFG; c++) printf(c < 10 ? "   cfg%d" : "  cfg%d", c);
-        printf(" %7s %8s %9s %9s\n", "speedup", "GB/s", "TFLOP/s", "rel_diff");
+        printf(" %8s %7s %8s %9s %9s\n", "gemmq*", "speedup", "GB/s", "TFLOP/s", "rel_diff");
         for (int ni = 0; ni < NNT; ni++) {
             double flop = 2.0 * ntoks[ni] * (4096.0 * 12288 + 4096.0 * 4096 + 4096.0 * 22016 + 11008.0 * 4096);
             printf("%5d %10.1f %10.1f", ntoks[ni], t_deq[ni], t_auto[ni]);
             for (int c = 0; c < NCFG; c++) printf(" %7.1f", t_cfg[ni][c]);
-            printf(" %6.2fx", t_deq[ni] / t_auto[ni]);
+            printf(" %8.1f %6.2fx", t_all[ni], t_deq[ni] / t_auto[ni]);
             printf(" %8.0f %9.1f %9.2g\n", layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
         }
     }

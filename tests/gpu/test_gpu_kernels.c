@@ -113,6 +113,23 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 double tol = nt <= KC_GEMV_MAX_TOK ? (type == DT_F32 ? 1e-5 : type == DT_F16 ? 2e-3 : 1e-4) : 5e-3;
                 T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
                          n_out, nt, rc, e, tol);
+                /* kc_gemmq at every token count (x in the wgmma tiles' order where those are chosen,
+                 * several token tiles past 64) */
+                if (nt > KC_GEMV_MAX_TOK && kc_weight_is_quant(type) && kc_gemmq_ok(&w)) {
+                    kc_plan pa = *kc_plan_get(), keep = pa;
+                    for (int k = 0; k < KC_N_QTYPES; k++) pa.gemmq_max_tok[k] = 1 << 20;
+                    kc_plan_set(&pa);
+                    float *ya = malloc((size_t)nt * n_out * 4);
+                    poison(dy, (size_t)nt * n_out * 4);
+                    int rca = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(ya, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    kc_plan_set(&keep);
+                    double ea = rel_err(ya, ref, (size_t)nt * n_out);
+                    T_CHECKF(rca == 0 && ea < tol, "matmul through gemmq %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in, n_out,
+                             nt, ea);
+                    free(ya);
+                }
                 /* quantized weights past the GEMV: the in-register path (kc_gemmq) against
                  * dequantize + cuBLAS, both f16 operands and f32 sums (differences: summation order) */
                 if (nt > KC_GEMV_MAX_TOK && kc_weight_is_quant(type)) {
