@@ -15,6 +15,10 @@
 //
 // The summation order of an output depends on WK and n_in only (not on BN, BM or where the
 // token sits in the batch), so a configuration of fixed WK is batch-invariant.
+//
+// On Hopper (sm_90a code, compute capability 9.0) configurations NCFG.. are gemmq_wg.cu's wgmma
+// tiles, which the choice below prefers past KC_GEMV_MAX_TOK tokens; these mma.sync tiles stay
+// for the other GPUs, the grouped MoE form and a plan with gemmq_wg=0.
 #include "gemmq_types.cuh"
 
 extern "C" {

@@ -8,9 +8,13 @@
 // group i), and the activations are the B operand, read by the wgmma from shared memory.
 //
 // Activations. B holds, for each token, the step's 128 activations in the A fragments' k order:
-// logical k = 16 i + 8 h + 2 q + c (MMA i, c < 2) is element qt<T>::xoff(ks, q, i) + 2 h + c. Each
-// 4-byte pair is copied by cp.async into the 128-byte-swizzled K-major layout of the descriptors
-// (two 64-k column blocks of BN rows of 128 bytes). Stages: NS = 4, filled two steps ahead.
+// logical k = 16 i + 8 h + 2 q + c (MMA i, c < 2) is element qt<T>::xoff(ks, q, i) + 2 h + c, in
+// the 128-byte-swizzled K-major layout of the descriptors (two 64-k column blocks of BN rows of
+// 128 bytes). kc_matmul writes x in that order when it converts it to half (kc__to_half_gemmq,
+// xperm): a stage is then 16-byte cp.async copies. x as it is (kc_gemmq's callers) takes a
+// 4-byte copy a pair, and index arithmetic that made the first version of this kernel issue-bound
+// (ncu: 0.41 instructions a cycle per scheduler, DRAM at 14 %). Stages: NS = 4, filled two steps
+// ahead.
 //
 // Work split. A CTA owns 64 WM rows (WM warp groups over rows, sharing each B tile) and BN tokens;
 // the K steps are split KW ways inside the CTA (groups of WM warp groups, each with its own
@@ -225,8 +229,9 @@ int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy,
 }
 
 // Tile configurations (tokens, warp groups over rows, K groups in the CTA, CTAs of a cluster
-// over K). Measured with others (two steps a stage, 128 tokens): bench/RESULTS.md "2026-11-29
-// (eleventh session)".
+// over K, CTAs an SM). Kept from those measured on an H200 (bench/RESULTS.md "2026-11-29
+// (eleventh session)": also two steps a stage, 128-token tiles, 2-3 CTAs an SM at 16-32 tokens,
+// none faster).
 template <int TYPE, bool XP>
 int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
     switch (cfg) {
