@@ -251,22 +251,7 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
 // Whether this build holds the sm_90a code and the device runs it (compute capability 9.0).
 bool wg_device_ok() {
     static signed char ok[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!ok[dev]) {
-        cudaFuncAttributes a;
-        int major = 0, minor = 0;
-        const bool yes = cudaFuncGetAttributes(&a, gemmq_wg_kernel<DT_Q4_0, 64, 1, 2, 2, 1, true>) == cudaSuccess && a.binaryVersion == 90 &&
-                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-                         minor == 0;
-        cudaGetLastError();
-        ok[dev] = yes ? 1 : -1;
-    }
-    return ok[dev] > 0;
+    return sm90a_kernel_ok(gemmq_wg_kernel<DT_Q4_0, 64, 1, 2, 2, 1, true>, ok);
 }
 
 } // namespace

@@ -3,11 +3,37 @@
 // Only for translation units compiled for sm_90a alone (CMakeLists.txt: arka_cuda_sm90a).
 #pragma once
 
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KC_SM90A_DEVICE 1
 #endif
+
+namespace {
+
+// Whether kernel (of a translation unit built for sm_90a alone) has its code in this build and
+// the current device runs it: compute capability 9.0 exactly. Cached per device in ok.
+template <typename K> bool sm90a_kernel_ok(K kernel, signed char (&ok)[64]) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!ok[dev]) {
+        cudaFuncAttributes a;
+        int major = 0, minor = 0;
+        const bool yes = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.binaryVersion == 90 &&
+                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+                         minor == 0;
+        cudaGetLastError(); // a missing image is an answer, not an error for later calls
+        ok[dev] = yes ? 1 : -1;
+    }
+    return ok[dev] > 0;
+}
+
+} // namespace
 
 #ifdef KC_SM90A_DEVICE
 namespace {
@@ -43,47 +69,48 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4]) 
 }
 
 // D (m64nN, f32) += A (64 x 16, registers: each warp's 16 rows as an m16n8k16 A fragment) B (16 x N,
-// shared, K-major: the N rows of 16 k, 128-byte swizzle, descriptor db).
-template <int N> struct wgmma_rs;
-template <> struct wgmma_rs<16> {
+// shared, 128-byte swizzle, descriptor db): K-major (the N rows of 16 k), or MN-major with TB = 1
+// ("transposed": the 16 rows of N).
+template <int N, int TB = 0> struct wgmma_rs;
+template <int TB> struct wgmma_rs<16, TB> {
     __device__ static __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
                      "%0, %1, %2, %3, %4, %5, %6, %7}, "
-                     "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                     "{%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
     }
 };
 
-template <> struct wgmma_rs<32> {
+template <int TB> struct wgmma_rs<32, TB> {
     __device__ static __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                     "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                     "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
     }
 };
 
-template <> struct wgmma_rs<64> {
+template <int TB> struct wgmma_rs<64, TB> {
     __device__ static __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                     "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
     }
 };
 
-template <> struct wgmma_rs<128> {
+template <int TB> struct wgmma_rs<128, TB> {
     __device__ static __forceinline__ void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
@@ -91,7 +118,7 @@ template <> struct wgmma_rs<128> {
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                     "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                     "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -100,7 +127,7 @@ template <> struct wgmma_rs<128> {
                        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
     }
 };
 
