@@ -7,7 +7,8 @@
  * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K). Columns: gemv|deq (the other path),
  * gemmq (kc_matmul as the plan has it), cfgN (kc_gemmq in configuration N on x as it is; 11.. the
  * wgmma tiles), gemmq* (kc_matmul with kc_gemmq at every token count: x in the wgmma tiles' order
- * where those are chosen, the conversion included).
+ * where those are chosen, the conversion included); then per matrix, gemmq* and the fastest
+ * configuration.
  * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m; default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
@@ -80,6 +81,7 @@ int main(int argc, char **argv) {
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         /* per n_tok: microseconds of one layer (the four matrices) for each path */
+        double sh_all[4][16] = { { 0 } }, sh_cfg[4][16][MAXCFG] = { { { 0 } } }; /* per matrix */
         double t_deq[16] = { 0 }, t_auto[16] = { 0 }, t_all[16] = { 0 }, t_cfg[16][MAXCFG] = { { 0 } }, maxerr[16] = { 0 }; /* up to 16 token counts */
         double layer_mb = 0;
         for (int si = 0; si < NSH; si++) {
@@ -148,6 +150,8 @@ int main(int argc, char **argv) {
                     else if (path == 1) t_auto[ni] += us;
                     else if (all) t_all[ni] += us;
                     else t_cfg[ni][path - 2] += us;
+                    if (all) sh_all[si][ni] = us;
+                    else if (path >= 2) sh_cfg[si][ni][path - 2] = us;
                 }
             }
             bench_w_free(w, nc);
@@ -163,6 +167,18 @@ int main(int argc, char **argv) {
             for (int c = 0; c < NCFG; c++) printf(" %7.1f", t_cfg[ni][c]);
             printf(" %8.1f %6.2fx", t_all[ni], t_deq[ni] / t_auto[ni]);
             printf(" %8.0f %9.1f %9.2g\n", layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
+        }
+        /* per matrix past the GEMV: gemmq* and the fastest configuration on x as it is */
+        for (int si = 0; si < NSH; si++) {
+            printf("  %-8s", shapes[si].name);
+            for (int ni = 0; ni < NNT; ni++) {
+                if (ntoks[ni] <= KC_GEMV_MAX_TOK) continue;
+                int b = 0;
+                for (int c = 1; c < NCFG; c++)
+                    if (sh_cfg[si][ni][c] < sh_cfg[si][ni][b]) b = c;
+                printf(" %d: %.1f (cfg%d %.1f)", ntoks[ni], sh_all[si][ni], b, sh_cfg[si][ni][b]);
+            }
+            printf("\n");
         }
     }
     free(ha);
