@@ -374,19 +374,7 @@ extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *
 }
 
 extern "C" int kc__gemmq_x_order(const kc_weight *w, int n_tok) {
-    if (w->type == KC_WEIGHT_MIXED) { // one order for every range, or none
-        int order = -1;
-        for (int i = 0; i < w->n_parts; i++) {
-            const kc_weight v = kc_weight_part_view(w, i);
-            const int o = kc__gemmq_x_order(&v, n_tok);
-            if (!o || (order >= 0 && o != order)) return 0;
-            order = o;
-        }
-        return order > 0 ? order : 0;
-    }
-    const int qi = kc_qtype_index(w->type);
-    if (qi < 0 || !kc_gemmq_ok(w) || n_tok <= KC_GEMV_MAX_TOK || n_tok > kc_plan_get()->gemmq_max_tok[qi]) return 0;
-    if (gemmq_choose(w->type, n_tok, w->n_out) < NCFG) return 0;
+    if (w->type == KC_WEIGHT_MIXED || gemmq_choose(w->type, n_tok, w->n_out) < NCFG) return 0;
     return w->type == DT_Q4_K || w->type == DT_Q5_K || w->type == DT_Q6_K ? 2 : 1;
 }
 

@@ -229,9 +229,9 @@ int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy,
 }
 
 // Tile configurations (tokens, warp groups over rows, K groups in the CTA, CTAs of a cluster
-// over K, CTAs an SM). Kept from those measured on an H200 (bench/RESULTS.md "2026-11-29
-// (eleventh session)": also two steps a stage, 128-token tiles, 2-3 CTAs an SM at 16-32 tokens,
-// none faster).
+// over K, CTAs an SM): the ones gemmq_choose takes, of those measured on an H200
+// (bench/RESULTS.md "2026-11-29 (eleventh session)": also two steps a stage, 128-token tiles,
+// 2-3 CTAs an SM).
 template <int TYPE, bool XP>
 int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
     switch (cfg) {
@@ -239,8 +239,7 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
     case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
     case 2: return launch_wg<TYPE, XP, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
     case 3: return launch_wg<TYPE, XP, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 4: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
-    default: return launch_wg<TYPE, XP, 64, 1, 1, 2, 3>(w, x, n_tok, y, ldy, acc, s);
+    default: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
     }
 }
 template <int TYPE>
@@ -256,7 +255,7 @@ bool wg_device_ok() {
 
 } // namespace
 
-extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 6 : 0; }
+extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 5 : 0; }
 
 // One quantized type's matrix (not a mixed one: kc__gemmq_rows splits those), cfg < kc__gemmq_wg_ncfg().
 extern "C" int kc__gemmq_wg(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,

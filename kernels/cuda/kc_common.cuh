@@ -233,9 +233,9 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 // in W's order (kc__gemmq_x_order).
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               int xperm, cudaStream_t s);
-// The order kc_matmul writes x in for W x n_tok tokens: 0 as is; else the wgmma tiles take it
-// (every range of a mixed W) and read each 128-element step as their MMAs do: 1 for the
-// 32-element block types, 2 for the K-quants.
+// The order in which kc__gemmq_rows' choice for W (one type) x n_tok tokens reads x: 0 as is (the
+// mma.sync tiles); else the wgmma tiles, which read each 128-element step as their MMAs do (they
+// also take x as it is, slower): 1 for the 32-element block types, 2 for the K-quants.
 extern "C" int kc__gemmq_x_order(const kc_weight *W, int n_tok);
 // x [n_tok, n] f32 to half in that order (order 0: as is).
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);

@@ -1401,6 +1401,27 @@ static bool gemmq_use(const kc_weight *W, int n_tok) {
     return n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
 }
 
+// The order kc_matmul writes x_half in for W x n_tok tokens (kc__gemmq_x_order): that of the
+// wgmma tiles when kc_gemmq takes W (every range of a mixed W, in one order), else 0 = as is.
+static int x_order(const kc_weight *W, int n_tok) {
+    if (W->type != KC_WEIGHT_MIXED) return gemmq_use(W, n_tok) ? kc__gemmq_x_order(W, n_tok) : 0;
+    int order = -1;
+    for (int i = 0; i < W->n_parts; i++) {
+        const kc_weight v = kc_weight_part_view(W, i);
+        const int o = x_order(&v, n_tok);
+        if (!o || (order >= 0 && o != order)) return 0;
+        order = o;
+    }
+    return order > 0 ? order : 0;
+}
+
+// x [n_tok, n_in] as half into ws->x_half, in that order.
+static int x_to_half(const float *x, int n_tok, int n_in, int order, const kc_gemm_ws *ws, cudaStream_t s) {
+    if (order) return kc__to_half_gemmq(x, n_tok, n_in, order, ws->x_half, s);
+    to_half(x, (size_t)n_tok * n_in, ws->x_half, s);
+    return launch_ok(__LINE__);
+}
+
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (W->type == KC_WEIGHT_MIXED) {
         for (int i = 0; i < W->n_parts; i++) {
@@ -1437,23 +1458,17 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
 // already holds x as half (converted once for every range).
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
-                      const kc_gemm_ws *ws, bool xh_ready, int x_order, cudaStream_t s) {
+                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
-        // caller's x_order, which is W's or 0 = as is, read with 4-byte copies)
-        const int own = kc__gemmq_x_order(W, n_tok), order = xh_ready ? (x_order == own ? own : 0) : own;
-        if (!xh_ready) {
-            if (order) {
-                if (int rc = kc__to_half_gemmq(x, n_tok, W->n_in, order, ws->x_half, s)) return rc;
-            } else {
-                to_half(x, nx, ws->x_half, s);
-                if (int rc = launch_ok(__LINE__)) return rc;
-            }
-        }
+        // caller's x_ord, which is W's or 0 = as is, read with 4-byte copies)
+        const int own = kc__gemmq_x_order(W, n_tok), order = xh_ready ? (x_ord == own ? own : 0) : own;
+        if (!xh_ready)
+            if (int rc = x_to_half(x, n_tok, W->n_in, order, ws, s)) return rc;
         return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
@@ -1548,7 +1563,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
                             const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
     if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, false, 0, s);
-    int x_order = 0; // how x_half holds x for the ranges
+    int ord = 0; // the order x_half holds x in for the ranges
     if (W->n_parts < 1 || W->n_parts > KC_WEIGHT_MAX_PARTS) return CM_EINVAL;
     // the activations once for every range: quantized for the GEMVs, as half for the others
     // (every range is a quantized type: the integer GEMV up to KC_GEMV_MAX_TOK tokens, kc_gemmq
@@ -1558,17 +1573,12 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     } else {
         const size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
-        // in the wgmma tiles' order when every range takes them (kc__gemmq_x_order), else as is
-        if ((x_order = kc__gemmq_x_order(W, n_tok))) {
-            if (int rc = kc__to_half_gemmq(x, n_tok, W->n_in, x_order, ws->x_half, s)) return rc;
-        } else {
-            to_half(x, nx, ws->x_half, s);
-            if (int rc = launch_ok(__LINE__)) return rc;
-        }
+        ord = x_order(W, n_tok);
+        if (int rc = x_to_half(x, n_tok, W->n_in, ord, ws, s)) return rc;
     }
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, x_order, s)) return rc;
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, ord, s)) return rc;
     }
     return 0;
 }
