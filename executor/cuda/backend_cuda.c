@@ -654,10 +654,13 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             prof_mark(s, PC_NORM);
             moe_add = 0;
         } else if (!normed) {
+            /* the norm writes x's image for qkv's wgmma tiles where they take it */
+            s->xq_h.img_order = kc_matmul_x_order(&L->qkv, n_tok, &s->gws);
             KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
             prof_mark(s, PC_NORM);
         }
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
+        s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
         /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
@@ -724,8 +727,10 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                 KC_FATAL(kc_moe_norm_route(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, &L->router, s->rlogits,
                                            c->n_expert_used, c->expert_norm, s->ridx, s->rw, moe_ungrouped ? NULL : s->ecnt,
                                            moe_ungrouped ? NULL : s->eoff, moe_ungrouped ? NULL : s->elist, s->route_ctr, cs));
-            else
+            else {
+                s->xq_h.img_order = L->moe ? 0 : kc_matmul_x_order(&L->gu, n_tok, &s->gws); /* for gate|up */
                 KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            }
         }
         prof_mark(s, PC_NORM);
         /* the post-FFN norm: with the next layer's attention pre-norm where there is one */
@@ -790,6 +795,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                 prof_mark(s, PC_ACT);
             } else /* one kernel where the F16 GEMV takes the activation (decode steps of F16 models) */
                 KC_FATAL(kc_matmul_glu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, c->ffn_act, &s->gws, cs));
+            s->xq_h.img_tok = 0;
             /* x += act Wdown, or into h for the post-norm */
             KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
         }
@@ -801,11 +807,13 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         if (L->ffn_post) prof_mark(s, PC_NORM);
     }
     KC_FATAL(kc_gather_rows_f32(s->x, d_rows, n_out, c->n_embd, s->last, cs));
+    s->xq_h.img_order = st->no_head ? 0 : kc_matmul_x_order(&s->output, n_out, &s->gws);
     KC_FATAL(kc_rmsnorm_xq(s->last, s->out_norm, s->last_n, &s->xq_h, n_out, c->n_embd, c->norm_eps, cs));
     if (!st->no_head) {
         KC_FATAL(kc_matmul_xq(&s->output, s->last_n, &s->xq_h, n_out, s->logits, 0, &s->gws, cs));
         if (c->final_softcap > 0) KC_FATAL(kc_softcap(s->logits, (size_t)n_out * c->n_vocab, c->final_softcap, cs));
     }
+    s->xq_h.img_tok = 0; /* no later norm's matmul reads this image (MoE and post-norm models skip kc_rmsnorm_xq) */
     prof_mark(s, PC_HEAD);
 }
 
@@ -1639,6 +1647,12 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         if (R * c->n_embd > xmax) xmax = R * c->n_embd;
         if (T * nq > xmax) xmax = T * nq; /* wo's input (wider than n_ff when every MLP is a mixture of experts) */
+        {   /* the wgmma tiles' image of x: rows padded to 8, 64 more read past them (kc_matmul
+             * keeps x as it is where that does not fit) */
+            size_t widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
+            if (nq > widest) widest = nq;
+            xmax += 7 * widest + 64 * 64;
+        }
         /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
          * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
          * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
@@ -1664,6 +1678,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
+        s->xq_h.img = s->gws.x_half; /* the norms write x's image for the wgmma tiles there */
+        s->xq_h.img_cap = xmax;
         /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
         {
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;

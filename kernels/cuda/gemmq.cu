@@ -21,6 +21,8 @@
 // for the other GPUs, the grouped MoE form and a plan with gemmq_wg=0.
 #include "gemmq_types.cuh"
 
+#include <limits.h>
+
 extern "C" {
 #include "kcuda.h"
 #include "model/dtype.h"
@@ -322,8 +324,12 @@ static int gemmq_choose(int type, int n_tok, int n_out) {
     // kc_matmul (x written in the tiles' order): Q4_0 at 16 / 32 / 64 tokens 134 / 183 / 234 us
     // (the mma.sync tiles or dequantize + cuBLAS) -> 119 / 142 / 170 (bench/RESULTS.md "2026-11-29
     // (eleventh session)")
+    // Twelfth session (x's image by bulk copies, the weights' shared ring), per matrix on x's
+    // image: at 9-16 tokens qkv and gate|up run faster on 32-token tiles of four K groups (Q4_0
+    // 21 / 33 against 22 / 44 us, Q4_K 36 / 56 against 37 / 73), not Q8_0's (29 / 50 against 33 /
+    // 54 ... on 16-token tiles).
     if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
-        if (n_tok <= 16) return NCFG;
+        if (n_tok <= 16) return NCFG + (n_out >= 8192 && type != DT_Q8_0 ? 1 : 0);
         if (n_tok <= 32) return NCFG + (n_out >= 8192 ? 1 : 2);
         return NCFG + (n_out >= 8192 ? 4 : 3);
     }
@@ -379,27 +385,40 @@ extern "C" int kc__gemmq_x_order(const kc_weight *w, int n_tok) {
 }
 
 namespace {
-// out[t][k] for logical k = 128 ks + 16 i + 8 h + 2 q + c: x[t][qt::xoff(ks, q, i) + 2 h + c] (the
-// order's xoff: the 32-element blocks' or the K-quants'), two elements a thread
+// The image of the wgmma tiles' stages (gemmq_wg.cu): for each 64-k column block b of x, ntp rows
+// (the tokens, padded to 8 with zeros) of 128 bytes, 16-byte piece p of row t holding logical k
+// 64 b + 8 (p ^ (t % 8)) .. + 7; logical k = 128 ks + 16 i + 8 h + 2 q + c of a row is its element
+// qt::xe_t(ks, q, i, h, c) (the order's: the 32-element blocks' or the K-quants'). A thread writes
+// one piece: MMA i and half h are the piece's, q and c run over its eight halves.
 template <int TYPE>
-__global__ void to_half_gemmq_kernel(const float *x, size_t n_pairs, int n, __half *out) {
+__global__ void to_half_gemmq_kernel(const float *x, int n_pieces, int n, int n_tok, int ntp, __half *out) {
     kc_pdl_wait();
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n_pairs; e += (size_t)gridDim.x * blockDim.x) {
-        const size_t t = 2 * e / n;
-        const int k = (int)(2 * e - t * n), ks = k / BK, l = k % BK;
-        const int phys = qt<TYPE>::xoff(ks, (l >> 1) & 3, l >> 4) + (l & 8 ? 2 : 0);
-        const float2 v = *(const float2 *)(x + t * n + phys);
-        *(__half2 *)(out + 2 * e) = __floats2half2_rn(v.x, v.y);
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n_pieces; e += gridDim.x * blockDim.x) {
+        const int b = e / (ntp * 8), r = e - b * ntp * 8, t = r >> 3, p = r & 7;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (t < n_tok) {
+            const int k = b * 64 + ((p ^ (t & 7)) << 3), ks = k / BK, l = k % BK, i = l >> 4, h = (l >> 3) & 1;
+            const float *row = x + (size_t)t * n;
+            uint32_t *u = (uint32_t *)&v;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                u[q] = h2_bits(__floats2half2_rn(__ldg(row + qt<TYPE>::xe_t(ks, q, i, h, 0)), __ldg(row + qt<TYPE>::xe_t(ks, q, i, h, 1))));
+        }
+        *(uint4 *)(out + (size_t)e * 8) = v;
     }
     kc_pdl_trigger();
 }
 } // namespace
 
+extern "C" size_t kc__gemmq_x_halves(int n_tok, int n) { return (size_t)((n_tok + 7) & ~7) * n + 64 * 64; }
+
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s) {
     if (!x || !out || n_tok <= 0 || n <= 0 || n % (order == 2 ? 256 : BK) || order < 1 || order > 2) return CM_EINVAL;
-    const size_t pairs = (size_t)n_tok * n / 2;
-    const unsigned grid = (unsigned)((pairs + 255) / 256 < 4096 ? (pairs + 255) / 256 : 4096);
-    if (order == 1) kc_launch(to_half_gemmq_kernel<DT_Q4_0>, dim3(grid), dim3(256), 0, s, x, pairs, n, (__half *)out);
-    else kc_launch(to_half_gemmq_kernel<DT_Q4_K>, dim3(grid), dim3(256), 0, s, x, pairs, n, (__half *)out);
+    const int ntp = (n_tok + 7) & ~7;
+    if ((size_t)ntp * n / 8 > INT_MAX) return CM_EINVAL;
+    const int pieces = ntp * n / 8;
+    const unsigned grid = (unsigned)((pieces + 255) / 256 < 4096 ? (pieces + 255) / 256 : 4096);
+    if (order == 1) kc_launch(to_half_gemmq_kernel<DT_Q4_0>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
+    else kc_launch(to_half_gemmq_kernel<DT_Q4_K>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
     KC_LAUNCH_CHECK();
 }

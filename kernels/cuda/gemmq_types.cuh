@@ -26,6 +26,49 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; 
 template <int P> __device__ __forceinline__ uint32_t spread2(uint32_t u) {
     return __byte_perm(u, 0, P == 0 ? 0x4140 : 0x4342);
 }
+// (a & b) | c in one instruction
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// Bytes 0 and 2 (H = 0) or 1 and 3 (H = 1) of u as the low bytes of the two halves, high bytes 0x64:
+// 1024 + byte as half.
+template <int H> __device__ __forceinline__ __half2 bytes_h2(uint32_t u) {
+    return bits_h2(__byte_perm(u, 0x64646464u, H == 0 ? 0x4240 : 0x4341));
+}
+// The tile order of the 32-element block types (see above)
+__device__ __forceinline__ int xe_b32(int ks, int q, int i, int h, int c) {
+    return ks * BK + 32 * q + 4 * (i >> 1) + 16 * (i & 1) + h + 2 * c;
+}
+
+// The other way, for a producer that writes x's image itself (kc_rmsnorm_xq): elements e .. e + 3
+// of a row (e % 4 == 0) form the pair h = 0 at logical k img_k0(order, e) (c = 0, 1) and the pair
+// h = 1 at k + 8; order 1 (xe_b32): elements (e, e + 2) and (e + 1, e + 3); order 2 (the K-quants'
+// xoff_k below): (e, e + 1) and (e + 2, e + 3).
+__device__ __forceinline__ int img_k0(int order, int e) {
+    if (order == 1) {
+        const int r = e & 127, w = r & 31, i = 2 * ((w & 15) >> 2) + (w >> 4);
+        return (e >> 7) * BK + 16 * i + 2 * (r >> 5);
+    }
+    const int r = e & 255, r2 = r & 63, e4 = ((r2 & 15) >> 2) + 4 * (r2 >> 5), u = 2 * (r >> 6) + ((r2 >> 4) & 1);
+    return (2 * (e >> 8) + (u >> 2)) * BK + 16 * e4 + 2 * (u & 3);
+}
+// Where logical k (even) of token t lies in the image of ntp rows (gemmq.cu, to_half_gemmq_kernel)
+__device__ __forceinline__ size_t img_off(int k, int t, int ntp) {
+    const int kk = k & 63;
+    return ((size_t)(k >> 6) * ntp + t) * 64 + ((((kk >> 3) ^ (t & 7)) << 3) | (kk & 7));
+}
+
+// How qt<T>::loadv reads a raw set: straight from global memory here; gemmq_wg.cu's shared ring
+// replays the same calls, first as asynchronous copies, then as shared loads. N16, N8, N4: the
+// calls of each size (u16 counts as 4 bytes: its aligned word) one row's loadv makes.
+struct acc_ldg {
+    __device__ __forceinline__ uint4 u4(const void *p) { return __ldg((const uint4 *)p); }
+    __device__ __forceinline__ uint2 u2(const void *p) { return __ldg((const uint2 *)p); }
+    __device__ __forceinline__ uint32_t u32(const void *p) { return __ldg((const uint32_t *)p); }
+    __device__ __forceinline__ unsigned short u16(const void *p) { return __ldg((const unsigned short *)p); }
+};
 
 // Per type: what one lane quad holds for one row in one step (raw), how it is loaded, where
 // its element group e4 (elements 4 e4 .. 4 e4 + 3 of the quad's 32) lies in the step's 128
@@ -34,11 +77,17 @@ template <int TYPE> struct qt;
 
 template <> struct qt<DT_Q8_0> {
     struct raw { uint4 w[2]; __half2 d; };
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+    static constexpr int N16 = 2, N8 = 0, N4 = 1;
+    template <class A>
+    __device__ static void loadv(raw &r, A &a, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const uint4 *p = (const uint4 *)(W + row * (size_t)n_in + (size_t)ks * BK + 32 * q);
-        r.w[0] = __ldg(p);
-        r.w[1] = __ldg(p + 1);
-        r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + row * (size_t)(n_in / 32) + ks * 4 + q)));
+        r.w[0] = a.u4(p);
+        r.w[1] = a.u4(p + 1);
+        r.d = __half2half2(__ushort_as_half(a.u16((const unsigned short *)D + row * (size_t)(n_in / 32) + ks * 4 + q)));
+    }
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        acc_ldg a;
+        loadv(r, a, W, D, row, n_in, ks, q);
     }
     __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
@@ -47,6 +96,14 @@ template <> struct qt<DT_Q8_0> {
         const __half2 off = __half2half2(__ushort_as_half(0x6480)); // 1152 = 1024 + 128
         lo = h2_bits(__hmul2(__hsub2(bits_h2(spread2<0>(v) | 0x64006400u), off), r.d));
         hi = h2_bits(__hmul2(__hsub2(bits_h2(spread2<1>(v) | 0x64006400u), off), r.d));
+    }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xe_b32(ks, q, i, h, c); }
+    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)r.w;
+        const uint32_t v = u[(i >> 1) + 4 * (i & 1)] ^ 0x80808080u;
+        const __half2 off = __half2half2(__ushort_as_half(0x6480)); // 1152 = 1024 + 128
+        lo = h2_bits(__hmul2(__hsub2(bytes_h2<0>(v), off), r.d));
+        hi = h2_bits(__hmul2(__hsub2(bytes_h2<1>(v), off), r.d));
     }
 };
 
@@ -60,28 +117,34 @@ template <int TYPE> struct qt_b32 {
     struct raw_sym { uint4 w; uint32_t qh; __half2 d; };
     struct raw_q4 { uint4 w; __half2 d; };
     typedef typename std::conditional<MIN, raw_min, typename std::conditional<HI, raw_sym, raw_q4>::type>::type raw;
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+    static constexpr int N16 = 1, N8 = TYPE == DT_Q5_1, N4 = TYPE == DT_Q5_0 ? 2 : TYPE == DT_Q5_1 ? 0 : 1;
+    template <class A>
+    __device__ static void loadv(raw &r, A &a, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const size_t b = row * (size_t)(n_in / 32) + (size_t)ks * 4 + q;
-        r.w = __ldg((const uint4 *)W + b);
+        r.w = a.u4((const uint4 *)W + b);
         if constexpr (TYPE == DT_Q4_0) {
-            r.d = __half2half2(__ushort_as_half(__ldg((const unsigned short *)D + b)));
+            r.d = __half2half2(__ushort_as_half(a.u16((const unsigned short *)D + b)));
         } else {
             uint32_t dm;
             if constexpr (TYPE == DT_Q4_1) {
-                dm = __ldg((const uint32_t *)D + b);
+                dm = a.u32((const uint32_t *)D + b);
             } else if constexpr (TYPE == DT_Q5_1) {
-                const uint2 v = __ldg((const uint2 *)D + b);
+                const uint2 v = a.u2((const uint2 *)D + b);
                 dm = v.x;
                 r.qh = v.y;
             } else { // Q5_0: a row is n_in / 32 high-bit words, then as many halves
                 const uint8_t *p = (const uint8_t *)D + row * kc_wq_d_row(DT_Q5_0, n_in);
                 const int bi = ks * 4 + q;
-                r.qh = __ldg((const uint32_t *)p + bi);
-                dm = __ldg((const unsigned short *)(p + (size_t)n_in / 8) + bi);
+                r.qh = a.u32((const uint32_t *)p + bi);
+                dm = a.u16((const unsigned short *)(p + (size_t)n_in / 8) + bi);
             }
             r.d = __half2half2(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
             if constexpr (MIN) r.m = __half2half2(__ushort_as_half((unsigned short)(dm >> 16)));
         }
+    }
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        acc_ldg a;
+        loadv(r, a, W, D, row, n_in, ks, q);
     }
     __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
     // elements 4i .. 4i + 3: bytes 4 (i % 4) .. of the low (i < 4) or high nibbles
@@ -96,16 +159,54 @@ template <int TYPE> struct qt_b32 {
         } else {
             uint32_t q5 = v & 0x0F0F0F0Fu;
             if constexpr (HI) q5 |= kc_hbit4(r.qh, i);
-            const __half2 a = bits_h2(spread2<0>(q5) | 0x64006400u), b = bits_h2(spread2<1>(q5) | 0x64006400u);
-            if constexpr (TYPE == DT_Q5_0) {
-                const __half2 off = __half2half2(__ushort_as_half(0x6410)); // 1040 = 1024 + 16
-                lo = h2_bits(__hmul2(__hsub2(a, off), r.d));
-                hi = h2_bits(__hmul2(__hsub2(b, off), r.d));
+            scale(r, bits_h2(spread2<0>(q5) | 0x64006400u), bits_h2(spread2<1>(q5) | 0x64006400u), lo, hi);
+        }
+    }
+    // Q4_1, Q5_0, Q5_1: two pairs of 1024 + q as half to d (q - 16) | d q + m
+    __device__ static void scale(const raw &r, __half2 a, __half2 b, uint32_t &lo, uint32_t &hi) {
+        if constexpr (TYPE == DT_Q5_0) {
+            const __half2 off = __half2half2(__ushort_as_half(0x6410)); // 1040 = 1024 + 16
+            lo = h2_bits(__hmul2(__hsub2(a, off), r.d));
+            hi = h2_bits(__hmul2(__hsub2(b, off), r.d));
+        } else if constexpr (MIN) {
+            const __half2 off = __half2half2(__ushort_as_half(0x6400)); // 1024
+            lo = h2_bits(__hfma2(__hsub2(a, off), r.d, r.m));
+            hi = h2_bits(__hfma2(__hsub2(b, off), r.d, r.m));
+        }
+    }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xe_b32(ks, q, i, h, c); }
+    // word i / 2, low (i even) or high nibbles. Q4: one lop3 a pair (a high nibble n lands as
+    // 1024 + 16 n, scaled back exactly by an fma); Q5: the nibbles and fifth bits as bytes, then a prmt.
+    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w;
+        const uint32_t w = u[i >> 1];
+        __half2 a, b; // q as half (Q4: q - 8 for Q4_0)
+        if constexpr (!HI) {
+            const uint32_t m = i & 1 ? 0x00F000F0u : 0x000F000Fu;
+            a = bits_h2(and_or(w, m, 0x64006400u));
+            b = bits_h2(and_or(w >> 8, m, 0x64006400u));
+            // low: 1024 + q; high: (1024 + 16 q) / 16 - 64 = q; Q4_0 takes 8 more off
+            if (i & 1) {
+                const __half2 s16 = __half2half2(__ushort_as_half(0x2C00));                                   // 1/16
+                const __half2 o = __half2half2(__ushort_as_half(TYPE == DT_Q4_0 ? 0xD480 : 0xD400));          // -72 | -64
+                a = __hfma2(a, s16, o);
+                b = __hfma2(b, s16, o);
             } else {
-                const __half2 off = __half2half2(__ushort_as_half(0x6400)); // 1024
-                lo = h2_bits(__hfma2(__hsub2(a, off), r.d, r.m));
-                hi = h2_bits(__hfma2(__hsub2(b, off), r.d, r.m));
+                const __half2 o = __half2half2(__ushort_as_half(TYPE == DT_Q4_0 ? 0x6408 : 0x6400)); // 1032 | 1024
+                a = __hsub2(a, o);
+                b = __hsub2(b, o);
             }
+            if constexpr (TYPE == DT_Q4_0) {
+                lo = h2_bits(__hmul2(a, r.d));
+                hi = h2_bits(__hmul2(b, r.d));
+            } else {
+                lo = h2_bits(__hfma2(a, r.d, r.m));
+                hi = h2_bits(__hfma2(b, r.d, r.m));
+            }
+        } else {
+            const int e4 = (i >> 1) + 4 * (i & 1); // pairs()'s element group of the same four bytes
+            const uint32_t q5 = ((w >> (4 * (i & 1))) & 0x0F0F0F0Fu) | kc_hbit4(r.qh, e4);
+            scale(r, bytes_h2<0>(q5), bytes_h2<1>(q5), lo, hi);
         }
     }
 };
@@ -131,19 +232,21 @@ template <int TYPE> struct qt_k {
     struct raw_q4 { uint4 w; float ds[2], dm[2]; };
     struct raw_q5 { uint4 w; uint32_t qh[2]; float ds[2], dm[2]; };
     typedef typename std::conditional<HI, raw_q5, raw_q4>::type raw;
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+    static constexpr int N16 = 2, N8 = HI ? 1 : 0, N4 = 0;
+    template <class A>
+    __device__ static void loadv(raw &r, A &a, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const size_t sb = row * (size_t)(n_in / 256) + (size_t)(ks >> 1);
         const int u = 4 * (ks & 1) + q, j = u >> 1;
-        r.w = __ldg((const uint4 *)(W + sb * 128) + u);
+        r.w = a.u4((const uint4 *)(W + sb * 128) + u);
         uint4 h;
         if constexpr (HI) {
             const uint8_t *p = (const uint8_t *)D + sb * 48;
-            h = __ldg((const uint4 *)p);
-            const uint2 qh = __ldg((const uint2 *)(p + 16) + j);
+            h = a.u4((const uint4 *)p);
+            const uint2 qh = a.u2((const uint2 *)(p + 16) + j);
             r.qh[0] = qh.x >> (4 * (u & 1));
             r.qh[1] = qh.y >> (4 * (u & 1));
         } else {
-            h = __ldg((const uint4 *)D + sb);
+            h = a.u4((const uint4 *)D + sb);
         }
         const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xFFFF)));
         const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
@@ -155,7 +258,13 @@ template <int TYPE> struct qt_k {
             r.dm[k] = dmin * m;
         }
     }
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        acc_ldg a;
+        loadv(r, a, W, D, row, n_in, ks, q);
+    }
     __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xoff_k(ks, q, i) + 2 * h + c; }
+    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) { pairs(r, i, lo, hi); }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int k = i < 4 ? 0 : 1;
@@ -177,18 +286,26 @@ template <> struct qt<DT_Q5_K> : qt_k<DT_Q5_K> {};
 // d sc. Values d sc (q - 32) in f32 as the reference computes them, then rounded to half.
 template <> struct qt<DT_Q6_K> {
     struct raw { uint4 w; uint2 hb; float ds[2]; };
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+    static constexpr int N16 = 1, N8 = 1, N4 = 2;
+    template <class A>
+    __device__ static void loadv(raw &r, A &a, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
         const int nsb = n_in / 256, sb = ks >> 1, u = 4 * (ks & 1) + q, j = u >> 1, h = u & 1;
         const uint8_t *p = W + row * (size_t)(192 * nsb) + (size_t)sb * 192 + 48 * j;
-        r.w = __ldg((const uint4 *)p + h);
-        r.hb = __ldg((const uint2 *)(p + 32) + h);
+        r.w = a.u4((const uint4 *)p + h);
+        r.hb = a.u2((const uint2 *)(p + 32) + h);
         const uint8_t *dr = (const uint8_t *)D + row * kc_wq_d_row(DT_Q6_K, n_in);
-        const uint32_t sc = __ldg((const uint32_t *)dr + 4 * sb + j); // scales 4j .. 4j + 3
-        const float d = __half2float(__ushort_as_half(__ldg((const unsigned short *)(dr + 16 * (size_t)nsb) + sb)));
+        const uint32_t sc = a.u32((const uint32_t *)dr + 4 * sb + j); // scales 4j .. 4j + 3
+        const float d = __half2float(__ushort_as_half(a.u16((const unsigned short *)(dr + 16 * (size_t)nsb) + sb)));
         r.ds[0] = d * (float)(int8_t)(sc >> (8 * h));
         r.ds[1] = d * (float)(int8_t)(sc >> (8 * (2 + h)));
     }
+    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        acc_ldg a;
+        loadv(r, a, W, D, row, n_in, ks, q);
+    }
     __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xoff_k(ks, q, i) + 2 * h + c; }
+    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) { pairs(r, i, lo, hi); }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int k = i < 4 ? 0 : 1, ww = i & 3;

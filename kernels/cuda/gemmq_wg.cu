@@ -7,14 +7,25 @@
 // (gemmq_types.cuh: lane quad q of a 128-element step owns 32 elements, MMA i takes its element
 // group i), and the activations are the B operand, read by the wgmma from shared memory.
 //
-// Activations. B holds, for each token, the step's 128 activations in the A fragments' k order:
-// logical k = 16 i + 8 h + 2 q + c (MMA i, c < 2) is element qt<T>::xoff(ks, q, i) + 2 h + c, in
-// the 128-byte-swizzled K-major layout of the descriptors (two 64-k column blocks of BN rows of
-// 128 bytes). kc_matmul writes x in that order when it converts it to half (kc__to_half_gemmq,
-// xperm): a stage is then 16-byte cp.async copies. x as it is (kc_gemmq's callers) takes a
-// 4-byte copy a pair, and index arithmetic that made the first version of this kernel issue-bound
-// (ncu: 0.41 instructions a cycle per scheduler, DRAM at 14 %). Stages: NS = 4, filled two steps
-// ahead.
+// Activations. B holds, for each token, the step's 128 activations in the A fragments' k order,
+// in the 128-byte-swizzled K-major layout of the descriptors (two 64-k column blocks of BN rows of
+// 128 bytes). kc_matmul writes x as exactly that image when it converts it to half
+// (kc__to_half_gemmq, xperm): logical k = 16 i + 8 h + 2 q + c (MMA i, c < 2) is element
+// qt<T>::xe_t(ks, q, i, h, c), whose pairs qt<T>::pairs_t builds with the fewest integer
+// instructions; per 64-k column block of x, the rows of all tokens (padded to 8). One thread
+// then fills a stage with two bulk copies that complete a barrier's transaction count. x as it
+// is (kc_gemmq's callers) takes a 4-byte cp.async a pair in xoff's order (qt<T>::pairs): index
+// arithmetic on every thread. Stages: NS = 4, filled two steps ahead.
+//
+// What bounded it (ncu, Q4_0 12288 x 4096 x 64 tokens on an H200, the version with 16-byte
+// cp.async copies of x in MMA order): 455 instructions a thread a step, half of them on the ALU
+// pipe (the copies' addresses; prmt + and + or + sub + mul a pair), 0.44 issued a cycle per
+// scheduler, the most stalls on the weights' loads: 10.2 M instructions, 38.0 us. With x's image
+// by bulk copies and pairs_t: 6.3 M, 27.9 us; with the weights' shared ring (below): 25.4 us.
+//
+// Weights. With x's image, each thread's raw weights of a step go through a shared ring of
+// wg_nw() stages (cp.async, one group a step, NW - 1 steps ahead) where it fits; else (x as it
+// is, or too little shared memory) into registers two steps ahead (two raw sets, by step parity).
 //
 // Work split. A CTA owns 64 WM rows (WM warp groups over rows, sharing each B tile) and BN tokens;
 // the K steps are split KW ways inside the CTA (groups of WM warp groups, each with its own
@@ -23,7 +34,6 @@
 // CTA's K groups through shared memory, then the cluster's CTAs through distributed shared
 // memory), so an output's summation order depends on KW, KS and n_in only: batch-invariant.
 //
-// Weights stream into registers two steps ahead (a ring of two raw sets, by step parity).
 // Within a step, MMAs 0-3 and 4-7 use two fragment sets, so the dequantization of one half
 // overlaps the other half's wgmma.
 #include "gemmq_types.cuh"
@@ -39,22 +49,100 @@ namespace {
 
 constexpr int WG_NS = 4; // activation stages per K group
 
-template <int BN, int WM, int KW> constexpr size_t wg_smem() {
-    // stages, or the partial sums of the K groups past the first (the larger), + 1 KiB alignment
-    constexpr size_t st = (size_t)KW * WG_NS * BN * 256, red = (size_t)(KW > 1 ? KW - 1 : 1) * WM * 128 * (BN / 2) * 4;
-    return (st > red ? st : red) + 1024;
+constexpr size_t WG_SMEM_MAX = 227 * 1024; // an SM's shared memory for one CTA
+
+// The weights' shared ring (x's image only: XP): a warp group's stage holds each thread's raw
+// weights of one step, both rows, as loadv reads them: its 16-, 8- and 4-byte items each in a
+// column of the group's 128 threads (conflict-free loads). wg_nw() stages where they fit beside
+// the activation stages (up to 6), else 0: the weights stream into registers two steps ahead.
+template <int TYPE> __host__ __device__ constexpr size_t wg_ring_stage() {
+    return (size_t)256 * (16 * qt<TYPE>::N16 + 8 * qt<TYPE>::N8 + 4 * qt<TYPE>::N4);
 }
+template <int TYPE, int BN, int WM, int KW, bool XP> __host__ __device__ constexpr int wg_nw() {
+    constexpr size_t xst = (size_t)KW * WG_NS * BN * 256, fixed = xst + KW * WG_NS * 8 + 1024;
+    constexpr size_t n = fixed < WG_SMEM_MAX ? (WG_SMEM_MAX - fixed) / (WM * KW * wg_ring_stage<TYPE>()) : 0;
+    // Q8_0 (36 bytes a row and step) ran slower from the ring than from registers (H200, 16
+    // tokens: 146 against 114 us a llama2-7b layer)
+    return XP && n >= 3 && TYPE != DT_Q8_0 ? (n > 6 ? 6 : (int)n) : 0;
+}
+// activation stages and the ring, or the partial sums of the K groups past the first (the
+// larger); then the stages' barriers, and 1 KiB for the alignment
+template <int TYPE, int BN, int WM, int KW, bool XP> __host__ __device__ constexpr size_t wg_bar_off() {
+    constexpr size_t st = (size_t)KW * WG_NS * BN * 256 + (size_t)WM * KW * wg_nw<TYPE, BN, WM, KW, XP>() * wg_ring_stage<TYPE>();
+    constexpr size_t red = (size_t)(KW > 1 ? KW - 1 : 1) * WM * 128 * (BN / 2) * 4;
+    return st > red ? st : red;
+}
+template <int TYPE, int BN, int WM, int KW, bool XP> constexpr size_t wg_smem() {
+    return wg_bar_off<TYPE, BN, WM, KW, XP>() + KW * WG_NS * 8 + 1024;
+}
+
+#ifdef KC_SM90A_DEVICE
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+// loadv's items into a thread's ring stage (b16 / b8 / b4: its columns' first entries; a u16 as
+// the aligned word holding it), issued as cp.async ...
+struct acc_cp {
+    uint32_t b16, b8, b4;
+    int i16 = 0, i8 = 0, i4 = 0;
+    __device__ __forceinline__ uint4 u4(const void *p) {
+        kc_cp_async16(b16 + 2048 * i16++, p, true);
+        return make_uint4(0, 0, 0, 0);
+    }
+    __device__ __forceinline__ uint2 u2(const void *p) {
+        kc_cp_async8(b8 + 1024 * i8++, p);
+        return make_uint2(0, 0);
+    }
+    __device__ __forceinline__ uint32_t u32(const void *p) {
+        kc_cp_async4(b4 + 512 * i4++, p, true);
+        return 0;
+    }
+    __device__ __forceinline__ unsigned short u16(const void *p) {
+        kc_cp_async4(b4 + 512 * i4++, (const void *)((uintptr_t)p & ~(uintptr_t)3), true);
+        return 0;
+    }
+};
+// ... and read back in the same order
+struct acc_lds {
+    uint32_t b16, b8, b4;
+    int i16 = 0, i8 = 0, i4 = 0;
+    __device__ __forceinline__ uint4 u4(const void *) { return lds128(b16 + 2048 * i16++); }
+    __device__ __forceinline__ uint2 u2(const void *) { return lds64(b8 + 1024 * i8++); }
+    __device__ __forceinline__ uint32_t u32(const void *) { return lds32(b4 + 512 * i4++); }
+    __device__ __forceinline__ unsigned short u16(const void *p) {
+        const uint32_t v = lds32(b4 + 512 * i4++);
+        return (unsigned short)((uintptr_t)p & 2 ? v >> 16 : v & 0xFFFF);
+    }
+};
+#endif
 
 #ifdef KC_SM90A_DEVICE
 // One MMA half (elements groups 4 hf .. 4 hf + 3) of the step: fragments from the raw weights of
 // rows g and g + 8, then its four wgmma on stage b.
-template <int TYPE, int BN>
+template <int TYPE, int BN, bool XP>
 __device__ __forceinline__ void wg_half(float (&acc)[BN / 2], uint32_t (&f)[4][4], const typename qt<TYPE>::raw (&cur)[2],
                                         int hf, uint32_t b) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        qt<TYPE>::pairs(cur[0], 4 * hf + k, f[k][0], f[k][2]);
-        qt<TYPE>::pairs(cur[1], 4 * hf + k, f[k][1], f[k][3]);
+        if constexpr (XP) {
+            qt<TYPE>::pairs_t(cur[0], 4 * hf + k, f[k][0], f[k][2]);
+            qt<TYPE>::pairs_t(cur[1], 4 * hf + k, f[k][1], f[k][3]);
+        } else {
+            qt<TYPE>::pairs(cur[0], 4 * hf + k, f[k][0], f[k][2]);
+            qt<TYPE>::pairs(cur[1], 4 * hf + k, f[k][1], f[k][3]);
+        }
     }
     reg_fence(f);
     reg_fence(acc);
@@ -92,34 +180,74 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
         T::load(r[0], W, D, rows[0], n_in, split + j * nsplit, q);
         T::load(r[1], W, D, rows[1], n_in, split + j * nsplit, q);
     };
-    // the weights of the first two steps stream in before the wait (nothing writes them)
+    // The weights of the first steps stream in before the wait (nothing writes them): into
+    // registers two steps ahead, or the ring NW - 1 steps ahead (a cp.async group a step).
+    constexpr int NW = wg_nw<TYPE, BN, WM, KW, XP>();
+    constexpr uint32_t RS = (uint32_t)wg_ring_stage<TYPE>();
+    const uint32_t ring = sbase + KW * WG_NS * STAGE + (uint32_t)wg * NW * RS + (tid & 127) * 16;
+    auto ring_acc = [&](auto &a, int j) { // thread's columns in ring stage j % NW
+        const uint32_t st = ring + (NW > 0 ? j % NW : 0) * RS;
+        a.b16 = st;
+        a.b8 = st + (uint32_t)(2 * T::N16) * 2048 - (tid & 127) * 8;
+        a.b4 = a.b8 + (uint32_t)(2 * T::N8) * 1024 - (tid & 127) * 4;
+    };
+    auto issue_w = [&](int j) { // step j's weights into the ring; one group, empty past the end
+        if (j < nj) {
+            acc_cp a;
+            ring_acc(a, j);
+            raw r;
+            T::loadv(r, a, W, D, rows[0], n_in, split + j * nsplit, q);
+            T::loadv(r, a, W, D, rows[1], n_in, split + j * nsplit, q);
+        }
+        kc_cp_async_commit();
+    };
     raw pre0[2], pre1[2];
-    if (nj > 0) load_w(pre0, 0);
-    if (nj > 1) load_w(pre1, 1);
+    if constexpr (NW > 0) {
+#pragma unroll 1
+        for (int i = 0; i < NW - 1; i++) issue_w(i);
+    } else {
+        if (nj > 0) load_w(pre0, 0);
+        if (nj > 1) load_w(pre1, 1);
+    }
+    // XP: stage s of K group kw is full when barrier full + 8 s completes a phase
+    const uint32_t full = sbase + (uint32_t)wg_bar_off<TYPE, BN, WM, KW, XP>() + kw * WG_NS * 8;
+    if constexpr (XP) {
+        if (kt == 0) {
+#pragma unroll
+            for (int i = 0; i < WG_NS; i++) mbar_init(full + 8 * i, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
+    const int ntp = (n_tok + 7) & ~7; // XP: x's rows a column block, padded to 8
     kc_pdl_wait();
 
-    // the activations of step j into stage j % NS. XP: x holds each step's 128 activations in
-    // that order already (kc__to_half_gemmq): 16-byte copies, piece c of a token's step to piece
-    // c % 8 of column block c / 8. Else a token's 64 pairs, lane order = the pairs' order in x
-    // (coalesced reads); pair p of quad q, group i, half h goes to 16-byte piece 2 (i % 4) + h of
-    // column block i / 4, word q.
+    // the activations of step j into stage j % NS. XP: x holds the stage's image already
+    // (kc__to_half_gemmq): for each 64-k column block of the step, the rows of the tokens, 128
+    // swizzled bytes each; one thread copies the stage's two column blocks by the bulk-copy
+    // engine. Else a token's 64 pairs, lane order = the pairs' order in x (coalesced reads);
+    // pair p of quad q, group i, half h goes to 16-byte piece 2 (i % 4) + h of column block i / 4,
+    // word q.
     auto stage_x = [&](int j) {
+        if constexpr (XP) {
+            if (j < nj && kt == 0) {
+                const int ks = split + j * nsplit;
+                const uint32_t st = sb + (j % WG_NS) * STAGE, bar = full + 8 * (j % WG_NS);
+                const __half *src = x + ((size_t)(2 * ks) * ntp + n0) * 64;
+                mbar_arrive_tx(bar, 2 * BN * 128);
+                bulk_g2s(st, src, BN * 128, bar);
+                bulk_g2s(st + BN * 128, src + (size_t)ntp * 64, BN * 128, bar);
+            }
+            return;
+        }
         if (j < nj) {
             const int ks = split + j * nsplit;
             const uint32_t st = sb + (j % WG_NS) * STAGE;
-            if constexpr (XP) {
-                for (int idx = kt; idx < BN * 16; idx += KT) {
-                    const int t = idx >> 4, c = idx & 15;
-                    const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + ks * BK + c * 8;
-                    kc_cp_async16(st + (c >> 3) * BN * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4), src, true);
-                }
-            } else {
-                for (int idx = kt; idx < BN * 64; idx += KT) {
-                    const int t = idx >> 6, p = idx & 63, pq = p >> 4, pi = (p >> 1) & 7, ph = p & 1;
-                    const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + T::xoff(ks, pq, pi) + 2 * ph;
-                    const uint32_t dst = st + (pi >> 2) * BN * 128 + t * 128 + ((((2 * (pi & 3) + ph) ^ (t & 7))) << 4) + 4 * pq;
-                    kc_cp_async4(dst, src, true);
-                }
+            for (int idx = kt; idx < BN * 64; idx += KT) {
+                const int t = idx >> 6, p = idx & 63, pq = p >> 4, pi = (p >> 1) & 7, ph = p & 1;
+                const __half *src = x + (size_t)min(n0 + t, n_tok - 1) * n_in + T::xoff(ks, pq, pi) + 2 * ph;
+                const uint32_t dst = st + (pi >> 2) * BN * 128 + t * 128 + ((((2 * (pi & 3) + ph) ^ (t & 7))) << 4) + 4 * pq;
+                kc_cp_async4(dst, src, true);
             }
         }
         kc_cp_async_commit(); // one group a step, empty past the end
@@ -134,19 +262,34 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     const int bar = 1 + kw;
     // step j, its weights in pre (replaced at once by step j + 2's: the copy cur is multiplied)
     auto step = [&](int j, raw(&pre)[2]) {
-        kc_cp_async_wait<1>(); // this thread's copies of stage j have landed
-        fence_proxy_async();
+        if constexpr (XP) {
+            mbar_wait(full + 8 * (j % WG_NS), (j / WG_NS) & 1); // stage j has landed
+        } else {
+            kc_cp_async_wait<1>(); // this thread's copies of stage j have landed
+            fence_proxy_async();
+        }
         asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(KT) : "memory"); // everyone's; stage j - 2 is free
         stage_x(j + 2);
-        const raw cur[2] = { pre[0], pre[1] };
-        if (j + 2 < nj) load_w(pre, j + 2);
+        raw cur[2];
+        if constexpr (NW > 0) {
+            kc_cp_async_wait<NW - 2>(); // this thread's copies of step j's weights have landed
+            acc_lds a;
+            ring_acc(a, j);
+            T::loadv(cur[0], a, W, D, rows[0], n_in, split + j * nsplit, q);
+            T::loadv(cur[1], a, W, D, rows[1], n_in, split + j * nsplit, q);
+            issue_w(j + NW - 1); // into step j - 1's stage, read in that step
+        } else {
+            cur[0] = pre[0];
+            cur[1] = pre[1];
+            if (j + 2 < nj) load_w(pre, j + 2);
+        }
         const uint32_t b = sb + (j % WG_NS) * STAGE;
         wg_wait<1>(); // the last step's first half has finished with fa
         reg_fence(fa);
-        wg_half<TYPE, BN>(acc, fa, cur, 0, b);
+        wg_half<TYPE, BN, XP>(acc, fa, cur, 0, b);
         wg_wait<1>(); // the last step's second half has finished with fb
         reg_fence(fb);
-        wg_half<TYPE, BN>(acc, fb, cur, 1, b);
+        wg_half<TYPE, BN, XP>(acc, fb, cur, 1, b);
     };
     int j = 0;
     for (; j + 1 < nj; j += 2) {
@@ -219,7 +362,8 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
 
 template <int TYPE, bool XP, int BN, int WM, int KW, int KS, int MINB = 1>
 int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
-    constexpr size_t smem = wg_smem<BN, WM, KW>();
+    constexpr size_t smem = wg_smem<TYPE, BN, WM, KW, XP>();
+    static_assert(smem <= WG_SMEM_MAX, "gemmq_wg: shared memory");
     static unsigned char smem_set[64];
     if (int rc = kc_smem_limit_once(gemmq_wg_kernel<TYPE, BN, WM, KW, KS, MINB, XP>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(WM * KW * 128);

@@ -234,11 +234,14 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
 extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               int xperm, cudaStream_t s);
 // The order in which kc__gemmq_rows' choice for W (one type) x n_tok tokens reads x: 0 as is (the
-// mma.sync tiles); else the wgmma tiles, which read each 128-element step as their MMAs do (they
-// also take x as it is, slower): 1 for the 32-element block types, 2 for the K-quants.
+// mma.sync tiles); else the wgmma tiles, which read x as the image of their shared stages, each
+// 128-element step in their MMAs' order (they also take x as it is, slower): 1 for the
+// 32-element block types, 2 for the K-quants.
 extern "C" int kc__gemmq_x_order(const kc_weight *W, int n_tok);
-// x [n_tok, n] f32 to half in that order (order 0: as is).
+// x [n_tok, n] f32 to half in order 1 or 2 (gemmq.cu says how), kc__gemmq_x_halves(n_tok, n)
+// halves of out (the tiles read up to 64 padded rows past the written ones).
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);
+extern "C" size_t kc__gemmq_x_halves(int n_tok, int n);
 // gemmq_wg.cu: the same on Hopper's wgmma for one quantized type (not a mixed weight), in tile
 // configuration cfg < kc__gemmq_wg_ncfg() (0 where the build or the device lacks sm_90a code).
 extern "C" int kc__gemmq_wg_ncfg(void);

@@ -204,6 +204,14 @@ typedef struct kc_xq {
     int      cap_tok, cap_n, n;
     int      no_ints; /* 1: producers write only xh (no integer GEMV reads these activations, so
                        * the blocks are not computed); the integer GEMVs then quantize x themselves */
+    /* x's image for the wgmma tiles (kc_matmul_x_order): where img_order != 0 and img holds
+     * img_cap halves, kc_rmsnorm_xq also writes its output there in that order and sets img_tok
+     * and img_n (img_tok = 0: nothing written). kc_matmul_xq then reads it instead of converting
+     * x, when img is its workspace's x_half and order, tokens and row length agree; the caller
+     * clears img_tok once that matmul has run (x_half is every matmul's scratch). */
+    kc_half *img;
+    size_t   img_cap;
+    int      img_order, img_tok, img_n;
 } kc_xq;
 
 /* Quantizes x [n_tok, n] (n % 32 == 0, n_tok <= xq->cap_tok, n <= xq->cap_n) into xq. */
@@ -252,6 +260,9 @@ typedef struct kc_gemm_ws {
  * ws->w_half (in slices of rows) for cuBLAS. Others: our GEMV up to KC_GEMV_MAX_TOK tokens,
  * then cuBLAS with f16 operands and f32 accumulation (F32 weights: SGEMM). */
 #define KC_GEMV_MAX_TOK 8
+/* The order in which kc_matmul(W, ., n_tok, ., ., ws, .) converts x into ws->x_half as the image of
+ * the wgmma tiles' stages (0: it does not; kc_xq.img). */
+int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws);
 /* Whether kc_matmul_xq of W for n_tok tokens reads x itself, given activations quantized for
  * it in xq: 0 for the integer GEMVs and the F16 GEMV on the half copy. */
 int kc_matmul_reads_x(const kc_weight *W, int n_tok);

@@ -1403,12 +1403,13 @@ static bool gemmq_use(const kc_weight *W, int n_tok) {
 
 // The order kc_matmul writes x_half in for W x n_tok tokens (kc__gemmq_x_order): that of the
 // wgmma tiles when kc_gemmq takes W (every range of a mixed W, in one order), else 0 = as is.
-static int x_order(const kc_weight *W, int n_tok) {
+static int x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    if (!ws || kc__gemmq_x_halves(n_tok, W->n_in) > ws->x_cap) return 0; // no room for the padded image
     if (W->type != KC_WEIGHT_MIXED) return gemmq_use(W, n_tok) ? kc__gemmq_x_order(W, n_tok) : 0;
     int order = -1;
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        const int o = x_order(&v, n_tok);
+        const int o = x_order(&v, n_tok, ws);
         if (!o || (order >= 0 && o != order)) return 0;
         order = o;
     }
@@ -1466,7 +1467,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
         // caller's x_ord, which is W's or 0 = as is, read with 4-byte copies)
-        const int own = kc__gemmq_x_order(W, n_tok), order = xh_ready ? (x_ord == own ? own : 0) : own;
+        const int own = x_order(W, n_tok, ws), order = xh_ready ? (x_ord == own ? own : 0) : own;
         if (!xh_ready)
             if (int rc = x_to_half(x, n_tok, W->n_in, order, ws, s)) return rc;
         return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
@@ -1559,11 +1560,34 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
     return 0;
 }
 
+// A mixed W range by range, into its rows of y
+static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
+                        const kc_gemm_ws *ws, bool xh_ready, int ord, cudaStream_t s) {
+    for (int i = 0; i < W->n_parts; i++) {
+        const kc_weight v = kc_weight_part_view(W, i);
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, s)) return rc;
+    }
+    return 0;
+}
+
+extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W && n_tok > KC_GEMV_MAX_TOK && (W->type == KC_WEIGHT_MIXED || is_quant(W->type)) ? x_order(W, n_tok, ws) : 0;
+}
+
+// Whether x_half holds x's image in W's order, written by x's producer (kc_xq.img)
+static int x_image(const kc_weight *W, const kc_xq *xq, int n_tok, const kc_gemm_ws *ws) {
+    if (!xq || !ws || !xq->img || xq->img != ws->x_half || xq->img_tok != n_tok || xq->img_n != W->n_in || !xq->img_order)
+        return 0;
+    return kc_matmul_x_order(W, n_tok, ws) == xq->img_order ? xq->img_order : 0;
+}
+
 extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                             const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
-    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, false, 0, s);
-    int ord = 0; // the order x_half holds x in for the ranges
+    const int img = x_image(W, xq, n_tok, ws);
+    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, img != 0, img, s);
+    int ord = 0;           // the order x_half holds x in for the ranges
+    bool xh_ready = true;  // x_half converted once for every range
     if (W->n_parts < 1 || W->n_parts > KC_WEIGHT_MAX_PARTS) return CM_EINVAL;
     // the activations once for every range: quantized for the GEMVs, as half for the others
     // (every range is a quantized type: the integer GEMV up to KC_GEMV_MAX_TOK tokens, kc_gemmq
@@ -1573,14 +1597,19 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     } else {
         const size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
-        ord = x_order(W, n_tok);
-        if (int rc = x_to_half(x, n_tok, W->n_in, ord, ws, s)) return rc;
+        ord = x_order(W, n_tok, ws);
+        if (img) return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, true, img, s); // x's producer wrote the image
+        // ranges that read x in different orders (the wgmma tiles' images of two kinds, or one
+        // and x as it is): each range converts x for itself, so that its rows are the same bits
+        // as its part alone
+        for (int i = 0; i < W->n_parts && !ord && xh_ready; i++) {
+            const kc_weight v = kc_weight_part_view(W, i);
+            xh_ready = x_order(&v, n_tok, ws) == 0;
+        }
+        if (xh_ready)
+            if (int rc = x_to_half(x, n_tok, W->n_in, ord, ws, s)) return rc;
     }
-    for (int i = 0; i < W->n_parts; i++) {
-        const kc_weight v = kc_weight_part_view(W, i);
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, true, ord, s)) return rc;
-    }
-    return 0;
+    return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, xh_ready, ord, s);
 }
 
 extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,

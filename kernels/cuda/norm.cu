@@ -1,6 +1,7 @@
 // norm: RMSNorm over rows of f32 activations; a post-norm added to the residual, alone or with
 // the next pre-norm in the same launch.
 #include "kc_common.cuh"
+#include "gemmq_types.cuh"
 
 #include <stdlib.h>
 
@@ -10,6 +11,19 @@ extern "C" {
 
 KC_TRACE_TU(norm)
 
+// The normalized rows also as x's image for the wgmma tiles (kc_xq.img), where p != NULL
+struct img_out {
+    __half *p;
+    int order, ntp;
+};
+__device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, int e) {
+    const int k0 = img_k0(im.order, e);
+    const __half2 a = im.order == 1 ? __floats2half2_rn(o.x, o.z) : __floats2half2_rn(o.x, o.y);
+    const __half2 b = im.order == 1 ? __floats2half2_rn(o.y, o.w) : __floats2half2_rn(o.z, o.w);
+    *(__half2 *)(im.p + img_off(k0, t, im.ntp)) = a;
+    *(__half2 *)(im.p + img_off(k0 + 8, t, im.ntp)) = b;
+}
+
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
@@ -18,7 +32,7 @@ KC_TRACE_TU(norm)
 // bits of kc_moe_combine) and the new x is written back before it is normalized.
 template <int NV, bool QUANT, bool ADD>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
-                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak) {
+                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
@@ -57,6 +71,7 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         if (i < n4) {
             o = rms_apply4(v[k], r, g[k]);
             if (yr) yr[i] = o;
+            if (im.p) img_store4(im, o, blockIdx.x, 4 * i);
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
     }
@@ -71,7 +86,7 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
 // the warp sums), so both kernels give the same bits.
 template <int K, bool QUANT>
 __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, const float *__restrict__ w, float *y, int n,
-                                                            float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+                                                            float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
@@ -95,6 +110,7 @@ __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, cons
         if (k == (int)blockIdx.x) mine = v[k];
     const float4 o = rms_apply4(mine, r, g);
     if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
+    if (im.p) img_store4(im, o, blockIdx.y, 4 * i0);
     if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
 }
 
@@ -115,7 +131,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, floa
 }
 
 template <bool QUANT>
-static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
+static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, img_out im, cudaStream_t s) {
     /* one float4 per thread where the row allows: the norm sits between two GEMVs, and fewer
      * threads holding more each made the step slower (256: +0.12 ms, 128: +0.3 ms per llama2-7b
      * step; bench/RESULTS.md) */
@@ -125,18 +141,18 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
     if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && kc_plan_get()->norm_split) { // tokens are grid.y here
-        typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *);
+        typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
         static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
                                         rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,
                                         rmsnorm_split_kernel<5, QUANT>, rmsnorm_split_kernel<6, QUANT>,
                                         rmsnorm_split_kernel<7, QUANT>, rmsnorm_split_kernel<8, QUANT> };
-        kc_launch(ks[n / 512 - 1], dim3(n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh);
+        kc_launch(ks[n / 512 - 1], dim3(n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
         return;
     }
-    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
-    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
-    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
-    else kc_launch(rmsnorm_vec_kernel<8, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0);
+    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    else kc_launch(rmsnorm_vec_kernel<8, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
@@ -144,9 +160,16 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
     const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
     if (!y && !(quant && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n : 0;
+    // x's image for the wgmma tiles where the caller asked for one that fits
+    img_out im = {};
+    if (xq) xq->img_tok = 0;
+    if (xq && xq->img && (xq->img_order == 1 || xq->img_order == 2) && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
+        n <= 4 * 1024 * 8 && kc__gemmq_x_halves(n_tok, n) <= xq->img_cap)
+        im = { (__half *)xq->img, xq->img_order, (n_tok + 7) & ~7 };
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {
-        if (quant) launch_vec<true>(x, w, y, xq, n_tok, n, eps, s);
-        else launch_vec<false>(x, w, y, xq, n_tok, n, eps, s);
+        if (quant) launch_vec<true>(x, w, y, xq, n_tok, n, eps, im, s);
+        else launch_vec<false>(x, w, y, xq, n_tok, n, eps, im, s);
+        if (im.p) xq->img_tok = n_tok, xq->img_n = n;
     } else {
         if (quant) xq->n = 0; /* only the vector kernel quantizes */
         int threads = n >= 256 ? 256 : ((n + 31) / 32) * 32;
@@ -172,9 +195,9 @@ extern "C" int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *
     __half *xh = quant ? (__half *)xq->xh : nullptr;
 #define MOE_NORM(NV)                                                                                                     \
     (quant ? kc_launch(rmsnorm_vec_kernel<NV, true, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
-                       qm, xh, ey, k)                                                                                    \
+                       qm, xh, ey, k, img_out{})                                                                         \
            : kc_launch(rmsnorm_vec_kernel<NV, false, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
-                       qm, xh, ey, k))
+                       qm, xh, ey, k, img_out{}))
     if (nv <= 1) MOE_NORM(1);
     else if (nv <= 2) MOE_NORM(2);
     else if (nv <= 4) MOE_NORM(4);

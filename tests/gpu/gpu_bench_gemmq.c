@@ -6,9 +6,10 @@
  * the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
  * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K). Columns: gemv|deq (the other path),
  * gemmq (kc_matmul as the plan has it), cfgN (kc_gemmq in configuration N on x as it is; 11.. the
- * wgmma tiles), gemmq* (kc_matmul with kc_gemmq at every token count: x in the wgmma tiles' order
- * where those are chosen, the conversion included); then per matrix, gemmq* and the fastest
- * configuration.
+ * wgmma tiles, on x's image as kc_matmul writes it for them, the conversion not included; a
+ * Q4_K_M layer's on x as it is), gemmq* (kc_matmul with kc_gemmq at every token count: x's image
+ * where the wgmma tiles are chosen, the conversion included); then per matrix, gemmq* and the
+ * fastest configuration.
  * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m; default all) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
@@ -24,6 +25,12 @@
 #include "gpu_ck.h"
 #include "gpu_plan.h"
 #include "gpu_wfused.h"
+
+/* gemmq.cu's internals: x as the wgmma tiles' image, and kc_gemmq reading it */
+int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);
+size_t kc__gemmq_x_halves(int n_tok, int n);
+int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg, int xperm,
+                   cudaStream_t s);
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -49,10 +56,12 @@ int main(int argc, char **argv) {
     cublasSetStream(cb, s);
     kc_gemm_ws ws = { .cublas = cb };
     ws.w_cap = (size_t)4096 * 22016;
-    ws.x_cap = (size_t)MAXT * 11008;
+    ws.x_cap = kc__gemmq_x_halves(MAXT, 11008);
     CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
     CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
     float *dx, *dy, *dy2;
+    kc_half *xt; /* x's image for the wgmma configurations */
+    CK(cudaMalloc((void **)&xt, kc__gemmq_x_halves(MAXT, 11008) * 2));
     CK(cudaMalloc((void **)&dx, (size_t)MAXT * 11008 * 4));
     CK(cudaMalloc((void **)&dy, (size_t)MAXT * 22016 * 4));
     CK(cudaMalloc((void **)&dy2, (size_t)MAXT * 22016 * 4));
@@ -118,6 +127,8 @@ int main(int argc, char **argv) {
                 double e = sqrt(num / (den > 0 ? den : 1));
                 if (e > maxerr[ni] || e != e) maxerr[ni] = e;
                 const int iters = 2 * nc > 20 ? 2 * nc : 20;
+                const int order = type == KC_WEIGHT_MIXED ? 0 : dt_block_size(type) == 256 ? 2 : 1;
+                if (order && kc__to_half_gemmq(dx, nt, n_in, order, xt, s)) { fprintf(stderr, "x's image failed\n"); return 1; }
                 /* paths: 0 the other path, 1 kc_matmul as planned, 2.. each configuration (kc_gemmq
                  * on x as it is), last: kc_matmul with kc_gemmq at every token count (its choice,
                  * x in the wgmma tiles' order where they are chosen) */
@@ -131,13 +142,11 @@ int main(int argc, char **argv) {
                         kc_plan_set(&p);
                     }
                     const int mm = path == 0 || ((path == 1 || all) && nt > KC_GEMV_MAX_TOK);
-                    for (int i = 0; i < 3; i++) {
+                    const int img = !mm && order && path - 2 >= 11; /* a wgmma configuration on x's image */
+                    for (int i = 0; i < 3 + iters; i++) {
+                        if (i == 3) CK(cudaEventRecord(e0, s));
                         if (mm) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
-                        else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
-                    }
-                    CK(cudaEventRecord(e0, s));
-                    for (int i = 0; i < iters; i++) {
-                        if (mm) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
+                        else if (img) kc__gemmq_rows(&w[i % nc], xt, nt, dy, n_out, 0, path - 2, order, s);
                         else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
                     }
                     CK(cudaEventRecord(e1, s));
@@ -168,7 +177,7 @@ int main(int argc, char **argv) {
             printf(" %8.1f %6.2fx", t_all[ni], t_deq[ni] / t_auto[ni]);
             printf(" %8.0f %9.1f %9.2g\n", layer_mb / t_auto[ni] * 1e3, flop / t_auto[ni] / 1e6, maxerr[ni]);
         }
-        /* per matrix past the GEMV: gemmq* and the fastest configuration on x as it is */
+        /* per matrix past the GEMV: gemmq* and the fastest configuration (the wgmma ones on x's image) */
         for (int si = 0; si < NSH; si++) {
             printf("  %-8s", shapes[si].name);
             for (int ni = 0; ni < NNT; ni++) {
@@ -180,8 +189,17 @@ int main(int argc, char **argv) {
             }
             printf("\n");
         }
+        /* per matrix, each wgmma configuration (on x's image) */
+        for (int si = 0; si < NSH && NCFG > 11; si++)
+            for (int ni = 0; ni < NNT; ni++) {
+                if (ntoks[ni] <= KC_GEMV_MAX_TOK || ntoks[ni] > 128) continue;
+                printf("  %-8s %4d:", shapes[si].name, ntoks[ni]);
+                for (int c = 11; c < NCFG; c++) printf(" cfg%d %.1f", c, sh_cfg[si][ni][c]);
+                printf("\n");
+            }
     }
     free(ha);
     free(hb);
+    cudaFree(xt);
     return 0;
 }

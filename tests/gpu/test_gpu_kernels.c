@@ -65,6 +65,54 @@ static kc_weight upload_weight(int type, const void *blocks, int n_in, int n_out
     return w;
 }
 
+/* gemmq.cu's internals: x as the image of the wgmma tiles' stages (kc_matmul writes it where
+ * those tiles take a matrix), and kc_gemmq reading it */
+int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);
+size_t kc__gemmq_x_halves(int n_tok, int n);
+int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg, int xperm,
+                   cudaStream_t s);
+
+/* Each wgmma configuration (kc_gemmq's 11..15) on x's image: the reference's accuracy, identical
+ * bits for the two of one K split (13, 14), and the first 17 tokens of the batch equal to a batch
+ * of those 17 (the image's padding and token tiles change nothing). */
+static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const double *ref, double tol, cudaStream_t s) {
+    const int order = dt_block_size(w->type) == 256 ? 2 : 1, n_in = w->n_in, n_out = w->n_out;
+    const size_t ny = (size_t)nt * n_out;
+    kc_half *xt, *x17;
+    float *dy, *yt[5];
+    CK(cudaMalloc((void **)&xt, kc__gemmq_x_halves(nt, n_in) * 2));
+    CK(cudaMalloc((void **)&x17, kc__gemmq_x_halves(17, n_in) * 2));
+    CK(cudaMalloc((void **)&dy, ny * 4));
+    T_CHECK(kc__to_half_gemmq(dx, nt, n_in, order, xt, s) == 0);
+    T_CHECK(nt < 17 || kc__to_half_gemmq(dx, 17, n_in, order, x17, s) == 0);
+    float *y17 = malloc((size_t)17 * n_out * 4);
+    for (int c = 0; c < 5; c++) {
+        yt[c] = malloc(ny * 4);
+        poison(dy, ny * 4);
+        int rc = kc__gemmq_rows(w, xt, nt, dy, n_out, 0, 11 + c, order, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(yt[c], dy, ny * 4, cudaMemcpyDeviceToHost));
+        double e = rel_err(yt[c], ref, ny);
+        T_CHECKF(rc == 0 && e < tol, "gemmq_wg on x's image cfg %d %s %dx%d n_tok=%d rel_err=%.3g", 11 + c, dt_name(w->type), n_in,
+                 n_out, nt, e);
+        if (nt > 17) {
+            poison(dy, (size_t)17 * n_out * 4);
+            rc = kc__gemmq_rows(w, x17, 17, dy, n_out, 0, 11 + c, order, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y17, dy, (size_t)17 * n_out * 4, cudaMemcpyDeviceToHost));
+            T_CHECKF(rc == 0 && memcmp(y17, yt[c], (size_t)17 * n_out * 4) == 0, "gemmq_wg on x's image: batch invariance cfg %d %s n_tok=%d",
+                     11 + c, dt_name(w->type), nt);
+        }
+    }
+    T_CHECKF(memcmp(yt[2], yt[3], ny * 4) == 0, "gemmq_wg on x's image: configurations of one K split differ (%s n_tok=%d)",
+             dt_name(w->type), nt);
+    for (int c = 0; c < 5; c++) free(yt[c]);
+    free(y17);
+    cudaFree(xt);
+    cudaFree(x17);
+    cudaFree(dy);
+}
+
 /* Every weight type at shapes with short tails (333 rows, Q6_K's padded rows at 11008 = 43
  * super-blocks) for every GEMV token count 1..8 and the tensor-core / cuBLAS paths from 9 to
  * 512 tokens (each type's plan limit falls in between). The tokens of a call are the first
@@ -181,6 +229,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                         if (ncfg > 11)
                             T_CHECKF(memcmp(yc[13], yc[14], ny) == 0,
                                      "gemmq_wg: configurations of one K split differ (%s n_tok=%d)", dt_name(type), nt);
+                        if (ncfg > 11) test_gemmq_image(&w, dx, nt, ref, tol, s);
                         for (int cfg = 0; cfg < ncfg; cfg++) free(yc[cfg]);
                     }
                     free(yb);
@@ -1320,6 +1369,88 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
 
 /* RMSNorm split over n / 512 CTAs per token: the same bits as the one-CTA kernel (f32 output,
  * int8 blocks and half copy), for every split count's row length and several tokens. */
+/* kc_rmsnorm_xq writing x's image for the wgmma tiles (kc_xq.img): the real rows equal
+ * kc__to_half_gemmq's conversion of the norm's f32 output bit for bit (orders 1 and 2, the split
+ * kernel at n = 4096 and the one-CTA kernel at 8192, 9..130 tokens), y unchanged, and kc_matmul_xq
+ * of a Q4_0 / Q4_K weight reading that image gives the same bits as kc_matmul converting x itself;
+ * an image that does not match the matrix (order, tokens) is not read. */
+static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
+    if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device: nothing asks for an image */
+    const int ns[] = { 4096, 8192 }, nts[] = { 9, 37, 64, 130 }, types[] = { DT_Q4_0, DT_Q4_K };
+    for (int ni = 0; ni < 2; ni++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int k = 0; k < 4; k++) {
+                const int n = ns[ni], nt = nts[k], type = types[ti], n_out = 256, order = ti + 1;
+                const size_t N = (size_t)nt * n, nimg = kc__gemmq_x_halves(nt, n);
+                float *x = malloc(N * 4), *w = malloc((size_t)n * 4), *wf = malloc((size_t)n * n_out * 4);
+                for (size_t i = 0; i < N; i++) x[i] = frand() * 1.5f;
+                for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
+                for (size_t i = 0; i < (size_t)n * n_out; i++) wf[i] = frand() * 0.1f;
+                void *blocks = malloc(dt_row_size(type, n) * n_out);
+                dt_quantize(type, wf, blocks, (int64_t)n * n_out);
+                kc_weight W = upload_weight(type, blocks, n, n_out);
+                kc_gemm_ws ws = { .cublas = cb };
+                ws.w_cap = (size_t)n * n_out;
+                ws.x_cap = nimg;
+                CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+                CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+                float *dx = dev_upload(x, N * 4), *dw = dev_upload(w, (size_t)n * 4), *dy, *dz, *dm;
+                kc_half *ref;
+                CK(cudaMalloc((void **)&dy, N * 4));
+                CK(cudaMalloc((void **)&dz, N * 4));
+                CK(cudaMalloc((void **)&dm, (size_t)nt * n_out * 4));
+                CK(cudaMalloc((void **)&ref, nimg * 2));
+                /* past the plan's limit for the type the tiles do not take the matrix: no image */
+                const int want = nt <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(type)] ? order : 0;
+                kc_xq q = { .img = ws.x_half, .img_cap = ws.x_cap, .img_order = kc_matmul_x_order(&W, nt, &ws) };
+                T_CHECKF(q.img_order == want, "rmsnorm image: kc_matmul_x_order %s n_tok=%d = %d", dt_name(type), nt, q.img_order);
+                if (!want) q.img_order = 0;
+                int rc = kc_rmsnorm_xq(dx, dw, dy, NULL, nt, n, 1e-5f, s);
+                rc |= kc_rmsnorm_xq(dx, dw, dz, &q, nt, n, 1e-5f, s);
+                rc |= kc__to_half_gemmq(dy, nt, n, order, ref, s);
+                CK(cudaStreamSynchronize(s));
+                uint16_t *ha = malloc(nimg * 2), *hb = malloc(nimg * 2);
+                float *ya = malloc(N * 4), *yb = malloc(N * 4);
+                CK(cudaMemcpy(ha, ws.x_half, nimg * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hb, ref, nimg * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(ya, dy, N * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(yb, dz, N * 4, cudaMemcpyDeviceToHost));
+                int same = 1;
+                const int ntp = (nt + 7) & ~7;
+                for (int b = 0; b < n / 64; b++) /* the real rows of each column block */
+                    same &= memcmp(ha + (size_t)b * ntp * 64, hb + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
+                if (want)
+                    T_CHECKF(rc == 0 && q.img_tok == nt && q.img_n == n && same && memcmp(ya, yb, N * 4) == 0,
+                             "rmsnorm image %s n=%d n_tok=%d: written %d, image same %d", dt_name(type), n, nt, q.img_tok, same);
+                else
+                    T_CHECKF(rc == 0 && q.img_tok == 0 && memcmp(ya, yb, N * 4) == 0, "rmsnorm without an image %s n_tok=%d", dt_name(type), nt);
+                /* the matmul on the image against the matmul converting x: the same bits */
+                float *m1 = malloc((size_t)nt * n_out * 4), *m2 = malloc((size_t)nt * n_out * 4);
+                poison(dm, (size_t)nt * n_out * 4);
+                rc = kc_matmul_xq(&W, dz, &q, nt, dm, 0, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(m1, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                poison(dm, (size_t)nt * n_out * 4);
+                rc |= kc_matmul(&W, dy, nt, dm, 0, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(m2, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul on the norm's image %s n=%d n_tok=%d", dt_name(type), n, nt);
+                /* a stale image (x_half rewritten by kc_matmul above holds the same x; poison it)
+                 * for other tokens is not read */
+                CK(cudaMemset(ws.x_half, 0xff, nimg * 2));
+                q.img_tok = nt - 1;
+                poison(dm, (size_t)nt * n_out * 4);
+                rc = kc_matmul_xq(&W, dz, &q, nt, dm, 0, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(m1, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul ignores a mismatched image %s n_tok=%d", dt_name(type), nt);
+                free(m1); free(m2); free(ha); free(hb); free(ya); free(yb);
+                cudaFree(dx); cudaFree(dw); cudaFree(dy); cudaFree(dz); cudaFree(dm); cudaFree(ref);
+                cudaFree(ws.w_half); cudaFree(ws.x_half); cudaFree((void *)W.data); cudaFree((void *)W.d);
+                free(x); free(w); free(wf); free(blocks);
+            }
+}
+
 static void test_rmsnorm_split(cudaStream_t s) {
     const int ns[] = { 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096 }, nt = 5;
     for (int si = 0; si < 8; si++) {
@@ -1822,6 +1953,7 @@ int main(void) {
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
+    test_rmsnorm_image(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     test_attention_tc(s);
