@@ -1647,19 +1647,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         }
         if (R * c->n_embd > xmax) xmax = R * c->n_embd;
         if (T * nq > xmax) xmax = T * nq; /* wo's input (wider than n_ff when every MLP is a mixture of experts) */
-        {   /* the wgmma tiles' image of x: rows padded to 8, 64 more read past them (kc_matmul
-             * keeps x as it is where that does not fit) */
-            size_t widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
-            if (nq > widest) widest = nq;
-            xmax += 7 * widest + 64 * 64;
-        }
-        /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
-         * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
-         * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
-         * wave of cuBLAS tiles. */
         {
-            size_t cap = (size_t)64 << 20, widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
+            size_t widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd), cap = (size_t)64 << 20;
             if (nq > widest) widest = nq;
+            /* the wgmma tiles' image of x: rows padded to 8, 64 more read past them (kc_matmul
+             * keeps x as it is where that does not fit) */
+            xmax += 7 * widest + 64 * 64;
+            /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
+             * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
+             * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
+             * wave of cuBLAS tiles. */
             if (cap < widest) cap = widest;
             if (wmax > cap) wmax = cap;
         }

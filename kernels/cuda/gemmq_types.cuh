@@ -70,12 +70,21 @@ struct acc_ldg {
     __device__ __forceinline__ unsigned short u16(const void *p) { return __ldg((const unsigned short *)p); }
 };
 
+// load: Q::loadv straight from global memory (what every type's traits provide)
+template <class Q> struct qt_load {
+    template <class R>
+    __device__ static void load(R &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
+        acc_ldg a;
+        Q::loadv(r, a, W, D, row, n_in, ks, q);
+    }
+};
+
 // Per type: what one lane quad holds for one row in one step (raw), how it is loaded, where
 // its element group e4 (elements 4 e4 .. 4 e4 + 3 of the quad's 32) lies in the step's 128
 // activations, and the half pairs of MMA i (elements 4i, 4i + 1 | 4i + 2, 4i + 3).
 template <int TYPE> struct qt;
 
-template <> struct qt<DT_Q8_0> {
+template <> struct qt<DT_Q8_0> : qt_load<qt<DT_Q8_0>> {
     struct raw { uint4 w[2]; __half2 d; };
     static constexpr int N16 = 2, N8 = 0, N4 = 1;
     template <class A>
@@ -84,10 +93,6 @@ template <> struct qt<DT_Q8_0> {
         r.w[0] = a.u4(p);
         r.w[1] = a.u4(p + 1);
         r.d = __half2half2(__ushort_as_half(a.u16((const unsigned short *)D + row * (size_t)(n_in / 32) + ks * 4 + q)));
-    }
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
-        acc_ldg a;
-        loadv(r, a, W, D, row, n_in, ks, q);
     }
     __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
@@ -111,7 +116,7 @@ template <> struct qt<DT_Q8_0> {
 // nibbles of bytes 0..15, 16..31 the high nibbles (Q5: the fifth bits from the high-bit word).
 // Each pair of elements becomes half exactly (1024 + q as bits), then d (q - offset) or d q + m
 // in one half operation.
-template <int TYPE> struct qt_b32 {
+template <int TYPE> struct qt_b32 : qt_load<qt_b32<TYPE>> {
     static constexpr bool HI = TYPE == DT_Q5_0 || TYPE == DT_Q5_1, MIN = TYPE == DT_Q4_1 || TYPE == DT_Q5_1;
     struct raw_min { uint4 w; uint32_t qh; __half2 d, m; };
     struct raw_sym { uint4 w; uint32_t qh; __half2 d; };
@@ -141,10 +146,6 @@ template <int TYPE> struct qt_b32 {
             r.d = __half2half2(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
             if constexpr (MIN) r.m = __half2half2(__ushort_as_half((unsigned short)(dm >> 16)));
         }
-    }
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
-        acc_ldg a;
-        loadv(r, a, W, D, row, n_in, ks, q);
     }
     __device__ static int xoff(int ks, int q, int e4) { return ks * BK + 32 * q + 4 * e4; }
     // elements 4i .. 4i + 3: bytes 4 (i % 4) .. of the low (i < 4) or high nibbles
@@ -227,7 +228,14 @@ __device__ __forceinline__ float nib(uint32_t v) { return __uint_as_float(0x4B00
 
 // Q4_K, Q5_K (Q5_K: the fifth bits from the two sub-blocks' high-bit words, shifted to the
 // quad's half so that nibble word i % 4 takes bits i % 4 + 8b)
-template <int TYPE> struct qt_k {
+// The K-quants keep xoff_k's order in x's image too (pairs_t = pairs)
+template <class Q> struct qt_kord : qt_load<Q> {
+    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xoff_k(ks, q, i) + 2 * h + c; }
+    template <class R> __device__ static void pairs_t(const R &r, int i, uint32_t &lo, uint32_t &hi) { Q::pairs(r, i, lo, hi); }
+};
+
+template <int TYPE> struct qt_k : qt_kord<qt_k<TYPE>> {
     static constexpr bool HI = TYPE == DT_Q5_K;
     struct raw_q4 { uint4 w; float ds[2], dm[2]; };
     struct raw_q5 { uint4 w; uint32_t qh[2]; float ds[2], dm[2]; };
@@ -258,13 +266,6 @@ template <int TYPE> struct qt_k {
             r.dm[k] = dmin * m;
         }
     }
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
-        acc_ldg a;
-        loadv(r, a, W, D, row, n_in, ks, q);
-    }
-    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
-    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xoff_k(ks, q, i) + 2 * h + c; }
-    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) { pairs(r, i, lo, hi); }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int k = i < 4 ? 0 : 1;
@@ -284,7 +285,7 @@ template <> struct qt<DT_Q5_K> : qt_k<DT_Q5_K> {};
 // Q6_K: the quad's 16 nibble bytes of its quarter and the two words of 2-bit high parts they
 // need (kc_common.cuh's layout: words 2h and 2h + 1 of the quarter's four), the two sub-blocks'
 // d sc. Values d sc (q - 32) in f32 as the reference computes them, then rounded to half.
-template <> struct qt<DT_Q6_K> {
+template <> struct qt<DT_Q6_K> : qt_kord<qt<DT_Q6_K>> {
     struct raw { uint4 w; uint2 hb; float ds[2]; };
     static constexpr int N16 = 1, N8 = 1, N4 = 2;
     template <class A>
@@ -299,13 +300,6 @@ template <> struct qt<DT_Q6_K> {
         r.ds[0] = d * (float)(int8_t)(sc >> (8 * h));
         r.ds[1] = d * (float)(int8_t)(sc >> (8 * (2 + h)));
     }
-    __device__ static void load(raw &r, const uint8_t *W, const kc_half *D, size_t row, int n_in, int ks, int q) {
-        acc_ldg a;
-        loadv(r, a, W, D, row, n_in, ks, q);
-    }
-    __device__ static int xoff(int ks, int q, int e4) { return xoff_k(ks, q, e4); }
-    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xoff_k(ks, q, i) + 2 * h + c; }
-    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) { pairs(r, i, lo, hi); }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
         const int k = i < 4 ? 0 : 1, ww = i & 3;
