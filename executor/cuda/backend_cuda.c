@@ -788,6 +788,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             else
                 KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
         } else { /* SwiGLU or GeGLU (c->ffn_act) */
+            /* the activation also as x's image for down's wgmma tiles where they take it */
+            s->xq_a.img_order = kc_matmul_x_order(&L->down, n_tok, &s->gws);
             if (s->prof_on) { /* separate kernels: timed one by one */
                 KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
                 prof_mark(s, PC_GU);
@@ -798,6 +800,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             s->xq_h.img_tok = 0;
             /* x += act Wdown, or into h for the post-norm */
             KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
+            s->xq_a.img_tok = 0;
         }
         prof_mark(s, PC_DOWN);
         if (normed) /* x += rmsnorm(FFN out), and the next layer's pre-norm, in one launch */
@@ -1650,9 +1653,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         {
             size_t widest = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd), cap = (size_t)64 << 20;
             if (nq > widest) widest = nq;
-            /* the wgmma tiles' image of x: rows padded to 8, 64 more read past them (kc_matmul
-             * keeps x as it is where that does not fit) */
-            xmax += 7 * widest + 64 * 64;
+            /* the wgmma tiles' image of x: rows padded to 8, 256 more of 64 halves read past them
+             * (kc__gemmq_x_halves; kc_matmul keeps x as it is where that does not fit) */
+            xmax += 7 * widest + 256 * 64;
             /* kc_matmul converts in slices of whole rows: 128 MiB of halves bounds it whatever the
              * vocabulary (at least one row of the widest matrix). Slices of 4096 rows (32 MiB) cost
              * 15 % at a 512-token Q4_0 prefill on an H100: a 512 x 4096 x 4096 GEMM is under one
@@ -1675,8 +1678,10 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
         if (dalloc(&s->gws.w_half, wmax * 2) || dalloc(&s->gws.x_half, xmax * 2)) goto oom;
-        s->xq_h.img = s->gws.x_half; /* the norms write x's image for the wgmma tiles there */
+        s->xq_h.img = s->gws.x_half; /* the norms write x's image for the wgmma tiles there, */
         s->xq_h.img_cap = xmax;
+        s->xq_a.img = s->gws.x_half; /* and the gated activation for down's */
+        s->xq_a.img_cap = xmax;
         /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
         {
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;

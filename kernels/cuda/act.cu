@@ -1,6 +1,7 @@
 // act: the gated activations over the fused gate|up projection, whose rows interleave gate and
 // up: SwiGLU (silu(gate) * up) and GeGLU (gelu_tanh(gate) * up).
 #include "kc_common.cuh"
+#include "gemmq_types.cuh"
 
 extern "C" {
 #include "kcuda.h"
@@ -22,10 +23,10 @@ __global__ void glu_il_kernel(const float *gu, float *out, int n_ff, size_t n) {
     out[i] = kc_glu_mul<GELU>(p.x, p.y);
 }
 
-// Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq);
-// out may be NULL (only the blocks).
+// Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq; none
+// where qh, ql, xh are NULL) and as x's image for the wgmma tiles (im.p); out may be NULL.
 template <bool GELU>
-__global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh) {
+__global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -39,16 +40,18 @@ __global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh,
         o = make_float4(kc_glu_mul<GELU>(a.x, a.y), kc_glu_mul<GELU>(a.z, a.w), kc_glu_mul<GELU>(b.x, b.y),
                         kc_glu_mul<GELU>(b.z, b.w));
         if (out) *(float4 *)(out + t * n_ff + j) = o;
+        if (im.p) img_store4(im, o, (int)t, j);
     }
-    kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
+    if (ql || xh) kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
 }
 
-template <bool GELU> static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, int n_tok, int n_ff, cudaStream_t s) {
-    if (quant) {
+template <bool GELU>
+static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, img_out im, int n_tok, int n_ff, cudaStream_t s) {
+    if (quant || im.p) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(glu_xq_kernel<GELU>, grid, dim3(threads), 0, s, gu, out, n_ff, xq->no_ints ? nullptr : xq->qh, xq->ql, xq->m,
-                  (__half *)xq->xh);
+        kc_launch(glu_xq_kernel<GELU>, grid, dim3(threads), 0, s, gu, out, n_ff, quant && !xq->no_ints ? xq->qh : nullptr,
+                  quant ? xq->ql : nullptr, quant ? xq->m : nullptr, quant ? (__half *)xq->xh : nullptr, im);
     } else {
         size_t n = (size_t)n_tok * n_ff;
         kc_launch(glu_il_kernel<GELU>, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);
@@ -60,8 +63,11 @@ extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int 
     const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
     if (!out && !quant) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n_ff : 0;
-    if (act == MDL_ACT_GELU_TANH) launch_glu<true>(gu, out, xq, quant, n_tok, n_ff, s);
-    else launch_glu<false>(gu, out, xq, quant, n_tok, n_ff, s);
+    // x's image for the wgmma tiles (the down projection's) where the caller asked for one
+    const img_out im = n_tok <= 65535 ? img_asked(xq, n_tok, n_ff) : img_out{};
+    if (act == MDL_ACT_GELU_TANH) launch_glu<true>(gu, out, xq, quant, im, n_tok, n_ff, s);
+    else launch_glu<false>(gu, out, xq, quant, im, n_tok, n_ff, s);
+    if (im.p) xq->img_tok = n_tok, xq->img_n = n_ff;
     KC_LAUNCH_CHECK();
 }
 

@@ -60,6 +60,29 @@ __device__ __forceinline__ size_t img_off(int k, int t, int ntp) {
     return ((size_t)(k >> 6) * ntp + t) * 64 + ((((kk >> 3) ^ (t & 7)) << 3) | (kk & 7));
 }
 
+// A producer's rows also written as x's image for the wgmma tiles (kc_xq.img), where p != NULL:
+// elements e .. e + 3 of token t's row by img_store4.
+struct img_out {
+    __half *p;
+    int order, ntp;
+};
+__device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, int e) {
+    const int k0 = img_k0(im.order, e);
+    const __half2 a = im.order == 1 ? __floats2half2_rn(o.x, o.z) : __floats2half2_rn(o.x, o.y);
+    const __half2 b = im.order == 1 ? __floats2half2_rn(o.y, o.w) : __floats2half2_rn(o.z, o.w);
+    *(__half2 *)(im.p + img_off(k0, t, im.ntp)) = a;
+    *(__half2 *)(im.p + img_off(k0 + 8, t, im.ntp)) = b;
+}
+// The image a producer of n_tok rows of n writes where xq asks for one that fits (kc_xq.img_*;
+// img_tok cleared: the caller sets img_tok and img_n once it has launched the writes).
+static inline img_out img_asked(kc_xq *xq, int n_tok, int n) {
+    if (xq) xq->img_tok = 0;
+    if (xq && xq->img && (xq->img_order == 1 || xq->img_order == 2) && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
+        kc__gemmq_x_halves(n_tok, n) <= xq->img_cap)
+        return img_out{ (__half *)xq->img, xq->img_order, (n_tok + 7) & ~7 };
+    return img_out{};
+}
+
 // How qt<T>::loadv reads a raw set: straight from global memory here; gemmq_wg.cu's shared ring
 // replays the same calls, first as asynchronous copies, then as shared loads. N16, N8, N4: the
 // calls of each size (u16 counts as 4 bytes: its aligned word) one row's loadv makes.

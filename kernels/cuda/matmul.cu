@@ -1616,6 +1616,7 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
                              kc_xq *xq_act, int act, const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || n_tok <= 0 || W->n_out % 2 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
     const int n_ff = W->n_out / 2;
+    if (xq_act) xq_act->img_tok = 0; // no image unless kc_glu_xq writes one
     const bool fuse = n_tok <= kc_plan_get()->swiglu_fuse && W->type == DT_F16 && xq && xq->xh && xq->n == W->n_in &&
                       n_tok <= xq->cap_tok && W->n_in % 8 == 0 && xq_act && xq_act->no_ints && xq_act->xh &&
                       n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n;

@@ -11,19 +11,6 @@ extern "C" {
 
 KC_TRACE_TU(norm)
 
-// The normalized rows also as x's image for the wgmma tiles (kc_xq.img), where p != NULL
-struct img_out {
-    __half *p;
-    int order, ntp;
-};
-__device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, int e) {
-    const int k0 = img_k0(im.order, e);
-    const __half2 a = im.order == 1 ? __floats2half2_rn(o.x, o.z) : __floats2half2_rn(o.x, o.y);
-    const __half2 b = im.order == 1 ? __floats2half2_rn(o.y, o.w) : __floats2half2_rn(o.z, o.w);
-    *(__half2 *)(im.p + img_off(k0, t, im.ntp)) = a;
-    *(__half2 *)(im.p + img_off(k0 + 8, t, im.ntp)) = b;
-}
-
 // Each thread holds up to NV float4 of the row in registers: one read of x, loads issued together.
 // With qh (QUANT), the normalised row is also written as two-level int8 blocks (kc_xq). The
 // weights are loaded before the programmatic wait: read after the reduction they added a memory
@@ -161,11 +148,7 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
     if (!y && !(quant && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n : 0;
     // x's image for the wgmma tiles where the caller asked for one that fits
-    img_out im = {};
-    if (xq) xq->img_tok = 0;
-    if (xq && xq->img && (xq->img_order == 1 || xq->img_order == 2) && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
-        n <= 4 * 1024 * 8 && kc__gemmq_x_halves(n_tok, n) <= xq->img_cap)
-        im = { (__half *)xq->img, xq->img_order, (n_tok + 7) & ~7 };
+    const img_out im = n <= 4 * 1024 * 8 ? img_asked(xq, n_tok, n) : img_out{};
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {
         if (quant) launch_vec<true>(x, w, y, xq, n_tok, n, eps, im, s);
         else launch_vec<false>(x, w, y, xq, n_tok, n, eps, im, s);
