@@ -205,18 +205,28 @@ gemmq_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const
                 }
         }
     }
-    // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
+    // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8. y's old values (accumulate) all
+    // loaded before the first store: interleaved through the one pointer, each waited a round trip
+    auto yp = [&](int m, int n, int c) -> float * {
+        const int row = row_a + 16 * m + (c >> 1) * 8, tok = n0 + n * 8 + 2 * q + (c & 1);
+        if (row >= n_out || tok >= n_tok) return nullptr;
+        return y + (size_t)(GROUPED ? s_ent[n * 8 + 2 * q + (c & 1)] : tok) * ldy + row;
+    };
+    auto each = [&](auto f) {
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = row_a + 16 * m + (c >> 1) * 8, tok = n0 + n * 8 + 2 * q + (c & 1);
-                if (row >= n_out || tok >= n_tok) continue;
-                float *p = y + (size_t)(GROUPED ? s_ent[n * 8 + 2 * q + (c & 1)] : tok) * ldy + row;
-                *p = accumulate ? *p + acc[m][n][c] : acc[m][n][c];
-            }
+                for (int c = 0; c < 4; c++) f(m, n, c);
+    };
+    if (accumulate)
+        each([&](int m, int n, int c) {
+            if (const float *p = yp(m, n, c)) acc[m][n][c] += *p;
+        });
+    each([&](int m, int n, int c) {
+        if (float *p = yp(m, n, c)) *p = acc[m][n][c];
+    });
 }
 
 // Dense: n_tok tokens of x, w->n_out rows. Grouped (mg != NULL): n_tok k entries over mg->n_exp
@@ -314,9 +324,10 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
 extern "C" int kc_gemmq_ncfg(void) { return NCFG + kc__gemmq_wg_ncfg(); }
 
 // From gpu_bench_gemmq (H100, llama2-7b layer, bench/RESULTS.md "2026-11-24 (gemmq)"): the
-// fastest configuration per token count. Past the plan's gemmq_max_tok dequantizing into a half copy
-// for cuBLAS wins (its tensor-core GEMM outruns these mma.sync tiles, and the copy's cost is
-// spread over many tokens); the configurations chosen above 64 tokens serve larger plan limits.
+// fastest configuration per token count. Without the wgmma tiles, past the plan's gemmq_max_tok
+// dequantizing into a half copy for cuBLAS wins (its tensor-core GEMM outruns these mma.sync
+// tiles, and the copy's cost is spread over many tokens); the configurations chosen above 64
+// tokens serve larger plan limits. With them (plan.cu) there is no limit.
 // Q4_1, Q5_0 and Q5_1 take Q4_0's choices, Q5_K and Q6_K Q4_K's (not measured yet).
 static int gemmq_choose(int type, int n_tok, int n_out) {
     // wgmma (gemmq_wg.cu) past the GEMV's token counts: wide matrices on 128-row CTAs, narrow
@@ -328,10 +339,22 @@ static int gemmq_choose(int type, int n_tok, int n_out) {
     // image: at 9-16 tokens qkv and gate|up run faster on 32-token tiles of four K groups (Q4_0
     // 21 / 33 against 22 / 44 us, Q4_K 36 / 56 against 37 / 73), not Q8_0's (29 / 50 against 33 /
     // 54 ... on 16-token tiles).
+    // Thirteenth session (128- and 256-token tiles, configurations 16-18; the same per-matrix
+    // table from 9 to 1,024 tokens, Q4_0 / Q8_0 / Q4_K): past 64 tokens wide matrices take
+    // 128-token tiles (qkv at 128: 31 / 40 / 46 us against 45 / 78 / 82 on 64-token ones), from
+    // 192 tokens 256-token tiles; narrow ones 128-token tiles split over a cluster, at 257-512
+    // tokens whole, past 512 256-token tiles for all. Q8_0: gate|up at 9-16 tokens on 32-token
+    // tiles (49 against 54 us), wide matrices at 33-64 tokens on 128-token ones (qkv 39 against
+    // 43, gate|up 76 against 81).
     if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
-        if (n_tok <= 16) return NCFG + (n_out >= 8192 && type != DT_Q8_0 ? 1 : 0);
-        if (n_tok <= 32) return NCFG + (n_out >= 8192 ? 1 : 2);
-        return NCFG + (n_out >= 8192 ? 4 : 3);
+        const bool wide = n_out >= 8192;
+        if (n_tok <= 16) return NCFG + (wide && (type != DT_Q8_0 || n_out >= 16384) ? 1 : 0);
+        if (n_tok <= 32) return NCFG + (wide ? 1 : 2);
+        if (n_tok <= 64) return NCFG + (wide ? (type == DT_Q8_0 ? 5 : 4) : 3);
+        if (n_tok <= 128) return NCFG + (wide ? 5 : 3);
+        if (n_tok <= 256) return NCFG + (wide ? 7 : 6);
+        if (n_tok <= 512) return NCFG + (wide ? 7 : 5);
+        return NCFG + 7;
     }
     const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
     if (n_tok <= 8) return 9;
@@ -410,7 +433,9 @@ __global__ void to_half_gemmq_kernel(const float *x, int n_pieces, int n, int n_
 }
 } // namespace
 
-extern "C" size_t kc__gemmq_x_halves(int n_tok, int n) { return (size_t)((n_tok + 7) & ~7) * n + 64 * 64; }
+// the image and 256 rows of 64 halves past it: a 256-token tile reads up to 248 padded rows beyond
+// the last column block's
+extern "C" size_t kc__gemmq_x_halves(int n_tok, int n) { return (size_t)((n_tok + 7) & ~7) * n + 256 * 64; }
 
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s) {
     if (!x || !out || n_tok <= 0 || n <= 0 || n % (order == 2 ? 256 : BK) || order < 1 || order > 2) return CM_EINVAL;

@@ -15,7 +15,8 @@
 // instructions; per 64-k column block of x, the rows of all tokens (padded to 8). One thread
 // then fills a stage with two bulk copies that complete a barrier's transaction count. x as it
 // is (kc_gemmq's callers) takes a 4-byte cp.async a pair in xoff's order (qt<T>::pairs): index
-// arithmetic on every thread. Stages: NS = 4, filled two steps ahead.
+// arithmetic on every thread. Stages: NS = 4, filled two steps ahead (256-token tiles: three,
+// filled one step ahead).
 //
 // What bounded it (ncu, Q4_0 12288 x 4096 x 64 tokens on an H200, the version with 16-byte
 // cp.async copies of x in MMA order): 455 instructions a thread a step, half of them on the ALU
@@ -47,7 +48,9 @@ extern "C" {
 
 namespace {
 
-constexpr int WG_NS = 4; // activation stages per K group
+// activation stages per K group: four (filled two steps ahead), three for 256-token tiles (64
+// KiB a stage; filled one step ahead, a step being ~2,000 cycles of wgmma there)
+template <int BN> __host__ __device__ constexpr int wg_ns() { return BN >= 256 ? 3 : 4; }
 
 constexpr size_t WG_SMEM_MAX = 227 * 1024; // an SM's shared memory for one CTA
 
@@ -59,7 +62,7 @@ template <int TYPE> __host__ __device__ constexpr size_t wg_ring_stage() {
     return (size_t)256 * (16 * qt<TYPE>::N16 + 8 * qt<TYPE>::N8 + 4 * qt<TYPE>::N4);
 }
 template <int TYPE, int BN, int WM, int KW, bool XP> __host__ __device__ constexpr int wg_nw() {
-    constexpr size_t xst = (size_t)KW * WG_NS * BN * 256, fixed = xst + KW * WG_NS * 8 + 1024;
+    constexpr size_t xst = (size_t)KW * wg_ns<BN>() * BN * 256, fixed = xst + KW * wg_ns<BN>() * 8 + 1024;
     constexpr size_t n = fixed < WG_SMEM_MAX ? (WG_SMEM_MAX - fixed) / (WM * KW * wg_ring_stage<TYPE>()) : 0;
     // Q8_0 (36 bytes a row and step) ran slower from the ring than from registers (H200, 16
     // tokens: 146 against 114 us a llama2-7b layer)
@@ -68,12 +71,12 @@ template <int TYPE, int BN, int WM, int KW, bool XP> __host__ __device__ constex
 // activation stages and the ring, or the partial sums of the K groups past the first (the
 // larger); then the stages' barriers, and 1 KiB for the alignment
 template <int TYPE, int BN, int WM, int KW, bool XP> __host__ __device__ constexpr size_t wg_bar_off() {
-    constexpr size_t st = (size_t)KW * WG_NS * BN * 256 + (size_t)WM * KW * wg_nw<TYPE, BN, WM, KW, XP>() * wg_ring_stage<TYPE>();
+    constexpr size_t st = (size_t)KW * wg_ns<BN>() * BN * 256 + (size_t)WM * KW * wg_nw<TYPE, BN, WM, KW, XP>() * wg_ring_stage<TYPE>();
     constexpr size_t red = (size_t)(KW > 1 ? KW - 1 : 1) * WM * 128 * (BN / 2) * 4;
     return st > red ? st : red;
 }
 template <int TYPE, int BN, int WM, int KW, bool XP> constexpr size_t wg_smem() {
-    return wg_bar_off<TYPE, BN, WM, KW, XP>() + KW * WG_NS * 8 + 1024;
+    return wg_bar_off<TYPE, BN, WM, KW, XP>() + KW * wg_ns<BN>() * 8 + 1024;
 }
 
 #ifdef KC_SM90A_DEVICE
@@ -162,6 +165,7 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     typedef typename T::raw raw;
     constexpr int KT = WM * 128;   // threads of a K group
     constexpr int STAGE = BN * 256; // bytes of one activation stage
+    constexpr int WG_NS = wg_ns<BN>(), PD = WG_NS - 2; // stages; steps filled ahead
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (kc_smem_addr(smem_raw) & 1023)) & 1023);
     const uint32_t sbase = kc_smem_addr(smem);
@@ -252,8 +256,8 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
         }
         kc_cp_async_commit(); // one group a step, empty past the end
     };
-    stage_x(0);
-    stage_x(1);
+#pragma unroll
+    for (int i = 0; i < PD; i++) stage_x(i);
 
     float acc[BN / 2];
 #pragma unroll
@@ -265,11 +269,13 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
         if constexpr (XP) {
             mbar_wait(full + 8 * (j % WG_NS), (j / WG_NS) & 1); // stage j has landed
         } else {
-            kc_cp_async_wait<1>(); // this thread's copies of stage j have landed
+            kc_cp_async_wait<PD - 1>(); // this thread's copies of stage j have landed
             fence_proxy_async();
         }
-        asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(KT) : "memory"); // everyone's; stage j - 2 is free
-        stage_x(j + 2);
+        // everyone's; stage j + PD's slot, last read by step j + PD - NS = j - 2, is free (each
+        // thread waited in step j - 1 until its step j - 2's wgmma were done)
+        asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(KT) : "memory");
+        stage_x(j + PD);
         raw cur[2];
         if constexpr (NW > 0) {
             kc_cp_async_wait<NW - 2>(); // this thread's copies of step j's weights have landed
@@ -345,16 +351,39 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
         if (rank > 0) return;
     }
     if (kw > 0) return;
-    // acc[4 n + c]: row g (c < 2) or g + 8, token 8 n + 2 q + (c & 1)
+    // The CTA's outputs through shared memory (a token's rows contiguous, 4 floats of padding:
+    // conflict-free writes), then into y a token's 64 WM rows at a time, 16 bytes a thread: wo's
+    // and down's residual (accumulate) read coalesced and all in flight. acc[4 n + c]: row g
+    // (c < 2) or g + 8 of the warp's 16, token 8 n + 2 q + (c & 1). Each thread of the first K
+    // group did its reads of the others' sums before the barrier.
+    constexpr int SR = 64 * WM + 4, R4 = 16 * WM, ET = WM * 128; // staging row; float4 a token; threads
+    static_assert((size_t)BN * SR * 4 <= wg_bar_off<TYPE, BN, WM, KW, XP>(), "gemmq_wg: the output staging");
+    float *stg = (float *)smem;
+    asm volatile("bar.sync 8, %0;" ::"n"(ET) : "memory");
+    const int rl = 64 * wm + 16 * warp + g;
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int row = row_a + (c >> 1) * 8, tok = n0 + n * 8 + 2 * q + (c & 1);
-            if (row >= n_out || tok >= n_tok) continue;
-            float *p = y + (size_t)tok * ldy + row;
-            *p = accumulate ? *p + acc[4 * n + c] : acc[4 * n + c];
+        for (int c = 0; c < 4; c++) stg[(n * 8 + 2 * q + (c & 1)) * SR + rl + (c >> 1) * 8] = acc[4 * n + c];
+    asm volatile("bar.sync 8, %0;" ::"n"(ET) : "memory");
+    const int r0 = blockIdx.x * 64 * WM;
+    const bool vec = ((uintptr_t)y & 15) == 0 && (ldy & 3) == 0;
+    for (int i = tid; i < BN * R4; i += ET) {
+        const int t = i / R4, r = (i % R4) * 4, tok = n0 + t, row = r0 + r;
+        if (tok >= n_tok) break; // i grows with t
+        const float *sp = stg + t * SR + r;
+        float *yp = y + (size_t)tok * ldy + row;
+        if (vec && row + 3 < n_out) {
+            float4 v = *(const float4 *)sp;
+            if (accumulate) {
+                const float4 o = *(const float4 *)yp;
+                v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+            }
+            *(float4 *)yp = v;
+        } else {
+            for (int k = 0; k < 4 && row + k < n_out; k++) yp[k] = accumulate ? yp[k] + sp[k] : sp[k];
         }
+    }
 #elif defined(__CUDA_ARCH__)
     __trap(); // built without sm_90a code: kc__gemmq_wg refuses every call
 #endif
@@ -383,8 +412,21 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
     case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
     case 2: return launch_wg<TYPE, XP, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
     case 3: return launch_wg<TYPE, XP, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    default: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 4: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    default: break;
     }
+    // Large batches and prefill: 128 and 256 tokens a tile, so that a weight is dequantized once
+    // for that many tokens; on x's image only (x as it is takes configuration 4). Measured and
+    // not kept: 256-token tiles split over a cluster (never the fastest of a llama2-7b matrix from
+    // 9 to 1,024 tokens; bench/RESULTS.md "2026-11-29 (thirteenth session)").
+    if constexpr (XP) {
+        switch (cfg) {
+        case 5: return launch_wg<TYPE, XP, 128, 2, 1, 1>(w, x, n_tok, y, ldy, acc, s);
+        case 6: return launch_wg<TYPE, XP, 128, 2, 1, 2>(w, x, n_tok, y, ldy, acc, s);
+        default: return launch_wg<TYPE, XP, 256, 2, 1, 1>(w, x, n_tok, y, ldy, acc, s);
+        }
+    }
+    return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
 }
 template <int TYPE>
 int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg, int xperm) {
@@ -399,7 +441,7 @@ bool wg_device_ok() {
 
 } // namespace
 
-extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 5 : 0; }
+extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 8 : 0; }
 
 // One quantized type's matrix (not a mixed one: kc__gemmq_rows splits those), cfg < kc__gemmq_wg_ncfg().
 extern "C" int kc__gemmq_wg(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,

@@ -120,8 +120,14 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // K-quants (Q4_K at 64: 218 against 296, at 128 361 against 312; Q6_K wins at 128 too, but
     // the K-quants of a Q4_K_M matrix share one limit so that x is written in one order for all)
     // (H200, bench/RESULTS.md "2026-11-29 (eleventh session)")
+    // Thirteenth session: with the 128- and 256-token tiles and wo's and down's residual read
+    // coalesced, the tiles take every token count (no half copy of a quantized matrix): llama2-7b
+    // layer at 256 / 512 / 1,024 tokens, Q4_0 238 / 395 / 727 against 341 / 472 / 781 us. Q4_K
+    // loses from 512 tokens (504 / 866 against 487 / 792) and Q8_0 at 1,024 (842 against 797);
+    // kept, a 512-token Q4_K prefill runs as fast as before (H200, bench/RESULTS.md "2026-11-29
+    // (thirteenth session)")
     if (p->gemmq_wg && kc__gemmq_wg_ncfg() > 0)
-        for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = i == 2 || i == 6 || i == 7 ? 64 : 128;
+        for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = 1 << 20;
     // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")

@@ -2,7 +2,7 @@
  * llama2-7b layer shapes: kc_gemmq (dequantized in registers, each tile configuration and the
  * automatic choice) against kc_matmul's other path (the integer GEMV up to KC_GEMV_MAX_TOK
  * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs.
- * Each matrix is timed over >= 20 launches rotating over enough copies that they do not stay in
+ * wo and down add onto y (the residual), as in a step. Each matrix is timed over >= 20 launches rotating over enough copies that they do not stay in
  * the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
  * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K). Columns: gemv|deq (the other path),
  * gemmq (kc_matmul as the plan has it), cfgN (kc_gemmq in configuration N on x as it is; 11.. the
@@ -38,7 +38,7 @@ static float frand(void) {
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-enum { MAXC = 16, MAXCFG = 32, MAXT = 512 };
+enum { MAXC = 16, MAXCFG = 32, MAXT = 1024 };
 
 int main(int argc, char **argv) {
     const char *names[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m" };
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     const struct { const char *name; int n_in, n_out; } shapes[] = {
         { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 },
     };
-    const int ntoks[] = { 2, 4, 8, 9, 16, 32, 64, 128, 192, 256, 512 };
+    const int ntoks[] = { 2, 4, 8, 9, 16, 32, 64, 128, 192, 256, 512, 1024 };
     const int NNT = (int)(sizeof ntoks / sizeof *ntoks), NSH = (int)(sizeof shapes / sizeof *shapes);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -106,16 +106,17 @@ int main(int argc, char **argv) {
                 nc = bench_w_upload(type, n_in, n_out, frand, w, MAXC, &wbytes);
             }
             layer_mb += wbytes / 1e6;
+            const int acc = si == 1 || si == 3; /* wo and down add onto the residual, as in a step */
             for (int ni = 0; ni < NNT; ni++) {
                 int nt = ntoks[ni];
                 size_t ny = (size_t)nt * n_out;
                 /* outputs: the cuBLAS path against the in-register path */
                 gpu_plan_gemmq(0);
                 CK(cudaMemsetAsync(dy, 0, ny * 4, s));
-                if (kc_matmul(&w[0], dx, nt, dy, 0, &ws, s)) { fprintf(stderr, "dequant path failed\n"); return 1; }
+                if (kc_matmul(&w[0], dx, nt, dy, acc, &ws, s)) { fprintf(stderr, "dequant path failed\n"); return 1; }
                 gpu_plan_gemmq(1);
                 CK(cudaMemsetAsync(dy2, 0, ny * 4, s));
-                if (nt <= KC_GEMV_MAX_TOK ? kc_gemmq(&w[0], ws.x_half, nt, dy2, 0, -1, s) : kc_matmul(&w[0], dx, nt, dy2, 0, &ws, s)) {
+                if (nt <= KC_GEMV_MAX_TOK ? kc_gemmq(&w[0], ws.x_half, nt, dy2, acc, -1, s) : kc_matmul(&w[0], dx, nt, dy2, acc, &ws, s)) {
                     fprintf(stderr, "gemmq path failed\n");
                     return 1;
                 }
@@ -145,9 +146,9 @@ int main(int argc, char **argv) {
                     const int img = !mm && order && path - 2 >= 11; /* a wgmma configuration on x's image */
                     for (int i = 0; i < 3 + iters; i++) {
                         if (i == 3) CK(cudaEventRecord(e0, s));
-                        if (mm) kc_matmul(&w[i % nc], dx, nt, dy, 0, &ws, s);
-                        else if (img) kc__gemmq_rows(&w[i % nc], xt, nt, dy, n_out, 0, path - 2, order, s);
-                        else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, 0, path - 2, s);
+                        if (mm) kc_matmul(&w[i % nc], dx, nt, dy, acc, &ws, s);
+                        else if (img) kc__gemmq_rows(&w[i % nc], xt, nt, dy, n_out, acc, path - 2, order, s);
+                        else kc_gemmq(&w[i % nc], ws.x_half, nt, dy, acc, path - 2, s);
                     }
                     CK(cudaEventRecord(e1, s));
                     CK(cudaEventSynchronize(e1));
@@ -192,7 +193,7 @@ int main(int argc, char **argv) {
         /* per matrix, each wgmma configuration (on x's image) */
         for (int si = 0; si < NSH && NCFG > 11; si++)
             for (int ni = 0; ni < NNT; ni++) {
-                if (ntoks[ni] <= KC_GEMV_MAX_TOK || ntoks[ni] > 128) continue;
+                if (ntoks[ni] <= KC_GEMV_MAX_TOK) continue;
                 printf("  %-8s %4d:", shapes[si].name, ntoks[ni]);
                 for (int c = 11; c < NCFG; c++) printf(" cfg%d %.1f", c, sh_cfg[si][ni][c]);
                 printf("\n");

@@ -72,21 +72,23 @@ size_t kc__gemmq_x_halves(int n_tok, int n);
 int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg, int xperm,
                    cudaStream_t s);
 
-/* Each wgmma configuration (kc_gemmq's 11..15) on x's image: the reference's accuracy, identical
- * bits for the two of one K split (13, 14), and the first 17 tokens of the batch equal to a batch
- * of those 17 (the image's padding and token tiles change nothing). */
+/* Each wgmma configuration (kc_gemmq's 11..18) on x's image: the reference's accuracy, identical
+ * bits for those of one K split (13, 14: 2 K groups x 2 CTAs; 15, 17: two splits; 16, 18: one),
+ * and the first 17 tokens of the batch equal to a batch of those 17 (the image's padding
+ * and token tiles change nothing). */
 static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const double *ref, double tol, cudaStream_t s) {
     const int order = dt_block_size(w->type) == 256 ? 2 : 1, n_in = w->n_in, n_out = w->n_out;
     const size_t ny = (size_t)nt * n_out;
     kc_half *xt, *x17;
-    float *dy, *yt[5];
+    enum { NC = 8 };
+    float *dy, *yt[NC];
     CK(cudaMalloc((void **)&xt, kc__gemmq_x_halves(nt, n_in) * 2));
     CK(cudaMalloc((void **)&x17, kc__gemmq_x_halves(17, n_in) * 2));
     CK(cudaMalloc((void **)&dy, ny * 4));
     T_CHECK(kc__to_half_gemmq(dx, nt, n_in, order, xt, s) == 0);
     T_CHECK(nt < 17 || kc__to_half_gemmq(dx, 17, n_in, order, x17, s) == 0);
     float *y17 = malloc((size_t)17 * n_out * 4);
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < NC; c++) {
         yt[c] = malloc(ny * 4);
         poison(dy, ny * 4);
         int rc = kc__gemmq_rows(w, xt, nt, dy, n_out, 0, 11 + c, order, s);
@@ -104,9 +106,9 @@ static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const 
                      11 + c, dt_name(w->type), nt);
         }
     }
-    T_CHECKF(memcmp(yt[2], yt[3], ny * 4) == 0, "gemmq_wg on x's image: configurations of one K split differ (%s n_tok=%d)",
-             dt_name(w->type), nt);
-    for (int c = 0; c < 5; c++) free(yt[c]);
+    T_CHECKF(memcmp(yt[2], yt[3], ny * 4) == 0 && memcmp(yt[4], yt[6], ny * 4) == 0 && memcmp(yt[5], yt[7], ny * 4) == 0,
+             "gemmq_wg on x's image: configurations of one K split differ (%s n_tok=%d)", dt_name(w->type), nt);
+    for (int c = 0; c < NC; c++) free(yt[c]);
     free(y17);
     cudaFree(xt);
     cudaFree(x17);
@@ -203,7 +205,7 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     if (kc_gemmq_ok(&w)) {
                         float *yc[32];
                         const int ncfg = kc_gemmq_ncfg();
-                        T_CHECK(ncfg == 11 || ncfg == 16); /* the mma.sync tiles, and gemmq_wg.cu's on sm_90a */
+                        T_CHECK(ncfg == 11 || ncfg == 19); /* the mma.sync tiles, and gemmq_wg.cu's on sm_90a */
                         for (int cfg = 0; cfg < ncfg; cfg++) {
                             yc[cfg] = malloc((size_t)nt * n_out * 4);
                             poison(dy, (size_t)nt * n_out * 4);
@@ -1376,14 +1378,16 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
  * an image that does not match the matrix (order, tokens) is not read. */
 static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
     if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device: nothing asks for an image */
-    const int ns[] = { 4096, 8192 }, nts[] = { 9, 37, 64, 130 }, types[] = { DT_Q4_0, DT_Q4_K };
+    const int ns[2][2] = { { 4096, 8192 }, { 4096, 11008 } }, nts[] = { 9, 37, 64, 130, 300 }, types[] = { DT_Q4_0, DT_Q4_K };
+    const char *pn[] = { "rmsnorm", "glu" };
+    for (int pr = 0; pr < 2; pr++) /* the producer: the norm, or the gated activation (gate|up interleaved in x) */
     for (int ni = 0; ni < 2; ni++)
         for (int ti = 0; ti < 2; ti++)
-            for (int k = 0; k < 4; k++) {
-                const int n = ns[ni], nt = nts[k], type = types[ti], n_out = 256, order = ti + 1;
-                const size_t N = (size_t)nt * n, nimg = kc__gemmq_x_halves(nt, n);
-                float *x = malloc(N * 4), *w = malloc((size_t)n * 4), *wf = malloc((size_t)n * n_out * 4);
-                for (size_t i = 0; i < N; i++) x[i] = frand() * 1.5f;
+            for (int k = 0; k < 5; k++) {
+                const int n = ns[pr][ni], nt = nts[k], type = types[ti], n_out = 256, order = ti + 1;
+                const size_t N = (size_t)nt * n, NX = N * (pr ? 2 : 1), nimg = kc__gemmq_x_halves(nt, n);
+                float *x = malloc(NX * 4), *w = malloc((size_t)n * 4), *wf = malloc((size_t)n * n_out * 4);
+                for (size_t i = 0; i < NX; i++) x[i] = frand() * 1.5f;
                 for (int i = 0; i < n; i++) w[i] = 1 + frand() * 0.5f;
                 for (size_t i = 0; i < (size_t)n * n_out; i++) wf[i] = frand() * 0.1f;
                 void *blocks = malloc(dt_row_size(type, n) * n_out);
@@ -1394,7 +1398,7 @@ static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
                 ws.x_cap = nimg;
                 CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
                 CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
-                float *dx = dev_upload(x, N * 4), *dw = dev_upload(w, (size_t)n * 4), *dy, *dz, *dm;
+                float *dx = dev_upload(x, NX * 4), *dw = dev_upload(w, (size_t)n * 4), *dy, *dz, *dm;
                 kc_half *ref;
                 CK(cudaMalloc((void **)&dy, N * 4));
                 CK(cudaMalloc((void **)&dz, N * 4));
@@ -1403,10 +1407,10 @@ static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
                 /* past the plan's limit for the type the tiles do not take the matrix: no image */
                 const int want = nt <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(type)] ? order : 0;
                 kc_xq q = { .img = ws.x_half, .img_cap = ws.x_cap, .img_order = kc_matmul_x_order(&W, nt, &ws) };
-                T_CHECKF(q.img_order == want, "rmsnorm image: kc_matmul_x_order %s n_tok=%d = %d", dt_name(type), nt, q.img_order);
+                T_CHECKF(q.img_order == want, "%s image: kc_matmul_x_order %s n_tok=%d = %d", pn[pr], dt_name(type), nt, q.img_order);
                 if (!want) q.img_order = 0;
-                int rc = kc_rmsnorm_xq(dx, dw, dy, NULL, nt, n, 1e-5f, s);
-                rc |= kc_rmsnorm_xq(dx, dw, dz, &q, nt, n, 1e-5f, s);
+                int rc = pr ? kc_glu_xq(dx, dy, NULL, nt, n, MDL_ACT_SILU, s) : kc_rmsnorm_xq(dx, dw, dy, NULL, nt, n, 1e-5f, s);
+                rc |= pr ? kc_glu_xq(dx, dz, &q, nt, n, MDL_ACT_SILU, s) : kc_rmsnorm_xq(dx, dw, dz, &q, nt, n, 1e-5f, s);
                 rc |= kc__to_half_gemmq(dy, nt, n, order, ref, s);
                 CK(cudaStreamSynchronize(s));
                 uint16_t *ha = malloc(nimg * 2), *hb = malloc(nimg * 2);
@@ -1421,9 +1425,9 @@ static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
                     same &= memcmp(ha + (size_t)b * ntp * 64, hb + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
                 if (want)
                     T_CHECKF(rc == 0 && q.img_tok == nt && q.img_n == n && same && memcmp(ya, yb, N * 4) == 0,
-                             "rmsnorm image %s n=%d n_tok=%d: written %d, image same %d", dt_name(type), n, nt, q.img_tok, same);
+                             "%s image %s n=%d n_tok=%d: written %d, image same %d", pn[pr], dt_name(type), n, nt, q.img_tok, same);
                 else
-                    T_CHECKF(rc == 0 && q.img_tok == 0 && memcmp(ya, yb, N * 4) == 0, "rmsnorm without an image %s n_tok=%d", dt_name(type), nt);
+                    T_CHECKF(rc == 0 && q.img_tok == 0 && memcmp(ya, yb, N * 4) == 0, "%s without an image %s n_tok=%d", pn[pr], dt_name(type), nt);
                 /* the matmul on the image against the matmul converting x: the same bits */
                 float *m1 = malloc((size_t)nt * n_out * 4), *m2 = malloc((size_t)nt * n_out * 4);
                 poison(dm, (size_t)nt * n_out * 4);
@@ -1434,7 +1438,7 @@ static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
                 rc |= kc_matmul(&W, dy, nt, dm, 0, &ws, s);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(m2, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
-                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul on the norm's image %s n=%d n_tok=%d", dt_name(type), n, nt);
+                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul on the %s's image %s n=%d n_tok=%d", pn[pr], dt_name(type), n, nt);
                 /* a stale image (x_half rewritten by kc_matmul above holds the same x; poison it)
                  * for other tokens is not read */
                 CK(cudaMemset(ws.x_half, 0xff, nimg * 2));
@@ -1443,7 +1447,7 @@ static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
                 rc = kc_matmul_xq(&W, dz, &q, nt, dm, 0, &ws, s);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(m1, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
-                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul ignores a mismatched image %s n_tok=%d", dt_name(type), nt);
+                T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul ignores a mismatched image (%s) %s n_tok=%d", pn[pr], dt_name(type), nt);
                 free(m1); free(m2); free(ha); free(hb); free(ya); free(yb);
                 cudaFree(dx); cudaFree(dw); cudaFree(dy); cudaFree(dz); cudaFree(dm); cudaFree(ref);
                 cudaFree(ws.w_half); cudaFree(ws.x_half); cudaFree((void *)W.data); cudaFree((void *)W.d);
