@@ -34,6 +34,11 @@
 // steps s, s + KW KS, ...; the partial sums are added in a fixed order at the end (first the
 // CTA's K groups through shared memory, then the cluster's CTAs through distributed shared
 // memory), so an output's summation order depends on KW, KS and n_in only: batch-invariant.
+// The first K group of the cluster's first CTA then stages the sums in shared memory and writes
+// y a token's 64 WM rows at a time (16 bytes a thread, the residual of wo and down read
+// coalesced). Tiles of 16-64 tokens serve decode batches; 128 and 256 (wgmma m64n256k16, 128
+// accumulators a thread) large batches and prefill, where a weight is dequantized once for that
+// many tokens.
 //
 // Within a step, MMAs 0-3 and 4-7 use two fragment sets, so the dequantization of one half
 // overlaps the other half's wgmma.
