@@ -342,8 +342,9 @@ static int gemmq_choose(int type, int n_tok, int n_out) {
     // Thirteenth session (128- and 256-token tiles, configurations 16-18; the same per-matrix
     // table from 9 to 1,024 tokens, Q4_0 / Q8_0 / Q4_K): past 64 tokens wide matrices take
     // 128-token tiles (qkv at 128: 31 / 40 / 46 us against 45 / 78 / 82 on 64-token ones), from
-    // 192 tokens 256-token tiles; narrow ones 128-token tiles split over a cluster, at 257-512
-    // tokens whole, past 512 256-token tiles for all. Q8_0: gate|up at 9-16 tokens on 32-token
+    // 192 tokens 256-token tiles; narrow ones keep the 64-token tiles to 128 tokens, then take
+    // 128-token tiles split over a cluster to 256 and whole to 512; past 512 256-token tiles for
+    // all. Q8_0: gate|up at 9-16 tokens on 32-token
     // tiles (49 against 54 us), wide matrices at 33-64 tokens on 128-token ones (qkv 39 against
     // 43, gate|up 76 against 81).
     if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {

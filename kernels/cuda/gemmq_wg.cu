@@ -365,7 +365,7 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     static_assert((size_t)BN * SR * 4 <= wg_bar_off<TYPE, BN, WM, KW, XP>(), "gemmq_wg: the output staging");
     float *stg = (float *)smem;
     asm volatile("bar.sync 8, %0;" ::"n"(ET) : "memory");
-    const int rl = 64 * wm + 16 * warp + g;
+    const int rl = 64 * wm + 16 * warp + g; // this thread's row in the CTA (row_a's)
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
@@ -412,6 +412,7 @@ int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy,
 // 2-3 CTAs an SM).
 template <int TYPE, bool XP>
 int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
+    if constexpr (!XP) cfg = cfg < 4 ? cfg : 4; // x as it is: the tiles up to 64 tokens
     switch (cfg) {
     case 0: return launch_wg<TYPE, XP, 16, 1, 4, 2>(w, x, n_tok, y, ldy, acc, s);
     case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
@@ -421,7 +422,7 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
     default: break;
     }
     // Large batches and prefill: 128 and 256 tokens a tile, so that a weight is dequantized once
-    // for that many tokens; on x's image only (x as it is takes configuration 4). Measured and
+    // for that many tokens; on x's image only. Measured and
     // not kept: 256-token tiles split over a cluster (never the fastest of a llama2-7b matrix from
     // 9 to 1,024 tokens; bench/RESULTS.md "2026-11-29 (thirteenth session)").
     if constexpr (XP) {
@@ -431,7 +432,7 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
         default: return launch_wg<TYPE, XP, 256, 2, 1, 1>(w, x, n_tok, y, ldy, acc, s);
         }
     }
-    return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    return CM_EINVAL; // not reached
 }
 template <int TYPE>
 int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg, int xperm) {

@@ -2,8 +2,8 @@
  * llama2-7b layer shapes: kc_gemmq (dequantized in registers, each tile configuration and the
  * automatic choice) against kc_matmul's other path (the integer GEMV up to KC_GEMV_MAX_TOK
  * tokens, dequantize-to-half + cuBLAS above), with the relative difference of their outputs.
- * wo and down add onto y (the residual), as in a step. Each matrix is timed over >= 20 launches rotating over enough copies that they do not stay in
- * the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
+ * wo and down add onto y (the residual), as in a step. Each matrix is timed over >= 20 launches
+ * rotating over enough copies that they do not stay in the 50 MB L2. Random weights. q4_k_m: the layers of a Q4_K_M file that take more bits (Q|K|V
  * with wv Q6_K as two row ranges, down Q6_K, the rest Q4_K). Columns: gemv|deq (the other path),
  * gemmq (kc_matmul as the plan has it), cfgN (kc_gemmq in configuration N on x as it is; 11.. the
  * wgmma tiles, on x's image as kc_matmul writes it for them, the conversion not included; a

@@ -1371,12 +1371,13 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
 
 /* RMSNorm split over n / 512 CTAs per token: the same bits as the one-CTA kernel (f32 output,
  * int8 blocks and half copy), for every split count's row length and several tokens. */
-/* kc_rmsnorm_xq writing x's image for the wgmma tiles (kc_xq.img): the real rows equal
- * kc__to_half_gemmq's conversion of the norm's f32 output bit for bit (orders 1 and 2, the split
- * kernel at n = 4096 and the one-CTA kernel at 8192, 9..130 tokens), y unchanged, and kc_matmul_xq
- * of a Q4_0 / Q4_K weight reading that image gives the same bits as kc_matmul converting x itself;
- * an image that does not match the matrix (order, tokens) is not read. */
-static void test_rmsnorm_image(cublasHandle_t cb, cudaStream_t s) {
+/* The producers writing x's image for the wgmma tiles (kc_xq.img): kc_rmsnorm_xq and kc_glu_xq.
+ * The real rows equal kc__to_half_gemmq's conversion of the producer's f32 output bit for bit
+ * (orders 1 and 2; the norm's split kernel at n = 4096 and its one-CTA kernel at 8192, the
+ * activation at 4096 and 11008; 9..300 tokens), the f32 output unchanged, and kc_matmul_xq of a
+ * Q4_0 / Q4_K weight reading that image gives the same bits as kc_matmul converting x itself; an
+ * image that does not match the matrix (order, tokens) is not read. */
+static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
     if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device: nothing asks for an image */
     const int ns[2][2] = { { 4096, 8192 }, { 4096, 11008 } }, nts[] = { 9, 37, 64, 130, 300 }, types[] = { DT_Q4_0, DT_Q4_K };
     const char *pn[] = { "rmsnorm", "glu" };
@@ -1957,7 +1958,7 @@ int main(void) {
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
-    test_rmsnorm_image(cb, s);
+    test_producer_image(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     test_attention_tc(s);
