@@ -153,6 +153,9 @@ typedef struct cu_state {
     size_t partial_floats;
     kc_xq xq_h, xq_a, xq_o;                  /* h, act and att quantized by their producers for the integer GEMVs */
     kc_xq xq_e, xq_f;                        /* quantized experts: h of every token, the weighted GLU of every entry */
+    kc_half *act_img;                        /* down's image of the activation for steps of up to act_img_tok tokens */
+    size_t act_img_cap;                      /* (apart from x_half: gate|up's tiles read x there and write it) */
+    int act_img_tok;
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
     float *pf_partial;                       /* prefill tiles split over the keys: [2 att_dec_ctas][16 x 8 rows][hd + 2] */
     int *pf_counters;                        /* [att_dec_ctas] zeros: their merge */
@@ -788,8 +791,11 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             else
                 KC_FATAL(kc_moe_combine(s->eout, L->ffn_post ? s->h : s->x, n_tok, K, c->n_embd, !L->ffn_post, cs));
         } else { /* SwiGLU or GeGLU (c->ffn_act) */
-            /* the activation also as x's image for down's wgmma tiles where they take it */
+            /* the activation also as x's image for down's wgmma tiles where they take it: apart from
+             * x_half where it fits, so that gate|up's tiles write it in their epilogue */
             s->xq_a.img_order = kc_matmul_x_order(&L->down, n_tok, &s->gws);
+            s->xq_a.img = s->act_img && n_tok <= s->act_img_tok ? s->act_img : s->gws.x_half;
+            s->xq_a.img_cap = s->act_img && n_tok <= s->act_img_tok ? s->act_img_cap : s->gws.x_cap;
             if (s->prof_on) { /* separate kernels: timed one by one */
                 KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
                 prof_mark(s, PC_GU);
@@ -1149,7 +1155,7 @@ static void cuda_destroy(ex_backend *base) {
     for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
                      s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->xq_e.qh, s->xq_f.qh,
-                     s->att_counters, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout };
+                     s->att_counters, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout, s->act_img };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
@@ -1682,6 +1688,19 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->xq_h.img_cap = xmax;
         s->xq_a.img = s->gws.x_half; /* and the gated activation for down's */
         s->xq_a.img_cap = xmax;
+        /* down's image apart from x_half for steps of up to 1,024 tokens (decode batches, short
+         * prefill chunks) where the wgmma tiles run and a layer has a dense MLP */
+        {
+            int dense = 0;
+            for (int l = 0; l < c->n_layer; l++) dense |= !s->layers[l].moe;
+            s->act_img_tok = (int)(T < 1024 ? T : 1024);
+            s->act_img_cap = (size_t)(s->act_img_tok + 7) * (size_t)c->n_ff + 256 * 64;
+            if (dense && kc_gemmq_ncfg() > 11 && c->n_ff > 0) {
+                if (dalloc(&s->act_img, s->act_img_cap * 2)) goto oom;
+            } else {
+                s->act_img_tok = 0;
+            }
+        }
         /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
         {
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;

@@ -308,6 +308,7 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
     if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
     if (arch < 80) return 0;
     switch (w->type) {
+    case DT_F16: return kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && w->n_in % BK == 0; // wgmma only
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return w->n_in % 256 == 0;
     case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: return w->n_in % BK == 0;
     case KC_WEIGHT_MIXED:
@@ -323,13 +324,30 @@ extern "C" int kc_gemmq_ok(const kc_weight *w) {
 // The mma.sync configurations, then gemmq_wg.cu's where the device runs them.
 extern "C" int kc_gemmq_ncfg(void) { return NCFG + kc__gemmq_wg_ncfg(); }
 
+// F16 weights: gemmq_wg.cu's F16 tiles (dispatch_wg_f16's configurations) where they ran faster
+// than cuBLAS, in the layer bench (gpu_bench_gemmq f16: llama3-8b matrices, the conversion of x
+// included on cuBLAS's side, the tiles reading the producer's image) and in whole steps: at 33-64
+// tokens qkv (19.1 against 20.1 us) and down (39.6 against 43.2), at 65-128 gate|up (73.2 against
+// 73.9; its epilogue then computes the gated activation, kc_matmul_glu). cuBLAS for the rest: at
+// 9-32 tokens the tiles won wo, down and qkv alone (13.0 against 20.1 us for wo) but lost whole
+// steps (16 sequences 5.156 against 5.085 ms), gate|up at 9-64 tokens (62.9 against 66.6 at 16),
+// wo at 33-128, everything past 128 tokens (a layer at 256 in 214 against 372 us) and the output
+// matrix (not measured) (H200, bench/RESULTS.md "2026-11-29 (fourteenth session)"). -1: cuBLAS.
+extern "C" int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in) {
+    if (n_tok <= 32 || n_tok > 128 || n_out > 32768) return -1;
+    const int wide = n_out >= 8192 ? 2 : n_out > 4096 ? 1 : 0; // gate|up; qkv (GQA); wo, down
+    if (n_tok <= 64) return wide == 2 ? -1 : wide ? 1 : n_in > 8192 ? 0 : -1;
+    return wide == 2 ? 2 : -1;
+}
+
 // From gpu_bench_gemmq (H100, llama2-7b layer, bench/RESULTS.md "2026-11-24 (gemmq)"): the
 // fastest configuration per token count. Without the wgmma tiles, past the plan's gemmq_max_tok
 // dequantizing into a half copy for cuBLAS wins (its tensor-core GEMM outruns these mma.sync
 // tiles, and the copy's cost is spread over many tokens); the configurations chosen above 64
 // tokens serve larger plan limits. With them (plan.cu) there is no limit.
 // Q4_1, Q5_0 and Q5_1 take Q4_0's choices, Q5_K and Q6_K Q4_K's (not measured yet).
-static int gemmq_choose(int type, int n_tok, int n_out) {
+static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
+    if (type == DT_F16) return NCFG + kc__gemmq_f16_cfg(n_tok, n_out, n_in); // NCFG - 1: cuBLAS
     // wgmma (gemmq_wg.cu) past the GEMV's token counts: wide matrices on 128-row CTAs, narrow
     // ones (wo, down) on clusters of 64-row CTAs that split K. H200, llama2-7b layer, through
     // kc_matmul (x written in the tiles' order): Q4_0 at 16 / 32 / 64 tokens 134 / 183 / 234 us
@@ -383,9 +401,9 @@ extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, f
         }
         return 0;
     }
-    if (cfg < 0) cfg = gemmq_choose(w->type, n_tok, w->n_out);
-    if (cfg >= NCFG) return kc__gemmq_wg(w, x, n_tok, y, ldy, accumulate, cfg - NCFG, xperm, s);
-    if (xperm) return CM_EINVAL; // the mma.sync tiles read x as it is
+    if (cfg < 0) cfg = gemmq_choose(w->type, n_tok, w->n_out, w->n_in);
+    if (cfg >= NCFG) return kc__gemmq_wg(w, x, n_tok, y, ldy, accumulate, cfg - NCFG, xperm, nullptr, s);
+    if (xperm || w->type == DT_F16) return CM_EINVAL; // the mma.sync tiles read x as it is, quantized weights
     switch (w->type) {
     case DT_Q8_0: return dispatch<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
     case DT_Q4_0: return dispatch<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg);
@@ -398,13 +416,21 @@ extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, f
     }
 }
 
+extern "C" int kc__gemmq_glu(const kc_weight *w, const kc_half *x, int n_tok, int xperm, const kc_wg_glu *glu, cudaStream_t s) {
+    if (!w || !x || !glu || n_tok <= 0 || w->type == KC_WEIGHT_MIXED || !kc_gemmq_ok(w) || !xperm) return CM_EINVAL;
+    const int cfg = gemmq_choose(w->type, n_tok, w->n_out, w->n_in);
+    if (cfg < NCFG) return CM_EINVAL;
+    return kc__gemmq_wg(w, x, n_tok, nullptr, w->n_out, 0, cfg - NCFG, xperm, glu, s);
+}
+
 extern "C" int kc_gemmq(const kc_weight *w, const kc_half *x, int n_tok, float *y, int accumulate, int cfg, cudaStream_t s) {
     if (!w) return CM_EINVAL;
     return kc__gemmq_rows(w, x, n_tok, y, w->n_out, accumulate, cfg, 0, s);
 }
 
 extern "C" int kc__gemmq_x_order(const kc_weight *w, int n_tok) {
-    if (w->type == KC_WEIGHT_MIXED || gemmq_choose(w->type, n_tok, w->n_out) < NCFG) return 0;
+    if (w->type == KC_WEIGHT_MIXED || gemmq_choose(w->type, n_tok, w->n_out, w->n_in) < NCFG) return 0;
+    if (w->type == DT_F16) return 3;
     return w->type == DT_Q4_K || w->type == DT_Q5_K || w->type == DT_Q6_K ? 2 : 1;
 }
 
@@ -412,7 +438,7 @@ namespace {
 // The image of the wgmma tiles' stages (gemmq_wg.cu): for each 64-k column block b of x, ntp rows
 // (the tokens, padded to 8 with zeros) of 128 bytes, 16-byte piece p of row t holding logical k
 // 64 b + 8 (p ^ (t % 8)) .. + 7; logical k = 128 ks + 16 i + 8 h + 2 q + c of a row is its element
-// qt::xe_t(ks, q, i, h, c) (the order's: the 32-element blocks' or the K-quants'). A thread writes
+// qt::xe_t(ks, q, i, h, c) (the order's: the 32-element blocks', the K-quants' or F16's). A thread writes
 // one piece: MMA i and half h are the piece's, q and c run over its eight halves.
 template <int TYPE>
 __global__ void to_half_gemmq_kernel(const float *x, int n_pieces, int n, int n_tok, int ntp, __half *out) {
@@ -439,12 +465,13 @@ __global__ void to_half_gemmq_kernel(const float *x, int n_pieces, int n, int n_
 extern "C" size_t kc__gemmq_x_halves(int n_tok, int n) { return (size_t)((n_tok + 7) & ~7) * n + 256 * 64; }
 
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s) {
-    if (!x || !out || n_tok <= 0 || n <= 0 || n % (order == 2 ? 256 : BK) || order < 1 || order > 2) return CM_EINVAL;
+    if (!x || !out || n_tok <= 0 || n <= 0 || n % (order == 2 ? 256 : BK) || order < 1 || order > 3) return CM_EINVAL;
     const int ntp = (n_tok + 7) & ~7;
     if ((size_t)ntp * n / 8 > INT_MAX) return CM_EINVAL;
     const int pieces = ntp * n / 8;
     const unsigned grid = (unsigned)((pieces + 255) / 256 < 4096 ? (pieces + 255) / 256 : 4096);
     if (order == 1) kc_launch(to_half_gemmq_kernel<DT_Q4_0>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
+    else if (order == 3) kc_launch(to_half_gemmq_kernel<DT_F16>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
     else kc_launch(to_half_gemmq_kernel<DT_Q4_K>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
     KC_LAUNCH_CHECK();
 }

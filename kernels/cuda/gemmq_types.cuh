@@ -42,14 +42,25 @@ __device__ __forceinline__ int xe_b32(int ks, int q, int i, int h, int c) {
     return ks * BK + 32 * q + 4 * (i >> 1) + 16 * (i & 1) + h + 2 * c;
 }
 
+// F16 weights' order (qt<DT_F16>): quad q's 16-byte piece p of a row's step is elements 32 p +
+// 8 q .. + 7 (a quad reads 64 contiguous bytes a load); MMA i takes piece i / 2's words 2 (i % 2)
+// (h = 0) and 2 (i % 2) + 1 (h = 1).
+__device__ __forceinline__ int xe_f16(int ks, int q, int i, int h, int c) {
+    return ks * BK + 32 * (i >> 1) + 8 * q + 4 * (i & 1) + 2 * h + c;
+}
+
 // The other way, for a producer that writes x's image itself (kc_rmsnorm_xq): elements e .. e + 3
 // of a row (e % 4 == 0) form the pair h = 0 at logical k img_k0(order, e) (c = 0, 1) and the pair
 // h = 1 at k + 8; order 1 (xe_b32): elements (e, e + 2) and (e + 1, e + 3); order 2 (the K-quants'
-// xoff_k below): (e, e + 1) and (e + 2, e + 3).
+// xoff_k below) and order 3 (xe_f16): (e, e + 1) and (e + 2, e + 3).
 __device__ __forceinline__ int img_k0(int order, int e) {
     if (order == 1) {
         const int r = e & 127, w = r & 31, i = 2 * ((w & 15) >> 2) + (w >> 4);
         return (e >> 7) * BK + 16 * i + 2 * (r >> 5);
+    }
+    if (order == 3) {
+        const int r = e & 127, i = 2 * (r >> 5) + ((r >> 2) & 1);
+        return (e >> 7) * BK + 16 * i + 2 * ((r >> 3) & 3);
     }
     const int r = e & 255, r2 = r & 63, e4 = ((r2 & 15) >> 2) + 4 * (r2 >> 5), u = 2 * (r >> 6) + ((r2 >> 4) & 1);
     return (2 * (e >> 8) + (u >> 2)) * BK + 16 * e4 + 2 * (u & 3);
@@ -77,7 +88,7 @@ __device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, i
 // img_tok cleared: the caller sets img_tok and img_n once it has launched the writes).
 static inline img_out img_asked(kc_xq *xq, int n_tok, int n) {
     if (xq) xq->img_tok = 0;
-    if (xq && xq->img && (xq->img_order == 1 || xq->img_order == 2) && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
+    if (xq && xq->img && xq->img_order >= 1 && xq->img_order <= 3 && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
         kc__gemmq_x_halves(n_tok, n) <= xq->img_cap)
         return img_out{ (__half *)xq->img, xq->img_order, (n_tok + 7) & ~7 };
     return img_out{};
@@ -335,6 +346,27 @@ template <> struct qt<DT_Q6_K> : qt_kord<qt<DT_Q6_K>> {
         lo = h2_bits(__floats2half2_rn(f[0], f[1]));
         hi = h2_bits(__floats2half2_rn(f[2], f[3]));
     }
+};
+
+// F16 (gemmq_wg.cu only, on x's image of order 3): quad q's pieces 0-3 of the step (xe_f16),
+// taken as they are.
+template <> struct qt<DT_F16> : qt_load<qt<DT_F16>> {
+    struct raw { uint4 w[4]; };
+    static constexpr int N16 = 4, N8 = 0, N4 = 0;
+    template <class A>
+    __device__ static void loadv(raw &r, A &a, const uint8_t *W, const kc_half *, size_t row, int n_in, int ks, int q) {
+        const uint4 *p = (const uint4 *)(W + 2 * (row * (size_t)n_in + (size_t)ks * BK)) + q;
+#pragma unroll
+        for (int k = 0; k < 4; k++) r.w[k] = a.u4(p + 4 * k);
+    }
+    __device__ static int xoff(int ks, int q, int e4) { return xe_f16(ks, q, e4, 0, 0); }
+    __device__ static int xe_t(int ks, int q, int i, int h, int c) { return xe_f16(ks, q, i, h, c); }
+    __device__ static void pairs_t(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
+        const uint32_t *u = (const uint32_t *)&r.w[i >> 1];
+        lo = u[2 * (i & 1)];
+        hi = u[2 * (i & 1) + 1];
+    }
+    __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) { pairs_t(r, i, lo, hi); }
 };
 
 } // namespace

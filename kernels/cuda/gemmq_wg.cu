@@ -40,6 +40,11 @@
 // accumulators a thread) large batches and prefill, where a weight is dequantized once for that
 // many tokens.
 //
+// F16 weights take the same kernel with nothing to dequantize (qt<DT_F16>: a lane quad's 16-byte
+// pieces of a row are the A fragments' pairs as they are, x's image of order 3 in the matching k
+// order). For an interleaved gate|up matrix the epilogue can compute the gated activation instead
+// of writing y (kc_wg_glu: the f32 activation and down's image).
+//
 // Within a step, MMAs 0-3 and 4-7 use two fragment sets, so the dequantization of one half
 // overlaps the other half's wgmma.
 #include "gemmq_types.cuh"
@@ -164,7 +169,7 @@ __device__ __forceinline__ void wg_half(float (&acc)[BN / 2], uint32_t (&f)[4][4
 template <int TYPE, int BN, int WM, int KW, int KS, int MINB, bool XP>
 __global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(WM * KW * 128, MINB)
 gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, const __half *x, float *y, int n_in, int n_out,
-                int ldy, int n_tok, int accumulate) {
+                int ldy, int n_tok, int accumulate, kc_wg_glu ep) {
 #ifdef KC_SM90A_DEVICE
     typedef qt<TYPE> T;
     typedef typename T::raw raw;
@@ -372,6 +377,25 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
         for (int c = 0; c < 4; c++) stg[(n * 8 + 2 * q + (c & 1)) * SR + rl + (c >> 1) * 8] = acc[4 * n + c];
     asm volatile("bar.sync 8, %0;" ::"n"(ET) : "memory");
     const int r0 = blockIdx.x * 64 * WM;
+    if (ep.out || ep.img) { // gate|up: output j from rows 2j and 2j + 1, four outputs (8 rows) a thread
+        constexpr int R8 = 8 * WM;
+        const int n_ff = n_out / 2;
+        const img_out im{ ep.img, ep.img_order, ep.img_ntp };
+        for (int i = tid; i < BN * R8; i += ET) {
+            const int t = i / R8, r = (i % R8) * 8, tok = n0 + t, row = r0 + r;
+            if (tok >= n_tok) break; // i grows with t
+            if (row >= n_out) continue;
+            const float4 a = *(const float4 *)(stg + t * SR + r), b = *(const float4 *)(stg + t * SR + r + 4);
+            const float4 o = ep.gelu ? make_float4(kc_glu_mul<true>(a.x, a.y), kc_glu_mul<true>(a.z, a.w), kc_glu_mul<true>(b.x, b.y),
+                                                   kc_glu_mul<true>(b.z, b.w))
+                                     : make_float4(kc_glu_mul<false>(a.x, a.y), kc_glu_mul<false>(a.z, a.w),
+                                                   kc_glu_mul<false>(b.x, b.y), kc_glu_mul<false>(b.z, b.w));
+            const int j = row >> 1;
+            if (ep.out) *(float4 *)(ep.out + (size_t)tok * n_ff + j) = o;
+            if (ep.img) img_store4(im, o, tok, j);
+        }
+        return;
+    }
     const bool vec = ((uintptr_t)y & 15) == 0 && (ldy & 3) == 0;
     for (int i = tid; i < BN * R4; i += ET) {
         const int t = i / R4, r = (i % R4) * 4, tok = n0 + t, row = r0 + r;
@@ -395,14 +419,14 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
 }
 
 template <int TYPE, bool XP, int BN, int WM, int KW, int KS, int MINB = 1>
-int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
+int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, const kc_wg_glu &ep, cudaStream_t s) {
     constexpr size_t smem = wg_smem<TYPE, BN, WM, KW, XP>();
     static_assert(smem <= WG_SMEM_MAX, "gemmq_wg: shared memory");
     static unsigned char smem_set[64];
     if (int rc = kc_smem_limit_once(gemmq_wg_kernel<TYPE, BN, WM, KW, KS, MINB, XP>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(WM * KW * 128);
     kc_launch(gemmq_wg_kernel<TYPE, BN, WM, KW, KS, MINB, XP>, grid, block, smem, s, (const uint8_t *)w->data, (const kc_half *)w->d, x, y,
-              w->n_in, w->n_out, ldy, n_tok, acc);
+              w->n_in, w->n_out, ldy, n_tok, acc, ep);
     KC_LAUNCH_CHECK();
 }
 
@@ -411,14 +435,14 @@ int launch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy,
 // (bench/RESULTS.md "2026-11-29 (eleventh session)": also two steps a stage, 128-token tiles,
 // 2-3 CTAs an SM).
 template <int TYPE, bool XP>
-int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg) {
+int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, const kc_wg_glu &ep, cudaStream_t s, int cfg) {
     if constexpr (!XP) cfg = cfg < 4 ? cfg : 4; // x as it is: the tiles up to 64 tokens
     switch (cfg) {
-    case 0: return launch_wg<TYPE, XP, 16, 1, 4, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, s);
-    case 2: return launch_wg<TYPE, XP, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 3: return launch_wg<TYPE, XP, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, s);
-    case 4: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, s);
+    case 0: return launch_wg<TYPE, XP, 16, 1, 4, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 1: return launch_wg<TYPE, XP, 32, 1, 4, 1>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 2: return launch_wg<TYPE, XP, 32, 1, 2, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 3: return launch_wg<TYPE, XP, 64, 1, 2, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 4: return launch_wg<TYPE, XP, 64, 2, 2, 1>(w, x, n_tok, y, ldy, acc, ep, s);
     default: break;
     }
     // Large batches and prefill: 128 and 256 tokens a tile, so that a weight is dequantized once
@@ -427,16 +451,32 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
     // 9 to 1,024 tokens; bench/RESULTS.md "2026-11-29 (thirteenth session)").
     if constexpr (XP) {
         switch (cfg) {
-        case 5: return launch_wg<TYPE, XP, 128, 2, 1, 1>(w, x, n_tok, y, ldy, acc, s);
-        case 6: return launch_wg<TYPE, XP, 128, 2, 1, 2>(w, x, n_tok, y, ldy, acc, s);
-        default: return launch_wg<TYPE, XP, 256, 2, 1, 1>(w, x, n_tok, y, ldy, acc, s);
+        case 5: return launch_wg<TYPE, XP, 128, 2, 1, 1>(w, x, n_tok, y, ldy, acc, ep, s);
+        case 6: return launch_wg<TYPE, XP, 128, 2, 1, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+        default: return launch_wg<TYPE, XP, 256, 2, 1, 1>(w, x, n_tok, y, ldy, acc, ep, s);
         }
     }
     return CM_EINVAL; // not reached
 }
 template <int TYPE>
-int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s, int cfg, int xperm) {
-    return xperm ? dispatch_wg<TYPE, true>(w, x, n_tok, y, ldy, acc, s, cfg) : dispatch_wg<TYPE, false>(w, x, n_tok, y, ldy, acc, s, cfg);
+int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, const kc_wg_glu &ep, cudaStream_t s, int cfg,
+                int xperm) {
+    return xperm ? dispatch_wg<TYPE, true>(w, x, n_tok, y, ldy, acc, ep, s, cfg) : dispatch_wg<TYPE, false>(w, x, n_tok, y, ldy, acc, ep, s, cfg);
+}
+
+// F16 weights (x's image of order 3 only; qt<DT_F16>): nothing to dequantize, so the tiles stream
+// 16 KiB a warp group and step through the ring; one K group. The three configurations
+// kc__gemmq_f16_cfg chooses: 64 tokens on 64- or 128-row CTAs in clusters of two along K (down,
+// qkv at 33-64 tokens), 128 tokens on 128-row CTAs (gate|up at 65-128). Measured on llama3-8b's
+// matrices and not kept: 32-token tiles, 64- and 128-token tiles in clusters of four, 128-token
+// tiles of 64 rows (bench/RESULTS.md "2026-11-29 (fourteenth session)"). 0 and 1 sum in one order.
+int dispatch_wg_f16(const kc_weight *w, const __half *x, int n_tok, float *y, int ldy, int acc, const kc_wg_glu &ep, cudaStream_t s, int cfg) {
+    switch (cfg) {
+    case 0: return launch_wg<DT_F16, true, 64, 1, 1, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 1: return launch_wg<DT_F16, true, 64, 2, 1, 2>(w, x, n_tok, y, ldy, acc, ep, s);
+    case 2: return launch_wg<DT_F16, true, 128, 2, 1, 1>(w, x, n_tok, y, ldy, acc, ep, s);
+    default: return CM_EINVAL;
+    }
 }
 
 // Whether this build holds the sm_90a code and the device runs it (compute capability 9.0).
@@ -449,20 +489,24 @@ bool wg_device_ok() {
 
 extern "C" int kc__gemmq_wg_ncfg(void) { return wg_device_ok() ? 8 : 0; }
 
-// One quantized type's matrix (not a mixed one: kc__gemmq_rows splits those), cfg < kc__gemmq_wg_ncfg().
+// One quantized type's matrix (not a mixed one: kc__gemmq_rows splits those), or an F16 one on x's
+// image, cfg < kc__gemmq_wg_ncfg().
 extern "C" int kc__gemmq_wg(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                            int xperm, cudaStream_t s) {
+                            int xperm, const kc_wg_glu *glu, cudaStream_t s) {
     if (cfg < 0 || cfg >= kc__gemmq_wg_ncfg()) return CM_EINVAL;
+    const kc_wg_glu none = {}, &ep = glu ? *glu : none;
+    if ((ep.out || ep.img) && (w->n_out % 8 || accumulate || ((uintptr_t)ep.out & 15) || (ep.img && n_tok > ep.img_ntp))) return CM_EINVAL;
     const __half *xh = (const __half *)x;
     switch (w->type) {
-    case DT_Q8_0: return dispatch_wg<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q4_0: return dispatch_wg<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q4_1: return dispatch_wg<DT_Q4_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q5_0: return dispatch_wg<DT_Q5_0>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q5_1: return dispatch_wg<DT_Q5_1>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q4_K: return dispatch_wg<DT_Q4_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q5_K: return dispatch_wg<DT_Q5_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
-    case DT_Q6_K: return dispatch_wg<DT_Q6_K>(w, xh, n_tok, y, ldy, accumulate, s, cfg, xperm);
+    case DT_Q8_0: return dispatch_wg<DT_Q8_0>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q4_0: return dispatch_wg<DT_Q4_0>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q4_1: return dispatch_wg<DT_Q4_1>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q5_0: return dispatch_wg<DT_Q5_0>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q5_1: return dispatch_wg<DT_Q5_1>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q4_K: return dispatch_wg<DT_Q4_K>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q5_K: return dispatch_wg<DT_Q5_K>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_Q6_K: return dispatch_wg<DT_Q6_K>(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg, xperm);
+    case DT_F16: return xperm == 3 ? dispatch_wg_f16(w, xh, n_tok, y, ldy, accumulate, ep, s, cfg) : CM_EINVAL;
     default: return CM_EUNSUPPORTED;
     }
 }

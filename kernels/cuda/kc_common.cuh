@@ -238,15 +238,30 @@ extern "C" int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, f
 // 128-element step in their MMAs' order (they also take x as it is, slower): 1 for the
 // 32-element block types, 2 for the K-quants.
 extern "C" int kc__gemmq_x_order(const kc_weight *W, int n_tok);
-// x [n_tok, n] f32 to half in order 1 or 2 (gemmq.cu says how), kc__gemmq_x_halves(n_tok, n)
+// x [n_tok, n] f32 to half in order 1, 2 or 3 (gemmq.cu says how), kc__gemmq_x_halves(n_tok, n)
 // halves of out (the tiles read up to 64 padded rows past the written ones).
 extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out, cudaStream_t s);
 extern "C" size_t kc__gemmq_x_halves(int n_tok, int n);
 // gemmq_wg.cu: the same on Hopper's wgmma for one quantized type (not a mixed weight), in tile
 // configuration cfg < kc__gemmq_wg_ncfg() (0 where the build or the device lacks sm_90a code).
 extern "C" int kc__gemmq_wg_ncfg(void);
+// The tiles' epilogue for an interleaved gate|up matrix (kc_matmul_glu): instead of y, output j
+// of token t = act(y[t][2j]) y[t][2j + 1] (SiLU, or tanh GELU where gelu) as f32 into out[t][j]
+// (out may be NULL) and as x's image of order img_order for the next matrix's tiles (img may be
+// NULL; rows padded to img_ntp). n_out % 8 == 0.
+struct kc_wg_glu {
+    float *out;
+    __half *img;
+    int img_order, img_ntp, gelu;
+};
 extern "C" int kc__gemmq_wg(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
-                            int xperm, cudaStream_t s);
+                            int xperm, const kc_wg_glu *glu, cudaStream_t s);
+// gemmq.cu: W x (x's image of order xperm) on the configuration kc_gemmq would choose, with that
+// epilogue (CM_EINVAL where the choice is not a wgmma tile or W is mixed)
+// gemmq.cu: the F16 tile configuration kc_gemmq chooses for W of this shape times n_tok tokens
+// (dispatch_wg_f16's), or -1 where cuBLAS is faster
+extern "C" int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in);
+extern "C" int kc__gemmq_glu(const kc_weight *W, const kc_half *x, int n_tok, int xperm, const kc_wg_glu *glu, cudaStream_t s);
 
 // fp8.cu: kc_matmul's path for F8_E4M3 weights (a GEMV up to KC_GEMV_MAX_TOK tokens, on xq's
 // half copy when it holds x for W, else on x; more tokens: cuBLASLt FP8 or dequantize +

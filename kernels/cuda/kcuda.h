@@ -129,6 +129,11 @@ typedef struct kc_plan {
                            * matmul from KC_GEMV_MAX_TOK + 1 up to this many tokens (0: never),
                            * then dequantize + cuBLAS */
     int gemmq_wg;         /* that matmul on Hopper's wgmma (gemmq_wg.cu) where the device runs it */
+    int f16_wg_max_tok;   /* F16 weights from KC_GEMV_MAX_TOK + 1 up to this many tokens on those
+                           * wgmma tiles (with gemmq_wg, where the device runs them; 0: never),
+                           * then cuBLAS */
+    int glu_tiles;        /* kc_matmul_glu past the GEMV: the gated activation in the epilogue of
+                           * gate|up's wgmma tiles where they take it (no gate|up output) */
     int att_tc;           /* tensor-core attention where kc_attention_tc_ok (0: the per-head kernels) */
     int att_tc_min_tok;   /* decode steps of fewer tokens take the per-head kernel ... */
     int att_tc_long_ctx;  /* ... unless their longest context reaches this many positions */
@@ -258,7 +263,8 @@ typedef struct kc_gemm_ws {
  * accumulate = 1 adds into y (residual fusion). Quantized weights: the integer GEMV below
  * KC_GEMV_MAX_TOK + 1 tokens, kc_gemmq up to the plan's gemmq_max_tok, else dequantized into
  * ws->w_half (in slices of rows) for cuBLAS. Others: our GEMV up to KC_GEMV_MAX_TOK tokens,
- * then cuBLAS with f16 operands and f32 accumulation (F32 weights: SGEMM). */
+ * then cuBLAS with f16 operands and f32 accumulation (F32 weights: SGEMM); F16 weights up to
+ * the plan's f16_wg_max_tok on gemmq_wg.cu's wgmma tiles (x as their image) where they run. */
 #define KC_GEMV_MAX_TOK 8
 /* The order in which kc_matmul(W, ., n_tok, ., ., ws, .) converts x into ws->x_half as the image of
  * the wgmma tiles' stages (0: it does not; kc_xq.img). */

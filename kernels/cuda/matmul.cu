@@ -1,6 +1,7 @@
 // matmul: weight-stationary GEMV for small token counts (every weight type, dequantized in
 // registers) and the cuBLAS path for larger ones; plus weight repacking for upload.
 #include "kc_common.cuh"
+#include "gemmq_types.cuh"
 
 #include <cublas_v2.h>
 #include <type_traits>
@@ -1395,10 +1396,16 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 
 // Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
-// plan's gemmq_max_tok for the type.
+// plan's gemmq_max_tok for the type; F16 weights (gemmq_wg.cu's tiles on x's image) up to
+// f16_wg_max_tok where those tiles beat cuBLAS for the shape (kc__gemmq_f16_cfg).
 static bool gemmq_use(const kc_weight *W, int n_tok) {
-    if (!is_quant(W->type) || !kc_gemmq_ok(W) || n_tok <= KC_GEMV_MAX_TOK) return false;
-    return n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
+    if (n_tok <= KC_GEMV_MAX_TOK || !kc_gemmq_ok(W)) return false;
+    if (W->type == DT_F16) return n_tok <= kc_plan_get()->f16_wg_max_tok && kc__gemmq_f16_cfg(n_tok, W->n_out, W->n_in) >= 0;
+    return is_quant(W->type) && n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
+}
+// F16 weights take those tiles only where x's image fits the workspace (they do not read x as it is)
+static bool f16_tiles(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W->type == DT_F16 && gemmq_use(W, n_tok) && ws && kc__gemmq_x_halves(n_tok, W->n_in) <= ws->x_cap;
 }
 
 // The order kc_matmul writes x_half in for W x n_tok tokens (kc__gemmq_x_order): that of the
@@ -1457,12 +1464,13 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
 
 // y (row stride ldy) = W x for a matrix of one type (a whole weight, or one range of a mixed
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
-// already holds x as half (converted once for every range).
+// already holds x as half (converted once for every range), or xsrc (non-NULL) holds x's image
+// in order x_ord, written by x's producer.
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
-                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, cudaStream_t s) {
+                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
-    if (gemmq_use(W, n_tok)) { /* tensor cores, dequantized in registers: no w_half */
+    if (gemmq_use(W, n_tok) && (W->type != DT_F16 || f16_tiles(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
@@ -1470,7 +1478,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
         const int own = x_order(W, n_tok, ws), order = xh_ready ? (x_ord == own ? own : 0) : own;
         if (!xh_ready)
             if (int rc = x_to_half(x, n_tok, W->n_in, order, ws, s)) return rc;
-        return kc__gemmq_rows(W, ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
+        return kc__gemmq_rows(W, xh_ready && order && xsrc ? xsrc : ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
@@ -1562,22 +1570,24 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
 
 // A mixed W range by range, into its rows of y
 static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
-                        const kc_gemm_ws *ws, bool xh_ready, int ord, cudaStream_t s) {
+                        const kc_gemm_ws *ws, bool xh_ready, int ord, const kc_half *xsrc, cudaStream_t s) {
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, s)) return rc;
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s)) return rc;
     }
     return 0;
 }
 
 extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W && n_tok > KC_GEMV_MAX_TOK && (W->type == KC_WEIGHT_MIXED || is_quant(W->type)) ? x_order(W, n_tok, ws) : 0;
+    return W && n_tok > KC_GEMV_MAX_TOK && (W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16)
+               ? x_order(W, n_tok, ws)
+               : 0;
 }
 
-// Whether x_half holds x's image in W's order, written by x's producer (kc_xq.img)
+// Whether xq->img (ws->x_half, or a buffer of the caller's) holds x's image in W's order, written
+// by x's producer (kc_xq.img)
 static int x_image(const kc_weight *W, const kc_xq *xq, int n_tok, const kc_gemm_ws *ws) {
-    if (!xq || !ws || !xq->img || xq->img != ws->x_half || xq->img_tok != n_tok || xq->img_n != W->n_in || !xq->img_order)
-        return 0;
+    if (!xq || !ws || !xq->img || xq->img_tok != n_tok || xq->img_n != W->n_in || !xq->img_order) return 0;
     return kc_matmul_x_order(W, n_tok, ws) == xq->img_order ? xq->img_order : 0;
 }
 
@@ -1585,7 +1595,8 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
                             const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || !y || n_tok <= 0) return CM_EINVAL;
     const int img = x_image(W, xq, n_tok, ws);
-    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, img != 0, img, s);
+    const kc_half *xsrc = img ? (const kc_half *)xq->img : nullptr;
+    if (W->type != KC_WEIGHT_MIXED) return matmul_one(W, x, xq, n_tok, y, W->n_out, accumulate, ws, img != 0, img, xsrc, s);
     int ord = 0;           // the order x_half holds x in for the ranges
     bool xh_ready = true;  // x_half converted once for every range
     if (W->n_parts < 1 || W->n_parts > KC_WEIGHT_MAX_PARTS) return CM_EINVAL;
@@ -1598,7 +1609,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         const size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         ord = x_order(W, n_tok, ws);
-        if (img) return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, true, img, s); // x's producer wrote the image
+        if (img) return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, true, img, xsrc, s); // x's producer wrote the image
         // ranges that read x in different orders (the wgmma tiles' images of two kinds, or one
         // and x as it is): each range converts x for itself, so that its rows are the same bits
         // as its part alone
@@ -1609,7 +1620,35 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
         if (xh_ready)
             if (int rc = x_to_half(x, n_tok, W->n_in, ord, ws, s)) return rc;
     }
-    return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, xh_ready, ord, s);
+    return mixed_ranges(W, x, xq, n_tok, y, accumulate, ws, xh_ready, ord, nullptr, s);
+}
+
+// kc_matmul_glu past the GEMV where gate|up (one type) runs on the wgmma tiles on x's image: the
+// activation in the tiles' epilogue (f32 into out where non-NULL, down's image into xq_act's where
+// it asks for one and that buffer is not the tiles' input), the same bits as kc_glu_xq on the
+// tiles' output. 1: not taken here (kc_glu_xq's int8 blocks asked for, no room for x's image, ...).
+static int glu_tiles(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, bool gelu,
+                     const kc_gemm_ws *ws, cudaStream_t s) {
+    const int n_ff = W->n_out / 2;
+    if (!kc_plan_get()->glu_tiles || n_tok <= KC_GEMV_MAX_TOK || W->type == KC_WEIGHT_MIXED || W->n_out % 8 || !gemmq_use(W, n_tok) ||
+        ((uintptr_t)out & 15))
+        return 1;
+    if (xq_act && n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n && (!xq_act->no_ints || xq_act->xh))
+        return 1; // kc_glu_xq would write the GEMVs' blocks too
+    const int own = x_order(W, n_tok, ws);
+    if (!own) return 1; // x as it is: not these tiles
+    const int img = x_image(W, xq, n_tok, ws);
+    const kc_half *xsrc = img ? (const kc_half *)xq->img : ws->x_half;
+    img_out im = n_tok <= 65535 ? img_asked(xq_act, n_tok, n_ff) : img_out{};
+    if (im.p && (const kc_half *)im.p == xsrc) return 1; // down's image would overwrite gate|up's input
+    if (!out && !im.p) return 1;
+    if (xq_act) xq_act->n = 0;
+    if (!img)
+        if (int rc = x_to_half(x, n_tok, W->n_in, own, ws, s)) return rc;
+    const kc_wg_glu ep = { out, im.p, im.order, im.ntp, gelu };
+    if (int rc = kc__gemmq_glu(W, xsrc, n_tok, own, &ep, s)) return rc;
+    if (im.p) xq_act->img_tok = n_tok, xq_act->img_n = n_ff;
+    return 0;
 }
 
 extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
@@ -1631,6 +1670,7 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
         int rc = kc__matmul_f8_glu(W, xq, n_tok, out, xq_act, act == MDL_ACT_GELU_TANH, s);
         if (rc <= 0) return rc;
     }
+    if (int rc = glu_tiles(W, x, xq, n_tok, out, xq_act, act == MDL_ACT_GELU_TANH, ws, s); rc <= 0) return rc;
     if (!gu) return CM_EINVAL;
     int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);
     return rc ? rc : kc_glu_xq(gu, out, xq_act, n_tok, n_ff, act, s);

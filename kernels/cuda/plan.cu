@@ -35,6 +35,8 @@ const field k_fields[] = {
     { "gemmq_max_tok_q5_k", offsetof(kc_plan, gemmq_max_tok) + 6 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q6_k", offsetof(kc_plan, gemmq_max_tok) + 7 * sizeof(int), 0, 1 << 20 },
     F(gemmq_wg, 0, 1),
+    F(f16_wg_max_tok, 0, 1 << 20),
+    F(glu_tiles, 0, 1),
     F(att_tc, 0, 1),
     F(att_tc_min_tok, 1, 1 << 20),
     F(att_tc_long_ctx, 1, 1 << 30),
@@ -74,6 +76,8 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->gemmq_max_tok[6] = p->gemmq_max_tok[7] = 48;
     // quantized weights times 9+ tokens on wgmma where the device runs it (kc__gemmq_wg_ncfg)
     p->gemmq_wg = 1;
+    // the gated activation in gate|up's wgmma epilogue (kc_matmul_glu)
+    p->glu_tiles = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192
@@ -128,6 +132,9 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // (thirteenth session)")
     if (p->gemmq_wg && kc__gemmq_wg_ncfg() > 0)
         for (int i = 0; i < KC_N_QTYPES; i++) p->gemmq_max_tok[i] = 1 << 20;
+    // F16 weights on the wgmma tiles from 9 tokens up to 128 (cuBLAS past: at 192 tokens and
+    // more it runs a llama3-8b layer in half the time)
+    p->f16_wg_max_tok = p->gemmq_wg && kc__gemmq_wg_ncfg() > 0 ? 128 : 0;
     // prefill tiles on the wgmma kernel with ping-pong where it runs (compute capability 9.0):
     // one causal sequence of the llama3-8b shape, 8k / 32k positions: 440 / 484 against the
     // 8-warp mma.sync kernel's 201 / 208 TFLOP/s (H200, bench/RESULTS.md "2026-11-29")

@@ -71,13 +71,14 @@ int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc_half *out,
 size_t kc__gemmq_x_halves(int n_tok, int n);
 int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg, int xperm,
                    cudaStream_t s);
+int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in); /* the F16 tiles' configuration for a shape, -1: cuBLAS */
 
 /* Each wgmma configuration (kc_gemmq's 11..18) on x's image: the reference's accuracy, identical
  * bits for those of one K split (13, 14: 2 K groups x 2 CTAs; 15, 17: two splits; 16, 18: one),
  * and the first 17 tokens of the batch equal to a batch of those 17 (the image's padding
  * and token tiles change nothing). */
 static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const double *ref, double tol, cudaStream_t s) {
-    const int order = dt_block_size(w->type) == 256 ? 2 : 1, n_in = w->n_in, n_out = w->n_out;
+    const int f16 = w->type == DT_F16, order = f16 ? 3 : dt_block_size(w->type) == 256 ? 2 : 1, n_in = w->n_in, n_out = w->n_out;
     const size_t ny = (size_t)nt * n_out;
     kc_half *xt, *x17;
     enum { NC = 8 };
@@ -88,7 +89,9 @@ static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const 
     T_CHECK(kc__to_half_gemmq(dx, nt, n_in, order, xt, s) == 0);
     T_CHECK(nt < 17 || kc__to_half_gemmq(dx, 17, n_in, order, x17, s) == 0);
     float *y17 = malloc((size_t)17 * n_out * 4);
-    for (int c = 0; c < NC; c++) {
+    const int nc = f16 ? 3 : NC; /* F16: dispatch_wg_f16's three */
+    for (int c = 0; c < NC; c++) yt[c] = NULL;
+    for (int c = 0; c < nc; c++) {
         yt[c] = malloc(ny * 4);
         poison(dy, ny * 4);
         int rc = kc__gemmq_rows(w, xt, nt, dy, n_out, 0, 11 + c, order, s);
@@ -97,6 +100,15 @@ static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const 
         double e = rel_err(yt[c], ref, ny);
         T_CHECKF(rc == 0 && e < tol, "gemmq_wg on x's image cfg %d %s %dx%d n_tok=%d rel_err=%.3g", 11 + c, dt_name(w->type), n_in,
                  n_out, nt, e);
+        /* accumulate adds onto y (wo's and down's residual, through the staged outputs) */
+        rc = kc__gemmq_rows(w, xt, nt, dy, n_out, 1, 11 + c, order, s);
+        CK(cudaStreamSynchronize(s));
+        float *y2 = malloc(ny * 4);
+        CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
+        int ok = rc == 0;
+        for (size_t i = 0; i < ny; i++) ok &= fabsf(y2[i] - 2 * yt[c][i]) <= 1e-5f * (1 + fabsf(yt[c][i]));
+        free(y2);
+        T_CHECKF(ok, "gemmq_wg on x's image: accumulate cfg %d %s n_tok=%d", 11 + c, dt_name(w->type), nt);
         if (nt > 17) {
             poison(dy, (size_t)17 * n_out * 4);
             rc = kc__gemmq_rows(w, x17, 17, dy, n_out, 0, 11 + c, order, s);
@@ -106,9 +118,13 @@ static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const 
                      11 + c, dt_name(w->type), nt);
         }
     }
-    T_CHECKF(memcmp(yt[2], yt[3], ny * 4) == 0 && memcmp(yt[4], yt[6], ny * 4) == 0 && memcmp(yt[5], yt[7], ny * 4) == 0,
-             "gemmq_wg on x's image: configurations of one K split differ (%s n_tok=%d)", dt_name(w->type), nt);
-    for (int c = 0; c < NC; c++) free(yt[c]);
+    if (f16) /* KS 2: 0, 1 */
+        T_CHECKF(memcmp(yt[0], yt[1], ny * 4) == 0,
+                 "gemmq_wg F16: configurations of one K split differ (n_tok=%d)", nt);
+    else
+        T_CHECKF(memcmp(yt[2], yt[3], ny * 4) == 0 && memcmp(yt[4], yt[6], ny * 4) == 0 && memcmp(yt[5], yt[7], ny * 4) == 0,
+                 "gemmq_wg on x's image: configurations of one K split differ (%s n_tok=%d)", dt_name(w->type), nt);
+    for (int c = 0; c < nc; c++) free(yt[c]);
     free(y17);
     cudaFree(xt);
     cudaFree(x17);
@@ -164,11 +180,15 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
                          n_out, nt, rc, e, tol);
                 /* kc_gemmq at every token count (x in the wgmma tiles' order where those are chosen,
-                 * several token tiles past 64) */
-                if (nt > KC_GEMV_MAX_TOK && kc_weight_is_quant(type) && kc_gemmq_ok(&w)) {
+                 * several token tiles past 64); F16 on the wgmma tiles (x's image, order 3) past the
+                 * GEMV where they beat cuBLAS for the shape, and each of their configurations */
+                const int f16_wg = type == DT_F16 && kc_gemmq_ncfg() > 11 && kc_gemmq_ok(&w);
+                if (nt > KC_GEMV_MAX_TOK && ((kc_weight_is_quant(type) && kc_gemmq_ok(&w)) || f16_wg)) {
                     kc_plan pa = *kc_plan_get(), keep = pa;
                     for (int k = 0; k < KC_N_QTYPES; k++) pa.gemmq_max_tok[k] = 1 << 20;
+                    pa.f16_wg_max_tok = 1 << 20;
                     kc_plan_set(&pa);
+                    const int ord = kc_matmul_x_order(&w, nt, &ws);
                     float *ya = malloc((size_t)nt * n_out * 4);
                     poison(dy, (size_t)nt * n_out * 4);
                     int rca = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
@@ -176,9 +196,12 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     CK(cudaMemcpy(ya, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                     kc_plan_set(&keep);
                     double ea = rel_err(ya, ref, (size_t)nt * n_out);
-                    T_CHECKF(rca == 0 && ea < tol, "matmul through gemmq %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in, n_out,
-                             nt, ea);
+                    /* F16: the tiles where they beat cuBLAS for the shape and the image fits x_cap */
+                    const int tiles = kc__gemmq_f16_cfg(nt, n_out, n_in) >= 0 && kc__gemmq_x_halves(nt, n_in) <= ws.x_cap;
+                    T_CHECKF(rca == 0 && ea < tol && (!f16_wg || ord == (tiles ? 3 : 0)),
+                             "matmul through gemmq %s %dx%d n_tok=%d order=%d rel_err=%.3g", dt_name(type), n_in, n_out, nt, ord, ea);
                     free(ya);
+                    if (f16_wg) test_gemmq_image(&w, dx, nt, ref, tol, s);
                 }
                 /* quantized weights past the GEMV: the in-register path (kc_gemmq) against
                  * dequantize + cuBLAS, both f16 operands and f32 sums (differences: summation order) */
@@ -1369,23 +1392,106 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
     }
 }
 
-/* RMSNorm split over n / 512 CTAs per token: the same bits as the one-CTA kernel (f32 output,
- * int8 blocks and half copy), for every split count's row length and several tokens. */
+/* kc_matmul_glu with the activation in the epilogue of gate|up's wgmma tiles (the plan's
+ * glu_tiles) against the tiles' output plus kc_glu_xq: the f32 activation and down's image the
+ * same bits (SiLU and GeGLU; Q4_0, Q4_K, F16; 9..130 tokens, one token tile and several), the
+ * gate|up output not written (the fused path taken); an image asked for in the tiles' own input
+ * buffer makes it fall back, with the same result. */
+static void test_glu_tiles(cublasHandle_t cb, cudaStream_t s) {
+    if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device */
+    const int types[] = { DT_Q4_0, DT_Q4_K, DT_F16 }, nts[] = { 9, 37, 64, 100, 130 }, n_in = 1024;
+    kc_plan keep = *kc_plan_get(), pl = keep;
+    pl.f16_wg_max_tok = 256;
+    for (int k = 0; k < KC_N_QTYPES; k++) pl.gemmq_max_tok[k] = 1 << 20;
+    for (int ti = 0; ti < 3; ti++)
+        for (int ni = 0; ni < 5; ni++)
+            for (int gelu = 0; gelu < 2; gelu++) {
+                const int type = types[ti], nt = nts[ni], order = ti + 1, act = gelu ? MDL_ACT_GELU_TANH : MDL_ACT_SILU;
+                /* F16: a gate|up of 8,192 rows (the tiles take it at 65-128 tokens) */
+                const int n_ff = type == DT_F16 ? 4096 : 1536, n_out = 2 * n_ff;
+                float *wf = malloc((size_t)n_in * n_out * 4), *x = malloc((size_t)nt * n_in * 4);
+                for (size_t i = 0; i < (size_t)n_in * n_out; i++) wf[i] = frand() * 0.1f;
+                for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
+                void *blocks = malloc(dt_row_size(type, n_in) * n_out);
+                dt_quantize(type, wf, blocks, (int64_t)n_in * n_out);
+                kc_weight W = upload_weight(type, blocks, n_in, n_out);
+                const size_t nimg = kc__gemmq_x_halves(nt, n_ff), NA = (size_t)nt * n_ff;
+                kc_gemm_ws ws = { .cublas = cb };
+                ws.w_cap = (size_t)n_in * n_out;
+                ws.x_cap = kc__gemmq_x_halves(nt, n_in) > nimg ? kc__gemmq_x_halves(nt, n_in) : nimg;
+                CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+                CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+                float *dx = dev_upload(x, (size_t)nt * n_in * 4), *gu, *oa, *ob;
+                kc_half *ia, *ib;
+                CK(cudaMalloc((void **)&gu, (size_t)nt * n_out * 4));
+                CK(cudaMalloc((void **)&oa, NA * 4));
+                CK(cudaMalloc((void **)&ob, NA * 4));
+                CK(cudaMalloc((void **)&ia, nimg * 2));
+                CK(cudaMalloc((void **)&ib, nimg * 2));
+                float *ha = malloc(NA * 4), *hb = malloc(NA * 4), *hg = malloc((size_t)nt * n_out * 4);
+                uint16_t *ga = malloc(nimg * 2), *gb = malloc(nimg * 2);
+                const int ntp = (nt + 7) & ~7;
+                for (int alias = 0; alias < 2; alias++) {
+                    /* the reference: gate|up on the tiles, then kc_glu_xq */
+                    pl.glu_tiles = 0;
+                    kc_plan_set(&pl);
+                    kc_xq qa = { .img = ia, .img_cap = nimg, .img_order = order };
+                    poison(ia, nimg * 2);
+                    int rc = kc_matmul_glu(&W, dx, NULL, nt, gu, oa, &qa, act, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    /* fused */
+                    pl.glu_tiles = 1;
+                    kc_plan_set(&pl);
+                    kc_xq qb = { .img = alias ? ws.x_half : ib, .img_cap = alias ? ws.x_cap : nimg, .img_order = order };
+                    poison(gu, (size_t)nt * n_out * 4);
+                    poison(ib, nimg * 2);
+                    rc |= kc_matmul_glu(&W, dx, NULL, nt, gu, ob, &qb, act, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(ha, oa, NA * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hb, ob, NA * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(ga, ia, nimg * 2, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(gb, alias ? ws.x_half : ib, nimg * 2, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hg, gu, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    /* the fused path where the tiles take gate|up (and not in the input's buffer) */
+                    const int fused = !alias && kc_matmul_x_order(&W, nt, &ws) != 0;
+                    const int must = type != DT_F16 || nt == 100; /* shapes the tiles take */
+                    int same = 1, untouched = 1;
+                    for (int b = 0; b < n_ff / 64; b++) /* the real rows of each column block */
+                        same &= memcmp(ga + (size_t)b * ntp * 64, gb + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
+                    for (size_t i = 0; i < (size_t)nt * n_out; i++) untouched &= isnan(hg[i]);
+                    T_CHECKF(rc == 0 && memcmp(ha, hb, NA * 4) == 0 && same && qa.img_tok == nt && qb.img_tok == nt && qb.img_n == n_ff &&
+                                 untouched == fused && (!must || fused == !alias),
+                             "glu in gate|up's epilogue %s n_tok=%d %s%s: out same %d, image same %d, gate|up unwritten %d", dt_name(type), nt,
+                             gelu ? "gelu" : "silu", alias ? " (image in the input's buffer)" : "", memcmp(ha, hb, NA * 4) == 0, same,
+                             untouched);
+                }
+                free(ha); free(hb); free(hg); free(ga); free(gb); free(wf); free(x); free(blocks);
+                cudaFree(dx); cudaFree(gu); cudaFree(oa); cudaFree(ob); cudaFree(ia); cudaFree(ib);
+                cudaFree(ws.w_half); cudaFree(ws.x_half); cudaFree((void *)W.data); cudaFree((void *)W.d);
+            }
+    kc_plan_set(&keep);
+}
+
 /* The producers writing x's image for the wgmma tiles (kc_xq.img): kc_rmsnorm_xq and kc_glu_xq.
  * The real rows equal kc__to_half_gemmq's conversion of the producer's f32 output bit for bit
- * (orders 1 and 2; the norm's split kernel at n = 4096 and its one-CTA kernel at 8192, the
+ * (orders 1-3; the norm's split kernel at n = 4096 and its one-CTA kernel at 8192, the
  * activation at 4096 and 11008; 9..300 tokens), the f32 output unchanged, and kc_matmul_xq of a
- * Q4_0 / Q4_K weight reading that image gives the same bits as kc_matmul converting x itself; an
+ * Q4_0 / Q4_K / F16 weight reading that image gives the same bits as kc_matmul converting x itself; an
  * image that does not match the matrix (order, tokens) is not read. */
 static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
     if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device: nothing asks for an image */
-    const int ns[2][2] = { { 4096, 8192 }, { 4096, 11008 } }, nts[] = { 9, 37, 64, 130, 300 }, types[] = { DT_Q4_0, DT_Q4_K };
+    const int ns[2][2] = { { 4096, 8192 }, { 4096, 11008 } }, nts[] = { 9, 37, 64, 130, 300 };
+    const int types[] = { DT_Q4_0, DT_Q4_K, DT_F16 };
     const char *pn[] = { "rmsnorm", "glu" };
+    kc_plan keep = *kc_plan_get(), pf = keep;
+    pf.f16_wg_max_tok = 256; /* F16 on the tiles to 256 tokens: 300 takes cuBLAS, no image */
+    kc_plan_set(&pf);
     for (int pr = 0; pr < 2; pr++) /* the producer: the norm, or the gated activation (gate|up interleaved in x) */
     for (int ni = 0; ni < 2; ni++)
-        for (int ti = 0; ti < 2; ti++)
+        for (int ti = 0; ti < 3; ti++)
             for (int k = 0; k < 5; k++) {
-                const int n = ns[pr][ni], nt = nts[k], type = types[ti], n_out = 256, order = ti + 1;
+                /* F16: a qkv-like matrix (the tiles take it at 33-64 tokens) */
+                const int n = ns[pr][ni], nt = nts[k], type = types[ti], n_out = type == DT_F16 ? 6144 : 256, order = ti + 1;
                 const size_t N = (size_t)nt * n, NX = N * (pr ? 2 : 1), nimg = kc__gemmq_x_halves(nt, n);
                 float *x = malloc(NX * 4), *w = malloc((size_t)n * 4), *wf = malloc((size_t)n * n_out * 4);
                 for (size_t i = 0; i < NX; i++) x[i] = frand() * 1.5f;
@@ -1406,7 +1512,8 @@ static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMalloc((void **)&dm, (size_t)nt * n_out * 4));
                 CK(cudaMalloc((void **)&ref, nimg * 2));
                 /* past the plan's limit for the type the tiles do not take the matrix: no image */
-                const int want = nt <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(type)] ? order : 0;
+                const int lim = type == DT_F16 ? pf.f16_wg_max_tok : kc_plan_get()->gemmq_max_tok[kc_qtype_index(type)];
+                const int want = nt <= lim && (type != DT_F16 || kc__gemmq_f16_cfg(nt, n_out, n) >= 0) ? order : 0;
                 kc_xq q = { .img = ws.x_half, .img_cap = ws.x_cap, .img_order = kc_matmul_x_order(&W, nt, &ws) };
                 T_CHECKF(q.img_order == want, "%s image: kc_matmul_x_order %s n_tok=%d = %d", pn[pr], dt_name(type), nt, q.img_order);
                 if (!want) q.img_order = 0;
@@ -1454,8 +1561,11 @@ static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
                 cudaFree(ws.w_half); cudaFree(ws.x_half); cudaFree((void *)W.data); cudaFree((void *)W.d);
                 free(x); free(w); free(wf); free(blocks);
             }
+    kc_plan_set(&keep);
 }
 
+/* RMSNorm split over n / 512 CTAs per token: the same bits as the one-CTA kernel (f32 output,
+ * int8 blocks and half copy), for every split count's row length and several tokens. */
 static void test_rmsnorm_split(cudaStream_t s) {
     const int ns[] = { 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096 }, nt = 5;
     for (int si = 0; si < 8; si++) {
@@ -1959,6 +2069,7 @@ int main(void) {
     test_matmul_swiglu(cb, s);
     test_rmsnorm_split(s);
     test_producer_image(cb, s);
+    test_glu_tiles(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
     test_attention_tc(s);
