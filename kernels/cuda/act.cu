@@ -36,9 +36,7 @@ __global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh,
     float4 o = make_float4(0, 0, 0, 0);
     if (ok) {
         const float4 *p = (const float4 *)(gu + t * 2 * n_ff + 2 * j);
-        float4 a = p[0], b = p[1]; // gate j, up j, gate j + 1, up j + 1; then j + 2, j + 3
-        o = make_float4(kc_glu_mul<GELU>(a.x, a.y), kc_glu_mul<GELU>(a.z, a.w), kc_glu_mul<GELU>(b.x, b.y),
-                        kc_glu_mul<GELU>(b.z, b.w));
+        o = kc_glu4<GELU>(p[0], p[1]);
         if (out) *(float4 *)(out + t * n_ff + j) = o;
         if (im.p) img_store4(im, o, (int)t, j);
     }

@@ -386,10 +386,7 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
             if (tok >= n_tok) break; // i grows with t
             if (row >= n_out) continue;
             const float4 a = *(const float4 *)(stg + t * SR + r), b = *(const float4 *)(stg + t * SR + r + 4);
-            const float4 o = ep.gelu ? make_float4(kc_glu_mul<true>(a.x, a.y), kc_glu_mul<true>(a.z, a.w), kc_glu_mul<true>(b.x, b.y),
-                                                   kc_glu_mul<true>(b.z, b.w))
-                                     : make_float4(kc_glu_mul<false>(a.x, a.y), kc_glu_mul<false>(a.z, a.w),
-                                                   kc_glu_mul<false>(b.x, b.y), kc_glu_mul<false>(b.z, b.w));
+            const float4 o = ep.gelu ? kc_glu4<true>(a, b) : kc_glu4<false>(a, b);
             const int j = row >> 1;
             if (ep.out) *(float4 *)(ep.out + (size_t)tok * n_ff + j) = o;
             if (ep.img) img_store4(im, o, tok, j);

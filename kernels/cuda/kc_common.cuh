@@ -215,6 +215,10 @@ template <bool GELU> __device__ __forceinline__ float kc_glu_mul(float g, float 
     if constexpr (GELU) return kc_gelu_mul(g, u);
     else return kc_silu_mul(g, u);
 }
+// Four outputs of an interleaved gate|up row: a = gate j, up j, gate j + 1, up j + 1; b = j + 2, j + 3.
+template <bool GELU> __device__ __forceinline__ float4 kc_glu4(float4 a, float4 b) {
+    return make_float4(kc_glu_mul<GELU>(a.x, a.y), kc_glu_mul<GELU>(a.z, a.w), kc_glu_mul<GELU>(b.x, b.y), kc_glu_mul<GELU>(b.z, b.w));
+}
 
 // Scale and min of sub-block is (0..7) of a Q4_K super-block whose head h is d | dmin << 16,
 // then the 12 packed scale bytes (kcuda.h's layout): ggml's get_scale_min_k4 on bytes y|z|w.

@@ -1403,15 +1403,16 @@ static bool gemmq_use(const kc_weight *W, int n_tok) {
     if (W->type == DT_F16) return n_tok <= kc_plan_get()->f16_wg_max_tok && kc__gemmq_f16_cfg(n_tok, W->n_out, W->n_in) >= 0;
     return is_quant(W->type) && n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
 }
-// F16 weights take those tiles only where x's image fits the workspace (they do not read x as it is)
-static bool f16_tiles(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W->type == DT_F16 && gemmq_use(W, n_tok) && ws && kc__gemmq_x_halves(n_tok, W->n_in) <= ws->x_cap;
+// Whether x's image for W (rows padded, kc__gemmq_x_halves) fits the workspace's x_half. F16
+// weights take the tiles only where it does (they do not read x as it is).
+static bool image_fits(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return ws && kc__gemmq_x_halves(n_tok, W->n_in) <= ws->x_cap;
 }
 
 // The order kc_matmul writes x_half in for W x n_tok tokens (kc__gemmq_x_order): that of the
 // wgmma tiles when kc_gemmq takes W (every range of a mixed W, in one order), else 0 = as is.
 static int x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    if (!ws || kc__gemmq_x_halves(n_tok, W->n_in) > ws->x_cap) return 0; // no room for the padded image
+    if (!image_fits(W, n_tok, ws)) return 0; // no room for the padded image
     if (W->type != KC_WEIGHT_MIXED) return gemmq_use(W, n_tok) ? kc__gemmq_x_order(W, n_tok) : 0;
     int order = -1;
     for (int i = 0; i < W->n_parts; i++) {
@@ -1470,7 +1471,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
                       const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
-    if (gemmq_use(W, n_tok) && (W->type != DT_F16 || f16_tiles(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
+    if (gemmq_use(W, n_tok) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
