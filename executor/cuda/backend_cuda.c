@@ -180,8 +180,8 @@ typedef struct cu_state {
     int prof_on, prof_n, prof_n_created;
     cudaEvent_t prof_ev[PROF_MAX_EVENTS];
     int prof_cat[PROF_MAX_EVENTS];
-    double prof_ms[PROF_N_CATS];
-    int prof_steps;
+    double prof_ms[2][PROF_N_CATS]; /* [0]: pure decode steps, [1]: steps with prefill tokens */
+    int prof_steps[2];
     size_t weight_bytes;
     /* the layers' norms write only the quantized blocks (and the half copy only when an F16
      * matrix reads it) in steps of up to norm_blocks_max tokens (0: never; at most
@@ -626,6 +626,12 @@ static int att_prefill_f16(const float *q, const void *k, const void *v, float *
     return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
 }
 
+/* Whether the producer of n_tok rows of n into xq (a norm, the gated activation) writes the image
+ * that the next matmul, their only reader, takes (kc_matmul_x_order): then it writes no f32 rows. */
+static int img_only(const kc_xq *xq, int n_tok, int n) {
+    return xq->img_order && kc_xq_img_fits(xq, n_tok, n);
+}
+
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
  * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
  * capturable. */
@@ -659,7 +665,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         } else if (!normed) {
             /* the norm writes x's image for qkv's wgmma tiles where they take it */
             s->xq_h.img_order = kc_matmul_x_order(&L->qkv, n_tok, &s->gws);
-            KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy, &s->xq_h, n_tok, c->n_embd,
+                                   c->norm_eps, cs));
             prof_mark(s, PC_NORM);
         }
         KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
@@ -732,7 +739,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                            moe_ungrouped ? NULL : s->eoff, moe_ungrouped ? NULL : s->elist, s->route_ctr, cs));
             else {
                 s->xq_h.img_order = L->moe ? 0 : kc_matmul_x_order(&L->gu, n_tok, &s->gws); /* for gate|up */
-                KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+                KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy, &s->xq_h, n_tok,
+                                       c->n_embd, c->norm_eps, cs));
             }
         }
         prof_mark(s, PC_NORM);
@@ -796,13 +804,14 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             s->xq_a.img_order = kc_matmul_x_order(&L->down, n_tok, &s->gws);
             s->xq_a.img = s->act_img && n_tok <= s->act_img_tok ? s->act_img : s->gws.x_half;
             s->xq_a.img_cap = s->act_img && n_tok <= s->act_img_tok ? s->act_img_cap : s->gws.x_cap;
+            float *ly = img_only(&s->xq_a, n_tok, c->n_ff) ? NULL : gy; /* down reads only the image */
             if (s->prof_on) { /* separate kernels: timed one by one */
                 KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
                 prof_mark(s, PC_GU);
-                KC_FATAL(kc_glu_xq(s->gu, gy, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
+                KC_FATAL(kc_glu_xq(s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
                 prof_mark(s, PC_ACT);
             } else /* one kernel where the F16 GEMV takes the activation (decode steps of F16 models) */
-                KC_FATAL(kc_matmul_glu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, gy, &s->xq_a, c->ffn_act, &s->gws, cs));
+                KC_FATAL(kc_matmul_glu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, ly, &s->xq_a, c->ffn_act, &s->gws, cs));
             s->xq_h.img_tok = 0;
             /* x += act Wdown, or into h for the post-norm */
             KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
@@ -836,24 +845,31 @@ static void prof_mark(cu_state *s, int cat) {
     CU_FATAL(cudaEventRecord(s->prof_ev[s->prof_n++], s->stream));
 }
 
-/* After a profiled step: adds each launch's time to its category. */
-static void prof_collect(cu_state *s) {
+/* After a profiled step: adds each launch's time to its category, decode steps and steps with
+ * prefill tokens apart. */
+static void prof_collect(cu_state *s, int pure_decode) {
+    const int k = pure_decode ? 0 : 1;
     for (int i = 1; i < s->prof_n; i++) {
         float ms = 0;
         CU_FATAL(cudaEventElapsedTime(&ms, s->prof_ev[i - 1], s->prof_ev[i]));
-        s->prof_ms[s->prof_cat[i]] += ms;
+        s->prof_ms[k][s->prof_cat[i]] += ms;
     }
-    s->prof_steps++;
+    s->prof_steps[k]++;
 }
 
 static void prof_report(cu_state *s) {
-    if (!s->prof_on || !s->prof_steps) return;
-    double total = 0;
-    for (int c = 0; c < PROF_N_CATS; c++) total += s->prof_ms[c];
-    fprintf(stderr, "cuda step breakdown over %d eager steps (ms per step):", s->prof_steps);
-    for (int c = 0; c < PROF_N_CATS; c++)
-        fprintf(stderr, " %s=%.3f(%.0f%%)", prof_names[c], s->prof_ms[c] / s->prof_steps, 100 * s->prof_ms[c] / (total > 0 ? total : 1));
-    fprintf(stderr, " total=%.3f\n", total / s->prof_steps);
+    if (!s->prof_on) return;
+    for (int k = 0; k < 2; k++) {
+        if (!s->prof_steps[k]) continue;
+        double total = 0;
+        for (int c = 0; c < PROF_N_CATS; c++) total += s->prof_ms[k][c];
+        fprintf(stderr, "cuda step breakdown over %d eager %s steps (ms per step):", s->prof_steps[k],
+                k ? "prefill or mixed" : "decode");
+        for (int c = 0; c < PROF_N_CATS; c++)
+            fprintf(stderr, " %s=%.3f(%.0f%%)", prof_names[c], s->prof_ms[k][c] / s->prof_steps[k],
+                    100 * s->prof_ms[k][c] / (total > 0 ? total : 1));
+        fprintf(stderr, " total=%.3f\n", total / s->prof_steps[k]);
+    }
 }
 
 /* Fills the staging area from a batch; padding tokens (n_pad of them) point at the scratch row. */
@@ -1042,7 +1058,7 @@ static int cuda_forward(ex_backend *base, const ex_batch *b, const float **logit
                              s->stream));
     prof_mark(s, PC_COPY);
     CU_FATAL(cudaStreamSynchronize(s->stream));
-    if (s->prof_on && pure_decode) prof_collect(s);
+    if (s->prof_on) prof_collect(s, pure_decode);
     graph_timing_collect(s);
     trace_write(s);
     *logits = s->h_logits;
@@ -1079,7 +1095,7 @@ static int cuda_forward_sample(ex_backend *base, const ex_batch *b, const ex_sam
     }
     prof_mark(s, PC_SAMPLE);
     CU_FATAL(cudaStreamSynchronize(s->stream));
-    if (s->prof_on && pure_decode) prof_collect(s);
+    if (s->prof_on) prof_collect(s, pure_decode);
     graph_timing_collect(s);
     trace_write(s);
     for (int r = 0; r < n_rows; r++) {

@@ -59,10 +59,10 @@ static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, img_o
 extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
     if (!gu || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
     const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
-    if (!out && !quant) return CM_EINVAL; /* nothing would be written */
-    if (xq) xq->n = quant ? n_ff : 0;
-    // x's image for the wgmma tiles (the down projection's) where the caller asked for one
+    // x's image for down's matmul where the caller asked for one
     const img_out im = n_tok <= 65535 ? img_asked(xq, n_tok, n_ff) : img_out{};
+    if (!out && !quant && !im.p) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? n_ff : 0;
     if (act == MDL_ACT_GELU_TANH) launch_glu<true>(gu, out, xq, quant, im, n_tok, n_ff, s);
     else launch_glu<false>(gu, out, xq, quant, im, n_tok, n_ff, s);
     if (im.p) xq->img_tok = n_tok, xq->img_n = n_ff;

@@ -72,25 +72,38 @@ __device__ __forceinline__ size_t img_off(int k, int t, int ntp) {
 }
 
 // A producer's rows also written as x's image for the wgmma tiles (kc_xq.img), where p != NULL:
-// elements e .. e + 3 of token t's row by img_store4.
+// elements e .. e + 3 of token t's row by img_store4. Order KC_X_PLAIN (kcuda.h) is no tile's:
+// the rows as half as they are (n a row, no padding), what cuBLAS reads.
 struct img_out {
     __half *p;
-    int order, ntp;
+    int order, ntp, n;
 };
 __device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, int e) {
+    if (im.order == KC_X_PLAIN) {
+        const __half2 h[2] = { __floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w) };
+        *(uint2 *)(im.p + (size_t)t * im.n + e) = *(const uint2 *)h;
+        return;
+    }
     const int k0 = img_k0(im.order, e);
     const __half2 a = im.order == 1 ? __floats2half2_rn(o.x, o.z) : __floats2half2_rn(o.x, o.y);
     const __half2 b = im.order == 1 ? __floats2half2_rn(o.y, o.w) : __floats2half2_rn(o.z, o.w);
     *(__half2 *)(im.p + img_off(k0, t, im.ntp)) = a;
     *(__half2 *)(im.p + img_off(k0 + 8, t, im.ntp)) = b;
 }
-// The image a producer of n_tok rows of n writes where xq asks for one that fits (kc_xq.img_*;
-// img_tok cleared: the caller sets img_tok and img_n once it has launched the writes).
+// Whether xq asks for an image of n_tok rows of n that fits its buffer (kc_xq.img_*): the tiles'
+// orders pad the rows (kc__gemmq_x_halves), the plain one does not.
+static inline bool img_fits(const kc_xq *xq, int n_tok, int n) {
+    if (!xq || !xq->img || n_tok <= 0 || n <= 0) return false;
+    if (xq->img_order == KC_X_PLAIN) return n % 4 == 0 && (size_t)n_tok * (size_t)n <= xq->img_cap;
+    return xq->img_order >= 1 && xq->img_order <= 3 && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
+           kc__gemmq_x_halves(n_tok, n) <= xq->img_cap;
+}
+// The image a producer of n_tok rows of n writes where xq asks for one that fits (img_tok
+// cleared: the caller sets img_tok and img_n once it has launched the writes).
 static inline img_out img_asked(kc_xq *xq, int n_tok, int n) {
     if (xq) xq->img_tok = 0;
-    if (xq && xq->img && xq->img_order >= 1 && xq->img_order <= 3 && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
-        kc__gemmq_x_halves(n_tok, n) <= xq->img_cap)
-        return img_out{ (__half *)xq->img, xq->img_order, (n_tok + 7) & ~7 };
+    if (img_fits(xq, n_tok, n))
+        return img_out{ (__half *)xq->img, xq->img_order, xq->img_order == KC_X_PLAIN ? n_tok : (n_tok + 7) & ~7, n };
     return img_out{};
 }
 

@@ -380,7 +380,7 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     if (ep.out || ep.img) { // gate|up: output j from rows 2j and 2j + 1, four outputs (8 rows) a thread
         constexpr int R8 = 8 * WM;
         const int n_ff = n_out / 2;
-        const img_out im{ ep.img, ep.img_order, ep.img_ntp };
+        const img_out im{ ep.img, ep.img_order, ep.img_ntp, n_ff };
         for (int i = tid; i < BN * R8; i += ET) {
             const int t = i / R8, r = (i % R8) * 8, tok = n0 + t, row = r0 + r;
             if (tok >= n_tok) break; // i grows with t

@@ -123,7 +123,8 @@ int  kc_code_for_device(int *arch);
  * reads the environment. */
 typedef struct kc_plan {
     int pdl;              /* programmatic dependent launch of the forward's kernels (sm_90 code) */
-    int norm_split;       /* RMSNorm rows of n % 512 == 0, n <= 4096 over n / 512 CTAs (same bits) */
+    int norm_split;       /* RMSNorm rows of n % 512 == 0, n <= 4096 over n / 512 CTAs (same bits) in
+                           * steps of up to this many tokens (0: never) */
     int swiglu_fuse;      /* F16 gate|up GEMV with the SwiGLU in its epilogue up to this many tokens */
     int gemmq_max_tok[KC_N_QTYPES]; /* per quantized type (kc_qtype_index): the tensor-core quantized
                            * matmul from KC_GEMV_MAX_TOK + 1 up to this many tokens (0: never),
@@ -158,6 +159,11 @@ typedef struct kc_plan {
                            * KC_GEMV_MAX_TOK): the FFN norm, router and routing in one launch
                            * (kc_moe_norm_route), the SwiGLU in the gate|up GEMV (kc_moe_gemvq_glu), the
                            * down GEMV quantizing its input (kc_moe_gemvq_f) */
+    int x_plain;          /* 1: kc_matmul_x_order asks for x as half as it is (KC_X_PLAIN) where F16
+                           * weights run on cuBLAS, so the norms and the gated activation write it
+                           * for them; 0: the matmul converts x */
+    int rope_tok;         /* steps of at least this many tokens rotate q and k a token a CTA, the
+                           * angles once for all its heads (0: never; one CTA per token and head) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);
@@ -209,15 +215,23 @@ typedef struct kc_xq {
     int      cap_tok, cap_n, n;
     int      no_ints; /* 1: producers write only xh (no integer GEMV reads these activations, so
                        * the blocks are not computed); the integer GEMVs then quantize x themselves */
-    /* x's image for the wgmma tiles (kc_matmul_x_order): where img_order != 0 and img holds
-     * img_cap halves, kc_rmsnorm_xq also writes its output there in that order and sets img_tok
-     * and img_n (img_tok = 0: nothing written). kc_matmul_xq then reads it instead of converting
-     * x, when img is its workspace's x_half and order, tokens and row length agree; the caller
-     * clears img_tok once that matmul has run (x_half is every matmul's scratch). */
+    /* x's image for the wgmma tiles, or x as half as it is for cuBLAS (KC_X_PLAIN), in the order
+     * kc_matmul_x_order gives: where img_order != 0 and img holds img_cap halves, kc_rmsnorm_xq
+     * and kc_glu_xq also write their output there in that order and set img_tok and img_n
+     * (img_tok = 0: nothing written). kc_matmul_xq then reads it instead of converting x, when
+     * order, tokens and row length agree; the caller clears img_tok once that matmul has run
+     * (x_half is every matmul's scratch). */
     kc_half *img;
     size_t   img_cap;
     int      img_order, img_tok, img_n;
 } kc_xq;
+
+/* kc_xq.img_order of x as half, row after row as it is: what cuBLAS reads (the tiles' orders are 1-3). */
+#define KC_X_PLAIN 4
+/* Whether the producers (kc_rmsnorm_xq, kc_glu_xq, gate|up's wgmma epilogue) of n_tok rows of n
+ * write the image xq asks for (img_order != 0, and it fits img_cap): then they may be given no f32
+ * output when the image's matmul is its only reader. */
+int kc_xq_img_fits(const kc_xq *xq, int n_tok, int n);
 
 /* Quantizes x [n_tok, n] (n % 32 == 0, n_tok <= xq->cap_tok, n <= xq->cap_n) into xq. */
 int kc_quantize_x(const float *x, int n_tok, int n, kc_xq *xq, cudaStream_t s);
@@ -235,12 +249,13 @@ int kc_embed(const kc_weight *table, const int32_t *ids, int n_tok, float *x, cu
 /* RMSNorm: y[t] = x[t] / rms(x[t]) * w. x, y: [n_tok, n] f32 (may not alias), w: [n] f32.
  * With xq (may be NULL): when n_tok <= xq->cap_tok and n % 32 == 0, y is also written
  * quantized into xq (as kc_quantize_x would), else xq->n is set to 0 (nothing written).
- * y may be NULL when the row is quantized (n % 32 == 0, n <= 32768): only xq is written, for
- * GEMVs that read nothing else (kc_matmul_reads_x); CM_EINVAL when it would not be. */
+ * y may be NULL when the row is quantized (n % 32 == 0, n <= 32768) or written as x's image
+ * (kc_xq_img_fits, n <= 32768): only xq is written, for matrices that read nothing else
+ * (kc_matmul_reads_x, kc_xq.img); CM_EINVAL when nothing would be written. */
 int kc_rmsnorm(const float *x, const float *w, float *y, int n_tok, int n, float eps, cudaStream_t s);
 int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s);
 /* Rows of n % 512 == 0, n <= 4096 are normalized by n / 512 CTAs per token, which give the
- * same bits as one CTA per token (kc_plan.norm_split; off: one CTA per token). */
+ * same bits as one CTA per token (kc_plan.norm_split: up to how many tokens; past it one CTA per token). */
 
 /* Workspace for the cuBLAS path of kc_matmul (allocated once by the backend). */
 typedef struct kc_gemm_ws {
@@ -309,8 +324,9 @@ int  kc_gemmq(const kc_weight *W, const kc_half *x, int n_tok, float *y, int acc
  * (the backend's gate|up matrix interleaves their rows: row 2j is gate row j, 2j + 1 up row j),
  * out: [n_tok, n_ff] f32. */
 int kc_swiglu(const float *gu, float *out, int n_tok, int n_ff, cudaStream_t s);
-/* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL). out may be
- * NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
+/* The same, also writing out quantized into xq (see kc_rmsnorm_xq; xq may be NULL) and as the
+ * image xq asks for. out may be NULL when the output is quantized or written as that image
+ * (kc_xq_img_fits); CM_EINVAL otherwise. */
 int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s);
 /* out = SwiGLU(W x) for an interleaved gate|up matrix W (2 n_ff rows): kc_matmul_xq into gu,
  * then kc_swiglu_xq into out / xq_act; or one kernel where W is F16 on the GEMV with an even

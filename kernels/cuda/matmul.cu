@@ -1527,8 +1527,10 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
     if (!xh_ready) to_half(x, nx, ws->x_half, s);
     if (W->type == DT_F16) {
         if (int rc = launch_ok(__LINE__)) return rc;
+        // x as half as it is: converted above, or written so by its producer (KC_X_PLAIN)
+        const kc_half *xin = xh_ready && x_ord == KC_X_PLAIN && xsrc ? xsrc : ws->x_half;
         return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,
-                                      ws->x_half, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
+                                      xin, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT),
                          __LINE__);
     }
@@ -1579,10 +1581,21 @@ static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int
     return 0;
 }
 
+// F16 weights that matmul_one multiplies on cuBLAS past the GEMV, x's half copy in x_half: its
+// producer can write that copy (KC_X_PLAIN) instead of f32 rows for the conversion to read.
+static bool plain_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return kc_plan_get()->x_plain && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !gemmq_use(W, n_tok) && ws && ws->cublas &&
+           W->n_in % 4 == 0 && (size_t)n_tok * W->n_in <= ws->x_cap;
+}
+
 extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W && n_tok > KC_GEMV_MAX_TOK && (W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16)
-               ? x_order(W, n_tok, ws)
-               : 0;
+    if (!W || n_tok <= KC_GEMV_MAX_TOK) return 0;
+    if (plain_use(W, n_tok, ws)) return KC_X_PLAIN;
+    return W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16 ? x_order(W, n_tok, ws) : 0;
+}
+
+extern "C" int kc_xq_img_fits(const kc_xq *xq, int n_tok, int n) {
+    return n_tok <= 65535 && n <= 4 * 1024 * 8 && img_fits(xq, n_tok, n); // every producer's limits (grid.y, the norms' rows)
 }
 
 // Whether xq->img (ws->x_half, or a buffer of the caller's) holds x's image in W's order, written

@@ -127,7 +127,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
-    if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && kc_plan_get()->norm_split) { // tokens are grid.y here
+    if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && n_tok <= kc_plan_get()->norm_split) { // tokens are grid.y here
         typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
         static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
                                         rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,
@@ -145,10 +145,10 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
     if (!x || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
     const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
-    if (!y && !(quant && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
-    if (xq) xq->n = quant ? n : 0;
-    // x's image for the wgmma tiles where the caller asked for one that fits
+    // x's image for the next matmul where the caller asked for one that fits
     const img_out im = n <= 4 * 1024 * 8 ? img_asked(xq, n_tok, n) : img_out{};
+    if (!y && !((quant || im.p) && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? n : 0;
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {
         if (quant) launch_vec<true>(x, w, y, xq, n_tok, n, eps, im, s);
         else launch_vec<false>(x, w, y, xq, n_tok, n, eps, im, s);

@@ -24,7 +24,7 @@ struct field {
 #define F(name, lo, hi) { #name, offsetof(kc_plan, name), lo, hi }
 const field k_fields[] = {
     F(pdl, 0, 1),
-    F(norm_split, 0, 1),
+    F(norm_split, 0, 1 << 20),
     F(swiglu_fuse, 0, KC_GEMV_MAX_TOK),
     { "gemmq_max_tok_q8_0", offsetof(kc_plan, gemmq_max_tok) + 0 * sizeof(int), 0, 1 << 20 },
     { "gemmq_max_tok_q4_0", offsetof(kc_plan, gemmq_max_tok) + 1 * sizeof(int), 0, 1 << 20 },
@@ -51,6 +51,8 @@ const field k_fields[] = {
     F(fp8_gemm, 0, 1),
     F(fp8_fast_accum, 0, 1),
     F(moe_fuse, 0, KC_GEMV_MAX_TOK),
+    F(x_plain, 0, 1),
+    F(rope_tok, 0, 1 << 20),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -62,7 +64,9 @@ int *slot(kc_plan *p, const field &f) { return (int *)((char *)p + f.off); }
 extern "C" void kc_plan_default(kc_plan *p) {
     memset(p, 0, sizeof *p);
     p->pdl = 1;
-    p->norm_split = 1;
+    // rows split over CTAs in decode-sized steps; past them one CTA a token reads its row once
+    // (the split CTAs each read the whole row: llama3-8b, 8,192 tokens, 148 us a norm)
+    p->norm_split = 128;
     // F16 gate|up with the SwiGLU in its epilogue for one token only (llama2-7b F16 on an H100:
     // batch 1 200.2 -> 202.2 tok/s, batch 4 608 -> 592; bench/RESULTS.md)
     p->swiglu_fuse = 1;
@@ -78,6 +82,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->gemmq_wg = 1;
     // the gated activation in gate|up's wgmma epilogue (kc_matmul_glu)
     p->glu_tiles = 1;
+    // F16 matrices on cuBLAS read x's half copy from its producer (no f32 rows, no conversion)
+    p->x_plain = 1;
+    // prefill and large decode steps: the rotation a token a CTA, its angles once
+    p->rope_tok = 64;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

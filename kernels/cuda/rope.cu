@@ -33,6 +33,13 @@ __device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *
     else { *a = i; *b = i + r.rope_dim / 2; }
 }
 
+// The rotation of pair (x0, x1) by an angle whose sine and cosine (mscale applied) are s and c;
+// explicit roundings, so that both kernels below give the same bits.
+__device__ __forceinline__ void rope_rot(float x0, float x1, float s, float c, float &y0, float &y1) {
+    y0 = __fmaf_rn(x0, c, __fmul_rn(-x1, s));
+    y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
+}
+
 // FP8 KV cache (kcuda.h): the head's hd values (hv, shared) as E4M3 codes with one scale at
 // (block blk, row r, head h): the static scale when there is one, else amax / 448; codes
 // e4m3_sat(x / s) (0 when s is 0): dt_fp8_scale / dt_fp8_encode's rounding. Every thread of
@@ -112,10 +119,10 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
         rope_pair(r, i, &a, &b);
         float s = s0, c = c0;
         if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
-        s *= ms;
-        c *= ms;
-        float x0 = val(a), x1 = val(b);
-        float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        s = __fmul_rn(s, ms);
+        c = __fmul_rn(c, ms);
+        float y0, y1;
+        rope_rot(val(a), val(b), s, c, y0, y1);
         if (qd) { qd[a] = y0; qd[b] = y1; }
         else if (F8) { hv[a] = y0; hv[b] = y1; }
         else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
@@ -128,14 +135,67 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
     if (F8 && h >= n_head) f8_store_head(hv, (uint8_t *)k_cache, k_st, blk, p % block_size, h - n_head, n_kv, hd, block_size);
 }
 
+// Steps of many tokens (the plan's rope_tok; F16 cache, no QK-norm): one CTA per token and a warp
+// per head, the angles of the token's pairs computed once into shared memory instead of once a
+// head (a prefill of 8,192 tokens ran 3 M sincosf a layer on (token, head) CTAs of 64 threads).
+// The same sincosf, mscale product and rope_rot as rope_store_kernel: the same bits.
+__global__ void __launch_bounds__(256) rope_tok_kernel(const float *qkv, float *q_out, __half *k_cache, __half *v_cache,
+                                                       const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                                       int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
+    KC_TRACE_SCOPE(KC_TR_ROPE);
+    kc_pdl_trigger();
+    __shared__ float sn[128], cs[128]; // rope_dim <= hd <= 256
+    const int t = blockIdx.x, p = pos[t], half_rot = r.rope_dim / 2;
+    const float ms = r.mscale > 0.0f ? r.mscale : 1.0f;
+    for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
+        float s, c;
+        sincosf((float)p * rope_freq(r, i), &s, &c);
+        sn[i] = __fmul_rn(s, ms);
+        cs[i] = __fmul_rn(c, ms);
+    }
+    const size_t slot = ((size_t)block_tables[(size_t)seq[t] * max_blocks + p / block_size] * n_kv * block_size) + p % block_size;
+    __syncthreads();
+    kc_pdl_wait();
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nh = n_head + 2 * n_kv;
+    const float *row = qkv + (size_t)t * nh * hd;
+    for (int h = threadIdx.x >> 5; h < nh; h += nw) {
+        const float *src = row + (size_t)h * hd;
+        if (h >= n_head + n_kv) { // v: copied as half
+            __half *dst = v_cache + (slot + (size_t)(h - n_head - n_kv) * block_size) * hd;
+            for (int e = lane; e < hd; e += 32) dst[e] = __float2half(src[e]);
+            continue;
+        }
+        float *qd = h < n_head ? q_out + ((size_t)t * n_head + h) * hd : nullptr;
+        __half *kd = h < n_head ? nullptr : k_cache + (slot + (size_t)(h - n_head) * block_size) * hd;
+        for (int i = lane; i < half_rot; i += 32) {
+            int a, b;
+            rope_pair(r, i, &a, &b);
+            float y0, y1;
+            rope_rot(src[a], src[b], sn[i], cs[i], y0, y1);
+            if (qd) qd[a] = y0, qd[b] = y1;
+            else kd[a] = __float2half(y0), kd[b] = __float2half(y1);
+        }
+        for (int e = r.rope_dim + lane; e < hd; e += 32) { // dimensions past rope_dim: unrotated
+            if (qd) qd[e] = src[e];
+            else kd[e] = __float2half(src[e]);
+        }
+    }
+}
+
 extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache, const int32_t *pos,
                                 const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_tok, int n_head,
                                 int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s) {
     if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
-    dim3 grid(n_tok, n_head + 2 * n_kv);
     if (rope->q_norm && !rope->k_norm) return CM_EINVAL;
+    const int rt = kc_plan_get()->rope_tok;
+    if (rt > 0 && n_tok >= rt && !rope->q_norm && hd <= 256) {
+        kc_launch(rope_tok_kernel, dim3(n_tok), dim3(256), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos, seq,
+                  block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
+        KC_LAUNCH_CHECK();
+    }
+    dim3 grid(n_tok, n_head + 2 * n_kv);
     kc_launch(rope_store_kernel<false>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (void *)k_cache, (void *)v_cache,
               (const float *)nullptr, (const float *)nullptr, pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size,
               *rope);

@@ -14,9 +14,9 @@ static inline void gpu_plan_gemmq(int on) {
     kc_plan_set(&p);
 }
 
-static inline void gpu_plan_norm_split(int on) {
+static inline void gpu_plan_norm_split(int on) { /* on: split rows at every token count */
     kc_plan p = *kc_plan_get();
-    p.norm_split = on;
+    p.norm_split = on ? 1 << 20 : 0;
     kc_plan_set(&p);
 }
 

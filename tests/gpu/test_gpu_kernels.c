@@ -198,7 +198,9 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     double ea = rel_err(ya, ref, (size_t)nt * n_out);
                     /* F16: the tiles where they beat cuBLAS for the shape and the image fits x_cap */
                     const int tiles = kc__gemmq_f16_cfg(nt, n_out, n_in) >= 0 && kc__gemmq_x_halves(nt, n_in) <= ws.x_cap;
-                    T_CHECKF(rca == 0 && ea < tol && (!f16_wg || ord == (tiles ? 3 : 0)),
+                    /* else cuBLAS, on x as half as it is where the plan asks for it (KC_X_PLAIN) */
+                    const int plain = pa.x_plain && n_in % 4 == 0 && (size_t)nt * n_in <= ws.x_cap;
+                    T_CHECKF(rca == 0 && ea < tol && (!f16_wg || ord == (tiles ? 3 : plain ? KC_X_PLAIN : 0)),
                              "matmul through gemmq %s %dx%d n_tok=%d order=%d rel_err=%.3g", dt_name(type), n_in, n_out, nt, ord, ea);
                     free(ya);
                     if (f16_wg) test_gemmq_image(&w, dx, nt, ref, tol, s);
@@ -491,6 +493,16 @@ static kc_xq xq_alloc(int cap_tok, int cap_n) {
     CK(cudaMalloc((void **)&q.xh, (size_t)cap_tok * cap_n * 2));
     return q;
 }
+/* Whether two device buffers hold the same bytes. */
+static int dev_equal(const void *a, const void *b, size_t nb) {
+    unsigned char *ha = malloc(nb), *hb = malloc(nb);
+    CK(cudaMemcpy(ha, a, nb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, nb, cudaMemcpyDeviceToHost));
+    int ok = memcmp(ha, hb, nb) == 0;
+    free(ha);
+    free(hb);
+    return ok;
+}
 static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
 static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
     size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
@@ -589,7 +601,37 @@ static void test_rope_attention(cudaStream_t s) {
                 CK(cudaMalloc((void **)&dpart, (size_t)n_tok * n_head * n_split * (hd + 2) * 4));
                 poison(dq, (size_t)n_tok * n_head * hd * 4);
                 poison(dout, (size_t)n_tok * n_head * hd * 4);
+                CK(cudaMemset(dk, 0, cache_elems * 2));
+                CK(cudaMemset(dv, 0, cache_elems * 2));
+                /* the plan's rope_tok: these 138 tokens on a CTA a token; below, the same bits on a CTA
+                 * a (token, head) */
+                const kc_plan keep_r = *kc_plan_get();
+                kc_plan pr = keep_r;
+                pr.rope_tok = 64;
+                kc_plan_set(&pr);
                 int rc = kc_rope_store_kv(dqkv, dq, dk, dv, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &r, s);
+                {
+                    float *dq2;
+                    kc_half *dk2, *dv2;
+                    const size_t nqb = (size_t)n_tok * n_head * hd * 4;
+                    CK(cudaMalloc((void **)&dq2, nqb));
+                    CK(cudaMalloc((void **)&dk2, cache_elems * 2));
+                    CK(cudaMalloc((void **)&dv2, cache_elems * 2));
+                    poison(dq2, nqb);
+                    CK(cudaMemset(dk2, 0, cache_elems * 2));
+                    CK(cudaMemset(dv2, 0, cache_elems * 2));
+                    pr.rope_tok = 0;
+                    kc_plan_set(&pr);
+                    int rc2 = kc_rope_store_kv(dqkv, dq2, dk2, dv2, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &r, s);
+                    CK(cudaStreamSynchronize(s));
+                    int same = rc2 == 0 && dev_equal(dq, dq2, nqb) && dev_equal(dk, dk2, cache_elems * 2) &&
+                               dev_equal(dv, dv2, cache_elems * 2);
+                    T_CHECKF(same, "rope a token a CTA = a (token, head) a CTA, bit for bit: hd=%d layout=%d", hd, layout);
+                    cudaFree(dq2);
+                    cudaFree(dk2);
+                    cudaFree(dv2);
+                }
+                kc_plan_set(&keep_r);
                 rc |= kc_attention(dq, dk, dv, dout, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
                                    1.0f / sqrtf((float)hd), n_split, chunk, dpart, s);
                 CK(cudaStreamSynchronize(s));
@@ -1453,7 +1495,7 @@ static void test_glu_tiles(cublasHandle_t cb, cudaStream_t s) {
                     CK(cudaMemcpy(gb, alias ? ws.x_half : ib, nimg * 2, cudaMemcpyDeviceToHost));
                     CK(cudaMemcpy(hg, gu, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                     /* the fused path where the tiles take gate|up (and not in the input's buffer) */
-                    const int fused = !alias && kc_matmul_x_order(&W, nt, &ws) != 0;
+                    const int xo = kc_matmul_x_order(&W, nt, &ws), fused = !alias && xo != 0 && xo != KC_X_PLAIN;
                     const int must = type != DT_F16 || nt == 100; /* shapes the tiles take */
                     int same = 1, untouched = 1;
                     for (int b = 0; b < n_ff / 64; b++) /* the real rows of each column block */
@@ -1477,7 +1519,9 @@ static void test_glu_tiles(cublasHandle_t cb, cudaStream_t s) {
  * (orders 1-3; the norm's split kernel at n = 4096 and its one-CTA kernel at 8192, the
  * activation at 4096 and 11008; 9..300 tokens), the f32 output unchanged, and kc_matmul_xq of a
  * Q4_0 / Q4_K / F16 weight reading that image gives the same bits as kc_matmul converting x itself; an
- * image that does not match the matrix (order, tokens) is not read. */
+ * image that does not match the matrix (order, tokens) is not read. F16 where cuBLAS takes it: the
+ * plain image (KC_X_PLAIN), each half the rounding of the f32 output. Without f32 rows the
+ * producers write the same image where kc_xq_img_fits, and refuse (nothing written) where not. */
 static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
     if (kc_gemmq_ncfg() <= 11) return; /* no wgmma tiles on this device: nothing asks for an image */
     const int ns[2][2] = { { 4096, 8192 }, { 4096, 11008 } }, nts[] = { 9, 37, 64, 130, 300 };
@@ -1513,7 +1557,10 @@ static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMalloc((void **)&ref, nimg * 2));
                 /* past the plan's limit for the type the tiles do not take the matrix: no image */
                 const int lim = type == DT_F16 ? pf.f16_wg_max_tok : kc_plan_get()->gemmq_max_tok[kc_qtype_index(type)];
-                const int want = nt <= lim && (type != DT_F16 || kc__gemmq_f16_cfg(nt, n_out, n) >= 0) ? order : 0;
+                /* F16 on cuBLAS: x as half as it is (KC_X_PLAIN) */
+                const int want = nt <= lim && (type != DT_F16 || kc__gemmq_f16_cfg(nt, n_out, n) >= 0) ? order
+                                 : type == DT_F16 && pf.x_plain                                         ? KC_X_PLAIN
+                                                                                                        : 0;
                 kc_xq q = { .img = ws.x_half, .img_cap = ws.x_cap, .img_order = kc_matmul_x_order(&W, nt, &ws) };
                 T_CHECKF(q.img_order == want, "%s image: kc_matmul_x_order %s n_tok=%d = %d", pn[pr], dt_name(type), nt, q.img_order);
                 if (!want) q.img_order = 0;
@@ -1529,8 +1576,11 @@ static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(yb, dz, N * 4, cudaMemcpyDeviceToHost));
                 int same = 1;
                 const int ntp = (nt + 7) & ~7;
-                for (int b = 0; b < n / 64; b++) /* the real rows of each column block */
-                    same &= memcmp(ha + (size_t)b * ntp * 64, hb + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
+                if (want == KC_X_PLAIN) /* the rows as half, as they are */
+                    for (size_t i = 0; i < N; i++) same &= ha[i] == f2h(ya[i]);
+                else
+                    for (int b = 0; b < n / 64; b++) /* the real rows of each column block */
+                        same &= memcmp(ha + (size_t)b * ntp * 64, hb + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
                 if (want)
                     T_CHECKF(rc == 0 && q.img_tok == nt && q.img_n == n && same && memcmp(ya, yb, N * 4) == 0,
                              "%s image %s n=%d n_tok=%d: written %d, image same %d", pn[pr], dt_name(type), n, nt, q.img_tok, same);
@@ -1547,6 +1597,25 @@ static void test_producer_image(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(m2, dm, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 T_CHECKF(rc == 0 && memcmp(m1, m2, (size_t)nt * n_out * 4) == 0, "matmul on the %s's image %s n=%d n_tok=%d", pn[pr], dt_name(type), n, nt);
+                if (want) { /* the image alone (no f32 rows: kc_xq_img_fits), the same bits */
+                    CK(cudaMemset(ws.x_half, 0xff, nimg * 2));
+                    rc = !kc_xq_img_fits(&q, nt, n);
+                    rc |= pr ? kc_glu_xq(dx, NULL, &q, nt, n, MDL_ACT_SILU, s) : kc_rmsnorm_xq(dx, dw, NULL, &q, nt, n, 1e-5f, s);
+                    CK(cudaStreamSynchronize(s));
+                    uint16_t *hc = malloc(nimg * 2);
+                    CK(cudaMemcpy(hc, ws.x_half, nimg * 2, cudaMemcpyDeviceToHost));
+                    int same2 = 1;
+                    if (want == KC_X_PLAIN) same2 = memcmp(ha, hc, N * 2) == 0;
+                    else
+                        for (int b = 0; b < n / 64; b++)
+                            same2 &= memcmp(ha + (size_t)b * ntp * 64, hc + (size_t)b * ntp * 64, (size_t)nt * 64 * 2) == 0;
+                    T_CHECKF(rc == 0 && q.img_tok == nt && same2, "%s image without f32 rows %s n=%d n_tok=%d", pn[pr], dt_name(type), n, nt);
+                    free(hc);
+                } else {
+                    T_CHECKF(!kc_xq_img_fits(&q, nt, n) &&
+                                 (pr ? kc_glu_xq(dx, NULL, &q, nt, n, MDL_ACT_SILU, s) : kc_rmsnorm_xq(dx, dw, NULL, &q, nt, n, 1e-5f, s)) == CM_EINVAL,
+                             "%s without an image or f32 rows refused %s n_tok=%d", pn[pr], dt_name(type), nt);
+                }
                 /* a stale image (x_half rewritten by kc_matmul above holds the same x; poison it)
                  * for other tokens is not read */
                 CK(cudaMemset(ws.x_half, 0xff, nimg * 2));
