@@ -688,6 +688,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv,
                                       hd, bs, &rope, cs));
         prof_mark(s, PC_ROPE);
+        /* prefill tiles alone on the wgmma kernel, wo on cuBLAS: the attention writes wo's input as half */
+        s->xq_o.img_order = !st->per_head && st->n_tiles && !st->n_dec && !st->pf_split_fa3 && st->pf_split <= 1 && !s->kv_f8 &&
+                                    s->plan.att_pf_fa3 && kc_attention_fa3_ok(hd, c->n_head, c->n_head_kv, bs)
+                                ? kc_matmul_x_order(&L->wo, n_tok, &s->gws)
+                                : 0;
+        const int pf_half = s->xq_o.img_order == KC_X_PLAIN && kc_xq_img_fits(&s->xq_o, n_tok, c->n_head * hd);
         if (st->per_head) {
             KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : att_perhead_f16)(
                 s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
@@ -709,6 +715,13 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                                        st->pf_warps, s->kv_f8, st->pf_split, st->pf_kchunk, s->pf_partial,
                                                        s->pf_counters, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
+            } else if (pf_half) {
+                /* a prefill step for wo on cuBLAS: the output as half, wo's input as it is */
+                KC_FATAL(kc_attention_prefill_fa3_half(s->q, L->k, L->v, s->xq_o.img, meta_tiles(s, s->d_meta), st->n_tiles, d_pos,
+                                                       d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, cs));
+                s->xq_o.n = 0;
+                s->xq_o.img_tok = n_tok;
+                s->xq_o.img_n = c->n_head * hd;
             } else if (st->n_tiles) {
                 KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
                     s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, lbt, max_blocks, c->n_head,
@@ -728,10 +741,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         const int moe_ungrouped = moe_glu && n_tok == 1;
         if (L->attn_post) { /* x += rmsnorm(att Wo), and the FFN pre-norm, in one launch */
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->h, 0, &s->gws, cs));
+            s->xq_o.img_tok = 0;
             prof_mark(s, PC_WO);
             KC_FATAL(kc_rmsnorm_add_xq(s->x, s->h, L->attn_post, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         } else {
             KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
+            s->xq_o.img_tok = 0; /* the prefill attention's half output, if it wrote one, is spent */
             prof_mark(s, PC_WO);
             if (moe_step)
                 KC_FATAL(kc_moe_norm_route(s->x, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, &L->router, s->rlogits,
@@ -1704,6 +1719,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->xq_h.img_cap = xmax;
         s->xq_a.img = s->gws.x_half; /* and the gated activation for down's */
         s->xq_a.img_cap = xmax;
+        s->xq_o.img = s->gws.x_half; /* and prefill attention wo's input as half (KC_X_PLAIN) */
+        s->xq_o.img_cap = xmax;
         /* down's image apart from x_half for steps of up to 1,024 tokens (decode batches, short
          * prefill chunks) where the wgmma tiles run and a layer has a dense MLP */
         {

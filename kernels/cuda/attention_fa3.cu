@@ -193,7 +193,7 @@ template <int HD> constexpr size_t fa3_smem() {
 
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, 1)
-fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, const int32_t *tiles,
+fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, __half *out_h, const int32_t *tiles,
               const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
               int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters) {
 #ifdef FA3_DEVICE_CODE
@@ -444,10 +444,16 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             const int r = hi ? r1 : r0, i = hi ? i1 : i0;
             if (i >= nq) continue;
             const float il = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
-            float *op = out + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+            const size_t at = ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + 2 * t4;
+            if (out_h) { // as half, rounded from the f32 values below (what wo's conversion of them gives)
+#pragma unroll
+                for (int d = 0; d < HD / 8; d++)
+                    *(__half2 *)(out_h + at + d * 8) = __floats2half2_rn(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
+                continue;
+            }
 #pragma unroll
             for (int d = 0; d < HD / 8; d++)
-                *(float2 *)(op + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
+                *(float2 *)(out + at + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
         }
         return;
     }
@@ -486,7 +492,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
 }
 
 template <int HD>
-int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, const int32_t *tiles, int n_tiles,
+int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, kc_half *out_h, const int32_t *tiles, int n_tiles,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
                float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
@@ -494,7 +500,7 @@ int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, c
     if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
     kc_launch(fa3_pf_kernel<HD>, dim3(n_tiles, n_kv, n_split), dim3(FA_THREADS), smem, s, q, (const __half *)k,
-              (const __half *)v, out, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
+              (const __half *)v, out, (__half *)out_h, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
               mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters);
     return 0;
 }
@@ -530,8 +536,22 @@ extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_c
         return CM_EINVAL;
     const float qs = scale * LOG2E;
     auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
-    if (int rc = f(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs,
+    if (int rc = f(q, k_cache, v_cache, out, nullptr, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs,
                    n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
+        return rc;
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_attention_prefill_fa3_half(const float *q, const kc_half *k_cache, const kc_half *v_cache, kc_half *out_h,
+                                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
+                                             int block_size, float scale, cudaStream_t s) {
+    if (!q || !k_cache || !v_cache || !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+        !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        return CM_EINVAL;
+    auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
+    if (int rc = f(q, k_cache, v_cache, nullptr, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv,
+                   block_size, scale * LOG2E, 1, 0, nullptr, nullptr, s))
         return rc;
     KC_LAUNCH_CHECK();
 }

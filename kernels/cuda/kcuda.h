@@ -450,6 +450,12 @@ int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_ha
                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                              float scale, cudaStream_t s);
+/* The same, the output as half into out_h ([n_tok, n_head * hd], each value the rounding of the
+ * f32 one kc_attention_prefill_fa3 writes): x as it is (KC_X_PLAIN) for wo on cuBLAS. */
+int kc_attention_prefill_fa3_half(const float *q, const kc_half *k_cache, const kc_half *v_cache, kc_half *out_h,
+                                  const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                  const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                                  float scale, cudaStream_t s);
 /* The same with the keys split (kc_attention_prefill_tc_split's arguments and partial layout,
  * 128 rows a tile): split j takes key positions [j kchunk, (j + 1) kchunk), kchunk % 128 == 0;
  * the last split's CTA of a (tile, KV head) merges on its two computing warp groups. */
@@ -536,7 +542,7 @@ size_t kc_sample_pool_words_start(int max_rows);
  * f32) and writes out[r]. The logits rows it reads are overwritten with the processed values
  * (bias and penalties applied), so each row must name a different logits row. pool: device
  * copy of a pool the host packed (ids and offsets are trusted: pack it with the executor's
- * stager). 512 threads and 48 KiB of dynamic shared memory per row; no allocation, no sync. */
+ * stager). 1,024 threads and 96 KiB of dynamic shared memory per row; no allocation, no sync. */
 int kc_sample(float *logits, int ld, int n_vocab, const void *pool, int n_rows, kc_sample_out *out, cudaStream_t s);
 
 /* The same algorithm run by one host thread on host memory (tests only: it compares the device

@@ -19,7 +19,7 @@
 // different order, so the two agree except where a running sum and the target straddle each
 // other within double rounding (documented in executor/cuda/cuda_sample.h).
 //
-// The algorithm is written once against a small "block" interface: dev_blk (512 threads,
+// The algorithm is written once against a small "block" interface: dev_blk (1,024 threads,
 // shared memory) for the kernel, host_blk (one thread) for kc_sample_host, which tests run
 // without a GPU.
 #include "kc_common.cuh"
@@ -35,7 +35,10 @@ extern "C" {
 
 #define HD __host__ __device__ inline
 
-enum { S_THREADS = 512, S_WARPS = S_THREADS / 32, S_BINS = 256, S_GATHER = 64 };
+/* A row's passes over the vocabulary are the sampler's time: 1,024 threads a row rather than 512
+ * (H200, 128 rows of 128,256 N(0, 1) logits, T = 0.8, top_p = 0.95: 0.960 -> 0.621 ms;
+ * bench/RESULTS.md "2026-11-29 (fifteenth session)") */
+enum { S_THREADS = 1024, S_WARPS = S_THREADS / 32, S_BINS = 256, S_GATHER = 64 };
 /* A pass over a row loads S_UNROLL of each thread's elements before it works on any: with one
  * load in flight a thread, every pass waited on memory (H200, 128 rows of 128,256 logits at
  * T = 1, top_p = 0.9: 0.665 -> 0.430 ms; bench/RESULTS.md "2026-11-29 (ninth session)"). */

@@ -968,6 +968,20 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 if (memcmp(all + i, all2 + i, 4)) first = (long)i;
             T_CHECKF(rc == 0 && first < 0,
                      "fa3 prefill in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld", hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
+            /* the half output (wo's input on cuBLAS): each value the rounding of the f32 one */
+            poison(dout2, bytes);
+            rc = kc_attention_prefill_fa3_half(dq, dk, dv, (kc_half *)dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                               bs, scale, s);
+            CK(cudaStreamSynchronize(s));
+            const size_t nh = (size_t)n_tok * nq;
+            uint16_t *hh = malloc(nh * 2);
+            CK(cudaMemcpy(hh, dout2, nh * 2, cudaMemcpyDeviceToHost));
+            long bad = -1;
+            for (size_t i = 0; i < nh && bad < 0; i++)
+                if (hh[i] != f2h(all[i])) bad = (long)i;
+            T_CHECKF(rc == 0 && bad < 0, "fa3 prefill, half output = the f32 output rounded: hd=%d G=%d: first different value %ld", hd,
+                     G, bad);
+            free(hh);
         }
         free(crow);
         free(cref);
