@@ -525,35 +525,39 @@ extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
     return FA_ROWS / (n_head / n_kv);
 }
 
+// The launchers' one body: f32 output (out) or half (out_h, unsplit steps only), one of them.
+static int prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_half *out_h,
+                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                       int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int kchunk,
+                       float *partial, int *counters, cudaStream_t s) {
+    if (!q || !k_cache || !v_cache || !out == !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+        n_split < 1 || n_split > KC_PF_MAX_SPLIT || (out_h && n_split > 1) ||
+        (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        return CM_EINVAL;
+    auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
+    if (int rc = f(q, k_cache, v_cache, out, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size,
+                   scale * LOG2E, n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
+        return rc;
+    KC_LAUNCH_CHECK();
+}
+
 extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                                               const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
                                               int block_size, float scale, int n_split, int kchunk, float *partial,
                                               int *counters, cudaStream_t s) {
-    if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        n_split < 1 || n_split > KC_PF_MAX_SPLIT ||
-        (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
-        return CM_EINVAL;
-    const float qs = scale * LOG2E;
-    auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
-    if (int rc = f(q, k_cache, v_cache, out, nullptr, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size, qs,
-                   n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
-        return rc;
-    KC_LAUNCH_CHECK();
+    if (!out) return CM_EINVAL;
+    return prefill_fa3(q, k_cache, v_cache, out, nullptr, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, hd,
+                       block_size, scale, n_split, kchunk, partial, counters, s);
 }
 
 extern "C" int kc_attention_prefill_fa3_half(const float *q, const kc_half *k_cache, const kc_half *v_cache, kc_half *out_h,
                                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
                                              int block_size, float scale, cudaStream_t s) {
-    if (!q || !k_cache || !v_cache || !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
-        return CM_EINVAL;
-    auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
-    if (int rc = f(q, k_cache, v_cache, nullptr, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv,
-                   block_size, scale * LOG2E, 1, 0, nullptr, nullptr, s))
-        return rc;
-    KC_LAUNCH_CHECK();
+    if (!out_h) return CM_EINVAL;
+    return prefill_fa3(q, k_cache, v_cache, nullptr, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, hd,
+                       block_size, scale, 1, 0, nullptr, nullptr, s);
 }
 
 extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
