@@ -182,6 +182,8 @@ typedef struct cu_state {
     int prof_cat[PROF_MAX_EVENTS];
     double prof_ms[2][PROF_N_CATS]; /* [0]: pure decode steps, [1]: steps with prefill tokens */
     int prof_steps[2];
+    double prof_cold[2][PROF_N_CATS]; /* the first step of each kind, apart (lazy module loads) */
+    int prof_cold_seen[2];
     size_t weight_bytes;
     /* the layers' norms write only the quantized blocks (and the half copy only when an F16
      * matrix reads it) in steps of up to norm_blocks_max tokens (0: never; at most
@@ -690,7 +692,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         prof_mark(s, PC_ROPE);
         /* prefill tiles alone on the wgmma kernel, wo on cuBLAS: the attention writes wo's input as half */
         s->xq_o.img_order = !st->per_head && st->n_tiles && !st->n_dec && !st->pf_split_fa3 && st->pf_split <= 1 && !s->kv_f8 &&
-                                    s->plan.att_pf_fa3 && kc_attention_fa3_ok(hd, c->n_head, c->n_head_kv, bs)
+                                    s->plan.att_pf_fa3 && s->plan.att_pf_half && kc_attention_fa3_ok(hd, c->n_head, c->n_head_kv, bs)
                                 ? kc_matmul_x_order(&L->wo, n_tok, &s->gws)
                                 : 0;
         const int pf_half = s->xq_o.img_order == KC_X_PLAIN && kc_xq_img_fits(&s->xq_o, n_tok, c->n_head * hd);
@@ -820,7 +822,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             s->xq_a.img = s->act_img && n_tok <= s->act_img_tok ? s->act_img : s->gws.x_half;
             s->xq_a.img_cap = s->act_img && n_tok <= s->act_img_tok ? s->act_img_cap : s->gws.x_cap;
             float *ly = img_only(&s->xq_a, n_tok, c->n_ff) ? NULL : gy; /* down reads only the image */
-            if (s->prof_on) { /* separate kernels: timed one by one */
+            if (s->prof_on && kc_glu_half_use(&L->gu, n_tok, &s->gws)) { /* kc_matmul_glu's two launches, timed apart */
+                KC_FATAL(kc_matmul_half_out(&L->gu, s->h, &s->xq_h, n_tok, (kc_half *)s->gu, &s->gws, cs));
+                prof_mark(s, PC_GU);
+                KC_FATAL(kc_glu_xq_half((const kc_half *)s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
+                prof_mark(s, PC_ACT);
+            } else if (s->prof_on) { /* separate kernels: timed one by one */
                 KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
                 prof_mark(s, PC_GU);
                 KC_FATAL(kc_glu_xq(s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
@@ -861,29 +868,34 @@ static void prof_mark(cu_state *s, int cat) {
 }
 
 /* After a profiled step: adds each launch's time to its category, decode steps and steps with
- * prefill tokens apart. */
+ * prefill tokens apart, and the first step of each kind apart from the rest (it pays for the
+ * kernels' lazy loading: cuBLAS's first GEMM of a size, for one). */
 static void prof_collect(cu_state *s, int pure_decode) {
     const int k = pure_decode ? 0 : 1;
+    double *acc = s->prof_cold_seen[k] ? s->prof_ms[k] : s->prof_cold[k];
     for (int i = 1; i < s->prof_n; i++) {
         float ms = 0;
         CU_FATAL(cudaEventElapsedTime(&ms, s->prof_ev[i - 1], s->prof_ev[i]));
-        s->prof_ms[k][s->prof_cat[i]] += ms;
+        acc[s->prof_cat[i]] += ms;
     }
-    s->prof_steps[k]++;
+    if (s->prof_cold_seen[k]) s->prof_steps[k]++;
+    s->prof_cold_seen[k] = 1;
 }
 
 static void prof_report(cu_state *s) {
     if (!s->prof_on) return;
     for (int k = 0; k < 2; k++) {
-        if (!s->prof_steps[k]) continue;
+        if (!s->prof_cold_seen[k]) continue;
+        /* the warm steps; the cold first step alone where it was the only one */
+        const int n = s->prof_steps[k] ? s->prof_steps[k] : 1;
+        const double *ms = s->prof_steps[k] ? s->prof_ms[k] : s->prof_cold[k];
         double total = 0;
-        for (int c = 0; c < PROF_N_CATS; c++) total += s->prof_ms[k][c];
-        fprintf(stderr, "cuda step breakdown over %d eager %s steps (ms per step):", s->prof_steps[k],
-                k ? "prefill or mixed" : "decode");
+        for (int c = 0; c < PROF_N_CATS; c++) total += ms[c];
+        fprintf(stderr, "cuda step breakdown over %d eager %s steps%s (ms per step):", n, k ? "prefill or mixed" : "decode",
+                s->prof_steps[k] ? " after the first" : ", the first only (cold)");
         for (int c = 0; c < PROF_N_CATS; c++)
-            fprintf(stderr, " %s=%.3f(%.0f%%)", prof_names[c], s->prof_ms[k][c] / s->prof_steps[k],
-                    100 * s->prof_ms[k][c] / (total > 0 ? total : 1));
-        fprintf(stderr, " total=%.3f\n", total / s->prof_steps[k]);
+            fprintf(stderr, " %s=%.3f(%.0f%%)", prof_names[c], ms[c] / n, 100 * ms[c] / (total > 0 ? total : 1));
+        fprintf(stderr, " total=%.3f\n", total / n);
     }
 }
 
@@ -1701,14 +1713,17 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             if (wmax > cap) wmax = cap;
         }
         s->gws.cublas = s->cublas;
-        /* FP8 GEMMs on cuBLASLt (sharing cuBLAS's workspace: one stream), one scale per token */
-        if (!f8 && c->fp8_weights) {
+        /* FP8 GEMMs, and F16 ones at prefill sizes (the plan's f16_lt_min_tok), on cuBLASLt
+         * (sharing cuBLAS's workspace: one stream); FP8: one scale per token */
+        if ((!f8 && c->fp8_weights) || s->plan.f16_lt_min_tok) {
             if (cublasLtCreate((cublasLtHandle_t *)&s->gws.cublaslt) != CUBLAS_STATUS_SUCCESS) {
                 s->gws.cublaslt = NULL;
                 goto oom;
             }
             s->gws.lt_ws = s->cublas_ws;
             s->gws.lt_ws_bytes = cublas_ws_bytes;
+        }
+        if (!f8 && c->fp8_weights) {
             s->gws.x_scale_cap = s->lim.max_tokens;
             if (dalloc(&s->gws.x_scale, T * sizeof(float))) goto oom;
         }
@@ -1783,6 +1798,43 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f seconds=%.2f", o->device, prop.name,
                 s->weight_bytes / GIB, cm_time_s() - t0);
     log_weight_types(s, m, file_bytes);
+
+    /* F16 matrices at prefill sizes: cublasGemmEx's and cuBLASLt's algorithms timed on the
+     * layers' shapes (before the KV pool takes the memory for the scratch output) */
+    if (s->plan.f16_lt_min_tok && s->gws.cublaslt && s->lim.max_tokens >= s->plan.f16_lt_min_tok) {
+        const double t1 = cm_time_s();
+        const kc_weight **ws = calloc((size_t)c->n_layer * 4, sizeof *ws);
+        unsigned char *oh = calloc((size_t)c->n_layer * 4, 1);
+        if (!ws || !oh) {
+            free(ws);
+            free(oh);
+            goto oom;
+        }
+        int n_w = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            const cu_layer *L = &s->layers[l];
+            const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
+            for (int i = 0; i < 4; i++)
+                if (lw[i]->type == DT_F16) {
+                    oh[n_w] = i == 2 && !L->moe && s->plan.glu_half_min_tok > 0; /* kc_matmul_glu's half rows */
+                    ws[n_w++] = lw[i];
+                }
+        }
+        char rep[1024];
+        const int trc = kc_matmul_tune_f16(ws, oh, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
+        free(ws);
+        free(oh);
+        if (trc == CM_ENOMEM)
+            CM_LOG_WARN("cuda", "no room to time the F16 matmuls' algorithms: cublasGemmEx's own choice", "max_tokens=%d",
+                        s->lim.max_tokens);
+        else if (trc) {
+            snprintf(err, errlen, "cuda backend: timing the F16 matmuls' algorithms failed (%s)", cm_err_str(trc));
+            rc = trc;
+            goto fail;
+        } else if (n_w)
+            CM_LOG_INFO("cuda", "F16 matmul algorithms timed", "seconds=%.2f from_tokens=%d result=\"%s\"", cm_time_s() - t1,
+                        s->plan.f16_lt_min_tok, rep);
+    }
 
     /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */
     if ((rc = alloc_kv_pool(s, o, &prop, free0, total, err, errlen))) goto fail;

@@ -25,8 +25,9 @@ __global__ void glu_il_kernel(const float *gu, float *out, int n_ff, size_t n) {
 
 // Four values per thread (n_ff % 32 == 0), also written as two-level int8 blocks (kc_xq; none
 // where qh, ql, xh are NULL) and as x's image for the wgmma tiles (im.p); out may be NULL.
-template <bool GELU>
-__global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
+// gu as f32, or as half (TIn __half: gate|up's cuBLAS output at prefill sizes, kc_glu_xq_half).
+template <bool GELU, typename TIn>
+__global__ void glu_xq_kernel(const TIn *gu, float *out, int n_ff, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_SWIGLU);
     kc_pdl_trigger();
     kc_pdl_wait();
@@ -35,8 +36,15 @@ __global__ void glu_xq_kernel(const float *gu, float *out, int n_ff, int8_t *qh,
     const bool ok = j < n_ff;
     float4 o = make_float4(0, 0, 0, 0);
     if (ok) {
-        const float4 *p = (const float4 *)(gu + t * 2 * n_ff + 2 * j);
-        o = kc_glu4<GELU>(p[0], p[1]);
+        if constexpr (sizeof(TIn) == 4) {
+            const float4 *p = (const float4 *)(gu + t * 2 * n_ff + 2 * j);
+            o = kc_glu4<GELU>(p[0], p[1]);
+        } else {
+            const uint4 v = *(const uint4 *)(gu + t * 2 * n_ff + 2 * j);
+            const float2 a = __half22float2(*(const __half2 *)&v.x), b = __half22float2(*(const __half2 *)&v.y),
+                         c = __half22float2(*(const __half2 *)&v.z), d = __half22float2(*(const __half2 *)&v.w);
+            o = kc_glu4<GELU>(make_float4(a.x, a.y, b.x, b.y), make_float4(c.x, c.y, d.x, d.y));
+        }
         if (out) *(float4 *)(out + t * n_ff + j) = o;
         if (im.p) img_store4(im, o, (int)t, j);
     }
@@ -48,7 +56,7 @@ static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, img_o
     if (quant || im.p) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(glu_xq_kernel<GELU>, grid, dim3(threads), 0, s, gu, out, n_ff, quant && !xq->no_ints ? xq->qh : nullptr,
+        kc_launch(glu_xq_kernel<GELU, float>, grid, dim3(threads), 0, s, gu, out, n_ff, quant && !xq->no_ints ? xq->qh : nullptr,
                   quant ? xq->ql : nullptr, quant ? xq->m : nullptr, quant ? (__half *)xq->xh : nullptr, im);
     } else {
         size_t n = (size_t)n_tok * n_ff;
@@ -65,6 +73,26 @@ extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int 
     if (xq) xq->n = quant ? n_ff : 0;
     if (act == MDL_ACT_GELU_TANH) launch_glu<true>(gu, out, xq, quant, im, n_tok, n_ff, s);
     else launch_glu<false>(gu, out, xq, quant, im, n_tok, n_ff, s);
+    if (im.p) xq->img_tok = n_tok, xq->img_n = n_ff;
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_glu_xq_half(const kc_half *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
+    if (!gu || n_tok <= 0 || n_tok > 65535 || n_ff <= 0 || n_ff % 4 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH))
+        return CM_EINVAL;
+    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
+    const img_out im = img_asked(xq, n_tok, n_ff);
+    if (!out && !quant && !im.p) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = quant ? n_ff : 0;
+    const int threads = 256;
+    const dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
+    int8_t *qh = quant && !xq->no_ints ? xq->qh : nullptr, *ql = quant ? xq->ql : nullptr;
+    int32_t *qm = quant ? xq->m : nullptr;
+    __half *xh = quant ? (__half *)xq->xh : nullptr;
+    if (act == MDL_ACT_GELU_TANH)
+        kc_launch(glu_xq_kernel<true, __half>, grid, dim3(threads), 0, s, (const __half *)gu, out, n_ff, qh, ql, qm, xh, im);
+    else
+        kc_launch(glu_xq_kernel<false, __half>, grid, dim3(threads), 0, s, (const __half *)gu, out, n_ff, qh, ql, qm, xh, im);
     if (im.p) xq->img_tok = n_tok, xq->img_n = n_ff;
     KC_LAUNCH_CHECK();
 }

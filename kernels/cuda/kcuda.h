@@ -164,6 +164,13 @@ typedef struct kc_plan {
                            * for them; 0: the matmul converts x */
     int rope_tok;         /* steps of at least this many tokens rotate q and k a token a CTA, the
                            * angles once for all its heads (0: never; one CTA per token and head) */
+    int att_pf_half;      /* 1: a step of prefill tiles alone on the wgmma kernel, wo on cuBLAS,
+                           * gets the attention's output as half (kc_attention_prefill_fa3_half) */
+    int f16_lt_min_tok;   /* F16 matrices on cuBLAS from this many tokens take the cuBLASLt
+                           * algorithm kc_matmul_tune_f16 timed fastest for their shape at start-up
+                           * (0: cublasGemmEx's own choice always) */
+    int glu_half_min_tok; /* F16 gate|up on cuBLAS from this many tokens writes half rows for the
+                           * gated activation (kc_glu_half_use; 0: f32 rows) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);
@@ -273,6 +280,21 @@ typedef struct kc_gemm_ws {
     float   *x_scale;
     int      x_scale_cap;
 } kc_gemm_ws;
+
+/* Times cublasGemmEx and cuBLASLt's heuristic algorithms for each F16 matrix shape of W[0..n_w)
+ * that runs on cuBLAS (with a half output where half_out[i], non-NULL, says so: gate|up of
+ * kc_glu_half_use, from the plan's glu_half_min_tok), at token counts from the plan's f16_lt_min_tok, doubling, up to max_tok
+ * (at most KC_TUNE_MAX_TOK), on the real weights, random activations in ws->x_half and a scratch
+ * output it allocates for the call (freed before it returns), and keeps the fastest per shape
+ * and count for kc_matmul: a step of n tokens takes the entry of the largest count <= n. Run it
+ * before graphs are captured, with nothing else on the stream; it synchronizes. Shapes timed
+ * before are kept. report (may be NULL) gets one line: shapes, counts, cuBLASLt's wins and their
+ * gains. 0, or CM_ENOMEM (no room for the scratch output: nothing timed), CM_ECUDA. */
+#define KC_TUNE_MAX_TOK 8192
+int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out, int n_w, int max_tok, const kc_gemm_ws *ws,
+                       cudaStream_t s, char *report, size_t report_len);
+/* Forgets every timed shape (tests). */
+void kc_matmul_tune_reset(void);
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
  * accumulate = 1 adds into y (residual fusion). Quantized weights: the integer GEMV below
@@ -677,6 +699,15 @@ int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *w, float *y
 int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out, kc_xq *xq_act,
                   int act, const kc_gemm_ws *ws, cudaStream_t s);
 int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s);
+/* Prefill-sized steps (the plan's glu_half_min_tok) of an F16 gate|up on cuBLAS (kc_glu_half_use):
+ * kc_matmul_glu writes gate|up's output as half into gu's memory (kc_matmul_half_out: f32 sums,
+ * each output rounded once) and takes the activation of those halves (kc_glu_xq_half: kc_glu_xq
+ * on half rows; n_ff % 4 == 0, n_tok <= 65535). Half the bytes of the f32 rows, written and
+ * read again; gate and up are rounded to half before the product, as the product is after it. */
+int kc_glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws);
+int kc_matmul_half_out(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, kc_half *y, const kc_gemm_ws *ws,
+                       cudaStream_t s);
+int kc_glu_xq_half(const kc_half *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s);
 
 /* kc_rmsnorm_add then kc_rmsnorm_xq of the new x in one launch (norm.cu): x[t] += rmsnorm(h[t]) *
  * w_post, then y[t] = rmsnorm(x[t]) * w and its blocks in xq as kc_rmsnorm_xq writes them (y may

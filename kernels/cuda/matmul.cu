@@ -3,10 +3,12 @@
 #include "kc_common.cuh"
 #include "gemmq_types.cuh"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "kcuda.h"
@@ -1463,6 +1465,85 @@ static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq
     return 0;
 }
 
+// ---- F16 matrices on cuBLASLt: the algorithm timed at start-up (kc_matmul_tune_f16) ----------
+
+namespace {
+// The fastest of cublasGemmEx and cuBLASLt's heuristic algorithms for an m x k matrix times n
+// tokens (host memory; the step thread only)
+struct f16_algo {
+    int m, k, n;
+    bool oh; // the output as half (kc_matmul_half_out), else f32
+    bool lt; // cuBLASLt's algo, else cublasGemmEx
+    cublasLtMatmulAlgo_t algo;
+};
+f16_algo g_f16[256];
+int g_f16_n;
+bool g_f16_lt_always; // tests: keep cuBLASLt's fastest algorithm even where cublasGemmEx beats it
+
+// y[n][m] (f32, or half: oh; row stride m) = W[m][k] x[n][k]^T: cuBLASLt's descriptors for
+// kc_matmul's layout
+struct lt_f16_desc {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasStatus_t make(int m, int n, int k, bool oh) {
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+        if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, k, m, k);
+        if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, n, k);
+        if (!st) st = cublasLtMatrixLayoutCreate(&lc, oh ? CUDA_R_16F : CUDA_R_32F, m, n, m);
+        return st;
+    }
+    cublasStatus_t run(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo, const void *w, const void *x, void *y, float beta,
+                       cudaStream_t s) const {
+        const float one = 1.0f;
+        return cublasLtMatmul((cublasLtHandle_t)ws->cublaslt, op, &one, w, la, x, lb, &beta, y, lc, y, lc, algo, ws->lt_ws,
+                              ws->lt_ws_bytes, s);
+    }
+    ~lt_f16_desc() {
+        if (lc) cublasLtMatrixLayoutDestroy(lc);
+        if (lb) cublasLtMatrixLayoutDestroy(lb);
+        if (la) cublasLtMatrixLayoutDestroy(la);
+        if (op) cublasLtMatmulDescDestroy(op);
+    }
+};
+} // namespace
+
+// Whether matmul_one multiplies W (F16) x n_tok tokens on cuBLAS.
+static bool f16_on_cublas(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !(gemmq_use(W, n_tok) && image_fits(W, n_tok, ws)) &&
+           (size_t)n_tok * W->n_in <= ws->x_cap;
+}
+
+extern "C" void kc_matmul_tune_reset(void) { g_f16_n = 0; }
+extern "C" void kc__matmul_tune_lt_always(int on) { g_f16_lt_always = on != 0; }
+
+// The timed entry for W at n_tok tokens (output as half: oh) where the plan takes cuBLASLt: the
+// largest timed count <= n_tok, if cuBLASLt's algorithm won there (NULL: cublasGemmEx)
+static const f16_algo *f16_lt_pick(const kc_weight *W, int n_tok, const kc_gemm_ws *ws, bool oh) {
+    const int lo = kc_plan_get()->f16_lt_min_tok;
+    if (!lo || n_tok < lo || !ws->cublaslt) return nullptr;
+    const f16_algo *best = nullptr;
+    for (int i = 0; i < g_f16_n; i++) {
+        const f16_algo &e = g_f16[i];
+        if (e.m == W->n_out && e.k == W->n_in && e.oh == oh && e.n <= n_tok && (!best || e.n > best->n)) best = &e;
+    }
+    return best && best->lt ? best : nullptr;
+}
+
+// 0 where cuBLASLt ran W x (into y, f32 or half by e->oh, accumulating with beta 1), 1 where the
+// algorithm does not take these sizes or pointers (nothing launched: cublasGemmEx instead), or
+// CM_ECUDA.
+static int f16_lt_matmul(const f16_algo *e, const kc_weight *W, const kc_half *x, int n_tok, void *y, float beta,
+                         const kc_gemm_ws *ws, cudaStream_t s) {
+    lt_f16_desc d;
+    cublasStatus_t st = d.make(W->n_out, n_tok, W->n_in, e->oh);
+    if (!st) st = d.run(ws, &e->algo, W->data, x, y, beta, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return 1;
+    return cublas_ok(st, __LINE__);
+}
+
 // y (row stride ldy) = W x for a matrix of one type (a whole weight, or one range of a mixed
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
 // already holds x as half (converted once for every range), or xsrc (non-NULL) holds x's image
@@ -1529,6 +1610,8 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
         if (int rc = launch_ok(__LINE__)) return rc;
         // x as half as it is: converted above, or written so by its producer (KC_X_PLAIN)
         const kc_half *xin = xh_ready && x_ord == KC_X_PLAIN && xsrc ? xsrc : ws->x_half;
+        if (const f16_algo *e = f16_lt_pick(W, n_tok, ws, false)) // the algorithm timed fastest at start-up
+            if (int rc = f16_lt_matmul(e, W, xin, n_tok, y, beta, ws, s); rc <= 0) return rc;
         return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,
                                       xin, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT),
@@ -1665,6 +1748,33 @@ static int glu_tiles(const kc_weight *W, const float *x, const kc_xq *xq, int n_
     return 0;
 }
 
+static bool glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    const int lo = kc_plan_get()->glu_half_min_tok;
+    return lo && n_tok >= lo && n_tok <= 65535 && ws && ws->cublas && W->n_out % 8 == 0 && f16_on_cublas(W, n_tok, ws);
+}
+
+extern "C" int kc_glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) { return W && glu_half_use(W, n_tok, ws); }
+
+extern "C" int kc_matmul_half_out(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, kc_half *y, const kc_gemm_ws *ws,
+                                  cudaStream_t s) {
+    if (!W || !y || n_tok <= 0 || !ws || !ws->cublas || !ws->x_half || !f16_on_cublas(W, n_tok, ws)) return CM_EINVAL;
+    // x as half as it is: its producer's image (KC_X_PLAIN), or converted from the f32 rows
+    const kc_half *xin = ws->x_half;
+    if (x_image(W, xq, n_tok, ws) == KC_X_PLAIN) xin = (const kc_half *)xq->img;
+    else if (!x) return CM_EINVAL;
+    else {
+        to_half(x, (size_t)n_tok * W->n_in, ws->x_half, s);
+        if (int rc = launch_ok(__LINE__)) return rc;
+    }
+    if (const f16_algo *e = f16_lt_pick(W, n_tok, ws, true))
+        if (int rc = f16_lt_matmul(e, W, xin, n_tok, y, 0.0f, ws, s); rc <= 0) return rc;
+    const float one = 1.0f, zero = 0.0f;
+    return cublas_ok(cublasGemmEx((cublasHandle_t)ws->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data,
+                                  CUDA_R_16F, W->n_in, xin, CUDA_R_16F, W->n_in, &zero, y, CUDA_R_16F, W->n_out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     __LINE__);
+}
+
 extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
                              kc_xq *xq_act, int act, const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W || !x || n_tok <= 0 || W->n_out % 2 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
@@ -1686,6 +1796,10 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
     }
     if (int rc = glu_tiles(W, x, xq, n_tok, out, xq_act, act == MDL_ACT_GELU_TANH, ws, s); rc <= 0) return rc;
     if (!gu) return CM_EINVAL;
+    if (glu_half_use(W, n_tok, ws)) { // prefill sizes: gate|up as half rows, in gu's memory
+        int rc = kc_matmul_half_out(W, x, xq, n_tok, (kc_half *)gu, ws, s);
+        return rc ? rc : kc_glu_xq_half((const kc_half *)gu, out, xq_act, n_tok, n_ff, act, s);
+    }
     int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);
     return rc ? rc : kc_glu_xq(gu, out, xq_act, n_tok, n_ff, act, s);
 }
@@ -1693,4 +1807,139 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
 extern "C" int kc_matmul_swiglu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
                                 kc_xq *xq_act, const kc_gemm_ws *ws, cudaStream_t s) {
     return kc_matmul_glu(W, x, xq, n_tok, gu, out, xq_act, MDL_ACT_SILU, ws, s);
+}
+
+// ---- kc_matmul_tune_f16 ----------------------------------------------------------------------
+
+// n halves uniform in about +-1/16 (a hash of the index): activations for timing, varied bits
+// (tensor cores draw more power, and clock lower, on varied operands than on zeros)
+__global__ void tune_fill_kernel(__half *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        x[i] = __ushort_as_half((unsigned short)(((h >> 31) << 15) | ((10u + ((h >> 30) & 1)) << 10) | ((h >> 12) & 0x3ff)));
+    }
+}
+
+
+extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out, int n_w, int max_tok,
+                                  const kc_gemm_ws *ws, cudaStream_t s, char *report, size_t report_len) {
+    if (report && report_len) report[0] = 0;
+    const int lo = kc_plan_get()->f16_lt_min_tok, hi = max_tok < KC_TUNE_MAX_TOK ? max_tok : KC_TUNE_MAX_TOK;
+    if (!lo || lo > hi || !ws || !ws->cublas || !ws->cublaslt || !ws->x_half || !ws->lt_ws) return 0;
+    enum { MAX_SHAPES = 32, MAX_ALGOS = 16, PASSES = 2, REPS = 3 };
+    int shp[MAX_SHAPES][3], n_shp = 0; // n_out, n_in, output as half
+    size_t y_max = 0, x_max = 0;
+    for (int i = 0; i < n_w; i++) {
+        if (!f16_on_cublas(W[i], lo, ws)) continue;
+        const int oh = half_out && half_out[i];
+        bool seen = false;
+        for (int j = 0; j < n_shp && !seen; j++) seen = shp[j][0] == W[i]->n_out && shp[j][1] == W[i]->n_in && shp[j][2] == oh;
+        if (seen || n_shp == MAX_SHAPES) continue;
+        shp[n_shp][0] = W[i]->n_out;
+        shp[n_shp][1] = W[i]->n_in;
+        shp[n_shp][2] = oh;
+        n_shp++;
+        if ((size_t)W[i]->n_out > y_max) y_max = (size_t)W[i]->n_out;
+        if ((size_t)W[i]->n_in > x_max) x_max = (size_t)W[i]->n_in;
+    }
+    if (!n_shp) return 0;
+    float *y = nullptr;
+    if (cudaMalloc(&y, y_max * (size_t)hi * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        return CM_ENOMEM;
+    }
+    const size_t nx = (size_t)hi * x_max < ws->x_cap ? (size_t)hi * x_max : ws->x_cap;
+    tune_fill_kernel<<<1024, 256, 0, s>>>((__half *)ws->x_half, nx);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    int rc = launch_ok(__LINE__);
+    if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
+    cublasHandle_t h = (cublasHandle_t)ws->cublas;
+    cublasLtHandle_t lt = (cublasLtHandle_t)ws->cublaslt;
+    int n_timed = 0, n_won = 0;
+    size_t at = 0;
+    for (int si = 0; si < n_shp && !rc; si++) {
+        const int m = shp[si][0], k = shp[si][1];
+        const bool oh = shp[si][2];
+        const kc_weight *w = nullptr;
+        for (int i = 0; i < n_w && !w; i++)
+            if (W[i] && W[i]->type == DT_F16 && W[i]->n_out == m && W[i]->n_in == k) w = W[i];
+        // half outputs from the count kc_glu_half_use starts at
+        const int from = oh && kc_plan_get()->glu_half_min_tok > lo ? kc_plan_get()->glu_half_min_tok : lo;
+        for (int n = from; n <= hi && !rc; n *= 2) {
+            if (!f16_on_cublas(w, n, ws)) continue;
+            bool done = false;
+            for (int i = 0; i < g_f16_n && !done; i++)
+                done = g_f16[i].m == m && g_f16[i].k == k && g_f16[i].oh == oh && g_f16[i].n == n;
+            if (done || g_f16_n == (int)(sizeof g_f16 / sizeof *g_f16)) continue;
+            lt_f16_desc d;
+            cublasLtMatmulPreference_t pref = nullptr;
+            cublasLtMatmulHeuristicResult_t hr[MAX_ALGOS];
+            int n_hr = 0;
+            const uint64_t wsb = ws->lt_ws_bytes;
+            if (d.make(m, n, k, oh) || cublasLtMatmulPreferenceCreate(&pref) ||
+                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ||
+                cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.la, d.lb, d.lc, d.lc, pref, MAX_ALGOS, hr, &n_hr))
+                n_hr = 0;
+            if (pref) cublasLtMatmulPreferenceDestroy(pref);
+            // candidate 0: cublasGemmEx; then the heuristic's; PASSES round-robin passes, each
+            // candidate's best pass (the clocks settle over the first)
+            float best[1 + MAX_ALGOS];
+            for (int c = 0; c <= n_hr; c++) best[c] = c && hr[c - 1].state != CUBLAS_STATUS_SUCCESS ? -1.0f : 1e30f;
+            const float one = 1.0f, zero = 0.0f;
+            for (int p = 0; p < PASSES && !rc; p++)
+                for (int c = 0; c <= n_hr && !rc; c++) {
+                    if (best[c] < 0) continue;
+                    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+                    for (int r = 0; r <= REPS && !st; r++) {
+                        if (r == 1) cudaEventRecord(e0, s);
+                        st = c ? d.run(ws, &hr[c - 1].algo, w->data, ws->x_half, y, 0.0f, s)
+                               : cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data, CUDA_R_16F, k, ws->x_half,
+                                              CUDA_R_16F, k, &zero, y, oh ? CUDA_R_16F : CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT);
+                    }
+                    if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
+                        best[c] = -1.0f;
+                        continue;
+                    }
+                    cudaEventRecord(e1, s);
+                    float ms = 0;
+                    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) rc = CM_ECUDA;
+                    else if (ms < best[c]) best[c] = ms;
+                }
+            if (rc || best[0] < 0) break;
+            int win = 0;
+            for (int c = 1; c <= n_hr; c++)
+                if (best[c] >= 0 && (best[c] < best[win] || (g_f16_lt_always && win == 0))) win = c;
+            f16_algo &e = g_f16[g_f16_n++];
+            e.m = m, e.k = k, e.n = n, e.oh = oh;
+            // cuBLASLt where it gains more than the noise
+            e.lt = win > 0 && (best[win] < 0.99f * best[0] || g_f16_lt_always);
+            if (e.lt) e.algo = hr[win - 1].algo;
+            n_timed++;
+            if (e.lt) {
+                n_won++;
+                if (report && at + 48 < report_len)
+                    at += (size_t)snprintf(report + at, report_len - at, "%s%dx%d%s@%d %.1f%%", n_won > 1 ? " " : "", m, k,
+                                           oh ? "(half)" : "", n, 100.0 * (best[win] - best[0]) / best[0]);
+            }
+        }
+    }
+    if (!rc) rc = launch_ok(__LINE__);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaStreamSynchronize(s);
+    cudaFree(y);
+    if (report && report_len && !rc) {
+        char head[96];
+        snprintf(head, sizeof head, "%d of %d shape x count timed faster on cuBLASLt%s", n_won, n_timed, n_won ? ": " : "");
+        const size_t hl = strlen(head), bl = strlen(report);
+        if (hl + bl < report_len) {
+            memmove(report + hl, report, bl + 1);
+            memcpy(report, head, hl);
+        }
+    }
+    return rc;
 }

@@ -53,6 +53,9 @@ const field k_fields[] = {
     F(moe_fuse, 0, KC_GEMV_MAX_TOK),
     F(x_plain, 0, 1),
     F(rope_tok, 0, 1 << 20),
+    F(att_pf_half, 0, 1),
+    F(f16_lt_min_tok, 0, 1 << 20),
+    F(glu_half_min_tok, 0, 1 << 20),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -86,6 +89,19 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->x_plain = 1;
     // prefill and large decode steps: the rotation a token a CTA, its angles once
     p->rope_tok = 64;
+    // F16 matrices on cuBLAS from 1,024 tokens (prefill) on the cuBLASLt algorithm timed fastest
+    // at start-up: llama3-8b gate|up at 2,048 / 8,192 tokens 748 / 2,968 us on cublasGemmEx's
+    // choice against 688 / 2,813 on the best of cuBLASLt's heuristic's eight, qkv at 8,192 596
+    // against 562, while wo and down at 8,192 keep cublasGemmEx's (376 / 1,343 against 392 /
+    // 1,414); below 1,024 tokens the two are within 1 % (H200, bench/RESULTS.md "2026-11-29
+    // (sixteenth session)"). Above the largest decode graph: timing runs before capture.
+    p->f16_lt_min_tok = 1024;
+    p->att_pf_half = 1;
+    // F16 gate|up on cuBLAS from 129 tokens (past the wgmma tiles' 128 on Hopper): half rows for
+    // the gated activation, half the bytes written and read again (llama3-8b F16 on an H200: 256 x
+    // 1,152 steps 14,435 -> 14,590 tok/s, prefill 2,048 / 32,768 tokens 39,063 / 22,579 -> 40,444
+    // / 22,776, 8,192 within the spread; bench/RESULTS.md "2026-11-29 (sixteenth session)")
+    p->glu_half_min_tok = 129;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

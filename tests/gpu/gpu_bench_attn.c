@@ -7,10 +7,17 @@
  * usage: gpu_bench_attn [decode|decode8|decode8x|prefill|splits|chunk]... (default: decode and prefill;
  * decode8: the FP8 cache against the F16 one, decode8x: only 256 x 1,024, for a profiler; splits sweeps
  * the decode kernel's split count at 1-32 sequences of 8k-128k positions; chunk: a chunk of a
- * long prompt on the prefill kernel, whole and split over the keys) */
+ * long prompt on the prefill kernel, whole and split over the keys). Variants of the prefill and
+ * chunk benches: rand (random K, V and queries instead of constants, so that the running maxima
+ * move as they do on real data), rev (the tiles longest first), shuffle (the KV blocks scattered
+ * over a pool), hot (each launch after a 3 ms cuBLAS GEMM, as in a forward pass). The wgmma kernel
+ * is timed with its f32 output and its half output. */
 #include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +25,31 @@
 #include "gpu_ck.h"
 
 enum { NH = 32, NKV = 8, HD = 128, BS = 16 };
+
+static int g_rand; /* "rand": random K, V and queries for the prefill benches */
+/* prefill bench variants: "rev": the tile list longest first; "shuffle": the sequence's KV blocks
+ * in a shuffled order of a pool twice its size; "hot": a cuBLAS GEMM of gate|up's shape at
+ * 8,192 tokens before each timed launch, timed apart (the clocks of a forward pass) */
+static int g_rev, g_shuffle, g_hot;
+
+/* n values, half (esz 2) or float (esz 4), roughly normal with standard deviation sd, fixed seed */
+static void fill_random(void *dev, size_t n, int esz, float sd, uint32_t seed) {
+    void *h = malloc(n * esz);
+    if (!h) { fprintf(stderr, "out of host memory\n"); exit(1); }
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        float u = 0;
+        for (int j = 0; j < 4; j++) { /* Irwin-Hall of 4: mean 2, variance 1/3 */
+            r = r * 1664525u + 1013904223u;
+            u += (float)(r >> 8) * (1.0f / 16777216.0f);
+        }
+        const float g = (u - 2.0f) * 1.7320508f * sd;
+        if (esz == 4) ((float *)h)[i] = g;
+        else ((kc_half *)h)[i] = dt_f32_to_f16(g);
+    }
+    CK(cudaMemcpy(dev, h, n * esz, cudaMemcpyHostToDevice));
+    free(h);
+}
 
 /* Copy bandwidth: a 4 GiB device-to-device copy, bytes read + written, best of 5. */
 static double copy_gbs(void) {
@@ -163,6 +195,26 @@ static void bench_splits(double bw, int sms) {
         }
 }
 
+/* gate|up's GEMM at 8,192 tokens (about 3 ms of tensor cores: the clocks of a forward pass) */
+static void hot_gemm(void) {
+    static cublasHandle_t h;
+    static void *w, *x, *y;
+    if (!h) {
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); exit(1); }
+        CK(cudaMalloc(&w, (size_t)28672 * 4096 * 2));
+        CK(cudaMalloc(&x, (size_t)8192 * 4096 * 2));
+        CK(cudaMalloc(&y, (size_t)8192 * 28672 * 4));
+        fill_random(w, (size_t)28672 * 4096, 2, 0.05f, 7);
+        fill_random(x, (size_t)8192 * 4096, 2, 0.05f, 8);
+    }
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 28672, 8192, 4096, &one, w, CUDA_R_16F, 4096, x, CUDA_R_16F, 4096, &zero, y,
+                     CUDA_R_32F, 28672, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "hot GEMM failed\n");
+        exit(1);
+    }
+}
+
 /* One sequence of T positions in blocks 0, 1, ... of a fresh cache (constant K, V and queries):
  * device arrays for the prefill launchers, and host tiles (ht) to fill. */
 typedef struct seq1 {
@@ -175,18 +227,36 @@ typedef struct seq1 {
 
 static seq1 seq1_new(int T) {
     seq1 a = { .T = T, .mb = T / BS };
-    const size_t ce = (size_t)a.mb * NKV * BS * HD;
+    const size_t ce = (size_t)a.mb * (g_shuffle ? 2 : 1) * NKV * BS * HD;
     CK(cudaMalloc((void **)&a.k, ce * 2));
     CK(cudaMalloc((void **)&a.v, ce * 2));
     CK(cudaMemset(a.k, 0x3a, ce * 2));
     CK(cudaMemset(a.v, 0x39, ce * 2));
     CK(cudaMalloc((void **)&a.q, (size_t)T * NH * HD * 4));
     CK(cudaMemset(a.q, 0x3c, (size_t)T * NH * HD * 4));
+    if (g_rand) { /* scores q.k * 0.088 of standard deviation about 1 */
+        fill_random(a.k, ce, 2, 1.0f, 1);
+        fill_random(a.v, ce, 2, 1.0f, 2);
+        fill_random(a.q, (size_t)T * NH * HD, 4, 1.0f, 3);
+    }
     CK(cudaMalloc((void **)&a.out, (size_t)T * NH * HD * 4));
     int32_t *hp = malloc((size_t)T * 4), *hs = calloc((size_t)T, 4), *hb = malloc((size_t)a.mb * 4);
     a.ht = malloc((size_t)T * 8);
     for (int i = 0; i < T; i++) hp[i] = i;
     for (int j = 0; j < a.mb; j++) hb[j] = j;
+    if (g_shuffle) { /* blocks drawn from a pool of 2 mb: a random injection */
+        int *perm = malloc((size_t)2 * a.mb * sizeof(int));
+        uint32_t r = 12345;
+        for (int j = 0; j < 2 * a.mb; j++) perm[j] = j;
+        for (int j = 2 * a.mb - 1; j > 0; j--) {
+            r = r * 1664525u + 1013904223u;
+            const int o = (int)((r >> 8) % (uint32_t)(j + 1)), t = perm[j];
+            perm[j] = perm[o];
+            perm[o] = t;
+        }
+        for (int j = 0; j < a.mb; j++) hb[j] = perm[j];
+        free(perm);
+    }
     CK(cudaMalloc((void **)&a.pos, (size_t)T * 4));
     CK(cudaMalloc((void **)&a.seq, (size_t)T * 4));
     CK(cudaMalloc((void **)&a.bt, (size_t)a.mb * 4));
@@ -231,19 +301,42 @@ static void bench_prefill(void) {
                 ht[2 * nt] = j;
                 ht[2 * nt + 1] = T - j < tt ? T - j : tt;
             }
+            if (g_rev)
+                for (int i = 0; i < nt / 2; i++)
+                    for (int c = 0; c < 2; c++) {
+                        const int32_t t = ht[2 * i + c];
+                        ht[2 * i + c] = ht[2 * (nt - 1 - i) + c];
+                        ht[2 * (nt - 1 - i) + c] = t;
+                    }
             CK(cudaMemcpy(tiles, ht, (size_t)nt * 8, cudaMemcpyHostToDevice));
             const int iters = T >= 32768 ? 3 : 10;
-            for (int i = 0; i < iters + 1; i++) {
-                if (i == 1) CK(cudaEventRecord(e0, 0));
-                if (fa3 ? kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 0)
-                        : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
-                    fprintf(stderr, "prefill launch failed\n");
-                    exit(1);
+            double ms = 0;
+            for (int half = 0; half < (fa3 ? 2 : 1); half++) { /* fa3: f32 output, then half */
+                ms = 0;
+                for (int i = 0; i < iters + 1; i++) {
+                    if (g_hot) hot_gemm();
+                    if (i == 1 || (g_hot && i)) CK(cudaEventRecord(e0, 0));
+                    if (fa3 ? (half ? kc_attention_prefill_fa3_half(q, k, v, (kc_half *)out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD,
+                                                                   BS, 0.088f, 0)
+                                    : kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 0))
+                            : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
+                        fprintf(stderr, "prefill launch failed\n");
+                        exit(1);
+                    }
+                    if (g_hot && i) {
+                        CK(cudaEventRecord(e1, 0));
+                        ms += time_ms(e0, e1);
+                    }
                 }
+                if (!g_hot) {
+                    CK(cudaEventRecord(e1, 0));
+                    ms = time_ms(e0, e1);
+                }
+                ms /= iters;
+                if (fa3 && !half)
+                    printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, "fa3 f32  ", tt, ms, flops / ms / 1e9);
             }
-            CK(cudaEventRecord(e1, 0));
-            double ms = time_ms(e0, e1) / iters;
-            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 ? "fa3      " : warps == 4 ? "warps=4  " : "warps=8  ",
+            printf("  T=%-6d %s tile=%-3d %9.3f ms per layer %7.1f TFLOP/s\n", T, fa3 ? "fa3 half " : warps == 4 ? "warps=4  " : "warps=8  ",
                    tt, ms, flops / ms / 1e9);
         }
         seq1_free(&a);
@@ -325,7 +418,12 @@ int main(int argc, char **argv) {
         spl |= !strcmp(argv[i], "splits");
         chk |= !strcmp(argv[i], "chunk");
         d8 |= !strcmp(argv[i], "decode8") ? 1 : !strcmp(argv[i], "decode8x") ? 2 : 0;
+        g_rand |= !strcmp(argv[i], "rand");
+        g_rev |= !strcmp(argv[i], "rev");
+        g_shuffle |= !strcmp(argv[i], "shuffle");
+        g_hot |= !strcmp(argv[i], "hot");
     }
+    printf("prefill variants:%s%s%s%s\n", g_rand ? " rand" : "", g_rev ? " rev" : "", g_shuffle ? " shuffle" : "", g_hot ? " hot" : "");
     if (dec) bench_decode(bw);
     if (d8) bench_decode_f8(bw, d8 == 2);
     if (spl) bench_splits(bw, prop.multiProcessorCount);

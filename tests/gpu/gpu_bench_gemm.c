@@ -7,11 +7,26 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gpu_ck.h"
+
+/* n halves uniform in [-1/16, 1/16), from a fixed seed */
+static void fill_random(void *dev, size_t n, uint32_t seed) {
+    uint16_t *h = malloc(n * 2);
+    if (!h) { fprintf(stderr, "out of host memory\n"); exit(1); }
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        /* a half of exponent 2^-5..2^-4 scaled: sign, exponent 10 or 11 (2^-5, 2^-4), mantissa random */
+        h[i] = (uint16_t)(((r >> 31) << 15) | ((10u + ((r >> 30) & 1)) << 10) | ((r >> 12) & 0x3ff));
+    }
+    CK(cudaMemcpy(dev, h, n * 2, cudaMemcpyHostToDevice));
+    free(h);
+}
 
 #define LT(x)                                                                              \
     do {                                                                                   \
@@ -42,11 +57,15 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    int nmax = 16;
+    for (int i = 0; i < nn; i++)
+        if (ns[i] > nmax) nmax = ns[i];
     void *x, *y;
-    CK(cudaMalloc(&x, (size_t)4096 * 14336 * 2));
-    CK(cudaMemset(x, 0x2c, (size_t)4096 * 14336 * 2)); /* ~0.06 as half */
-    CK(cudaMalloc(&y, (size_t)4096 * 128256 * 4));
-    printf("%-8s %6s %12s %9s %9s | %12s %9s %5s\n", "matrix", "N", "GemmEx us", "TB/s", "TFLOP/s", "best Lt us", "TB/s", "algo");
+    CK(cudaMalloc(&x, (size_t)nmax * 14336 * 2));
+    fill_random(x, (size_t)nmax * 14336, 7);
+    CK(cudaMalloc(&y, (size_t)nmax * 128256 * 4));
+    printf("%-8s %6s %10s %7s %8s | %10s %10s %8s %6s  %s\n", "matrix", "N", "GemmEx us", "TB/s", "TFLOP/s", "Lt[0] us",
+           "best Lt us", "TFLOP/s", "algo", "best's id/tile/stages/splitK/cluster");
     for (int si = 0; si < 5; si++) {
         const int K = sh[si].n_in, M = sh[si].n_out;
         const size_t wb = (size_t)K * M * 2;
@@ -54,7 +73,7 @@ int main(int argc, char **argv) {
         void *w[8];
         for (int c = 0; c < copies; c++) {
             CK(cudaMalloc(&w[c], wb));
-            CK(cudaMemset(w[c], 0x1f + c, wb));
+            fill_random(w[c], wb / 2, 11 + c);
         }
         for (int ni = 0; ni < nn; ni++) {
             const int N = ns[ni];
@@ -87,7 +106,7 @@ int main(int argc, char **argv) {
             cublasLtMatmulHeuristicResult_t res[16];
             int nres = 0;
             LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres));
-            double best = 1e30;
+            double best = 1e30, first = 0;
             int best_i = -1;
             for (int a = 0; a < nres; a++) {
                 if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -101,14 +120,25 @@ int main(int argc, char **argv) {
                 CK(cudaEventSynchronize(e1));
                 if (!ok) continue;
                 CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (a == 0) first = ms * 1e3 / iters;
                 if (ms * 1e3 / iters < best) {
                     best = ms * 1e3 / iters;
                     best_i = a;
                 }
             }
             const double fl = 2.0 * M * N * K;
-            printf("%-8s %6d %12.1f %9.2f %9.1f | %12.1f %9.2f %5d/%d\n", sh[si].name, N, us_ex, wb / us_ex / 1e6, fl / us_ex / 1e6, best,
-                   wb / best / 1e6, best_i, nres);
+            int id = -1, tile = -1, stages = -1, splitk = -1, cluster = -1;
+            if (best_i >= 0) {
+                const cublasLtMatmulAlgo_t *al = &res[best_i].algo;
+                size_t wr;
+                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &wr);
+                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &wr);
+                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &wr);
+                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &wr);
+                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &wr);
+            }
+            printf("%-8s %6d %10.1f %7.2f %8.1f | %10.1f %10.1f %8.1f %3d/%-2d  %d/%d/%d/%d/%d\n", sh[si].name, N, us_ex,
+                   wb / us_ex / 1e6, fl / us_ex / 1e6, first, best, fl / best / 1e6, best_i, nres, id, tile, stages, splitk, cluster);
             cublasLtMatmulPreferenceDestroy(pref);
             cublasLtMatrixLayoutDestroy(la);
             cublasLtMatrixLayoutDestroy(lb);

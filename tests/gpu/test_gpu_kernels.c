@@ -72,6 +72,7 @@ size_t kc__gemmq_x_halves(int n_tok, int n);
 int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg, int xperm,
                    cudaStream_t s);
 int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in); /* the F16 tiles' configuration for a shape, -1: cuBLAS */
+void kc__matmul_tune_lt_always(int on); /* kc_matmul_tune_f16 keeps cuBLASLt's best even where it loses */
 
 /* Each wgmma configuration (kc_gemmq's 11..18) on x's image: the reference's accuracy, identical
  * bits for those of one K split (13, 14: 2 K groups x 2 CTAs; 15, 17: two splits; 16, 18: one),
@@ -2134,6 +2135,193 @@ static void test_kv_fp8(cudaStream_t s) {
     k_pool_destroy(pool);
 }
 
+/* F16 matrices at prefill sizes on the cuBLASLt algorithm kc_matmul_tune_f16 timed: every shape x
+ * count of the ladder timed once (a second call times nothing new), and the matmul on cuBLASLt's
+ * algorithm (kept whether or not it won, to run that path) against the double reference and
+ * against cublasGemmEx (f32 sums of f16 products: only the summation order differs), writing
+ * and accumulating, at timed counts and between them. Then gate|up's half output
+ * (kc_matmul_half_out) on both, and the gated activation of its half rows (kc_matmul_glu past
+ * glu_half_min_tok) against the f32 rows' and the double reference. */
+static void test_matmul_lt(cublasHandle_t cb, cudaStream_t s) {
+    const int shapes[][2] = { { 1024, 1536 }, { 512, 1000 } }; /* n_in, n_out (1,000: rows not a tile multiple) */
+    enum { NS = 2, MAXT = 1024 };
+    cublasLtHandle_t lt;
+    T_CHECK(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+    kc_weight w[NS];
+    double *ref[NS];
+    float *x[NS]; /* MAXT rows of n_in */
+    for (int i = 0; i < NS; i++) {
+        x[i] = malloc((size_t)MAXT * shapes[i][0] * 4);
+        for (size_t j = 0; j < (size_t)MAXT * shapes[i][0]; j++) x[i][j] = frand();
+    }
+    for (int i = 0; i < NS; i++) {
+        const int n_in = shapes[i][0], n_out = shapes[i][1];
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4);
+        for (size_t j = 0; j < nw; j++) wf[j] = frand() * 0.1f;
+        void *blocks = malloc(dt_row_size(DT_F16, n_in) * n_out);
+        dt_quantize(DT_F16, wf, blocks, (int64_t)nw);
+        w[i] = upload_weight(DT_F16, blocks, n_in, n_out);
+        ref[i] = malloc((size_t)MAXT * n_out * 8);
+        k_matmul_ref(blocks, DT_F16, n_in, n_out, x[i], MAXT, ref[i]);
+        free(wf);
+        free(blocks);
+    }
+    kc_gemm_ws ws = { .cublas = cb, .cublaslt = lt, .lt_ws_bytes = 32u << 20 };
+    ws.x_cap = (size_t)MAXT * 1024;
+    ws.w_cap = 1;
+    CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+    CK(cudaMalloc((void **)&ws.w_half, 2));
+    CK(cudaMalloc(&ws.lt_ws, ws.lt_ws_bytes));
+    kc_plan keep = *kc_plan_get(), p = keep;
+    p.f16_lt_min_tok = 256;
+    p.glu_half_min_tok = 256;
+    p.f16_wg_max_tok = 0; /* cuBLAS from 9 tokens */
+    kc_plan_set(&p);
+    kc_matmul_tune_reset();
+    kc__matmul_tune_lt_always(1);
+    /* a shape twice: timed once; the first also with its output as half (gate|up of kc_matmul_glu) */
+    const kc_weight *wl[] = { &w[0], &w[1], &w[0], &w[1] };
+    const unsigned char oh[] = { 0, 0, 1, 0 };
+    char rep[1024];
+    int rc = kc_matmul_tune_f16(wl, oh, 4, MAXT, &ws, s, rep, sizeof rep);
+    int won = -1, timed = -1;
+    T_CHECKF(rc == 0 && sscanf(rep, "%d of %d", &won, &timed) == 2 && timed == (NS + 1) * 3 && won == timed,
+             "tune rc=%d timed %d (want %d: 256, 512, 1024 for each shape) report \"%s\"", rc, timed, (NS + 1) * 3, rep);
+    rc = kc_matmul_tune_f16(wl, oh, 4, MAXT, &ws, s, rep, sizeof rep);
+    T_CHECKF(rc == 0 && sscanf(rep, "%d of %d", &won, &timed) == 2 && timed == 0, "tune again: nothing new, report \"%s\"", rep);
+    const int ntoks[] = { 255, 256, 300, 777, 1024 };
+    for (int i = 0; i < NS; i++) {
+        const int n_in = shapes[i][0], n_out = shapes[i][1];
+        for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+            const int nt = ntoks[ni];
+            const size_t ny = (size_t)nt * n_out;
+            float *dx = dev_upload(x[i], (size_t)nt * n_in * 4), *dy, *y[3];
+            CK(cudaMalloc((void **)&dy, ny * 4));
+            for (int arm = 0; arm < 3; arm++) { /* cuBLASLt, cublasGemmEx, cuBLASLt accumulating onto 1.0 */
+                y[arm] = malloc(ny * 4);
+                kc_plan q = p;
+                q.f16_lt_min_tok = arm == 1 ? 0 : 256;
+                kc_plan_set(&q);
+                if (arm == 2) {
+                    for (size_t j = 0; j < ny; j++) y[arm][j] = 1.0f;
+                    CK(cudaMemcpy(dy, y[arm], ny * 4, cudaMemcpyHostToDevice));
+                } else
+                    poison(dy, ny * 4);
+                rc = kc_matmul(&w[i], dx, nt, dy, arm == 2, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y[arm], dy, ny * 4, cudaMemcpyDeviceToHost));
+                if (arm == 2)
+                    for (size_t j = 0; j < ny; j++) y[arm][j] -= 1.0f;
+                const double e = rel_err(y[arm], ref[i], ny);
+                T_CHECKF(rc == 0 && e < 5e-3, "matmul F16 %dx%d n_tok=%d %s rc=%d rel_err=%.3g", n_in, n_out, nt,
+                         arm == 1 ? "cublasGemmEx" : arm ? "cuBLASLt accumulating" : "cuBLASLt", rc, e);
+            }
+            double num = 0, den = 0;
+            for (size_t j = 0; j < ny; j++) {
+                num += ((double)y[0][j] - y[1][j]) * ((double)y[0][j] - y[1][j]);
+                den += (double)y[1][j] * y[1][j];
+            }
+            T_CHECKF(sqrt(num / (den > 0 ? den : 1)) < 1e-5, "cuBLASLt vs cublasGemmEx F16 %dx%d n_tok=%d rel_diff=%.3g", n_in, n_out,
+                     nt, sqrt(num / (den > 0 ? den : 1)));
+            for (int arm = 0; arm < 3; arm++) free(y[arm]);
+            cudaFree(dx);
+            cudaFree(dy);
+        }
+    }
+    /* gate|up's output as half (kc_matmul_half_out), on cuBLASLt's timed algorithm and on
+     * cublasGemmEx; the gated activation of those halves (kc_matmul_glu past glu_half_min_tok)
+     * against the f32 rows' and the double reference */
+    {
+        const int n_in = shapes[0][0], n_out = shapes[0][1], n_ff = n_out / 2;
+        const int nts[] = { 256, 777, 1024 };
+        for (size_t ni = 0; ni < sizeof nts / sizeof *nts; ni++) {
+            const int nt = nts[ni];
+            const size_t ny = (size_t)nt * n_out;
+            float *dx = dev_upload(x[0], (size_t)nt * n_in * 4), *dgu, *dout;
+            kc_half *dyh;
+            CK(cudaMalloc((void **)&dyh, ny * 2));
+            CK(cudaMalloc((void **)&dgu, ny * 4));
+            CK(cudaMalloc((void **)&dout, (size_t)nt * n_ff * 4));
+            uint16_t *yh = malloc(ny * 2);
+            float *yf[2], *out[2];
+            for (int arm = 0; arm < 2; arm++) { /* cuBLASLt, cublasGemmEx */
+                kc_plan q = p;
+                q.f16_lt_min_tok = arm ? 0 : 256;
+                kc_plan_set(&q);
+                T_CHECK(kc_glu_half_use(&w[0], nt, &ws) == 1);
+                poison(dyh, ny * 2);
+                rc = kc_matmul_half_out(&w[0], dx, NULL, nt, dyh, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(yh, dyh, ny * 2, cudaMemcpyDeviceToHost));
+                yf[arm] = malloc(ny * 4);
+                for (size_t j = 0; j < ny; j++) yf[arm][j] = dt_f16_to_f32(yh[j]);
+                const double e = rel_err(yf[arm], ref[0], ny);
+                T_CHECKF(rc == 0 && e < 5e-3, "matmul F16 %dx%d n_tok=%d half output (%s) rc=%d rel_err=%.3g", n_in, n_out, nt,
+                         arm ? "cublasGemmEx" : "cuBLASLt", rc, e);
+                /* the gated activation of the half rows, and of the f32 rows (glu_half_min_tok 0) */
+                out[arm] = malloc((size_t)nt * n_ff * 4);
+                q.glu_half_min_tok = arm ? 0 : 256;
+                kc_plan_set(&q);
+                poison(dout, (size_t)nt * n_ff * 4);
+                rc = kc_matmul_glu(&w[0], dx, NULL, nt, dgu, dout, NULL, MDL_ACT_SILU, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(out[arm], dout, (size_t)nt * n_ff * 4, cudaMemcpyDeviceToHost));
+                double *rg = malloc((size_t)nt * n_ff * 8);
+                for (int t = 0; t < nt; t++)
+                    for (int j = 0; j < n_ff; j++) {
+                        const double g = ref[0][(size_t)t * n_out + 2 * j], u = ref[0][(size_t)t * n_out + 2 * j + 1];
+                        rg[(size_t)t * n_ff + j] = g / (1.0 + exp(-g)) * u;
+                    }
+                const double eg = rel_err(out[arm], rg, (size_t)nt * n_ff);
+                T_CHECKF(rc == 0 && eg < 5e-3, "swiglu over gate|up %dx%d n_tok=%d %s rows rc=%d rel_err=%.3g", n_in, n_out, nt,
+                         arm ? "f32" : "half", rc, eg);
+                free(rg);
+            }
+            double num = 0, den = 0, gn = 0, gd = 0;
+            for (size_t j = 0; j < ny; j++) {
+                num += ((double)yf[0][j] - yf[1][j]) * ((double)yf[0][j] - yf[1][j]);
+                den += (double)yf[1][j] * yf[1][j];
+            }
+            for (size_t j = 0; j < (size_t)nt * n_ff; j++) {
+                gn += ((double)out[0][j] - out[1][j]) * ((double)out[0][j] - out[1][j]);
+                gd += (double)out[1][j] * out[1][j];
+            }
+            /* half outputs: one rounding of nearly the same f32 sums (at most an ulp apart); the
+             * activation of half rows against f32 rows: one more rounding of gate and up */
+            T_CHECKF(sqrt(num / den) < 5e-4, "half output cuBLASLt vs cublasGemmEx n_tok=%d rel_diff=%.3g", nt, sqrt(num / den));
+            T_CHECKF(sqrt(gn / gd) < 2e-3, "swiglu of half rows vs f32 rows n_tok=%d rel_diff=%.3g", nt, sqrt(gn / gd));
+            for (int arm = 0; arm < 2; arm++) {
+                free(yf[arm]);
+                free(out[arm]);
+            }
+            free(yh);
+            cudaFree(dx);
+            cudaFree(dyh);
+            cudaFree(dgu);
+            cudaFree(dout);
+        }
+        /* below the plan's count, or with it 0: the f32 rows */
+        kc_plan q = p;
+        T_CHECK(kc_glu_half_use(&w[0], 255, &ws) == 0);
+        q.glu_half_min_tok = 0;
+        kc_plan_set(&q);
+        T_CHECK(kc_glu_half_use(&w[0], 1024, &ws) == 0);
+    }
+    kc__matmul_tune_lt_always(0);
+    kc_matmul_tune_reset();
+    kc_plan_set(&keep);
+    for (int i = 0; i < NS; i++) {
+        cudaFree(w[i].data);
+        free(ref[i]);
+    }
+    cudaFree(ws.x_half);
+    cudaFree(ws.w_half);
+    cudaFree(ws.lt_ws);
+    cublasLtDestroy(lt);
+    for (int i = 0; i < NS; i++) free(x[i]);
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -2146,6 +2334,7 @@ int main(void) {
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, s);
     test_matmul(cb, s);
+    test_matmul_lt(cb, s);
     test_matmul_mixed(cb, s);
     test_matmul_fp8(cb, s);
     test_xq(cb, s);
