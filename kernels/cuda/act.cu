@@ -51,21 +51,26 @@ __global__ void glu_xq_kernel(const TIn *gu, float *out, int n_ff, int8_t *qh, i
     if (ql || xh) kc_xq_block4(o, ok, qh, ql, qm, xh, t * n_ff + j);
 }
 
-template <bool GELU>
-static void launch_glu(const float *gu, float *out, kc_xq *xq, bool quant, img_out im, int n_tok, int n_ff, cudaStream_t s) {
-    if (quant || im.p) {
+// gu as f32 rows, or half (TIn __half, n_ff % 4 == 0): the kernel of four outputs a thread where
+// blocks or an image are written (always for half rows), else one output a thread.
+template <bool GELU, typename TIn>
+static void launch_glu(const TIn *gu, float *out, kc_xq *xq, bool quant, img_out im, int n_tok, int n_ff, cudaStream_t s) {
+    if (quant || im.p || sizeof(TIn) == 2) {
         const int threads = 256;
         dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-        kc_launch(glu_xq_kernel<GELU, float>, grid, dim3(threads), 0, s, gu, out, n_ff, quant && !xq->no_ints ? xq->qh : nullptr,
+        kc_launch(glu_xq_kernel<GELU, TIn>, grid, dim3(threads), 0, s, gu, out, n_ff, quant && !xq->no_ints ? xq->qh : nullptr,
                   quant ? xq->ql : nullptr, quant ? xq->m : nullptr, quant ? (__half *)xq->xh : nullptr, im);
-    } else {
+    } else if constexpr (sizeof(TIn) == 4) {
         size_t n = (size_t)n_tok * n_ff;
         kc_launch(glu_il_kernel<GELU>, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, gu, out, n_ff, n);
     }
 }
 
-extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
+// kc_glu_xq and kc_glu_xq_half: one body for f32 and half rows
+template <typename TIn>
+static int glu_xq(const TIn *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
     if (!gu || n_tok <= 0 || n_ff <= 0 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH)) return CM_EINVAL;
+    if (sizeof(TIn) == 2 && (n_tok > 65535 || n_ff % 4)) return CM_EINVAL; // half rows: the four-output kernel's grid
     const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
     // x's image for down's matmul where the caller asked for one
     const img_out im = n_tok <= 65535 ? img_asked(xq, n_tok, n_ff) : img_out{};
@@ -77,24 +82,12 @@ extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int 
     KC_LAUNCH_CHECK();
 }
 
+extern "C" int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
+    return glu_xq(gu, out, xq, n_tok, n_ff, act, s);
+}
+
 extern "C" int kc_glu_xq_half(const kc_half *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s) {
-    if (!gu || n_tok <= 0 || n_tok > 65535 || n_ff <= 0 || n_ff % 4 || (act != MDL_ACT_SILU && act != MDL_ACT_GELU_TANH))
-        return CM_EINVAL;
-    const bool quant = xq && n_ff % 32 == 0 && n_tok <= xq->cap_tok && n_ff <= xq->cap_n && (!xq->no_ints || xq->xh);
-    const img_out im = img_asked(xq, n_tok, n_ff);
-    if (!out && !quant && !im.p) return CM_EINVAL; /* nothing would be written */
-    if (xq) xq->n = quant ? n_ff : 0;
-    const int threads = 256;
-    const dim3 grid((n_ff / 4 + threads - 1) / threads, n_tok);
-    int8_t *qh = quant && !xq->no_ints ? xq->qh : nullptr, *ql = quant ? xq->ql : nullptr;
-    int32_t *qm = quant ? xq->m : nullptr;
-    __half *xh = quant ? (__half *)xq->xh : nullptr;
-    if (act == MDL_ACT_GELU_TANH)
-        kc_launch(glu_xq_kernel<true, __half>, grid, dim3(threads), 0, s, (const __half *)gu, out, n_ff, qh, ql, qm, xh, im);
-    else
-        kc_launch(glu_xq_kernel<false, __half>, grid, dim3(threads), 0, s, (const __half *)gu, out, n_ff, qh, ql, qm, xh, im);
-    if (im.p) xq->img_tok = n_tok, xq->img_n = n_ff;
-    KC_LAUNCH_CHECK();
+    return glu_xq((const __half *)gu, out, xq, n_tok, n_ff, act, s);
 }
 
 extern "C" int kc_swiglu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, cudaStream_t s) {

@@ -1544,6 +1544,24 @@ static int f16_lt_matmul(const f16_algo *e, const kc_weight *W, const kc_half *x
     return cublas_ok(st, __LINE__);
 }
 
+// y[n][m] (f32, or half: oh) (+)= W[m][k] x[n][k]^T on cublasGemmEx's own algorithm (f32 sums)
+static cublasStatus_t gemmex_f16(const kc_gemm_ws *ws, int m, int n, int k, const void *w, const kc_half *x, void *y, bool oh,
+                                 float beta, cudaStream_t s) {
+    (void)s; // the handle is bound to the stream by the caller
+    const float one = 1.0f;
+    return cublasGemmEx((cublasHandle_t)ws->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16F, k, x, CUDA_R_16F, k,
+                        &beta, y, oh ? CUDA_R_16F : CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+// An F16 W x (x as half, in xin) on cuBLAS: the algorithm timed fastest at start-up for the
+// shape, else cublasGemmEx's.
+static int f16_gemm(const kc_weight *W, const kc_half *xin, int n_tok, void *y, bool oh, float beta, const kc_gemm_ws *ws,
+                    cudaStream_t s) {
+    if (const f16_algo *e = f16_lt_pick(W, n_tok, ws, oh))
+        if (int rc = f16_lt_matmul(e, W, xin, n_tok, y, beta, ws, s); rc <= 0) return rc;
+    return cublas_ok(gemmex_f16(ws, W->n_out, n_tok, W->n_in, W->data, xin, y, oh, beta, s), __LINE__);
+}
+
 // y (row stride ldy) = W x for a matrix of one type (a whole weight, or one range of a mixed
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
 // already holds x as half (converted once for every range), or xsrc (non-NULL) holds x's image
@@ -1610,12 +1628,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
         if (int rc = launch_ok(__LINE__)) return rc;
         // x as half as it is: converted above, or written so by its producer (KC_X_PLAIN)
         const kc_half *xin = xh_ready && x_ord == KC_X_PLAIN && xsrc ? xsrc : ws->x_half;
-        if (const f16_algo *e = f16_lt_pick(W, n_tok, ws, false)) // the algorithm timed fastest at start-up
-            if (int rc = f16_lt_matmul(e, W, xin, n_tok, y, beta, ws, s); rc <= 0) return rc;
-        return cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data, CUDA_R_16F, W->n_in,
-                                      xin, CUDA_R_16F, W->n_in, &beta, y, CUDA_R_32F, W->n_out, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         __LINE__);
+        return f16_gemm(W, xin, n_tok, y, false, beta, ws, s);
     }
     // BF16 and quantized weights: converted to half in slices of whole rows that fit w_half
     // (sized by the caller, at least one row), each multiplied into its rows of y.
@@ -1766,13 +1779,7 @@ extern "C" int kc_matmul_half_out(const kc_weight *W, const float *x, const kc_x
         to_half(x, (size_t)n_tok * W->n_in, ws->x_half, s);
         if (int rc = launch_ok(__LINE__)) return rc;
     }
-    if (const f16_algo *e = f16_lt_pick(W, n_tok, ws, true))
-        if (int rc = f16_lt_matmul(e, W, xin, n_tok, y, 0.0f, ws, s); rc <= 0) return rc;
-    const float one = 1.0f, zero = 0.0f;
-    return cublas_ok(cublasGemmEx((cublasHandle_t)ws->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W->n_out, n_tok, W->n_in, &one, W->data,
-                                  CUDA_R_16F, W->n_in, xin, CUDA_R_16F, W->n_in, &zero, y, CUDA_R_16F, W->n_out, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
-                     __LINE__);
+    return f16_gemm(W, xin, n_tok, y, true, 0.0f, ws, s);
 }
 
 extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out,
@@ -1856,7 +1863,6 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     int rc = launch_ok(__LINE__);
     if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
-    cublasHandle_t h = (cublasHandle_t)ws->cublas;
     cublasLtHandle_t lt = (cublasLtHandle_t)ws->cublaslt;
     int n_timed = 0, n_won = 0;
     size_t at = 0;
@@ -1888,7 +1894,6 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
             // candidate's best pass (the clocks settle over the first)
             float best[1 + MAX_ALGOS];
             for (int c = 0; c <= n_hr; c++) best[c] = c && hr[c - 1].state != CUBLAS_STATUS_SUCCESS ? -1.0f : 1e30f;
-            const float one = 1.0f, zero = 0.0f;
             for (int p = 0; p < PASSES && !rc; p++)
                 for (int c = 0; c <= n_hr && !rc; c++) {
                     if (best[c] < 0) continue;
@@ -1896,9 +1901,7 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
                     for (int r = 0; r <= REPS && !st; r++) {
                         if (r == 1) cudaEventRecord(e0, s);
                         st = c ? d.run(ws, &hr[c - 1].algo, w->data, ws->x_half, y, 0.0f, s)
-                               : cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data, CUDA_R_16F, k, ws->x_half,
-                                              CUDA_R_16F, k, &zero, y, oh ? CUDA_R_16F : CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT);
+                               : gemmex_f16(ws, m, n, k, w->data, ws->x_half, y, oh, 0.0f, s);
                     }
                     if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
                         best[c] = -1.0f;
