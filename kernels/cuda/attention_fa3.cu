@@ -25,6 +25,11 @@
 // Key tiles past the tile's last position are never loaded (causal skipping); a group whose
 // rows all end before a key tile (or, with a window, start after it) skips its math but still
 // takes part in the stage handshake.
+// Persistent (unsplit launches, kc_plan.att_pf_persist): one CTA an SM; after blockIdx.x, the
+// loader takes the next (tile, KV head) from a counter at an item's first key tile, reads its
+// tile's tokens and publishes them to the computing groups at its last (a ring of FA_NSLOT), and
+// goes on loading the next item's keys while the groups finish this one's products and output;
+// the ring of stages and the ping-pong turns run on across items. The same bits as a CTA a tile.
 // Split over the keys (a chunk of a long prompt: few tiles, a long context): CTAs per (tile,
 // KV head, split), each on its range of whole key tiles, write their rows' partials in the
 // mma.sync kernel's layout, and the last split's CTA merges them on its computing groups
@@ -49,6 +54,7 @@ constexpr int FA_NK = 128;     // key positions per shared tile
 constexpr int FA_ROWS = 128;   // query rows per CTA: two computing warp groups of 64
 constexpr int FA_NST = 3;      // K/V stages (3 x 64 KiB + Q: 225 KiB at head dim 128)
 constexpr int FA_THREADS = 384;
+constexpr int FA_NSLOT = 4;    // persistent launches: the ring of items the loader publishes
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA3_DEVICE_CODE 1
@@ -191,27 +197,46 @@ template <int HD> constexpr size_t fa3_smem() {
     return 1024 + (size_t)FA_ROWS * HD * 2 + (size_t)FA_NST * 2 * FA_NK * HD * 2;
 }
 
+// Item w of a launch: a (tile, KV head). Head-major (every tile of KV head 0, longest first, then
+// head 1, ...) keeps one head's keys of a long prompt in L2 while the SMs work on them; tile-major
+// (the KV heads of the longest tile first) balances launches of few tiles a head (2,048 tokens,
+// 64 tiles: 84 % of the SMs' time busy head-major, 97 % tile-major, by a simulation of the
+// causal costs; bench/RESULTS.md "2026-11-29 (seventeenth session)").
+__device__ __forceinline__ void fa3_item(int w, int n_tiles, int n_kv, int tile_major, int &tile, int &kvh) {
+    const int x = tile_major ? w / n_kv : w % n_tiles;
+    kvh = tile_major ? w % n_kv : w / n_tiles;
+    tile = n_tiles - 1 - x; // the backend lists tiles by position: the longest start first
+}
+
+// Persistent launches (one at a time on a device: the backend's stream): [0] the next item past
+// the grid's first ones, [1] the CTAs that have finished; the last one sets both back to 0.
+__device__ unsigned g_fa3_sched[2];
+
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, 1)
 fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, __half *out_h, const int32_t *tiles,
-              const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-              int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters) {
+              int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head,
+              int n_kv, int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters,
+              int persist, int tile_major) {
 #ifdef FA3_DEVICE_CODE
     constexpr int TILE = FA_NK * HD * 2;    // bytes of one K (or V) stage
     constexpr int CB_Q = FA_ROWS * 128;     // bytes between 64-half column blocks of Q
     constexpr int CB_K = FA_NK * 128;       // ... of a K or V tile
     constexpr int CPR = HD / 8;             // 16-byte pieces per row
     extern __shared__ uint8_t smem_raw[];
-    __shared__ __align__(8) uint64_t bars[4 * FA_NST];
+    __shared__ __align__(8) uint64_t bars[4 * FA_NST + FA_NSLOT];
     __shared__ uint32_t rows_s[2 * FA_NK]; // the loader's ring of key rows
+    __shared__ int4 slot_s[FA_NSLOT];      // persistent: the items after the first (w, t0, nq, p0) ...
+    __shared__ int slot_seq[FA_NSLOT];     // ... and their sequence
     const uint32_t sq = (kc_smem_addr(smem_raw) + 1023) & ~1023u, sk = sq + FA_ROWS * HD * 2, sv = sk + FA_NST * TILE;
     // per stage s: K full, V full (the loader's 128 threads arrive), K empty, V empty (the 8
-    // computing warps arrive)
+    // computing warps arrive); per item slot: published (the loader's thread 0)
     const uint32_t bar0 = kc_smem_addr(bars);
     auto kfull = [&](int s) { return bar0 + 8 * s; };
     auto vfull = [&](int s) { return bar0 + 8 * (FA_NST + s); };
     auto kempty = [&](int s) { return bar0 + 8 * (2 * FA_NST + s); };
     auto vempty = [&](int s) { return bar0 + 8 * (3 * FA_NST + s); };
+    auto ifull = [&](int j) { return bar0 + 8 * (4 * FA_NST + j); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < FA_NST; s++) {
             mbar_init(kfull(s), 128);
@@ -219,24 +244,30 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             mbar_init(kempty(s), 8);
             mbar_init(vempty(s), 8);
         }
+        for (int j = 0; j < FA_NSLOT; j++) mbar_init(ifull(j), 1);
     }
     __syncthreads();
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int tile = gridDim.x - 1 - blockIdx.x; // the backend lists tiles by position: the longest start first
-    const int kvh = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
-    const int t0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
-    const int G = n_head / n_kv, h0 = kvh * G;
-    const int p0 = pos[t0], p_last = p0 + nq - 1;
-    const int32_t *bt = block_tables + (size_t)seq[t0] * max_blocks;
-    if (n_split > 1 && split * kchunk > p_last) return; // no key of this tile here: the merge reads only splits below p_last / kchunk + 1
-    // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0 on, so
-    // key tiles below lo0 are skipped and positions below it never loaded (freed blocks).
-    // Split over the keys: key tiles [split kchunk, (split + 1) kchunk) / FA_NK only.
-    const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
-    const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
-    const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+    const int split = blockIdx.z, n_split = gridDim.z, n_items = n_tiles * n_kv;
+    const int G = n_head / n_kv;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    // The CTA's items: persistent, blockIdx.x then those the loader takes from g_fa3_sched,
+    // published in slot_s (a ring of FA_NSLOT: the loader, at most FA_NST key tiles ahead, is at
+    // most FA_NSLOT items ahead); else the one of blockIdx (grid n_tiles x n_kv x n_split).
+    int w = persist ? (int)blockIdx.x : (int)(blockIdx.y * gridDim.x + blockIdx.x);
+    int t0, nq, p0, sqn;
+    {
+        int tile, kvh;
+        fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
+        t0 = tiles[2 * tile];
+        nq = tiles[2 * tile + 1];
+        p0 = pos[t0];
+        sqn = seq[t0];
+    }
+    // a split with no key of its tile (never persistent): the merge reads only splits below
+    // p_last / kchunk + 1
+    if (n_split > 1 && split * kchunk > p0 + nq - 1) return;
 
     if (wg == 0) { // ---- the loader
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -245,83 +276,90 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         constexpr int RPP = 128 / CPR;
         const int r_in = tid / CPR, c = tid % CPR;
         const uint32_t off = (c / 8) * CB_K + r_in * 128 + ((c % 8) ^ (r_in % 8)) * 16;
-        // Each key tile's rows in the cache (row = (block * n_kv + kvh) * block_size + offset,
-        // HD halves each; ~0: outside the tile's keys), one per thread, written a tile ahead
-        // into a ring of two, so the copies read shared memory, not the block table.
         const int lbs = __ffs(block_size) - 1, bsm = block_size - 1;
-        auto row_of = [&](int j) -> uint32_t {
-            return j <= p_last && j >= lo0 ? (uint32_t)(bt[j >> lbs] * n_kv + kvh) << lbs | (uint32_t)(j & bsm) : ~0u;
-        };
-        rows_s[tid] = row_of(i_lo * FA_NK + tid);
-        asm volatile("bar.sync 3, 128;" ::: "memory");
-        for (int i = i_lo; i < n_kt; i++) {
-            const int it = i - i_lo, s = it % FA_NST, u = it / FA_NST;
-            const uint32_t *rows = rows_s + (it & 1) * FA_NK;
-            const uint32_t next = i + 1 < n_kt ? row_of((i + 1) * FA_NK + tid) : ~0u; // in flight during the copies
-#pragma unroll
-            for (int kv = 0; kv < 2; kv++) {
-                if (u > 0) mbar_wait(kv ? vempty(s) : kempty(s), (u - 1) & 1);
-                const char *src = (const char *)(kv ? v_cache : k_cache) + c * 16;
-                const uint32_t dst = (kv ? sv : sk) + s * TILE + off;
-#pragma unroll
-                for (int p = 0; p < FA_NK / RPP; p++) {
-                    const uint32_t row = rows[r_in + RPP * p];
-                    cp_async16(dst + p * RPP * 128, src + (row != ~0u ? (size_t)row * (HD * 2) : 0), row != ~0u);
-                }
-                mbar_cp_async_arrive(kv ? vfull(s) : kfull(s));
-            }
-            rows_s[((it + 1) & 1) * FA_NK + tid] = next;
+        unsigned nw = 0; // persistent: the next item (thread 0)
+        for (int k = 0, gt = 0;; k++) {
+            int tile, kvh;
+            fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
+            const int p_last = p0 + nq - 1;
+            const int32_t *bt = block_tables + (size_t)sqn * max_blocks;
+            // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0
+            // on, so key tiles below lo0 are skipped and positions below it never loaded (freed
+            // blocks). Split over the keys: key tiles [split kchunk, (split + 1) kchunk) / FA_NK only.
+            const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
+            const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
+            const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+            // Each key tile's rows in the cache (row = (block * n_kv + kvh) * block_size + offset,
+            // HD halves each; ~0: outside the tile's keys), one per thread, written a tile ahead
+            // into a ring of two, so the copies read shared memory, not the block table.
+            auto row_of = [&](int j) -> uint32_t {
+                return j <= p_last && j >= lo0 ? (uint32_t)(bt[j >> lbs] * n_kv + kvh) << lbs | (uint32_t)(j & bsm) : ~0u;
+            };
+            rows_s[(gt & 1) * FA_NK + tid] = row_of(i_lo * FA_NK + tid);
             asm volatile("bar.sync 3, 128;" ::: "memory");
+            for (int i = i_lo; i < n_kt; i++, gt++) {
+                const int s = gt % FA_NST, u = gt / FA_NST;
+                const uint32_t *rows = rows_s + (gt & 1) * FA_NK;
+                const uint32_t next = i + 1 < n_kt ? row_of((i + 1) * FA_NK + tid) : ~0u; // in flight during the copies
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    if (u > 0) mbar_wait(kv ? vempty(s) : kempty(s), (u - 1) & 1);
+                    const char *src = (const char *)(kv ? v_cache : k_cache) + c * 16;
+                    const uint32_t dst = (kv ? sv : sk) + s * TILE + off;
+#pragma unroll
+                    for (int p = 0; p < FA_NK / RPP; p++) {
+                        const uint32_t row = rows[r_in + RPP * p];
+                        cp_async16(dst + p * RPP * 128, src + (row != ~0u ? (size_t)row * (HD * 2) : 0), row != ~0u);
+                    }
+                    mbar_cp_async_arrive(kv ? vfull(s) : kfull(s));
+                }
+                if (persist && tid == 0) {
+                    // the next item: taken at the item's first key tile, its tile's tokens and
+                    // sequence read and published at its last (the loads in flight between)
+                    if (i == i_lo) nw = gridDim.x + atomicAdd(g_fa3_sched, 1u);
+                    if (i == n_kt - 1) {
+                        int4 sl = make_int4(n_items, 0, 0, 0);
+                        int sn = 0;
+                        if (nw < (unsigned)n_items) {
+                            int ntile, nkvh;
+                            fa3_item((int)nw, n_tiles, n_kv, tile_major, ntile, nkvh);
+                            sl = make_int4((int)nw, tiles[2 * ntile], tiles[2 * ntile + 1], 0);
+                            sl.w = pos[sl.y];
+                            sn = seq[sl.y];
+                        }
+                        slot_s[k % FA_NSLOT] = sl;
+                        slot_seq[k % FA_NSLOT] = sn;
+                        mbar_arrive(ifull(k % FA_NSLOT));
+                    }
+                }
+                rows_s[((gt + 1) & 1) * FA_NK + tid] = next;
+                asm volatile("bar.sync 3, 128;" ::: "memory");
+            }
+            if (!persist) break;
+            const int4 sl = slot_s[k % FA_NSLOT]; // written before the last bar.sync 3
+            if (sl.x >= n_items) break;
+            w = sl.x, t0 = sl.y, nq = sl.z, p0 = sl.w, sqn = slot_seq[k % FA_NSLOT];
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
+        if (persist && tid == 0) {
+            __threadfence(); // this CTA's last take of g_fa3_sched[0] before its count
+            if (atomicAdd(g_fa3_sched + 1, 1u) == gridDim.x - 1) {
+                g_fa3_sched[0] = 0;
+                g_fa3_sched[1] = 0;
+            }
+        }
         return;
     }
 
     // ---- the computing warp groups
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int cw = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
-    for (int pc = tid; pc < 64 * CPR; pc += 128) {
-        const int r = 64 * cw + pc / CPR, c = pc % CPR, i = r / G;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (i < nq) {
-            const float *src = q + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + c * 8;
-            const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
-            v = make_uint4(kc_pack_h2(a.x * qscale, a.y * qscale), kc_pack_h2(a.z * qscale, a.w * qscale),
-                           kc_pack_h2(b.x * qscale, b.y * qscale), kc_pack_h2(b.z * qscale, b.w * qscale));
-        }
-        const uint32_t dst = sq + (c / 8) * CB_Q + r * 128 + ((c % 8) ^ (r % 8)) * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-    }
-    fence_proxy_async();
-    wg_bar_sync(1 + cw);
-
     // this thread's rows r0 = 64 cw + 16 warp + g and r1 = r0 + 8 (token r / G of the tile)
     const int r0 = 64 * cw + 16 * warp + g, r1 = r0 + 8, i0 = r0 / G, i1 = r1 / G;
-    const int lim0 = p0 + i0, lim1 = p0 + i1; // the last key each row sees
-    const int wlo0 = window > 0 ? lim0 - window : -1, wlo1 = window > 0 ? lim1 - window : -1;
-    const bool live = (64 * cw) / G < nq;
-    const int w_lo = p0 + (64 * cw) / G, w_hi = p0 + min((64 * cw + 63) / G, nq - 1);
-    float o[HD / 2];
-#pragma unroll
-    for (int d = 0; d < HD / 2; d++) o[d] = 0.0f;
-    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
     const uint32_t qa = sq + cw * 64 * 128;
-
-    const fa3_rows rw = { lim0, lim1, wlo0, wlo1, t4, capl };
-    // whether this group computes on key tile i (else it only takes part in the handshake)
-    auto act = [&](int i) {
-        const int j0 = i * FA_NK;
-        return live && j0 <= w_hi && (window <= 0 || j0 + FA_NK - 1 > w_lo - window);
-    };
-    // every row of the group sees every key of tile i: no masking
-    auto unmasked = [&](int i) {
-        const int j0 = i * FA_NK;
-        return j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
-    };
     // ping-pong turns: the group waits for its turn (barrier 4 + cw: its own 128 threads and the
     // other group's arrival), issues, then hands the turn over. Every group takes the same number
-    // of turns per CTA (one a key tile, plus one), so the arrivals balance.
+    // of turns per item (one a key tile, plus one), so the arrivals balance.
     auto turn_begin = [&]() {
         asm volatile("bar.sync %0, 256;" ::"r"(4 + cw) : "memory");
     };
@@ -329,116 +367,176 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
     };
     if (cw == 1) asm volatile("bar.arrive 4, 256;" ::: "memory"); // group 0 goes first
-    // a tile this group skips: its stages are released in turn, each after it filled (so that
-    // the arrival counts for this use of the stage, not the previous one), and its turn taken
-    auto pass = [&](int s, int u) {
-        mbar_wait(kfull(s), u & 1);
-        if (lane == 0) mbar_arrive(kempty(s));
-        mbar_wait(vfull(s), u & 1);
-        if (lane == 0) mbar_arrive(vempty(s));
-        turn_begin();
-        turn_end();
-    };
-    float sc[64];
-    uint32_t pa[FA_NK / 16][4];
-    float corr[2];
-    // O += P V of the tile in stage s, use u, then its V released
-    auto pv_step = [&](int s, int u) {
-        mbar_wait(vfull(s), u & 1);
+    float o[HD / 2];
+    float m[2], l[2];
+    int tile, kvh;
+    for (int k = 0, gt = 0;; k++) {
+        if (k > 0) {
+            mbar_wait(ifull((k - 1) % FA_NSLOT), ((k - 1) / FA_NSLOT) & 1);
+            const int4 sl = slot_s[(k - 1) % FA_NSLOT];
+            if (sl.x >= n_items) break;
+            w = sl.x, t0 = sl.y, nq = sl.z, p0 = sl.w;
+        }
+        fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
+        const int h0 = kvh * G, p_last = p0 + nq - 1;
+        const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
+        const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
+        const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+        // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
+        // (every load issued before the first store); the group's products on the previous
+        // item's Q are done (its last P V waited)
+        {
+            constexpr int QP = 64 * CPR / 128;
+            float4 qv[2 * QP];
+#pragma unroll
+            for (int j = 0; j < QP; j++) {
+                const int pc = tid + 128 * j, r = 64 * cw + pc / CPR, c = pc % CPR, i = r / G;
+                const float *src = q + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + c * 8;
+                qv[2 * j] = i < nq ? *(const float4 *)src : make_float4(0, 0, 0, 0);
+                qv[2 * j + 1] = i < nq ? *(const float4 *)(src + 4) : make_float4(0, 0, 0, 0);
+            }
+            if (k > 0) wg_bar_sync(1 + cw);
+#pragma unroll
+            for (int j = 0; j < QP; j++) {
+                const int pc = tid + 128 * j, r = 64 * cw + pc / CPR, c = pc % CPR;
+                const float4 a = qv[2 * j], b = qv[2 * j + 1];
+                const uint4 v = make_uint4(kc_pack_h2(a.x * qscale, a.y * qscale), kc_pack_h2(a.z * qscale, a.w * qscale),
+                                           kc_pack_h2(b.x * qscale, b.y * qscale), kc_pack_h2(b.z * qscale, b.w * qscale));
+                const uint32_t dst = sq + (c / 8) * CB_Q + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+            }
+        }
         fence_proxy_async();
-        reg_fence(o);
-        reg_fence(pa);
-        turn_begin();
-        wg_fence();
-        issue_pv<HD>(o, pa, sv + s * TILE);
-        wg_commit();
-        turn_end();
-        wg_wait<0>();
-        reg_fence(o);
-        reg_fence(pa);
-        if (lane == 0) mbar_arrive(vempty(s));
-    };
-    {
-        // FlashAttention-3's overlap within the group: S of tile i and P V of tile i - 1 are
-        // issued together; the softmax of tile i runs while P V of tile i - 1 is computed.
-        // The tiles the group computes on are a range [a_lo, a_hi] (causal end, window start);
-        // no wgmma sits in a branch inside it (ptxas serializes wgmma on divergent paths).
-        const int x = w_lo - window + 1; // the first key the group's first row sees (window)
-        const int a_lo = window > 0 && x > 0 ? max(i_lo, x / FA_NK) : i_lo;
-        const int a_hi = live ? min(n_kt - 1, w_hi / FA_NK) : i_lo - 1;
-        for (int i = i_lo; i < min(a_lo, n_kt); i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
-        if (a_lo <= a_hi) {
-            int s = (a_lo - i_lo) % FA_NST, u = (a_lo - i_lo) / FA_NST;
+        wg_bar_sync(1 + cw);
+
+        const int lim0 = p0 + i0, lim1 = p0 + i1; // the last key each row sees
+        const int wlo0 = window > 0 ? lim0 - window : -1, wlo1 = window > 0 ? lim1 - window : -1;
+        const bool live = (64 * cw) / G < nq;
+        const int w_lo = p0 + (64 * cw) / G, w_hi = p0 + min((64 * cw + 63) / G, nq - 1);
+#pragma unroll
+        for (int d = 0; d < HD / 2; d++) o[d] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+
+        const fa3_rows rw = { lim0, lim1, wlo0, wlo1, t4, capl };
+        // every row of the group sees every key of tile i: no masking
+        auto unmasked = [&](int i) {
+            const int j0 = i * FA_NK;
+            return j0 + FA_NK - 1 <= w_lo && (window <= 0 || j0 > w_hi - window);
+        };
+        // stage and use of the item's key tile i (the ring's count goes on over the items)
+        auto st_of = [&](int i) { return (gt + i - i_lo) % FA_NST; };
+        auto use_of = [&](int i) { return (gt + i - i_lo) / FA_NST; };
+        // a tile this group skips: its stages are released in turn, each after it filled (so that
+        // the arrival counts for this use of the stage, not the previous one), and its turn taken
+        auto pass = [&](int s, int u) {
             mbar_wait(kfull(s), u & 1);
+            if (lane == 0) mbar_arrive(kempty(s));
+            mbar_wait(vfull(s), u & 1);
+            if (lane == 0) mbar_arrive(vempty(s));
+            turn_begin();
+            turn_end();
+        };
+        float sc[64];
+        uint32_t pa[FA_NK / 16][4];
+        float corr[2];
+        // O += P V of the tile in stage s, use u, then its V released
+        auto pv_step = [&](int s, int u) {
+            mbar_wait(vfull(s), u & 1);
             fence_proxy_async();
-            reg_fence(sc);
+            reg_fence(o);
+            reg_fence(pa);
             turn_begin();
             wg_fence();
-            issue_qk<HD>(sc, qa, sk + s * TILE);
+            issue_pv<HD>(o, pa, sv + s * TILE);
             wg_commit();
             turn_end();
             wg_wait<0>();
-            reg_fence(sc);
-            if (lane == 0) mbar_arrive(kempty(s));
-            softmax_any(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
-            // tile i: S = Q K_i^T and O += P_{i-1} V_{i-1} (P_{i-1} in pin, of the stage s, use
-            // u), then the softmax of tile i into pout. P alternates between pa and pb (a copy
-            // inside the loop makes ptxas serialize the wgmma).
-            uint32_t pb[FA_NK / 16][4];
-            auto overlap_step = [&](int i, uint32_t(&pin)[FA_NK / 16][4], uint32_t(&pout)[FA_NK / 16][4]) {
-                const int sn = (i - i_lo) % FA_NST, un = (i - i_lo) / FA_NST;
-                mbar_wait(kfull(sn), un & 1);
-                mbar_wait(vfull(s), u & 1);
+            reg_fence(o);
+            reg_fence(pa);
+            if (lane == 0) mbar_arrive(vempty(s));
+        };
+        {
+            // FlashAttention-3's overlap within the group: S of tile i and P V of tile i - 1 are
+            // issued together; the softmax of tile i runs while P V of tile i - 1 is computed.
+            // The tiles the group computes on are a range [a_lo, a_hi] (causal end, window start);
+            // no wgmma sits in a branch inside it (ptxas serializes wgmma on divergent paths).
+            const int x = w_lo - window + 1; // the first key the group's first row sees (window)
+            const int a_lo = window > 0 && x > 0 ? max(i_lo, x / FA_NK) : i_lo;
+            const int a_hi = live ? min(n_kt - 1, w_hi / FA_NK) : i_lo - 1;
+            for (int i = i_lo; i < min(a_lo, n_kt); i++) pass(st_of(i), use_of(i));
+            if (a_lo <= a_hi) {
+                int s = st_of(a_lo), u = use_of(a_lo);
+                mbar_wait(kfull(s), u & 1);
                 fence_proxy_async();
                 reg_fence(sc);
-                reg_fence(o);
-                reg_fence(pin);
                 turn_begin();
                 wg_fence();
-                issue_qk<HD>(sc, qa, sk + sn * TILE);
-                wg_commit();
-                issue_pv<HD>(o, pin, sv + s * TILE);
+                issue_qk<HD>(sc, qa, sk + s * TILE);
                 wg_commit();
                 turn_end();
-                wg_wait<1>(); // S done, P V may still run
-                reg_fence(sc);
-                if (lane == 0) mbar_arrive(kempty(sn));
-                softmax_any(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
                 wg_wait<0>();
-                reg_fence(o);
-                reg_fence(pin);
-                if (lane == 0) mbar_arrive(vempty(s));
-                rescale<HD>(o, corr);
-                s = sn;
-                u = un;
-            };
-            int i = a_lo + 1;
-            for (; i < a_hi; i += 2) {
-                overlap_step(i, pa, pb);
-                overlap_step(i + 1, pb, pa);
-            }
-            if (i == a_hi) { // an odd count: the last P into pa for pv_step
-                overlap_step(i, pa, pb);
+                reg_fence(sc);
+                if (lane == 0) mbar_arrive(kempty(s));
+                softmax_any(sc, pa, corr, m, l, rw, a_lo * FA_NK, unmasked(a_lo)); // O is 0: no rescale
+                // tile i: S = Q K_i^T and O += P_{i-1} V_{i-1} (P_{i-1} in pin, of the stage s, use
+                // u), then the softmax of tile i into pout. P alternates between pa and pb (a copy
+                // inside the loop makes ptxas serialize the wgmma).
+                uint32_t pb[FA_NK / 16][4];
+                auto overlap_step = [&](int i, uint32_t(&pin)[FA_NK / 16][4], uint32_t(&pout)[FA_NK / 16][4]) {
+                    const int sn = st_of(i), un = use_of(i);
+                    mbar_wait(kfull(sn), un & 1);
+                    mbar_wait(vfull(s), u & 1);
+                    fence_proxy_async();
+                    reg_fence(sc);
+                    reg_fence(o);
+                    reg_fence(pin);
+                    turn_begin();
+                    wg_fence();
+                    issue_qk<HD>(sc, qa, sk + sn * TILE);
+                    wg_commit();
+                    issue_pv<HD>(o, pin, sv + s * TILE);
+                    wg_commit();
+                    turn_end();
+                    wg_wait<1>(); // S done, P V may still run
+                    reg_fence(sc);
+                    if (lane == 0) mbar_arrive(kempty(sn));
+                    softmax_any(sc, pout, corr, m, l, rw, i * FA_NK, unmasked(i));
+                    wg_wait<0>();
+                    reg_fence(o);
+                    reg_fence(pin);
+                    if (lane == 0) mbar_arrive(vempty(s));
+                    rescale<HD>(o, corr);
+                    s = sn;
+                    u = un;
+                };
+                int i = a_lo + 1;
+                for (; i < a_hi; i += 2) {
+                    overlap_step(i, pa, pb);
+                    overlap_step(i + 1, pb, pa);
+                }
+                if (i == a_hi) { // an odd count: the last P into pa for pv_step
+                    overlap_step(i, pa, pb);
 #pragma unroll
-                for (int k = 0; k < FA_NK / 16; k++)
+                    for (int kp = 0; kp < FA_NK / 16; kp++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) pa[k][c] = pb[k][c];
+                        for (int c = 0; c < 4; c++) pa[kp][c] = pb[kp][c];
+                }
+                pv_step(s, u);
+            } else { // no final P V: the turn it would have taken
+                turn_begin();
+                turn_end();
             }
-            pv_step(s, u);
-        } else { // no final P V: the turn it would have taken
-            turn_begin();
-            turn_end();
+            for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass(st_of(i), use_of(i));
         }
-        for (int i = max(a_hi + 1, a_lo); i < n_kt; i++) pass((i - i_lo) % FA_NST, (i - i_lo) / FA_NST);
-        if (cw == 0) asm volatile("bar.sync 4, 256;" ::: "memory"); // group 1's last hand-over
-    }
+        gt += n_kt - i_lo;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    // o[4 d + c]: row (c >> 1 ? g + 8 : g), dims 8 d + 2 t4 + (c & 1)
-    if (n_split == 1) {
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        if (n_split > 1) break; // the split's partials: below (never persistent)
+        // o[4 d + c]: row (c >> 1 ? g + 8 : g), dims 8 d + 2 t4 + (c & 1)
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
             const int r = hi ? r1 : r0, i = hi ? i1 : i0;
@@ -455,12 +553,15 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             for (int d = 0; d < HD / 8; d++)
                 *(float2 *)(out + at + d * 8) = make_float2(o[4 * d + 2 * hi] * il, o[4 * d + 2 * hi + 1] * il);
         }
-        return;
+        if (!persist) break;
     }
+    if (cw == 0) asm volatile("bar.sync 4, 256;" ::: "memory"); // group 1's last hand-over
+    if (n_split == 1) return;
     // split: the rows' partials (natural-log maximum, sum, unnormalized output) in the layout of
     // the mma.sync kernel's, then the last split's CTA merges them on the two computing groups
-    // (the loader has exited: named barrier 6 of their 256 threads; the stages hold the
-    // merge's scratch, every copy into them having landed)
+    // (the loader has exited: named barrier 6 of their 256 threads; the stages hold the merge's
+    // scratch, every copy into them having landed)
+    const int p_last = p0 + nq - 1, h0 = kvh * G;
     float *pp = partial + (size_t)(tile * n_kv + kvh) * FA_ROWS * n_split * (HD + 2);
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
@@ -499,9 +600,16 @@ int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, k
     constexpr size_t smem = fa3_smem<HD>();
     if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
     const kc_attn_mods mods = kc_attention_mods_get();
-    kc_launch(fa3_pf_kernel<HD>, dim3(n_tiles, n_kv, n_split), dim3(FA_THREADS), smem, s, q, (const __half *)k,
-              (const __half *)v, out, (__half *)out_h, tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
-              mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters);
+    const kc_plan *pl = kc_plan_get();
+    // unsplit launches: persistent on one CTA an SM (att_pf_fa3_ctas) where the plan says so;
+    // tile-major where the items are at most four waves
+    const int ctas = pl->att_pf_fa3_ctas, n_items = n_tiles * n_kv;
+    const int persist = n_split == 1 && pl->att_pf_persist && ctas > 0 && n_items > ctas;
+    const int tile_major = n_split == 1 && ctas > 0 && n_items <= 4 * ctas;
+    const dim3 grid = persist ? dim3(ctas) : dim3(n_tiles, n_kv, n_split);
+    kc_launch(fa3_pf_kernel<HD>, grid, dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v, out, (__half *)out_h,
+              tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
+              mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters, persist, tile_major);
     return 0;
 }
 

@@ -171,6 +171,12 @@ typedef struct kc_plan {
                            * (0: cublasGemmEx's own choice always) */
     int glu_half_min_tok; /* F16 gate|up on cuBLAS from this many tokens writes half rows for the
                            * gated activation (kc_glu_half_use; 0: f32 rows) */
+    int norm_rows_min_tok; /* RMSNorm rows of n % 512 == 0, n <= 4096 in steps of at least this many
+                           * tokens (past norm_split): one CTA of 128 threads a row, n / 512 float4
+                           * each, all loads in flight (same bits; 0: never) */
+    int att_pf_persist;   /* 1: an unsplit launch of the wgmma prefill kernel is persistent (one CTA
+                           * an SM, tiles from a counter; the next tile's keys load under this one's
+                           * last products and output) */
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);

@@ -71,14 +71,20 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
 // room beside the GEMV's. The sum is formed in the order rmsnorm_vec_kernel<1> forms it with
 // n / 4 threads (float4 i's square sum, warp sums over 32 consecutive float4, then the sum of
 // the warp sums), so both kernels give the same bits.
-template <int K, bool QUANT>
+// ALL (steps of many tokens, kc_plan.norm_rows_min_tok): one CTA a row writes all K parts, so
+// each thread has K loads in flight (the 1,024-thread kernel's one float4 a thread left a
+// prefill's norms at 60 % of the bandwidth).
+template <int K, bool QUANT, bool ALL>
 __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                                             float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     __shared__ float red[32];
     kc_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = blockIdx.x * 128 + threadIdx.x;
-    const float4 g = __ldg((const float4 *)w + i0);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int NW = ALL ? K : 1; // the parts this CTA writes: all K, or part blockIdx.x
+    float4 g[NW];
+#pragma unroll
+    for (int k = 0; k < NW; k++) g[k] = __ldg((const float4 *)w + (ALL ? k : (int)blockIdx.x) * 128 + threadIdx.x);
     kc_pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.y * n);
     float4 v[K];
@@ -91,14 +97,18 @@ __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, cons
     }
     __syncthreads();
     const float r = rms_scale(kc_warp_sum(lane < 4 * K ? red[lane] : 0.0f), n, eps);
-    float4 mine = v[0];
 #pragma unroll
-    for (int k = 1; k < K; k++)
-        if (k == (int)blockIdx.x) mine = v[k];
-    const float4 o = rms_apply4(mine, r, g);
-    if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
-    if (im.p) img_store4(im, o, blockIdx.y, 4 * i0);
-    if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
+    for (int j = 0; j < NW; j++) {
+        const int part = ALL ? j : (int)blockIdx.x, i0 = part * 128 + threadIdx.x;
+        float4 mine = v[0];
+#pragma unroll
+        for (int k = 1; k < K; k++)
+            if (k == part) mine = v[k];
+        const float4 o = rms_apply4(mine, r, g[j]);
+        if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
+        if (im.p) img_store4(im, o, blockIdx.y, 4 * i0);
+        if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
+    }
 }
 
 // Any n (tiny models): strided scalar loop.
@@ -127,13 +137,18 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     int8_t *qh = QUANT && !xq->no_ints ? xq->qh : nullptr, *ql = QUANT ? xq->ql : nullptr;
     int32_t *qm = QUANT ? xq->m : nullptr;
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
-    if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && n_tok <= kc_plan_get()->norm_split) { // tokens are grid.y here
+    const kc_plan *pl = kc_plan_get();
+    const bool rows = pl->norm_rows_min_tok > 0 && n_tok >= pl->norm_rows_min_tok;
+    if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && (n_tok <= pl->norm_split || rows)) { // tokens are grid.y here
         typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
-        static const split_fn ks[8] = { rmsnorm_split_kernel<1, QUANT>, rmsnorm_split_kernel<2, QUANT>,
-                                        rmsnorm_split_kernel<3, QUANT>, rmsnorm_split_kernel<4, QUANT>,
-                                        rmsnorm_split_kernel<5, QUANT>, rmsnorm_split_kernel<6, QUANT>,
-                                        rmsnorm_split_kernel<7, QUANT>, rmsnorm_split_kernel<8, QUANT> };
-        kc_launch(ks[n / 512 - 1], dim3(n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
+#define NORM_KS(ALL)                                                                                                    \
+    { rmsnorm_split_kernel<1, QUANT, ALL>, rmsnorm_split_kernel<2, QUANT, ALL>, rmsnorm_split_kernel<3, QUANT, ALL>,     \
+      rmsnorm_split_kernel<4, QUANT, ALL>, rmsnorm_split_kernel<5, QUANT, ALL>, rmsnorm_split_kernel<6, QUANT, ALL>,     \
+      rmsnorm_split_kernel<7, QUANT, ALL>, rmsnorm_split_kernel<8, QUANT, ALL> }
+        static const split_fn ks[2][8] = { NORM_KS(false), NORM_KS(true) };
+#undef NORM_KS
+        const bool all = n_tok > pl->norm_split; // past the split's range: one CTA a row
+        kc_launch(ks[all][n / 512 - 1], dim3(all ? 1 : n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
         return;
     }
     if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);

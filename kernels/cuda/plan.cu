@@ -56,6 +56,8 @@ const field k_fields[] = {
     F(att_pf_half, 0, 1),
     F(f16_lt_min_tok, 0, 1 << 20),
     F(glu_half_min_tok, 0, 1 << 20),
+    F(norm_rows_min_tok, 0, 1 << 20),
+    F(att_pf_persist, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -102,6 +104,13 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // 1,152 steps 14,435 -> 14,590 tok/s, prefill 2,048 / 32,768 tokens 39,063 / 22,579 -> 40,444
     // / 22,776, 8,192 within the spread; bench/RESULTS.md "2026-11-29 (sixteenth session)")
     p->glu_half_min_tok = 129;
+    // prefill-sized steps: a row a CTA of 128 threads with all its float4 loads in flight (llama3-8b
+    // F16, 8,192 tokens: the step's 64 norms 5.22 -> 3.28 ms on an H200, bench/RESULTS.md
+    // "2026-11-29 (seventeenth session)"; the step gains less: it runs at the power limit)
+    p->norm_rows_min_tok = 1024;
+    // unsplit wgmma prefill launches on one persistent CTA an SM (the kernel alone at 2,048 /
+    // 8,192 / 32,768 positions: 0.114 -> 0.109, 1.243 -> 1.238, 17.94 -> 17.94 ms a layer; same bits)
+    p->att_pf_persist = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

@@ -11,7 +11,8 @@
  * chunk benches: rand (random K, V and queries instead of constants, so that the running maxima
  * move as they do on real data), rev (the tiles longest first), shuffle (the KV blocks scattered
  * over a pool), hot (each launch after a 3 ms cuBLAS GEMM, as in a forward pass). The wgmma kernel
- * is timed with its f32 output and its half output. */
+ * is timed with its f32 output and its half output. An argument key=value[,...] sets kernel-plan
+ * fields (kcuda.h kc_plan) for A/B arms. */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -408,6 +409,11 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     kc_plan p;
     if (kc_plan_choose(0, HD, NH, NKV, BS, &p)) return 1;
+    for (int i = 1; i < argc; i++) /* key=value[,...]: plan fields for A/B arms (kc_plan_override) */
+        if (strchr(argv[i], '=')) {
+            char err[256];
+            if (kc_plan_override(&p, argv[i], err, sizeof err)) { fprintf(stderr, "%s\n", err); return 2; }
+        }
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);

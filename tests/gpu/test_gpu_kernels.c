@@ -604,8 +604,9 @@ static void test_rope_attention(cudaStream_t s) {
                 poison(dout, (size_t)n_tok * n_head * hd * 4);
                 CK(cudaMemset(dk, 0, cache_elems * 2));
                 CK(cudaMemset(dv, 0, cache_elems * 2));
-                /* the plan's rope_tok: these 138 tokens on a CTA a token; below, the same bits on a CTA
-                 * a (token, head) */
+                /* the plan's rope_tok: these 138 tokens on a CTA a token (whole rotations, hd 64: float4
+                 * at a time; partial, hd 128: a float at a time); below, the same bits on a CTA a
+                 * (token, head) */
                 const kc_plan keep_r = *kc_plan_get();
                 kc_plan pr = keep_r;
                 pr.rope_tok = 64;
@@ -969,6 +970,26 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 if (memcmp(all + i, all2 + i, 4)) first = (long)i;
             T_CHECKF(rc == 0 && first < 0,
                      "fa3 prefill in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld", hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
+            /* persistent launches (tiles from a counter, the next tile's keys loaded under this
+             * one's end) and one CTA a tile: the same bits; also 3 persistent CTAs for all the
+             * tiles (the loader items ahead of the computing groups) */
+            for (int pv = 0; pv < 3; pv++) {
+                const kc_plan keep = *kc_plan_get();
+                kc_plan pp = keep;
+                pp.att_pf_persist = pv != 0;
+                if (pv == 2) pp.att_pf_fa3_ctas = 3;
+                kc_plan_set(&pp);
+                poison(dout2, bytes);
+                rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
+                CK(cudaStreamSynchronize(s));
+                kc_plan_set(&keep);
+                CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
+                long diff = -1;
+                for (size_t i = 0; i < (size_t)n_tok * nq && diff < 0; i++)
+                    if (memcmp(all + i, all2 + i, 4)) diff = (long)i;
+                T_CHECKF(rc == 0 && diff < 0, "fa3 prefill %s = the plan's launch: hd=%d G=%d tiles=%d: first different value %ld",
+                         pv == 0 ? "a CTA a tile" : pv == 1 ? "persistent" : "on 3 persistent CTAs", hd, G, nt, diff);
+            }
             /* the half output (wo's input on cuBLAS): each value the rounding of the f32 one */
             poison(dout2, bytes);
             rc = kc_attention_prefill_fa3_half(dq, dk, dv, (kc_half *)dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
@@ -1663,12 +1684,15 @@ static void test_rmsnorm_split(cudaStream_t s) {
         CK(cudaMalloc((void **)&db, N * 4));
         poison(da, N * 4);
         poison(db, N * 4);
-        kc_xq qa = xq_alloc(nt, n), qb = xq_alloc(nt, n);
+        kc_xq qa = xq_alloc(nt, n), qb = xq_alloc(nt, n), qc = xq_alloc(nt, n);
+        const kc_plan keep = *kc_plan_get();
         gpu_plan_norm_split(1);
         int rc = kc_rmsnorm_xq(dx, dw, da, &qa, nt, n, 1e-5f, s);
         gpu_plan_norm_split(0);
+        kc_plan pv = *kc_plan_get();
+        pv.norm_rows_min_tok = 0; /* the one-CTA-a-row kernel of 1,024 threads */
+        kc_plan_set(&pv);
         rc |= kc_rmsnorm_xq(dx, dw, db, &qb, nt, n, 1e-5f, s);
-        gpu_plan_norm_split(1);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(ya, da, N * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(yb, db, N * 4, cudaMemcpyDeviceToHost));
@@ -1677,7 +1701,19 @@ static void test_rmsnorm_split(cudaStream_t s) {
         CK(cudaMemcpy(hb, qb.xh, N * 2, cudaMemcpyDeviceToHost));
         const int same_y = memcmp(ya, yb, N * 4) == 0, same_q = xq_equal(&qa, &qb, nt, n) && memcmp(ha, hb, N * 2) == 0;
         T_CHECKF(rc == 0 && same_y && same_q && qa.n == n, "rmsnorm split n=%d: same y %d, same blocks %d", n, same_y, same_q);
-        free(ha); free(hb); xq_free(&qa); xq_free(&qb);
+        /* a CTA of 128 threads a row (norm_rows_min_tok: steps of many tokens) */
+        pv.norm_rows_min_tok = 1;
+        kc_plan_set(&pv);
+        poison(da, N * 4);
+        rc = kc_rmsnorm_xq(dx, dw, da, &qc, nt, n, 1e-5f, s);
+        kc_plan_set(&keep);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(ya, da, N * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(ha, qc.xh, N * 2, cudaMemcpyDeviceToHost));
+        const int same_yr = memcmp(ya, yb, N * 4) == 0, same_qr = xq_equal(&qc, &qb, nt, n) && memcmp(ha, hb, N * 2) == 0;
+        T_CHECKF(rc == 0 && same_yr && same_qr && qc.n == n, "rmsnorm a row a CTA of 128 threads n=%d: same y %d, same blocks %d", n,
+                 same_yr, same_qr);
+        free(ha); free(hb); xq_free(&qa); xq_free(&qb); xq_free(&qc);
         cudaFree(dx); cudaFree(dw); cudaFree(da); cudaFree(db); free(x); free(w); free(ya); free(yb);
     }
     { /* more rows than a grid's y dimension takes (one forward of a 131k-token prompt): every row
