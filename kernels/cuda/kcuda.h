@@ -471,7 +471,10 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
  * 128, n_head / n_kv <= 16, block_size a power of two >= 16, and a device of compute
  * capability 9.0 with this build's sm_90a code (else the launcher returns CM_EINVAL: use
  * kc_attention_prefill_tc). Each computing warp group's softmax of a key tile overlaps P V of the
- * previous one, and the two groups take turns to issue their products (ping-pong). */
+ * previous one, and the two groups take turns to issue their products (ping-pong). Unsplit
+ * launches of more (tile, KV head) items than att_pf_fa3_ctas are persistent where the plan says
+ * so (att_pf_persist): their CTAs take items from a counter of the device's, so two such launches
+ * must not run at once on one device (the backend's forwards are on one stream). */
 int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
 int kc_attention_fa3_tile_tok(int n_head, int n_kv);
 int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
