@@ -208,6 +208,29 @@ __device__ __forceinline__ void fa3_item(int w, int n_tiles, int n_kv, int tile_
     tile = n_tiles - 1 - x; // the backend lists tiles by position: the longest start first
 }
 
+// Item w's tile: {w, its first token t0, its token count nq, t0's position p0} and t0's sequence.
+__device__ __forceinline__ int4 fa3_meta(int w, int n_tiles, int n_kv, int tile_major, const int32_t *tiles, const int32_t *pos,
+                                         const int32_t *seq, int &sqn) {
+    int tile, kvh;
+    fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
+    const int t0 = tiles[2 * tile];
+    sqn = seq[t0];
+    return make_int4(w, t0, tiles[2 * tile + 1], pos[t0]);
+}
+
+// The key tiles [i_lo, n_kt) of a tile whose positions are p0 .. p_last. Sliding window: row r
+// sees keys (lim - window, lim]; the tile's first row from lo0 on, so key tiles below lo0 are
+// skipped and positions below it never loaded (freed blocks). Split over the keys: key tiles
+// [split kchunk, (split + 1) kchunk) / FA_NK only.
+struct fa3_keys {
+    int lo0, i_lo, n_kt;
+    __device__ fa3_keys(int p0, int p_last, int window, int split, int n_split, int kchunk) {
+        lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
+        i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
+        n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+    }
+};
+
 // Persistent launches (one at a time on a device: the backend's stream): [0] the next item past
 // the grid's first ones, [1] the CTAs that have finished; the last one sets both back to 0.
 __device__ unsigned g_fa3_sched[2];
@@ -256,15 +279,9 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     // published in slot_s (a ring of FA_NSLOT: the loader, at most FA_NST key tiles ahead, is at
     // most FA_NSLOT items ahead); else the one of blockIdx (grid n_tiles x n_kv x n_split).
     int w = persist ? (int)blockIdx.x : (int)(blockIdx.y * gridDim.x + blockIdx.x);
-    int t0, nq, p0, sqn;
-    {
-        int tile, kvh;
-        fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
-        t0 = tiles[2 * tile];
-        nq = tiles[2 * tile + 1];
-        p0 = pos[t0];
-        sqn = seq[t0];
-    }
+    int sqn;
+    const int4 first = fa3_meta(w, n_tiles, n_kv, tile_major, tiles, pos, seq, sqn);
+    int t0 = first.y, nq = first.z, p0 = first.w;
     // a split with no key of its tile (never persistent): the merge reads only splits below
     // p_last / kchunk + 1
     if (n_split > 1 && split * kchunk > p0 + nq - 1) return;
@@ -283,12 +300,8 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
             const int p_last = p0 + nq - 1;
             const int32_t *bt = block_tables + (size_t)sqn * max_blocks;
-            // sliding window: row r sees keys (lim - window, lim]; the tile's first row from lo0
-            // on, so key tiles below lo0 are skipped and positions below it never loaded (freed
-            // blocks). Split over the keys: key tiles [split kchunk, (split + 1) kchunk) / FA_NK only.
-            const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
-            const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
-            const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+            const fa3_keys ks(p0, p_last, window, split, n_split, kchunk);
+            const int lo0 = ks.lo0, i_lo = ks.i_lo, n_kt = ks.n_kt;
             // Each key tile's rows in the cache (row = (block * n_kv + kvh) * block_size + offset,
             // HD halves each; ~0: outside the tile's keys), one per thread, written a tile ahead
             // into a ring of two, so the copies read shared memory, not the block table.
@@ -318,15 +331,9 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
                     // sequence read and published at its last (the loads in flight between)
                     if (i == i_lo) nw = gridDim.x + atomicAdd(g_fa3_sched, 1u);
                     if (i == n_kt - 1) {
-                        int4 sl = make_int4(n_items, 0, 0, 0);
                         int sn = 0;
-                        if (nw < (unsigned)n_items) {
-                            int ntile, nkvh;
-                            fa3_item((int)nw, n_tiles, n_kv, tile_major, ntile, nkvh);
-                            sl = make_int4((int)nw, tiles[2 * ntile], tiles[2 * ntile + 1], 0);
-                            sl.w = pos[sl.y];
-                            sn = seq[sl.y];
-                        }
+                        const int4 sl = nw < (unsigned)n_items ? fa3_meta((int)nw, n_tiles, n_kv, tile_major, tiles, pos, seq, sn)
+                                                               : make_int4(n_items, 0, 0, 0);
                         slot_s[k % FA_NSLOT] = sl;
                         slot_seq[k % FA_NSLOT] = sn;
                         mbar_arrive(ifull(k % FA_NSLOT));
@@ -378,10 +385,9 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             w = sl.x, t0 = sl.y, nq = sl.z, p0 = sl.w;
         }
         fa3_item(w, n_tiles, n_kv, tile_major, tile, kvh);
-        const int h0 = kvh * G, p_last = p0 + nq - 1;
-        const int lo0 = window > 0 ? max(0, p0 - window + 1) : 0;
-        const int i_lo = max(lo0 / FA_NK, split * (kchunk / FA_NK));
-        const int n_kt = n_split > 1 ? min(p_last / FA_NK + 1, (split + 1) * (kchunk / FA_NK)) : p_last / FA_NK + 1;
+        const int h0 = kvh * G;
+        const fa3_keys ks(p0, p0 + nq - 1, window, split, n_split, kchunk);
+        const int i_lo = ks.i_lo, n_kt = ks.n_kt;
         // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
         // (every load issued before the first store); the group's products on the previous
         // item's Q are done (its last P V waited)

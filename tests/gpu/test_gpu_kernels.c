@@ -504,6 +504,12 @@ static int dev_equal(const void *a, const void *b, size_t nb) {
     free(hb);
     return ok;
 }
+/* The first of n floats whose bits differ between a and b, -1 where none does. */
+static long first_diff(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, 4)) return (long)i;
+    return -1;
+}
 static void xq_free(kc_xq *q) { cudaFree(q->qh); cudaFree(q->ql); cudaFree(q->m); cudaFree(q->xh); }
 static int xq_equal(const kc_xq *a, const kc_xq *b, int nt, int n) {
     size_t nb = (size_t)nt * n, nm = (size_t)nt * n / 32 * 2;
@@ -965,9 +971,7 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                                            bs, scale, s);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
-            long first = -1;
-            for (size_t i = 0; i < (size_t)n_tok * nq && first < 0; i++)
-                if (memcmp(all + i, all2 + i, 4)) first = (long)i;
+            const long first = first_diff(all, all2, (size_t)n_tok * nq);
             T_CHECKF(rc == 0 && first < 0,
                      "fa3 prefill in two launches = one: hd=%d G=%d: first different value at token %ld head %ld dim %ld", hd, G, first < 0 ? -1 : first / nq, first < 0 ? -1 : first % nq / hd, first < 0 ? -1 : first % hd);
             /* persistent launches (tiles from a counter, the next tile's keys loaded under this
@@ -984,9 +988,7 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 CK(cudaStreamSynchronize(s));
                 kc_plan_set(&keep);
                 CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
-                long diff = -1;
-                for (size_t i = 0; i < (size_t)n_tok * nq && diff < 0; i++)
-                    if (memcmp(all + i, all2 + i, 4)) diff = (long)i;
+                const long diff = first_diff(all, all2, (size_t)n_tok * nq);
                 T_CHECKF(rc == 0 && diff < 0, "fa3 prefill %s = the plan's launch: hd=%d G=%d tiles=%d: first different value %ld",
                          pv == 0 ? "a CTA a tile" : pv == 1 ? "persistent" : "on 3 persistent CTAs", hd, G, nt, diff);
             }
