@@ -98,19 +98,23 @@ template <> __device__ __forceinline__ void wgmma_pv<64>(float (&o)[32], const u
     wgmma_rs<64, 1>::mma(o, a, db);
 }
 
-// S = Q K^T of the group's 64 rows (qa: their shared Q) and the key tile at ks: the wgmma of
-// each 16 dims (column block kk / 4, 32 bytes further per step inside it). Issued, not waited.
-template <int HD> __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t qa, uint32_t ks) {
+// S = Q K^T of the group's 64 rows (their shared Q) and a key tile: the wgmma of each 16 dims
+// (column block kk / 4, 32 bytes further per step inside it). Issued, not waited. The
+// descriptors are the low words ql (Q) and kl (the K tile) made warp-uniform (sw128_lo,
+// kc_uniform) plus each step's offset: one uniform add a wgmma. (Descriptors computed per thread
+// cost 4 R2UR and 5 more instructions a wgmma, inside the turn: 84 instructions instead of 167 for
+// the 16 wgmma of a key tile; bench/RESULTS.md, 2026-11-30.)
+template <int HD> __device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t ql, uint32_t kl) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++)
-        wgmma_ss_n128(sc, sw128_desc(qa + (kk / 4) * FA_ROWS * 128 + (kk % 4) * 32, 16, 1024),
-                      sw128_desc(ks + (kk / 4) * FA_NK * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wgmma_ss_n128(sc, sw128_join(ql + (((kk / 4) * FA_ROWS * 128 + (kk % 4) * 32) >> 4), 1024),
+                      sw128_join(kl + (((kk / 4) * FA_NK * 128 + (kk % 4) * 32) >> 4), 1024), kk > 0);
 }
-// O += P V with V the tile at vs: 16 keys (2 KiB of rows) per step; column blocks FA_NK * 128
-// bytes apart (the leading byte offset of an MN-major operand).
-template <int HD> __device__ __forceinline__ void issue_pv(float (&o)[HD / 2], const uint32_t (&pa)[FA_NK / 16][4], uint32_t vs) {
+// O += P V with V the tile of low descriptor word vl: 16 keys (2 KiB of rows) per step; column
+// blocks FA_NK * 128 bytes apart (the leading byte offset of an MN-major operand).
+template <int HD> __device__ __forceinline__ void issue_pv(float (&o)[HD / 2], const uint32_t (&pa)[FA_NK / 16][4], uint32_t vl) {
 #pragma unroll
-    for (int kp = 0; kp < FA_NK / 16; kp++) wgmma_pv<HD>(o, pa[kp], sw128_desc(vs + kp * 16 * 128, FA_NK * 128, 1024));
+    for (int kp = 0; kp < FA_NK / 16; kp++) wgmma_pv<HD>(o, pa[kp], sw128_join(vl + ((kp * 16 * 128) >> 4), 1024));
 }
 
 // What a thread needs to mask its two rows: the last key each sees, the last key below its
@@ -180,8 +184,11 @@ __device__ __forceinline__ void softmax_any(const float (&sc)[64], uint32_t (&pa
     else softmax_step<true>(sc, pa, corr, m, l, rw, j0);
 }
 
-// O's rows (o[4 d + c]: row g + 8 (c >> 1)) scaled by corr.
+// O's rows (o[4 d + c]: row g + 8 (c >> 1)) scaled by corr, unless no row of the warp has a new
+// maximum (every corr 1: the same bits). Past the first key tiles few rows get one: 32k prompts
+// +3-7 % alone.
 template <int HD> __device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
+    if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) {
         o[4 * d] *= corr[0];
@@ -274,7 +281,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     kc_pdl_wait();
     const int split = blockIdx.z, n_split = gridDim.z, n_items = n_tiles * n_kv;
     const int G = n_head / n_kv;
-    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    const int wg = kc_uniform(threadIdx.x >> 7), tid = threadIdx.x & 127;
     // The CTA's items: persistent, blockIdx.x then those the loader takes from g_fa3_sched,
     // published in slot_s (a ring of FA_NSLOT: the loader, at most FA_NST key tiles ahead, is at
     // most FA_NSLOT items ahead); else the one of blockIdx (grid n_tiles x n_kv x n_split).
@@ -363,7 +370,10 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
     const int cw = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     // this thread's rows r0 = 64 cw + 16 warp + g and r1 = r0 + 8 (token r / G of the tile)
     const int r0 = 64 * cw + 16 * warp + g, r1 = r0 + 8, i0 = r0 / G, i1 = r1 / G;
-    const uint32_t qa = sq + cw * 64 * 128;
+    const uint32_t qa = sq + cw * 64 * 128, ql = kc_uniform(sw128_lo(qa, 16));
+    // the low descriptor words of stage s's K (Q K^T's B) and V (P V's MN-major B)
+    auto k_lo = [&](int s) { return kc_uniform(sw128_lo(sk + s * TILE, 16)); };
+    auto v_lo = [&](int s) { return kc_uniform(sw128_lo(sv + s * TILE, FA_NK * 128)); };
     // ping-pong turns: the group waits for its turn (barrier 4 + cw: its own 128 threads and the
     // other group's arrival), issues, then hands the turn over. Every group takes the same number
     // of turns per item (one a key tile, plus one), so the arrivals balance.
@@ -454,7 +464,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
             reg_fence(pa);
             turn_begin();
             wg_fence();
-            issue_pv<HD>(o, pa, sv + s * TILE);
+            issue_pv<HD>(o, pa, v_lo(s));
             wg_commit();
             turn_end();
             wg_wait<0>();
@@ -478,7 +488,7 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
                 reg_fence(sc);
                 turn_begin();
                 wg_fence();
-                issue_qk<HD>(sc, qa, sk + s * TILE);
+                issue_qk<HD>(sc, ql, k_lo(s));
                 wg_commit();
                 turn_end();
                 wg_wait<0>();
@@ -499,9 +509,9 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
                     reg_fence(pin);
                     turn_begin();
                     wg_fence();
-                    issue_qk<HD>(sc, qa, sk + sn * TILE);
+                    issue_qk<HD>(sc, ql, k_lo(sn));
                     wg_commit();
-                    issue_pv<HD>(o, pin, sv + s * TILE);
+                    issue_pv<HD>(o, pin, v_lo(s));
                     wg_commit();
                     turn_end();
                     wg_wait<1>(); // S done, P V may still run

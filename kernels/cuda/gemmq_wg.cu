@@ -143,10 +143,11 @@ struct acc_lds {
 
 #ifdef KC_SM90A_DEVICE
 // One MMA half (elements groups 4 hf .. 4 hf + 3) of the step: fragments from the raw weights of
-// rows g and g + 8, then its four wgmma on stage b.
+// rows g and g + 8, then its four wgmma on the stage of low descriptor word bl (warp-uniform:
+// each descriptor one uniform add).
 template <int TYPE, int BN, bool XP>
 __device__ __forceinline__ void wg_half(float (&acc)[BN / 2], uint32_t (&f)[4][4], const typename qt<TYPE>::raw (&cur)[2],
-                                        int hf, uint32_t b) {
+                                        int hf, uint32_t bl) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         if constexpr (XP) {
@@ -161,7 +162,7 @@ __device__ __forceinline__ void wg_half(float (&acc)[BN / 2], uint32_t (&f)[4][4
     reg_fence(acc);
     wg_fence();
 #pragma unroll
-    for (int k = 0; k < 4; k++) wgmma_rs<BN>::mma(acc, f[k], sw128_desc(b + hf * BN * 128 + k * 32, 16, 1024));
+    for (int k = 0; k < 4; k++) wgmma_rs<BN>::mma(acc, f[k], sw128_join(bl + ((hf * BN * 128 + k * 32) >> 4), 1024));
     wg_commit();
 }
 #endif
@@ -299,13 +300,13 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
             cur[1] = pre[1];
             if (j + 2 < nj) load_w(pre, j + 2);
         }
-        const uint32_t b = sb + (j % WG_NS) * STAGE;
+        const uint32_t bl = kc_uniform(sw128_lo(sb + (j % WG_NS) * STAGE, 16)); // stage j % WG_NS
         wg_wait<1>(); // the last step's first half has finished with fa
         reg_fence(fa);
-        wg_half<TYPE, BN, XP>(acc, fa, cur, 0, b);
+        wg_half<TYPE, BN, XP>(acc, fa, cur, 0, bl);
         wg_wait<1>(); // the last step's second half has finished with fb
         reg_fence(fb);
-        wg_half<TYPE, BN, XP>(acc, fb, cur, 1, b);
+        wg_half<TYPE, BN, XP>(acc, fb, cur, 1, bl);
     };
     int j = 0;
     for (; j + 1 < nj; j += 2) {

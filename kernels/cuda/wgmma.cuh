@@ -74,12 +74,20 @@ __device__ __forceinline__ void bulk_g2s(uint32_t saddr, const void *g, uint32_t
                  : "memory");
 }
 
-// A shared-memory matrix descriptor for the 128-byte swizzle (start, leading and stride byte
-// offsets in 16-byte units; swizzle mode 1 in bits 62-63).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32 |
-           1ull << 62;
+// A shared-memory matrix descriptor for the 128-byte swizzle, as two words: the low one (start
+// address and leading byte offset, in 16-byte units), to which offsets inside a tile are added (the
+// 14-bit start field cannot carry: shared addresses are below 256 KiB), and the high one, a
+// constant (stride byte offset in 16-byte units; swizzle mode 1 in bits 62-63 of the whole).
+__device__ __forceinline__ uint32_t sw128_lo(uint32_t saddr, uint32_t lbo) {
+    return ((saddr & 0x3FFFF) >> 4) | ((lbo >> 4) & 0x3FFF) << 16;
 }
+__device__ __forceinline__ uint64_t sw128_join(uint32_t lo, uint32_t sbo) {
+    return (uint64_t)(((sbo >> 4) & 0x3FFF) | 1u << 30) << 32 | lo;
+}
+// x as a value the compiler knows to be the same in every lane (lane 0's): kept in uniform
+// registers where an instruction needs one (wgmma descriptors), not moved there each time.
+__device__ __forceinline__ uint32_t kc_uniform(uint32_t x) { return __shfl_sync(0xffffffffu, x, 0); }
+__device__ __forceinline__ int kc_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // that wgmma reads shared operands through.

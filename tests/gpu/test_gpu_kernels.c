@@ -2360,7 +2360,8 @@ static void test_matmul_lt(cublasHandle_t cb, cudaStream_t s) {
     for (int i = 0; i < NS; i++) free(x[i]);
 }
 
-int main(void) {
+/* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan */
+int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no CUDA device\n0 passed, 1 failed\n");
@@ -2368,6 +2369,17 @@ int main(void) {
     }
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
+    if (argc > 1) {
+        kc_plan pl = *kc_plan_get();
+        char err[256];
+        if (kc_plan_override(&pl, argv[1], err, sizeof err)) {
+            fprintf(stderr, "test_gpu_kernels: %s\n", err);
+            return 2;
+        }
+        kc_plan_set(&pl);
+        test_attention_tc(s);
+        return t_done();
+    }
     cublasHandle_t cb;
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, s);
