@@ -87,7 +87,6 @@ __device__ __forceinline__ uint64_t sw128_join(uint32_t lo, uint32_t sbo) {
 // x as a value the compiler knows to be the same in every lane (lane 0's): kept in uniform
 // registers where an instruction needs one (wgmma descriptors), not moved there each time.
 __device__ __forceinline__ uint32_t kc_uniform(uint32_t x) { return __shfl_sync(0xffffffffu, x, 0); }
-__device__ __forceinline__ int kc_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // that wgmma reads shared operands through.

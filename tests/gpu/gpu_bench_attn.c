@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "gpu_ck.h"
+#include "gpu_plan.h"
 
 enum { NH = 32, NKV = 8, HD = 128, BS = 16 };
 
@@ -410,10 +411,7 @@ int main(int argc, char **argv) {
     kc_plan p;
     if (kc_plan_choose(0, HD, NH, NKV, BS, &p)) return 1;
     for (int i = 1; i < argc; i++) /* key=value[,...]: plan fields for A/B arms (kc_plan_override) */
-        if (strchr(argv[i], '=')) {
-            char err[256];
-            if (kc_plan_override(&p, argv[i], err, sizeof err)) { fprintf(stderr, "%s\n", err); return 2; }
-        }
+        if (strchr(argv[i], '=') && gpu_plan_args(&p, argv[i], "gpu_bench_attn")) return 2;
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);

@@ -5,6 +5,8 @@
 
 #include "kernels/cuda/kcuda.h"
 
+#include <stdio.h>
+
 /* The installed plan with the quantized tensor-core matmul at its default limits (on) or never
  * taken (off: dequantize + cuBLAS past the GEMV). */
 static inline void gpu_plan_gemmq(int on) {
@@ -18,6 +20,15 @@ static inline void gpu_plan_norm_split(int on) { /* on: split rows at every toke
     kc_plan p = *kc_plan_get();
     p.norm_split = on ? 1 << 20 : 0;
     kc_plan_set(&p);
+}
+
+/* Plan fields from a program's argument (key=value[,...], kc_plan_override) into p: 0, or 2 after
+ * printing what was wrong. */
+static inline int gpu_plan_args(kc_plan *p, const char *spec, const char *prog) {
+    char err[256];
+    if (!kc_plan_override(p, spec, err, sizeof err)) return 0;
+    fprintf(stderr, "%s: %s\n", prog, err);
+    return 2;
 }
 
 static inline void gpu_plan_pdl(int on) {

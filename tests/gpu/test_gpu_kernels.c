@@ -2371,11 +2371,7 @@ int main(int argc, char **argv) {
     CK(cudaStreamCreate(&s));
     if (argc > 1) {
         kc_plan pl = *kc_plan_get();
-        char err[256];
-        if (kc_plan_override(&pl, argv[1], err, sizeof err)) {
-            fprintf(stderr, "test_gpu_kernels: %s\n", err);
-            return 2;
-        }
+        if (gpu_plan_args(&pl, argv[1], "test_gpu_kernels")) return 2;
         kc_plan_set(&pl);
         test_attention_tc(s);
         return t_done();
