@@ -174,6 +174,12 @@ typedef struct kc_plan {
     int norm_rows_min_tok; /* RMSNorm rows of n % 512 == 0, n <= 4096 in steps of at least this many
                            * tokens (past norm_split): one CTA of 128 threads a row, n / 512 float4
                            * each, all loads in flight (same bits; 0: never) */
+    int moe_pre;          /* one-token MoE steps (moe_fuse): bit 0, the gate|up launch lets the down
+                           * launch start only past its wait; bit 1, the down launch requests the
+                           * rows of the choice it reads before its wait, checked after it (same bits) */
+    int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
+                           * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
+                           * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */
     int att_pf_persist;   /* 1: an unsplit launch of the wgmma prefill kernel is persistent (one CTA
                            * an SM, tiles from a counter; the next tile's keys load under this one's
                            * last products and output) */

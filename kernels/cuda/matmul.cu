@@ -516,6 +516,120 @@ gemv_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ d, const 
     else gemv_store<R, NT>(acc, res, y, row0, n_out, n_out, lane, accumulate);
 }
 
+// ---- F16 GEMV on the tensor cores (1-8 tokens; the plan's f16_tc) -------------------------
+// gemv_kernel's warps, rows and loads with R = 2 (lane l reads chunk l + 32 u of rows row0 and
+// row0 + 1, 16 bytes each; U batches of chunks in flight and as many arriving), but the
+// products on mma.sync m16n8k16, exact and summed in f32 (the FMA path rounds each product and
+// each chunk's sum to half). Per block of 256 elements, lane (g, q) = (lane / 4, lane % 4)
+// holds elements 8 q .. 8 q + 7 of segment g (32 elements) of both rows: A's row g is row0's
+// segment g, row g + 8 row1's, B's column g the activations' segment g, in the same order (the
+// k slots {2q, 2q + 1, 2q + 8, 2q + 9} of the first mma are the lane's elements 0..3, of the
+// second 4..7). The products of A row i and B column j != i % 8 mix segments and are never
+// read: C[g][g] and C[g + 8][g] collect the two rows' sums of segment g over the blocks, and the
+// warp adds the eight segments. Each token has its own C; its sums do not depend on the other
+// tokens, on U or on the launch, so a token's result is the same in any batch.
+template <int NT, int U, bool XH, int GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_f16_tc_kernel(const uint8_t *__restrict__ W, const void *x, float *y, int n_in, int n_out, int accumulate, gemv_swi sw) {
+    KC_TRACE_SCOPE(KC_TR_GEMV);
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * 2;
+    if (row0 >= n_out) {
+        kc_pdl_wait();
+        return;
+    }
+    const int nchunks = n_in / 8, nblk = (nchunks + 31) / 32;
+    const uint4 *w0 = (const uint4 *)(W + (size_t)row0 * n_in * 2), *w1 = (const uint4 *)(W + (size_t)min(row0 + 1, n_out - 1) * n_in * 2);
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 w[U][2], wn[U][2];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = 32 * u + lane, cn = 32 * (U + u) + lane;
+        w[u][0] = c < nchunks ? __ldg(w0 + c) : z;
+        w[u][1] = c < nchunks ? __ldg(w1 + c) : z;
+        wn[u][0] = cn < nchunks ? __ldg(w0 + cn) : z;
+        wn[u][1] = cn < nchunks ? __ldg(w1 + cn) : z;
+    }
+    kc_pdl_wait();
+    float res[2][NT];
+    gemv_load_residual<2, NT>(res, y, row0, n_out, n_out, lane, accumulate);
+    float c[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+    // token t's activations of chunk ch (zeros past the row)
+    auto xload = [&](int t, int ch) {
+        uint4 xv = z;
+        if (ch < nchunks) {
+            if constexpr (XH) {
+                xv = __ldca((const uint4 *)((const __half *)x + (size_t)t * n_in + (size_t)ch * 8));
+            } else { // the half copy's values: each float rounded to half
+                const float4 *p = (const float4 *)((const float *)x + (size_t)t * n_in + (size_t)ch * 8);
+                const float4 f0 = __ldca(p), f1 = __ldca(p + 1);
+                const __half2 h[4] = { __floats2half2_rn(f0.x, f0.y), __floats2half2_rn(f0.z, f0.w), __floats2half2_rn(f1.x, f1.y),
+                                       __floats2half2_rn(f1.z, f1.w) };
+                memcpy(&xv, h, 16);
+            }
+        }
+        return xv;
+    };
+    for (int b = 0; b < nblk; b += U) { // warp-uniform: every lane takes part in each mma
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (b + u >= nblk) break;
+            const int ch = 32 * (b + u) + lane;
+            const uint32_t a0[4] = { w[u][0].x, w[u][1].x, w[u][0].y, w[u][1].y }, a1[4] = { w[u][0].z, w[u][1].z, w[u][0].w, w[u][1].w };
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const uint4 xv = xload(t, ch);
+                kc_mma16816(c[t], a0, xv.x, xv.y);
+                kc_mma16816(c[t], a1, xv.z, xv.w);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cn = 32 * (b + 2 * U + u) + lane;
+            w[u][0] = wn[u][0];
+            w[u][1] = wn[u][1];
+            wn[u][0] = cn < nchunks ? __ldg(w0 + cn) : z;
+            wn[u][1] = cn < nchunks ? __ldg(w1 + cn) : z;
+        }
+    }
+    // the diagonal: lane (g, g / 2) holds C[g][g] (c0 or c1) and C[g + 8][g] (c2 or c3)
+    const int g = lane >> 2, q = lane & 3;
+    const bool diag = q == (g >> 1), odd = g & 1;
+    float acc[2][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        acc[0][t] = diag ? (odd ? c[t][1] : c[t][0]) : 0.0f;
+        acc[1][t] = diag ? (odd ? c[t][3] : c[t][2]) : 0.0f;
+    }
+    if constexpr (GLU) gemv_store_swiglu<2, NT, GLU == 2>(acc, sw, row0, lane);
+    else gemv_store<2, NT>(acc, res, y, row0, n_out, n_out, lane, accumulate);
+}
+
+// Whether the F16 GEMV takes the tensor cores: the plan's f16_tc, on a device of sm_80 or newer.
+static bool gemv_f16_tc_on() {
+    static signed char sm80[64]; // per device: code of sm_80 or newer runs there (1), or not (-1)
+    int dev = 0;
+    if (!kc_plan_get()->f16_tc || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!sm80[dev]) {
+        int arch = 0;
+        sm80[dev] = kc_code_for_device(&arch) && arch >= 80 ? 1 : -1;
+    }
+    return sm80[dev] > 0;
+}
+
+template <int NT, bool XH>
+static void launch_gemv_f16_tc(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s, const gemv_swi *sw) {
+    constexpr int U = NT == 1 ? 4 : 2;
+    const dim3 grid((W->n_out + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS)), block(GEMV_WARPS * 32);
+    const uint8_t *w = (const uint8_t *)W->data;
+    if (!sw) kc_launch(gemv_f16_tc_kernel<NT, U, XH, 0>, grid, block, 0, s, w, x, y, W->n_in, W->n_out, acc, gemv_swi{});
+    else if (sw->gelu) kc_launch(gemv_f16_tc_kernel<NT, U, XH, 2>, grid, block, 0, s, w, x, y, W->n_in, W->n_out, acc, *sw);
+    else kc_launch(gemv_f16_tc_kernel<NT, U, XH, 1>, grid, block, 0, s, w, x, y, W->n_in, W->n_out, acc, *sw);
+}
+
 // Rows whose length is not a multiple of the vector width (tiny models): one element at a time.
 __global__ void gemv_scalar_kernel(const void *W, int type, const float *x, float *y, int n_in, int n_out,
                                    int n_tok, int accumulate) {
@@ -542,6 +656,11 @@ __global__ void gemv_scalar_kernel(const void *W, int type, const float *x, floa
 // sw (F16 gate|up only): SwiGLU / GeGLU fused when R is even; false, nothing launched, when it cannot be.
 template <int TYPE, int NT, int R, int U, bool XH>
 static bool launch_gemv_r(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s, const gemv_swi *sw) {
+    if constexpr (TYPE == DT_F16)
+        if (gemv_f16_tc_on()) { // two rows a warp: the SwiGLU fuses at every token count
+            launch_gemv_f16_tc<NT, XH>(W, x, y, acc, s, sw);
+            return true;
+        }
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
     if (sw) {
@@ -1040,6 +1159,14 @@ constexpr int MOEQ_WARPS = 4;
 // rows are R / 2 gate rows and the up rows of the same columns; y = act [entries][n_out / 2]);
 // MOEQ_SX x in f32, each CTA quantizing its entries' rows into shared memory first.
 enum { MOEQ_PLAIN = 0, MOEQ_GLU = 1, MOEQ_SX = 2 };
+// The plan's moe_pre (one-token launches with the choices, idx1): MOEQ_PRE_LATE, the gate|up
+// launch lets the next one start only past its wait, when the routing it waited for has
+// finished; MOEQ_PRE_SPEC, the down launch reads its choice and requests its rows before its
+// wait, and reloads after the wait if the choice read then differs. Same bits either way.
+// Measured (gpu_bench_moe, 48 layers of qwen3-30b-a3b's experts, H200): the pair 19.3 us a
+// layer, 17.95 with SPEC, SPEC and LATE together the same, LATE alone 19.3: the down launch
+// starts while gate|up's last CTAs run, after the routing, without LATE.
+enum { MOEQ_PRE_LATE = 1, MOEQ_PRE_SPEC = 2 };
 
 // ONE: rows of at most L chunks (moe_gemvq_loop's ONE). idx1 (one token, NT = 1): CTA i takes
 // entry i, of expert idx1[i] (kc_moe_route's choices; cnt, off and list are not read).
@@ -1047,13 +1174,40 @@ template <int TYPE, int NT, int R, int L, int MODE, bool ONE>
 __global__ void __launch_bounds__(MOEQ_WARPS * 32)
 moe_gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
                  const int2 *xm, float *y, const int32_t *cnt, const int32_t *off, const int32_t *list, int n_in, int n_out,
-                 int x_div, int n_exp, const float *xf, const float *row_w, const int32_t *idx1) {
+                 int x_div, int n_exp, const float *xf, const float *row_w, const int32_t *idx1, int pre) {
     KC_TRACE_SCOPE(MODE == MOEQ_GLU ? KC_TR_SWIGLU : KC_TR_GEMVQ); // the fused gate|up apart from down in a trace
     typedef qchunk<TYPE> C;
     constexpr int NV = C::NV, G = 32 / L, RO = MODE == MOEQ_GLU ? R / 2 : R; // RO: output rows of a lane group
     static_assert(MODE != MOEQ_GLU || R % 2 == 0, "gate and up rows in pairs");
-    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31, ll = lane % L;
+    const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out; // the output rows (columns of act for GLU)
+    const int row0 = ((blockIdx.y * MOEQ_WARPS + (threadIdx.x >> 5)) * G + lane / L) * RO;
+    const bool idle = (row0 - (lane / L) * RO) >= n_rows; // the warp's first row: whole warps
+    const int nchunks = n_in / C::EPC;
+    size_t rows[R];
+    const uint4 *wrow[R];
+    auto expert_rows = [&](int e) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int j = MODE == MOEQ_GLU ? (r < RO ? 0 : n_rows) + min(row0 + r % RO, n_rows - 1) : min(row0 + r, n_out - 1);
+            rows[r] = (size_t)e * n_out + j;
+            wrow[r] = (const uint4 *)(W + rows[r] * (size_t)nchunks * NV * 16);
+        }
+    };
+    uint4 w[1][R][NV];
+    typename C::scale_t s[1][R];
+    // MOEQ_PRE_SPEC (one token): the CTA's choice as it reads before the wait, its rows requested
+    // at once; the choice read again after the wait says whether they were the right ones
+    const bool spec = NT == 1 && idx1 && (pre & MOEQ_PRE_SPEC);
+    int es = -1;
+    if (spec) {
+        es = min(max(__ldcg(idx1 + blockIdx.x), 0), n_exp - 1); // in bounds whatever the memory held
+        expert_rows(es);
+        if (!idle) gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
+    }
+    if (!(pre & MOEQ_PRE_LATE)) kc_pdl_trigger();
     kc_pdl_wait();
+    if (pre & MOEQ_PRE_LATE) kc_pdl_trigger(); // the next launch starts past this one's wait (MOEQ_PRE_LATE)
     int e, n = 1, o0 = 0;
     if (NT == 1 && idx1) {
         e = idx1[blockIdx.x];
@@ -1065,24 +1219,11 @@ moe_gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, 
     }
     // entry q of the CTA's (q < n)
     auto entry = [&](int q) { return NT == 1 && idx1 ? (int)blockIdx.x : list[o0 + q]; };
-    const int lane = threadIdx.x & 31, ll = lane % L;
-    const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out; // the output rows (columns of act for GLU)
-    const int row0 = ((blockIdx.y * MOEQ_WARPS + (threadIdx.x >> 5)) * G + lane / L) * RO;
-    const bool idle = (row0 - (lane / L) * RO) >= n_rows; // the warp's first row: whole warps
     if (MODE != MOEQ_SX && idle) return;
-    const int nchunks = n_in / C::EPC;
-    size_t rows[R];
-    const uint4 *wrow[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int j = MODE == MOEQ_GLU ? (r < RO ? 0 : n_rows) + min(row0 + r % RO, n_rows - 1) : min(row0 + r, n_out - 1);
-        rows[r] = (size_t)e * n_out + j;
-        wrow[r] = (const uint4 *)(W + rows[r] * (size_t)nchunks * NV * 16);
+    if (!spec || e != es) { // the first weights in flight before anything else is read
+        expert_rows(e);
+        if (!idle) gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
     }
-    // the first weights in flight before anything else is read
-    uint4 w[1][R][NV];
-    typename C::scale_t s[1][R];
-    if (!idle) gemvq_load<TYPE, R, 1, L>(wrow, rows, sc, nchunks, ll, w, s);
     if constexpr (MODE == MOEQ_SX) { // the entries' rows (at most NT: the launcher's condition) as blocks, kc_xq_block4's bits
         extern __shared__ int4 s_xq[];
         int8_t *sqh = (int8_t *)s_xq, *sql = sqh + (size_t)NT * n_in;
@@ -1143,9 +1284,10 @@ static void launch_moe_gemvq_r(const kc_weight *W, int n_exp, const kc_xq *xq, i
     const int n_out = W->n_out / n_exp, rows_per_cta = MOEQ_WARPS * (32 / L) * (MODE == MOEQ_GLU ? R / 2 : R);
     const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out;
     const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_rows + rows_per_cta - 1) / rows_per_cta), block(MOEQ_WARPS * 32);
+    const int pre = !idx1 ? 0 : kc_plan_get()->moe_pre & (MODE == MOEQ_GLU ? MOEQ_PRE_LATE : MODE == MOEQ_SX ? MOEQ_PRE_SPEC : 0);
     kc_launch(moe_gemvq_kernel<TYPE, NT, R, L, MODE, ONE>, grid, block, smem, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
               xq ? (const int8_t *)xq->qh : nullptr, xq ? (const int8_t *)xq->ql : nullptr, xq ? (const int2 *)xq->m : nullptr, y,
-              cnt, off, list, W->n_in, n_out, x_div, n_exp, xf, row_w, idx1);
+              cnt, off, list, W->n_in, n_out, x_div, n_exp, xf, row_w, idx1, pre);
 }
 
 // One token (an entry per expert): 4 rows a warp (2 for Q5_K and Q6_K, whose larger chunks

@@ -58,6 +58,8 @@ const field k_fields[] = {
     F(glu_half_min_tok, 0, 1 << 20),
     F(norm_rows_min_tok, 0, 1 << 20),
     F(att_pf_persist, 0, 1),
+    F(moe_pre, 0, 3),
+    F(f16_tc, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -111,6 +113,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // unsplit wgmma prefill launches on one persistent CTA an SM (the kernel alone at 2,048 /
     // 8,192 / 32,768 positions: 0.114 -> 0.109, 1.243 -> 1.238, 17.94 -> 17.94 ms a layer; same bits)
     p->att_pf_persist = 1;
+    // F16 GEMVs on half2 FMA (f16_tc 0): on mma.sync with f32 sums llama2-7b F16 decode went 275
+    // -> 215 tok/s at batch 1 and 901 -> 855 at batch 8 (H200, bench/RESULTS.md, twentieth session)
+    // one-token MoE steps: the down launch requests the rows of its experts before its wait
+    // (qwen3-30b-a3b Q4_K_M batch 1: 398 -> 409 tok/s on an H200, bench/RESULTS.md, twentieth session)
+    p->moe_pre = 2;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

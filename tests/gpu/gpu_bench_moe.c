@@ -10,9 +10,10 @@
  *   hot      1 layer, 8 fixed experts (24 MB: held in the L2);
  *   dense    for scale, kc_matmul_xq of Q4_K matrices of about the same bytes, cycled past the L2.
  * Each mode times STEPS steps of all its launches between two events (back to back, programmatic
- * launch on as in the forward) and prints us a layer and GB/s. Weights: one expert's random rows,
+ * launch on as in the forward, replayed from one CUDA graph as the forward's decode steps are
+ * unless --no-graph) and prints us a layer and GB/s. Weights: one expert's random rows,
  * quantized, repacked, copied to every expert and layer on the device.
- * usage: gpu_bench_moe [--no-pdl] */
+ * usage: gpu_bench_moe [--no-pdl] [--no-graph] [--plan key=value,...] */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -64,7 +65,24 @@ static kc_weight experts_up(int type, int n_in, int rows) {
 }
 
 int main(int argc, char **argv) {
-    gpu_plan_pdl(!(argc > 1 && !strcmp(argv[1], "--no-pdl")));
+    int graph = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-pdl")) gpu_plan_pdl(0);
+        else if (!strcmp(argv[i], "--no-graph")) graph = 0;
+        else if (!strcmp(argv[i], "--plan") && i + 1 < argc) {
+            kc_plan p = *kc_plan_get();
+            if (gpu_plan_args(&p, argv[++i], argv[0])) return 2;
+            kc_plan_set(&p);
+        } else {
+            fprintf(stderr, "usage: %s [--no-pdl] [--no-graph] [--plan key=value,...]\n", argv[0]);
+            return 2;
+        }
+    }
+    {
+        char buf[2048];
+        kc_plan_format(kc_plan_get(), buf, sizeof buf);
+        printf("plan: %s\n", buf);
+    }
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     kc_weight gu[N_LAYER], dn[N_LAYER];
@@ -136,8 +154,14 @@ int main(int argc, char **argv) {
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         const int nl = modes[mi].layers;
         int rc = 0;
-        for (int pass = 0; pass < 2; pass++) { /* a warm-up pass, then the timed one */
-            if (pass) CK(cudaEventRecord(e0, s));
+        cudaGraphExec_t ge = NULL;
+        for (int pass = 0; pass < 2 + graph; pass++) { /* a warm-up pass, then the timed one (graph: capture first) */
+            if (graph && pass == 0) CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            if (pass == 1 + graph) CK(cudaEventRecord(e0, s));
+            if (graph && pass > 0) {
+                CK(cudaGraphLaunch(ge, s));
+                continue;
+            }
             for (int st = 0; st < STEPS; st++)
                 for (int l = 0; l < N_LAYER; l++) {
                     const int ll = l % nl;
@@ -145,8 +169,15 @@ int main(int argc, char **argv) {
                     rc |= kc_moe_gemvq_glu(&gu[ll], N_EXP, &xq, K, idx, NULL, NULL, NULL, 1, K, drw, dact, s);
                     rc |= kc_moe_gemvq_f(&dn[ll], N_EXP, dact, idx, NULL, NULL, NULL, 1, K, dout, s);
                 }
+            if (graph) {
+                cudaGraph_t g;
+                CK(cudaStreamEndCapture(s, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                CK(cudaGraphDestroy(g));
+            }
         }
         CK(cudaEventRecord(e1, s));
+        if (ge) CK(cudaGraphExecDestroy(ge));
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));

@@ -14,6 +14,8 @@
 
 /* Seconds of decode-graph capture the engines g_open creates get (0: every step eager). */
 static double g_graph_budget_s = 60;
+/* Kernel-plan overrides of the cuda engines g_open creates (NULL: none). */
+static const char *g_cuda_plan;
 
 typedef struct g_eng {
     ex_engine *e;
@@ -32,6 +34,7 @@ static inline int g_open(g_eng *g, const mdl_model *m, const char *backend, int 
     o.kv_cache_mb = kv_mb;
     o.n_threads = 0;
     o.cuda_graph_budget_s = g_graph_budget_s;
+    o.cuda.plan = g_cuda_plan;
     char err[512];
     int rc = ex_engine_create(m, &o, &g->e, err, sizeof err);
     if (rc) {

@@ -541,6 +541,28 @@ static void test_moe_fused(cudaStream_t s) {
                 T_CHECKF(rc == 0 && ok_f && fin && act_same && out_same,
                          "kc_moe_gemvq_glu + kc_moe_gemvq_f %s E=%d F=%d T=%d: the bits of gemvq + glu + gemvq: act %d, out %d (rc %d)",
                          dt_name(type), E, F, T, act_same, out_same, rc);
+                if (T == 1) { /* the plan's moe_pre: the same bits, whatever the early read of the choices found */
+                    kc_plan keep = *kc_plan_get(), pl = keep;
+                    for (int pre = 1; pre <= 3; pre++) {
+                        pl.moe_pre = pre;
+                        kc_plan_set(&pl);
+                        CK(cudaMemset(dact_b, 0xff, (size_t)K * F * 4));
+                        CK(cudaMemset(dout_b, 0xff, (size_t)K * E * 4));
+                        int r2 = kc_moe_gemvq_glu(&Wgu, NE, &xq, K, didx, NULL, NULL, NULL, 1, K, drw, dact_b, s);
+                        r2 |= kc_moe_gemvq_f(&Wdn, NE, dact_b, didx, NULL, NULL, NULL, 1, K, dout_b, s);
+                        /* the choices zeroed, then written again by the launch just before: the down
+                         * launch may read the zeros first (expert 0's rows, loaded again) */
+                        r2 |= kc_moe_gemvq_glu(&Wgu, NE, &xq, K, didx, NULL, NULL, NULL, 1, K, drw, dact_b, s);
+                        CK(cudaMemsetAsync(didx, 0, (size_t)K * 4, s));
+                        r2 |= kc_moe_route(dlg, 1, NE, K, 1, didx, drw, dcnt, doff, dlist, s);
+                        r2 |= kc_moe_gemvq_f(&Wdn, NE, dact_b, didx, NULL, NULL, NULL, 1, K, dout_b, s);
+                        CK(cudaStreamSynchronize(s));
+                        const int same = dev_same(dact_a, dact_b, (size_t)K * F * 4) && dev_same(dout_a, dout_b, (size_t)K * E * 4);
+                        T_CHECKF(r2 == 0 && same, "kc_moe_gemvq_glu + kc_moe_gemvq_f %s E=%d F=%d, moe_pre=%d: the same bits %d (rc %d)",
+                                 dt_name(type), E, F, pre, same, r2);
+                    }
+                    kc_plan_set(&keep);
+                }
                 free(bgu); free(bdn); free(wgu); free(wdn); free(x); free(lg); free(oa);
                 xq_del(&xq);
                 cudaFree(xf.qh); cudaFree(xf.ql); cudaFree(xf.m); cudaFree(xfh);
@@ -837,8 +859,10 @@ static void test_matmul_glu(cublasHandle_t cb, cudaStream_t s) {
                         if (small) rc |= kc_quantize_x(dout2, nt, n_ff, &xb, s);
                         CK(cudaStreamSynchronize(s));
                         const int same_out = !with_out || dev_same(dout, dout2, no * 4), same_q = !small || xq_same(&xa, &xb, nt, n_ff);
-                        /* fused: F16 with a half copy and a warp holding gate and up (2 rows per warp up to 4 tokens) */
-                        const int fused = type == DT_F16 && small && nt <= fuse && nt <= 4, untouched = g0 == 0x55555555u;
+                        /* fused: F16 with a half copy and a warp holding gate and up (2 rows per warp: up to 4
+                         * tokens on the FMA GEMV, every count on the tensor-core one, the plan's f16_tc) */
+                        const int fused = type == DT_F16 && small && nt <= fuse && (nt <= 4 || kc_plan_get()->f16_tc),
+                                  untouched = g0 == 0x55555555u;
                         double e = 0;
                         if (with_out) {
                             for (int t = 0; t < nt; t++) {

@@ -127,7 +127,16 @@ static void test_batch_invariance(const char *path, int graphs) {
     for (int s = 0; s < 4; s++) T_EQ_INT(g_greedy(&g, 1, &prompts[s], &lens[s], n_gen, &alone[s]), 0);
     T_EQ_INT(g_greedy(&g, 4, prompts, lens, n_gen, together), 0);
     int same = 1;
-    for (int s = 0; s < 4; s++) same &= memcmp(alone[s], together[s], n_gen * sizeof(int32_t)) == 0;
+    for (int s = 0; s < 4; s++) {
+        const int eq = memcmp(alone[s], together[s], n_gen * sizeof(int32_t)) == 0;
+        same &= eq;
+        for (int i = 0; !eq && i < n_gen; i++)
+            if (alone[s][i] != together[s][i]) {
+                printf("%s: sequence %d (prompt %d tokens): token %d differs (%d alone, %d together)\n", path, s, lens[s], i,
+                       alone[s][i], together[s][i]);
+                break;
+            }
+    }
     T_CHECKF(same, "%s: greedy tokens alone != together (graphs %s)", path, graphs ? "on" : "off");
     printf("%s: batch invariance with graphs %s: %s\n", path, graphs ? "on" : "off", same ? "identical" : "DIFFERENT");
     g_close(&g);
@@ -301,8 +310,13 @@ static void test_embed(const char *path) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--plan")) { /* kernel-plan overrides for every cuda engine */
+        g_cuda_plan = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: test_gpu_e2e STORIES.gguf [MODEL.gguf ...]\n");
+        fprintf(stderr, "usage: test_gpu_e2e [--plan key=value,...] STORIES.gguf [MODEL.gguf ...]\n");
         return 2;
     }
     test_stories(argv[1]);

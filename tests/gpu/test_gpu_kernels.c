@@ -1806,6 +1806,67 @@ static void test_matmul_swiglu(cublasHandle_t cb, cudaStream_t s) {
     cudaFree(dx); cudaFree(dgu); cudaFree(dout); cudaFree(dout2); cudaFree(W.data);
 }
 
+/* The F16 GEMV on mma.sync (the plan's f16_tc) at 1..8 tokens: against the CPU's k_matmul_ref of
+ * x rounded to half (what it multiplies; f32 sums of exact products: < 1e-4, where the half2 FMA
+ * path is ~5e-4); f32 x and its half copy (kc_matmul_xq) the same bits; token 0 the same bits
+ * alone and in a batch of 8; accumulation adds onto y; an odd row count (333) and rows not a multiple of 256 (224, 800). */
+static void test_f16_tc(cublasHandle_t cb, cudaStream_t s) {
+    const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 11008, 64 }, { 224, 40 }, { 800, 70 } };
+    kc_plan keep = *kc_plan_get(), pl = keep;
+    pl.f16_tc = 1;
+    kc_plan_set(&pl);
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_in = shapes[si][0], n_out = shapes[si][1], nt_max = 8;
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4), *x = malloc((size_t)nt_max * n_in * 4), *xr = malloc((size_t)nt_max * n_in * 4);
+        for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f;
+        for (size_t i = 0; i < (size_t)nt_max * n_in; i++) {
+            x[i] = frand();
+            xr[i] = dt_f16_to_f32(dt_f32_to_f16(x[i]));
+        }
+        void *blocks = malloc(dt_row_size(DT_F16, n_in) * n_out);
+        dt_quantize(DT_F16, wf, blocks, (int64_t)nw);
+        kc_weight w = upload_weight(DT_F16, blocks, n_in, n_out);
+        double *ref = malloc((size_t)nt_max * n_out * 8);
+        k_matmul_ref(blocks, DT_F16, n_in, n_out, xr, nt_max, ref);
+        kc_gemm_ws ws = { .cublas = cb, .xq = xq_alloc(nt_max, n_in) };
+        kc_xq xin = xq_alloc(nt_max, n_in);
+        float *dx = dev_upload(x, (size_t)nt_max * n_in * 4), *dy, *dy2;
+        CK(cudaMalloc((void **)&dy, (size_t)nt_max * n_out * 4));
+        CK(cudaMalloc((void **)&dy2, (size_t)nt_max * n_out * 4));
+        float *y = malloc((size_t)nt_max * n_out * 4), *y2 = malloc((size_t)nt_max * n_out * 4), *y1 = malloc((size_t)n_out * 4);
+        for (int nt = 1; nt <= nt_max; nt++) {
+            const size_t ny = (size_t)nt * n_out;
+            poison(dy, ny * 4);
+            poison(dy2, ny * 4);
+            int rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+            rc |= kc_quantize_x(dx, nt, n_in, &xin, s);
+            rc |= kc_matmul_xq(&w, dx, &xin, nt, dy2, 0, &ws, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(y2, dy2, ny * 4, cudaMemcpyDeviceToHost));
+            if (nt == 1) memcpy(y1, y, (size_t)n_out * 4);
+            double *rt = malloc(ny * 8);
+            for (int t = 0; t < nt; t++) memcpy(rt + (size_t)t * n_out, ref + (size_t)t * n_out, (size_t)n_out * 8);
+            const double e = rel_err(y, rt, ny);
+            T_CHECKF(rc == 0 && e < 1e-4 && memcmp(y, y2, ny * 4) == 0 && memcmp(y, y1, (size_t)n_out * 4) == 0,
+                     "f16 tc GEMV %dx%d n_tok=%d: rel_err %.3g, half copy same %d, token 0 as alone %d (rc %d)", n_in, n_out, nt, e,
+                     memcmp(y, y2, ny * 4) == 0, memcmp(y, y1, (size_t)n_out * 4) == 0, rc);
+            rc = kc_matmul(&w, dx, nt, dy, 1, &ws, s); /* y += W x */
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
+            int ok = rc == 0;
+            for (size_t i = 0; i < ny; i++) ok &= y2[i] == y[i] + y[i];
+            T_CHECKF(ok, "f16 tc GEMV %dx%d n_tok=%d: accumulate", n_in, n_out, nt);
+            free(rt);
+        }
+        free(wf); free(x); free(xr); free(blocks); free(ref); free(y); free(y2); free(y1);
+        xq_free(&xin); xq_free(&ws.xq);
+        cudaFree(dx); cudaFree(dy); cudaFree(dy2); cudaFree(w.data);
+    }
+    kc_plan_set(&keep);
+}
+
 /* FP8 E4M3 weights (fp8.cu): codes and per-row scales as --quantize fp8 makes them. The GEMV
  * (1..8 tokens) against the CPU's k_matmul_ref_scaled (f32 sums of exact products: ~1e-6);
  * past 8 tokens cuBLASLt's E4M3 GEMM (sm_89+) against the same reference with x quantized per
@@ -2385,6 +2446,7 @@ int main(int argc, char **argv) {
     test_matmul_fp8(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
+    test_f16_tc(cb, s);
     test_rmsnorm_split(s);
     test_producer_image(cb, s);
     test_glu_tiles(cb, s);
