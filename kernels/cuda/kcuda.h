@@ -176,7 +176,9 @@ typedef struct kc_plan {
                            * each, all loads in flight (same bits; 0: never) */
     int moe_pre;          /* one-token MoE steps (moe_fuse): bit 0, the gate|up launch lets the down
                            * launch start only past its wait; bit 1, the down launch requests the
-                           * rows of the choice it reads before its wait, checked after it (same bits) */
+                           * rows of the choice it reads before its wait, checked after it; bit 2,
+                           * the gate|up launch too (a measurement: in the forward the routing has
+                           * not finished then). Same bits with every value */
     int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
                            * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
                            * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */

@@ -1166,7 +1166,11 @@ enum { MOEQ_PLAIN = 0, MOEQ_GLU = 1, MOEQ_SX = 2 };
 // Measured (gpu_bench_moe, 48 layers of qwen3-30b-a3b's experts, H200): the pair 19.3 us a
 // layer, 17.95 with SPEC, SPEC and LATE together the same, LATE alone 19.3: the down launch
 // starts while gate|up's last CTAs run, after the routing, without LATE.
-enum { MOEQ_PRE_LATE = 1, MOEQ_PRE_SPEC = 2 };
+// MOEQ_PRE_SPEC_GU: the gate|up launch reads its choice before its wait too. Right only where the
+// routing finished before that launch started (gpu_bench_moe's fixed choices: an upper bound of
+// what an early routing would give); in the forward the norm launch routes after gate|up has
+// started, so the early read is the previous layer's and the rows are loaded twice. Same bits.
+enum { MOEQ_PRE_LATE = 1, MOEQ_PRE_SPEC = 2, MOEQ_PRE_SPEC_GU = 4 };
 
 // ONE: rows of at most L chunks (moe_gemvq_loop's ONE). idx1 (one token, NT = 1): CTA i takes
 // entry i, of expert idx1[i] (kc_moe_route's choices; cnt, off and list are not read).
@@ -1198,7 +1202,7 @@ moe_gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, 
     typename C::scale_t s[1][R];
     // MOEQ_PRE_SPEC (one token): the CTA's choice as it reads before the wait, its rows requested
     // at once; the choice read again after the wait says whether they were the right ones
-    const bool spec = NT == 1 && idx1 && (pre & MOEQ_PRE_SPEC);
+    const bool spec = NT == 1 && idx1 && (pre & (MODE == MOEQ_GLU ? MOEQ_PRE_SPEC_GU : MOEQ_PRE_SPEC));
     int es = -1;
     if (spec) {
         es = min(max(__ldcg(idx1 + blockIdx.x), 0), n_exp - 1); // in bounds whatever the memory held
@@ -1284,7 +1288,9 @@ static void launch_moe_gemvq_r(const kc_weight *W, int n_exp, const kc_xq *xq, i
     const int n_out = W->n_out / n_exp, rows_per_cta = MOEQ_WARPS * (32 / L) * (MODE == MOEQ_GLU ? R / 2 : R);
     const int n_rows = MODE == MOEQ_GLU ? n_out / 2 : n_out;
     const dim3 grid(n_ent < n_exp ? n_ent : n_exp, (n_rows + rows_per_cta - 1) / rows_per_cta), block(MOEQ_WARPS * 32);
-    const int pre = !idx1 ? 0 : kc_plan_get()->moe_pre & (MODE == MOEQ_GLU ? MOEQ_PRE_LATE : MODE == MOEQ_SX ? MOEQ_PRE_SPEC : 0);
+    const int pre = !idx1 ? 0
+                          : kc_plan_get()->moe_pre &
+                                (MODE == MOEQ_GLU ? MOEQ_PRE_LATE | MOEQ_PRE_SPEC_GU : MODE == MOEQ_SX ? MOEQ_PRE_SPEC : 0);
     kc_launch(moe_gemvq_kernel<TYPE, NT, R, L, MODE, ONE>, grid, block, smem, s, (const uint8_t *)W->data, (const uint8_t *)W->d,
               xq ? (const int8_t *)xq->qh : nullptr, xq ? (const int8_t *)xq->ql : nullptr, xq ? (const int2 *)xq->m : nullptr, y,
               cnt, off, list, W->n_in, n_out, x_div, n_exp, xf, row_w, idx1, pre);

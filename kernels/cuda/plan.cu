@@ -58,7 +58,7 @@ const field k_fields[] = {
     F(glu_half_min_tok, 0, 1 << 20),
     F(norm_rows_min_tok, 0, 1 << 20),
     F(att_pf_persist, 0, 1),
-    F(moe_pre, 0, 3),
+    F(moe_pre, 0, 7),
     F(f16_tc, 0, 1),
 };
 #undef F

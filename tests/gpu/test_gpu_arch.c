@@ -543,7 +543,7 @@ static void test_moe_fused(cudaStream_t s) {
                          dt_name(type), E, F, T, act_same, out_same, rc);
                 if (T == 1) { /* the plan's moe_pre: the same bits, whatever the early read of the choices found */
                     kc_plan keep = *kc_plan_get(), pl = keep;
-                    for (int pre = 1; pre <= 3; pre++) {
+                    for (int pre = 1; pre <= 7; pre++) {
                         pl.moe_pre = pre;
                         kc_plan_set(&pl);
                         CK(cudaMemset(dact_b, 0xff, (size_t)K * F * 4));
