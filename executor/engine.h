@@ -22,7 +22,12 @@
  *
  * Invariant every backend keeps (batch invariance): the logits of a token depend only on its
  * sequence's tokens, never on which other sequences or how many tokens share the step, nor
- * on the thread count. Greedy decoding is therefore the same alone or batched.
+ * on the thread count. Greedy decoding is therefore the same alone or batched. The CUDA
+ * backend keeps it bit for bit within each matmul path (the GEMVs up to 8 tokens a step, the
+ * tensor-core tiles and cuBLAS past that); a token whose step falls on the other side of that
+ * boundary in another run (a short prompt prefilled alone, then among others) can differ in
+ * the last bits, and a greedy choice with it only at a near tie (bench/RESULTS.md, twentieth
+ * session).
  *
  *   ex_engine *e; char err[256];
  *   ex_engine_opts o; ex_engine_opts_default(&o);
