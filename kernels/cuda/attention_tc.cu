@@ -1019,9 +1019,7 @@ int launch_pf(const float *q, const void *k, const void *v, float *out, const in
 } // namespace
 
 extern "C" int kc_attention_tc_ok(int hd, int n_head, int n_kv, int block_size) {
-    static int arch = -1; // the SASS this build runs on the device: mma.sync, ldmatrix and cp.async need sm_80
-    if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
-    if (arch < 80) return 0;
+    if (!kc_code_sm80()) return 0; // mma.sync, ldmatrix and cp.async
     return (hd == 64 || hd == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 16 && block_size % 16 == 0;
 }
 

@@ -304,9 +304,7 @@ extern "C" int kc_moe_gemmq(const kc_weight *W, int n_exp, const kc_half *x, int
 }
 
 extern "C" int kc_gemmq_ok(const kc_weight *w) {
-    static int arch = -1; // the SASS this build runs on the device: mma.sync / cp.async need sm_80
-    if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
-    if (arch < 80) return 0;
+    if (!kc_code_sm80()) return 0; // mma.sync / cp.async
     switch (w->type) {
     case DT_F16: return kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && w->n_in % BK == 0; // wgmma only
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return w->n_in % 256 == 0;

@@ -113,6 +113,8 @@ kc_weight kc_weight_part_view(const kc_weight *w, int i);
 /* Whether this build has GPU code the current device can run (*arch: the SASS version used,
  * e.g. 90; 0 when none). */
 int  kc_code_for_device(int *arch);
+/* Whether that code is sm_80 or newer (mma.sync, ldmatrix, cp.async); looked up once. */
+int  kc_code_sm80(void);
 
 /* ---- the kernel plan (plan.cu) ---------------------------------------------------------------
  * Every choice the launchers and the backend make beyond the shapes they are given: fixed once

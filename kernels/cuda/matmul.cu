@@ -157,6 +157,11 @@ extern "C" int kc_code_for_device(int *arch) {
     if (e != cudaSuccess) cudaGetLastError(); /* clear it: the caller reports */
     return e == cudaSuccess;
 }
+extern "C" int kc_code_sm80(void) {
+    static int arch = -1;
+    if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
+    return arch >= 80;
+}
 extern "C" int kc_pdl_on(void) { return kc_plan_get()->pdl && pdl_capable(); }
 
 // A block's high-bit word (bit e: the fifth bit of element e) in kcuda.h's order: element
@@ -608,17 +613,8 @@ gemv_f16_tc_kernel(const uint8_t *__restrict__ W, const void *x, float *y, int n
     else gemv_store<2, NT>(acc, res, y, row0, n_out, n_out, lane, accumulate);
 }
 
-// Whether the F16 GEMV takes the tensor cores: the plan's f16_tc, on a device of sm_80 or newer.
-static bool gemv_f16_tc_on() {
-    static signed char sm80[64]; // per device: code of sm_80 or newer runs there (1), or not (-1)
-    int dev = 0;
-    if (!kc_plan_get()->f16_tc || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!sm80[dev]) {
-        int arch = 0;
-        sm80[dev] = kc_code_for_device(&arch) && arch >= 80 ? 1 : -1;
-    }
-    return sm80[dev] > 0;
-}
+// Whether the F16 GEMV takes the tensor cores: the plan's f16_tc, on sm_80 code or newer.
+static bool gemv_f16_tc_on() { return kc_plan_get()->f16_tc && kc_code_sm80(); }
 
 template <int NT, bool XH>
 static void launch_gemv_f16_tc(const kc_weight *W, const void *x, float *y, int acc, cudaStream_t s, const gemv_swi *sw) {
