@@ -608,10 +608,10 @@ typedef struct cu_step {
 /* The F16 cache's attention launchers with the FP8 ones' pointer types, so a step picks either. */
 static int att_perhead_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *pos,
                              const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv, int hd,
-                             int bs, float scale, int n_split, int chunk, float *partial, int *counters, int kv_ready,
-                             cudaStream_t s) {
+                             int bs, float scale, int n_split, int chunk, int splits, float *partial, int *counters,
+                             int kv_ready, cudaStream_t s) {
     return kc_attention_ex(q, k, v, out, xq, pos, seq, bt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, n_split, chunk,
-                           partial, counters, kv_ready, s);
+                           splits, partial, counters, kv_ready, s);
 }
 static int att_decode_f16(const float *q, const void *k, const void *v, float *out, kc_xq *xq, const int32_t *toks,
                                     int n_tok, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
@@ -699,7 +699,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         if (st->per_head) {
             KC_FATAL((s->kv_f8 ? kc_attention_ex_f8 : att_perhead_f16)(
                 s->q, L->k, L->v, ay, &s->xq_o, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, scale,
-                st->n_split, s->att_chunk, s->partial, s->att_counters, st->kv_ready, cs));
+                st->n_split, s->att_chunk, s->plan.att_ph_splits, s->partial, s->att_counters, st->kv_ready, cs));
         } else {
             if (st->n_dec)
                 KC_FATAL((s->kv_f8 ? kc_attention_decode_tc_f8 : att_decode_f16)(
@@ -939,10 +939,11 @@ static int tc_splits(const cu_state *s, int n_dec) {
 /* Per-head kernel: the splits a step launches: enough for its longest context (the split-K
  * kernel's work and its merge follow the positions, so a launch of more splits gives the same
  * numbers), at least 2 whenever the model's context needs split-K at all, so the per-token path
- * never changes with the batch. */
+ * never changes with the batch. With the plan's att_ph_splits each token's splits follow its
+ * own position (kc_att_split_len), so the count covers every position up to the longest. */
 static int splits_for(const cu_state *s, int max_pos) {
     if (s->n_split <= 1) return 1;
-    int need = max_pos / s->att_chunk + 1;
+    int need = kc_att_splits_cover(max_pos, s->att_chunk, s->plan.att_ph_splits);
     if (need < 2) need = 2;
     return need < s->n_split ? need : s->n_split;
 }
@@ -1283,7 +1284,8 @@ static int capture_graphs(cu_state *s, double budget_s, char *err, size_t errlen
         /* the per-head kernel (small buckets at short contexts, or every bucket without the
          * tensor-core kernel): split buckets 2, 4, 8, ... and the last count it can see (the
          * context's, or the short-context limit's) */
-        const int ph_split = s->att_tc ? (s->plan.att_tc_long_ctx + s->att_chunk - 1) / s->att_chunk : s->n_split;
+        const int ph_split = s->att_tc ? kc_att_splits_cover(s->plan.att_tc_long_ctx - 1, s->att_chunk, s->plan.att_ph_splits)
+                                       : s->n_split;
         const int last_sp = ph_split < s->n_split ? ph_split : s->n_split;
         st.per_head = st.kv_ready = 1;
         for (int sp = last_sp <= 1 ? 1 : 2, j = 0; j < N_SPLIT_BUCKETS; sp = sp * 2 < last_sp ? sp * 2 : last_sp, j++) {
@@ -1534,7 +1536,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     }
     s->att_tc = s->plan.att_tc;
     s->att_chunk = s->plan.att_chunk;
-    s->n_split = (s->lim.n_ctx + s->att_chunk - 1) / s->att_chunk;
+    s->n_split = kc_att_splits_cover(s->lim.n_ctx - 1, s->att_chunk, s->plan.att_ph_splits);
     s->pf_tile_tok = s->att_tc ? kc_attention_tc_tile_tok(s->plan.att_pf_warps, c->n_head, c->n_head_kv) : 0;
     /* the wgmma prefill kernel (att_prefill_f16 makes the same choice) takes tiles of 128 rows */
     if (s->att_tc && s->plan.att_pf_fa3 && !s->kv_f8 &&
@@ -1676,7 +1678,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                     CM_LOG_INFO("cuda", "per-head attention splits lengthened to bound their partials", "chunk=%d was=%d tokens=%zu "
                                 "ctx=%d", chunk, s->att_chunk, ph_tok, s->lim.n_ctx);
                     s->att_chunk = chunk;
-                    s->n_split = (s->lim.n_ctx + chunk - 1) / chunk;
+                    s->n_split = kc_att_splits_cover(s->lim.n_ctx - 1, chunk, s->plan.att_ph_splits);
                 }
             }
         }

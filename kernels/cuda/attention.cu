@@ -16,7 +16,7 @@ template <int HD, int G, bool F8>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
-            int block_size, float scale, int n_split, int chunk, int kv_ready, float softcap, int window) {
+            int block_size, float scale, int n_split, int chunk, int splits, int kv_ready, float softcap, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
     // lanes per key: each lane owns 8 consecutive dims; a head dim of 96 takes 16 lanes, the last
     // 4 idle (their dims zero: they add nothing to the score and are not stored)
@@ -38,11 +38,12 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
     const int kvh = h / (n_head / n_kv);
     const int p = pos[t];
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
-    const int start = split * chunk, end = min(start + chunk, p + 1);
+    const int len = kc_att_split_len(p, chunk, splits); // this token's key ranges
+    const int start = split * len, end = min(start + len, p + 1);
     const int lo = window > 0 ? max(0, p - window + 1) : 0; // sliding window: keys below lo are masked (never loaded)
     const size_t row = ((size_t)t * n_head + h) * HD;
     // A split past this token's position holds no key: the merge reads only the splits below
-    // pos / chunk + 1, so nothing is written (launching more splits than a sequence needs costs
+    // pos / len + 1, so nothing is written (launching more splits than a sequence needs costs
     // one CTA start each, and the result does not depend on how many were launched).
     if (n_split > 1 && start > p) {
         kc_pdl_wait();
@@ -157,26 +158,26 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
     if (n_split == 1 || !counters) return;
     // The last split of (t, h) to finish merges them all, in split order: the result does not
     // depend on which CTA was last.
-    const int n_valid = min(n_split, p / chunk + 1);
+    const int n_valid = min(n_split, p / len + 1);
     if (!att_last_split(counters + (size_t)t * n_head + h, n_valid)) return;
     att_merge<HD, G == 8 ? 16 : 4>(pp, n_valid, em, row);
 }
 
 template <int HD>
-__global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk) {
+__global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk, int splits) {
     KC_TRACE_SCOPE(KC_TR_ATTN_MERGE);
     kc_pdl_trigger();
     kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *pp = partial + ((size_t)t * n_head + h) * n_split * (HD + 2);
-    const int n_valid = min(n_split, pos[t] / chunk + 1); // the splits that hold keys of this token
+    const int n_valid = min(n_split, pos[t] / kc_att_split_len(pos[t], chunk, splits) + 1); // the splits holding keys of this token
     att_merge<HD, 16>(pp, n_valid, em, ((size_t)t * n_head + h) * HD);
 }
 
 template <int HD, bool F8>
 static void launch(const float *q, const void *k, const void *v, const att_emit &em, float *partial, int *counters,
                    const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_tok, int n_head, int n_kv,
-                   int bs, float scale, int n_split, int chunk, int kv_ready, cudaStream_t s) {
+                   int bs, float scale, int n_split, int chunk, int splits, int kv_ready, cudaStream_t s) {
     dim3 grid(n_tok, n_head, n_split);
     const kc_attn_mods mods = kc_attention_mods_get();
     // Key groups whose loads are in flight together: many for a few tokens (the step is one
@@ -186,10 +187,10 @@ static void launch(const float *q, const void *k, const void *v, const att_emit 
     const int G = n_tok > 8 ? 2 : HD >= 128 ? 8 : 4;
     auto kern = G == 2 ? attn_kernel<HD, 2, F8> : G == 4 ? attn_kernel<HD, 4, F8> : attn_kernel<HD, 8, F8>;
     kc_launch(kern, grid, dim3(ATT_WARPS * 32), 0, s, q, k, v, em, partial, counters,
-              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, kv_ready, mods.softcap, mods.window);
+              pos, seq, bt, max_blocks, n_head, n_kv, bs, scale, n_split, chunk, splits, kv_ready, mods.softcap, mods.window);
     if (n_split > 1 && !counters)
         kc_launch(attn_merge_kernel<HD>, dim3(n_tok, n_head), dim3(HD < 32 ? 32 : HD), 0, s, (const float *)partial, em, pos,
-                  n_head, n_split, chunk);
+                  n_head, n_split, chunk, splits);
 }
 
 extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
@@ -197,16 +198,16 @@ extern "C" int kc_attention(const float *q, const kc_half *k_cache, const kc_hal
                             int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
                             float *partial, cudaStream_t s) {
     return kc_attention_ex(q, k_cache, v_cache, out, NULL, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
-                           block_size, scale, n_split, chunk, partial, NULL, 0, s);
+                           block_size, scale, n_split, chunk, 0, partial, NULL, 0, s);
 }
 
 template <bool F8>
 static int attention_ex(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
                         const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                         int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
-                        float *partial, int *counters, int kv_ready, cudaStream_t s) {
+                        int splits, float *partial, int *counters, int kv_ready, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
-        n_head % n_kv || n_split <= 0 || chunk <= 0 || (n_split > 1 && !partial))
+        n_head % n_kv || n_split <= 0 || chunk <= 0 || splits < 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
     const int nq = n_head * hd;
     const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n && (!xq->no_ints || xq->xh);
@@ -217,7 +218,7 @@ static int attention_ex(const float *q, const void *k_cache, const void *v_cache
 #define ATT_CASE(H)                                                                                                        \
     case H:                                                                                                                \
         launch<H, F8>(q, k_cache, v_cache, em, partial, counters, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv,   \
-                  block_size, scale, n_split, chunk, kv_ready, s);                                                         \
+                  block_size, scale, n_split, chunk, splits, kv_ready, s);                                                 \
         break;
     switch (hd) {
         ATT_CASE(8)
@@ -236,15 +237,15 @@ static int attention_ex(const float *q, const void *k_cache, const void *v_cache
 extern "C" int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
                                const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                                int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
-                               float *partial, int *counters, int kv_ready, cudaStream_t s) {
+                               int splits, float *partial, int *counters, int kv_ready, cudaStream_t s) {
     return attention_ex<false>(q, k_cache, v_cache, out, xq, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
-                               block_size, scale, n_split, chunk, partial, counters, kv_ready, s);
+                               block_size, scale, n_split, chunk, splits, partial, counters, kv_ready, s);
 }
 
 extern "C" int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
                                   const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                                   int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
-                                  float *partial, int *counters, int kv_ready, cudaStream_t s) {
+                                  int splits, float *partial, int *counters, int kv_ready, cudaStream_t s) {
     return attention_ex<true>(q, k_cache, v_cache, out, xq, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
-                              block_size, scale, n_split, chunk, partial, counters, kv_ready, s);
+                              block_size, scale, n_split, chunk, splits, partial, counters, kv_ready, s);
 }

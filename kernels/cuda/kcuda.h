@@ -153,7 +153,11 @@ typedef struct kc_plan {
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
                            * at least a wave's worth (kc_plan_dec_chunk; a multiple of 64) */
-    int att_chunk;        /* the per-head decode kernel: positions per split */
+    int att_chunk;        /* the per-head decode kernel: positions per split (att_ph_splits 0), or
+                           * the most a split takes */
+    int att_ph_splits;    /* > 0: the per-head decode kernel cuts a token's keys into about this
+                           * many splits of a multiple of 16 positions (kc_att_split_len), from
+                           * its own position; 0: splits of att_chunk positions */
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
     int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
     int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
@@ -421,17 +425,39 @@ int kc_attention(const float *q, const kc_half *k_cache, const kc_half *v_cache,
                  int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
                  int n_split, int chunk, float *partial, cudaStream_t s);
 
+/* The per-head kernel's ranges of keys for a token at position p (kc_attention_ex's splits):
+ * splits > 0: about `splits` ranges of a multiple of 16 positions, ceil((p + 1) / splits)
+ * rounded up, at most chunk; splits = 0: ranges of chunk positions. A token's ranges depend on
+ * its own position only (a token's result is the same in any batch). kc_att_splits_cover: the
+ * ranges a launch needs for every position up to max_pos (its n_split). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int kc_att_split_len(int p, int chunk, int splits) {
+    if (splits <= 0) return chunk;
+    int len = (p + splits) / splits;
+    len = (len + 15) / 16 * 16;
+    return len < chunk ? len : chunk;
+}
+static inline int kc_att_splits_cover(int max_pos, int chunk, int splits) {
+    int n = max_pos / kc_att_split_len(max_pos, chunk, splits) + 1, short_n = max_pos / 16 + 1;
+    if (splits > 0 && short_n > splits) short_n = splits;
+    return splits > 0 && short_n > n ? short_n : n;
+}
+
 /* The same, with the split merge done by the last CTA of each (token, head) to finish (counters:
  * [n_tok * n_head] ints, zero before the first call and left zero; NULL = a separate merge
  * kernel) and, when xq is given (hd % 32 == 0, n_tok <= xq->cap_tok), the output also written
  * as two-level int8 blocks for the wo GEMV (else xq->n = 0). kv_ready = 1 promises that every
  * key below each token's own position was written before the kernels now in the stream (a pure
  * decode step); those keys are then loaded before the kernel waits for its predecessors. out may
- * be NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise. */
+ * be NULL when the output is quantized (only the blocks are written); CM_EINVAL otherwise.
+ * splits > 0: each token's keys in the ranges of kc_att_split_len (chunk their largest), and
+ * n_split at least kc_att_splits_cover of the longest context; 0: ranges of chunk positions. */
 int kc_attention_ex(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_xq *xq,
                     const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                     int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
-                    int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
+                    int n_split, int chunk, int splits, float *partial, int *counters, int kv_ready, cudaStream_t s);
 
 /* Causal GQA attention on the tensor cores (attention_tc.cu): the query heads that share a KV
  * head are the rows of one tile, so each K/V block is read once for all of them; Q, K and V
@@ -521,7 +547,7 @@ int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_c
 int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
                        const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                        int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
-                       int n_split, int chunk, float *partial, int *counters, int kv_ready, cudaStream_t s);
+                       int n_split, int chunk, int splits, float *partial, int *counters, int kv_ready, cudaStream_t s);
 int kc_attention_decode_tc_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
                               const int32_t *toks, int n_tok, const int32_t *pos, const int32_t *seq,
                               const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,

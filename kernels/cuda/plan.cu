@@ -47,6 +47,7 @@ const field k_fields[] = {
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
     F(att_chunk, 16, 1 << 20),
+    F(att_ph_splits, 0, 64),
     F(graph_max_tok, 1, 4096),
     F(fp8_gemm, 0, 1),
     F(fp8_fast_accum, 0, 1),
@@ -139,6 +140,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_dec_ctas = 264;
     p->att_dec_min_chunk = 1024;
     p->att_chunk = 64;
+    // per-head decode splits of att_chunk positions at any context: on an H200 16-position splits
+    // gave qwen3-30b-a3b batch 1 +6.6 % at 129-256 positions but -21 % at 1,024, and 32 cost
+    // llama2-7b Q4_0 8 % at 512 (bench/RESULTS.md, twenty-first session); att_ph_splits > 0
+    // sizes them from each token's position instead (not measured yet)
+    p->att_ph_splits = 0;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
     // accumulation not measured yet)

@@ -141,7 +141,7 @@ static void decode_one(double bw, int B, int C, int ns, int tc_only, int f8) {
         for (int i = 0; i < iters + 3; i++) {
             if (i == 3) CK(cudaEventRecord(e0, 0));
             int rc = arm == 1   ? kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split, 64,
-                                                  part, cnt, 0, 0)
+                                                  0, part, cnt, 0, 0)
                      : f8 ? kc_attention_decode_tc_f8(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
                                                        chunk, part, cnt, 0)
                           : kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,

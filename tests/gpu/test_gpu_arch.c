@@ -728,9 +728,9 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
         CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
         kc_attention_mods(&mods);
         int rc = mode == 0 ? kc_attention_ex(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale, 1,
-                                             ns_all * chunk, part, NULL, 0, s)
+                                             ns_all * chunk, 0, part, NULL, 0, s)
                            : kc_attention_ex(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, scale,
-                                             ns_all, chunk, part, mode == 2 ? cnt : NULL, 0, s);
+                                             ns_all, chunk, 0, part, mode == 2 ? cnt : NULL, 0, s);
         kc_attention_mods(NULL);
         CK(cudaStreamSynchronize(s));
         down(got, dout, (size_t)n_tok * nqd * 4);

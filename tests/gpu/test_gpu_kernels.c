@@ -713,7 +713,7 @@ static void test_rope_attention(cudaStream_t s) {
                     for (int rep = 0; rep < 2; rep++) {
                         poison(dout2, no * 4);
                         rc2 |= kc_attention_ex(dq, dk, dv, dout2, &xa, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
-                                               1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
+                                               1.0f / sqrtf((float)hd), n_split, chunk, 0, dpart, dcnt, 0, s);
                         CK(cudaStreamSynchronize(s));
                     }
                     int *cnt = malloc((size_t)n_tok * n_head * 4);
@@ -731,18 +731,18 @@ static void test_rope_attention(cudaStream_t s) {
                         kc_xq xc = xq_alloc(n_tok, nq);
                         CK(cudaMemset(xc.qh, 0x55, (size_t)n_tok * nq));
                         int rc5 = kc_attention_ex(dq, dk, dv, NULL, &xc, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
-                                                  1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
+                                                  1.0f / sqrtf((float)hd), n_split, chunk, 0, dpart, dcnt, 0, s);
                         CK(cudaStreamSynchronize(s));
                         T_CHECKF(rc5 == 0 && xc.n == nq && xq_equal(&xa, &xc, n_tok, nq) &&
                                      kc_attention_ex(dq, dk, dv, NULL, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd,
-                                                     bs, 1.0f, n_split, chunk, dpart, dcnt, 0, s) == CM_EINVAL,
+                                                     bs, 1.0f, n_split, chunk, 0, dpart, dcnt, 0, s) == CM_EINVAL,
                                  "attention blocks only: hd=%d n_split=%d", hd, n_split);
                         xq_free(&xc);
                         kc_xq xd = xq_alloc(n_tok, nq); /* no_ints: only the half copy */
                         xd.no_ints = 1;
                         CK(cudaMemset(xd.qh, 0x55, (size_t)n_tok * nq));
                         rc5 = kc_attention_ex(dq, dk, dv, NULL, &xd, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
-                                              1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 0, s);
+                                              1.0f / sqrtf((float)hd), n_split, chunk, 0, dpart, dcnt, 0, s);
                         CK(cudaStreamSynchronize(s));
                         T_CHECKF(rc5 == 0 && xd.n == nq && xq_xh_only_ok(&xa, &xd, n_tok, nq),
                                  "attention half copy only: hd=%d n_split=%d", hd, n_split);
@@ -765,7 +765,7 @@ static void test_rope_attention(cudaStream_t s) {
                         int32_t *dp3 = dev_upload(dpos3, sizeof dpos3), *ds3 = dev_upload(dseq3, sizeof dseq3);
                         poison(dout3, (size_t)3 * nq * 4);
                         int rc3 = kc_attention_ex(dq3, dk, dv, dout3, NULL, dp3, ds3, dbt, max_blocks, 3, n_head, n_kv, hd, bs,
-                                                  1.0f / sqrtf((float)hd), n_split, chunk, dpart, dcnt, 1, s);
+                                                  1.0f / sqrtf((float)hd), n_split, chunk, 0, dpart, dcnt, 1, s);
                         CK(cudaStreamSynchronize(s));
                         CK(cudaMemcpy(got3, dout3, (size_t)3 * nq * 4, cudaMemcpyDeviceToHost));
                         int ok3 = rc3 == 0;
@@ -862,6 +862,126 @@ static int pf_worst(const float *got, const double *ref, const int *rows, int n_
  * prefill over a cached prefix (tiles over the second part of each sequence only: first
  * position > 0, the rows before it must stay poisoned). On a compute capability 9.0 device the
  * kernel must take every shape of the test. */
+/* The per-head decode kernel with each token's splits from its own position (kc_attention_ex's
+ * splits, the plan's att_ph_splits). Host: kc_att_splits_cover covers every position up to
+ * max_pos (p / kc_att_split_len + 1 splits), for splits 1-20, chunks 16 / 64 / 96 and positions
+ * up to 5,000. Device, GQA 1 and 8, head dims 64 and 128, queries at positions 0 to 1,099 of
+ * five sequences (scattered blocks): against splits of 64 positions (only the merge differs:
+ * rel err < 1e-5), the same bits with more splits launched than needed, with the merge kernel
+ * instead of the last split's CTA, and for a token launched alone. */
+static void test_attention_ph_splits(cudaStream_t s) {
+    {
+        int bad = 0;
+        const int chunks[] = { 16, 64, 96 };
+        for (int ci = 0; ci < 3; ci++)
+            for (int S = 1; S <= 20; S++) {
+                int need = 0;
+                for (int p = 0; p <= 5000 && !bad; p++) {
+                    const int len = kc_att_split_len(p, chunks[ci], S), n = p / len + 1;
+                    if (n > need) need = n;
+                    bad |= len < 1 || len > chunks[ci] || len * n < p + 1 || kc_att_splits_cover(p, chunks[ci], S) < need;
+                }
+            }
+        T_CHECKF(!bad && kc_att_split_len(191, 64, 12) == 16 && kc_att_split_len(1099, 64, 12) == 64 &&
+                     kc_att_split_len(500, 64, 0) == 64,
+                 "kc_att_split_len / kc_att_splits_cover: every position covered (bad %d)", bad);
+    }
+    const int lens[] = { 1, 17, 150, 300, 1100 }, n_seq = 5, bs = 16, S_list[] = { 8, 12 };
+    const int cfgs[][3] = { { 8, 8, 64 }, { 32, 4, 128 } }; /* n_head, n_kv, hd */
+    int max_len = 0;
+    for (int i = 0; i < n_seq; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
+    const int max_blocks = (max_len + bs - 1) / bs, n_blocks = n_seq * max_blocks;
+    int32_t pos[512], seq[512], *bt = malloc((size_t)n_blocks * 4);
+    int n_tok = 0, max_pos = 0;
+    for (int q = 0; q < n_seq; q++) /* queries at every 7th position and the last */
+        for (int p = 0; p < lens[q]; p++)
+            if (p % 7 == 0 || p == lens[q] - 1) {
+                pos[n_tok] = p, seq[n_tok++] = q;
+                if (p > max_pos) max_pos = p;
+            }
+    for (int i = 0; i < n_blocks; i++) bt[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* blocks scattered */
+        const int j = (int)((frand() * 0.5f + 0.5f) * (float)(i + 1)) % (i + 1), tmp = bt[i];
+        bt[i] = bt[j], bt[j] = tmp;
+    }
+    int32_t *dpos = dev_upload(pos, (size_t)n_tok * 4), *dseq = dev_upload(seq, (size_t)n_tok * 4),
+            *dbt = dev_upload(bt, (size_t)n_blocks * 4);
+    for (int ci = 0; ci < 2; ci++) {
+        const int n_head = cfgs[ci][0], n_kv = cfgs[ci][1], hd = cfgs[ci][2];
+        const size_t cache = (size_t)n_blocks * n_kv * bs * hd, nq = (size_t)n_tok * n_head * hd;
+        uint16_t *hk = malloc(cache * 2);
+        float *hq = malloc(nq * 4);
+        for (size_t i = 0; i < cache; i++) hk[i] = f2h(frand());
+        for (size_t i = 0; i < nq; i++) hq[i] = frand();
+        kc_half *dk = dev_upload(hk, cache * 2), *dv;
+        for (size_t i = 0; i < cache; i++) hk[i] = f2h(frand());
+        dv = dev_upload(hk, cache * 2);
+        float *dq = dev_upload(hq, nq * 4), *da, *db, *dc, *dpart;
+        const int max_split = kc_att_splits_cover(max_pos, 64, 20) + 5;
+        int *dcnt;
+        CK(cudaMalloc((void **)&da, nq * 4));
+        CK(cudaMalloc((void **)&db, nq * 4));
+        CK(cudaMalloc((void **)&dc, nq * 4));
+        CK(cudaMalloc((void **)&dpart, (size_t)n_tok * n_head * max_split * (hd + 2) * 4));
+        CK(cudaMalloc((void **)&dcnt, (size_t)n_tok * n_head * 4));
+        CK(cudaMemset(dcnt, 0, (size_t)n_tok * n_head * 4));
+        const float sc = 1.0f / sqrtf((float)hd);
+        poison(da, nq * 4);
+        int rc = kc_attention_ex(dq, dk, dv, da, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc,
+                                 kc_att_splits_cover(max_pos, 64, 0), 64, 0, dpart, dcnt, 0, s);
+        float *ha = malloc(nq * 4), *hb = malloc(nq * 4);
+        double *ref = malloc(nq * 8);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(ha, da, nq * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nq; i++) ref[i] = ha[i];
+        for (int si = 0; si < 2; si++) {
+            const int S = S_list[si], ns = kc_att_splits_cover(max_pos, 64, S);
+            poison(db, nq * 4);
+            rc |= kc_attention_ex(dq, dk, dv, db, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc, ns, 64, S,
+                                  dpart, dcnt, 1, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(hb, db, nq * 4, cudaMemcpyDeviceToHost));
+            const double e = rel_err(hb, ref, nq);
+            /* more splits launched; the merge kernel; kv_ready 0 */
+            poison(dc, nq * 4);
+            rc |= kc_attention_ex(dq, dk, dv, dc, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc, ns + 5, 64, S,
+                                  dpart, dcnt, 0, s);
+            CK(cudaStreamSynchronize(s));
+            const int more = dev_equal(db, dc, nq * 4);
+            poison(dc, nq * 4);
+            rc |= kc_attention_ex(dq, dk, dv, dc, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc, ns, 64, S,
+                                  dpart, NULL, 0, s);
+            CK(cudaStreamSynchronize(s));
+            const int merged = dev_equal(db, dc, nq * 4);
+            /* tokens alone: the last of the longest sequence, and one at position 147 */
+            int alone = 1;
+            for (int t = 0; t < n_tok; t++) {
+                if (!(t == n_tok - 1 || (seq[t] == 2 && pos[t] == 147))) continue;
+                poison(dc, (size_t)n_head * hd * 4);
+                rc |= kc_attention_ex(dq + (size_t)t * n_head * hd, dk, dv, dc, NULL, dpos + t, dseq + t, dbt, max_blocks, 1, n_head,
+                                      n_kv, hd, bs, sc, kc_att_splits_cover(pos[t], 64, S), 64, S, dpart, dcnt, 0, s);
+                CK(cudaStreamSynchronize(s));
+                alone &= dev_equal(db + (size_t)t * n_head * hd, dc, (size_t)n_head * hd * 4);
+            }
+            T_CHECKF(rc == 0 && e < 1e-5 && more && merged && alone,
+                     "attention splits by position (att_ph_splits=%d) n_head=%d n_kv=%d hd=%d: rel err %.3g against splits of 64, "
+                     "the same bits with %d splits %d, by the merge kernel %d, alone %d (rc %d)",
+                     S, n_head, n_kv, hd, e, ns + 5, more, merged, alone, rc);
+        }
+        int32_t *hc = malloc((size_t)n_tok * n_head * 4), cnt_left = 0;
+        CK(cudaMemcpy(hc, dcnt, (size_t)n_tok * n_head * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n_tok * n_head; i++) cnt_left |= hc[i];
+        free(hc);
+        T_CHECKF(cnt_left == 0, "attention splits by position n_head=%d n_kv=%d hd=%d: counters left at zero (%d)", n_head, n_kv, hd,
+                 cnt_left);
+        free(hk); free(hq); free(ha); free(hb); free(ref);
+        void *ds[] = { dk, dv, dq, da, db, dc, dpart, dcnt };
+        for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+    }
+    free(bt);
+    cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
+}
+
 static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n_tok, int n_head, int n_kv, int hd, int bs,
                                int max_blocks, const kc_half *dk, const kc_half *dv, const float *dq, const int32_t *dpos,
                                const int32_t *dseq, const int32_t *dbt, const int *rows, int n_rows, const double *ref) {
@@ -2209,7 +2329,7 @@ static void test_kv_fp8(cudaStream_t s) {
             int32_t *dtiles = NULL;
             if (kind == 0)
                 rc = kc_attention_ex_f8(dq, dk, dv, dout, NULL, dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, sc,
-                                        n_split, chunk, part, NULL, 0, s);
+                                        n_split, chunk, 0, part, NULL, 0, s);
             else if (kind == 1) {
                 dtiles = make_tiles(lens, n_seq, kc_attention_tc_tile_tok(8, n_head, n_kv), &nt);
                 rc = kc_attention_prefill_tc_f8(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
@@ -2434,6 +2554,7 @@ int main(int argc, char **argv) {
         kc_plan pl = *kc_plan_get();
         if (gpu_plan_args(&pl, argv[1], "test_gpu_kernels")) return 2;
         kc_plan_set(&pl);
+        test_attention_ph_splits(s);
         test_attention_tc(s);
         return t_done();
     }
@@ -2452,6 +2573,7 @@ int main(int argc, char **argv) {
     test_glu_tiles(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
+    test_attention_ph_splits(s);
     test_attention_tc(s);
     test_kv_fp8(s);
     cublasDestroy(cb);
