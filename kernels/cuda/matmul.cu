@@ -1838,16 +1838,21 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
 }
 
 // A mixed W range by range, into its rows of y. One token on the integer GEMV with the plan's
-// mixed_overlap (programmatic launches on): the ranges after the first run beside it
-// (GEMVQ_FIRST, GEMVQ_AFTER) instead of each waiting for the one before to end.
+// mixed_overlap (programmatic launches on): the range of fewest rows first (GEMVQ_FIRST: the
+// others start once all its CTAs are past their wait, soonest for the smallest grid), the others
+// beside it (GEMVQ_AFTER, K-quants) instead of each waiting for the one before to end.
 static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                         const kc_gemm_ws *ws, bool xh_ready, int ord, const kc_half *xsrc, cudaStream_t s) {
     bool overlap = kc_plan_get()->mixed_overlap && kc_pdl_on() && n_tok == 1 && W->n_parts > 1;
+    int first = 0;
+    for (int i = 1; i < W->n_parts; i++)
+        if (W->part[i].n_rows < W->part[first].n_rows) first = i;
     for (int i = 0; i < W->n_parts && overlap; i++)
-        overlap = (i == 0 ? is_quant(W->part[i].type) : gemvq_after_ok(W->part[i].type, n_tok, accumulate));
-    for (int i = 0; i < W->n_parts; i++) {
+        overlap = i == first ? is_quant(W->part[i].type) : gemvq_after_ok(W->part[i].type, n_tok, accumulate);
+    for (int k = 0; k < W->n_parts; k++) {
+        const int i = !overlap ? k : k == 0 ? first : k <= first ? k - 1 : k; // overlap: first, then the others in order
         const kc_weight v = kc_weight_part_view(W, i);
-        const int mode = !overlap ? GEMVQ_PLAIN : i == 0 ? GEMVQ_FIRST : GEMVQ_AFTER;
+        const int mode = !overlap ? GEMVQ_PLAIN : i == first ? GEMVQ_FIRST : GEMVQ_AFTER;
         if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s, mode)) return rc;
     }
     return 0;

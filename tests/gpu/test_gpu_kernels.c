@@ -1439,8 +1439,9 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                     same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
             }
-            /* the plan's mixed_overlap at one token (where every range after the first is a K-quant:
-             * the ranges beside each other): the same bits, with the activations quantized by the
+            /* the plan's mixed_overlap at one token (where every range but the smallest is a
+             * K-quant: the ranges beside each other, the smallest launched first; cases 0 and 1):
+             * the same bits, with the activations quantized by the
              * launch just before (kc_matmul's own), alternating two tokens so that a range
              * reading them too early would read the other token's */
             if (nt == 1) {
