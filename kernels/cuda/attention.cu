@@ -164,13 +164,14 @@ attn_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit e
 }
 
 template <int HD>
-__global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk, int splits) {
+__global__ void attn_merge_kernel(const float *partial, att_emit em, const int32_t *pos, int n_head, int n_split, int chunk,
+                                  int splits) {
     KC_TRACE_SCOPE(KC_TR_ATTN_MERGE);
     kc_pdl_trigger();
     kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *pp = partial + ((size_t)t * n_head + h) * n_split * (HD + 2);
-    const int n_valid = min(n_split, pos[t] / kc_att_split_len(pos[t], chunk, splits) + 1); // the splits holding keys of this token
+    const int n_valid = min(n_split, pos[t] / kc_att_split_len(pos[t], chunk, splits) + 1); // the splits with its keys
     att_merge<HD, 16>(pp, n_valid, em, ((size_t)t * n_head + h) * HD);
 }
 

@@ -1087,20 +1087,20 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
 }
 
 // pdl_mode GEMVQ_AFTER (one token, the K-quants of llama.cpp's mixes, not accumulating: the
-// caller's condition, gemvq_after_ok) takes the AFTER kernel.
+// caller's condition, gemvq_after_ok) takes the AFTER kernel, compiled for those types only.
+constexpr bool gemvq_after_type(int type) { return type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K; }
 template <int TYPE, int NT, int R, int U>
-static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s, int mode = GEMVQ_PLAIN) {
+static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s,
+                           int mode = GEMVQ_PLAIN) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
     auto kern = gemvq_kernel<TYPE, NT, R, U, false>;
-    if constexpr (NT == 1 && (TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K))
+    if constexpr (NT == 1 && gemvq_after_type(TYPE))
         if (mode == GEMVQ_AFTER) kern = gemvq_kernel<TYPE, NT, R, U, true>;
     kc_launch(kern, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh,
               (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, ldy, acc, mode);
 }
-static bool gemvq_after_ok(int type, int n_tok, int accumulate) {
-    return n_tok == 1 && !accumulate && (type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K);
-}
+static bool gemvq_after_ok(int type, int n_tok, int accumulate) { return n_tok == 1 && !accumulate && gemvq_after_type(type); }
 
 // Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
 // one row per warp their loads, not the weights, bound the kernel as tokens are added. Chosen
