@@ -62,10 +62,9 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  * registers in each launch and lose the per-type tuning (rows per warp, tile shapes, the plan's
  * limits). The price is one
  * more launch per mixed matrix, and the activations are quantized (or converted to half) once
- * for all ranges. At one token the plan's mixed_overlap runs the ranges (K-quants but the
- * smallest) beside each other instead of one after the other. Parts must be quantized types;
- * anything else (and interleaved gate|up pairs of different types, which llama.cpp's K-quant
- * mixes do not make) is converted to F16 by the backend. */
+ * for all ranges. Parts must be quantized types; anything else (and interleaved gate|up pairs
+ * of different types, which llama.cpp's K-quant mixes do not make) is converted to F16 by the
+ * backend. */
 #define KC_WEIGHT_MAX_PARTS 4
 #define KC_WEIGHT_MIXED     1000 /* kc_weight.type of a matrix whose row ranges differ in type */
 typedef struct kc_weight_part {
@@ -186,9 +185,6 @@ typedef struct kc_plan {
                            * rows of the choice it reads before its wait, checked after it; bit 2,
                            * the gate|up launch too (a measurement: in the forward the routing has
                            * not finished then). Same bits with every value */
-    int mixed_overlap;    /* 1: one token times a mixed matrix (Q|K|V of a Q4_K_M file): the
-                           * range of fewest rows first, the others (K-quants) beside it instead
-                           * of after it (programmatic launches; same bits); 0: one after the other */
     int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
                            * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
                            * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */

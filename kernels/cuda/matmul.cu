@@ -979,26 +979,18 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
 // allocated Q6_K's 4-row one-token variant (llama2-7b's qkv and gate|up) with a 4-byte spill and
 // the Q6_K llama2-7b step went from 420 to 357 tok/s on the H200 (bench/RESULTS.md, fourth
 // 2026-11-25 session).
-// The launches of a mixed matrix's row ranges at one token (the plan's mixed_overlap): the first
-// range (pdl_mode GEMVQ_FIRST) lets the next launch start only past its own wait, so the
-// activations are written by then; each later range (GEMVQ_AFTER, the AFTER template: x through
-// the L2, since this launch does not wait before reading it) multiplies at once, beside the
-// first, and waits for its predecessor only before it ends, so the kernel after the last range
-// still finds every range written when its own wait returns. 0: trigger first, wait before x.
-enum { GEMVQ_PLAIN = 0, GEMVQ_FIRST = 1, GEMVQ_AFTER = 2 };
-template <int TYPE, int NT, int R, int U, bool AFTER = false>
+template <int TYPE, int NT, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
-             const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate, int pdl_mode) {
+             const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate) {
     KC_TRACE_SCOPE(KC_TR_GEMVQ);
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
-    if (pdl_mode != GEMVQ_FIRST) kc_pdl_trigger();
+    kc_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
     if (row0 >= n_out) {
         kc_pdl_wait();
-        if (pdl_mode == GEMVQ_FIRST) kc_pdl_trigger();
         return;
     }
     const int nchunks = n_in / EPC, nblk = n_in / 32;
@@ -1038,10 +1030,9 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
     // Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before this one.
     int c = lane;
     load(c, w, s);
-    if constexpr (!AFTER) kc_pdl_wait();
-    if (pdl_mode == GEMVQ_FIRST) kc_pdl_trigger();
+    kc_pdl_wait();
     float res[R][NT];
-    gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, AFTER ? 0 : accumulate);
+    gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, accumulate);
     for (;;) {
         load(c + 32 * U, wn, sn); // the next batch, in flight while this one is multiplied
 #pragma unroll
@@ -1056,16 +1047,12 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 const int4 *pl = (const int4 *)(xql + (size_t)t * n_in + (size_t)cc * EPC);
 #pragma unroll
                 for (int k = 0; k < EPC / 16; k++) {
-                    // activations: not the read-only path (AFTER: past L1, whose lines may be older)
-                    int4 a = AFTER ? __ldcg(ph + k) : __ldca(ph + k), b = AFTER ? __ldcg(pl + k) : __ldca(pl + k);
+                    int4 a = __ldca(ph + k), b = __ldca(pl + k); // activations: not the read-only path
                     xh[4 * k] = a.x; xh[4 * k + 1] = a.y; xh[4 * k + 2] = a.z; xh[4 * k + 3] = a.w;
                     xl[4 * k] = b.x; xl[4 * k + 1] = b.y; xl[4 * k + 2] = b.z; xl[4 * k + 3] = b.w;
                 }
 #pragma unroll
-                for (int k = 0; k < EPC / 32; k++) {
-                    const int2 *pm = xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k;
-                    xb[k] = AFTER ? __ldcg(pm) : __ldca(pm);
-                }
+                for (int k = 0; k < EPC / 32; k++) xb[k] = __ldca(xm + (size_t)t * nblk + (size_t)cc * (EPC / 32) + k);
                 const typename qaux<TYPE>::type aux = qaux<TYPE>::make(xh, xl);
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += qdot<TYPE>(w[u][r], s[u][r], cc, xh, xl, xb, aux);
@@ -1082,25 +1069,16 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
                 s[u][r] = sn[u][r];
             }
     }
-    gemv_store<R, NT>(acc, res, y, row0, n_out, ldy, lane, AFTER ? 0 : accumulate);
-    if constexpr (AFTER) kc_pdl_wait(); // ends after the ranges before it (GEMVQ_AFTER)
+    gemv_store<R, NT>(acc, res, y, row0, n_out, ldy, lane, accumulate);
 }
 
-// pdl_mode GEMVQ_AFTER (one token, the K-quants of llama.cpp's mixes, not accumulating: the
-// caller's condition, gemvq_after_ok) takes the AFTER kernel, compiled for those types only.
-constexpr bool gemvq_after_type(int type) { return type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K; }
 template <int TYPE, int NT, int R, int U>
-static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s,
-                           int mode = GEMVQ_PLAIN) {
+static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
-    auto kern = gemvq_kernel<TYPE, NT, R, U, false>;
-    if constexpr (NT == 1 && gemvq_after_type(TYPE))
-        if (mode == GEMVQ_AFTER) kern = gemvq_kernel<TYPE, NT, R, U, true>;
-    kc_launch(kern, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh,
-              (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, ldy, acc, mode);
+    kc_launch(gemvq_kernel<TYPE, NT, R, U>, grid, block, 0, s, (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh,
+              (const int8_t *)xq->ql, (const int2 *)xq->m, y, W->n_in, W->n_out, ldy, acc);
 }
-static bool gemvq_after_ok(int type, int n_tok, int accumulate) { return n_tok == 1 && !accumulate && gemvq_after_type(type); }
 
 // Rows per warp for 2..8 tokens: every row re-reads the tokens' activations (from L1), so with
 // one row per warp their loads, not the weights, bound the kernel as tokens are added. Chosen
@@ -1133,29 +1111,27 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int l
 // 100-170 bytes of registers with their larger chunks) until gpu_bench_gemv has been run on
 // them.
 template <int TYPE>
-static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s, int mode) {
+static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int n_in = W->n_in, n_out = W->n_out;
     if constexpr (TYPE == DT_Q4_0 || TYPE == DT_Q4_1 || TYPE == DT_Q5_0 || TYPE == DT_Q5_1) {
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, ldy, acc, s, mode);
-        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, ldy, acc, s, mode);
-        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s, mode);
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, ldy, acc, s);
+        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
     } else if constexpr (TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K) {
         constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s, mode);
-        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, RN, 2>(W, xq, y, ldy, acc, s, mode);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s, mode);
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
+        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, RN, 2>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     } else { // Q8_0
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s, mode);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s, mode);
+        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s);
+        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     }
 }
 
-// mode: GEMVQ_PLAIN, or at one token GEMVQ_FIRST / GEMVQ_AFTER (mixed_ranges)
 template <int TYPE>
-static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int acc, cudaStream_t s,
-                         int mode = GEMVQ_PLAIN) {
+static void launch_gemvq(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
     switch (n_tok) {
-    case 1: launch_gemvq1<TYPE>(W, xq, y, ldy, acc, s, mode); break;
+    case 1: launch_gemvq1<TYPE>(W, xq, y, ldy, acc, s); break;
     case 2: launch_gemvq_nt<TYPE, 2>(W, xq, y, ldy, acc, s); break;
     case 3: launch_gemvq_nt<TYPE, 3>(W, xq, y, ldy, acc, s); break;
     case 4: launch_gemvq_nt<TYPE, 4>(W, xq, y, ldy, acc, s); break;
@@ -1735,8 +1711,7 @@ static int f16_gemm(const kc_weight *W, const kc_half *xin, int n_tok, void *y, 
 // already holds x as half (converted once for every range), or xsrc (non-NULL) holds x's image
 // in order x_ord, written by x's producer.
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
-                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s,
-                      int gemv_mode = GEMVQ_PLAIN) {
+                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
     if (gemmq_use(W, n_tok) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
@@ -1751,16 +1726,15 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
-        const int m = gemv_mode;
         switch (W->type) {
-        case DT_Q8_0: launch_gemvq<DT_Q8_0>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q4_1: launch_gemvq<DT_Q4_1>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q5_0: launch_gemvq<DT_Q5_0>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q5_1: launch_gemvq<DT_Q5_1>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q4_K: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        case DT_Q5_K: launch_gemvq<DT_Q5_K>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
-        default: launch_gemvq<DT_Q6_K>(W, xq, n_tok, y, ldy, accumulate, s, m); break;
+        case DT_Q8_0: launch_gemvq<DT_Q8_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_0: launch_gemvq<DT_Q4_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_1: launch_gemvq<DT_Q4_1>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_0: launch_gemvq<DT_Q5_0>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_1: launch_gemvq<DT_Q5_1>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q4_K: launch_gemvq<DT_Q4_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case DT_Q5_K: launch_gemvq<DT_Q5_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        default: launch_gemvq<DT_Q6_K>(W, xq, n_tok, y, ldy, accumulate, s); break;
         }
         KC_LAUNCH_CHECK();
     }
@@ -1837,23 +1811,12 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
     return 0;
 }
 
-// A mixed W range by range, into its rows of y. One token on the integer GEMV with the plan's
-// mixed_overlap (programmatic launches on): the range of fewest rows first (GEMVQ_FIRST: the
-// others start once all its CTAs are past their wait, soonest for the smallest grid), the others
-// beside it (GEMVQ_AFTER, K-quants) instead of each waiting for the one before to end.
+// A mixed W range by range, into its rows of y
 static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int accumulate,
                         const kc_gemm_ws *ws, bool xh_ready, int ord, const kc_half *xsrc, cudaStream_t s) {
-    bool overlap = kc_plan_get()->mixed_overlap && kc_pdl_on() && n_tok == 1 && W->n_parts > 1;
-    int first = 0;
-    for (int i = 1; i < W->n_parts; i++)
-        if (W->part[i].n_rows < W->part[first].n_rows) first = i;
-    for (int i = 0; i < W->n_parts && overlap; i++)
-        overlap = i == first ? is_quant(W->part[i].type) : gemvq_after_ok(W->part[i].type, n_tok, accumulate);
-    for (int k = 0; k < W->n_parts; k++) {
-        const int i = !overlap ? k : k == 0 ? first : k <= first ? k - 1 : k; // overlap: first, then the others in order
+    for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        const int mode = !overlap ? GEMVQ_PLAIN : i == first ? GEMVQ_FIRST : GEMVQ_AFTER;
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s, mode)) return rc;
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s)) return rc;
     }
     return 0;
 }

@@ -1439,36 +1439,6 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                     same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
             }
-            /* the plan's mixed_overlap at one token (where every range but the smallest is a
-             * K-quant: the ranges beside each other, the smallest launched first; cases 0 and 1):
-             * the same bits, with the activations quantized by the
-             * launch just before (kc_matmul's own), alternating two tokens so that a range
-             * reading them too early would read the other token's */
-            if (nt == 1) {
-                float *dx2 = dev_upload(x + n_in, (size_t)n_in * 4), *y1 = malloc((size_t)n_out * 4);
-                poison(dp, (size_t)n_out * 4);
-                rc = kc_matmul(&w, dx2, 1, dp, 0, &ws, s); /* token 1 with the plan's default */
-                CK(cudaStreamSynchronize(s));
-                CK(cudaMemcpy(y1, dp, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
-                kc_plan keep = *kc_plan_get(), pl = keep;
-                pl.mixed_overlap = 1;
-                kc_plan_set(&pl);
-                int same = rc == 0;
-                for (int rep = 0; rep < 8 && same; rep++) {
-                    poison(dy, ny * 4);
-                    poison(dp, (size_t)n_out * 4);
-                    rc = kc_matmul(&w, dx, 1, dy, 0, &ws, s);
-                    rc |= kc_matmul(&w, dx2, 1, dp, 0, &ws, s);
-                    CK(cudaStreamSynchronize(s));
-                    CK(cudaMemcpy(y2, dy, ny * 4, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(yp, dp, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
-                    same = rc == 0 && !memcmp(y2, y, ny * 4) && !memcmp(yp, y1, (size_t)n_out * 4);
-                }
-                kc_plan_set(&keep);
-                T_CHECKF(same, "mixed matmul case %zu, one token, mixed_overlap=1: the same bits as one range after the other", ci);
-                cudaFree(dx2);
-                free(y1);
-            }
             /* kc_gemmq on the fused matrix, range by range, on x as half (ws.x_half is kc_matmul's
              * scratch: it may hold x in the wgmma tiles' order) */
             if (nt > KC_GEMV_MAX_TOK) {
