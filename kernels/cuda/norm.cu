@@ -17,10 +17,11 @@ KC_TRACE_TU(norm)
 // round trip to every norm between two GEMVs.
 // With ADD (kc_rmsnorm_moe_xq), x[t] += sum_j ad[t ak + j] first (the slots in order, from 0: the
 // bits of kc_moe_combine) and the new x is written back before it is normalized.
+// (The body; rmsnorm_vec_kernel and, with ADD, rmsnorm_moe_kernel launch it.)
 template <int NV, bool QUANT, bool ADD>
-__global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n,
-                                   float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak, img_out im) {
-    KC_TRACE_SCOPE(KC_TR_NORM);
+__device__ __forceinline__ void rmsnorm_vec_body(const float *x, const float *__restrict__ w, float *y, int n, float eps,
+                                                 int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak,
+                                                 img_out im) {
     __shared__ float red[32];
     kc_pdl_trigger();
     const float4 *wv = (const float4 *)w;
@@ -40,8 +41,21 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         int i = threadIdx.x + k * blockDim.x;
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
         if (ADD && i < n4) {
+            // the slots' loads in flight together, SB at a time (a loop of one load and one add
+            // each kept them in a chain of round trips), then added in slot order as before; SB
+            // shrinks as NV grows, so that 1,024 threads keep fitting the registers of an SM
+            constexpr int SB = NV >= 8 ? 1 : 8 / NV;
+            const float4 *ap = (const float4 *)(ad + (size_t)blockIdx.x * ak * n) + i;
             float4 a = make_float4(0, 0, 0, 0);
-            for (int j = 0; j < ak; j++) a = add4(a, ((const float4 *)(ad + ((size_t)blockIdx.x * ak + j) * n))[i]);
+            for (int j0 = 0; j0 < ak; j0 += SB) {
+                float4 e[SB];
+#pragma unroll
+                for (int u = 0; u < SB; u++)
+                    if (j0 + u < ak) e[u] = ap[(size_t)(j0 + u) * n4];
+#pragma unroll
+                for (int u = 0; u < SB; u++)
+                    if (j0 + u < ak) a = add4(a, e[u]);
+            }
             v[k] = add4(v[k], a);
             ((float4 *)(x + (size_t)blockIdx.x * n))[i] = v[k];
         }
@@ -62,6 +76,21 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
     }
+}
+
+template <int NV, bool QUANT>
+__global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps, int8_t *qh, int8_t *ql,
+                                   int32_t *qm, __half *xh, img_out im) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    rmsnorm_vec_body<NV, QUANT, false>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+}
+// The experts' sum with the norm (kc_rmsnorm_moe_xq): its slot loads in flight take registers,
+// bounded so that 1,024 threads (n up to 4,096 at NV 1) fit an SM.
+template <int NV, bool QUANT>
+__global__ void __launch_bounds__(1024) rmsnorm_moe_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps,
+                                                           int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    rmsnorm_vec_body<NV, QUANT, true>(x, w, y, n, eps, qh, ql, qm, xh, ad, ak, img_out{});
 }
 
 // Rows of n = 512 K (K <= 8: n <= 4096) over K CTAs of 128 threads per token: every CTA reads
@@ -151,10 +180,10 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
         kc_launch(ks[all][n / 512 - 1], dim3(all ? 1 : n / 512, n_tok), dim3(128), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
         return;
     }
-    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
-    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
-    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
-    else kc_launch(rmsnorm_vec_kernel<8, QUANT, false>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
+    else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
+    else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
+    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
@@ -192,10 +221,10 @@ extern "C" int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *
     int32_t *qm = quant ? xq->m : nullptr;
     __half *xh = quant ? (__half *)xq->xh : nullptr;
 #define MOE_NORM(NV)                                                                                                     \
-    (quant ? kc_launch(rmsnorm_vec_kernel<NV, true, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
-                       qm, xh, ey, k, img_out{})                                                                         \
-           : kc_launch(rmsnorm_vec_kernel<NV, false, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, \
-                       qm, xh, ey, k, img_out{}))
+    (quant ? kc_launch(rmsnorm_moe_kernel<NV, true>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, qm, xh, \
+                       ey, k)                                                                                            \
+           : kc_launch(rmsnorm_moe_kernel<NV, false>, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, qh, ql, qm, xh, \
+                       ey, k))
     if (nv <= 1) MOE_NORM(1);
     else if (nv <= 2) MOE_NORM(2);
     else if (nv <= 4) MOE_NORM(4);
