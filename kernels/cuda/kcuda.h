@@ -185,6 +185,9 @@ typedef struct kc_plan {
                            * rows of the choice it reads before its wait, checked after it; bit 2,
                            * the gate|up launch too (a measurement: in the forward the routing has
                            * not finished then). Same bits with every value */
+    int mixed_one;        /* 1: one token times a mixed matrix of two ranges, Q4_K or Q5_K then Q6_K
+                           * (Q|K|V of a Q4_K_M / Q5_K_M file), in one launch whose CTAs take
+                           * either range (same bits); 0: a launch a range, one after the other */
     int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
                            * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
                            * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */

@@ -979,16 +979,16 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
 // allocated Q6_K's 4-row one-token variant (llama2-7b's qkv and gate|up) with a 4-byte spill and
 // the Q6_K llama2-7b step went from 420 to 357 tok/s on the H200 (bench/RESULTS.md, fourth
 // 2026-11-25 session).
+// The kernel's body for CTA blk of the launch (gemvq_kernel: blockIdx.x; gemvq2_kernel: its
+// index within its range), after the programmatic trigger.
 template <int TYPE, int NT, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
-             const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate) {
-    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+__device__ __forceinline__ void gemvq_body(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh,
+                                           const int8_t *xql, const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate,
+                                           int blk) {
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
-    kc_pdl_trigger();
     const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    const int row0 = (blk * GEMV_WARPS + (threadIdx.x >> 5)) * R;
     if (row0 >= n_out) {
         kc_pdl_wait();
         return;
@@ -1073,6 +1073,36 @@ gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, cons
 }
 
 template <int TYPE, int NT, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemvq_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
+             const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    kc_pdl_trigger();
+    gemvq_body<TYPE, NT, R, U>(W, sc, xqh, xql, xm, y, n_in, n_out, ldy, accumulate, blockIdx.x);
+}
+
+// One row range of a mixed matrix for gemvq2_kernel: its weights, scales, rows and output.
+struct gemvq_range {
+    const uint8_t *w, *sc;
+    float *y;
+    int n_out;
+};
+
+// A mixed matrix of two ranges at one token in one launch (the plan's mixed_one: Q4_K_M's Q|K
+// with its Q6_K V): CTAs below nb1 take range a with T1's body and shape, the others range b
+// with T2's, so each range's rows are the bits of its own launch, and b's CTAs run beside a's
+// instead of in a second launch after them.
+template <int T1, int R1, int U1, int T2, int R2, int U2>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemvq2_kernel(gemvq_range a, gemvq_range b, const int8_t *xqh, const int8_t *xql, const int2 *xm, int n_in, int ldy,
+              int accumulate, int nb1) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    kc_pdl_trigger();
+    if ((int)blockIdx.x < nb1) gemvq_body<T1, 1, R1, U1>(a.w, a.sc, xqh, xql, xm, a.y, n_in, a.n_out, ldy, accumulate, blockIdx.x);
+    else gemvq_body<T2, 1, R2, U2>(b.w, b.sc, xqh, xql, xm, b.y, n_in, b.n_out, ldy, accumulate, blockIdx.x - nb1);
+}
+
+template <int TYPE, int NT, int R, int U>
 static void launch_gemvq_r(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int rows_per_block = GEMV_WARPS * R;
     dim3 grid((W->n_out + rows_per_block - 1) / rows_per_block), block(GEMV_WARPS * 32);
@@ -1126,6 +1156,38 @@ static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy
         if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s);
         else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     }
+}
+
+// gemvq2_kernel on the two ranges of a mixed matrix (a of T1, b of T2) at one token: a with
+// launch_gemvq1's K-quant shape for its rows (n_in <= 8192 here: up to 4,096 rows <RN, 2>, more
+// <4, 1>), b (V, the smaller) with 2 rows a warp and one batch of chunks in flight, the shape of
+// fewest registers (Q4_K_M's Q|K at 4,608 rows and V: 168 a thread, the Q|K launch's own, where
+// V's own <2, 2> would take 212 and leave room for two CTAs an SM instead of three). A row's bits
+// do not depend on the shape (gemvq_rows). Only Q4_K or Q5_K followed by Q6_K (the K-quant
+// mixes' Q|K|V) are compiled for it.
+template <int T1, int R1, int U1, int T2>
+static void launch_gemvq2_r(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
+    const int nb1 = (a.n_out + GEMV_WARPS * R1 - 1) / (GEMV_WARPS * R1), nb2 = (b.n_out + GEMV_WARPS * 2 - 1) / (GEMV_WARPS * 2);
+    const gemvq_range ra = { (const uint8_t *)a.data, (const uint8_t *)a.d, y, a.n_out },
+                      rb = { (const uint8_t *)b.data, (const uint8_t *)b.d, y + a.n_out, b.n_out };
+    kc_launch(gemvq2_kernel<T1, R1, U1, T2, 2, 1>, dim3(nb1 + nb2), dim3(GEMV_WARPS * 32), 0, s, ra, rb, (const int8_t *)xq->qh,
+              (const int8_t *)xq->ql, (const int2 *)xq->m, a.n_in, ldy, acc, nb1);
+}
+template <int T1, int T2>
+static void launch_gemvq2(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
+    constexpr int RN = T1 == DT_Q4_K ? 4 : 2;
+    if (a.n_out <= 4096) launch_gemvq2_r<T1, RN, 2, T2>(a, b, xq, y, ldy, acc, s);
+    else launch_gemvq2_r<T1, 4, 1, T2>(a, b, xq, y, ldy, acc, s);
+}
+static bool gemvq2_take(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
+    if (W->n_parts != 2 || W->n_in > 8192 || W->part[0].row0 != 0 || W->part[1].row0 != W->part[0].n_rows ||
+        W->part[1].type != DT_Q6_K)
+        return false;
+    const kc_weight a = kc_weight_part_view(W, 0), b = kc_weight_part_view(W, 1);
+    if (a.type == DT_Q4_K) launch_gemvq2<DT_Q4_K, DT_Q6_K>(a, b, xq, y, W->n_out, acc, s);
+    else if (a.type == DT_Q5_K) launch_gemvq2<DT_Q5_K, DT_Q6_K>(a, b, xq, y, W->n_out, acc, s);
+    else return false;
+    return true;
 }
 
 template <int TYPE>
@@ -1859,6 +1921,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
     // or dequantize + cuBLAS above, both reading x_half)
     if (n_tok <= KC_GEMV_MAX_TOK) {
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
+        if (n_tok == 1 && kc_plan_get()->mixed_one && gemvq2_take(W, xq, y, accumulate, s)) KC_LAUNCH_CHECK();
     } else {
         const size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;

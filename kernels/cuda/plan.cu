@@ -60,6 +60,7 @@ const field k_fields[] = {
     F(norm_rows_min_tok, 0, 1 << 20),
     F(att_pf_persist, 0, 1),
     F(moe_pre, 0, 7),
+    F(mixed_one, 0, 1),
     F(f16_tc, 0, 1),
 };
 #undef F
@@ -119,6 +120,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // one-token MoE steps: the down launch requests the rows of its experts before its wait
     // (qwen3-30b-a3b Q4_K_M batch 1: 398 -> 409 tok/s on an H200, bench/RESULTS.md, twentieth session)
     p->moe_pre = 2;
+    // a mixed Q|K|V at one token in one launch: its V range (Q6_K in half of a Q4_K_M file's
+    // layers) ran after the Q|K launch; qwen3-30b-a3b Q4_K_M batch 1 at 128 + 128 444.3 -> 449.5
+    // tok/s on an H200 (bench/RESULTS.md, twenty-second session)
+    p->mixed_one = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

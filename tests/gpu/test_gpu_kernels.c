@@ -1366,6 +1366,7 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
         { 11008, 3, { DT_Q5_K, DT_Q6_K, DT_Q5_K }, { 40, 77, 19 } },  /* odd super-blocks, odd rows */
         { 1024, 3, { DT_Q8_0, DT_Q5_0, DT_Q4_1 }, { 64, 33, 96 } },
         { 768, 3, { DT_Q5_1, DT_Q4_0, DT_Q6_K }, { 17, 64, 50 } },
+        { 512, 2, { DT_Q5_K, DT_Q6_K }, { 4160, 4112 } }, /* both ranges past 4,096 rows (the GEMV's wide shape) */
     };
     const int ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 40, 64, 130, 512 };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -1438,6 +1439,27 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                 for (int tk = 0; tk < nt; tk++)
                     same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
+            }
+            /* the plan's mixed_one at one token (two ranges, Q4_K or Q5_K then Q6_K: cases 0 and 4,
+             * narrow and wide shapes): one launch, the bits of a launch a range, accumulating too */
+            if (nt == 1) {
+                kc_plan keep = *kc_plan_get(), pl = keep;
+                float *ys[2][2];
+                for (int one = 0; one < 2; one++) {
+                    pl.mixed_one = one;
+                    kc_plan_set(&pl);
+                    for (int acc = 0; acc < 2; acc++) {
+                        if (!acc) poison(dp, ny * 4);
+                        rc |= kc_matmul(&w, dx, 1, dp, acc, &ws, s);
+                        CK(cudaStreamSynchronize(s));
+                        ys[one][acc] = malloc(ny * 4);
+                        CK(cudaMemcpy(ys[one][acc], dp, ny * 4, cudaMemcpyDeviceToHost));
+                    }
+                }
+                kc_plan_set(&keep);
+                const int same = rc == 0 && !memcmp(ys[0][0], ys[1][0], ny * 4) && !memcmp(ys[0][1], ys[1][1], ny * 4);
+                T_CHECKF(same && rel_err(ys[1][0], ref, ny) < tol, "mixed matmul case %zu, one token, mixed_one=1: the bits of a launch a range", ci);
+                for (int k = 0; k < 4; k++) free(ys[k / 2][k % 2]);
             }
             /* kc_gemmq on the fused matrix, range by range, on x as half (ws.x_half is kc_matmul's
              * scratch: it may hold x in the wgmma tiles' order) */
