@@ -145,10 +145,12 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_dec_ctas = 264;
     p->att_dec_min_chunk = 1024;
     p->att_chunk = 64;
-    // per-head decode splits of att_chunk positions at any context: on an H200 16-position splits
-    // gave qwen3-30b-a3b batch 1 +6.6 % at 129-256 positions but -21 % at 1,024, and 32 cost
-    // llama2-7b Q4_0 8 % at 512 (bench/RESULTS.md, twenty-first session); att_ph_splits > 0
-    // sizes them from each token's position instead (not measured yet)
+    // per-head decode splits of att_chunk positions. att_ph_splits 16 (splits cut from each
+    // token's own position, about 16 of a multiple of 16 positions) gave qwen3-30b-a3b Q4_K_M
+    // batch 1 at 128 + 128 410.4 -> 438.3 tok/s on an H200 and changed nothing at 1,024 or on
+    // llama2-7b / llama3-8b at 512, but it broke test_gpu_e2e's batch invariance on
+    // qwen3moe-tiny512 Q4_K_M (a greedy token alone != together, graphs on and off; identical
+    // with 0), not found yet (bench/RESULTS.md, twenty-second session)
     p->att_ph_splits = 0;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
