@@ -60,11 +60,13 @@ typedef uint16_t kc_half; /* __half bits on the host side */
  * the backend did) reads 3.6x the bytes of Q4_K (2.4x of Q6_K) on every token and takes that
  * much memory; one kernel branching on the row range would carry every type's code and
  * registers in each launch and lose the per-type tuning (rows per warp, tile shapes, the plan's
- * limits). The price is one
- * more launch per mixed matrix, and the activations are quantized (or converted to half) once
- * for all ranges. Parts must be quantized types; anything else (and interleaved gate|up pairs
- * of different types, which llama.cpp's K-quant mixes do not make) is converted to F16 by the
- * backend. */
+ * limits). The price is one more launch per mixed matrix, and the activations are quantized (or
+ * converted to half) once for all ranges. The exception is the case where that launch costs the
+ * most, one token and two K-quant ranges (Q4_K or Q5_K, then Q6_K): the plan's mixed_one runs
+ * both in one launch whose CTAs take either range's body (the first range keeps its tuning, the
+ * second takes the shape of fewest registers; a row's bits do not depend on either). Parts must
+ * be quantized types; anything else (and interleaved gate|up pairs of different types, which
+ * llama.cpp's K-quant mixes do not make) is converted to F16 by the backend. */
 #define KC_WEIGHT_MAX_PARTS 4
 #define KC_WEIGHT_MIXED     1000 /* kc_weight.type of a matrix whose row ranges differ in type */
 typedef struct kc_weight_part {
