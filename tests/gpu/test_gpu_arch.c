@@ -309,10 +309,11 @@ static void test_moe(cudaStream_t s) {
 
 /* The experts' sum added in the next pre-norm (kc_rmsnorm_moe_xq): the same bits as
  * kc_moe_combine (accumulating) then kc_rmsnorm_xq, in x, y and the blocks; rows of one float4
- * a thread, of 512 threads (which kc_rmsnorm_xq may give to its split kernel) and of two float4. */
+ * a thread, of 512 threads (which kc_rmsnorm_xq may give to its split kernel), of 1,024 threads
+ * (every register of an SM: the launch must still fit) and of two float4. */
 static void test_moe_norm(cudaStream_t s) {
-    const int ns[] = { 64, 2048, 6144 }, toks[] = { 1, 5 }, K = 8;
-    for (size_t ni = 0; ni < 3; ni++)
+    const int ns[] = { 64, 2048, 4096, 6144 }, toks[] = { 1, 5 }, K = 8;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
         for (size_t ti = 0; ti < 2; ti++) {
             const int n = ns[ni], T = toks[ti];
             float *x = rnd((size_t)T * n, 2.0f), *ey = rnd((size_t)T * K * n, 1.0f), *w = rnd(n, 1.0f);
