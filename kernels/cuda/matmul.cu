@@ -1140,6 +1140,16 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int l
 // (Q4_1, Q5_0, Q5_1: Q4_0's; Q5_K, Q6_K: Q4_K's, but 2x2 where Q4_K takes 4x2, which spills
 // 100-170 bytes of registers with their larger chunks) until gpu_bench_gemv has been run on
 // them.
+template <int R_, int U_> struct gemvq_shape {
+    static constexpr int R = R_, U = U_;
+};
+// The K-quants' one-token shape above for an n_in x n_out matrix: f(gemvq_shape<R, U>{}).
+template <int TYPE, class F> static void gemvq1_kq_shape(int n_in, int n_out, F &&f) {
+    constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
+    if (n_in > 8192) f(gemvq_shape<2, 1>{});
+    else if (n_out <= 4096) f(gemvq_shape<RN, 2>{});
+    else f(gemvq_shape<4, 1>{});
+}
 template <int TYPE>
 static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
     const int n_in = W->n_in, n_out = W->n_out;
@@ -1148,39 +1158,34 @@ static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy
         else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, ldy, acc, s);
         else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
     } else if constexpr (TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K) {
-        constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
-        else if (n_out <= 4096) launch_gemvq_r<TYPE, 1, RN, 2>(W, xq, y, ldy, acc, s);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
+        gemvq1_kq_shape<TYPE>(n_in, n_out, [&](auto sh) {
+            launch_gemvq_r<TYPE, 1, decltype(sh)::R, decltype(sh)::U>(W, xq, y, ldy, acc, s);
+        });
     } else { // Q8_0
         if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s);
         else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
     }
 }
 
-// gemvq2_kernel on the two ranges of a mixed matrix (a of T1, b of T2) at one token: a with
-// launch_gemvq1's K-quant shape for its rows (n_in <= 8192 here: up to 4,096 rows <RN, 2>, more
-// <4, 1>), b (V, the smaller) with 2 rows a warp and one batch of chunks in flight, the shape of
-// fewest registers (Q4_K_M's Q|K at 4,608 rows and V: 168 a thread, the Q|K launch's own, where
-// V's own <2, 2> would take 212 and leave room for two CTAs an SM instead of three). A row's bits
-// do not depend on the shape (gemvq_rows). Only Q4_K or Q5_K followed by Q6_K (the K-quant
-// mixes' Q|K|V) are compiled for it.
-template <int T1, int R1, int U1, int T2>
-static void launch_gemvq2_r(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
-    const int nb1 = (a.n_out + GEMV_WARPS * R1 - 1) / (GEMV_WARPS * R1), nb2 = (b.n_out + GEMV_WARPS * 2 - 1) / (GEMV_WARPS * 2);
-    const gemvq_range ra = { (const uint8_t *)a.data, (const uint8_t *)a.d, y, a.n_out },
-                      rb = { (const uint8_t *)b.data, (const uint8_t *)b.d, y + a.n_out, b.n_out };
-    kc_launch(gemvq2_kernel<T1, R1, U1, T2, 2, 1>, dim3(nb1 + nb2), dim3(GEMV_WARPS * 32), 0, s, ra, rb, (const int8_t *)xq->qh,
-              (const int8_t *)xq->ql, (const int2 *)xq->m, a.n_in, ldy, acc, nb1);
-}
+// gemvq2_kernel on the two ranges of a mixed matrix (a of T1, b of T2) at one token: a with its
+// own one-token shape (gemvq1_kq_shape), b (V, the smaller) with 2 rows a warp and one batch of
+// chunks in flight, the shape of fewest registers (Q4_K_M's Q|K at 4,608 rows and V: 165 a
+// thread, about the Q|K launch's own 168, where V's own <2, 2> would take 212 and leave room for
+// two CTAs an SM instead of three). A row's bits do not depend on the shape (gemvq_rows). Only
+// Q4_K or Q5_K followed by Q6_K (the K-quant mixes' Q|K|V) are compiled for it.
 template <int T1, int T2>
 static void launch_gemvq2(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
-    constexpr int RN = T1 == DT_Q4_K ? 4 : 2;
-    if (a.n_out <= 4096) launch_gemvq2_r<T1, RN, 2, T2>(a, b, xq, y, ldy, acc, s);
-    else launch_gemvq2_r<T1, 4, 1, T2>(a, b, xq, y, ldy, acc, s);
+    gemvq1_kq_shape<T1>(a.n_in, a.n_out, [&](auto sh) {
+        constexpr int R1 = decltype(sh)::R;
+        const int nb1 = (a.n_out + GEMV_WARPS * R1 - 1) / (GEMV_WARPS * R1), nb2 = (b.n_out + GEMV_WARPS * 2 - 1) / (GEMV_WARPS * 2);
+        const gemvq_range ra = { (const uint8_t *)a.data, (const uint8_t *)a.d, y, a.n_out },
+                          rb = { (const uint8_t *)b.data, (const uint8_t *)b.d, y + a.n_out, b.n_out };
+        kc_launch(gemvq2_kernel<T1, R1, decltype(sh)::U, T2, 2, 1>, dim3(nb1 + nb2), dim3(GEMV_WARPS * 32), 0, s, ra, rb,
+                  (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, a.n_in, ldy, acc, nb1);
+    });
 }
 static bool gemvq2_take(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
-    if (W->n_parts != 2 || W->n_in > 8192 || W->part[0].row0 != 0 || W->part[1].row0 != W->part[0].n_rows ||
+    if (W->n_parts != 2 || W->part[0].row0 != 0 || W->part[1].row0 != W->part[0].n_rows ||
         W->part[1].type != DT_Q6_K)
         return false;
     const kc_weight a = kc_weight_part_view(W, 0), b = kc_weight_part_view(W, 1);

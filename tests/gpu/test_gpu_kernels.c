@@ -1367,6 +1367,7 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
         { 1024, 3, { DT_Q8_0, DT_Q5_0, DT_Q4_1 }, { 64, 33, 96 } },
         { 768, 3, { DT_Q5_1, DT_Q4_0, DT_Q6_K }, { 17, 64, 50 } },
         { 512, 2, { DT_Q5_K, DT_Q6_K }, { 4160, 4112 } }, /* both ranges past 4,096 rows (the GEMV's wide shape) */
+        { 9216, 2, { DT_Q4_K, DT_Q6_K }, { 96, 40 } },    /* rows past 8,192 columns (the long-row shape) */
     };
     const int ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 40, 64, 130, 512 };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -1440,8 +1441,9 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                     same &= memcmp(yp + (size_t)tk * r, y + (size_t)tk * n_out + row0, (size_t)r * 4) == 0;
                 T_CHECKF(same, "mixed matmul case %zu n_tok=%d: range %d (%s) differs from the part alone", ci, nt, i, dt_name(t));
             }
-            /* the plan's mixed_one at one token (two ranges, Q4_K or Q5_K then Q6_K: cases 0 and 4,
-             * narrow and wide shapes): one launch, the bits of a launch a range, accumulating too */
+            /* the plan's mixed_one at one token (two ranges, Q4_K or Q5_K then Q6_K: cases 0, 4 and
+             * 5, narrow, wide and long-row shapes): one launch, the bits of a launch a range,
+             * accumulating too */
             if (nt == 1) {
                 kc_plan keep = *kc_plan_get(), pl = keep;
                 float *ys[2][2];
