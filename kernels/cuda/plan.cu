@@ -145,13 +145,13 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_dec_ctas = 264;
     p->att_dec_min_chunk = 1024;
     p->att_chunk = 64;
-    // per-head decode splits of att_chunk positions. att_ph_splits 16 (splits cut from each
-    // token's own position, about 16 of a multiple of 16 positions) gave qwen3-30b-a3b Q4_K_M
-    // batch 1 at 128 + 128 410.4 -> 438.3 tok/s on an H200 and changed nothing at 1,024 or on
-    // llama2-7b / llama3-8b at 512, but it broke test_gpu_e2e's batch invariance on
-    // qwen3moe-tiny512 Q4_K_M (a greedy token alone != together, graphs on and off; identical
-    // with 0), not found yet (bench/RESULTS.md, twenty-second session)
-    p->att_ph_splits = 0;
+    // per-head decode splits cut from each token's own position: about 16 of a multiple of 16
+    // positions (kc_att_split_len), at most att_chunk. qwen3-30b-a3b Q4_K_M batch 1 at 128 + 128
+    // on an H200: 410.4 -> 438.3 tok/s against splits of att_chunk (0); nothing changed at 1,024
+    // positions or on llama2-7b / llama3-8b at 512 (bench/RESULTS.md, twenty-second session).
+    // A token's result does not depend on the other tokens of a per-head step (test_gpu_e2e:
+    // decode steps of 1 and of 4 tokens bit for bit, twenty-fourth session)
+    p->att_ph_splits = 16;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
     // accumulation not measured yet)

@@ -56,9 +56,13 @@ static inline int32_t g_argmax(const float *row, int n) {
     return best;
 }
 
-/* Greedy-decodes n_seq sequences together: one prefill step over all prompts, then n_gen - 1
- * decode steps. out[s][0..n_gen). Returns 0 or an error. */
-static inline int g_greedy(g_eng *g, int n_seq, int32_t *const *prompts, const int *lens, int n_gen, int32_t **out) {
+/* Decodes n_seq sequences together: one prefill step over all prompts (apart: one forward a
+ * prompt), then n_gen - 1 decode steps of every sequence's next token. out[s][0..n_gen): each
+ * step's greedy token; the token fed at step i is out[s][i - 1], or force[s][i - 1] when force is
+ * given (teacher forcing). lg (or NULL): each step's logits row of each sequence,
+ * lg[s][step * n_vocab ...]. Returns 0 or an error. */
+static inline int g_decode(g_eng *g, int n_seq, int32_t *const *prompts, const int *lens, int n_gen, int32_t **out,
+                           float **lg, int apart, int32_t *const *force) {
     ex_kv *kv = ex_engine_kv(g->e);
     const ex_limits *L = ex_engine_limits(g->e);
     ex_kv_table *t = calloc((size_t)n_seq, sizeof *t);
@@ -66,16 +70,24 @@ static inline int g_greedy(g_eng *g, int n_seq, int32_t *const *prompts, const i
     for (int s = 0; s < n_seq && !rc; s++)
         if ((rc = ex_kv_table_init(&t[s], L->max_blocks)) == 0) rc = ex_kv_table_reserve(kv, &t[s], lens[s] + n_gen);
     for (int step = 0; step < n_gen && !rc; step++) {
-        ex_batch_buf_clear(&g->bb);
-        for (int s = 0; s < n_seq && !rc; s++) {
-            int r = step == 0 ? ex_batch_buf_add(&g->bb, prompts[s], lens[s], 0, t[s].blocks, t[s].n, 0)
-                              : ex_batch_buf_add(&g->bb, &out[s][step - 1], 1, lens[s] + step - 1, t[s].blocks, t[s].n, 0);
-            if (r < 0) rc = r;
+        /* the step's forwards: one, or one a sequence for a prefill kept apart */
+        for (int f = 0; f < (step == 0 && apart ? n_seq : 1) && !rc; f++) {
+            const int s0 = step == 0 && apart ? f : 0, s1 = step == 0 && apart ? f + 1 : n_seq;
+            ex_batch_buf_clear(&g->bb);
+            for (int s = s0; s < s1 && !rc; s++) {
+                const int32_t *fed = step == 0 ? NULL : force ? &force[s][step - 1] : &out[s][step - 1];
+                int r = step == 0 ? ex_batch_buf_add(&g->bb, prompts[s], lens[s], 0, t[s].blocks, t[s].n, 0)
+                                  : ex_batch_buf_add(&g->bb, fed, 1, lens[s] + step - 1, t[s].blocks, t[s].n, 0);
+                if (r < 0) rc = r;
+            }
+            const float *logits;
+            if (!rc) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
+            for (int s = s0; s < s1 && !rc; s++) {
+                const float *row = logits + (size_t)ex_batch_last_row(&g->bb.b, s - s0) * L->n_vocab;
+                out[s][step] = g_argmax(row, L->n_vocab);
+                if (lg) memcpy(lg[s] + (size_t)step * L->n_vocab, row, (size_t)L->n_vocab * sizeof(float));
+            }
         }
-        const float *logits;
-        if (!rc) rc = ex_engine_forward(g->e, &g->bb.b, &logits);
-        for (int s = 0; s < n_seq && !rc; s++)
-            out[s][step] = g_argmax(logits + (size_t)ex_batch_last_row(&g->bb.b, s) * L->n_vocab, L->n_vocab);
     }
     for (int s = 0; s < n_seq; s++) {
         ex_kv_table_release(kv, &t[s]);
@@ -83,6 +95,12 @@ static inline int g_greedy(g_eng *g, int n_seq, int32_t *const *prompts, const i
     }
     free(t);
     return rc;
+}
+
+/* Greedy-decodes n_seq sequences together: one prefill step over all prompts, then n_gen - 1
+ * decode steps. out[s][0..n_gen). Returns 0 or an error. */
+static inline int g_greedy(g_eng *g, int n_seq, int32_t *const *prompts, const int *lens, int n_gen, int32_t **out) {
+    return g_decode(g, n_seq, prompts, lens, n_gen, out, NULL, 0, NULL);
 }
 
 /* Logits of every position of one sequence (prefilled in chunks of `chunk` tokens): [n, n_vocab]. */

@@ -61,13 +61,13 @@ if [ "$MODE" = check ]; then
   step "end to end: cuda vs cpu"
   "$BIN/test_gpu_e2e" "$STORIES" "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1 || fail=1
   grep -v '^ts=' "$OUT/e2e.log" | tail -15
-  # a MoE model's greedy tokens turn on routing near-ties, so they show a one-ulp difference
-  # between a token alone and in a batch that a dense model's absorb (the twenty-second session's
-  # att_ph_splits=16 passed the dense models and failed this one)
+  # a MoE's decode steps alone (the fused one-token MoE launches) and together (the grouped
+  # ones) must give the same bits; its shared prefill is held to the MoE bounds (routing
+  # near-ties: test_batch_invariance)
   SMOE=$(mk qwen3moe-tiny512 q4_k_m)
   step "batch invariance of a MoE model (qwen3moe-tiny512 Q4_K_M: one-token steps take the fused MoE launches)"
   "$BIN/test_gpu_e2e" --invariance "$SMOE" >"$OUT/e2e-moe.log" 2>&1 || fail=1
-  grep -a -v '^ts=' "$OUT/e2e-moe.log" | grep -a -E 'invariance|differs|passed' | tail -6
+  grep -a -v '^ts=' "$OUT/e2e-moe.log" | grep -a -E 'decode steps|one prefill|FAIL|passed' | tail -6
   step "transformers cross-check (small F16 and Q8_0, 256 positions)"
   python3 -c 'import random; random.seed(3); print(" ".join(str(random.randrange(32000)) for _ in range(256)))' >"$OUT/ids.txt"
   for m in "$SF16" "$SQ8"; do
