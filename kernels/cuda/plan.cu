@@ -150,7 +150,7 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // on an H200: 410.4 -> 438.3 tok/s against splits of att_chunk (0); nothing changed at 1,024
     // positions or on llama2-7b / llama3-8b at 512 (bench/RESULTS.md, twenty-second session).
     // A token's result does not depend on the other tokens of a per-head step (test_gpu_e2e:
-    // decode steps of 1 and of 4 tokens bit for bit, twenty-fourth session)
+    // decode steps of 1 and of 4 tokens bit for bit, twenty-third session)
     p->att_ph_splits = 16;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
