@@ -1515,7 +1515,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     /* the kernel plan: from the device and the model, then the overrides; installed for the
      * launchers before anything is launched */
     if (errlen) err[0] = 0;
-    if (kc_plan_choose(o->device, c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size, &s->plan) ||
+    if (kc_plan_choose(o->device, c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size, c->n_expert, &s->plan) ||
         kc_plan_override(&s->plan, o->cuda.plan, err, errlen)) {
         if (!err[0]) snprintf(err, errlen, "cuda backend: cannot read the properties of device %d", o->device);
         rc = CM_EINVAL;

@@ -199,8 +199,9 @@ typedef struct kc_plan {
 } kc_plan;
 /* Device-independent defaults (what kc_plan_get returns before a plan is set). */
 void kc_plan_default(kc_plan *p);
-/* The plan for device `device` and a model of these attention shapes. Returns 0 or CM_ECUDA. */
-int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p);
+/* The plan for device `device` and a model of these attention shapes, with n_expert experts a
+ * MoE layer (0: a dense model). Returns 0 or CM_ECUDA. */
+int  kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, int n_expert, kc_plan *p);
 /* Applies "key=value[,key=value...]" (keys: the field names above; gemmq_max_tok_q8_0 / _q4_0 /
  * _q4_k / _q4_1 / _q5_0 / _q5_1 / _q5_k / _q6_k for the array). CM_EINVAL with the offending key
  * or value named in err, and p as it was. */

@@ -145,13 +145,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->att_dec_ctas = 264;
     p->att_dec_min_chunk = 1024;
     p->att_chunk = 64;
-    // per-head decode splits cut from each token's own position: about 16 of a multiple of 16
-    // positions (kc_att_split_len), at most att_chunk. qwen3-30b-a3b Q4_K_M batch 1 at 128 + 128
-    // on an H200: 410.4 -> 438.3 tok/s against splits of att_chunk (0); nothing changed at 1,024
-    // positions or on llama2-7b / llama3-8b at 512 (bench/RESULTS.md, twenty-second session).
-    // A token's result does not depend on the other tokens of a per-head step (test_gpu_e2e:
-    // decode steps of 1 and of 4 tokens bit for bit, twenty-third session)
-    p->att_ph_splits = 16;
+    // per-head decode splits of att_chunk positions (kc_plan_choose cuts them from each token's
+    // own position in a MoE model). Either way a token's result does not depend on the other
+    // tokens of a per-head step (test_gpu_e2e: decode steps of 1 and of 4 tokens bit for bit,
+    // twenty-third session)
+    p->att_ph_splits = 0;
     p->graph_max_tok = 512;
     // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
     // accumulation not measured yet)
@@ -162,7 +160,7 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->moe_fuse = 1;
 }
 
-extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, kc_plan *p) {
+extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, int block_size, int n_expert, kc_plan *p) {
     kc_plan_default(p);
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
@@ -199,6 +197,12 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // dim 128 on an H200: two; ncu names shared memory the limit, 2026-11-29)
     const int per_sm = kc_attention_dec_per_sm(head_dim);
     p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;
+    // per-head decode splits cut from each token's own position in MoE models only. H200, batch
+    // 1, the same lease (bench/RESULTS.md, twenty-third session): qwen3-30b-a3b Q4_K_M 128 + 128
+    // 427 -> 449 tok/s with 16, but llama2-7b Q4_0 512 + 128 592.7 -> 587.9 and qwen3-8b F16
+    // 128 + 128 239.6 -> 238.3. Why a MoE gains (its short GEMVs leave the attention's key loads
+    // exposed?) and a dense model loses is not measured; unmeasured dense models keep 0
+    p->att_ph_splits = n_expert > 0 ? 16 : 0;
     return 0;
 }
 

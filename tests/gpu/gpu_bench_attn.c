@@ -409,7 +409,7 @@ int main(int argc, char **argv) {
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     kc_plan p;
-    if (kc_plan_choose(0, HD, NH, NKV, BS, &p)) return 1;
+    if (kc_plan_choose(0, HD, NH, NKV, BS, 0, &p)) return 1;
     for (int i = 1; i < argc; i++) /* key=value[,...]: plan fields for A/B arms (kc_plan_override) */
         if (strchr(argv[i], '=') && gpu_plan_args(&p, argv[i], "gpu_bench_attn")) return 2;
     kc_plan_set(&p);

@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     const int ntoks[] = { 2, 4, 8, 9, 16, 32, 64, 128, 192, 256, 512, 1024 };
     const int NNT = (int)(sizeof ntoks / sizeof *ntoks), NSH = (int)(sizeof shapes2 / sizeof *shapes2);
     kc_plan chosen; /* the plan's F16 limit on this device */
-    if (kc_plan_choose(0, 128, 32, 8, 16, &chosen)) { fprintf(stderr, "kc_plan_choose failed\n"); return 1; }
+    if (kc_plan_choose(0, 128, 32, 8, 16, 0, &chosen)) { fprintf(stderr, "kc_plan_choose failed\n"); return 1; }
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cublasHandle_t cb;

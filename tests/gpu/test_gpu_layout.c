@@ -259,20 +259,24 @@ static void test_plan_prefill(void) {
         return;
     kc_plan p;
     const int cc90 = major == 9 && minor == 0;
-    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 16, &p), 0);
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 16, 0, &p), 0);
     T_CHECKF(p.att_pf_fa3 == (cc90 ? 1 : 0), "att_pf_fa3 %d on compute capability %d.%d", p.att_pf_fa3, major, minor);
     int sms = 0;
     T_EQ_INT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
     T_CHECKF(p.att_pf_fa3_ctas == (cc90 ? sms : 0), "att_pf_fa3_ctas %d (%d SMs)", p.att_pf_fa3_ctas, sms);
-    T_EQ_INT(kc_plan_choose(0, 64, 16, 16, 32, &p), 0);
+    T_EQ_INT(kc_plan_choose(0, 64, 16, 16, 32, 0, &p), 0);
     T_EQ_INT(p.att_pf_fa3, cc90 ? 1 : 0);
-    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 8, &p), 0); /* blocks of 8: mma.sync */
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 8, 0, &p), 0); /* blocks of 8: mma.sync */
     T_EQ_INT(p.att_pf_fa3, 0);
     T_EQ_INT(p.att_pf_fa3_ctas, 0);
-    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 48, &p), 0); /* not a power of two */
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 8, 48, 0, &p), 0); /* not a power of two */
     T_EQ_INT(p.att_pf_fa3, 0);
-    T_EQ_INT(kc_plan_choose(0, 96, 32, 8, 16, &p), 0); /* head dim 96 */
+    T_EQ_INT(kc_plan_choose(0, 96, 32, 8, 16, 0, &p), 0); /* head dim 96 */
     T_EQ_INT(p.att_pf_fa3, 0);
+    /* per-head decode splits from each token's position: MoE models only */
+    T_EQ_INT(p.att_ph_splits, 0);
+    T_EQ_INT(kc_plan_choose(0, 128, 32, 4, 16, 128, &p), 0);
+    T_EQ_INT(p.att_ph_splits, 16);
 }
 
 int main(void) {
