@@ -84,6 +84,14 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
     KC_TRACE_SCOPE(KC_TR_NORM);
     rmsnorm_vec_body<NV, QUANT, false>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
 }
+// Rows past 16,384 (NV 8 at 1,024 threads): bounded so that the launch fits an SM (unbounded,
+// the body takes 95-102 registers a thread and a launch of 1,024 threads fails).
+template <bool QUANT>
+__global__ void __launch_bounds__(1024) rmsnorm_vec8_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps,
+                                                            int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    rmsnorm_vec_body<8, QUANT, false>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+}
 // The experts' sum with the norm (kc_rmsnorm_moe_xq): its slot loads in flight take registers,
 // bounded so that 1,024 threads (n up to 4,096 at NV 1) fit an SM.
 template <int NV, bool QUANT>
@@ -183,7 +191,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     if (nv <= 1) kc_launch(rmsnorm_vec_kernel<1, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
     else if (nv <= 2) kc_launch(rmsnorm_vec_kernel<2, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
     else if (nv <= 4) kc_launch(rmsnorm_vec_kernel<4, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
-    else kc_launch(rmsnorm_vec_kernel<8, QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
+    else kc_launch(rmsnorm_vec8_kernel<QUANT>, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, qh, ql, qm, xh, im);
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {

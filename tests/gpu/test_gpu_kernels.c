@@ -343,8 +343,10 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
 }
 
 static void test_rmsnorm_swiglu_embed_argmax(cudaStream_t s) {
-    const int sizes[] = { 64, 172, 4096, 5000 };
-    for (size_t si = 0; si < 4; si++) {
+    /* 20,480 and 32,768: rows past 16,384, 8 float4 a thread (rmsnorm_vec8_kernel: unbounded, its
+     * 95-102 registers a thread could not launch 1,024 threads) */
+    const int sizes[] = { 64, 172, 4096, 5000, 20480, 32768 };
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         int n = sizes[si], nt = 5;
         float *x = malloc((size_t)nt * n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)nt * n * 4);
         double *ref = malloc((size_t)nt * n * 8);
@@ -1493,8 +1495,9 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
 }
 
 static void test_xq(cublasHandle_t cb, cudaStream_t s) {
-    const int ns[] = { 32, 96, 4096, 11008 };
-    for (int si = 0; si < 4; si++) {
+    /* 20,480: the norm past 16,384 (rmsnorm_vec8_kernel, its registers bounded for 1,024 threads) */
+    const int ns[] = { 32, 96, 4096, 11008, 20480 };
+    for (int si = 0; si < (int)(sizeof ns / sizeof *ns); si++) {
         int n = ns[si], nt = 5;
         size_t N = (size_t)nt * n;
         float *x = malloc(N * 4);
