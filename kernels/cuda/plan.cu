@@ -198,10 +198,11 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     const int per_sm = kc_attention_dec_per_sm(head_dim);
     p->att_dec_ctas = (per_sm > 0 ? per_sm : 2) * prop.multiProcessorCount;
     // per-head decode splits cut from each token's own position in MoE models only. H200, batch
-    // 1, the same lease (bench/RESULTS.md, twenty-third session): qwen3-30b-a3b Q4_K_M 128 + 128
-    // 427 -> 449 tok/s with 16, but llama2-7b Q4_0 512 + 128 592.7 -> 587.9 and qwen3-8b F16
-    // 128 + 128 239.6 -> 238.3. Why a MoE gains (its short GEMVs leave the attention's key loads
-    // exposed?) and a dense model loses is not measured; unmeasured dense models keep 0
+    // 1, each model's arms alternated in one lease (bench/RESULTS.md, twenty-third session):
+    // qwen3-30b-a3b Q4_K_M 128 + 128 427 -> 449 tok/s with 16, but llama2-7b Q4_0 512 + 128
+    // 592.7 -> 587.9 and qwen3-8b F16 128 + 128 239.6 -> 238.3. Why a MoE gains (its short GEMVs
+    // leave the attention's key loads exposed?) and a dense model loses is not measured;
+    // unmeasured dense models keep 0
     p->att_ph_splits = n_expert > 0 ? 16 : 0;
     return 0;
 }
