@@ -70,9 +70,9 @@ static inline int g_decode(g_eng *g, int n_seq, int32_t *const *prompts, const i
     for (int s = 0; s < n_seq && !rc; s++)
         if ((rc = ex_kv_table_init(&t[s], L->max_blocks)) == 0) rc = ex_kv_table_reserve(kv, &t[s], lens[s] + n_gen);
     for (int step = 0; step < n_gen && !rc; step++) {
-        /* the step's forwards: one, or one a sequence for a prefill kept apart */
-        for (int f = 0; f < (step == 0 && apart ? n_seq : 1) && !rc; f++) {
-            const int s0 = step == 0 && apart ? f : 0, s1 = step == 0 && apart ? f + 1 : n_seq;
+        /* the step's forwards over sequences s0 .. s1 - 1: one, or one a prompt for a prefill kept apart */
+        for (int s0 = 0, s1; s0 < n_seq && !rc; s0 = s1) {
+            s1 = step == 0 && apart ? s0 + 1 : n_seq;
             ex_batch_buf_clear(&g->bb);
             for (int s = s0; s < s1 && !rc; s++) {
                 const int32_t *fed = step == 0 ? NULL : force ? &force[s][step - 1] : &out[s][step - 1];
