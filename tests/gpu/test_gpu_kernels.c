@@ -1530,8 +1530,11 @@ static void test_xq(cublasHandle_t cb, cudaStream_t s) {
             ok &= S == m[2 * b + 1];
         }
         /* |x/d - qh| <= 1/2, so ql = round(256 (x/d - qh)) is off by at most 1/2 / 256, or 1 / 256 where
-         * +-128 is clamped to +-127 */
-        T_CHECKF(ok && worst <= 1.0 / 256 + 1e-6, "quantize_x n=%d rc=%d max error %.3g d (bound 1/256)", n, rc, worst);
+         * +-128 is clamped to +-127; plus the f32 arithmetic: d = amax / 127 rounded to f32 (relative
+         * 2^-24, times values up to 128 d: 7.6e-6 d) and x / d rounded (half an ulp at 127: 3.8e-6 d),
+         * about 1.2e-5 d in all. The old slack of 1e-6 held for the inputs these checks drew until
+         * a check placed before them drew others (0.00391 d at n = 11,008) */
+        T_CHECKF(ok && worst <= 1.0 / 256 + 1.6e-5, "quantize_x n=%d rc=%d max error %.6g d (bound 1/256 + 1.6e-5)", n, rc, worst);
 
         /* rmsnorm_xq: same blocks as rmsnorm + quantize_x */
         float *w = malloc((size_t)n * 4);
