@@ -1,44 +1,9 @@
 // rope: rotary embedding of q and k, with k and v written into the paged KV cache as half.
-#include "kc_common.cuh"
+#include "rope_common.cuh"
 
 #include <cuda_fp8.h>
 
-extern "C" {
-#include "kcuda.h"
-#include "model/model.h"
-}
-
 KC_TRACE_TU(rope)
-
-// Inverse frequency of rotary pair i (0 <= i < rope_dim/2), with linear or llama3 scaling.
-__device__ __forceinline__ float rope_freq(const kc_rope &r, int i) {
-    if (r.freq) return r.freq[i]; // the host's table (kcuda.h)
-    float freq = exp2f(-2.0f * (float)i / (float)r.rope_dim * __log2f(r.base));
-    if (r.scaling == MDL_ROPE_SCALING_LINEAR) return freq / r.factor;
-    if (r.scaling == MDL_ROPE_SCALING_LLAMA3) {
-        const float two_pi = 6.283185307179586f;
-        float wavelen = two_pi / freq;
-        float low_wl = (float)r.orig_ctx / r.low_freq_factor, high_wl = (float)r.orig_ctx / r.high_freq_factor;
-        if (wavelen < high_wl) return freq;
-        if (wavelen > low_wl) return freq / r.factor;
-        float smooth = ((float)r.orig_ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-        return (1.0f - smooth) * freq / r.factor + smooth * freq;
-    }
-    return freq;
-}
-
-// Index of the two elements of rotary pair i in a head.
-__device__ __forceinline__ void rope_pair(const kc_rope &r, int i, int *a, int *b) {
-    if (r.layout == MDL_ROPE_ADJACENT) { *a = 2 * i; *b = 2 * i + 1; }
-    else { *a = i; *b = i + r.rope_dim / 2; }
-}
-
-// The rotation of pair (x0, x1) by an angle whose sine and cosine (mscale applied) are s and c;
-// explicit roundings, so that both kernels below give the same bits.
-__device__ __forceinline__ void rope_rot(float x0, float x1, float s, float c, float &y0, float &y1) {
-    y0 = __fmaf_rn(x0, c, __fmul_rn(-x1, s));
-    y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
-}
 
 // FP8 KV cache (kcuda.h): the head's hd values (hv, shared) as E4M3 codes with one scale at
 // (block blk, row r, head h): the static scale when there is one, else amax / 448; codes
@@ -81,7 +46,6 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
     const int half_rot = r.rope_dim / 2, i0 = threadIdx.x;
     float s0 = 0.0f, c0 = 0.0f;
     if (h < n_head + n_kv && i0 < half_rot) sincosf((float)p * rope_freq(r, i0), &s0, &c0);
-    const float ms = r.mscale > 0.0f ? r.mscale : 1.0f;
     kc_pdl_wait();
     const float *src = qkv + ((size_t)t * (n_head + 2 * n_kv) + h) * hd;
     __shared__ float hv[F8 ? 256 : 1]; // F8: the K or V head before encoding
@@ -95,43 +59,13 @@ __global__ void rope_store_kernel(const float *qkv, float *q_out, void *k_cache,
         for (int e = threadIdx.x; e < hd; e += blockDim.x) dst[e] = __float2half(src[e]);
         return;
     }
-    // QK-norm (r.q_norm set): the head's RMSNorm first, y = x * rsqrt(mean(x^2) + eps) * w
+    // QK-norm (r.q_norm set) and the rotation
     const float *nw = r.q_norm ? (h < n_head ? r.q_norm : r.k_norm) : nullptr;
-    float nr = 1.0f;
-    if (nw) {
-        __shared__ float red[2];
-        float ss = 0.0f;
-        for (int e = threadIdx.x; e < hd; e += blockDim.x) ss += src[e] * src[e];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        ss = blockDim.x > 32 ? red[0] + red[1] : red[0];
-        nr = rsqrtf(ss / (float)hd + r.norm_eps);
-    }
-    auto val = [&](int e) { return nw ? src[e] * nr * nw[e] : src[e]; };
-    float *qd = nullptr;
-    __half *kd = nullptr;
-    if (h < n_head) qd = q_out + ((size_t)t * n_head + h) * hd;
-    else if (!F8) kd = (__half *)k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
-    for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
-        int a, b;
-        rope_pair(r, i, &a, &b);
-        float s = s0, c = c0;
-        if (i != i0) sincosf((float)p * rope_freq(r, i), &s, &c);
-        s = __fmul_rn(s, ms);
-        c = __fmul_rn(c, ms);
-        float y0, y1;
-        rope_rot(val(a), val(b), s, c, y0, y1);
-        if (qd) { qd[a] = y0; qd[b] = y1; }
-        else if (F8) { hv[a] = y0; hv[b] = y1; }
-        else { kd[a] = __float2half(y0); kd[b] = __float2half(y1); }
-    }
-    for (int e = r.rope_dim + threadIdx.x; e < hd; e += blockDim.x) { // dimensions past rope_dim: unrotated
-        if (qd) qd[e] = val(e);
-        else if (F8) hv[e] = val(e);
-        else kd[e] = __float2half(val(e));
-    }
+    __shared__ float red[2];
+    float *qd = h < n_head ? q_out + ((size_t)t * n_head + h) * hd : nullptr;
+    __half *kd = h < n_head || F8 ? nullptr
+                                  : (__half *)k_cache + (((size_t)blk * n_kv + (h - n_head)) * block_size + p % block_size) * hd;
+    rope_head(src, nw, qd, kd, F8 && !qd ? hv : nullptr, hd, p, s0, c0, r, threadIdx.x, blockDim.x, red);
     if (F8 && h >= n_head) f8_store_head(hv, (uint8_t *)k_cache, k_st, blk, p % block_size, h - n_head, n_kv, hd, block_size);
 }
 
