@@ -157,6 +157,7 @@ typedef struct cu_state {
     size_t act_img_cap;                      /* (apart from x_half: gate|up's tiles read x there and write it) */
     int act_img_tok;
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
+    int *qkv_ctr;                            /* [n_head + n_kv] zeros: kc_matmul_qkv_rope's heads */
     float *pf_partial;                       /* prefill tiles split over the keys: [2 att_dec_ctas][16 x 8 rows][hd + 2] */
     int *pf_counters;                        /* [att_dec_ctas] zeros: their merge */
     int64_t fault_at, n_steps;               /* --cuda-fault-at-step (testing): a trapping kernel in that step */
@@ -671,22 +672,31 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                    c->norm_eps, cs));
             prof_mark(s, PC_NORM);
         }
-        KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
-        s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
-        if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
-        prof_mark(s, PC_QKV);
         /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
         int32_t *lbt = L->swa ? d_bt_swa : d_bt;
         kc_rope rope = L->swa ? s->rope_swa : s->rope;
         rope.q_norm = L->q_norm;
         rope.k_norm = L->k_norm;
         rope.norm_eps = c->norm_eps;
+        /* one token on an integer GEMV: the rotation and the cache stores in the GEMV's launch */
+        int rotated = 0;
+        if (n_tok == 1 && !s->kv_f8 && !L->bqkv && s->qkv_ctr) {
+            const kc_qkv_rope ep = { .q_out = s->q, .k_cache = L->k, .v_cache = L->v, .pos = d_pos, .seq = d_seq,
+                                     .block_tables = lbt, .max_blocks = max_blocks, .n_head = c->n_head,
+                                     .n_kv = c->n_head_kv, .hd = hd, .block_size = bs, .rope = rope, .counters = s->qkv_ctr };
+            rotated = kc_matmul_qkv_rope(&L->qkv, s->h, &s->xq_h, s->qkv, &ep, &s->gws, cs);
+            KC_FATAL(rotated < 0 ? rotated : 0);
+        }
+        if (!rotated) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
+        s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
+        if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
+        prof_mark(s, PC_QKV);
         const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0 };
         kc_attention_mods(&mods);
-        if (s->kv_f8)
+        if (!rotated && s->kv_f8)
             KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, lbt, max_blocks, n_tok,
                                          c->n_head, c->n_head_kv, hd, bs, &rope, cs));
-        else
+        else if (!rotated)
             KC_FATAL(kc_rope_store_kv(s->qkv, s->q, L->k, L->v, d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv,
                                       hd, bs, &rope, cs));
         prof_mark(s, PC_ROPE);
@@ -1199,7 +1209,7 @@ static void cuda_destroy(ex_backend *base) {
     for (size_t i = 0; i < sizeof moe_bufs / sizeof *moe_bufs; i++) cudaFree(moe_bufs[i]);
     void *bufs[] = { s->x, s->h, s->qkv, s->q, s->att, s->gu, s->act, s->last, s->last_n, s->logits, s->partial,
                      s->gws.w_half, s->gws.x_half, s->d_meta, s->cublas_ws, s->xq_h.qh, s->xq_a.qh, s->xq_o.qh, s->gws.xq.qh, s->xq_e.qh, s->xq_f.qh,
-                     s->att_counters, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout, s->act_img };
+                     s->att_counters, s->qkv_ctr, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout, s->act_img };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
     cudaFreeHost(s->h_logits);
@@ -1769,7 +1779,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 (q_dn && xq_alloc(&s->xq_f, (size_t)s->lim.max_tokens * c->n_expert_used, c->n_ff_exp, 1)))
                 goto oom;
             if (dalloc(&s->att_counters, T * c->n_head * sizeof(int)) ||
-                cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess)
+                cudaMemset(s->att_counters, 0, T * c->n_head * sizeof(int)) != cudaSuccess ||
+                dalloc(&s->qkv_ctr, (c->n_head + c->n_head_kv) * sizeof(int)) ||
+                cudaMemset(s->qkv_ctr, 0, (c->n_head + c->n_head_kv) * sizeof(int)) != cudaSuccess)
                 goto oom;
             /* prefill tiles split over the keys: kc_plan_pf_splits at most 2 att_dec_ctas CTAs of 16 x 8
              * rows, att_dec_ctas / 2 (tile, KV head) counters; kc_plan_pf_splits_fa3 at most

@@ -193,6 +193,8 @@ typedef struct kc_plan {
     int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
                            * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
                            * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */
+    int qkv_rope;         /* 1: one token's K-quant Q|K|V GEMV rotates its own heads and stores K
+                           * and V (kc_matmul_qkv_rope: no RoPE launch; same bits) */
     int att_pf_persist;   /* 1: an unsplit launch of the wgmma prefill kernel is persistent (one CTA
                            * an SM, tiles from a counter; the next tile's keys load under this one's
                            * last products and output) */
@@ -420,6 +422,27 @@ typedef struct kc_rope {
 int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache,
                      const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                      int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s);
+
+/* What kc_matmul_qkv_rope does after the GEMV of one token's Q|K|V rows: kc_rope_store_kv's
+ * rotation of q into q_out and of k into the F16 cache, and v into the cache, at the token's
+ * pos[0] / seq[0] slot. counters: [n_head + n_kv] ints, zero before the first call and left zero. */
+typedef struct kc_qkv_rope {
+    float *q_out;
+    kc_half *k_cache, *v_cache;
+    const int32_t *pos, *seq, *block_tables;
+    int max_blocks, n_head, n_kv, hd, block_size;
+    kc_rope rope;
+    int *counters;
+} kc_qkv_rope;
+/* One token: y = W x (kc_matmul_xq, no accumulation) with the rotation and cache stores of
+ * kc_rope_store_kv in the same launch, the same bits as the two launches (the plan's qkv_rope):
+ * the last CTA of each q or k head to finish rotates it, the CTAs of V rows store them. Returns
+ * 1 when it ran, 0 when W's path does not take it (nothing enqueued: call kc_matmul_xq and
+ * kc_rope_store_kv), a negative cm_err code on bad arguments. The K-quants' integer GEMVs (Q4_K,
+ * Q5_K, Q6_K and the plan's mixed_one pairs) of rows up to 8,192 columns; head dim <= 256, a
+ * multiple of a CTA's rows. */
+int kc_matmul_qkv_rope(const kc_weight *W, const float *x, const kc_xq *xq, float *y, const kc_qkv_rope *e,
+                       const kc_gemm_ws *ws, cudaStream_t s);
 
 /* Causal paged attention for n_tok query tokens: token t attends to positions 0..pos[t] of its
  * sequence seq[t] in the cache. q: [n_tok, n_head*hd] f32; out: [n_tok, n_head*hd] f32.

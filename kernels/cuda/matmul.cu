@@ -2,6 +2,7 @@
 // registers) and the cuBLAS path for larger ones; plus weight repacking for upload.
 #include "kc_common.cuh"
 #include "gemmq_types.cuh"
+#include "rope_common.cuh"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -980,11 +981,15 @@ __device__ __forceinline__ void gemvq_loop(const uint4 *const (&wrow)[R], const 
 // the Q6_K llama2-7b step went from 420 to 357 tok/s on the H200 (bench/RESULTS.md, fourth
 // 2026-11-25 session).
 // The kernel's body for CTA blk of the launch (gemvq_kernel: blockIdx.x; gemvq2_kernel: its
-// index within its range), after the programmatic trigger.
-template <int TYPE, int NT, int R, int U>
+// index within its range), after the programmatic trigger. hook: called by the warps that hold
+// rows once their first weights are requested, before the wait (gemvq_rope_kernel's lookups).
+struct gemv_no_hook {
+    __device__ void operator()() const {}
+};
+template <int TYPE, int NT, int R, int U, class H = gemv_no_hook>
 __device__ __forceinline__ void gemvq_body(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh,
                                            const int8_t *xql, const int2 *xm, float *y, int n_in, int n_out, int ldy, int accumulate,
-                                           int blk) {
+                                           int blk, const H &hook = H()) {
     typedef qchunk<TYPE> C;
     constexpr int EPC = C::EPC, NV = C::NV;
     const int lane = threadIdx.x & 31;
@@ -1030,6 +1035,7 @@ __device__ __forceinline__ void gemvq_body(const uint8_t *__restrict__ W, const 
     // Q4_K -7 % / -13 %; bench/RESULTS.md): more loads then slow the kernels before this one.
     int c = lane;
     load(c, w, s);
+    hook();
     kc_pdl_wait();
     float res[R][NT];
     gemv_load_residual<R, NT>(res, y, row0, n_out, ldy, lane, accumulate);
@@ -1143,39 +1149,46 @@ static void launch_gemvq_nt(const kc_weight *W, const kc_xq *xq, float *y, int l
 template <int R_, int U_> struct gemvq_shape {
     static constexpr int R = R_, U = U_;
 };
-// The K-quants' one-token shape above for an n_in x n_out matrix: f(gemvq_shape<R, U>{}).
-template <int TYPE, class F> static void gemvq1_kq_shape(int n_in, int n_out, F &&f) {
-    constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
-    if (n_in > 8192) f(gemvq_shape<2, 1>{});
-    else if (n_out <= 4096) f(gemvq_shape<RN, 2>{});
-    else f(gemvq_shape<4, 1>{});
+// The one-token shape above for an n_in x n_out matrix of TYPE: f(gemvq_shape<R, U>{}); true. With
+// LONG false, rows past 8,192 columns are not taken (false, f's long-row shape not compiled).
+template <int TYPE, bool LONG = true, class F> static bool gemvq1_shape(int n_in, int n_out, F &&f) {
+    constexpr bool q32 = TYPE == DT_Q4_0 || TYPE == DT_Q4_1 || TYPE == DT_Q5_0 || TYPE == DT_Q5_1;
+    constexpr bool kq = TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K;
+    if (n_in > 8192) {
+        if constexpr (!LONG) return false;
+        else if constexpr (q32) f(gemvq_shape<4, 2>{});
+        else if constexpr (kq) f(gemvq_shape<2, 1>{});
+        else f(gemvq_shape<2, 2>{}); // Q8_0
+        return true;
+    }
+    if constexpr (q32) {
+        if (n_out > 8192) f(gemvq_shape<8, 1>{});
+        else f(gemvq_shape<2, 1>{});
+    } else if constexpr (kq) {
+        constexpr int RN = TYPE == DT_Q4_K ? 4 : 2; // narrow matrices
+        if (n_out <= 4096) f(gemvq_shape<RN, 2>{});
+        else f(gemvq_shape<4, 1>{});
+    } else {
+        f(gemvq_shape<4, 1>{}); // Q8_0
+    }
+    return true;
 }
 template <int TYPE>
 static void launch_gemvq1(const kc_weight *W, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
-    const int n_in = W->n_in, n_out = W->n_out;
-    if constexpr (TYPE == DT_Q4_0 || TYPE == DT_Q4_1 || TYPE == DT_Q5_0 || TYPE == DT_Q5_1) {
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 4, 2>(W, xq, y, ldy, acc, s);
-        else if (n_out > 8192) launch_gemvq_r<TYPE, 1, 8, 1>(W, xq, y, ldy, acc, s);
-        else launch_gemvq_r<TYPE, 1, 2, 1>(W, xq, y, ldy, acc, s);
-    } else if constexpr (TYPE == DT_Q4_K || TYPE == DT_Q5_K || TYPE == DT_Q6_K) {
-        gemvq1_kq_shape<TYPE>(n_in, n_out, [&](auto sh) {
-            launch_gemvq_r<TYPE, 1, decltype(sh)::R, decltype(sh)::U>(W, xq, y, ldy, acc, s);
-        });
-    } else { // Q8_0
-        if (n_in > 8192) launch_gemvq_r<TYPE, 1, 2, 2>(W, xq, y, ldy, acc, s);
-        else launch_gemvq_r<TYPE, 1, 4, 1>(W, xq, y, ldy, acc, s);
-    }
+    gemvq1_shape<TYPE>(W->n_in, W->n_out, [&](auto sh) {
+        launch_gemvq_r<TYPE, 1, decltype(sh)::R, decltype(sh)::U>(W, xq, y, ldy, acc, s);
+    });
 }
 
 // gemvq2_kernel on the two ranges of a mixed matrix (a of T1, b of T2) at one token: a with its
-// own one-token shape (gemvq1_kq_shape), b (V, the smaller) with 2 rows a warp and one batch of
+// own one-token shape (gemvq1_shape), b (V, the smaller) with 2 rows a warp and one batch of
 // chunks in flight, the shape of fewest registers (Q4_K_M's Q|K at 4,608 rows and V: 165 a
 // thread, about the Q|K launch's own 168, where V's own <2, 2> would take 212 and leave room for
 // two CTAs an SM instead of three). A row's bits do not depend on the shape (gemvq_rows). Only
 // Q4_K or Q5_K followed by Q6_K (the K-quant mixes' Q|K|V) are compiled for it.
 template <int T1, int T2>
 static void launch_gemvq2(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, int ldy, int acc, cudaStream_t s) {
-    gemvq1_kq_shape<T1>(a.n_in, a.n_out, [&](auto sh) {
+    gemvq1_shape<T1>(a.n_in, a.n_out, [&](auto sh) {
         constexpr int R1 = decltype(sh)::R;
         const int nb1 = (a.n_out + GEMV_WARPS * R1 - 1) / (GEMV_WARPS * R1), nb2 = (b.n_out + GEMV_WARPS * 2 - 1) / (GEMV_WARPS * 2);
         const gemvq_range ra = { (const uint8_t *)a.data, (const uint8_t *)a.d, y, a.n_out },
@@ -1184,15 +1197,179 @@ static void launch_gemvq2(const kc_weight &a, const kc_weight &b, const kc_xq *x
                   (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, a.n_in, ldy, acc, nb1);
     });
 }
+// Whether gemvq2_kernel takes mixed matrix W: two ranges, Q4_K or Q5_K then Q6_K
+static bool gemvq2_pair(const kc_weight *W) {
+    return W->n_parts == 2 && W->part[0].row0 == 0 && W->part[1].row0 == W->part[0].n_rows && W->part[1].type == DT_Q6_K &&
+           (W->part[0].type == DT_Q4_K || W->part[0].type == DT_Q5_K);
+}
 static bool gemvq2_take(const kc_weight *W, const kc_xq *xq, float *y, int acc, cudaStream_t s) {
-    if (W->n_parts != 2 || W->part[0].row0 != 0 || W->part[1].row0 != W->part[0].n_rows ||
-        W->part[1].type != DT_Q6_K)
-        return false;
+    if (!gemvq2_pair(W)) return false;
     const kc_weight a = kc_weight_part_view(W, 0), b = kc_weight_part_view(W, 1);
     if (a.type == DT_Q4_K) launch_gemvq2<DT_Q4_K, DT_Q6_K>(a, b, xq, y, W->n_out, acc, s);
     else if (a.type == DT_Q5_K) launch_gemvq2<DT_Q5_K, DT_Q6_K>(a, b, xq, y, W->n_out, acc, s);
     else return false;
     return true;
+}
+
+// ---- one token's Q|K|V GEMV rotating its own heads (the plan's qkv_rope) --------------------
+// The RoPE launch after a one-token Q|K|V GEMV costs a launch and its wait a layer. Here the CTAs
+// of V rows store them into the cache, and the last CTA of each q or k head to finish (a counter a
+// head, att_last_split's handshake: no fence) reads the head back through the L2 and rotates it
+// with kc_rope_store_kv's code (rope_common.cuh): the same bits as the two launches.
+
+// The token's position and its cache row (block row of KV head 0): pos, seq and the block tables
+// are staged before the step, so one lane of the last warp reads them before the programmatic
+// wait, once its first weights are requested (gemvq_body's hook), so that the lookup's two
+// dependent loads do not hold that warp's weight requests back.
+struct qkv_where {
+    int p;
+    size_t slot;
+};
+__device__ __forceinline__ void qkv_rope_where(const kc_qkv_rope &e, qkv_where *w) {
+    if (threadIdx.x != (GEMV_WARPS - 1) * 32) return;
+    const int p = e.pos[0];
+    w->p = p;
+    w->slot = (size_t)e.block_tables[(size_t)e.seq[0] * e.max_blocks + p / e.block_size] * e.n_kv * e.block_size +
+              p % e.block_size;
+}
+
+// After the CTA's rows [r0, r0 + nr) of y (one head's, nr dividing hd) were stored by its warps.
+__device__ __forceinline__ void qkv_rope_epilogue(const kc_qkv_rope &e, const float *y, int r0, int nr, const qkv_where &w) {
+    __shared__ float hv[256], red[2];
+    __shared__ int sm_last;
+    const int hd = e.hd, h = r0 / hd, tid = threadIdx.x;
+    __syncthreads(); // the CTA's rows (y) and w
+    const int p = w.p;
+    const size_t slot = w.slot;
+    if (h >= e.n_head + e.n_kv) { // v rows: into the cache as half
+        __half *dst = (__half *)e.v_cache + (slot + (size_t)(h - e.n_head - e.n_kv) * e.block_size) * hd + (r0 - h * hd);
+        for (int i = tid; i < nr; i += blockDim.x) dst[i] = __float2half(__ldcg(y + r0 + i));
+        return;
+    }
+    if (tid == 0) {
+        int old;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(e.counters + h) : "memory");
+        sm_last = old + 1 == hd / nr;
+        if (sm_last) e.counters[h] = 0;
+    }
+    __syncthreads();
+    if (!sm_last) return;
+    float s0 = 0.0f, c0 = 0.0f;
+    if (tid < e.rope.rope_dim / 2) sincosf((float)p * rope_freq(e.rope, tid), &s0, &c0);
+    for (int i = tid; i < hd; i += blockDim.x) hv[i] = __ldcg(y + (size_t)h * hd + i);
+    __syncthreads();
+    const bool q = h < e.n_head;
+    const float *nw = e.rope.q_norm ? (q ? e.rope.q_norm : e.rope.k_norm) : nullptr;
+    rope_head(hv, nw, q ? e.q_out + (size_t)h * hd : nullptr,
+              q ? nullptr : (__half *)e.k_cache + (slot + (size_t)(h - e.n_head) * e.block_size) * hd, nullptr, hd, p, s0, c0, e.rope, tid,
+              rope_head_threads(hd), red);
+}
+
+template <int TYPE, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemvq_rope_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ sc, const int8_t *xqh, const int8_t *xql,
+                  const int2 *xm, float *y, int n_in, int n_out, const __grid_constant__ kc_qkv_rope e) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    kc_pdl_trigger();
+    __shared__ qkv_where w;
+    gemvq_body<TYPE, 1, R, U>(W, sc, xqh, xql, xm, y, n_in, n_out, n_out, 0, blockIdx.x, [&] { qkv_rope_where(e, &w); });
+    qkv_rope_epilogue(e, y, blockIdx.x * GEMV_WARPS * R, GEMV_WARPS * R, w);
+}
+
+// gemvq2_kernel's two ranges (Q|K, then V) with the rotation
+template <int T1, int R1, int U1, int T2, int R2, int U2>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemvq2_rope_kernel(gemvq_range a, gemvq_range b, const int8_t *xqh, const int8_t *xql, const int2 *xm, int n_in, int nb1,
+                   const __grid_constant__ kc_qkv_rope e) {
+    KC_TRACE_SCOPE(KC_TR_GEMVQ);
+    kc_pdl_trigger();
+    __shared__ qkv_where w;
+    const int ldy = a.n_out + b.n_out;
+    const auto where = [&] { qkv_rope_where(e, &w); };
+    int r0, nr;
+    if ((int)blockIdx.x < nb1) {
+        gemvq_body<T1, 1, R1, U1>(a.w, a.sc, xqh, xql, xm, a.y, n_in, a.n_out, ldy, 0, blockIdx.x, where);
+        r0 = blockIdx.x * GEMV_WARPS * R1;
+        nr = GEMV_WARPS * R1;
+    } else {
+        gemvq_body<T2, 1, R2, U2>(b.w, b.sc, xqh, xql, xm, b.y, n_in, b.n_out, ldy, 0, blockIdx.x - nb1, where);
+        r0 = a.n_out + (blockIdx.x - nb1) * GEMV_WARPS * R2;
+        nr = GEMV_WARPS * R2;
+    }
+    qkv_rope_epilogue(e, a.y, r0, nr, w);
+}
+
+// Rows a CTA of TYPE's one-token launch for an n_in x n_out matrix (0: a shape not compiled here)
+template <int TYPE> static int gemvq1_cta_rows(int n_in, int n_out) {
+    int rows = 0;
+    gemvq1_shape<TYPE, false>(n_in, n_out, [&](auto sh) { rows = GEMV_WARPS * decltype(sh)::R; });
+    return rows;
+}
+template <int TYPE>
+static void launch_gemvq_rope(const kc_weight *W, const kc_xq *xq, float *y, const kc_qkv_rope &e, cudaStream_t s) {
+    gemvq1_shape<TYPE, false>(W->n_in, W->n_out, [&](auto sh) {
+        constexpr int R = decltype(sh)::R;
+        kc_launch(gemvq_rope_kernel<TYPE, R, decltype(sh)::U>, dim3(W->n_out / (GEMV_WARPS * R)), dim3(GEMV_WARPS * 32), 0, s,
+                  (const uint8_t *)W->data, (const uint8_t *)W->d, (const int8_t *)xq->qh, (const int8_t *)xq->ql,
+                  (const int2 *)xq->m, y, W->n_in, W->n_out, e);
+    });
+}
+// launch_gemvq2's shapes (b: 2 rows a warp, one batch of chunks)
+template <int T1>
+static void launch_gemvq2_rope(const kc_weight &a, const kc_weight &b, const kc_xq *xq, float *y, const kc_qkv_rope &e,
+                               cudaStream_t s) {
+    gemvq1_shape<T1, false>(a.n_in, a.n_out, [&](auto sh) {
+        constexpr int R1 = decltype(sh)::R;
+        const int nb1 = a.n_out / (GEMV_WARPS * R1), nb2 = b.n_out / (GEMV_WARPS * 2);
+        const gemvq_range ra = { (const uint8_t *)a.data, (const uint8_t *)a.d, y, a.n_out },
+                          rb = { (const uint8_t *)b.data, (const uint8_t *)b.d, y + a.n_out, b.n_out };
+        kc_launch(gemvq2_rope_kernel<T1, R1, decltype(sh)::U, DT_Q6_K, 2, 1>, dim3(nb1 + nb2), dim3(GEMV_WARPS * 32), 0, s, ra, rb,
+                  (const int8_t *)xq->qh, (const int8_t *)xq->ql, (const int2 *)xq->m, a.n_in, nb1, e);
+    });
+}
+
+static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq, int n_tok, const kc_gemm_ws *ws,
+                            cudaStream_t s);
+extern "C" int kc_matmul_qkv_rope(const kc_weight *W, const float *x, const kc_xq *xq, float *y, const kc_qkv_rope *e,
+                                  const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W || !x || !y || !e) return CM_EINVAL;
+    const int hd = e->hd;
+    if (!e->q_out || !e->k_cache || !e->v_cache || !e->pos || !e->seq || !e->block_tables || !e->counters || e->n_head <= 0 ||
+        e->n_kv <= 0 || hd <= 0 || hd > 256 || e->block_size <= 0 || e->max_blocks <= 0 || e->rope.rope_dim <= 0 ||
+        e->rope.rope_dim > hd || e->rope.rope_dim % 2 || (e->rope.q_norm && !e->rope.k_norm))
+        return CM_EINVAL;
+    if (!kc_plan_get()->qkv_rope || W->n_out != (e->n_head + 2 * e->n_kv) * hd) return 0;
+    // the CTAs' rows (each range's): every CTA within one head
+    int rows = 0, rows_b = 0;
+    kc_weight a = *W, b = {};
+    const bool mixed = W->type == KC_WEIGHT_MIXED;
+    if (mixed) {
+        if (!kc_plan_get()->mixed_one || !gemvq2_pair(W)) return 0;
+        a = kc_weight_part_view(W, 0);
+        b = kc_weight_part_view(W, 1);
+        if (a.n_out % hd) return 0;
+        rows_b = GEMV_WARPS * 2;
+    }
+    // the K-quants only: llama2-7b batch 1 on an H200, Q4_K_M 465 -> 473 tok/s, qwen3-30b-a3b Q4_K_M
+    // 453 -> 455, but Q4_0 598 -> 570 (its variant took 128 registers where gemvq_kernel's takes
+    // 167; not analysed) and Q8_0 not measured (bench/RESULTS.md, twenty-fourth session)
+    switch (a.type) {
+    case DT_Q4_K: rows = gemvq1_cta_rows<DT_Q4_K>(a.n_in, a.n_out); break;
+    case DT_Q5_K: rows = gemvq1_cta_rows<DT_Q5_K>(a.n_in, a.n_out); break;
+    case DT_Q6_K: rows = mixed ? 0 : gemvq1_cta_rows<DT_Q6_K>(a.n_in, a.n_out); break;
+    default: return 0;
+    }
+    if (!rows || hd % rows || (mixed && hd % rows_b)) return 0;
+    if (int rc = gemv_activations(W, x, &xq, 1, ws, s)) return rc;
+    switch (mixed ? -a.type : a.type) {
+    case DT_Q4_K: launch_gemvq_rope<DT_Q4_K>(W, xq, y, *e, s); break;
+    case DT_Q5_K: launch_gemvq_rope<DT_Q5_K>(W, xq, y, *e, s); break;
+    case DT_Q6_K: launch_gemvq_rope<DT_Q6_K>(W, xq, y, *e, s); break;
+    case -DT_Q4_K: launch_gemvq2_rope<DT_Q4_K>(a, b, xq, y, *e, s); break;
+    default: launch_gemvq2_rope<DT_Q5_K>(a, b, xq, y, *e, s); break;
+    }
+    const int rc = []() -> int { KC_LAUNCH_CHECK(); }();
+    return rc ? rc : 1;
 }
 
 template <int TYPE>

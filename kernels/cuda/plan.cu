@@ -62,6 +62,7 @@ const field k_fields[] = {
     F(moe_pre, 0, 7),
     F(mixed_one, 0, 1),
     F(f16_tc, 0, 1),
+    F(qkv_rope, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -124,6 +125,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // layers) ran after the Q|K launch; qwen3-30b-a3b Q4_K_M batch 1 at 128 + 128 444.3 -> 449.5
     // tok/s on an H200 (bench/RESULTS.md, twenty-second session)
     p->mixed_one = 1;
+    // one token's K-quant Q|K|V GEMV rotates its heads and stores K and V itself: no RoPE launch
+    // (kc_matmul_qkv_rope; batch 1 on an H200: llama2-7b Q4_K_M 461-464 -> 470-474 tok/s,
+    // qwen3-30b-a3b Q4_K_M 451-453 -> 453-455; bench/RESULTS.md, twenty-fourth session)
+    p->qkv_rope = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
     // llama2-7b (512 positions) F16 275 against 246 tok/s, Q4_0 586 against 519; from 8,192

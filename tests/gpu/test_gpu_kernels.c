@@ -1494,6 +1494,117 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
     }
 }
 
+/* kc_matmul_qkv_rope (the plan's qkv_rope): one token's Q|K|V GEMV that rotates its own heads and
+ * stores K and V gives the bits of kc_matmul + kc_rope_store_kv: y, q and both caches, three tokens
+ * in a row (positions of three sequences: the heads' counters back at zero after each launch),
+ * with and without QK-norm, on each weight path it takes (the K-quants' one-token shapes; the
+ * mixed_one pairs), and declines (0, nothing written) where it does not. */
+static void test_qkv_rope(cublasHandle_t cb, cudaStream_t s) {
+    const struct {
+        int n_in, n_head, n_kv, hd, rope_dim, layout, qk_norm, types[2], taken;
+    } cases[] = {
+        { 2048, 32, 4, 128, 128, MDL_ROPE_HALF, 1, { DT_Q4_K, -1 }, 1 },      /* qwen3-30b-a3b's Q|K|V, one type */
+        { 2048, 32, 4, 128, 128, MDL_ROPE_HALF, 1, { DT_Q4_K, DT_Q6_K }, 1 }, /* ... its Q4_K_M mix (Q|K, V) */
+        { 1024, 8, 2, 64, 64, MDL_ROPE_ADJACENT, 0, { DT_Q4_K, -1 }, 1 },     /* narrow: 4 rows a warp, 2 batches */
+        { 1024, 8, 8, 96, 64, MDL_ROPE_HALF, 0, { DT_Q6_K, -1 }, 1 },         /* head dim 96, partial rotation */
+        { 512, 16, 8, 128, 128, MDL_ROPE_HALF, 1, { DT_Q5_K, -1 }, 1 },       /* narrow: 2 rows a warp */
+        { 512, 8, 4, 64, 64, MDL_ROPE_ADJACENT, 1, { DT_Q5_K, DT_Q6_K }, 1 },
+        { 9216, 8, 2, 64, 64, MDL_ROPE_HALF, 0, { DT_Q4_K, -1 }, 0 },         /* rows past 8,192 columns: declined */
+        { 512, 8, 2, 8, 8, MDL_ROPE_HALF, 0, { DT_Q4_K, -1 }, 0 },            /* heads shorter than a CTA's rows */
+        { 512, 8, 2, 64, 64, MDL_ROPE_HALF, 0, { DT_Q4_0, -1 }, 0 },          /* types it does not take */
+        { 512, 8, 2, 64, 64, MDL_ROPE_HALF, 0, { DT_Q8_0, -1 }, 0 },
+    };
+    const kc_plan keep = *kc_plan_get();
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int n_in = cases[ci].n_in, n_head = cases[ci].n_head, n_kv = cases[ci].n_kv, hd = cases[ci].hd;
+        const int n_out = (n_head + 2 * n_kv) * hd, mixed = cases[ci].types[1] >= 0;
+        const int rows[2] = { mixed ? (n_head + n_kv) * hd : n_out, n_kv * hd };
+        void *blocks[2];
+        for (int i = 0; i < 1 + mixed; i++) {
+            const int t = cases[ci].types[i];
+            float *wf = malloc((size_t)n_in * rows[i] * 4);
+            for (size_t k = 0; k < (size_t)n_in * rows[i]; k++) wf[k] = frand() * 0.1f;
+            blocks[i] = malloc(dt_row_size(t, n_in) * rows[i]);
+            dt_quantize(t, wf, blocks[i], (int64_t)n_in * rows[i]);
+            free(wf);
+        }
+        kc_weight w = mixed ? upload_fused(cases[ci].types, rows, 2, n_in, blocks) : upload_weight(cases[ci].types[0], blocks[0], n_in, n_out);
+        kc_gemm_ws ws = { .cublas = cb };
+        ws.xq = xq_alloc(KC_GEMV_MAX_TOK, n_in);
+        float *x = malloc((size_t)n_in * 4), nw[512];
+        for (int k = 0; k < n_in; k++) x[k] = frand();
+        for (int k = 0; k < 2 * hd; k++) nw[k] = 1.0f + 0.5f * frand();
+        float *dx = dev_upload(x, (size_t)n_in * 4), *dnw = dev_upload(nw, (size_t)2 * hd * 4);
+        kc_rope r = { .layout = cases[ci].layout, .rope_dim = cases[ci].rope_dim, .base = 10000.0f, .norm_eps = 1e-6f };
+        if (cases[ci].qk_norm) { r.q_norm = dnw; r.k_norm = dnw + hd; }
+        const int bs = 16, max_blocks = 8, n_seq = 3, n_blocks = n_seq * max_blocks;
+        int32_t bt[24];
+        for (int i = 0; i < n_blocks; i++) bt[i] = (i * 7) % n_blocks; /* 7 and 24 coprime: a permutation */
+        const size_t ce = (size_t)n_blocks * n_kv * bs * hd, nq = (size_t)n_head * hd;
+        int32_t *dbt = dev_upload(bt, sizeof bt), *dpos, *dseq, *ctr;
+        float *dy[2], *dq[2];
+        kc_half *dk[2], *dv[2];
+        CK(cudaMalloc((void **)&dpos, 4));
+        CK(cudaMalloc((void **)&dseq, 4));
+        CK(cudaMalloc((void **)&ctr, (n_head + n_kv) * 4));
+        CK(cudaMemset(ctr, 0, (n_head + n_kv) * 4));
+        for (int j = 0; j < 2; j++) {
+            CK(cudaMalloc((void **)&dy[j], (size_t)n_out * 4));
+            CK(cudaMalloc((void **)&dq[j], nq * 4));
+            CK(cudaMalloc((void **)&dk[j], ce * 2));
+            CK(cudaMalloc((void **)&dv[j], ce * 2));
+            CK(cudaMemset(dk[j], 0, ce * 2));
+            CK(cudaMemset(dv[j], 0, ce * 2));
+        }
+        const kc_qkv_rope e = { .q_out = dq[1], .k_cache = dk[1], .v_cache = dv[1], .pos = dpos, .seq = dseq,
+                                .block_tables = dbt, .max_blocks = max_blocks, .n_head = n_head, .n_kv = n_kv, .hd = hd,
+                                .block_size = bs, .rope = r, .counters = ctr };
+        const int toks[3][2] = { { 0, 2 }, { 37, 0 }, { 100, 1 } }; /* (position, sequence) */
+        int ok = 1, rc_all = 0;
+        for (int ti = 0; ti < 3; ti++) {
+            CK(cudaMemcpy(dpos, &toks[ti][0], 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dseq, &toks[ti][1], 4, cudaMemcpyHostToDevice));
+            for (int j = 0; j < 2; j++) {
+                poison(dy[j], (size_t)n_out * 4);
+                poison(dq[j], nq * 4);
+            }
+            kc_plan pl = keep;
+            pl.qkv_rope = 0;
+            kc_plan_set(&pl);
+            int rc0 = kc_matmul_qkv_rope(&w, dx, NULL, dy[1], &e, &ws, s); /* off: declined */
+            pl.qkv_rope = 1;
+            pl.mixed_one = 1;
+            kc_plan_set(&pl);
+            int rc = kc_matmul(&w, dx, 1, dy[0], 0, &ws, s);
+            rc |= kc_rope_store_kv(dy[0], dq[0], dk[0], dv[0], dpos, dseq, dbt, max_blocks, 1, n_head, n_kv, hd, bs, &r, s);
+            const int rc1 = kc_matmul_qkv_rope(&w, dx, NULL, dy[1], &e, &ws, s);
+            kc_plan_set(&keep);
+            CK(cudaStreamSynchronize(s));
+            rc_all |= rc || rc0 != 0 || rc1 != cases[ci].taken;
+            if (!cases[ci].taken) {
+                float *hy = malloc((size_t)n_out * 4);
+                CK(cudaMemcpy(hy, dy[1], (size_t)n_out * 4, cudaMemcpyDeviceToHost));
+                for (int k = 0; k < n_out; k++) ok &= isnan(hy[k]); /* nothing written */
+                free(hy);
+                continue;
+            }
+            ok &= dev_equal(dy[0], dy[1], (size_t)n_out * 4) && dev_equal(dq[0], dq[1], nq * 4) && dev_equal(dk[0], dk[1], ce * 2) &&
+                  dev_equal(dv[0], dv[1], ce * 2);
+        }
+        int32_t hc[64] = { 0 };
+        CK(cudaMemcpy(hc, ctr, (n_head + n_kv) * 4, cudaMemcpyDeviceToHost));
+        for (int k = 0; k < n_head + n_kv; k++) ok &= hc[k] == 0;
+        T_CHECKF(!rc_all && ok, "qkv_rope case %zu (%s%s%s, hd %d, QK-norm %d): %s", ci, dt_name(cases[ci].types[0]), mixed ? " + " : "",
+                 mixed ? dt_name(cases[ci].types[1]) : "", hd, cases[ci].qk_norm,
+                 cases[ci].taken ? "y, q and both caches the bits of the GEMV then RoPE, counters back at 0" : "declined, nothing written");
+        for (int j = 0; j < 2; j++) { cudaFree(dy[j]); cudaFree(dq[j]); cudaFree(dk[j]); cudaFree(dv[j]); }
+        cudaFree(dpos); cudaFree(dseq); cudaFree(ctr); cudaFree(dbt); cudaFree(dx); cudaFree(dnw);
+        cudaFree(w.data); cudaFree(w.d); xq_free(&ws.xq);
+        free(x);
+        for (int i = 0; i < 1 + mixed; i++) free(blocks[i]);
+    }
+}
+
 static void test_xq(cublasHandle_t cb, cudaStream_t s) {
     /* 20,480: the norm past 16,384 (rmsnorm_vec8_kernel, its registers bounded for 1,024 threads) */
     const int ns[] = { 32, 96, 4096, 11008, 20480 };
@@ -2606,6 +2717,7 @@ int main(int argc, char **argv) {
     test_attention_ph_splits(s);
     test_attention_tc(s);
     test_kv_fp8(s);
+    test_qkv_rope(cb, s); /* last: the others keep the random inputs they were checked on */
     cublasDestroy(cb);
     return t_done();
 }
