@@ -126,8 +126,9 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // tok/s on an H200 (bench/RESULTS.md, twenty-second session)
     p->mixed_one = 1;
     // one token's K-quant Q|K|V GEMV rotates its heads and stores K and V itself: no RoPE launch
-    // (kc_matmul_qkv_rope; batch 1 on an H200: llama2-7b Q4_K_M 461-464 -> 470-474 tok/s,
-    // qwen3-30b-a3b Q4_K_M 451-453 -> 453-455; bench/RESULTS.md, twenty-fourth session)
+    // (kc_matmul_qkv_rope; batch 1 on an H200: llama2-7b Q4_K_M 461-464 -> 470-474 tok/s, qwen3-8b
+    // Q4_K_M 412 -> 417, qwen3-30b-a3b Q4_K_M 451-453 -> 453-455; bench/RESULTS.md, twenty-fourth
+    // session)
     p->qkv_rope = 1;
     p->att_tc = 1;
     // decode steps of up to 8 tokens below 2,048 positions keep the per-head kernel: at batch 1,
