@@ -1351,8 +1351,10 @@ extern "C" int kc_matmul_qkv_rope(const kc_weight *W, const float *x, const kc_x
         rows_b = GEMV_WARPS * 2;
     }
     // the K-quants only: llama2-7b batch 1 on an H200, Q4_K_M 465 -> 473 tok/s, qwen3-30b-a3b Q4_K_M
-    // 453 -> 455, but Q4_0 598 -> 570 (its variant took 128 registers where gemvq_kernel's takes
-    // 167; not analysed) and Q8_0 not measured (bench/RESULTS.md, twenty-fourth session)
+    // 453 -> 455, but Q4_0 598 -> 570 (ptxas gives its 8-row variant 128 registers where
+    // gemvq_kernel's takes 167: the literal accumulate = 0 compiles the residual out; passed as a
+    // parameter it takes 168, not measured) and Q8_0 not measured (bench/RESULTS.md, twenty-fourth
+    // session)
     switch (a.type) {
     case DT_Q4_K: rows = gemvq1_cta_rows<DT_Q4_K>(a.n_in, a.n_out); break;
     case DT_Q5_K: rows = gemvq1_cta_rows<DT_Q5_K>(a.n_in, a.n_out); break;
