@@ -678,7 +678,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         rope.q_norm = L->q_norm;
         rope.k_norm = L->k_norm;
         rope.norm_eps = c->norm_eps;
-        /* one token on an integer GEMV: the rotation and the cache stores in the GEMV's launch */
+        /* one token on a K-quant GEMV: the rotation and the cache stores in the GEMV's launch */
         int rotated = 0;
         if (n_tok == 1 && !s->kv_f8 && !L->bqkv && s->qkv_ctr) {
             const kc_qkv_rope ep = { .q_out = s->q, .k_cache = L->k, .v_cache = L->v, .pos = d_pos, .seq = d_seq,

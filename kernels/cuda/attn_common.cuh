@@ -96,38 +96,8 @@ __device__ void att_merge(const float *pp, int n_valid, const att_emit &em, size
     }
 }
 
-// The threads that take part in a split merge: the whole CTA (bar 0: __syncthreads), or, in a
-// kernel whose other warps have exited, nt threads from threadIdx.x first on (whole warps)
-// that meet at named barrier bar.
-struct att_group {
-    int bar, first, nt;
-    __device__ __forceinline__ int tid() const { return (int)threadIdx.x - first; }
-    __device__ __forceinline__ void sync() const {
-        if (bar == 0) __syncthreads();
-        else asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nt) : "memory");
-    }
-};
-__device__ __forceinline__ att_group att_cta() { return att_group{ 0, 0, (int)blockDim.x }; }
+// att_group and att_last_split, the split merge's threads and handshake: kc_common.cuh
 
-// The split-K handshake: called by every thread of g after it wrote its partial; true in the
-// last CTA of the n_valid that hold keys of counter *cnt's rows, which then resets the counter
-// for the next launch. The barrier orders the group's partial before its first thread's
-// release (the counting atomic is acq_rel); the second orders its acquire before the merge's
-// loads. No __threadfence: a fence.sc in every CTA and another in the last cost more than a
-// microsecond per kernel (bench/RESULTS.md).
-__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid, const att_group &g) {
-    __shared__ int sm_last;
-    g.sync();
-    if (g.tid() == 0) {
-        int old;
-        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
-        sm_last = old + 1 == n_valid;
-        if (sm_last) *cnt = 0;
-    }
-    g.sync();
-    return sm_last;
-}
-__device__ __forceinline__ bool att_last_split(int *cnt, int n_valid) { return att_last_split(cnt, n_valid, att_cta()); }
 
 // The first half of a split merge, by the threads of g: the maxima m and sums l of n_rows
 // rows' n_valid partials (row r, split sp at pp + (r n_split + sp)(HD + 2)) come to shared

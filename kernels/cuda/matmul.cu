@@ -1214,7 +1214,7 @@ static bool gemvq2_take(const kc_weight *W, const kc_xq *xq, float *y, int acc, 
 // ---- one token's Q|K|V GEMV rotating its own heads (the plan's qkv_rope) --------------------
 // The RoPE launch after a one-token Q|K|V GEMV costs a launch and its wait a layer. Here the CTAs
 // of V rows store them into the cache, and the last CTA of each q or k head to finish (a counter a
-// head, att_last_split's handshake: no fence) reads the head back through the L2 and rotates it
+// head, att_last_split: no fence) reads the head back through the L2 and rotates it
 // with kc_rope_store_kv's code (rope_common.cuh): the same bits as the two launches.
 
 // The token's position and its cache row (block row of KV head 0): pos, seq and the block tables
@@ -1227,33 +1227,23 @@ struct qkv_where {
 };
 __device__ __forceinline__ void qkv_rope_where(const kc_qkv_rope &e, qkv_where *w) {
     if (threadIdx.x != (GEMV_WARPS - 1) * 32) return;
-    const int p = e.pos[0];
-    w->p = p;
-    w->slot = (size_t)e.block_tables[(size_t)e.seq[0] * e.max_blocks + p / e.block_size] * e.n_kv * e.block_size +
-              p % e.block_size;
+    w->p = e.pos[0];
+    w->slot = rope_cache_slot(e.pos, e.seq, e.block_tables, 0, e.max_blocks, e.n_kv, e.block_size);
 }
 
 // After the CTA's rows [r0, r0 + nr) of y (one head's, nr dividing hd) were stored by its warps.
 __device__ __forceinline__ void qkv_rope_epilogue(const kc_qkv_rope &e, const float *y, int r0, int nr, const qkv_where &w) {
     __shared__ float hv[256], red[2];
-    __shared__ int sm_last;
     const int hd = e.hd, h = r0 / hd, tid = threadIdx.x;
-    __syncthreads(); // the CTA's rows (y) and w
-    const int p = w.p;
-    const size_t slot = w.slot;
     if (h >= e.n_head + e.n_kv) { // v rows: into the cache as half
-        __half *dst = (__half *)e.v_cache + (slot + (size_t)(h - e.n_head - e.n_kv) * e.block_size) * hd + (r0 - h * hd);
+        __syncthreads(); // the CTA's rows (y) and w
+        __half *dst = (__half *)e.v_cache + (w.slot + (size_t)(h - e.n_head - e.n_kv) * e.block_size) * hd + (r0 - h * hd);
         for (int i = tid; i < nr; i += blockDim.x) dst[i] = __float2half(__ldcg(y + r0 + i));
         return;
     }
-    if (tid == 0) {
-        int old;
-        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(e.counters + h) : "memory");
-        sm_last = old + 1 == hd / nr;
-        if (sm_last) e.counters[h] = 0;
-    }
-    __syncthreads();
-    if (!sm_last) return;
+    if (!att_last_split(e.counters + h, hd / nr)) return; // its barrier: the CTA's rows and w
+    const int p = w.p;
+    const size_t slot = w.slot;
     float s0 = 0.0f, c0 = 0.0f;
     if (tid < e.rope.rope_dim / 2) sincosf((float)p * rope_freq(e.rope, tid), &s0, &c0);
     for (int i = tid; i < hd; i += blockDim.x) hv[i] = __ldcg(y + (size_t)h * hd + i);

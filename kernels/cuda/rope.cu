@@ -83,7 +83,7 @@ __device__ __forceinline__ size_t rope_tok_begin(const kc_rope &r, int t, int ha
         sn[i] = __fmul_rn(s, ms);
         cs[i] = __fmul_rn(c, ms);
     }
-    const size_t slot = ((size_t)block_tables[(size_t)seq[t] * max_blocks + p / block_size] * n_kv * block_size) + p % block_size;
+    const size_t slot = rope_cache_slot(pos, seq, block_tables, t, max_blocks, n_kv, block_size);
     __syncthreads();
     kc_pdl_wait();
     return slot;

@@ -38,6 +38,14 @@ __device__ __forceinline__ void rope_rot(float x0, float x1, float s, float c, f
     y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
+// Token t's row in a layer's paged cache: the block row of KV head 0 (element (slot + h
+// block_size) hd holds head h's values), from its position and sequence.
+__device__ __forceinline__ size_t rope_cache_slot(const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int t,
+                                                  int max_blocks, int n_kv, int block_size) {
+    const int p = pos[t];
+    return (size_t)block_tables[(size_t)seq[t] * max_blocks + p / block_size] * n_kv * block_size + p % block_size;
+}
+
 // Threads of a CTA that rotate one head (rope_head): 64 from head dim 128 on, else 32.
 __device__ __forceinline__ int rope_head_threads(int hd) { return hd >= 128 ? 64 : 32; }
 
