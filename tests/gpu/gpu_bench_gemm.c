@@ -2,7 +2,10 @@
  * (kc_matmul's path past the GEMV) against every algorithm cublasLt's heuristic offers (up to
  * 16, each timed), weight bytes over time against the copy bandwidth. Random weights; each
  * timing rotates over enough copies of the matrix to leave the 60 MB L2.
- * usage: gpu_bench_gemm [N...]   (default 16 32 64 128 256 512 2048) */
+ * usage: gpu_bench_gemm [N...]   (default 16 32 64 128 256 512 2048)
+ *        gpu_bench_gemm fp8 [N...]: E4M3 x E4M3 on cuBLASLt, f32 out, with the row and token scales
+ *        as outer vectors (kc_matmul's FP8 path) against scalar scales, plain and fast
+ *        accumulation: the heuristic's algorithm count, its first and its best. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -37,7 +40,154 @@ static void fill_random(void *dev, size_t n, uint32_t seed) {
         }                                                                                  \
     } while (0)
 
+/* n random E4M3 codes (magnitudes 2^-4 .. 2^4, both signs: no NaN) */
+static void fill_codes(void *dev, size_t n, uint32_t seed) {
+    uint8_t *h = malloc(n);
+    if (!h) { fprintf(stderr, "out of host memory\n"); exit(1); }
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        h[i] = (uint8_t)(((r >> 31) << 7) | ((3u + ((r >> 20) & 7u)) << 3) | ((r >> 12) & 7u));
+    }
+    CK(cudaMemcpy(dev, h, n, cudaMemcpyHostToDevice));
+    free(h);
+}
+
+/* mode 0: outer-vector scales (a per row, b per token); 1: scalar scales; 2: scalar, fast accumulation */
+static void bench_fp8_one(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *const *w, int copies, const void *x, float *y,
+                          const float *sa, const float *sb, int M, int N, int K, int mode, double *first, double *best, int *nres_out,
+                          int *cfg) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int8_t fast = mode == 2;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    if (mode == 0) {
+        const int32_t vm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
+    }
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, M, K));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, N, K));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int nres = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres) != CUBLAS_STATUS_SUCCESS) nres = 0;
+    *first = *best = -1;
+    *nres_out = nres;
+    const float one = 1.0f, zero = 0.0f;
+    const int iters = 40;
+    int best_i = -1;
+    for (int a = 0; a < nres; a++) {
+        if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
+        int ok = 1;
+        for (int i = 0; i < iters + 4 && ok; i++) {
+            if (i == 4) CK(cudaEventRecord(e0, 0));
+            ok = cublasLtMatmul(lt, op, &one, w[i % copies], la, x, lb, &zero, y, lc, y, lc, &res[a].algo, ws, ws_bytes, 0) ==
+                 CUBLAS_STATUS_SUCCESS;
+        }
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        if (!ok) continue;
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = ms * 1e3 / iters;
+        if (a == 0) *first = us;
+        if (*best < 0 || us < *best) {
+            *best = us;
+            best_i = a;
+        }
+    }
+    cfg[0] = cfg[1] = cfg[2] = cfg[3] = -1;
+    if (best_i >= 0) {
+        size_t wr;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_ID, &cfg[0], sizeof cfg[0], &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &cfg[1], sizeof cfg[1], &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &cfg[2], sizeof cfg[2], &wr);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cfg[3], sizeof cfg[3], &wr);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+static int bench_fp8(int argc, char **argv) {
+    int ns[16] = { 16, 64, 128, 256, 512, 2048 }, nn = 6;
+    if (argc > 2) {
+        nn = 0;
+        for (int i = 2; i < argc && nn < 16; i++) ns[nn++] = atoi(argv[i]);
+    }
+    const struct { const char *name; int n_in, n_out; } sh[] = {
+        { "qkv", 4096, 6144 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 28672 }, { "down", 14336, 4096 },
+    };
+    cublasLtHandle_t lt;
+    LT(cublasLtCreate(&lt));
+    size_t ws_bytes = 32u << 20;
+    void *ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    int nmax = 16;
+    for (int i = 0; i < nn; i++)
+        if (ns[i] > nmax) nmax = ns[i];
+    void *x;
+    float *y, *sa, *sb;
+    CK(cudaMalloc(&x, (size_t)nmax * 14336));
+    fill_codes(x, (size_t)nmax * 14336, 7);
+    CK(cudaMalloc((void **)&y, (size_t)nmax * 28672 * 4));
+    CK(cudaMalloc((void **)&sa, 28672 * 4));
+    CK(cudaMalloc((void **)&sb, (size_t)nmax * 4));
+    {
+        float *h = malloc(28672 * 4);
+        for (int i = 0; i < 28672; i++) h[i] = 1.0f / 64;
+        CK(cudaMemcpy(sa, h, 28672 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(sb, h, (size_t)(nmax < 28672 ? nmax : 28672) * 4, cudaMemcpyHostToDevice));
+        free(h);
+    }
+    printf("%-8s %6s | %-30s | %-30s | %-30s\n", "matrix", "N", "outer-vector scales: n first best", "scalar: n first best",
+           "scalar, fast: n first best");
+    for (int si = 0; si < 4; si++) {
+        const int K = sh[si].n_in, M = sh[si].n_out;
+        const size_t wb = (size_t)K * M;
+        const int copies = (int)(256e6 / wb) + 1 > 8 ? 8 : (int)(256e6 / wb) + 1;
+        void *w[8];
+        for (int c = 0; c < copies; c++) {
+            CK(cudaMalloc(&w[c], wb));
+            fill_codes(w[c], wb, 11 + c);
+        }
+        for (int ni = 0; ni < nn; ni++) {
+            const int N = ns[ni];
+            printf("%-8s %6d", sh[si].name, N);
+            for (int mode = 0; mode < 3; mode++) {
+                double first, best;
+                int nres, cfg[4];
+                bench_fp8_one(lt, ws, ws_bytes, w, copies, x, y, sa, sb, M, N, K, mode, &first, &best, &nres, cfg);
+                printf(" | %2d %7.1f %7.1f (%4.0f TF) %d/%d/%d/%d", nres, first, best, best > 0 ? 2.0 * M * N * K / best / 1e6 : 0.0,
+                       cfg[0], cfg[1], cfg[2], cfg[3]);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+        for (int c = 0; c < copies; c++) cudaFree(w[c]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "fp8")) return bench_fp8(argc, argv);
     int ns[16] = { 16, 32, 64, 128, 256, 512, 2048 }, nn = 7;
     if (argc > 1) {
         nn = 0;
