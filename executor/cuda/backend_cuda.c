@@ -1219,6 +1219,7 @@ static void cuda_destroy(ex_backend *base) {
     free(s->samp_mark);
     free(s->samp_slot);
     cudaFree(s->gws.x_scale);
+    cudaFree(s->gws.f8_raw);
     if (s->gws.cublaslt) cublasLtDestroy((cublasLtHandle_t)s->gws.cublaslt);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -1738,6 +1739,19 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         if (!f8 && c->fp8_weights) {
             s->gws.x_scale_cap = s->lim.max_tokens;
             if (dalloc(&s->gws.x_scale, T * sizeof(float))) goto oom;
+            /* the unit-scale GEMMs' output before the scale pass, up to 512 tokens (where they can
+             * win: kc_matmul_tune_f8) */
+            size_t f8_rows = 0;
+            for (int l = 0; l < c->n_layer; l++) {
+                const cu_layer *L = &s->layers[l];
+                const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
+                for (int i = 0; i < 4; i++)
+                    if (lw[i]->type == DT_F8_E4M3 && (size_t)lw[i]->n_out > f8_rows) f8_rows = (size_t)lw[i]->n_out;
+            }
+            if (f8_rows && s->plan.fp8_lt_tune) {
+                s->gws.f8_raw_cap = f8_rows * (size_t)(T < 512 ? T : 512);
+                if (dalloc(&s->gws.f8_raw, s->gws.f8_raw_cap * sizeof(float))) goto oom;
+            }
         }
         s->gws.w_cap = wmax;
         s->gws.x_cap = xmax;
@@ -1848,6 +1862,46 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         } else if (n_w)
             CM_LOG_INFO("cuda", "F16 matmul algorithms timed", "seconds=%.2f from_tokens=%d result=\"%s\"", cm_time_s() - t1,
                         s->plan.f16_lt_min_tok, rep);
+    }
+
+    /* FP8 matrices past the GEMV: the row and token scales as cuBLASLt's outer vectors (one
+     * algorithm) or unit scales and a scale pass (the heuristic's algorithms), timed on the layers'
+     * shapes at 16, 32, ... tokens */
+    if (!f8 && c->fp8_weights && s->plan.fp8_gemm && s->plan.fp8_lt_tune && s->gws.cublaslt) {
+        const double t1 = cm_time_s();
+        const kc_weight **ws = calloc((size_t)c->n_layer * 4 + 1, sizeof *ws);
+        unsigned char *acc = calloc((size_t)c->n_layer * 4 + 1, 1);
+        if (!ws || !acc) {
+            free(ws);
+            free(acc);
+            goto oom;
+        }
+        int n_w = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            const cu_layer *L = &s->layers[l];
+            const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
+            /* wo and down add into x, unless a post-norm takes their output (enqueue_forward) */
+            const unsigned char la[] = { 0, !L->attn_post, 0, !L->ffn_post && !L->moe };
+            for (int i = 0; i < 4; i++)
+                if (lw[i]->type == DT_F8_E4M3) {
+                    acc[n_w] = la[i];
+                    ws[n_w++] = lw[i];
+                }
+        }
+        if (s->output.type == DT_F8_E4M3) ws[n_w++] = &s->output;
+        char rep[1024];
+        const int trc = kc_matmul_tune_f8(ws, acc, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
+        free(ws);
+        free(acc);
+        if (trc == CM_ENOMEM)
+            CM_LOG_WARN("cuda", "no room to time the FP8 matmuls' scale paths: outer-vector scales everywhere", "max_tokens=%d",
+                        s->lim.max_tokens);
+        else if (trc) {
+            snprintf(err, errlen, "cuda backend: timing the FP8 matmuls' scale paths failed (%s)", cm_err_str(trc));
+            rc = trc;
+            goto fail;
+        } else if (n_w)
+            CM_LOG_INFO("cuda", "FP8 matmul scale paths timed", "seconds=%.2f result=\"%s\"", cm_time_s() - t1, rep);
     }
 
     /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */

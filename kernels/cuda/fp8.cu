@@ -5,7 +5,8 @@
 //   - more tokens, on devices with FP8 tensor cores (sm_89 and newer): the activations are
 //     quantized per token (scale amax / 448, codes saturated, as dt_fp8_scale / dt_fp8_encode)
 //     and cuBLASLt multiplies E4M3 x E4M3 with f32 accumulation, applying the weight row scales
-//     and the token scales as outer-vector scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
+//     and the token scales as outer-vector scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), or,
+//     where kc_matmul_tune_f8 timed it faster, with unit scales and a pass that applies them;
 //   - otherwise (older devices, a cuBLASLt without that mode, shapes it refuses, no workspace,
 //     the kernel plan's fp8_gemm=0): the codes times their scales dequantized to half in slices
 //     of rows, then cuBLAS (f16 operands, f32 accumulation), the path of the other quantized
@@ -342,76 +343,328 @@ static int gemm_dequant(const kc_weight *W, const float *x, int n_tok, float *y,
 }
 
 // ---- cuBLASLt FP8 GEMM ---------------------------------------------------------------------------
+// Two ways to apply the weight rows' and the tokens' scales:
+//   - outer: cuBLASLt applies them as outer-vector scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F).
+//     cuBLASLt 13 offers one algorithm for that on Hopper; from 512 tokens it is as fast as any;
+//   - scalar: cuBLASLt multiplies the codes alone (unit scales: 1-8 algorithms per shape) into
+//     ws->f8_raw, and f8_scale_kernel writes (or adds) raw x row scale x token scale into y.
+//     llama3-8b's wo and down at 64 tokens: 15.1 / 38.4 us outer against 8.2 / 19.4 scalar
+//     (H200, bench/RESULTS.md, twenty-fifth session).
+// kc_matmul_tune_f8 times both per shape and count at start-up; without a timed entry: outer.
 
-// The algorithm cuBLASLt's heuristic picked per shape (host memory; the step thread only).
-// ok: 1 found, -1 refused (the shape goes to the fallback from then on).
+namespace {
+// y[n][m] (f32, row stride ldy) (+)= W[m][k] (E4M3) x[n][k]^T (E4M3): cuBLASLt's descriptors for
+// kc_matmul's layout, with the row and token scales as outer vectors (a_scale, b_scale) or none
+struct lt_f8_desc {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasStatus_t make(int m, int n, int k, int ldy, int8_t fast, const void *a_scale, const void *b_scale) {
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+        if (a_scale) {
+            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
+            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
+        }
+        if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
+        if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
+        if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldy);
+        return st;
+    }
+    cublasStatus_t run(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo, const void *w, const void *x, float *y, float beta,
+                       cudaStream_t s) const {
+        const float one = 1.0f;
+        return cublasLtMatmul((cublasLtHandle_t)ws->cublaslt, op, &one, w, la, x, lb, &beta, y, lc, y, lc, algo, ws->lt_ws,
+                              ws->lt_ws_bytes, s);
+    }
+    // whether cuBLASLt takes algo for these descriptors within the workspace
+    bool takes(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo) const {
+        cublasLtMatmulHeuristicResult_t r = {};
+        return cublasLtMatmulAlgoCheck((cublasLtHandle_t)ws->cublaslt, op, la, lb, lc, lc, algo, &r) == CUBLAS_STATUS_SUCCESS &&
+               r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= ws->lt_ws_bytes;
+    }
+    // up to max of the heuristic's algorithms (0: none, or an error)
+    int heuristic(const kc_gemm_ws *ws, cublasLtMatmulHeuristicResult_t *hr, int max) const {
+        cublasLtMatmulPreference_t pref = nullptr;
+        const uint64_t wsb = ws->lt_ws_bytes;
+        int n = 0;
+        if (cublasLtMatmulPreferenceCreate(&pref) ||
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ||
+            cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ws->cublaslt, op, la, lb, lc, lc, pref, max, hr, &n))
+            n = 0;
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        return n > 0 && hr[0].state == CUBLAS_STATUS_SUCCESS ? n : 0;
+    }
+    ~lt_f8_desc() {
+        if (lc) cublasLtMatrixLayoutDestroy(lc);
+        if (lb) cublasLtMatrixLayoutDestroy(lb);
+        if (la) cublasLtMatrixLayoutDestroy(la);
+        if (op) cublasLtMatmulDescDestroy(op);
+    }
+};
+
+// The path timed fastest at start-up per shape, accumulation and count (kc_matmul_tune_f8; host
+// memory, the step thread only)
+struct f8_timed {
+    int m, k, n, acc, fast;
+    bool scalar; // unit scales and f8_scale_kernel (algo), else outer-vector scales
+    cublasLtMatmulAlgo_t algo;
+};
+f8_timed g_f8t[256];
+int g_f8t_n;
+bool g_f8t_force; // tests: the scalar path on the heuristic's last algorithm that ran, whatever the times
+} // namespace
+
+// The algorithm per shape and exact count (host memory; the step thread only). ok: 1 found, -1
+// refused (the shape goes to the fallback from then on).
 struct lt_entry {
     int m, n, k, ldy, acc, fast, ok;
+    bool scalar;
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
 static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
+extern "C" void kc__matmul_tune_f8_reset(void) { g_f8t_n = g_lt_n = g_lt_next = 0; }
+extern "C" void kc__matmul_tune_f8_force(int on) { g_f8t_force = on != 0; }
+
+// y[t][o] (+)= raw[t][o] x sw[o] x sx[t], 4 outputs a thread (m % 4 == 0)
+__global__ void f8_scale_kernel(const float *__restrict__ raw, const float *__restrict__ sw, const float *__restrict__ sx, float *y,
+                                int ldy, int m, int n_tok, int acc) {
+    const int m4 = m / 4;
+    const size_t n = (size_t)n_tok * m4, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const int t = (int)(i / m4), o = (int)(i % m4) * 4;
+        const float4 r = *(const float4 *)(raw + (size_t)t * m + o), w = *(const float4 *)(sw + o);
+        const float st = sx[t];
+        float4 v = make_float4(r.x * w.x * st, r.y * w.y * st, r.z * w.z * st, r.w * w.w * st);
+        float *p = y + (size_t)t * ldy + o;
+        if (acc) {
+            v.x += p[0], v.y += p[1], v.z += p[2], v.w += p[3];
+        }
+        p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+    }
+}
+
+static void f8_scale(const float *raw, const float *sw, const float *sx, float *y, int ldy, int m, int n_tok, int acc, cudaStream_t s) {
+    const size_t n = (size_t)n_tok * (m / 4);
+    const unsigned g = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    f8_scale_kernel<<<g, 256, 0, s>>>(raw, sw, sx, y, ldy, m, n_tok, acc);
+}
+
+// Whether the scalar path has room for m x n outputs (and their alignment)
+static bool f8_scalar_fits(const kc_gemm_ws *ws, int m, int n, int ldy, const float *y) {
+    return ws->f8_raw && (size_t)m * n <= ws->f8_raw_cap && m % 4 == 0 && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0;
+}
+
+// The timed entry of the largest count <= n for this shape, accumulation and accumulation mode
+static const f8_timed *f8_timed_pick(int m, int k, int n, int acc, int fast) {
+    const f8_timed *best = nullptr;
+    for (int i = 0; i < g_f8t_n; i++) {
+        const f8_timed &e = g_f8t[i];
+        if (e.m == m && e.k == k && e.acc == acc && e.fast == fast && e.n <= n && (!best || e.n > best->n)) best = &e;
+    }
+    return best;
+}
+
 static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n_tok, float *y, int ldy, int accumulate,
                    const kc_gemm_ws *ws, cudaStream_t s, bool *refused) {
     *refused = false;
-    cublasLtHandle_t lt = (cublasLtHandle_t)ws->cublaslt;
     const int m = W->n_out, n = n_tok, k = W->n_in;
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
-    const void *a_scale = W->d, *b_scale = xs;
-    int rc = 0;
-    cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
-    if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
-    if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
-    if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
-    if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldy);
     lt_entry *e = nullptr;
-    for (int i = 0; i < g_lt_n && !st; i++)
+    for (int i = 0; i < g_lt_n; i++)
         if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].ldy == ldy && g_lt[i].acc == accumulate &&
             g_lt[i].fast == fast)
             e = &g_lt[i];
-    if (!st && !e) {
-        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, {} };
-        const uint64_t wsb = ws->lt_ws_bytes;
-        cublasLtMatmulHeuristicResult_t hr = {};
-        int found = 0;
-        st = cublasLtMatmulPreferenceCreate(&pref);
-        if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-        if (!st && cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &hr, &found) == CUBLAS_STATUS_SUCCESS &&
-            found > 0 && hr.state == CUBLAS_STATUS_SUCCESS) {
-            fresh.ok = 1;
-            fresh.algo = hr.algo;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (!e) {
+        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, false, {} };
+        // the scalar path where it was timed faster for this shape and takes n tokens, else outer
+        const f8_timed *t = kc_plan_get()->fp8_lt_tune ? f8_timed_pick(m, k, n, accumulate, fast) : nullptr;
+        if (t && t->scalar && f8_scalar_fits(ws, m, n, ldy, y)) {
+            lt_f8_desc d;
+            if (!d.make(m, n, k, m, fast, nullptr, nullptr) && d.takes(ws, &t->algo)) {
+                fresh.ok = 1;
+                fresh.scalar = true;
+                fresh.algo = t->algo;
+            }
+        }
+        if (fresh.ok < 0) {
+            lt_f8_desc d;
+            cublasLtMatmulHeuristicResult_t hr[1];
+            st = d.make(m, n, k, ldy, fast, W->d, xs);
+            if (!st && d.heuristic(ws, hr, 1)) {
+                fresh.ok = 1;
+                fresh.algo = hr[0].algo;
+            }
         }
         const int cap = (int)(sizeof g_lt / sizeof *g_lt);
         e = g_lt_n < cap ? &g_lt[g_lt_n++] : &g_lt[g_lt_next++ % cap]; // full: the oldest entries go first
         *e = fresh;
     }
-    if (!st && e && e->ok > 0) {
-        const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-        st = cublasLtMatmul(lt, op, &one, W->data, la, xq, lb, &beta, y, lc, y, lc, &e->algo, ws->lt_ws, ws->lt_ws_bytes, s);
-        rc = f8_cublas_ok(st, __LINE__);
-    } else if (!st) {
+    if (st) return f8_cublas_ok(st, __LINE__);
+    if (e->ok < 0) {
         *refused = true;
-    } else {
-        rc = f8_cublas_ok(st, __LINE__);
+        return 0;
     }
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    lt_f8_desc d;
+    // an entry made for an output the scalar path cannot take now: outer-vector scales
+    const bool scalar = e->scalar && f8_scalar_fits(ws, m, n, ldy, y);
+    cublasLtMatmulAlgo_t algo = e->algo;
+    st = scalar ? d.make(m, n, k, m, fast, nullptr, nullptr) : d.make(m, n, k, ldy, fast, W->d, xs);
+    if (!st && e->scalar && !scalar) {
+        cublasLtMatmulHeuristicResult_t hr[1];
+        if (!d.heuristic(ws, hr, 1)) {
+            *refused = true;
+            return 0;
+        }
+        algo = hr[0].algo;
+    }
+    if (!st) st = d.run(ws, &algo, W->data, xq, scalar ? ws->f8_raw : y, scalar || !accumulate ? 0.0f : 1.0f, s);
+    if (int rc = f8_cublas_ok(st, __LINE__)) return rc;
+    if (scalar) {
+        f8_scale(ws->f8_raw, (const float *)W->d, xs, y, ldy, m, n, accumulate, s);
+        return f8_launch_ok(__LINE__);
+    }
+    return 0;
+}
+
+// n random E4M3 codes (magnitudes 2^-4 .. 2^4, both signs: no NaN) and nt token scales: the
+// tune's activations (varied bits: tensor cores draw more power, and clock lower, on varied
+// operands than on zeros)
+__global__ void f8_tune_fill_kernel(uint8_t *x, size_t n, float *xs, int nt) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        x[i] = (uint8_t)(((h >> 31) << 7) | ((3u + ((h >> 12) & 7u)) << 3) | ((h >> 20) & 7u));
+    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)nt; i += stride) xs[i] = 1.0f / 64.0f;
+}
+
+static bool f8_tensor_cores(void);
+
+extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
+                                 cudaStream_t s, char *report, size_t report_len) {
+    if (report && report_len) report[0] = 0;
+    int hi = max_tok < KC_TUNE_MAX_TOK ? max_tok : KC_TUNE_MAX_TOK;
+    if (ws && hi > ws->x_scale_cap) hi = ws->x_scale_cap;
+    const int lo = 16;
+    if (!kc_plan_get()->fp8_gemm || !kc_plan_get()->fp8_lt_tune || lo > hi || !ws || !ws->cublaslt || !ws->x_half || !ws->x_scale ||
+        !ws->lt_ws || !ws->f8_raw || !f8_tensor_cores())
+        return 0;
+    enum { MAX_SHAPES = 32, MAX_ALGOS = 8, PASSES = 2, REPS = 3 };
+    int shp[MAX_SHAPES][3], wi[MAX_SHAPES], n_shp = 0; // n_out, n_in, accumulate; the first weight of the shape
+    size_t y_max = 0;
+    for (int i = 0; i < n_w; i++) {
+        const kc_weight *w = W[i];
+        if (!w || w->type != DT_F8_E4M3 || !w->data || !w->d || w->n_in % 16 || w->n_out % 4) continue;
+        const int a = acc && acc[i] ? 1 : 0;
+        bool seen = false;
+        for (int j = 0; j < n_shp && !seen; j++) seen = shp[j][0] == w->n_out && shp[j][1] == w->n_in && shp[j][2] == a;
+        if (seen || n_shp == MAX_SHAPES) continue;
+        shp[n_shp][0] = w->n_out, shp[n_shp][1] = w->n_in, shp[n_shp][2] = a;
+        wi[n_shp++] = i;
+        if ((size_t)w->n_out > y_max) y_max = (size_t)w->n_out;
+    }
+    if (!n_shp) return 0;
+    float *y = nullptr;
+    if (cudaMalloc(&y, y_max * (size_t)hi * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        return CM_ENOMEM;
+    }
+    int rc = cudaMemsetAsync(y, 0, y_max * (size_t)hi * sizeof(float), s) == cudaSuccess ? 0 : CM_ECUDA;
+    f8_tune_fill_kernel<<<1024, 256, 0, s>>>((uint8_t *)ws->x_half, 2 * ws->x_cap, ws->x_scale, ws->x_scale_cap);
+    if (!rc) rc = f8_launch_ok(__LINE__);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
+    const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
+    int n_timed = 0, n_won = 0;
+    size_t at = 0;
+    for (int si = 0; si < n_shp && !rc; si++) {
+        const int m = shp[si][0], k = shp[si][1], a = shp[si][2];
+        const kc_weight *w = W[wi[si]];
+        for (int n = lo; n <= hi && !rc; n *= 2) {
+            if ((size_t)n * k > 2 * ws->x_cap) break; // the codes live in x_half's bytes
+            if (!f8_scalar_fits(ws, m, n, m, y)) break;
+            bool done = false;
+            for (int i = 0; i < g_f8t_n && !done; i++)
+                done = g_f8t[i].m == m && g_f8t[i].k == k && g_f8t[i].acc == a && g_f8t[i].fast == fast && g_f8t[i].n == n;
+            if (done || g_f8t_n == (int)(sizeof g_f8t / sizeof *g_f8t)) continue;
+            // candidate 0: outer-vector scales on the heuristic's first (what runs untimed);
+            // 1..: unit scales on each of the heuristic's algorithms, then the scale pass
+            lt_f8_desc dv, du;
+            cublasLtMatmulHeuristicResult_t hv[1], hu[MAX_ALGOS];
+            const int n_v = dv.make(m, n, k, m, fast, w->d, ws->x_scale) ? 0 : dv.heuristic(ws, hv, 1);
+            const int n_u = du.make(m, n, k, m, fast, nullptr, nullptr) ? 0 : du.heuristic(ws, hu, MAX_ALGOS);
+            if (!n_v) continue; // lt_gemm refuses it too
+            // PASSES round-robin passes of a warm call and REPS timed ones; each candidate's best pass
+            float best[1 + MAX_ALGOS];
+            for (int c = 0; c <= n_u; c++) best[c] = c && hu[c - 1].state != CUBLAS_STATUS_SUCCESS ? -1.0f : 1e30f;
+            int last = 0;
+            for (int p = 0; p < PASSES && !rc; p++)
+                for (int c = 0; c <= n_u && !rc; c++) {
+                    if (best[c] < 0) continue;
+                    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+                    for (int r = 0; r <= REPS && !st; r++) {
+                        if (r == 1) cudaEventRecord(e0, s);
+                        if (c == 0) st = dv.run(ws, &hv[0].algo, w->data, ws->x_half, y, a ? 1.0f : 0.0f, s);
+                        else if (!(st = du.run(ws, &hu[c - 1].algo, w->data, ws->x_half, ws->f8_raw, 0.0f, s)))
+                            f8_scale(ws->f8_raw, (const float *)w->d, ws->x_scale, y, m, m, n, a, s);
+                    }
+                    if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
+                        if (c == 0) rc = f8_cublas_ok(st, __LINE__);
+                        best[c] = -1.0f;
+                        continue;
+                    }
+                    cudaEventRecord(e1, s);
+                    float ms = 0;
+                    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) rc = CM_ECUDA;
+                    else if (ms < best[c]) best[c] = ms;
+                    last = c;
+                }
+            if (rc) break;
+            int win = 0;
+            for (int c = 1; c <= n_u; c++)
+                if (best[c] >= 0 && best[c] < best[win]) win = c;
+            f8_timed &e = g_f8t[g_f8t_n++];
+            e.m = m, e.k = k, e.n = n, e.acc = a, e.fast = fast;
+            const int pick = g_f8t_force ? last : win > 0 && best[win] < 0.97f * best[0] ? win : 0; // past the noise
+            e.scalar = pick > 0;
+            if (e.scalar) e.algo = hu[pick - 1].algo;
+            n_timed++;
+            if (e.scalar) {
+                n_won++;
+                if (report && at + 40 < report_len)
+                    at += (size_t)snprintf(report + at, report_len - at, "%s%dx%d@%d %.1f%%", n_won > 1 ? " " : "", m, k, n,
+                                           100.0 * (best[pick] - best[0]) / best[0]);
+            }
+        }
+    }
+    if (!rc) rc = f8_launch_ok(__LINE__);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaStreamSynchronize(s);
+    cudaFree(y);
+    if (report && report_len && !rc) {
+        char head[128];
+        snprintf(head, sizeof head, "%d of %d shape x count faster with unit scales and a scale pass%s", n_won, n_timed,
+                 n_won ? ": " : "");
+        const size_t hl = strlen(head), bl = strlen(report);
+        if (hl + bl < report_len) {
+            memmove(report + hl, report, bl + 1);
+            memcpy(report, head, hl);
+        }
+    }
     return rc;
 }
 

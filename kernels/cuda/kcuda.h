@@ -163,6 +163,9 @@ typedef struct kc_plan {
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
     int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
     int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
+    int fp8_lt_tune;      /* 1: each FP8 shape and count takes the faster of the outer-vector scales
+                           * and unit scales + a scale pass, timed at start-up (kc_matmul_tune_f8);
+                           * 0: the outer-vector scales everywhere */
     int moe_fuse;         /* mixture-of-experts steps of up to this many tokens (0: none, at most
                            * KC_GEMV_MAX_TOK): the FFN norm, router and routing in one launch
                            * (kc_moe_norm_route), the SwiGLU in the gate|up GEMV (kc_moe_gemvq_glu), the
@@ -307,6 +310,10 @@ typedef struct kc_gemm_ws {
     size_t   lt_ws_bytes;
     float   *x_scale;
     int      x_scale_cap;
+    /* the unit-scale FP8 GEMM's f32 output before its scale pass (kc_matmul_tune_f8's scalar
+     * path; NULL: outer-vector scales only): f8_raw_cap floats */
+    float   *f8_raw;
+    size_t   f8_raw_cap;
 } kc_gemm_ws;
 
 /* Times cublasGemmEx and cuBLASLt's heuristic algorithms for each F16 matrix shape of W[0..n_w)
@@ -321,7 +328,19 @@ typedef struct kc_gemm_ws {
 #define KC_TUNE_MAX_TOK 8192
 int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out, int n_w, int max_tok, const kc_gemm_ws *ws,
                        cudaStream_t s, char *report, size_t report_len);
-/* Forgets every timed shape (tests). */
+/* The F8_E4M3 matrices of W[0..n_w) on cuBLASLt's FP8 GEMM (the plan's fp8_gemm and fp8_lt_tune,
+ * FP8 tensor cores), each with the accumulate flag its matmul passes (acc[i]; NULL: 0), at 16,
+ * 32, ... tokens up to max_tok (at most KC_TUNE_MAX_TOK, ws->x_scale_cap and what ws->f8_raw
+ * holds): the row and token scales as cuBLASLt's outer vectors (its one algorithm) against
+ * unit scales on each of the heuristic's algorithms (up to 8) followed by a scale pass from
+ * ws->f8_raw, on the real weights and random activation codes in x_half's bytes. The scalar path
+ * is kept where it beats the outer one by more than 3 %; a matmul of n tokens takes the entry of
+ * the largest timed count <= n where cuBLASLt accepts its algorithm for n and f8_raw holds the
+ * output, else the outer-vector scales. Before graphs are captured; it synchronizes. 0,
+ * CM_ENOMEM (nothing timed), CM_ECUDA. */
+int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
+                      cudaStream_t s, char *report, size_t report_len);
+/* Forgets every timed shape, F16 and FP8 (tests). */
 void kc_matmul_tune_reset(void);
 
 /* y[t][o] (+)= sum_i W[o][i] * x[t][i]. x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.

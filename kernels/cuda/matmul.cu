@@ -1896,7 +1896,11 @@ static bool f16_on_cublas(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
            (size_t)n_tok * W->n_in <= ws->x_cap;
 }
 
-extern "C" void kc_matmul_tune_reset(void) { g_f16_n = 0; }
+extern "C" void kc__matmul_tune_f8_reset(void);
+extern "C" void kc_matmul_tune_reset(void) {
+    g_f16_n = 0;
+    kc__matmul_tune_f8_reset();
+}
 extern "C" void kc__matmul_tune_lt_always(int on) { g_f16_lt_always = on != 0; }
 
 // The timed entry for W at n_tok tokens (output as half: oh) where the plan takes cuBLASLt: the

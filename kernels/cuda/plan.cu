@@ -51,6 +51,7 @@ const field k_fields[] = {
     F(graph_max_tok, 1, 4096),
     F(fp8_gemm, 0, 1),
     F(fp8_fast_accum, 0, 1),
+    F(fp8_lt_tune, 0, 1),
     F(moe_fuse, 0, KC_GEMV_MAX_TOK),
     F(x_plain, 0, 1),
     F(rope_tok, 0, 1 << 20),
@@ -161,6 +162,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // accumulation not measured yet)
     p->fp8_gemm = 1;
     p->fp8_fast_accum = 0;
+    // FP8 GEMMs: unit scales and a scale pass where timed faster than cuBLASLt's one algorithm for
+    // outer-vector scales (kc_matmul_tune_f8): llama3-8b --quantize fp8 --kv-cache-dtype fp8, 16 /
+    // 64 / 256 x (1,024 + 128) greedy 2,528 / 8,954-8,978 / 19,139-19,184 -> 3,121 / 9,873-9,885 /
+    // 19,326-19,430 tok/s (H200, bench/RESULTS.md "2026-11-30 (twenty-fifth session)")
+    p->fp8_lt_tune = 1;
     // MoE steps of one token: 11 launches a layer become 8 (qwen3-30b-a3b on an H200: batch 1
     // 370.6 -> 404.3 tok/s; 4 tokens a step lose, 586 -> 505; bench/RESULTS.md)
     p->moe_fuse = 1;

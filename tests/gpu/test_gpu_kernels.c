@@ -73,6 +73,7 @@ int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, in
                    cudaStream_t s);
 int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in); /* the F16 tiles' configuration for a shape, -1: cuBLAS */
 void kc__matmul_tune_lt_always(int on); /* kc_matmul_tune_f16 keeps cuBLASLt's best even where it loses */
+void kc__matmul_tune_f8_force(int on);  /* kc_matmul_tune_f8 keeps the heuristic's last algorithm that ran */
 
 /* Each wgmma configuration (kc_gemmq's 11..18) on x's image: the reference's accuracy, identical
  * bits for those of one K split (13, 14: 2 K groups x 2 CTAs; 15, 17: two splits; 16, 18: one),
@@ -2682,6 +2683,142 @@ static void test_matmul_lt(cublasHandle_t cb, cudaStream_t s) {
     for (int i = 0; i < NS; i++) free(x[i]);
 }
 
+/* FP8 matrices on the path kc_matmul_tune_f8 timed: every shape x accumulation x count of the
+ * ladder (16 ... 256, as far as f8_raw holds the outputs) timed once (a second call times nothing
+ * new); the matmul on the unit-scale path with its scale pass (forced at every count, on the
+ * heuristic's last algorithm that ran) against the double reference on the activation codes and
+ * against the outer-vector scales (fp8_lt_tune=0), writing and accumulating, at timed counts, between
+ * them, and past what f8_raw holds (the outer-vector scales again). */
+static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
+    if (!kc_fp8_tensor_cores()) {
+        printf("fp8 tune: no FP8 tensor cores, nothing to time\n");
+        return;
+    }
+    const int shapes[][3] = { { 1024, 2048, 0 }, { 2048, 512, 1 }, { 1024, 2048, 1 } }; /* n_in, n_out, accumulate */
+    enum { NS = 3, MAXT = 256 };
+    cublasLtHandle_t lt;
+    T_CHECK(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+    kc_weight w[NS];
+    double *refq[NS];
+    float *x[NS];
+    for (int i = 0; i < NS; i++) {
+        const int n_in = shapes[i][0], n_out = shapes[i][1];
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4), *sc = malloc((size_t)n_out * 4), *xdq = malloc((size_t)MAXT * n_in * 4);
+        uint8_t *codes = malloc(nw), *xq = malloc((size_t)n_in);
+        for (size_t j = 0; j < nw; j++) wf[j] = frand() * 0.1f * (1 + (int)(j / n_in % 5));
+        for (int r = 0; r < n_out; r++) {
+            sc[r] = dt_fp8_scale(wf + (size_t)r * n_in, n_in);
+            dt_fp8_encode(wf + (size_t)r * n_in, n_in, sc[r], codes + (size_t)r * n_in);
+        }
+        w[i] = (kc_weight){ .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
+        w[i].data = dev_upload(codes, nw);
+        w[i].d = dev_upload(sc, (size_t)n_out * 4);
+        x[i] = malloc((size_t)MAXT * n_in * 4);
+        for (size_t j = 0; j < (size_t)MAXT * n_in; j++) x[i][j] = frand() * (1 + (int)(j / n_in % 3));
+        for (int t = 0; t < MAXT; t++) { /* the activations as the GEMM sees them: codes per token */
+            const float xs = dt_fp8_scale(x[i] + (size_t)t * n_in, n_in);
+            dt_fp8_encode(x[i] + (size_t)t * n_in, n_in, xs, xq);
+            dt_fp8_decode(xq, n_in, xs, xdq + (size_t)t * n_in);
+        }
+        refq[i] = malloc((size_t)MAXT * n_out * 8);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, xdq, MAXT, refq[i]);
+        free(wf);
+        free(sc);
+        free(xdq);
+        free(codes);
+        free(xq);
+    }
+    kc_gemm_ws ws = { .cublas = cb, .cublaslt = lt, .lt_ws_bytes = 32u << 20, .x_scale_cap = MAXT, .f8_raw_cap = 128 * 2048 };
+    ws.x_cap = (size_t)MAXT * 2048;
+    ws.w_cap = (size_t)2048 * 1024;
+    CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+    CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+    CK(cudaMalloc(&ws.lt_ws, ws.lt_ws_bytes));
+    CK(cudaMalloc((void **)&ws.x_scale, MAXT * 4));
+    CK(cudaMalloc((void **)&ws.f8_raw, ws.f8_raw_cap * 4));
+    kc_plan keep = *kc_plan_get(), p0 = keep, p1 = keep;
+    p0.fp8_gemm = p1.fp8_gemm = 1;
+    p0.fp8_lt_tune = 0;
+    p1.fp8_lt_tune = 1;
+    const int ntoks[] = { 16, 17, 100, 128, 256 };
+    enum { NT = sizeof ntoks / sizeof *ntoks };
+    float *y0[NS][NT]; /* the heuristic's first choice */
+    float *base[NS];
+    for (int i = 0; i < NS; i++) {
+        base[i] = malloc((size_t)MAXT * shapes[i][1] * 4);
+        for (size_t j = 0; j < (size_t)MAXT * shapes[i][1]; j++) base[i][j] = shapes[i][2] ? frand() : 0.0f;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        kc_matmul_tune_reset();
+        kc_plan_set(pass ? &p1 : &p0);
+        if (pass) {
+            kc__matmul_tune_f8_force(1);
+            const kc_weight *wl[] = { &w[0], &w[1], &w[2], &w[0] };
+            const unsigned char acc[] = { 0, 1, 1, 0 };
+            char rep[1024];
+            int won = -1, timed = -1;
+            int rc = kc_matmul_tune_f8(wl, acc, 4, MAXT, &ws, s, rep, sizeof rep);
+            /* 2,048 rows: 16 ... 128 tokens in f8_raw; 512 rows: 16 ... 256 */
+            T_CHECKF(rc == 0 && sscanf(rep, "%d of %d", &won, &timed) == 2 && timed == 13 && won == timed,
+                     "fp8 tune rc=%d timed %d (want 13) scalar %d (want all: forced) report \"%s\"", rc, timed, won, rep);
+            printf("fp8 tune: %s\n", rep);
+            rc = kc_matmul_tune_f8(wl, acc, 4, MAXT, &ws, s, rep, sizeof rep);
+            T_CHECKF(rc == 0 && sscanf(rep, "%d of %d", &won, &timed) == 2 && timed == 0, "fp8 tune again: nothing new, \"%s\"", rep);
+            kc__matmul_tune_f8_force(0);
+        }
+        for (int i = 0; i < NS; i++) {
+            const int n_in = shapes[i][0], n_out = shapes[i][1], acc = shapes[i][2];
+            for (int ni = 0; ni < NT; ni++) {
+                const int nt = ntoks[ni];
+                const size_t ny = (size_t)nt * n_out;
+                float *dx = dev_upload(x[i], (size_t)nt * n_in * 4), *dy, *y = malloc(ny * 4);
+                double *want = malloc(ny * 8);
+                CK(cudaMalloc((void **)&dy, ny * 4));
+                if (acc) CK(cudaMemcpy(dy, base[i], ny * 4, cudaMemcpyHostToDevice));
+                else poison(dy, ny * 4);
+                for (size_t j = 0; j < ny; j++) want[j] = refq[i][j] + base[i][j];
+                int rc = kc_matmul(&w[i], dx, nt, dy, acc, &ws, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                const double e = rel_err(y, want, ny);
+                T_CHECKF(rc == 0 && e < 5e-4, "fp8 %s %dx%d acc=%d n_tok=%d rc=%d rel_err %.3g (on the activation codes)",
+                         pass ? "unit scales + scale pass" : "outer-vector scales", n_in, n_out, acc, nt, rc, e);
+                if (!pass) y0[i][ni] = y;
+                else {
+                    double num = 0, den = 0;
+                    for (size_t j = 0; j < ny; j++) {
+                        num += ((double)y[j] - y0[i][ni][j]) * ((double)y[j] - y0[i][ni][j]);
+                        den += (double)y0[i][ni][j] * y0[i][ni][j];
+                    }
+                    T_CHECKF(den > 0 && sqrt(num / den) < 5e-4, "fp8 %dx%d acc=%d n_tok=%d: the two scale paths %.3g apart",
+                             n_in, n_out, acc, nt, den > 0 ? sqrt(num / den) : -1.0);
+                    free(y);
+                    free(y0[i][ni]);
+                }
+                cudaFree(dx);
+                cudaFree(dy);
+                free(want);
+            }
+        }
+    }
+    kc_matmul_tune_reset();
+    kc_plan_set(&keep);
+    for (int i = 0; i < NS; i++) {
+        cudaFree(w[i].data);
+        cudaFree(w[i].d);
+        free(refq[i]);
+        free(x[i]);
+        free(base[i]);
+    }
+    cudaFree(ws.x_half);
+    cudaFree(ws.w_half);
+    cudaFree(ws.lt_ws);
+    cudaFree(ws.x_scale);
+    cudaFree(ws.f8_raw);
+    cublasLtDestroy(lt);
+}
+
 /* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan */
 int main(int argc, char **argv) {
     int n = 0;
@@ -2718,6 +2855,7 @@ int main(int argc, char **argv) {
     test_attention_tc(s);
     test_kv_fp8(s);
     test_qkv_rope(cb, s); /* last: the others keep the random inputs they were checked on */
+    test_matmul_fp8_tune(cb, s);
     cublasDestroy(cb);
     return t_done();
 }
