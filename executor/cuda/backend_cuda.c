@@ -1828,80 +1828,53 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
     log_weight_types(s, m, file_bytes);
 
     /* F16 matrices at prefill sizes: cublasGemmEx's and cuBLASLt's algorithms timed on the
-     * layers' shapes (before the KV pool takes the memory for the scratch output) */
-    if (s->plan.f16_lt_min_tok && s->gws.cublaslt && s->lim.max_tokens >= s->plan.f16_lt_min_tok) {
-        const double t1 = cm_time_s();
-        const kc_weight **ws = calloc((size_t)c->n_layer * 4, sizeof *ws);
-        unsigned char *oh = calloc((size_t)c->n_layer * 4, 1);
-        if (!ws || !oh) {
-            free(ws);
-            free(oh);
-            goto oom;
-        }
-        int n_w = 0;
-        for (int l = 0; l < c->n_layer; l++) {
-            const cu_layer *L = &s->layers[l];
-            const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
-            for (int i = 0; i < 4; i++)
-                if (lw[i]->type == DT_F16) {
-                    oh[n_w] = i == 2 && !L->moe && s->plan.glu_half_min_tok > 0; /* kc_matmul_glu's half rows */
-                    ws[n_w++] = lw[i];
-                }
-        }
-        char rep[1024];
-        const int trc = kc_matmul_tune_f16(ws, oh, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
-        free(ws);
-        free(oh);
-        if (trc == CM_ENOMEM)
-            CM_LOG_WARN("cuda", "no room to time the F16 matmuls' algorithms: cublasGemmEx's own choice", "max_tokens=%d",
-                        s->lim.max_tokens);
-        else if (trc) {
-            snprintf(err, errlen, "cuda backend: timing the F16 matmuls' algorithms failed (%s)", cm_err_str(trc));
-            rc = trc;
-            goto fail;
-        } else if (n_w)
-            CM_LOG_INFO("cuda", "F16 matmul algorithms timed", "seconds=%.2f from_tokens=%d result=\"%s\"", cm_time_s() - t1,
-                        s->plan.f16_lt_min_tok, rep);
-    }
-
-    /* FP8 matrices past the GEMV: the row and token scales as cuBLASLt's outer vectors (one
-     * algorithm) or unit scales and a scale pass (the heuristic's algorithms), timed on the layers'
-     * shapes at 16, 32, ... tokens */
-    if (!f8 && c->fp8_weights && s->plan.fp8_gemm && s->plan.fp8_lt_tune && s->gws.cublaslt) {
+     * layers' shapes; FP8 matrices past the GEMV: the row and token scales as cuBLASLt's outer
+     * vectors (one algorithm) or unit scales and a scale pass (the heuristic's algorithms), timed
+     * at 16, 32, ... tokens (both before the KV pool takes the memory for the scratch output) */
+    for (int f8t = 0; f8t < 2; f8t++) {
+        if (f8t ? !(!f8 && c->fp8_weights && s->plan.fp8_gemm && s->plan.fp8_lt_tune && s->gws.cublaslt)
+                : !(s->plan.f16_lt_min_tok && s->gws.cublaslt && s->lim.max_tokens >= s->plan.f16_lt_min_tok))
+            continue;
         const double t1 = cm_time_s();
         const kc_weight **ws = calloc((size_t)c->n_layer * 4 + 1, sizeof *ws);
-        unsigned char *acc = calloc((size_t)c->n_layer * 4 + 1, 1);
-        if (!ws || !acc) {
+        unsigned char *flag = calloc((size_t)c->n_layer * 4 + 1, 1);
+        if (!ws || !flag) {
             free(ws);
-            free(acc);
+            free(flag);
             goto oom;
         }
         int n_w = 0;
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
             const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
-            /* wo and down add into x, unless a post-norm takes their output (enqueue_forward) */
-            const unsigned char la[] = { 0, !L->attn_post, 0, !L->ffn_post && !L->moe };
+            /* F16: gate|up's output as half rows (kc_matmul_glu); FP8: wo and down add into x
+             * unless a post-norm takes their output (enqueue_forward) */
+            const unsigned char fl[] = { 0, f8t && !L->attn_post, !f8t && !L->moe && s->plan.glu_half_min_tok > 0,
+                                         f8t && !L->ffn_post };
             for (int i = 0; i < 4; i++)
-                if (lw[i]->type == DT_F8_E4M3) {
-                    acc[n_w] = la[i];
+                if (lw[i]->type == (f8t ? DT_F8_E4M3 : DT_F16)) {
+                    flag[n_w] = fl[i];
                     ws[n_w++] = lw[i];
                 }
         }
-        if (s->output.type == DT_F8_E4M3) ws[n_w++] = &s->output;
+        if (f8t && s->output.type == DT_F8_E4M3) ws[n_w++] = &s->output;
         char rep[1024];
-        const int trc = kc_matmul_tune_f8(ws, acc, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
+        const int trc = f8t ? kc_matmul_tune_f8(ws, flag, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep)
+                            : kc_matmul_tune_f16(ws, flag, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
         free(ws);
-        free(acc);
+        free(flag);
+        const char *what = f8t ? "FP8 matmuls' scale paths" : "F16 matmuls' algorithms";
         if (trc == CM_ENOMEM)
-            CM_LOG_WARN("cuda", "no room to time the FP8 matmuls' scale paths: outer-vector scales everywhere", "max_tokens=%d",
-                        s->lim.max_tokens);
+            CM_LOG_WARN("cuda", f8t ? "no room to time the FP8 matmuls' scale paths: outer-vector scales everywhere"
+                                    : "no room to time the F16 matmuls' algorithms: cublasGemmEx's own choice",
+                        "max_tokens=%d", s->lim.max_tokens);
         else if (trc) {
-            snprintf(err, errlen, "cuda backend: timing the FP8 matmuls' scale paths failed (%s)", cm_err_str(trc));
+            snprintf(err, errlen, "cuda backend: timing the %s failed (%s)", what, cm_err_str(trc));
             rc = trc;
             goto fail;
         } else if (n_w)
-            CM_LOG_INFO("cuda", "FP8 matmul scale paths timed", "seconds=%.2f result=\"%s\"", cm_time_s() - t1, rep);
+            CM_LOG_INFO("cuda", f8t ? "FP8 matmul scale paths timed" : "F16 matmul algorithms timed",
+                        "seconds=%.2f from_tokens=%d result=\"%s\"", cm_time_s() - t1, f8t ? 16 : s->plan.f16_lt_min_tok, rep);
     }
 
     /* KV pool, last: n_kv_blocks + 1 blocks (the scratch block padding tokens write to) per layer */

@@ -12,6 +12,7 @@
 //     of rows, then cuBLAS (f16 operands, f32 accumulation), the path of the other quantized
 //     types. The plan's fp8_fast_accum turns on cuBLASLt's fast FP8 accumulation.
 #include "kc_common.cuh"
+#include "lt_desc.cuh"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -354,61 +355,6 @@ static int gemm_dequant(const kc_weight *W, const float *x, int n_tok, float *y,
 // kc_matmul_tune_f8 times both per shape and count at start-up; without a timed entry: outer.
 
 namespace {
-// y[n][m] (f32, row stride ldy) (+)= W[m][k] (E4M3) x[n][k]^T (E4M3): cuBLASLt's descriptors for
-// kc_matmul's layout, with the row and token scales as outer vectors (a_scale, b_scale) or none
-struct lt_f8_desc {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    cublasStatus_t make(int m, int n, int k, int ldy, int8_t fast, const void *a_scale, const void *b_scale) {
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
-        if (a_scale) {
-            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
-            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
-            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
-            if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
-        }
-        if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
-        if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
-        if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldy);
-        return st;
-    }
-    cublasStatus_t run(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo, const void *w, const void *x, float *y, float beta,
-                       cudaStream_t s) const {
-        const float one = 1.0f;
-        return cublasLtMatmul((cublasLtHandle_t)ws->cublaslt, op, &one, w, la, x, lb, &beta, y, lc, y, lc, algo, ws->lt_ws,
-                              ws->lt_ws_bytes, s);
-    }
-    // whether cuBLASLt takes algo for these descriptors within the workspace
-    bool takes(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo) const {
-        cublasLtMatmulHeuristicResult_t r = {};
-        return cublasLtMatmulAlgoCheck((cublasLtHandle_t)ws->cublaslt, op, la, lb, lc, lc, algo, &r) == CUBLAS_STATUS_SUCCESS &&
-               r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= ws->lt_ws_bytes;
-    }
-    // up to max of the heuristic's algorithms (0: none, or an error)
-    int heuristic(const kc_gemm_ws *ws, cublasLtMatmulHeuristicResult_t *hr, int max) const {
-        cublasLtMatmulPreference_t pref = nullptr;
-        const uint64_t wsb = ws->lt_ws_bytes;
-        int n = 0;
-        if (cublasLtMatmulPreferenceCreate(&pref) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ||
-            cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ws->cublaslt, op, la, lb, lc, lc, pref, max, hr, &n))
-            n = 0;
-        if (pref) cublasLtMatmulPreferenceDestroy(pref);
-        return n > 0 && hr[0].state == CUBLAS_STATUS_SUCCESS ? n : 0;
-    }
-    ~lt_f8_desc() {
-        if (lc) cublasLtMatrixLayoutDestroy(lc);
-        if (lb) cublasLtMatrixLayoutDestroy(lb);
-        if (la) cublasLtMatrixLayoutDestroy(la);
-        if (op) cublasLtMatmulDescDestroy(op);
-    }
-};
-
 // The path timed fastest at start-up per shape, accumulation and count (kc_matmul_tune_f8; host
 // memory, the step thread only)
 struct f8_timed {
@@ -490,17 +436,17 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
         // the scalar path where it was timed faster for this shape and takes n tokens, else outer
         const f8_timed *t = kc_plan_get()->fp8_lt_tune ? f8_timed_pick(m, k, n, accumulate, fast) : nullptr;
         if (t && t->scalar && f8_scalar_fits(ws, m, n, ldy, y)) {
-            lt_f8_desc d;
-            if (!d.make(m, n, k, m, fast, nullptr, nullptr) && d.takes(ws, &t->algo)) {
+            kc_lt_desc d;
+            if (!d.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) && d.takes(ws, &t->algo)) {
                 fresh.ok = 1;
                 fresh.scalar = true;
                 fresh.algo = t->algo;
             }
         }
         if (fresh.ok < 0) {
-            lt_f8_desc d;
+            kc_lt_desc d;
             cublasLtMatmulHeuristicResult_t hr[1];
-            st = d.make(m, n, k, ldy, fast, W->d, xs);
+            st = d.make(m, n, k, ldy, CUDA_R_8F_E4M3, CUDA_R_32F, fast, W->d, xs);
             if (!st && d.heuristic(ws, hr, 1)) {
                 fresh.ok = 1;
                 fresh.algo = hr[0].algo;
@@ -515,11 +461,11 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
         *refused = true;
         return 0;
     }
-    lt_f8_desc d;
+    kc_lt_desc d;
     // an entry made for an output the scalar path cannot take now: outer-vector scales
     const bool scalar = e->scalar && f8_scalar_fits(ws, m, n, ldy, y);
     cublasLtMatmulAlgo_t algo = e->algo;
-    st = scalar ? d.make(m, n, k, m, fast, nullptr, nullptr) : d.make(m, n, k, ldy, fast, W->d, xs);
+    st = scalar ? d.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) : d.make(m, n, k, ldy, CUDA_R_8F_E4M3, CUDA_R_32F, fast, W->d, xs);
     if (!st && e->scalar && !scalar) {
         cublasLtMatmulHeuristicResult_t hr[1];
         if (!d.heuristic(ws, hr, 1)) {
@@ -603,10 +549,10 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
             if (done || g_f8t_n == (int)(sizeof g_f8t / sizeof *g_f8t)) continue;
             // candidate 0: outer-vector scales on the heuristic's first (what runs untimed);
             // 1..: unit scales on each of the heuristic's algorithms, then the scale pass
-            lt_f8_desc dv, du;
+            kc_lt_desc dv, du;
             cublasLtMatmulHeuristicResult_t hv[1], hu[MAX_ALGOS];
-            const int n_v = dv.make(m, n, k, m, fast, w->d, ws->x_scale) ? 0 : dv.heuristic(ws, hv, 1);
-            const int n_u = du.make(m, n, k, m, fast, nullptr, nullptr) ? 0 : du.heuristic(ws, hu, MAX_ALGOS);
+            const int n_v = dv.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast, w->d, ws->x_scale) ? 0 : dv.heuristic(ws, hv, 1);
+            const int n_u = du.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) ? 0 : du.heuristic(ws, hu, MAX_ALGOS);
             if (!n_v) continue; // lt_gemm refuses it too
             // PASSES round-robin passes of a warm call and REPS timed ones; each candidate's best pass
             float best[1 + MAX_ALGOS];

@@ -3,6 +3,7 @@
 #include "kc_common.cuh"
 #include "gemmq_types.cuh"
 #include "rope_common.cuh"
+#include "lt_desc.cuh"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -1860,34 +1861,6 @@ f16_algo g_f16[256];
 int g_f16_n;
 bool g_f16_lt_always; // tests: keep cuBLASLt's fastest algorithm even where cublasGemmEx beats it
 
-// y[n][m] (f32, or half: oh; row stride m) = W[m][k] x[n][k]^T: cuBLASLt's descriptors for
-// kc_matmul's layout
-struct lt_f16_desc {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    cublasStatus_t make(int m, int n, int k, bool oh) {
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-        if (!st) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-        if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, k, m, k);
-        if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, n, k);
-        if (!st) st = cublasLtMatrixLayoutCreate(&lc, oh ? CUDA_R_16F : CUDA_R_32F, m, n, m);
-        return st;
-    }
-    cublasStatus_t run(const kc_gemm_ws *ws, const cublasLtMatmulAlgo_t *algo, const void *w, const void *x, void *y, float beta,
-                       cudaStream_t s) const {
-        const float one = 1.0f;
-        return cublasLtMatmul((cublasLtHandle_t)ws->cublaslt, op, &one, w, la, x, lb, &beta, y, lc, y, lc, algo, ws->lt_ws,
-                              ws->lt_ws_bytes, s);
-    }
-    ~lt_f16_desc() {
-        if (lc) cublasLtMatrixLayoutDestroy(lc);
-        if (lb) cublasLtMatrixLayoutDestroy(lb);
-        if (la) cublasLtMatrixLayoutDestroy(la);
-        if (op) cublasLtMatmulDescDestroy(op);
-    }
-};
 } // namespace
 
 // Whether matmul_one multiplies W (F16) x n_tok tokens on cuBLAS.
@@ -1921,8 +1894,8 @@ static const f16_algo *f16_lt_pick(const kc_weight *W, int n_tok, const kc_gemm_
 // CM_ECUDA.
 static int f16_lt_matmul(const f16_algo *e, const kc_weight *W, const kc_half *x, int n_tok, void *y, float beta,
                          const kc_gemm_ws *ws, cudaStream_t s) {
-    lt_f16_desc d;
-    cublasStatus_t st = d.make(W->n_out, n_tok, W->n_in, e->oh);
+    kc_lt_desc d;
+    cublasStatus_t st = d.make(W->n_out, n_tok, W->n_in, W->n_out, CUDA_R_16F, e->oh ? CUDA_R_16F : CUDA_R_32F);
     if (!st) st = d.run(ws, &e->algo, W->data, x, y, beta, s);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return 1;
     return cublas_ok(st, __LINE__);
@@ -2248,7 +2221,6 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     int rc = launch_ok(__LINE__);
     if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
-    cublasLtHandle_t lt = (cublasLtHandle_t)ws->cublaslt;
     int n_timed = 0, n_won = 0;
     size_t at = 0;
     for (int si = 0; si < n_shp && !rc; si++) {
@@ -2265,16 +2237,9 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
             for (int i = 0; i < g_f16_n && !done; i++)
                 done = g_f16[i].m == m && g_f16[i].k == k && g_f16[i].oh == oh && g_f16[i].n == n;
             if (done || g_f16_n == (int)(sizeof g_f16 / sizeof *g_f16)) continue;
-            lt_f16_desc d;
-            cublasLtMatmulPreference_t pref = nullptr;
+            kc_lt_desc d;
             cublasLtMatmulHeuristicResult_t hr[MAX_ALGOS];
-            int n_hr = 0;
-            const uint64_t wsb = ws->lt_ws_bytes;
-            if (d.make(m, n, k, oh) || cublasLtMatmulPreferenceCreate(&pref) ||
-                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ||
-                cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.la, d.lb, d.lc, d.lc, pref, MAX_ALGOS, hr, &n_hr))
-                n_hr = 0;
-            if (pref) cublasLtMatmulPreferenceDestroy(pref);
+            const int n_hr = d.make(m, n, k, m, CUDA_R_16F, oh ? CUDA_R_16F : CUDA_R_32F) ? 0 : d.heuristic(ws, hr, MAX_ALGOS);
             // candidate 0: cublasGemmEx; then the heuristic's; PASSES round-robin passes, each
             // candidate's best pass (the clocks settle over the first)
             float best[1 + MAX_ALGOS];

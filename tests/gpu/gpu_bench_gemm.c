@@ -53,10 +53,19 @@ static void fill_codes(void *dev, size_t n, uint32_t seed) {
     free(h);
 }
 
-/* mode 0: outer-vector scales (a per row, b per token); 1: scalar scales; 2: scalar, fast accumulation */
-static void bench_fp8_one(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *const *w, int copies, const void *x, float *y,
-                          const float *sa, const float *sb, int M, int N, int K, int mode, double *first, double *best, int *nres_out,
-                          int *cfg) {
+/* cuBLASLt's heuristic algorithms (up to 16) for y[N][M] (f32) = W[M][K] x[N][K]^T with W and x of
+ * type ab, each timed over iters calls rotating over the copies of W: the count, the first's and
+ * the best's time (us; -1: none ran) and the best's id/tile/stages/splitK/cluster. fast < 0: the
+ * fast-accumulation flag left unset; sa non-NULL: the row (sa) and token (sb) scales as outer
+ * vectors (FP8). */
+typedef struct {
+    int nres, best_i;
+    double first, best;
+    int cfg[5];
+} lt_timing;
+
+static lt_timing lt_time(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *const *w, int copies, const void *x, float *y,
+                         int M, int N, int K, cudaDataType_t ab, int fast, const float *sa, const float *sb) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -64,32 +73,31 @@ static void bench_fp8_one(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *
     cublasLtMatrixLayout_t la, lb, lc;
     LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int8_t fast = mode == 2;
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-    if (mode == 0) {
+    if (fast >= 0) {
+        const int8_t f = fast > 0;
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof f));
+    }
+    if (sa) {
         const int32_t vm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     }
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, M, K));
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, N, K));
+    LT(cublasLtMatrixLayoutCreate(&la, ab, K, M, K));
+    LT(cublasLtMatrixLayoutCreate(&lb, ab, K, N, K));
     LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
     cublasLtMatmulPreference_t pref;
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
     cublasLtMatmulHeuristicResult_t res[16];
-    int nres = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres) != CUBLAS_STATUS_SUCCESS) nres = 0;
-    *first = *best = -1;
-    *nres_out = nres;
+    lt_timing r = { 0, -1, -1, -1, { -1, -1, -1, -1, -1 } };
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &r.nres) != CUBLAS_STATUS_SUCCESS) r.nres = 0;
     const float one = 1.0f, zero = 0.0f;
     const int iters = 40;
-    int best_i = -1;
-    for (int a = 0; a < nres; a++) {
+    for (int a = 0; a < r.nres; a++) {
         if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
         int ok = 1;
         for (int i = 0; i < iters + 4 && ok; i++) {
@@ -103,19 +111,18 @@ static void bench_fp8_one(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
         const double us = ms * 1e3 / iters;
-        if (a == 0) *first = us;
-        if (*best < 0 || us < *best) {
-            *best = us;
-            best_i = a;
+        if (a == 0) r.first = us;
+        if (r.best < 0 || us < r.best) {
+            r.best = us;
+            r.best_i = a;
         }
     }
-    cfg[0] = cfg[1] = cfg[2] = cfg[3] = -1;
-    if (best_i >= 0) {
+    if (r.best_i >= 0) {
+        const cublasLtMatmulAlgoConfigAttributes_t at[5] = { CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                             CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                             CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID };
         size_t wr;
-        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_ID, &cfg[0], sizeof cfg[0], &wr);
-        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &cfg[1], sizeof cfg[1], &wr);
-        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &cfg[2], sizeof cfg[2], &wr);
-        cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cfg[3], sizeof cfg[3], &wr);
+        for (int i = 0; i < 5; i++) cublasLtMatmulAlgoConfigGetAttribute(&res[r.best_i].algo, at[i], &r.cfg[i], sizeof r.cfg[i], &wr);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
@@ -124,6 +131,7 @@ static void bench_fp8_one(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *
     cublasLtMatmulDescDestroy(op);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+    return r;
 }
 
 static int bench_fp8(int argc, char **argv) {
@@ -171,12 +179,11 @@ static int bench_fp8(int argc, char **argv) {
         for (int ni = 0; ni < nn; ni++) {
             const int N = ns[ni];
             printf("%-8s %6d", sh[si].name, N);
-            for (int mode = 0; mode < 3; mode++) {
-                double first, best;
-                int nres, cfg[4];
-                bench_fp8_one(lt, ws, ws_bytes, w, copies, x, y, sa, sb, M, N, K, mode, &first, &best, &nres, cfg);
-                printf(" | %2d %7.1f %7.1f (%4.0f TF) %d/%d/%d/%d", nres, first, best, best > 0 ? 2.0 * M * N * K / best / 1e6 : 0.0,
-                       cfg[0], cfg[1], cfg[2], cfg[3]);
+            for (int mode = 0; mode < 3; mode++) { /* outer-vector scales; unit scales; unit, fast accumulation */
+                const lt_timing r = lt_time(lt, ws, ws_bytes, w, copies, x, y, M, N, K, CUDA_R_8F_E4M3, mode == 2, mode ? NULL : sa,
+                                            sb);
+                printf(" | %2d %7.1f %7.1f (%4.0f TF) %d/%d/%d/%d/%d", r.nres, r.first, r.best,
+                       r.best > 0 ? 2.0 * M * N * K / r.best / 1e6 : 0.0, r.cfg[0], r.cfg[1], r.cfg[2], r.cfg[3], r.cfg[4]);
             }
             printf("\n");
             fflush(stdout);
@@ -241,59 +248,11 @@ int main(int argc, char **argv) {
             CK(cudaEventElapsedTime(&ms, e0, e1));
             const double us_ex = ms * 1e3 / iters;
             /* cublasLt: the heuristic's algorithms, each timed */
-            cublasLtMatmulDesc_t op;
-            cublasLtMatrixLayout_t la, lb, lc;
-            LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-            cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-            LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, K, M, K));
-            LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, K, N, K));
-            LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
-            cublasLtMatmulPreference_t pref;
-            LT(cublasLtMatmulPreferenceCreate(&pref));
-            LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-            cublasLtMatmulHeuristicResult_t res[16];
-            int nres = 0;
-            LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres));
-            double best = 1e30, first = 0;
-            int best_i = -1;
-            for (int a = 0; a < nres; a++) {
-                if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
-                int ok = 1;
-                for (int i = 0; i < iters + 4 && ok; i++) {
-                    if (i == 4) CK(cudaEventRecord(e0, 0));
-                    ok = cublasLtMatmul(lt, op, &one, w[i % copies], la, x, lb, &zero, y, lc, y, lc, &res[a].algo, ws, ws_bytes, 0) ==
-                         CUBLAS_STATUS_SUCCESS;
-                }
-                CK(cudaEventRecord(e1, 0));
-                CK(cudaEventSynchronize(e1));
-                if (!ok) continue;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (a == 0) first = ms * 1e3 / iters;
-                if (ms * 1e3 / iters < best) {
-                    best = ms * 1e3 / iters;
-                    best_i = a;
-                }
-            }
+            const lt_timing r = lt_time(lt, ws, ws_bytes, w, copies, x, y, M, N, K, CUDA_R_16F, -1, NULL, NULL);
             const double fl = 2.0 * M * N * K;
-            int id = -1, tile = -1, stages = -1, splitk = -1, cluster = -1;
-            if (best_i >= 0) {
-                const cublasLtMatmulAlgo_t *al = &res[best_i].algo;
-                size_t wr;
-                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &wr);
-                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &wr);
-                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &wr);
-                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &wr);
-                cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &wr);
-            }
             printf("%-8s %6d %10.1f %7.2f %8.1f | %10.1f %10.1f %8.1f %3d/%-2d  %d/%d/%d/%d/%d\n", sh[si].name, N, us_ex,
-                   wb / us_ex / 1e6, fl / us_ex / 1e6, first, best, fl / best / 1e6, best_i, nres, id, tile, stages, splitk, cluster);
-            cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(la);
-            cublasLtMatrixLayoutDestroy(lb);
-            cublasLtMatrixLayoutDestroy(lc);
-            cublasLtMatmulDescDestroy(op);
+                   wb / us_ex / 1e6, fl / us_ex / 1e6, r.first, r.best, r.best > 0 ? fl / r.best / 1e6 : 0.0, r.best_i, r.nres, r.cfg[0],
+                   r.cfg[1], r.cfg[2], r.cfg[3], r.cfg[4]);
         }
         for (int c = 0; c < copies; c++) cudaFree(w[c]);
     }
