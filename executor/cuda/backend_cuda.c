@@ -635,6 +635,26 @@ static int img_only(const kc_xq *xq, int n_tok, int n) {
     return xq->img_order && kc_xq_img_fits(xq, n_tok, n);
 }
 
+/* Layer L's rotation: its pool's (sliding-window layers: their own) frequencies, and its QK-norm. */
+static kc_rope layer_rope(const cu_state *s, const cu_layer *L) {
+    kc_rope r = L->swa ? s->rope_swa : s->rope;
+    r.q_norm = L->q_norm;
+    r.k_norm = L->k_norm;
+    r.norm_eps = s->cfg.norm_eps;
+    return r;
+}
+
+/* Whether a step of n_tok tokens rotates layer L's heads on kc_rope_store_kv_pf (a token a CTA,
+ * whole rotations, F16 cache) and lets its F16 Q|K|V on cuBLAS write half rows for it (no bias to
+ * add; the plan's qkv_half_min_tok). */
+static int layer_rope_pf(const cu_state *s, const cu_layer *L, int n_tok) {
+    const kc_rope r = layer_rope(s, L);
+    return !s->kv_f8 && kc_rope_pf_ok(n_tok, s->cfg.head_dim, &r);
+}
+static int layer_qkv_half(const cu_state *s, const cu_layer *L, int n_tok) {
+    return layer_rope_pf(s, L, n_tok) && !L->bqkv && kc_qkv_half_use(&L->qkv, n_tok, &s->gws);
+}
+
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
  * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
  * capturable. */
@@ -657,6 +677,10 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     /* attention's: only the blocks for wo where the step is small and has no prefill tile */
     float *ay = n_tok <= s->att_blocks_max && !st->n_tiles ? NULL : s->att;
     float *gy = n_tok <= s->act_blocks_max ? NULL : s->act;  /* SwiGLU's */
+    /* prefill tiles alone on the wgmma kernel (att_prefill_f16's choice, whole or split keys): the
+     * rotation may write q as that kernel's half operand (the plan's pf_q_half) */
+    const int fa3_step = !st->per_head && !st->n_dec && st->n_tiles && !s->kv_f8 && s->plan.att_pf_fa3 &&
+                         (st->pf_split_fa3 || st->pf_split <= 1) && kc_attention_fa3_ok(hd, c->n_head, c->n_head_kv, bs);
     int normed = 0; /* the layer's attention pre-norm came with the previous layer's post-FFN norm */
     int moe_add = 0; /* the previous layer's experts' outputs are still to be added to x: with this norm */
     for (int l = 0; l < c->n_layer; l++) {
@@ -674,10 +698,7 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         }
         /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
         int32_t *lbt = L->swa ? d_bt_swa : d_bt;
-        kc_rope rope = L->swa ? s->rope_swa : s->rope;
-        rope.q_norm = L->q_norm;
-        rope.k_norm = L->k_norm;
-        rope.norm_eps = c->norm_eps;
+        const kc_rope rope = layer_rope(s, L);
         /* one token on a K-quant GEMV: the rotation and the cache stores in the GEMV's launch */
         int rotated = 0;
         if (n_tok == 1 && !s->kv_f8 && !L->bqkv && s->qkv_ctr) {
@@ -687,13 +708,24 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             rotated = kc_matmul_qkv_rope(&L->qkv, s->h, &s->xq_h, s->qkv, &ep, &s->gws, cs);
             KC_FATAL(rotated < 0 ? rotated : 0);
         }
-        if (!rotated) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
+        /* prefill-sized steps: the rotation of whole heads a token a CTA, reading Q|K|V as half where
+         * its F16 matrix writes half rows (the plan's qkv_half_min_tok), writing q as the wgmma
+         * kernel's operand (pf_q_half) */
+        const int pf_rope = !rotated && layer_rope_pf(s, L, n_tok);
+        const int qkv_h = pf_rope && layer_qkv_half(s, L, n_tok);
+        const int q_h = pf_rope && fa3_step && s->plan.pf_q_half;
+        if (qkv_h) KC_FATAL(kc_matmul_half_out(&L->qkv, s->h, &s->xq_h, n_tok, (kc_half *)s->qkv, &s->gws, cs));
+        else if (!rotated) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
-        const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0 };
+        const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0,
+                                    .q_half = q_h ? (const kc_half *)s->q : NULL };
         kc_attention_mods(&mods);
-        if (!rotated && s->kv_f8)
+        if (qkv_h || q_h)
+            KC_FATAL(kc_rope_store_kv_pf(s->qkv, qkv_h, s->q, q_h, kc_attention_fa3_qscale(scale), L->k, L->v, d_pos, d_seq, lbt,
+                                         max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, &rope, cs));
+        else if (!rotated && s->kv_f8)
             KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, lbt, max_blocks, n_tok,
                                          c->n_head, c->n_head_kv, hd, bs, &rope, cs));
         else if (!rotated)
@@ -1847,10 +1879,11 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         for (int l = 0; l < c->n_layer; l++) {
             const cu_layer *L = &s->layers[l];
             const kc_weight *lw[] = { &L->qkv, &L->wo, &L->gu, &L->down };
-            /* F16: gate|up's output as half rows (kc_matmul_glu); FP8: wo and down add into x
-             * unless a post-norm takes their output (enqueue_forward) */
-            const unsigned char fl[] = { 0, f8t && !L->attn_post, !f8t && !L->moe && s->plan.glu_half_min_tok > 0,
-                                         f8t && !L->ffn_post };
+            /* F16: gate|up's output as half rows (kc_matmul_glu), Q|K|V's where the rotation takes
+             * them (layer_qkv_half at the largest step); FP8: wo and down add into x unless a
+             * post-norm takes their output (enqueue_forward) */
+            const unsigned char fl[] = { !f8t && layer_qkv_half(s, L, s->lim.max_tokens), f8t && !L->attn_post,
+                                         !f8t && !L->moe && s->plan.glu_half_min_tok > 0, f8t && !L->ffn_post };
             for (int i = 0; i < 4; i++)
                 if (lw[i]->type == (f8t ? DT_F8_E4M3 : DT_F16)) {
                     flag[n_w] = fl[i];

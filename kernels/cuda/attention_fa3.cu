@@ -244,7 +244,7 @@ __device__ unsigned g_fa3_sched[2];
 
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, 1)
-fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, float *out, __half *out_h, const int32_t *tiles,
+fa3_pf_kernel(const float *q, const __half *qh, const __half *k_cache, const __half *v_cache, float *out, __half *out_h, const int32_t *tiles,
               int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_head,
               int n_kv, int block_size, float qscale, float capl, int window, int kchunk, float *partial, int *counters,
               int persist, int tile_major) {
@@ -400,8 +400,25 @@ fa3_pf_kernel(const float *q, const __half *k_cache, const __half *v_cache, floa
         const int i_lo = ks.i_lo, n_kt = ks.n_kt;
         // this group's 64 rows of Q, scaled by softmax scale x log2 e, as halves in shared memory
         // (every load issued before the first store); the group's products on the previous
-        // item's Q are done (its last P V waited)
-        {
+        // item's Q are done (its last P V waited). qh: those halves as the rotation wrote them
+        // (kc_rope_store_kv_pf), copied as they are.
+        if (qh) {
+            constexpr int QP = 64 * CPR / 128;
+            uint4 qw[QP];
+#pragma unroll
+            for (int j = 0; j < QP; j++) {
+                const int pc = tid + 128 * j, r = 64 * cw + pc / CPR, c = pc % CPR, i = r / G;
+                qw[j] = i < nq ? *(const uint4 *)(qh + ((size_t)(t0 + i) * n_head + h0 + r % G) * HD + c * 8) : make_uint4(0, 0, 0, 0);
+            }
+            if (k > 0) wg_bar_sync(1 + cw);
+#pragma unroll
+            for (int j = 0; j < QP; j++) {
+                const int pc = tid + 128 * j, r = 64 * cw + pc / CPR, c = pc % CPR;
+                const uint32_t dst = sq + (c / 8) * CB_Q + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(qw[j].x), "r"(qw[j].y), "r"(qw[j].z),
+                             "r"(qw[j].w) : "memory");
+            }
+        } else {
             constexpr int QP = 64 * CPR / 128;
             float4 qv[2 * QP];
 #pragma unroll
@@ -623,7 +640,8 @@ int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, k
     const int persist = n_split == 1 && pl->att_pf_persist && ctas > 0 && n_items > ctas;
     const int tile_major = n_split == 1 && ctas > 0 && n_items <= 4 * ctas;
     const dim3 grid = persist ? dim3(ctas) : dim3(n_tiles, n_kv, n_split);
-    kc_launch(fa3_pf_kernel<HD>, grid, dim3(FA_THREADS), smem, s, q, (const __half *)k, (const __half *)v, out, (__half *)out_h,
+    kc_launch(fa3_pf_kernel<HD>, grid, dim3(FA_THREADS), smem, s, q, (const __half *)mods.q_half, (const __half *)k,
+              (const __half *)v, out, (__half *)out_h,
               tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
               mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters, persist, tile_major);
     return 0;
@@ -644,6 +662,8 @@ extern "C" int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size)
            fa3_device_ok();
 }
 
+extern "C" float kc_attention_fa3_qscale(float scale) { return scale * LOG2E; }
+
 extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
     if (n_kv <= 0 || n_head % n_kv || n_head / n_kv > FA_ROWS) return 0;
     return FA_ROWS / (n_head / n_kv);
@@ -654,13 +674,13 @@ static int prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_
                        const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                        int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int kchunk,
                        float *partial, int *counters, cudaStream_t s) {
-    if (!q || !k_cache || !v_cache || !out == !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+    if ((!q && !kc_attention_mods_get().q_half) || !k_cache || !v_cache || !out == !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
         n_split < 1 || n_split > KC_PF_MAX_SPLIT || (out_h && n_split > 1) ||
         (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
     if (int rc = f(q, k_cache, v_cache, out, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size,
-                   scale * LOG2E, n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
+                   kc_attention_fa3_qscale(scale), n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
         return rc;
     KC_LAUNCH_CHECK();
 }

@@ -182,6 +182,10 @@ typedef struct kc_plan {
                            * (0: cublasGemmEx's own choice always) */
     int glu_half_min_tok; /* F16 gate|up on cuBLAS from this many tokens writes half rows for the
                            * gated activation (kc_glu_half_use; 0: f32 rows) */
+    int qkv_half_min_tok; /* F16 Q|K|V on cuBLAS from this many tokens writes half rows for the
+                           * rotation (kc_qkv_half_use, where kc_rope_pf_ok; 0: f32 rows) */
+    int pf_q_half;        /* 1: a step of prefill tiles alone on the wgmma kernel gets q from the
+                           * rotation as the kernel's half operand (kc_rope_store_kv_pf; same bits) */
     int norm_rows_min_tok; /* RMSNorm rows of n % 512 == 0, n <= 4096 in steps of at least this many
                            * tokens (past norm_split): one CTA of 128 threads a row, n / 512 float4
                            * each, all loads in flight (same bits; 0: never) */
@@ -318,7 +322,8 @@ typedef struct kc_gemm_ws {
 
 /* Times cublasGemmEx and cuBLASLt's heuristic algorithms for each F16 matrix shape of W[0..n_w)
  * that runs on cuBLAS (with a half output where half_out[i], non-NULL, says so: gate|up of
- * kc_glu_half_use, from the plan's glu_half_min_tok), at token counts from the plan's f16_lt_min_tok, doubling, up to max_tok
+ * kc_glu_half_use or Q|K|V of kc_qkv_half_use, from the smaller of the plan's glu_half_min_tok and
+ * qkv_half_min_tok), at token counts from the plan's f16_lt_min_tok, doubling, up to max_tok
  * (at most KC_TUNE_MAX_TOK), on the real weights, random activations in ws->x_half and a scratch
  * output it allocates for the call (freed before it returns), and keeps the fastest per shape
  * and count for kc_matmul: a step of n tokens takes the entry of the largest count <= n. Run it
@@ -442,6 +447,18 @@ int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *
                      const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                      int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s);
 
+/* Prefill-sized steps (kc_rope_pf_ok: at least the plan's rope_tok tokens, whole rotations,
+ * head dim % 8 == 0 and <= 256, no QK-norm): kc_rope_store_kv's rotation and cache stores (the
+ * same bits) with qkv as f32 or, qkv_half, as half (each value converted exactly: the bits of the
+ * f32 call on those values), and q as f32 or, q_half, as the halves of q x q_scale (q_scale =
+ * kc_attention_fa3_qscale(scale): the wgmma prefill kernel's Q operand, bit for bit what it makes
+ * of the f32 q; it reads them through kc_attn_mods.q_half). */
+int kc_rope_pf_ok(int n_tok, int hd, const kc_rope *rope);
+int kc_rope_store_kv_pf(const void *qkv, int qkv_half, void *q_out, int q_half, float q_scale, kc_half *k_cache,
+                        kc_half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                        int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope,
+                        cudaStream_t s);
+
 /* What kc_matmul_qkv_rope does after the GEMV of one token's Q|K|V rows: kc_rope_store_kv's
  * rotation of q into q_out and of k into the F16 cache, and v into the cache, at the token's
  * pos[0] / seq[0] slot. counters: [n_head + n_kv] ints, zero before the first call and left zero. */
@@ -561,6 +578,9 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
  * must not run at once on one device (the backend's forwards are on one stream). */
 int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
 int kc_attention_fa3_tile_tok(int n_head, int n_kv);
+/* The factor the wgmma prefill kernel applies to f32 q before rounding it to half (softmax scale
+ * x log2 e): what kc_rope_store_kv_pf takes to write that operand itself. */
+float kc_attention_fa3_qscale(float scale);
 int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
@@ -700,6 +720,10 @@ int kc_trace_end(kc_trace_rec *out, unsigned cap, unsigned *n_out);
 typedef struct kc_attn_mods {
     float softcap;
     int   window;
+    /* non-NULL: the wgmma prefill kernel (kc_attention_prefill_fa3*) reads q from here, as
+     * kc_rope_store_kv_pf writes it with q_half (its own q argument is then not read); every
+     * other attention launcher refuses it (CM_EINVAL) */
+    const kc_half *q_half;
 } kc_attn_mods;
 void kc_attention_mods(const kc_attn_mods *m);
 kc_attn_mods kc_attention_mods_get(void);
@@ -798,6 +822,9 @@ int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int a
  * on half rows; n_ff % 4 == 0, n_tok <= 65535). Half the bytes of the f32 rows, written and
  * read again; gate and up are rounded to half before the product, as the product is after it. */
 int kc_glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws);
+/* Whether an F16 Q|K|V of n_tok tokens on cuBLAS writes half rows (the plan's qkv_half_min_tok;
+ * kc_matmul_half_out), for kc_rope_store_kv_pf with qkv_half. */
+int kc_qkv_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws);
 int kc_matmul_half_out(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, kc_half *y, const kc_gemm_ws *ws,
                        cudaStream_t s);
 int kc_glu_xq_half(const kc_half *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s);

@@ -2119,12 +2119,18 @@ static int glu_tiles(const kc_weight *W, const float *x, const kc_xq *xq, int n_
     return 0;
 }
 
-static bool glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    const int lo = kc_plan_get()->glu_half_min_tok;
+// an F16 matrix on cuBLAS writing half rows from lo tokens (0: never)
+static bool half_rows_use(int lo, const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     return lo && n_tok >= lo && n_tok <= 65535 && ws && ws->cublas && W->n_out % 8 == 0 && f16_on_cublas(W, n_tok, ws);
+}
+static bool glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return half_rows_use(kc_plan_get()->glu_half_min_tok, W, n_tok, ws);
 }
 
 extern "C" int kc_glu_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) { return W && glu_half_use(W, n_tok, ws); }
+extern "C" int kc_qkv_half_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W && half_rows_use(kc_plan_get()->qkv_half_min_tok, W, n_tok, ws);
+}
 
 extern "C" int kc_matmul_half_out(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, kc_half *y, const kc_gemm_ws *ws,
                                   cudaStream_t s) {
@@ -2229,8 +2235,12 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
         const kc_weight *w = nullptr;
         for (int i = 0; i < n_w && !w; i++)
             if (W[i] && W[i]->type == DT_F16 && W[i]->n_out == m && W[i]->n_in == k) w = W[i];
-        // half outputs from the count kc_glu_half_use starts at
-        const int from = oh && kc_plan_get()->glu_half_min_tok > lo ? kc_plan_get()->glu_half_min_tok : lo;
+        // half outputs from the first count kc_glu_half_use or kc_qkv_half_use takes
+        const kc_plan *pl = kc_plan_get();
+        const int hmin = !pl->glu_half_min_tok ? pl->qkv_half_min_tok
+                         : !pl->qkv_half_min_tok ? pl->glu_half_min_tok
+                         : pl->glu_half_min_tok < pl->qkv_half_min_tok ? pl->glu_half_min_tok : pl->qkv_half_min_tok;
+        const int from = oh && hmin > lo ? hmin : lo;
         for (int n = from; n <= hi && !rc; n *= 2) {
             if (!f16_on_cublas(w, n, ws)) continue;
             bool done = false;

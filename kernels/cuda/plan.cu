@@ -64,6 +64,8 @@ const field k_fields[] = {
     F(mixed_one, 0, 1),
     F(f16_tc, 0, 1),
     F(qkv_rope, 0, 1),
+    F(qkv_half_min_tok, 0, 1 << 20),
+    F(pf_q_half, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -114,6 +116,15 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // F16, 8,192 tokens: the step's 64 norms 5.22 -> 3.28 ms on an H200, bench/RESULTS.md
     // "2026-11-29 (seventeenth session)"; the step gains less: it runs at the power limit)
     p->norm_rows_min_tok = 1024;
+    // prefill-sized steps: F16 Q|K|V on cuBLAS writes half rows for the rotation (from the count
+    // the gated activation's half rows start at), and the rotation writes q as the wgmma prefill
+    // kernel's half operand (the same bits as that kernel makes of f32 q): half the bytes of q|k|v
+    // written and read, and of q written and read, between the three launches. llama3-8b F16
+    // prefill on an H200, both on / both off, alternated: 8,192 tokens 35,518, 35,226, 35,198 /
+    // 35,064, 35,031, 35,362 tok/s; 32,768 23,730, 23,759 / 23,444; 256 x 1,152 decode steps
+    // 14,279 / 14,336 (within the spread; bench/RESULTS.md, twenty-sixth session)
+    p->qkv_half_min_tok = 129;
+    p->pf_q_half = 1;
     // unsplit wgmma prefill launches on one persistent CTA an SM (the kernel alone at 2,048 /
     // 8,192 / 32,768 positions: 0.114 -> 0.109, 1.243 -> 1.238, 17.94 -> 17.94 ms a layer; same bits)
     p->att_pf_persist = 1;

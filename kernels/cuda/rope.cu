@@ -134,9 +134,21 @@ __global__ void __launch_bounds__(256) rope_tok_kernel(const float *qkv, float *
 // bytes, one round trip at a time, left a prefill's rotation at about half the bandwidth (llama3-8b,
 // 8,192 tokens: 4.92 -> 3.12 ms a step on an H200). The same angles, rope_rot and roundings: the
 // same bits.
-__global__ void __launch_bounds__(256) rope_tok_vec_kernel(const float *qkv, float *q_out, __half *k_cache, __half *v_cache,
-                                                           const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
-                                                           int max_blocks, int n_head, int n_kv, int hd, int block_size, kc_rope r) {
+// TIn: qkv as f32, or as half (a prefill's Q|K|V on cuBLAS written as half: kc_rope_store_kv_pf;
+// each value converted exactly, so the bits of the f32 kernel on those values). QH: q written as
+// half(q_rot x qscale) (the wgmma prefill kernel's operand, as it makes it of f32 q: the same bits),
+// else as f32.
+__device__ __forceinline__ float4 rope_ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 rope_ld4(const __half *p) {
+    const uint2 u = *(const uint2 *)p;
+    const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+template <typename TIn, bool QH>
+__global__ void __launch_bounds__(256) rope_tok_vec_kernel(const TIn *qkv, void *q_out, float qscale, __half *k_cache,
+                                                           __half *v_cache, const int32_t *pos, const int32_t *seq,
+                                                           const int32_t *block_tables, int max_blocks, int n_head, int n_kv,
+                                                           int hd, int block_size, kc_rope r) {
     KC_TRACE_SCOPE(KC_TR_ROPE);
     kc_pdl_trigger();
     __shared__ float sn[128], cs[128]; // hd <= 256
@@ -144,7 +156,7 @@ __global__ void __launch_bounds__(256) rope_tok_vec_kernel(const float *qkv, flo
     const size_t slot = rope_tok_begin(r, t, half_rot, sn, cs, pos, seq, block_tables, max_blocks, n_kv, block_size);
     const int nh = n_head + 2 * n_kv, U = hd / 8, nu = nh * U;
     const bool adj = r.layout == MDL_ROPE_ADJACENT;
-    const float *row = qkv + (size_t)t * nh * hd;
+    const TIn *row = qkv + (size_t)t * nh * hd;
     // unit u: head u / U, j = u % U; its two float4: at 8 j and 8 j + 4 (adjacent pairs, or v),
     // or at 4 j and 4 j + hd / 2 (split halves)
     auto at = [&](int j, int second) { return adj ? 8 * j + 4 * second : 4 * j + second * half_rot; };
@@ -155,10 +167,10 @@ __global__ void __launch_bounds__(256) rope_tok_vec_kernel(const float *qkv, flo
             const int u = u0 + k * blockDim.x;
             if (u >= nu) continue;
             const int h = u / U, j = u % U;
-            const float *src = row + (size_t)h * hd;
+            const TIn *src = row + (size_t)h * hd;
             const bool v = h >= n_head + n_kv;
-            a[k] = *(const float4 *)(src + (v ? 8 * j : at(j, 0)));
-            b[k] = *(const float4 *)(src + (v ? 8 * j + 4 : at(j, 1)));
+            a[k] = rope_ld4(src + (v ? 8 * j : at(j, 0)));
+            b[k] = rope_ld4(src + (v ? 8 * j + 4 : at(j, 1)));
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -185,8 +197,14 @@ __global__ void __launch_bounds__(256) rope_tok_vec_kernel(const float *qkv, flo
                 rope_rot(a[k].z, b[k].z, sn[i + 2], cs[i + 2], y0.z, y1.z);
                 rope_rot(a[k].w, b[k].w, sn[i + 3], cs[i + 3], y0.w, y1.w);
             }
-            if (h < n_head) {
-                float *qd = q_out + ((size_t)t * n_head + h) * hd;
+            if (h < n_head && QH) { // q x qscale rounded once, as the wgmma prefill kernel rounds f32 q
+                __half *qd = (__half *)q_out + ((size_t)t * n_head + h) * hd;
+                *(uint2 *)(qd + at(j, 0)) = make_uint2(kc_pack_h2(__fmul_rn(y0.x, qscale), __fmul_rn(y0.y, qscale)),
+                                                       kc_pack_h2(__fmul_rn(y0.z, qscale), __fmul_rn(y0.w, qscale)));
+                *(uint2 *)(qd + at(j, 1)) = make_uint2(kc_pack_h2(__fmul_rn(y1.x, qscale), __fmul_rn(y1.y, qscale)),
+                                                       kc_pack_h2(__fmul_rn(y1.z, qscale), __fmul_rn(y1.w, qscale)));
+            } else if (h < n_head) {
+                float *qd = (float *)q_out + ((size_t)t * n_head + h) * hd;
                 *(float4 *)(qd + at(j, 0)) = y0;
                 *(float4 *)(qd + at(j, 1)) = y1;
             } else {
@@ -208,8 +226,9 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
     const int rt = kc_plan_get()->rope_tok;
     if (rt > 0 && n_tok >= rt && !rope->q_norm && hd <= 256) {
         if (rope->rope_dim == hd && hd % 8 == 0) { // whole rotations: float4 at a time
-            kc_launch(rope_tok_vec_kernel, dim3(n_tok), dim3(256), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos,
-                      seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
+            kc_launch(rope_tok_vec_kernel<float, false>, dim3(n_tok), dim3(256), 0, s, qkv, (void *)q_out, 1.0f,
+                      (__half *)k_cache, (__half *)v_cache, pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size,
+                      *rope);
             KC_LAUNCH_CHECK();
         }
         kc_launch(rope_tok_kernel, dim3(n_tok), dim3(256), 0, s, qkv, q_out, (__half *)k_cache, (__half *)v_cache, pos, seq,
@@ -220,6 +239,37 @@ extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache
     kc_launch(rope_store_kernel<false>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, (void *)k_cache, (void *)v_cache,
               (const float *)nullptr, (const float *)nullptr, pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size,
               *rope);
+    KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rope_pf_ok(int n_tok, int hd, const kc_rope *rope) {
+    const int rt = kc_plan_get()->rope_tok;
+    return rope && rt > 0 && n_tok >= rt && !rope->q_norm && hd <= 256 && hd % 8 == 0 && rope->rope_dim == hd;
+}
+
+extern "C" int kc_rope_store_kv_pf(const void *qkv, int qkv_half, void *q_out, int q_half, float q_scale, kc_half *k_cache,
+                                   kc_half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                   int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope,
+                                   cudaStream_t s) {
+    if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || n_head <= 0 || n_kv <= 0 || block_size <= 0 ||
+        !kc_rope_pf_ok(n_tok, hd, rope))
+        return CM_EINVAL;
+    const dim3 g(n_tok), b(256);
+    const __half *qh_in = (const __half *)qkv;
+    const float *qf_in = (const float *)qkv;
+    __half *kh = (__half *)k_cache, *vh = (__half *)v_cache;
+    if (qkv_half && q_half)
+        kc_launch(rope_tok_vec_kernel<__half, true>, g, b, 0, s, qh_in, q_out, q_scale, kh, vh, pos, seq, block_tables,
+                  max_blocks, n_head, n_kv, hd, block_size, *rope);
+    else if (qkv_half)
+        kc_launch(rope_tok_vec_kernel<__half, false>, g, b, 0, s, qh_in, q_out, q_scale, kh, vh, pos, seq, block_tables,
+                  max_blocks, n_head, n_kv, hd, block_size, *rope);
+    else if (q_half)
+        kc_launch(rope_tok_vec_kernel<float, true>, g, b, 0, s, qf_in, q_out, q_scale, kh, vh, pos, seq, block_tables,
+                  max_blocks, n_head, n_kv, hd, block_size, *rope);
+    else
+        kc_launch(rope_tok_vec_kernel<float, false>, g, b, 0, s, qf_in, q_out, q_scale, kh, vh, pos, seq, block_tables,
+                  max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();
 }
 

@@ -572,6 +572,95 @@ static int32_t *make_tiles_from(const int *lens, const int *from, int n_seq, int
 }
 static int32_t *make_tiles(const int *lens, int n_seq, int tt, int *nt) { return make_tiles_from(lens, NULL, n_seq, tt, 0, nt); }
 
+/* kc_rope_store_kv_pf (prefill-sized steps): Q|K|V as f32 or half, q as f32 or as the wgmma
+ * prefill kernel's half operand, against kc_rope_store_kv bit for bit (on the half-rounded values
+ * where Q|K|V is half); what it refuses. */
+static void test_rope_pf(cudaStream_t s) {
+    const int hds[] = { 64, 128 };
+    for (int hi = 0; hi < 2; hi++)
+        for (int layout = 0; layout < 2; layout++) {
+            const int hd = hds[hi], n_head = 8, n_kv = 2, bs = 16, n_seq = 2, max_blocks = 8, n_tok = 130;
+            const int n_blocks = n_seq * max_blocks, W = (n_head + 2 * n_kv) * hd;
+            kc_rope r = { .layout = layout, .rope_dim = hd, .base = 500000.0f, .scaling = hi ? MDL_ROPE_SCALING_LLAMA3 : 0,
+                          .factor = 8.0f, .low_freq_factor = 1, .high_freq_factor = 4, .orig_ctx = 64 };
+            int32_t pos[130], seq[130], bt[16];
+            for (int i = 0; i < n_blocks; i++) bt[i] = (i * 7 + 3) % n_blocks; /* a permutation of the blocks */
+            for (int t = 0; t < n_tok; t++) {
+                seq[t] = t < 50 ? 0 : 1;
+                pos[t] = t < 50 ? t + 20 : t - 50;
+            }
+            const size_t nqkv = (size_t)n_tok * W, nq = (size_t)n_tok * n_head * hd, ce = (size_t)n_blocks * n_kv * bs * hd;
+            float *qkv = malloc(nqkv * 4), *qkv_r = malloc(nqkv * 4);
+            uint16_t *qkv_h = malloc(nqkv * 2);
+            for (size_t i = 0; i < nqkv; i++) {
+                qkv[i] = frand() * 4.0f;
+                qkv_h[i] = f2h(qkv[i]);
+                qkv_r[i] = h2f(qkv_h[i]); /* the half values as f32 */
+            }
+            float *dqkv = dev_upload(qkv, nqkv * 4), *dqkv_r = dev_upload(qkv_r, nqkv * 4);
+            kc_half *dqkv_h = dev_upload(qkv_h, nqkv * 2);
+            int32_t *dpos = dev_upload(pos, n_tok * 4), *dseq = dev_upload(seq, n_tok * 4), *dbt = dev_upload(bt, sizeof bt);
+            float *dq[2], *dqo;
+            kc_half *dk[2], *dv[2];
+            for (int i = 0; i < 2; i++) {
+                CK(cudaMalloc((void **)&dq[i], nq * 4));
+                CK(cudaMalloc((void **)&dk[i], ce * 2));
+                CK(cudaMalloc((void **)&dv[i], ce * 2));
+            }
+            CK(cudaMalloc((void **)&dqo, nq * 4));
+            const float qs = kc_attention_fa3_qscale(1.0f / sqrtf((float)hd));
+            float *hq = malloc(nq * 4), *hq2 = malloc(nq * 4);
+            uint16_t *hqh = malloc(nq * 2);
+            /* in: 0 f32 Q|K|V, 1 half; out: 0 f32 q, 1 half operand */
+            for (int in = 0; in < 2; in++)
+                for (int qo = 0; qo < 2; qo++) {
+                    for (int i = 0; i < 2; i++) {
+                        poison(dq[i], nq * 4);
+                        CK(cudaMemset(dk[i], 0, ce * 2));
+                        CK(cudaMemset(dv[i], 0, ce * 2));
+                    }
+                    poison(dqo, nq * 4);
+                    int rc = kc_rope_store_kv(in ? dqkv_r : dqkv, dq[0], dk[0], dv[0], dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv,
+                                              hd, bs, &r, s);
+                    rc |= kc_rope_store_kv_pf(in ? (const void *)dqkv_h : (const void *)dqkv, in, dqo, qo, qs, dk[1], dv[1], dpos, dseq,
+                                              dbt, max_blocks, n_tok, n_head, n_kv, hd, bs, &r, s);
+                    CK(cudaStreamSynchronize(s));
+                    const int kv_same = dev_equal(dk[0], dk[1], ce * 2) && dev_equal(dv[0], dv[1], ce * 2);
+                    CK(cudaMemcpy(hq, dq[0], nq * 4, cudaMemcpyDeviceToHost));
+                    long bad = -1;
+                    if (qo) {
+                        CK(cudaMemcpy(hqh, dqo, nq * 2, cudaMemcpyDeviceToHost));
+                        for (size_t i = 0; i < nq && bad < 0; i++)
+                            if (hqh[i] != f2h(hq[i] * qs)) bad = (long)i;
+                    } else {
+                        CK(cudaMemcpy(hq2, dqo, nq * 4, cudaMemcpyDeviceToHost));
+                        bad = first_diff(hq, hq2, nq);
+                    }
+                    T_CHECKF(rc == 0 && kv_same && bad < 0,
+                             "rope for prefill (Q|K|V as %s, q as %s) = kc_rope_store_kv%s, bit for bit: hd=%d layout=%d: K and V "
+                             "the same %d, first different q %ld (rc %d)",
+                             in ? "half" : "f32", qo ? "the wgmma operand" : "f32", in ? " on the half values" : "", hd, layout,
+                             kv_same, bad, rc);
+                }
+            /* what it refuses: fewer tokens than the plan's rope_tok, partial rotations, QK-norm */
+            kc_rope rp = r, rn = r;
+            rp.rope_dim = hd / 2;
+            rn.q_norm = rn.k_norm = (const float *)dqkv;
+            const int few = kc_plan_get()->rope_tok - 1;
+            T_CHECKF(kc_rope_store_kv_pf(dqkv, 0, dqo, 1, qs, dk[1], dv[1], dpos, dseq, dbt, max_blocks, few, n_head, n_kv, hd, bs, &r,
+                                         s) == CM_EINVAL &&
+                         kc_rope_store_kv_pf(dqkv, 0, dqo, 1, qs, dk[1], dv[1], dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                             &rp, s) == CM_EINVAL &&
+                         kc_rope_store_kv_pf(dqkv, 0, dqo, 1, qs, dk[1], dv[1], dpos, dseq, dbt, max_blocks, n_tok, n_head, n_kv, hd, bs,
+                                             &rn, s) == CM_EINVAL &&
+                         !kc_rope_pf_ok(few, hd, &r) && kc_rope_pf_ok(n_tok, hd, &r),
+                     "rope for prefill refuses %d tokens, a partial rotation and QK-norm (hd=%d)", few, hd);
+            free(qkv); free(qkv_r); free(qkv_h); free(hq); free(hq2); free(hqh);
+            void *ds[] = { dqkv, dqkv_r, dqkv_h, dpos, dseq, dbt, dq[0], dq[1], dk[0], dk[1], dv[0], dv[1], dqo };
+            for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cudaFree(ds[i]);
+        }
+}
+
 static void test_rope_attention(cudaStream_t s) {
     const int hds[] = { 8, 64, 128, 96 }; /* 96: phi3-mini, 16 lanes a key with 4 idle */
     for (int hi = 0; hi < 4; hi++)
@@ -1012,6 +1101,21 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
     T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
              kc_attention_tc_tile_tok(8, n_head, n_kv));
     const size_t bytes = (size_t)n_tok * nq * 4;
+    /* q as the kernel's half operand (kc_attn_mods.q_half: q x kc_attention_fa3_qscale, rounded) */
+    const float scale_q = kc_attention_fa3_qscale(1.0f / sqrtf((float)hd));
+    kc_half *dqh;
+    {
+        float *hq = malloc(bytes);
+        uint16_t *hqh = malloc((size_t)n_tok * nq * 2);
+        CK(cudaMemcpy(hq, dq, bytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < (size_t)n_tok * nq; i++) hqh[i] = f2h(hq[i] * scale_q);
+        dqh = dev_upload(hqh, (size_t)n_tok * nq * 2);
+        free(hq);
+        free(hqh);
+    }
+    const kc_attn_mods mods0 = kc_attention_mods_get();
+    kc_attn_mods mods_qh = mods0;
+    mods_qh.q_half = dqh;
     float *dout, *dout2, *all = malloc(bytes), *all2 = malloc(bytes), *got = malloc((size_t)n_rows * nq * 4);
     CK(cudaMalloc((void **)&dout, bytes));
     CK(cudaMalloc((void **)&dout2, bytes));
@@ -1086,6 +1190,33 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                  "rows untouched %d, counters zero %d, rel_err %.3g, %s",
                  mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, lens[n_seq - 1], nt, ns,
                  ns > 1 ? kchunk : 0, rc, finite, untouched, !cnt_bad, e, msg);
+        if (ns <= 2) { /* q from the rotation as the kernel's half operand: the same bits */
+            float *dpq = NULL;
+            int *dcq = NULL;
+            if (ns > 1) {
+                const size_t pn = (size_t)nt * n_kv * 128 * ns * (hd + 2);
+                CK(cudaMalloc((void **)&dpq, pn * 4));
+                CK(cudaMalloc((void **)&dcq, (size_t)nt * n_kv * 4));
+                CK(cudaMemset(dcq, 0, (size_t)nt * n_kv * 4));
+            }
+            poison(dout2, bytes);
+            kc_attention_mods(&mods_qh);
+            int rq = kc_attention_prefill_fa3_split(NULL, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                    bs, scale, ns, kchunk, dpq, dcq, s);
+            /* the other prefill kernel reads f32 q only: it refuses */
+            const int tc_refuses = kc_attention_prefill_tc(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv,
+                                                           hd, bs, scale, 8, s) == CM_EINVAL;
+            kc_attention_mods(&mods0);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
+            const long diff = first_diff(all, all2, (size_t)n_tok * nq);
+            T_CHECKF(rq == 0 && diff < 0 && tc_refuses,
+                     "fa3 prefill on q as its half operand = on f32 q, %s, hd=%d G=%d splits=%d: first different value %ld (rc %d), "
+                     "the mma.sync kernel refuses it %d",
+                     mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, ns, diff, rq, tc_refuses);
+            cudaFree(dpq);
+            cudaFree(dcq);
+        }
         if (mode == 0 && ns == 1) { /* the first half of the tiles, then the rest = one launch */
             poison(dout2, bytes);
             const int h1 = nt / 2;
@@ -1135,7 +1266,7 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         cudaFree(dtiles);
     }
     free(all); free(all2); free(got);
-    cudaFree(dout); cudaFree(dout2);
+    cudaFree(dout); cudaFree(dout2); cudaFree(dqh);
 }
 
 static void test_attention_tc(cudaStream_t s) {
@@ -2851,6 +2982,7 @@ int main(int argc, char **argv) {
     test_glu_tiles(cb, s);
     test_rmsnorm_swiglu_embed_argmax(s);
     test_rope_attention(s);
+    test_rope_pf(s);
     test_attention_ph_splits(s);
     test_attention_tc(s);
     test_kv_fp8(s);
