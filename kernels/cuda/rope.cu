@@ -216,6 +216,80 @@ __global__ void __launch_bounds__(256) rope_tok_vec_kernel(const TIn *qkv, void 
     }
 }
 
+// FP8 cache, steps of many tokens (the plan's rope_tok; whole rotations, no QK-norm, head dim 32 E):
+// one CTA a token, a warp a head (lane l: values E l .. E l + E - 1; split halves pair lane l's
+// values with lane l ^ 16's), the token's angles once into shared memory. K and V as f8_store_head
+// encodes them: the head's amax (a warp's maximum), the same scale, divisions and rounding; q as
+// f32. The same bits as rope_store_kernel<true>, whose (token, head) CTAs of 64 threads, each with
+// its own angles and block-wide maximum, took 0.62 ms of a 256-sequence llama3-8b step on an H200.
+template <int E>
+__global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, float *q_out, uint8_t *k_cache, uint8_t *v_cache,
+                                                          const float *k_st, const float *v_st, const int32_t *pos,
+                                                          const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                                                          int n_head, int n_kv, int block_size, kc_rope r) {
+    constexpr int HD = 32 * E;
+    KC_TRACE_SCOPE(KC_TR_ROPE);
+    kc_pdl_trigger();
+    __shared__ float sn[HD / 2], cs[HD / 2];
+    const int t = blockIdx.x, p = pos[t];
+    const int blk = block_tables[(size_t)seq[t] * max_blocks + p / block_size], row = p % block_size;
+    rope_tok_begin(r, t, HD / 2, sn, cs, pos, seq, block_tables, max_blocks, n_kv, block_size);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nh = n_head + 2 * n_kv;
+    const bool adj = r.layout == MDL_ROPE_ADJACENT;
+    for (int h = warp; h < nh; h += 8) {
+        const float *src = qkv + ((size_t)t * nh + h) * HD + E * lane;
+        float v[E];
+#pragma unroll
+        for (int j = 0; j < E; j += 2) {
+            const float2 x = *(const float2 *)(src + j);
+            v[j] = x.x;
+            v[j + 1] = x.y;
+        }
+        if (h < n_head + n_kv) { // q or k: rotated
+            if (adj) {
+#pragma unroll
+                for (int j = 0; j < E; j += 2) {
+                    const int i = (E * lane + j) / 2;
+                    rope_rot(v[j], v[j + 1], sn[i], cs[i], v[j], v[j + 1]);
+                }
+            } else {
+                const bool lo = lane < 16;
+#pragma unroll
+                for (int j = 0; j < E; j++) {
+                    const float o = __shfl_xor_sync(0xffffffffu, v[j], 16);
+                    const int i = E * (lane & 15) + j;
+                    float y0, y1;
+                    rope_rot(lo ? v[j] : o, lo ? o : v[j], sn[i], cs[i], y0, y1);
+                    v[j] = lo ? y0 : y1;
+                }
+            }
+        }
+        if (h < n_head) {
+            float *qd = q_out + ((size_t)t * n_head + h) * HD + E * lane;
+#pragma unroll
+            for (int j = 0; j < E; j += 2) *(float2 *)(qd + j) = make_float2(v[j], v[j + 1]);
+            continue;
+        }
+        const bool isk = h < n_head + n_kv;
+        const int hk = isk ? h - n_head : h - n_head - n_kv;
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; j++) amax = fmaxf(amax, fabsf(v[j]));
+        amax = kc_warp_max(amax);
+        const float *st = isk ? k_st : v_st;
+        const float sc = st ? st[hk] : __fdiv_rn(amax, 448.0f);
+        uint8_t *b = (isk ? k_cache : v_cache) + (size_t)blk * ((size_t)block_size * n_kv * (HD + 4));
+        const size_t rh = (size_t)row * n_kv + hk;
+        uint8_t c[E];
+#pragma unroll
+        for (int j = 0; j < E; j++)
+            c[j] = sc != 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[j], sc), __NV_SATFINITE, __NV_E4M3) : 0;
+#pragma unroll
+        for (int j = 0; j < E; j += 2) *(uint16_t *)(b + rh * HD + E * lane + j) = (uint16_t)(c[j] | c[j + 1] << 8);
+        if (lane == 0) ((float *)(b + (size_t)block_size * n_kv * HD))[rh] = sc;
+    }
+}
+
 extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache, const int32_t *pos,
                                 const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_tok, int n_head,
                                 int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s) {
@@ -281,6 +355,13 @@ extern "C" int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache
         n_kv <= 0 || hd <= 0 || hd > 256 || hd % 8 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd ||
         rope->rope_dim % 2 || (!k_scale) != (!v_scale) || (rope->q_norm && !rope->k_norm))
         return CM_EINVAL;
+    const int rt = kc_plan_get()->rope_tok;
+    if (rt > 0 && n_tok >= rt && !rope->q_norm && rope->rope_dim == hd && (hd == 64 || hd == 128 || hd == 256)) {
+        auto *kern = hd == 64 ? rope_tok_f8_kernel<2> : hd == 128 ? rope_tok_f8_kernel<4> : rope_tok_f8_kernel<8>;
+        kc_launch(kern, dim3(n_tok), dim3(256), 0, s, qkv, q_out, (uint8_t *)k_cache, (uint8_t *)v_cache, k_scale, v_scale, pos,
+                  seq, block_tables, max_blocks, n_head, n_kv, block_size, *rope);
+        KC_LAUNCH_CHECK();
+    }
     dim3 grid(n_tok, n_head + 2 * n_kv);
     kc_launch(rope_store_kernel<true>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, k_cache, v_cache, k_scale, v_scale,
               pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);

@@ -2503,7 +2503,8 @@ static void test_kv_fp8(cudaStream_t s) {
         const int hd = hi ? 128 : 64, n_head = gq ? 16 : 8, n_kv = gq ? 1 : 2, bs = 16, n_seq = 3, max_blocks = 19;
         const int lens[3] = { 1, 40, 300 }, n_tok = 341, n_blocks = n_seq * max_blocks;
         const int W = (n_head + 2 * n_kv) * hd, nq = n_head * hd;
-        kc_rope r = { .layout = MDL_ROPE_HALF, .rope_dim = hd, .base = 10000.0f };
+        /* both pair layouts (split halves: the token kernel pairs lane l with lane l ^ 16) */
+        kc_rope r = { .layout = gq ^ stat ? MDL_ROPE_ADJACENT : MDL_ROPE_HALF, .rope_dim = hd, .base = 10000.0f };
         int32_t *pos = malloc(n_tok * 4), *seq = malloc(n_tok * 4), *bt = malloc(n_blocks * 4), nb[3];
         for (int i = 0; i < n_blocks; i++) bt[i] = i;
         for (int i = n_blocks - 1; i > 0; i--) {
@@ -2530,6 +2531,32 @@ static void test_kv_fp8(cudaStream_t s) {
         int rc = kc_rope_store_kv_f8(dqkv, dq, dk, dv, stat ? dks : NULL, stat ? dvs : NULL, dpos, dseq, dbt, max_blocks, n_tok,
                                      n_head, n_kv, hd, bs, &r, s);
         CK(cudaStreamSynchronize(s));
+        { /* 341 tokens: a CTA a token (the plan's rope_tok); the same bits on a CTA a (token, head) */
+            uint8_t *dk2, *dv2;
+            float *dq2;
+            CK(cudaMalloc((void **)&dk2, pool_bytes));
+            CK(cudaMalloc((void **)&dv2, pool_bytes));
+            CK(cudaMalloc((void **)&dq2, (size_t)n_tok * nq * 4));
+            CK(cudaMemset(dk2, 0, pool_bytes));
+            CK(cudaMemset(dv2, 0, pool_bytes));
+            poison(dq2, (size_t)n_tok * nq * 4);
+            const kc_plan keep = *kc_plan_get();
+            kc_plan pr = keep;
+            pr.rope_tok = 0;
+            kc_plan_set(&pr);
+            int rc2 = kc_rope_store_kv_f8(dqkv, dq2, dk2, dv2, stat ? dks : NULL, stat ? dvs : NULL, dpos, dseq, dbt, max_blocks,
+                                          n_tok, n_head, n_kv, hd, bs, &r, s);
+            kc_plan_set(&keep);
+            CK(cudaStreamSynchronize(s));
+            const int same = rc2 == 0 && dev_equal(dk, dk2, pool_bytes) && dev_equal(dv, dv2, pool_bytes) &&
+                             dev_equal(dq, dq2, (size_t)n_tok * nq * 4);
+            T_CHECKF(keep.rope_tok > 0 && n_tok >= keep.rope_tok && same,
+                     "rope+store fp8 a token a CTA = a (token, head) a CTA, bit for bit (q, codes, scales): hd=%d G=%d static=%d "
+                     "layout=%d", hd, n_head / n_kv, stat, r.layout);
+            cudaFree(dk2);
+            cudaFree(dv2);
+            cudaFree(dq2);
+        }
         uint8_t *gk = malloc(pool_bytes), *gv = malloc(pool_bytes), *ck = calloc(1, pool_bytes), *cv = calloc(1, pool_bytes);
         CK(cudaMemcpy(gk, dk, pool_bytes, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(gv, dv, pool_bytes, cudaMemcpyDeviceToHost));
