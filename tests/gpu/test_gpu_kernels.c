@@ -2260,6 +2260,49 @@ static void test_f16_tc(cublasHandle_t cb, cudaStream_t s) {
     kc_plan_set(&keep);
 }
 
+/* kc_quantize_f8 (the FP8 GEMM's activations) against dt_fp8_scale / dt_fp8_encode, bit for bit:
+ * rows in registers (n % 4 == 0, up to 32,768 wide), the two-pass kernel past that or for other
+ * widths; a row of zeros (scale 0, codes 0), a row dominated by one large value (the others'
+ * codes tiny or 0), an x not 16-byte aligned. */
+static void test_quantize_f8(cudaStream_t s) {
+    const int ns[] = { 4, 40, 2048, 2052, 4096, 14336, 32768, 30, 40000 };
+    const int nts[] = { 1, 3, 17 };
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ti = 0; ti < sizeof nts / sizeof *nts; ti++)
+            for (int unal = 0; unal < 2; unal++) {
+                const int n = ns[ni], nt = nts[ti];
+                if (unal && (n % 4 || ti)) continue;
+                const size_t nx = (size_t)nt * n;
+                float *x = malloc((nx + 1) * 4), *hs = malloc((size_t)nt * 4), *cs = malloc((size_t)nt * 4);
+                uint8_t *hq = malloc(nx), *cq = malloc(nx);
+                for (size_t i = 0; i < nx; i++) x[i + unal] = frand() * (1 + (int)(i % 5)) * (i / n == 1 ? 0.0f : 1.0f);
+                if (nt > 2) x[unal + 2 * (size_t)n + n / 3] = 1e6f; /* token 2: one value far past the rest */
+                for (int t = 0; t < nt; t++) {
+                    cs[t] = dt_fp8_scale(x + unal + (size_t)t * n, n);
+                    dt_fp8_encode(x + unal + (size_t)t * n, n, cs[t], cq + (size_t)t * n);
+                }
+                float *dxa = dev_upload(x, (nx + 1) * 4), *ds;
+                uint8_t *dq;
+                CK(cudaMalloc((void **)&dq, nx));
+                CK(cudaMalloc((void **)&ds, (size_t)nt * 4));
+                poison(dq, nx);
+                int rc = kc_quantize_f8(dxa + unal, nt, n, dq, ds, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(hq, dq, nx, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hs, ds, (size_t)nt * 4, cudaMemcpyDeviceToHost));
+                long bad = -1;
+                for (size_t i = 0; i < nx && bad < 0; i++)
+                    if (hq[i] != cq[i]) bad = (long)i;
+                T_CHECKF(rc == 0 && bad < 0 && !memcmp(hs, cs, (size_t)nt * 4),
+                         "kc_quantize_f8 %dx%d%s = dt_fp8_encode bit for bit: first different code %ld, scales the same %d", nt, n,
+                         unal ? " (x 4 bytes off 16)" : "", bad, !memcmp(hs, cs, (size_t)nt * 4));
+                cudaFree(dxa);
+                cudaFree(dq);
+                cudaFree(ds);
+                free(x); free(hs); free(cs); free(hq); free(cq);
+            }
+}
+
 /* FP8 E4M3 weights (fp8.cu): codes and per-row scales as --quantize fp8 makes them. The GEMV
  * (1..8 tokens) against the CPU's k_matmul_ref_scaled (f32 sums of exact products: ~1e-6);
  * past 8 tokens cuBLASLt's E4M3 GEMM (sm_89+) against the same reference with x quantized per
@@ -2977,7 +3020,8 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
     cublasLtDestroy(lt);
 }
 
-/* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan */
+/* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan;
+ * test_gpu_kernels --fp8: only the FP8 checks */
 int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -2986,7 +3030,8 @@ int main(int argc, char **argv) {
     }
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    if (argc > 1) {
+    const int fp8_only = argc > 1 && !strcmp(argv[1], "--fp8");
+    if (argc > 1 && !fp8_only) {
         kc_plan pl = *kc_plan_get();
         if (gpu_plan_args(&pl, argv[1], "test_gpu_kernels")) return 2;
         kc_plan_set(&pl);
@@ -2997,9 +3042,17 @@ int main(int argc, char **argv) {
     cublasHandle_t cb;
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, s);
+    if (fp8_only) {
+        test_quantize_f8(s);
+        test_matmul_fp8(cb, s);
+        test_kv_fp8(s);
+        test_matmul_fp8_tune(cb, s);
+        return t_done();
+    }
     test_matmul(cb, s);
     test_matmul_lt(cb, s);
     test_matmul_mixed(cb, s);
+    test_quantize_f8(s);
     test_matmul_fp8(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
