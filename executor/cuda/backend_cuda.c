@@ -621,11 +621,14 @@ static int att_decode_f16(const float *q, const void *k, const void *v, float *o
     return kc_attention_decode_tc(q, k, v, out, xq, toks, n_tok, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, n_split,
                                   chunk, partial, counters, s);
 }
-static int att_prefill_f16(const float *q, const void *k, const void *v, float *out, const int32_t *tiles,
-                                     int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
-                                     int n_head, int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
+/* qh: q as the wgmma kernel's half operand (kc_rope_store_kv_pf), which only that kernel reads */
+static int att_prefill_f16(const float *q, const kc_half *qh, const void *k, const void *v, float *out, const int32_t *tiles,
+                           int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head,
+                           int n_kv, int hd, int bs, float scale, int warps, cudaStream_t s) {
     if (kc_plan_get()->att_pf_fa3 && kc_attention_fa3_ok(hd, n_head, n_kv, bs)) /* tiles of its size: backend_create */
-        return kc_attention_prefill_fa3(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, s);
+        return kc_attention_prefill_fa3(q, qh, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale,
+                                        s);
+    if (qh) return CM_EINVAL;
     return kc_attention_prefill_tc(q, k, v, out, tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, hd, bs, scale, warps, s);
 }
 
@@ -645,14 +648,14 @@ static kc_rope layer_rope(const cu_state *s, const cu_layer *L) {
 }
 
 /* Whether a step of n_tok tokens rotates layer L's heads on kc_rope_store_kv_pf (a token a CTA,
- * whole rotations, F16 cache) and lets its F16 Q|K|V on cuBLAS write half rows for it (no bias to
- * add; the plan's qkv_half_min_tok). */
+ * whole rotations, F16 cache), and whether its F16 Q|K|V on cuBLAS may then write half rows for
+ * it (no bias to add; the plan's qkv_half_min_tok). */
 static int layer_rope_pf(const cu_state *s, const cu_layer *L, int n_tok) {
     const kc_rope r = layer_rope(s, L);
     return !s->kv_f8 && kc_rope_pf_ok(n_tok, s->cfg.head_dim, &r);
 }
 static int layer_qkv_half(const cu_state *s, const cu_layer *L, int n_tok) {
-    return layer_rope_pf(s, L, n_tok) && !L->bqkv && kc_qkv_half_use(&L->qkv, n_tok, &s->gws);
+    return !L->bqkv && kc_qkv_half_use(&L->qkv, n_tok, &s->gws);
 }
 
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
@@ -719,8 +722,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
-        const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0,
-                                    .q_half = q_h ? (const kc_half *)s->q : NULL };
+        const kc_attn_mods mods = { .softcap = c->attn_softcap, .window = L->swa ? c->n_swa : 0 };
+        const kc_half *qh = q_h ? (const kc_half *)s->q : NULL; /* the wgmma kernel's operand */
         kc_attention_mods(&mods);
         if (qkv_h || q_h)
             KC_FATAL(kc_rope_store_kv_pf(s->qkv, qkv_h, s->q, q_h, kc_attention_fa3_qscale(scale), L->k, L->v, d_pos, d_seq, lbt,
@@ -749,8 +752,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                     st->n_dec, d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, st->n_split,
                     meta_chunk(s, s->d_meta), s->partial, s->att_counters, cs));
             if (st->n_tiles && st->pf_split_fa3) {
-                KC_FATAL(kc_attention_prefill_fa3_split(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos,
-                                                        d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
+                KC_FATAL(kc_attention_prefill_fa3_split(s->q, qh, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles,
+                                                        d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
                                                         st->pf_split, st->pf_kchunk, s->pf_partial, s->pf_counters, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles && st->pf_split > 1) {
@@ -761,15 +764,20 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (pf_half) {
                 /* a prefill step for wo on cuBLAS: the output as half, wo's input as it is */
-                KC_FATAL(kc_attention_prefill_fa3_half(s->q, L->k, L->v, s->xq_o.img, meta_tiles(s, s->d_meta), st->n_tiles, d_pos,
-                                                       d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, cs));
+                KC_FATAL(kc_attention_prefill_fa3_half(s->q, qh, L->k, L->v, s->xq_o.img, meta_tiles(s, s->d_meta), st->n_tiles,
+                                                       d_pos, d_seq, lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale,
+                                                       cs));
                 s->xq_o.n = 0;
                 s->xq_o.img_tok = n_tok;
                 s->xq_o.img_n = c->n_head * hd;
+            } else if (st->n_tiles && s->kv_f8) {
+                KC_FATAL(kc_attention_prefill_tc_f8(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
+                                                    lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps,
+                                                    cs));
+                s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles) {
-                KC_FATAL((s->kv_f8 ? kc_attention_prefill_tc_f8 : att_prefill_f16)(
-                    s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, lbt, max_blocks, c->n_head,
-                    c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
+                KC_FATAL(att_prefill_f16(s->q, qh, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq, lbt,
+                                         max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps, cs));
                 s->xq_o.n = 0; /* wo reads the f32 rows */
             }
         }
@@ -1882,7 +1890,8 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             /* F16: gate|up's output as half rows (kc_matmul_glu), Q|K|V's where the rotation takes
              * them (layer_qkv_half at the largest step); FP8: wo and down add into x unless a
              * post-norm takes their output (enqueue_forward) */
-            const unsigned char fl[] = { !f8t && layer_qkv_half(s, L, s->lim.max_tokens), f8t && !L->attn_post,
+            const int mt = s->lim.max_tokens;
+            const unsigned char fl[] = { !f8t && layer_rope_pf(s, L, mt) && layer_qkv_half(s, L, mt), f8t && !L->attn_post,
                                          !f8t && !L->moe && s->plan.glu_half_min_tok > 0, f8t && !L->ffn_post };
             for (int i = 0; i < 4; i++)
                 if (lw[i]->type == (f8t ? DT_F8_E4M3 : DT_F16)) {

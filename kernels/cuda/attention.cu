@@ -208,8 +208,7 @@ static int attention_ex(const float *q, const void *k_cache, const void *v_cache
                         int n_tok, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int chunk,
                         int splits, float *partial, int *counters, int kv_ready, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || n_tok <= 0 || n_head <= 0 || n_kv <= 0 ||
-        n_head % n_kv || n_split <= 0 || chunk <= 0 || splits < 0 || (n_split > 1 && !partial) ||
-        kc_attention_mods_get().q_half) /* reads f32 q only */
+        n_head % n_kv || n_split <= 0 || chunk <= 0 || splits < 0 || (n_split > 1 && !partial))
         return CM_EINVAL;
     const int nq = n_head * hd;
     const bool quant = xq && hd % 32 == 0 && n_tok <= xq->cap_tok && nq <= xq->cap_n && (!xq->no_ints || xq->xh);

@@ -626,9 +626,9 @@ fa3_pf_kernel(const float *q, const __half *qh, const __half *k_cache, const __h
 }
 
 template <int HD>
-int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, kc_half *out_h, const int32_t *tiles, int n_tiles,
-               const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks, int n_head, int n_kv, int bs,
-               float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
+int launch_fa3(const float *q, const kc_half *qh, const kc_half *k, const kc_half *v, float *out, kc_half *out_h,
+               const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *bt, int max_blocks,
+               int n_head, int n_kv, int bs, float qscale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     constexpr size_t smem = fa3_smem<HD>();
     if (int rc = kc_smem_limit_once(fa3_pf_kernel<HD>, (int)smem, configured, __FILE__, __LINE__)) return rc;
@@ -640,7 +640,7 @@ int launch_fa3(const float *q, const kc_half *k, const kc_half *v, float *out, k
     const int persist = n_split == 1 && pl->att_pf_persist && ctas > 0 && n_items > ctas;
     const int tile_major = n_split == 1 && ctas > 0 && n_items <= 4 * ctas;
     const dim3 grid = persist ? dim3(ctas) : dim3(n_tiles, n_kv, n_split);
-    kc_launch(fa3_pf_kernel<HD>, grid, dim3(FA_THREADS), smem, s, q, (const __half *)mods.q_half, (const __half *)k,
+    kc_launch(fa3_pf_kernel<HD>, grid, dim3(FA_THREADS), smem, s, q, (const __half *)qh, (const __half *)k,
               (const __half *)v, out, (__half *)out_h,
               tiles, n_tiles, pos, seq, bt, max_blocks, n_head, n_kv, bs, qscale,
               mods.softcap > 0.0f ? mods.softcap * LOG2E : 0.0f, mods.window, kchunk, partial, counters, persist, tile_major);
@@ -670,44 +670,45 @@ extern "C" int kc_attention_fa3_tile_tok(int n_head, int n_kv) {
 }
 
 // The launchers' one body: f32 output (out) or half (out_h, unsplit steps only), one of them.
-static int prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out, kc_half *out_h,
-                       const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
-                       int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int kchunk,
-                       float *partial, int *counters, cudaStream_t s) {
-    if ((!q && !kc_attention_mods_get().q_half) || !k_cache || !v_cache || !out == !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
+static int prefill_fa3(const float *q, const kc_half *q_half, const kc_half *k_cache, const kc_half *v_cache, float *out,
+                       kc_half *out_h, const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                       const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale,
+                       int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
+    if ((!q && !q_half) || !k_cache || !v_cache || !out == !out_h || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
         n_split < 1 || n_split > KC_PF_MAX_SPLIT || (out_h && n_split > 1) ||
-        (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) || !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
+        (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % FA_NK)) ||
+        !kc_attention_fa3_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     auto *f = hd == 64 ? launch_fa3<64> : launch_fa3<128>;
-    if (int rc = f(q, k_cache, v_cache, out, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, block_size,
-                   kc_attention_fa3_qscale(scale), n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
+    if (int rc = f(q, q_half, k_cache, v_cache, out, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv,
+                   block_size, kc_attention_fa3_qscale(scale), n_split, n_split > 1 ? kchunk : 0, partial, counters, s))
         return rc;
     KC_LAUNCH_CHECK();
 }
 
-extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                              int block_size, float scale, int n_split, int kchunk, float *partial,
-                                              int *counters, cudaStream_t s) {
+extern "C" int kc_attention_prefill_fa3_split(const float *q, const kc_half *q_half, const kc_half *k_cache,
+                                              const kc_half *v_cache, float *out, const int32_t *tiles, int n_tiles,
+                                              const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                                              int n_head, int n_kv, int hd, int block_size, float scale, int n_split, int kchunk,
+                                              float *partial, int *counters, cudaStream_t s) {
     if (!out) return CM_EINVAL;
-    return prefill_fa3(q, k_cache, v_cache, out, nullptr, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, hd,
-                       block_size, scale, n_split, kchunk, partial, counters, s);
+    return prefill_fa3(q, q_half, k_cache, v_cache, out, nullptr, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                       n_kv, hd, block_size, scale, n_split, kchunk, partial, counters, s);
 }
 
-extern "C" int kc_attention_prefill_fa3_half(const float *q, const kc_half *k_cache, const kc_half *v_cache, kc_half *out_h,
-                                             const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                             const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                             int block_size, float scale, cudaStream_t s) {
+extern "C" int kc_attention_prefill_fa3_half(const float *q, const kc_half *q_half, const kc_half *k_cache,
+                                             const kc_half *v_cache, kc_half *out_h, const int32_t *tiles, int n_tiles,
+                                             const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                                             int n_head, int n_kv, int hd, int block_size, float scale, cudaStream_t s) {
     if (!out_h) return CM_EINVAL;
-    return prefill_fa3(q, k_cache, v_cache, nullptr, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head, n_kv, hd,
-                       block_size, scale, 1, 0, nullptr, nullptr, s);
+    return prefill_fa3(q, q_half, k_cache, v_cache, nullptr, out_h, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
+                       n_kv, hd, block_size, scale, 1, 0, nullptr, nullptr, s);
 }
 
-extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                        const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
-                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd,
-                                        int block_size, float scale, cudaStream_t s) {
-    return kc_attention_prefill_fa3_split(q, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks, n_head,
-                                          n_kv, hd, block_size, scale, 1, 0, nullptr, nullptr, s);
+extern "C" int kc_attention_prefill_fa3(const float *q, const kc_half *q_half, const kc_half *k_cache, const kc_half *v_cache,
+                                        float *out, const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+                                        const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
+                                        float scale, cudaStream_t s) {
+    return kc_attention_prefill_fa3_split(q, q_half, k_cache, v_cache, out, tiles, n_tiles, pos, seq, block_tables, max_blocks,
+                                          n_head, n_kv, hd, block_size, scale, 1, 0, nullptr, nullptr, s);
 }

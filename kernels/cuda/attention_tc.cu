@@ -1055,8 +1055,7 @@ static int attention_decode_tc(const float *q, const void *k_cache, const void *
                                const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                                float scale, int n_split, const int32_t *chunk, float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !pos || !seq || !block_tables || !chunk || n_tok <= 0 || n_tok > 65535 || n_split <= 0 ||
-        (n_split > 1 && (!partial || !counters)) || kc_attention_mods_get().q_half /* reads f32 q only */ ||
-        !kc_attention_tc_ok(hd, n_head, n_kv, block_size))
+        (n_split > 1 && (!partial || !counters)) || !kc_attention_tc_ok(hd, n_head, n_kv, block_size))
         return CM_EINVAL;
     const int nq = n_head * hd;
     const bool quant = xq && n_tok <= xq->cap_tok && nq <= xq->cap_n && (!xq->no_ints || xq->xh);
@@ -1079,7 +1078,7 @@ static int attention_prefill_tc(const float *q, const void *k_cache, const void 
                                 int max_blocks, int n_head, int n_kv, int hd, int block_size, float scale, int warps,
                                 int n_split, int kchunk, float *partial, int *counters, cudaStream_t s) {
     if (!q || !k_cache || !v_cache || !out || !tiles || !pos || !seq || !block_tables || n_tiles <= 0 ||
-        kc_attention_mods_get().q_half /* reads f32 q only */ || !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8) || n_split < 1 ||
+        !kc_attention_tc_ok(hd, n_head, n_kv, block_size) || (warps != 4 && warps != 8) || n_split < 1 ||
         n_split > KC_PF_MAX_SPLIT || (n_split > 1 && (!partial || !counters || kchunk <= 0 || kchunk % PF_NK)))
         return CM_EINVAL;
     const float qs = scale * LOG2E;

@@ -452,7 +452,7 @@ int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *
  * same bits) with qkv as f32 or, qkv_half, as half (each value converted exactly: the bits of the
  * f32 call on those values), and q as f32 or, q_half, as the halves of q x q_scale (q_scale =
  * kc_attention_fa3_qscale(scale): the wgmma prefill kernel's Q operand, bit for bit what it makes
- * of the f32 q; it reads them through kc_attn_mods.q_half). */
+ * of the f32 q; it takes them as its q_half). */
 int kc_rope_pf_ok(int n_tok, int hd, const kc_rope *rope);
 int kc_rope_store_kv_pf(const void *qkv, int qkv_half, void *q_out, int q_half, float q_scale, kc_half *k_cache,
                         kc_half *v_cache, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
@@ -579,23 +579,25 @@ int kc_attention_prefill_tc_split(const float *q, const void *k_cache, const voi
 int kc_attention_fa3_ok(int hd, int n_head, int n_kv, int block_size);
 int kc_attention_fa3_tile_tok(int n_head, int n_kv);
 /* The factor the wgmma prefill kernel applies to f32 q before rounding it to half (softmax scale
- * x log2 e): what kc_rope_store_kv_pf takes to write that operand itself. */
+ * x log2 e): what kc_rope_store_kv_pf takes to write that operand itself. The launchers below
+ * read q (f32), or where q_half is not NULL that operand as kc_rope_store_kv_pf wrote it (the
+ * same bits; q is then not read). */
 float kc_attention_fa3_qscale(float scale);
-int kc_attention_prefill_fa3(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
+int kc_attention_prefill_fa3(const float *q, const kc_half *q_half, const kc_half *k_cache, const kc_half *v_cache, float *out,
                              const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                              const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                              float scale, cudaStream_t s);
 /* The same, the output as half into out_h ([n_tok, n_head * hd], each value the rounding of the
  * f32 one kc_attention_prefill_fa3 writes): x as it is (KC_X_PLAIN) for wo on cuBLAS. */
-int kc_attention_prefill_fa3_half(const float *q, const kc_half *k_cache, const kc_half *v_cache, kc_half *out_h,
-                                  const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+int kc_attention_prefill_fa3_half(const float *q, const kc_half *q_half, const kc_half *k_cache, const kc_half *v_cache,
+                                  kc_half *out_h, const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                   const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                                   float scale, cudaStream_t s);
 /* The same with the keys split (kc_attention_prefill_tc_split's arguments and partial layout,
  * 128 rows a tile): split j takes key positions [j kchunk, (j + 1) kchunk), kchunk % 128 == 0;
  * the last split's CTA of a (tile, KV head) merges on its two computing warp groups. */
-int kc_attention_prefill_fa3_split(const float *q, const kc_half *k_cache, const kc_half *v_cache, float *out,
-                                   const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
+int kc_attention_prefill_fa3_split(const float *q, const kc_half *q_half, const kc_half *k_cache, const kc_half *v_cache,
+                                   float *out, const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                    const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                                    float scale, int n_split, int kchunk, float *partial, int *counters, cudaStream_t s);
 
@@ -720,10 +722,6 @@ int kc_trace_end(kc_trace_rec *out, unsigned cap, unsigned *n_out);
 typedef struct kc_attn_mods {
     float softcap;
     int   window;
-    /* non-NULL: the wgmma prefill kernel (kc_attention_prefill_fa3*) reads q from here, as
-     * kc_rope_store_kv_pf writes it with q_half (its own q argument is then not read); every
-     * other attention launcher refuses it (CM_EINVAL) */
-    const kc_half *q_half;
 } kc_attn_mods;
 void kc_attention_mods(const kc_attn_mods *m);
 kc_attn_mods kc_attention_mods_get(void);

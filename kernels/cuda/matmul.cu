@@ -2237,9 +2237,8 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
             if (W[i] && W[i]->type == DT_F16 && W[i]->n_out == m && W[i]->n_in == k) w = W[i];
         // half outputs from the first count kc_glu_half_use or kc_qkv_half_use takes
         const kc_plan *pl = kc_plan_get();
-        const int hmin = !pl->glu_half_min_tok ? pl->qkv_half_min_tok
-                         : !pl->qkv_half_min_tok ? pl->glu_half_min_tok
-                         : pl->glu_half_min_tok < pl->qkv_half_min_tok ? pl->glu_half_min_tok : pl->qkv_half_min_tok;
+        int hmin = pl->glu_half_min_tok;
+        if (pl->qkv_half_min_tok && (!hmin || pl->qkv_half_min_tok < hmin)) hmin = pl->qkv_half_min_tok;
         const int from = oh && hmin > lo ? hmin : lo;
         for (int n = from; n <= hi && !rc; n *= 2) {
             if (!f16_on_cublas(w, n, ws)) continue;

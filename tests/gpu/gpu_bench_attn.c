@@ -318,10 +318,12 @@ static void bench_prefill(void) {
                 for (int i = 0; i < iters + 1; i++) {
                     if (g_hot) hot_gemm();
                     if (i == 1 || (g_hot && i)) CK(cudaEventRecord(e0, 0));
-                    if (fa3 ? (half ? kc_attention_prefill_fa3_half(q, k, v, (kc_half *)out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD,
-                                                                   BS, 0.088f, 0)
-                                    : kc_attention_prefill_fa3(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, 0))
-                            : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0)) {
+                    if (fa3 ? (half ? kc_attention_prefill_fa3_half(q, NULL, k, v, (kc_half *)out, tiles, nt, pos, seq, bt, mb,
+                                                                    NH, NKV, HD, BS, 0.088f, 0)
+                                    : kc_attention_prefill_fa3(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                                               0.088f, 0))
+                            : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps,
+                                                      0)) {
                         fprintf(stderr, "prefill launch failed\n");
                         exit(1);
                     }
@@ -382,10 +384,10 @@ static void bench_chunk(double bw) {
                 const int iters = 10;
                 for (int i = 0; i < iters + 1; i++) {
                     if (i == 1) CK(cudaEventRecord(e0, 0));
-                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
-                                                                 kchunk, part, cnt, 0)
-                                : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps, 0,
-                                                                ns, kchunk, part, cnt, 0)) {
+                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                                                 0.088f, ns, kchunk, part, cnt, 0)
+                                : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                                                0.088f, warps, 0, ns, kchunk, part, cnt, 0)) {
                         fprintf(stderr, "chunk launch failed\n");
                         exit(1);
                     }

@@ -780,9 +780,10 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
             int32_t *dt = up(tiles, (size_t)nt * 8);
             CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
             kc_attention_mods(&mods);
-            int rc = fa3 ? kc_attention_prefill_fa3(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s)
-                         : kc_attention_prefill_tc(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
-                                                   warps, s);
+            int rc = fa3 ? kc_attention_prefill_fa3(dq, NULL, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                    bs, scale, s)
+                         : kc_attention_prefill_tc(dq, dk, dv, dout, dt, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                                   scale, warps, s);
             kc_attention_mods(NULL);
             CK(cudaStreamSynchronize(s));
             down(got, dout, (size_t)n_tok * nqd * 4);

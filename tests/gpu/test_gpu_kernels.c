@@ -1087,21 +1087,24 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         return;
     }
     const int tt = kc_attention_fa3_tile_tok(n_head, n_kv);
-    T_CHECKF(kc_attention_prefill_fa3(dq, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, s) == CM_EINVAL &&
-                 kc_attention_prefill_fa3(dq, dk, dv, (float *)dq, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f, s) == CM_EINVAL &&
+    T_CHECKF(kc_attention_prefill_fa3(dq, NULL, dk, dv, NULL, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, 1.0f,
+                                      s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3(dq, NULL, dk, dv, (float *)dq, NULL, 1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                          bs, 1.0f, s) == CM_EINVAL &&
                  !kc_attention_fa3_ok(96, n_head, n_kv, bs) && !kc_attention_fa3_ok(hd, n_head, n_kv, 8),
              "fa3 prefill refuses what it cannot do (no output, no tiles, head dim 96, blocks of 8)");
-    T_CHECKF(kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                            n_kv, hd, bs, 1.0f, 2, 64, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
-                 kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                                n_kv, hd, bs, 1.0f, KC_PF_MAX_SPLIT + 1, 128, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
-                 kc_attention_prefill_fa3_split(dq, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks, n_head,
-                                                n_kv, hd, bs, 1.0f, 2, 128, NULL, NULL, s) == CM_EINVAL,
+    T_CHECKF(kc_attention_prefill_fa3_split(dq, NULL, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt, max_blocks,
+                                            n_head, n_kv, hd, bs, 1.0f, 2, 64, (float *)dq, (int *)dpos, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3_split(dq, NULL, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt,
+                                                max_blocks, n_head, n_kv, hd, bs, 1.0f, KC_PF_MAX_SPLIT + 1, 128, (float *)dq,
+                                                (int *)dpos, s) == CM_EINVAL &&
+                 kc_attention_prefill_fa3_split(dq, NULL, dk, dv, (float *)dq, (const int32_t *)dpos, 1, dpos, dseq, dbt,
+                                                max_blocks, n_head, n_kv, hd, bs, 1.0f, 2, 128, NULL, NULL, s) == CM_EINVAL,
              "fa3 prefill split refuses splits not of whole 128-position tiles, more than the merge takes, no partials");
     T_CHECKF(tt == kc_attention_tc_tile_tok(8, n_head, n_kv), "fa3 tile of %d tokens, the 8-warp kernel's %d", tt,
              kc_attention_tc_tile_tok(8, n_head, n_kv));
     const size_t bytes = (size_t)n_tok * nq * 4;
-    /* q as the kernel's half operand (kc_attn_mods.q_half: q x kc_attention_fa3_qscale, rounded) */
+    /* q as the kernel's half operand (q_half: q x kc_attention_fa3_qscale, rounded) */
     const float scale_q = kc_attention_fa3_qscale(1.0f / sqrtf((float)hd));
     kc_half *dqh;
     {
@@ -1113,9 +1116,6 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
         free(hq);
         free(hqh);
     }
-    const kc_attn_mods mods0 = kc_attention_mods_get();
-    kc_attn_mods mods_qh = mods0;
-    mods_qh.q_half = dqh;
     float *dout, *dout2, *all = malloc(bytes), *all2 = malloc(bytes), *got = malloc((size_t)n_rows * nq * 4);
     CK(cudaMalloc((void **)&dout, bytes));
     CK(cudaMalloc((void **)&dout2, bytes));
@@ -1147,8 +1147,8 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
             poison(dpart, pn * 4);
         }
         poison(dout, bytes);
-        int rc = kc_attention_prefill_fa3_split(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
-                                                scale, ns, kchunk, dpart, dcnt, s);
+        int rc = kc_attention_prefill_fa3_split(dq, NULL, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                                bs, scale, ns, kchunk, dpart, dcnt, s);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(all, dout, bytes, cudaMemcpyDeviceToHost));
         if (ns > 1) {
@@ -1200,29 +1200,24 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 CK(cudaMemset(dcq, 0, (size_t)nt * n_kv * 4));
             }
             poison(dout2, bytes);
-            kc_attention_mods(&mods_qh);
-            int rq = kc_attention_prefill_fa3_split(NULL, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
-                                                    bs, scale, ns, kchunk, dpq, dcq, s);
-            /* the other prefill kernel reads f32 q only: it refuses */
-            const int tc_refuses = kc_attention_prefill_tc(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv,
-                                                           hd, bs, scale, 8, s) == CM_EINVAL;
-            kc_attention_mods(&mods0);
+            int rq = kc_attention_prefill_fa3_split(NULL, dqh, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head,
+                                                    n_kv, hd, bs, scale, ns, kchunk, dpq, dcq, s);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
             const long diff = first_diff(all, all2, (size_t)n_tok * nq);
-            T_CHECKF(rq == 0 && diff < 0 && tc_refuses,
-                     "fa3 prefill on q as its half operand = on f32 q, %s, hd=%d G=%d splits=%d: first different value %ld (rc %d), "
-                     "the mma.sync kernel refuses it %d",
-                     mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, ns, diff, rq, tc_refuses);
+            T_CHECKF(rq == 0 && diff < 0,
+                     "fa3 prefill on q as its half operand = on f32 q, %s, hd=%d G=%d splits=%d: first different value %ld (rc %d)",
+                     mode == 0 ? "whole tiles" : mode == 1 ? "ragged tiles" : "over a cached prefix", hd, G, ns, diff, rq);
             cudaFree(dpq);
             cudaFree(dcq);
         }
         if (mode == 0 && ns == 1) { /* the first half of the tiles, then the rest = one launch */
             poison(dout2, bytes);
             const int h1 = nt / 2;
-            rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
-            rc |= kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
-                                           bs, scale, s);
+            rc = kc_attention_prefill_fa3(dq, NULL, dk, dv, dout2, dtiles, h1, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
+                                          scale, s);
+            rc |= kc_attention_prefill_fa3(dq, NULL, dk, dv, dout2, dtiles + 2 * h1, nt - h1, dpos, dseq, dbt, max_blocks, n_head,
+                                           n_kv, hd, bs, scale, s);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
             const long first = first_diff(all, all2, (size_t)n_tok * nq);
@@ -1238,7 +1233,8 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 if (pv == 2) pp.att_pf_fa3_ctas = 3;
                 kc_plan_set(&pp);
                 poison(dout2, bytes);
-                rc = kc_attention_prefill_fa3(dq, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale, s);
+                rc = kc_attention_prefill_fa3(dq, NULL, dk, dv, dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
+                                              bs, scale, s);
                 CK(cudaStreamSynchronize(s));
                 kc_plan_set(&keep);
                 CK(cudaMemcpy(all2, dout2, bytes, cudaMemcpyDeviceToHost));
@@ -1248,8 +1244,8 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
             }
             /* the half output (wo's input on cuBLAS): each value the rounding of the f32 one */
             poison(dout2, bytes);
-            rc = kc_attention_prefill_fa3_half(dq, dk, dv, (kc_half *)dout2, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd,
-                                               bs, scale, s);
+            rc = kc_attention_prefill_fa3_half(dq, NULL, dk, dv, (kc_half *)dout2, dtiles, nt, dpos, dseq, dbt, max_blocks,
+                                               n_head, n_kv, hd, bs, scale, s);
             CK(cudaStreamSynchronize(s));
             const size_t nh = (size_t)n_tok * nq;
             uint16_t *hh = malloc(nh * 2);
@@ -1259,6 +1255,16 @@ static void test_attention_fa3(cudaStream_t s, const int *lens, int n_seq, int n
                 if (hh[i] != f2h(all[i])) bad = (long)i;
             T_CHECKF(rc == 0 && bad < 0, "fa3 prefill, half output = the f32 output rounded: hd=%d G=%d: first different value %ld", hd,
                      G, bad);
+            /* and on q as the kernel's half operand: the same bits */
+            uint16_t *hh2 = malloc(nh * 2);
+            poison(dout2, bytes);
+            rc = kc_attention_prefill_fa3_half(NULL, dqh, dk, dv, (kc_half *)dout2, dtiles, nt, dpos, dseq, dbt, max_blocks,
+                                               n_head, n_kv, hd, bs, scale, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(hh2, dout2, nh * 2, cudaMemcpyDeviceToHost));
+            T_CHECKF(rc == 0 && !memcmp(hh, hh2, nh * 2),
+                     "fa3 prefill, half output, on q as its half operand = on f32 q: hd=%d G=%d", hd, G);
+            free(hh2);
             free(hh);
         }
         free(crow);
