@@ -1,8 +1,11 @@
 /* FP8 end to end on a GPU host (--quantize fp8 and --kv-cache-dtype fp8 on the cuda backend).
  *   1. Prefix sharing with an FP8 KV cache: sequence B takes A's two full blocks (reference
  *      counted, as the prefix cache shares them) and a kv_copy of A's partial third block, then
- *      feeds only its own suffix; its last logits match B computed from scratch (top-1 equal,
- *      relative error <= 1e-2), with FP8 weights and without, on cuda and on cpu.
+ *      feeds only its own suffix; its last logits equal B computed from scratch in the same two
+ *      steps (relative error <= 1e-5, top-1 equal), and match B's prompt and suffix computed in
+ *      one step (top-1 equal, relative error <= 1e-2; with FP8 weights on cuda, whose GEMMs are
+ *      not batch invariant, relative error <= 0.15), with FP8 weights and without, on cuda and
+ *      on cpu.
  *   2. The engine reports the KV type it was asked for (the cuda backend keeps FP8).
  * usage: test_gpu_fp8 MODEL.gguf (a random-weight F16 model: arka mkmodel small) */
 #include "executor/backend.h"
@@ -12,10 +15,13 @@
 
 #include <math.h>
 
+static const char *g_plan; /* kernel-plan overrides (argv[2]) */
+
 static int open_eng(g_eng *g, const mdl_model *m, const char *backend, int quantize) {
     ex_engine_opts o;
     ex_engine_opts_default(&o);
     o.backend = backend;
+    o.cuda.plan = g_plan;
     o.n_ctx = 512;
     o.max_tokens = 256;
     o.max_seqs = 4;
@@ -57,11 +63,17 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     int32_t toks[128];
     for (int i = 0; i < np + ns; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *scratch = malloc((size_t)V * 4), *shared = malloc((size_t)V * 4), *a_last = malloc((size_t)V * 4);
-    ex_kv_table ta, tb, tc;
-    int rc = ex_kv_table_init(&ta, L->max_blocks) | ex_kv_table_init(&tb, L->max_blocks) | ex_kv_table_init(&tc, L->max_blocks);
+    float *split = malloc((size_t)V * 4);
+    ex_kv_table ta, tb, tc, td;
+    int rc = ex_kv_table_init(&ta, L->max_blocks) | ex_kv_table_init(&tb, L->max_blocks) | ex_kv_table_init(&tc, L->max_blocks) |
+             ex_kv_table_init(&td, L->max_blocks);
     /* from scratch: the whole prompt and suffix in one sequence */
     if (!rc) rc = ex_kv_table_reserve(kv, &tc, np + ns);
     if (!rc) rc = run(&g, toks, np + ns, 0, &tc, scratch);
+    /* from scratch in B's steps: the prompt, then the suffix, in one sequence of its own blocks */
+    if (!rc) rc = ex_kv_table_reserve(kv, &td, np + ns);
+    if (!rc) rc = run(&g, toks, np, 0, &td, a_last);
+    if (!rc) rc = run(&g, toks + np, ns, np, &td, split);
     /* A: the prompt; B: A's full blocks shared, its partial block copied, then the suffix */
     if (!rc) rc = ex_kv_table_reserve(kv, &ta, np);
     if (!rc) rc = run(&g, toks, np, 0, &ta, a_last);
@@ -82,24 +94,37 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     if (!rc) rc = run(&g, toks + np, ns, np, &tb, shared);
     T_CHECKF(rc == 0, "%s prefix run rc=%d", backend, rc);
     if (!rc) {
-        double num = 0, den = 0;
+        double num = 0, den = 0, num2 = 0, den2 = 0;
         for (int j = 0; j < V; j++) {
             num += ((double)shared[j] - scratch[j]) * ((double)shared[j] - scratch[j]);
             den += (double)scratch[j] * scratch[j];
+            num2 += ((double)shared[j] - split[j]) * ((double)shared[j] - split[j]);
+            den2 += (double)split[j] * split[j];
         }
-        const double e = sqrt(num / (den > 0 ? den : 1));
-        const int t1 = g_argmax(shared, V) == g_argmax(scratch, V);
-        printf("%s fp8 KV%s: shared-prefix vs from-scratch logits rel err %.3g, top-1 %s\n", backend,
-               quantize ? " + fp8 weights" : "", e, t1 ? "equal" : "differs");
-        T_CHECKF(e <= 1e-2 && t1, "%s%s: prefix sharing with an FP8 KV cache: rel err %.3g, top-1 %d", backend,
-                 quantize ? " fp8 weights" : "", e, t1);
+        const double e = sqrt(num / (den > 0 ? den : 1)), e2 = sqrt(num2 / (den2 > 0 ? den2 : 1));
+        const int t1 = g_argmax(shared, V) == g_argmax(scratch, V), t2 = g_argmax(shared, V) == g_argmax(split, V);
+        printf("%s fp8 KV%s: shared-prefix vs from-scratch logits rel err %.3g, top-1 %s; vs from scratch in the same "
+               "steps rel err %.3g, top-1 %s\n", backend, quantize ? " + fp8 weights" : "", e, t1 ? "equal" : "differs", e2,
+               t2 ? "equal" : "differs");
+        T_CHECKF(e2 <= 1e-5 && t2, "%s%s: prefix sharing with an FP8 KV cache = the same steps from scratch: rel err %.3g, top-1 %d",
+                 backend, quantize ? " fp8 weights" : "", e2, t2);
+        /* Against the prompt in one step: the cuda FP8 GEMMs are not batch invariant (the start-up
+         * tune picks a path and algorithm per token count, and the next layer's FP8 activation
+         * codes turn their last-bit differences into whole code steps): within the FP8 GEMM's
+         * tolerance against the CPU (tests/gpu/fp8.sh). Elsewhere as tight as the same steps. */
+        const int loose = quantize && !strcmp(backend, "cuda");
+        T_CHECKF(loose ? e <= 0.15 : e <= 1e-2 && t1, "%s%s: prefix sharing with an FP8 KV cache = the prompt in one step: rel err "
+                 "%.3g (bound %g), top-1 %d", backend, quantize ? " fp8 weights" : "", e, loose ? 0.15 : 1e-2, t1);
     }
     ex_kv_table_release(kv, &ta);
     ex_kv_table_release(kv, &tb);
     ex_kv_table_release(kv, &tc);
     ex_kv_table_free(&ta);
     ex_kv_table_free(&tb);
+    ex_kv_table_release(kv, &td);
     ex_kv_table_free(&tc);
+    ex_kv_table_free(&td);
+    free(split);
     free(scratch);
     free(shared);
     free(a_last);
@@ -107,10 +132,11 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test_gpu_fp8 MODEL.gguf\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: test_gpu_fp8 MODEL.gguf [KERNEL-PLAN]\n");
         return 2;
     }
+    if (argc == 3) g_plan = argv[2];
     mdl_model *m;
     char err[512];
     if (mdl_load(argv[1], &m, err, sizeof err)) {
