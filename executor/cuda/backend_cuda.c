@@ -1802,6 +1802,9 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         s->xq_a.img_cap = xmax;
         s->xq_o.img = s->gws.x_half; /* and prefill attention wo's input as half (KC_X_PLAIN) */
         s->xq_o.img_cap = xmax;
+        /* FP8 matrices' codes (KC_X_F8) go to x_half's bytes as well, their token scales to x_scale */
+        s->xq_h.img_scale = s->xq_a.img_scale = s->gws.x_scale;
+        s->xq_h.img_scale_cap = s->xq_a.img_scale_cap = s->gws.x_scale ? s->gws.x_scale_cap : 0;
         /* down's image apart from x_half for steps of up to 1,024 tokens (decode batches, short
          * prefill chunks) where the wgmma tiles run and a layer has a dense MLP */
         {

@@ -300,8 +300,7 @@ template <int V> __global__ void __launch_bounds__(F8Q_THREADS) quantize_f8_vec_
     }
     float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < V; j++)
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+    for (int j = 0; j < V; j++) amax = fmaxf(amax, kc_amax4(v[j]));
     amax = kc_warp_max(amax);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
     __syncthreads();
@@ -310,16 +309,13 @@ template <int V> __global__ void __launch_bounds__(F8Q_THREADS) quantize_f8_vec_
         if (threadIdx.x == 0) rmax = m;
     }
     __syncthreads();
-    const float sc = __fdiv_rn(rmax, 448.0f);
+    const float sc = kc_f8_scale(rmax);
     if (threadIdx.x == 0) xs[t] = sc;
     uint32_t *qr = (uint32_t *)(q + (size_t)t * n);
-    auto code = [&](float f) -> uint32_t {
-        return sc != 0.0f ? (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(f, sc), __NV_SATFINITE, __NV_E4M3) : 0u;
-    };
 #pragma unroll
     for (int j = 0; j < V; j++) {
         const int i = threadIdx.x + j * F8Q_THREADS;
-        if (i < n4) qr[i] = code(v[j].x) | code(v[j].y) << 8 | code(v[j].z) << 16 | code(v[j].w) << 24;
+        if (i < n4) qr[i] = kc_f8_code4(v[j], sc);
     }
 }
 
@@ -681,6 +677,22 @@ static bool f8_tensor_cores(void) {
 
 extern "C" int kc_fp8_tensor_cores(void) { return f8_tensor_cores(); }
 
+// Whether kc__matmul_f8 multiplies n_tok tokens on cuBLASLt's FP8 GEMM (unless it refuses the
+// shape): past the GEMV, k whole 16-byte rows, the codes within x_half's bytes
+static bool f8_lt_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return n_tok > KC_GEMV_MAX_TOK && kc_plan_get()->fp8_gemm && ws && ws->cublaslt && ws->x_scale && ws->x_half &&
+           n_tok <= ws->x_scale_cap && f8_tensor_cores() && W->n_in % 16 == 0 && (size_t)n_tok * W->n_in <= 2 * ws->x_cap;
+}
+
+// x[t][i] = code x scale[t] (exact in f32): a KC_X_F8 image back to rows, for the fallback
+__global__ void f8_codes_to_f32_kernel(const uint8_t *q, const float *xs, int n_in, size_t n, float *x) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+        x[i] = __half2float(*(const __half *)&h) * xs[i / (size_t)n_in];
+    }
+}
+
 extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy,
                              int accumulate, const kc_gemm_ws *ws, cudaStream_t s) {
     if (!W->data || !W->d || ldy < W->n_out) return CM_EINVAL;
@@ -696,22 +708,41 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq
                 (const uint8_t *)W->data, (const float *)W->d, x, y, W->n_in, W->n_out, ldy, n_tok, accumulate);
         KC_LAUNCH_CHECK();
     }
-    // cuBLASLt FP8: k and the leading dimensions whole 16-byte rows, the codes of x in x_half's bytes
-    if (kc_plan_get()->fp8_gemm && ws && ws->cublaslt && ws->x_scale && n_tok <= ws->x_scale_cap && f8_tensor_cores() &&
-        W->n_in % 16 == 0 &&
-        ldy % 4 == 0 && (size_t)n_tok * W->n_in <= 2 * ws->x_cap) {
-        uint8_t *xq = (uint8_t *)ws->x_half;
-        if (int rc = kc_quantize_f8(x, n_tok, W->n_in, xq, ws->x_scale, s)) return rc;
+    // cuBLASLt FP8: k and the leading dimensions whole 16-byte rows, the codes of x in x_half's
+    // bytes (quantized here, or written by x's producer: xq's KC_X_F8 image)
+    if (f8_lt_use(W, n_tok, ws) && ldy % 4 == 0) {
+        const bool img = xq && xq->img && xq->img_order == KC_X_F8 && xq->img_tok == n_tok && xq->img_n == W->n_in && xq->img_scale &&
+                         n_tok <= xq->img_scale_cap;
+        const uint8_t *codes = img ? (const uint8_t *)xq->img : (const uint8_t *)ws->x_half;
+        const float *xs = img ? xq->img_scale : ws->x_scale;
+        if (!img)
+            if (int rc = kc_quantize_f8(x, n_tok, W->n_in, (uint8_t *)ws->x_half, ws->x_scale, s)) return rc;
         bool refused = false;
-        int rc = lt_gemm(W, xq, ws->x_scale, n_tok, y, ldy, accumulate, ws, s, &refused);
+        int rc = lt_gemm(W, codes, xs, n_tok, y, ldy, accumulate, ws, s, &refused);
         if (!refused) return rc;
         if (!g_lt_warned) {
             g_lt_warned = 1;
             CM_LOG_WARN("cuda", "cuBLASLt has no FP8 GEMM with per-row and per-token scales for this shape: FP8 matrices "
                         "are dequantized to F16 for cuBLAS there", "m=%d n=%d k=%d", W->n_out, n_tok, W->n_in);
         }
+        if (img) { // only the image holds x: its codes times their scales, as f32 rows in the scalar path's scratch
+            const size_t nx = (size_t)n_tok * W->n_in;
+            if (!ws->f8_raw || nx > ws->f8_raw_cap) {
+                cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "an FP8 GEMM's activations exist only as codes and cuBLASLt refused the "
+                             "shape", "m=%d n=%d k=%d", W->n_out, n_tok, W->n_in);
+                return CM_EUNSUPPORTED;
+            }
+            f8_codes_to_f32_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(codes, xs, W->n_in, nx,
+                                                                                                                ws->f8_raw);
+            if (int rc2 = f8_launch_ok(__LINE__)) return rc2;
+            x = ws->f8_raw;
+        }
     }
     return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
+}
+
+extern "C" int kc__f8_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W && W->type == DT_F8_E4M3 && n_tok > KC_GEMV_MAX_TOK && f8_lt_use(W, n_tok, ws) ? KC_X_F8 : 0;
 }
 
 extern "C" int kc__matmul_f8_glu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, int gelu,

@@ -74,9 +74,12 @@ __device__ __forceinline__ size_t img_off(int k, int t, int ntp) {
 // A producer's rows also written as x's image for the wgmma tiles (kc_xq.img), where p != NULL:
 // elements e .. e + 3 of token t's row by img_store4. Order KC_X_PLAIN (kcuda.h) is no tile's:
 // the rows as half as they are (n a row, no padding), what cuBLAS reads.
+// Order KC_X_F8 (only the producers that write it ask for it: img_asked's f8): E4M3 codes in
+// p's bytes, [t][n], and token t's scale in sc[t] (kc_f8_store_row).
 struct img_out {
     __half *p;
     int order, ntp, n;
+    float *sc;
 };
 __device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, int e) {
     if (im.order == KC_X_PLAIN) {
@@ -95,16 +98,40 @@ __device__ __forceinline__ void img_store4(const img_out &im, float4 o, int t, i
 static inline bool img_fits(const kc_xq *xq, int n_tok, int n) {
     if (!xq || !xq->img || n_tok <= 0 || n <= 0) return false;
     if (xq->img_order == KC_X_PLAIN) return n % 4 == 0 && (size_t)n_tok * (size_t)n <= xq->img_cap;
+    if (xq->img_order == KC_X_F8)
+        return n % 4 == 0 && (size_t)n_tok * (size_t)n <= 2 * xq->img_cap && xq->img_scale && n_tok <= xq->img_scale_cap;
     return xq->img_order >= 1 && xq->img_order <= 3 && n % (xq->img_order == 2 ? 256 : 128) == 0 &&
            kc__gemmq_x_halves(n_tok, n) <= xq->img_cap;
 }
 // The image a producer of n_tok rows of n writes where xq asks for one that fits (img_tok
-// cleared: the caller sets img_tok and img_n once it has launched the writes).
-static inline img_out img_asked(kc_xq *xq, int n_tok, int n) {
+// cleared: the caller sets img_tok and img_n once it has launched the writes). f8: the producer
+// writes KC_X_F8 images (whole rows in one CTA); the others are given none of that order.
+static inline img_out img_asked(kc_xq *xq, int n_tok, int n, bool f8 = false) {
     if (xq) xq->img_tok = 0;
-    if (img_fits(xq, n_tok, n))
-        return img_out{ (__half *)xq->img, xq->img_order, xq->img_order == KC_X_PLAIN ? n_tok : (n_tok + 7) & ~7, n };
+    if (img_fits(xq, n_tok, n) && (f8 || xq->img_order != KC_X_F8))
+        return img_out{ (__half *)xq->img, xq->img_order, xq->img_order == KC_X_PLAIN || xq->img_order == KC_X_F8 ? n_tok : (n_tok + 7) & ~7,
+                        n, xq->img_order == KC_X_F8 ? xq->img_scale : nullptr };
     return img_out{};
+}
+
+// A KC_X_F8 image's row from the CTA's values in registers: thread i of the CTA holds float4s
+// i, i + blockDim.x, ... (V of them; those at or past n / 4 ignored) of row t. The codes and scale
+// kc_quantize_f8 writes for the same values. Every thread of the CTA calls it (two barriers).
+template <int V>
+__device__ __forceinline__ void kc_f8_store_row(const img_out &im, const float4 (&v)[V], int t, float *red) {
+    const int n4 = im.n / 4;
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        if (threadIdx.x + j * blockDim.x < n4) amax = fmaxf(amax, kc_amax4(v[j]));
+    const float sc = kc_f8_scale(kc_block_max(amax, red));
+    if (threadIdx.x == 0) im.sc[t] = sc;
+    uint32_t *q = (uint32_t *)((uint8_t *)im.p + (size_t)t * im.n);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < n4) q[i] = kc_f8_code4(v[j], sc);
+    }
 }
 
 // How qt<T>::loadv reads a raw set: straight from global memory here; gemmq_wg.cu's shared ring

@@ -3,6 +3,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -47,6 +48,18 @@ __device__ __forceinline__ float kc_block_sum(float v, float *red) {
     int nw = blockDim.x >> 5;
     v = lane < nw ? red[lane] : 0.0f;
     return kc_warp_sum(v);
+}
+
+// Maximum over a block of blockDim.x threads (multiple of 32, <= 1024). `red` holds 32 floats.
+__device__ __forceinline__ float kc_block_max(float v, float *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = kc_warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    int nw = blockDim.x >> 5;
+    v = lane < nw ? red[lane] : 0.0f;
+    return kc_warp_max(v);
 }
 
 // ---- step trace (builds with -DKC_TRACE only: cmake -DARKA_CUDA_TRACE=ON) ----------------------
@@ -131,6 +144,19 @@ __device__ __forceinline__ float rms_scale(float ss, int n, float eps) { return 
 __device__ __forceinline__ float4 rms_apply4(float4 v, float r, float4 g) {
     return make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
                        __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
+}
+
+// Activations per token as E4M3 codes (kc_quantize_f8, and the producers that write KC_X_F8
+// images): the row's scale amax / 448, code = e4m3_sat(x / scale), all codes 0 where the scale
+// is 0 (dt_fp8_scale / dt_fp8_encode).
+__device__ __forceinline__ float kc_amax4(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
+__device__ __forceinline__ float kc_f8_scale(float amax) { return __fdiv_rn(amax, 448.0f); }
+__device__ __forceinline__ uint32_t kc_f8_code(float f, float sc) {
+    return sc != 0.0f ? (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(f, sc), __NV_SATFINITE, __NV_E4M3) : 0u;
+}
+// four codes in one word, v.x in the low byte
+__device__ __forceinline__ uint32_t kc_f8_code4(float4 v, float sc) {
+    return kc_f8_code(v.x, sc) | kc_f8_code(v.y, sc) << 8 | kc_f8_code(v.z, sc) << 16 | kc_f8_code(v.w, sc) << 24;
 }
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
@@ -272,6 +298,9 @@ extern "C" int kc__gemmq_glu(const kc_weight *W, const kc_half *x, int n_tok, in
 // cuBLAS), into rows of stride ldy.
 extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy,
                              int accumulate, const kc_gemm_ws *ws, cudaStream_t s);
+// kc_matmul_x_order for an F8_E4M3 matrix: KC_X_F8 where kc__matmul_f8 runs n_tok tokens on
+// cuBLASLt's FP8 GEMM (the activations as codes and token scales), else 0
+extern "C" int kc__f8_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws);
 // kc_matmul_glu's one-kernel path for an F8_E4M3 gate|up matrix (the GEMV on xq's half copy,
 // SwiGLU, or GeGLU when gelu, in its epilogue, into out (may be NULL) and xq_act's half copy):
 // 0 when launched (or a launch error), 1 when the shape or the buffers do not allow it.

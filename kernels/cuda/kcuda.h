@@ -186,6 +186,9 @@ typedef struct kc_plan {
                            * rotation (kc_qkv_half_use, where kc_rope_pf_ok; 0: f32 rows) */
     int pf_q_half;        /* 1: a step of prefill tiles alone on the wgmma kernel gets q from the
                            * rotation as the kernel's half operand (kc_rope_store_kv_pf; same bits) */
+    int f8_x_img;         /* 1: an F8_E4M3 matrix on cuBLASLt's FP8 GEMM takes its activations as
+                           * codes and token scales written by their producer (RMSNorm, the gated
+                           * activation: KC_X_F8) instead of quantizing f32 rows itself (same bits) */
     int norm_rows_min_tok; /* RMSNorm rows of n % 512 == 0, n <= 4096 in steps of at least this many
                            * tokens (past norm_split): one CTA of 128 threads a row, n / 512 float4
                            * each, all loads in flight (same bits; 0: never) */
@@ -262,14 +265,21 @@ typedef struct kc_xq {
      * and kc_glu_xq also write their output there in that order and set img_tok and img_n
      * (img_tok = 0: nothing written). kc_matmul_xq then reads it instead of converting x, when
      * order, tokens and row length agree; the caller clears img_tok once that matmul has run
-     * (x_half is every matmul's scratch). */
+     * (x_half is every matmul's scratch). Order KC_X_F8: the rows as E4M3 codes, one byte an
+     * activation in img's bytes, and one scale a token in img_scale (img_scale_cap tokens). */
     kc_half *img;
     size_t   img_cap;
     int      img_order, img_tok, img_n;
+    float   *img_scale;
+    int      img_scale_cap;
 } kc_xq;
 
 /* kc_xq.img_order of x as half, row after row as it is: what cuBLAS reads (the tiles' orders are 1-3). */
 #define KC_X_PLAIN 4
+/* kc_xq.img_order of x quantized per token for an F8_E4M3 matrix on cuBLASLt's FP8 GEMM: codes
+ * [n_tok][n] bytes and scales as kc_quantize_f8 writes them (the same bits), written by
+ * kc_rmsnorm_xq and kc_glu_xq instead of the matmul's own quantization pass. */
+#define KC_X_F8 5
 /* Whether the producers (kc_rmsnorm_xq, kc_glu_xq, gate|up's wgmma epilogue) of n_tok rows of n
  * write the image xq asks for (img_order != 0, and it fits img_cap): then they may be given no f32
  * output when the image's matmul is its only reader. */

@@ -2043,6 +2043,7 @@ static bool plain_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
 
 extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     if (!W || n_tok <= KC_GEMV_MAX_TOK) return 0;
+    if (W->type == DT_F8_E4M3) return kc_plan_get()->f8_x_img ? kc__f8_x_order(W, n_tok, ws) : 0;
     if (plain_use(W, n_tok, ws)) return KC_X_PLAIN;
     return W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16 ? x_order(W, n_tok, ws) : 0;
 }

@@ -18,7 +18,8 @@ KC_TRACE_TU(norm)
 // With ADD (kc_rmsnorm_moe_xq), x[t] += sum_j ad[t ak + j] first (the slots in order, from 0: the
 // bits of kc_moe_combine) and the new x is written back before it is normalized.
 // (The body; rmsnorm_vec_kernel and, with ADD, rmsnorm_moe_kernel launch it.)
-template <int NV, bool QUANT, bool ADD>
+// F8: the row's image is KC_X_F8 (im.p non-NULL), written once the row's maximum is known.
+template <int NV, bool QUANT, bool ADD, bool F8 = false>
 __device__ __forceinline__ void rmsnorm_vec_body(const float *x, const float *__restrict__ w, float *y, int n, float eps,
                                                  int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak,
                                                  img_out im) {
@@ -72,25 +73,27 @@ __device__ __forceinline__ void rmsnorm_vec_body(const float *x, const float *__
         if (i < n4) {
             o = rms_apply4(v[k], r, g[k]);
             if (yr) yr[i] = o;
-            if (im.p) img_store4(im, o, blockIdx.x, 4 * i);
+            if (!F8 && im.p) img_store4(im, o, blockIdx.x, 4 * i);
         }
         if (QUANT) kc_xq_block4(o, i < n4, qh, ql, qm, xh, (size_t)blockIdx.x * n + (size_t)i * 4);
+        if (F8) v[k] = o;
     }
+    if constexpr (F8) kc_f8_store_row(im, v, blockIdx.x, red);
 }
 
-template <int NV, bool QUANT>
+template <int NV, bool QUANT, bool F8 = false>
 __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps, int8_t *qh, int8_t *ql,
                                    int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
-    rmsnorm_vec_body<NV, QUANT, false>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    rmsnorm_vec_body<NV, QUANT, false, F8>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
 }
 // Rows past 16,384 (NV 8 at 1,024 threads): bounded so that the launch fits an SM (unbounded,
 // the body takes 95-102 registers a thread and a launch of 1,024 threads fails).
-template <bool QUANT>
+template <bool QUANT, bool F8 = false>
 __global__ void __launch_bounds__(1024) rmsnorm_vec8_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps,
                                                             int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
-    rmsnorm_vec_body<8, QUANT, false>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+    rmsnorm_vec_body<8, QUANT, false, F8>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
 }
 // The experts' sum with the norm (kc_rmsnorm_moe_xq): its slot loads in flight take registers,
 // bounded so that 1,024 threads (n up to 4,096 at NV 1) fit an SM.
@@ -110,8 +113,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_moe_kernel(const float *x, const
 // the warp sums), so both kernels give the same bits.
 // ALL (steps of many tokens, kc_plan.norm_rows_min_tok): one CTA a row writes all K parts, so
 // each thread has K loads in flight (the 1,024-thread kernel's one float4 a thread left a
-// prefill's norms at 60 % of the bandwidth).
-template <int K, bool QUANT, bool ALL>
+// prefill's norms at 60 % of the bandwidth). F8 (with ALL): the image is KC_X_F8.
+template <int K, bool QUANT, bool ALL, bool F8 = false>
 __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, const float *__restrict__ w, float *y, int n,
                                                             float eps, int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
@@ -143,8 +146,13 @@ __global__ void __launch_bounds__(128) rmsnorm_split_kernel(const float *x, cons
             if (k == part) mine = v[k];
         const float4 o = rms_apply4(mine, r, g[j]);
         if (y) ((float4 *)(y + (size_t)blockIdx.y * n))[i0] = o;
-        if (im.p) img_store4(im, o, blockIdx.y, 4 * i0);
+        if (!F8 && im.p) img_store4(im, o, blockIdx.y, 4 * i0);
         if (QUANT) kc_xq_block4(o, true, qh, ql, qm, xh, (size_t)blockIdx.y * n + (size_t)i0 * 4);
+        if (F8) v[j] = o; // part j is float4 j * 128 + threadIdx.x, as kc_f8_store_row counts them
+    }
+    if constexpr (F8) {
+        static_assert(ALL, "a KC_X_F8 image needs the whole row in the CTA");
+        kc_f8_store_row(im, v, blockIdx.y, red);
     }
 }
 
@@ -176,6 +184,21 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     __half *xh = QUANT ? (__half *)xq->xh : nullptr;
     const kc_plan *pl = kc_plan_get();
     const bool rows = pl->norm_rows_min_tok > 0 && n_tok >= pl->norm_rows_min_tok;
+    if (!QUANT && im.order == KC_X_F8) { // whole rows in a CTA (the same bits as the split CTAs)
+        typedef void (*f8_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
+        if (n % 512 == 0 && n <= 4096 && n_tok <= 65535) {
+            static const f8_fn ks[8] = { rmsnorm_split_kernel<1, false, true, true>, rmsnorm_split_kernel<2, false, true, true>,
+                                         rmsnorm_split_kernel<3, false, true, true>, rmsnorm_split_kernel<4, false, true, true>,
+                                         rmsnorm_split_kernel<5, false, true, true>, rmsnorm_split_kernel<6, false, true, true>,
+                                         rmsnorm_split_kernel<7, false, true, true>, rmsnorm_split_kernel<8, false, true, true> };
+            kc_launch(ks[n / 512 - 1], dim3(1, n_tok), dim3(128), 0, s, x, w, y, n, eps, nullptr, nullptr, nullptr, nullptr, im);
+        } else {
+            const f8_fn k = nv <= 1 ? rmsnorm_vec_kernel<1, false, true> : nv <= 2 ? rmsnorm_vec_kernel<2, false, true>
+                          : nv <= 4 ? rmsnorm_vec_kernel<4, false, true> : rmsnorm_vec8_kernel<false, true>;
+            kc_launch(k, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps, nullptr, nullptr, nullptr, nullptr, im);
+        }
+        return;
+    }
     if (n % 512 == 0 && n <= 4096 && n_tok <= 65535 && (n_tok <= pl->norm_split || rows)) { // tokens are grid.y here
         typedef void (*split_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
 #define NORM_KS(ALL)                                                                                                    \
@@ -198,7 +221,8 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
     if (!x || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
     const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
     // x's image for the next matmul where the caller asked for one that fits
-    const img_out im = n <= 4 * 1024 * 8 ? img_asked(xq, n_tok, n) : img_out{};
+    // (a KC_X_F8 image where the launch writes no int8 blocks: more tokens than the GEMVs take)
+    const img_out im = n <= 4 * 1024 * 8 ? img_asked(xq, n_tok, n, !quant) : img_out{};
     if (!y && !((quant || im.p) && n % 4 == 0 && n <= 4 * 1024 * 8)) return CM_EINVAL; /* nothing would be written */
     if (xq) xq->n = quant ? n : 0;
     if (n % 4 == 0 && n <= 4 * 1024 * 8) {

@@ -66,6 +66,7 @@ const field k_fields[] = {
     F(qkv_rope, 0, 1),
     F(qkv_half_min_tok, 0, 1 << 20),
     F(pf_q_half, 0, 1),
+    F(f8_x_img, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");
@@ -127,6 +128,7 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // 14,279 / 14,336 (within the spread; bench/RESULTS.md, twenty-sixth session)
     p->qkv_half_min_tok = 129;
     p->pf_q_half = 1;
+    p->f8_x_img = 1;
     // unsplit wgmma prefill launches on one persistent CTA an SM (the kernel alone at 2,048 /
     // 8,192 / 32,768 positions: 0.114 -> 0.109, 1.243 -> 1.238, 17.94 -> 17.94 ms a layer; same bits)
     p->att_pf_persist = 1;

@@ -2309,6 +2309,179 @@ static void test_quantize_f8(cudaStream_t s) {
             }
 }
 
+/* KC_X_F8 images (kc_xq.img_order): kc_rmsnorm_xq and kc_glu_xq (f32 and half gate|up rows)
+ * write an FP8 matrix's activation codes and token scales themselves, bit for bit what
+ * kc_quantize_f8 makes of their f32 output (which is unchanged, and may be left out); rows of
+ * 4,096 (the CTA-a-row split kernel), 2,560 and 6,144 (the vector kernels), activations of 1,024
+ * and 14,336; and kc_matmul_xq on the image gives y bit for bit as on the f32 rows. */
+static void test_f8_img(cublasHandle_t cb, cudaStream_t s) {
+    const int tc = kc_fp8_tensor_cores();
+    void *lt = NULL, *lt_ws = NULL;
+    const size_t lt_ws_bytes = 32u << 20;
+    if (cublasLtCreate((cublasLtHandle_t *)&lt) != CUBLAS_STATUS_SUCCESS) lt = NULL;
+    CK(cudaMalloc(&lt_ws, lt_ws_bytes));
+    const int nts[] = { 9, 64, 300 }, nt_max = 300;
+    const int rows[] = { 4096, 2560, 6144 }, ffs[] = { 1024, 14336 };
+    const size_t cap = (size_t)nt_max * 2 * 14336; /* bytes: the widest gate|up row */
+    uint8_t *dimg, *dq, *himg = malloc(cap), *hq = malloc(cap);
+    float *dsc, *dqs, hsc[300], hqs[300];
+    CK(cudaMalloc((void **)&dimg, cap));
+    CK(cudaMalloc((void **)&dq, cap));
+    CK(cudaMalloc((void **)&dsc, nt_max * 4));
+    CK(cudaMalloc((void **)&dqs, nt_max * 4));
+    float *hx = malloc(cap * 4);
+    for (size_t i = 0; i < cap; i++) hx[i] = frand() * (1 + (int)(i % 7)) * (i % 4099 == 5 ? 40.0f : 1.0f);
+    float *dx = dev_upload(hx, cap * 4), *dy, *dy2;
+    CK(cudaMalloc((void **)&dy, cap * 4));
+    CK(cudaMalloc((void **)&dy2, cap * 4));
+    uint16_t *hh = malloc(cap * 2);
+    for (size_t i = 0; i < cap; i++) hh[i] = f2h(hx[i]);
+    void *dh = dev_upload(hh, cap * 2);
+    float *hw = malloc(14336 * 4);
+    for (int i = 0; i < 14336; i++) hw[i] = 0.5f + 0.5f * (frand() + 1.0f);
+    float *dw = dev_upload(hw, 14336 * 4);
+    kc_xq xq = { 0 };
+    xq.img = (kc_half *)dimg;
+    xq.img_cap = cap / 2;
+    xq.img_order = KC_X_F8;
+    xq.img_scale = dsc;
+    xq.img_scale_cap = nt_max;
+    /* the image against kc_quantize_f8 of the f32 rows in dy (n values a row) */
+    #define F8_IMG_SAME(what, n, nt)                                                                                     \
+        do {                                                                                                             \
+            CK(cudaStreamSynchronize(s));                                                                                \
+            int qrc = kc_quantize_f8(dy, nt, n, dq, dqs, s);                                                             \
+            CK(cudaStreamSynchronize(s));                                                                                \
+            CK(cudaMemcpy(himg, dimg, (size_t)(nt) * (n), cudaMemcpyDeviceToHost));                                      \
+            CK(cudaMemcpy(hq, dq, (size_t)(nt) * (n), cudaMemcpyDeviceToHost));                                          \
+            CK(cudaMemcpy(hsc, dsc, (size_t)(nt) * 4, cudaMemcpyDeviceToHost));                                          \
+            CK(cudaMemcpy(hqs, dqs, (size_t)(nt) * 4, cudaMemcpyDeviceToHost));                                          \
+            T_CHECKF(rc == 0 && qrc == 0 && xq.img_tok == (nt) && xq.img_n == (n) &&                                     \
+                         !memcmp(himg, hq, (size_t)(nt) * (n)) && !memcmp(hsc, hqs, (size_t)(nt) * 4),                    \
+                     "%s %dx%d: the KC_X_F8 image = kc_quantize_f8 of the f32 rows (rc %d, img_tok %d, codes same %d, "    \
+                     "scales same %d)", what, nt, n, rc, xq.img_tok, !memcmp(himg, hq, (size_t)(nt) * (n)),                \
+                     !memcmp(hsc, hqs, (size_t)(nt) * 4));                                                               \
+        } while (0)
+    for (size_t ti = 0; ti < sizeof nts / sizeof *nts; ti++) {
+        const int nt = nts[ti];
+        for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
+            const int n = rows[ri];
+            /* the plain norm's rows, then the norm with the image: the same rows, and the codes */
+            int rc = kc_rmsnorm(dx, dw, dy2, nt, n, 1e-5f, s);
+            poison(dimg, (size_t)nt * n);
+            poison(dy, (size_t)nt * n * 4);
+            rc |= kc_rmsnorm_xq(dx, dw, dy, &xq, nt, n, 1e-5f, s);
+            CK(cudaStreamSynchronize(s));
+            {
+                float *a = malloc((size_t)nt * n * 4), *b = malloc((size_t)nt * n * 4);
+                CK(cudaMemcpy(a, dy, (size_t)nt * n * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b, dy2, (size_t)nt * n * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(!memcmp(a, b, (size_t)nt * n * 4), "rmsnorm %dx%d with a KC_X_F8 image: the f32 rows unchanged", nt, n);
+                free(a);
+                free(b);
+            }
+            F8_IMG_SAME("rmsnorm", n, nt);
+            /* the image alone (no f32 rows) */
+            poison(dimg, (size_t)nt * n);
+            rc = kc_rmsnorm_xq(dx, dw, NULL, &xq, nt, n, 1e-5f, s);
+            F8_IMG_SAME("rmsnorm, image only,", n, nt);
+            /* an FP8 matrix on the image: y as on the f32 rows */
+            if (tc && lt && n == 4096) {
+                const int n_out = 512;
+                const size_t nw = (size_t)n * n_out;
+                uint8_t *codes = malloc(nw);
+                float *wsc = malloc(n_out * 4), *wf = malloc(nw * 4);
+                for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f;
+                for (int r = 0; r < n_out; r++) {
+                    wsc[r] = dt_fp8_scale(wf + (size_t)r * n, n);
+                    dt_fp8_encode(wf + (size_t)r * n, n, wsc[r], codes + (size_t)r * n);
+                }
+                kc_weight w = { .type = DT_F8_E4M3, .n_in = n, .n_out = n_out };
+                w.data = dev_upload(codes, nw);
+                w.d = dev_upload(wsc, n_out * 4);
+                kc_gemm_ws ws = { .cublas = cb, .cublaslt = lt, .lt_ws = lt_ws, .lt_ws_bytes = lt_ws_bytes };
+                ws.x_cap = cap / 2;
+                ws.x_half = (kc_half *)dimg; /* the image lies in x_half's bytes, as the backend has it */
+                ws.x_scale = dsc;
+                ws.x_scale_cap = nt_max;
+                ws.w_cap = nw;
+                CK(cudaMalloc((void **)&ws.w_half, nw * 2));
+                float *o1, *o2;
+                CK(cudaMalloc((void **)&o1, (size_t)nt * n_out * 4));
+                CK(cudaMalloc((void **)&o2, (size_t)nt * n_out * 4));
+                T_CHECKF(kc_matmul_x_order(&w, nt, &ws) == KC_X_F8 && kc_matmul_x_order(&w, KC_GEMV_MAX_TOK, &ws) == 0,
+                         "fp8 %dx%d: kc_matmul_x_order asks for KC_X_F8 past the GEMV", n, n_out);
+                int rc1 = kc_rmsnorm_xq(dx, dw, dy, &xq, nt, n, 1e-5f, s); /* the image, then y on it */
+                rc1 |= kc_matmul_xq(&w, dx /* not read */, &xq, nt, o1, 0, &ws, s);
+                xq.img_tok = 0;
+                rc1 |= kc_matmul_xq(&w, dy, &xq, nt, o2, 0, &ws, s); /* quantizes dy itself */
+                CK(cudaStreamSynchronize(s));
+                float *a = malloc((size_t)nt * n_out * 4), *b = malloc((size_t)nt * n_out * 4);
+                CK(cudaMemcpy(a, o1, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b, o2, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                T_CHECKF(rc1 == 0 && !memcmp(a, b, (size_t)nt * n_out * 4),
+                         "fp8 %dx%d n_tok=%d on the norm's KC_X_F8 image = on its f32 rows, bit for bit (rc %d)", n, n_out, nt, rc1);
+                free(a);
+                free(b);
+                cudaFree(o1);
+                cudaFree(o2);
+                cudaFree(ws.w_half);
+                cudaFree((void *)w.data);
+                cudaFree((void *)w.d);
+                free(codes);
+                free(wsc);
+                free(wf);
+            }
+        }
+        for (size_t fi = 0; fi < sizeof ffs / sizeof *ffs; fi++)
+            for (int half = 0; half < 2; half++)
+                for (int act = 0; act < 2; act++) {
+                    const int n_ff = ffs[fi], a = act ? MDL_ACT_GELU_TANH : MDL_ACT_SILU;
+                    poison(dimg, (size_t)nt * n_ff);
+                    poison(dy, (size_t)nt * n_ff * 4);
+                    int rc = half ? kc_glu_xq_half((const kc_half *)dh, dy, &xq, nt, n_ff, a, s) : kc_glu_xq(dx, dy, &xq, nt, n_ff, a, s);
+                    {
+                        /* the f32 output as without the image */
+                        CK(cudaStreamSynchronize(s));
+                        int rc2 = half ? kc_glu_xq_half((const kc_half *)dh, dy2, NULL, nt, n_ff, a, s)
+                                       : kc_glu_xq(dx, dy2, NULL, nt, n_ff, a, s);
+                        CK(cudaStreamSynchronize(s));
+                        float *x1 = malloc((size_t)nt * n_ff * 4), *x2 = malloc((size_t)nt * n_ff * 4);
+                        CK(cudaMemcpy(x1, dy, (size_t)nt * n_ff * 4, cudaMemcpyDeviceToHost));
+                        CK(cudaMemcpy(x2, dy2, (size_t)nt * n_ff * 4, cudaMemcpyDeviceToHost));
+                        T_CHECKF(rc2 == 0 && !memcmp(x1, x2, (size_t)nt * n_ff * 4),
+                                 "glu (%s rows, %s) %dx%d with a KC_X_F8 image: the f32 output unchanged", half ? "half" : "f32",
+                                 act ? "GeGLU" : "SwiGLU", nt, n_ff);
+                        free(x1);
+                        free(x2);
+                    }
+                    F8_IMG_SAME(half ? "glu of half rows" : "glu", n_ff, nt);
+                    poison(dimg, (size_t)nt * n_ff);
+                    rc = half ? kc_glu_xq_half((const kc_half *)dh, NULL, &xq, nt, n_ff, a, s) : kc_glu_xq(dx, NULL, &xq, nt, n_ff, a, s);
+                    F8_IMG_SAME(half ? "glu of half rows, image only," : "glu, image only,", n_ff, nt);
+                }
+    }
+    #undef F8_IMG_SAME
+    /* orders the other producers write: no KC_X_F8 image from the int8 blocks' path (<= the GEMV's tokens) */
+    {
+        kc_xq q = xq_alloc(KC_GEMV_MAX_TOK, 4096);
+        q.no_ints = 1;
+        q.img = xq.img;
+        q.img_cap = xq.img_cap;
+        q.img_order = KC_X_F8;
+        q.img_scale = dsc;
+        q.img_scale_cap = nt_max;
+        int rc = kc_rmsnorm_xq(dx, dw, dy, &q, 4, 4096, 1e-5f, s);
+        CK(cudaStreamSynchronize(s));
+        T_CHECKF(rc == 0 && q.img_tok == 0 && q.n == 4096, "rmsnorm with the half copy: no KC_X_F8 image (img_tok %d)", q.img_tok);
+        xq_free(&q);
+    }
+    cudaFree(dimg); cudaFree(dq); cudaFree(dsc); cudaFree(dqs); cudaFree(dx); cudaFree(dy); cudaFree(dy2); cudaFree(dh); cudaFree(dw);
+    cudaFree(lt_ws);
+    if (lt) cublasLtDestroy((cublasLtHandle_t)lt);
+    free(himg); free(hq); free(hx); free(hh); free(hw);
+}
+
 /* FP8 E4M3 weights (fp8.cu): codes and per-row scales as --quantize fp8 makes them. The GEMV
  * (1..8 tokens) against the CPU's k_matmul_ref_scaled (f32 sums of exact products: ~1e-6);
  * past 8 tokens cuBLASLt's E4M3 GEMM (sm_89+) against the same reference with x quantized per
@@ -3050,6 +3223,7 @@ int main(int argc, char **argv) {
     cublasSetStream(cb, s);
     if (fp8_only) {
         test_quantize_f8(s);
+        test_f8_img(cb, s);
         test_matmul_fp8(cb, s);
         test_kv_fp8(s);
         test_matmul_fp8_tune(cb, s);
@@ -3059,6 +3233,7 @@ int main(int argc, char **argv) {
     test_matmul_lt(cb, s);
     test_matmul_mixed(cb, s);
     test_quantize_f8(s);
+    test_f8_img(cb, s);
     test_matmul_fp8(cb, s);
     test_xq(cb, s);
     test_matmul_swiglu(cb, s);
