@@ -552,7 +552,7 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
     if (!kc_plan_get()->fp8_gemm || !kc_plan_get()->fp8_lt_tune || lo > hi || !ws || !ws->cublaslt || !ws->x_half || !ws->x_scale ||
         !ws->lt_ws || !ws->f8_raw || !f8_tensor_cores())
         return 0;
-    enum { MAX_SHAPES = 32, MAX_ALGOS = 8, PASSES = 2, REPS = 3 };
+    enum { MAX_SHAPES = 32, MAX_ALGOS = 8, MAX_CANDS = 1 + MAX_ALGOS };
     int shp[MAX_SHAPES][3], wi[MAX_SHAPES], n_shp = 0; // n_out, n_in, accumulate; the first weight of the shape
     size_t y_max = 0;
     for (int i = 0; i < n_w; i++) {
@@ -590,47 +590,41 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
             for (int i = 0; i < g_f8t_n && !done; i++)
                 done = g_f8t[i].m == m && g_f8t[i].k == k && g_f8t[i].acc == a && g_f8t[i].fast == fast && g_f8t[i].n == n;
             if (done || g_f8t_n == (int)(sizeof g_f8t / sizeof *g_f8t)) continue;
-            // candidate 0: outer-vector scales on the heuristic's first (what runs untimed);
-            // 1..: unit scales on each of the heuristic's algorithms, then the scale pass
+            // candidate 0: outer-vector scales on the heuristic's first (what runs untimed); then
+            // unit scales on each of the heuristic's algorithms, followed by the scale pass
             kc_lt_desc dv, du;
             cublasLtMatmulHeuristicResult_t hv[1], hu[MAX_ALGOS];
             const int n_v = dv.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast, w->d, ws->x_scale) ? 0 : dv.heuristic(ws, hv, 1);
             const int n_u = du.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) ? 0 : du.heuristic(ws, hu, MAX_ALGOS);
             if (!n_v) continue; // lt_gemm refuses it too
-            // PASSES round-robin passes of a warm call and REPS timed ones; each candidate's best pass
-            float best[1 + MAX_ALGOS];
-            for (int c = 0; c <= n_u; c++) best[c] = c && hu[c - 1].state != CUBLAS_STATUS_SUCCESS ? -1.0f : 1e30f;
+            cublasLtMatmulAlgo_t ca[MAX_CANDS];
+            bool outer[MAX_CANDS];
+            int nc = 0;
+            ca[nc] = hv[0].algo, outer[nc++] = true;
+            for (int i = 0; i < n_u; i++)
+                if (hu[i].state == CUBLAS_STATUS_SUCCESS) ca[nc] = hu[i].algo, outer[nc++] = false;
+            float best[MAX_CANDS];
+            for (int c = 0; c < nc; c++) best[c] = 1e30f;
             int last = 0;
-            for (int p = 0; p < PASSES && !rc; p++)
-                for (int c = 0; c <= n_u && !rc; c++) {
-                    if (best[c] < 0) continue;
-                    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-                    for (int r = 0; r <= REPS && !st; r++) {
-                        if (r == 1) cudaEventRecord(e0, s);
-                        if (c == 0) st = dv.run(ws, &hv[0].algo, w->data, ws->x_half, y, a ? 1.0f : 0.0f, s);
-                        else if (!(st = du.run(ws, &hu[c - 1].algo, w->data, ws->x_half, ws->f8_raw, 0.0f, s)))
-                            f8_scale(ws->f8_raw, (const float *)w->d, ws->x_scale, y, m, m, n, a, s);
-                    }
-                    if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
-                        if (c == 0) rc = f8_cublas_ok(st, __LINE__);
-                        best[c] = -1.0f;
-                        continue;
-                    }
-                    cudaEventRecord(e1, s);
-                    float ms = 0;
-                    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) rc = CM_ECUDA;
-                    else if (ms < best[c]) best[c] = ms;
-                    last = c;
-                }
+            rc = lt_time(nc, best, &last, s, e0, e1, [&](int c) {
+                if (outer[c]) return dv.run(ws, &ca[c], w->data, ws->x_half, y, a ? 1.0f : 0.0f, s);
+                const cublasStatus_t st = du.run(ws, &ca[c], w->data, ws->x_half, ws->f8_raw, 0.0f, s);
+                if (!st) f8_scale(ws->f8_raw, (const float *)w->d, ws->x_scale, y, m, m, n, a, s);
+                return st;
+            });
             if (rc) break;
+            if (best[0] < 0) { // the call that runs untimed fails
+                rc = f8_cublas_ok(CUBLAS_STATUS_NOT_SUPPORTED, __LINE__);
+                break;
+            }
             int win = 0;
-            for (int c = 1; c <= n_u; c++)
+            for (int c = 1; c < nc; c++)
                 if (best[c] >= 0 && best[c] < best[win]) win = c;
             f8_timed &e = g_f8t[g_f8t_n++];
             e.m = m, e.k = k, e.n = n, e.acc = a, e.fast = fast;
             const int pick = g_f8t_force ? last : win > 0 && best[win] < 0.97f * best[0] ? win : 0; // past the noise
-            e.scalar = pick > 0;
-            if (e.scalar) e.algo = hu[pick - 1].algo;
+            e.scalar = !outer[pick];
+            if (e.scalar) e.algo = ca[pick];
             n_timed++;
             if (e.scalar) {
                 n_won++;

@@ -64,3 +64,32 @@ struct kc_lt_desc {
         if (op) cublasLtMatmulDescDestroy(op);
     }
 };
+
+// The start-up timings' loop (kc_matmul_tune_f16, kc_matmul_tune_f8): PASSES round-robin passes
+// over candidates 0..n-1, each a warm call then REPS timed calls of run(c) (one call on s, its
+// cuBLAS status), each candidate's best pass into best[c]. A candidate entering with best[c] < 0,
+// or whose call fails, is left out (best[c] = -1). *last: the last candidate that ran. 0, or
+// CM_ECUDA (events).
+template <class Run>
+static int lt_time(int n, float *best, int *last, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, Run run) {
+    enum { PASSES = 2, REPS = 3 };
+    for (int p = 0; p < PASSES; p++)
+        for (int c = 0; c < n; c++) {
+            if (best[c] < 0) continue;
+            cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+            for (int r = 0; r <= REPS && !st; r++) {
+                if (r == 1) cudaEventRecord(e0, s);
+                st = run(c);
+            }
+            if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
+                best[c] = -1.0f;
+                continue;
+            }
+            cudaEventRecord(e1, s);
+            float ms = 0;
+            if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return CM_ECUDA;
+            if (ms < best[c]) best[c] = ms;
+            if (last) *last = c;
+        }
+    return 0;
+}

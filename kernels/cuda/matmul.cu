@@ -2201,7 +2201,7 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
     if (report && report_len) report[0] = 0;
     const int lo = kc_plan_get()->f16_lt_min_tok, hi = max_tok < KC_TUNE_MAX_TOK ? max_tok : KC_TUNE_MAX_TOK;
     if (!lo || lo > hi || !ws || !ws->cublas || !ws->cublaslt || !ws->x_half || !ws->lt_ws) return 0;
-    enum { MAX_SHAPES = 32, MAX_ALGOS = 16, PASSES = 2, REPS = 3 };
+    enum { MAX_SHAPES = 32, MAX_ALGOS = 16, MAX_CANDS = 1 + MAX_ALGOS };
     int shp[MAX_SHAPES][3], n_shp = 0; // n_out, n_in, output as half
     size_t y_max = 0, x_max = 0;
     for (int i = 0; i < n_w; i++) {
@@ -2250,37 +2250,26 @@ extern "C" int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char
             kc_lt_desc d;
             cublasLtMatmulHeuristicResult_t hr[MAX_ALGOS];
             const int n_hr = d.make(m, n, k, m, CUDA_R_16F, oh ? CUDA_R_16F : CUDA_R_32F) ? 0 : d.heuristic(ws, hr, MAX_ALGOS);
-            // candidate 0: cublasGemmEx; then the heuristic's; PASSES round-robin passes, each
-            // candidate's best pass (the clocks settle over the first)
-            float best[1 + MAX_ALGOS];
-            for (int c = 0; c <= n_hr; c++) best[c] = c && hr[c - 1].state != CUBLAS_STATUS_SUCCESS ? -1.0f : 1e30f;
-            for (int p = 0; p < PASSES && !rc; p++)
-                for (int c = 0; c <= n_hr && !rc; c++) {
-                    if (best[c] < 0) continue;
-                    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-                    for (int r = 0; r <= REPS && !st; r++) {
-                        if (r == 1) cudaEventRecord(e0, s);
-                        st = c ? d.run(ws, &hr[c - 1].algo, w->data, ws->x_half, y, 0.0f, s)
-                               : gemmex_f16(ws, m, n, k, w->data, ws->x_half, y, oh, 0.0f, s);
-                    }
-                    if (st != CUBLAS_STATUS_SUCCESS) { // this algorithm refuses these sizes: left out
-                        best[c] = -1.0f;
-                        continue;
-                    }
-                    cudaEventRecord(e1, s);
-                    float ms = 0;
-                    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) rc = CM_ECUDA;
-                    else if (ms < best[c]) best[c] = ms;
-                }
+            // candidate 0: cublasGemmEx; then the heuristic's algorithms (each candidate's best
+            // pass: the clocks settle over the first)
+            cublasLtMatmulAlgo_t ca[MAX_CANDS];
+            int nc = 1;
+            for (int i = 0; i < n_hr; i++)
+                if (hr[i].state == CUBLAS_STATUS_SUCCESS) ca[nc++] = hr[i].algo;
+            float best[MAX_CANDS];
+            for (int c = 0; c < nc; c++) best[c] = 1e30f;
+            rc = lt_time(nc, best, nullptr, s, e0, e1, [&](int c) {
+                return c ? d.run(ws, &ca[c], w->data, ws->x_half, y, 0.0f, s) : gemmex_f16(ws, m, n, k, w->data, ws->x_half, y, oh, 0.0f, s);
+            });
             if (rc || best[0] < 0) break;
             int win = 0;
-            for (int c = 1; c <= n_hr; c++)
+            for (int c = 1; c < nc; c++)
                 if (best[c] >= 0 && (best[c] < best[win] || (g_f16_lt_always && win == 0))) win = c;
             f16_algo &e = g_f16[g_f16_n++];
             e.m = m, e.k = k, e.n = n, e.oh = oh;
             // cuBLASLt where it gains more than the noise
             e.lt = win > 0 && (best[win] < 0.99f * best[0] || g_f16_lt_always);
-            if (e.lt) e.algo = hr[win - 1].algo;
+            if (e.lt) e.algo = ca[win];
             n_timed++;
             if (e.lt) {
                 n_won++;
