@@ -185,8 +185,10 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
     const kc_plan *pl = kc_plan_get();
     const bool rows = pl->norm_rows_min_tok > 0 && n_tok >= pl->norm_rows_min_tok;
     if (!QUANT && im.order == KC_X_F8) { // whole rows in a CTA (the same bits as the split CTAs)
+        // from norm_rows_min_tok tokens one CTA of 128 threads a row, all loads in flight; fewer
+        // tokens, a thread a float4 (more warps for the division of every code)
         typedef void (*f8_fn)(const float *, const float *, float *, int, float, int8_t *, int8_t *, int32_t *, __half *, img_out);
-        if (n % 512 == 0 && n <= 4096 && n_tok <= 65535) {
+        if (rows && n % 512 == 0 && n <= 4096 && n_tok <= 65535) {
             static const f8_fn ks[8] = { rmsnorm_split_kernel<1, false, true, true>, rmsnorm_split_kernel<2, false, true, true>,
                                          rmsnorm_split_kernel<3, false, true, true>, rmsnorm_split_kernel<4, false, true, true>,
                                          rmsnorm_split_kernel<5, false, true, true>, rmsnorm_split_kernel<6, false, true, true>,

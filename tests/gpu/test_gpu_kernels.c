@@ -2364,8 +2364,13 @@ static void test_f8_img(cublasHandle_t cb, cudaStream_t s) {
         } while (0)
     for (size_t ti = 0; ti < sizeof nts / sizeof *nts; ti++) {
         const int nt = nts[ti];
-        for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
-            const int n = rows[ri];
+        for (size_t ri = 0; ri < 2 * sizeof rows / sizeof *rows; ri++) {
+            const int n = rows[ri / 2], pr = ri % 2;
+            /* pr: a CTA of 128 threads a row (the plan's norm_rows_min_tok reached), else a thread a float4 */
+            const kc_plan p0 = *kc_plan_get();
+            kc_plan p1 = p0;
+            if (pr) p1.norm_rows_min_tok = 1;
+            kc_plan_set(&p1);
             /* the plain norm's rows, then the norm with the image: the same rows, and the codes */
             int rc = kc_rmsnorm(dx, dw, dy2, nt, n, 1e-5f, s);
             poison(dimg, (size_t)nt * n);
@@ -2384,9 +2389,10 @@ static void test_f8_img(cublasHandle_t cb, cudaStream_t s) {
             /* the image alone (no f32 rows) */
             poison(dimg, (size_t)nt * n);
             rc = kc_rmsnorm_xq(dx, dw, NULL, &xq, nt, n, 1e-5f, s);
-            F8_IMG_SAME("rmsnorm, image only,", n, nt);
+            F8_IMG_SAME(pr ? "rmsnorm, image only, rows of 128 threads," : "rmsnorm, image only,", n, nt);
+            kc_plan_set(&p0);
             /* an FP8 matrix on the image: y as on the f32 rows */
-            if (tc && lt && n == 4096) {
+            if (tc && lt && n == 4096 && !pr) {
                 const int n_out = 512;
                 const size_t nw = (size_t)n * n_out;
                 uint8_t *codes = malloc(nw);
