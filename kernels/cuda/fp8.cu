@@ -704,11 +704,11 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq
     }
     // cuBLASLt FP8: k and the leading dimensions whole 16-byte rows, the codes of x in x_half's
     // bytes (quantized here, or written by x's producer: xq's KC_X_F8 image)
+    const bool img = xq && xq->img && xq->img_order == KC_X_F8 && xq->img_tok == n_tok && xq->img_n == W->n_in && xq->img_scale &&
+                     n_tok <= xq->img_scale_cap;
+    const uint8_t *codes = img ? (const uint8_t *)xq->img : ws ? (const uint8_t *)ws->x_half : nullptr;
+    const float *xs = img ? xq->img_scale : ws ? ws->x_scale : nullptr;
     if (f8_lt_use(W, n_tok, ws) && ldy % 4 == 0) {
-        const bool img = xq && xq->img && xq->img_order == KC_X_F8 && xq->img_tok == n_tok && xq->img_n == W->n_in && xq->img_scale &&
-                         n_tok <= xq->img_scale_cap;
-        const uint8_t *codes = img ? (const uint8_t *)xq->img : (const uint8_t *)ws->x_half;
-        const float *xs = img ? xq->img_scale : ws->x_scale;
         if (!img)
             if (int rc = kc_quantize_f8(x, n_tok, W->n_in, (uint8_t *)ws->x_half, ws->x_scale, s)) return rc;
         bool refused = false;
@@ -719,24 +719,24 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq
             CM_LOG_WARN("cuda", "cuBLASLt has no FP8 GEMM with per-row and per-token scales for this shape: FP8 matrices "
                         "are dequantized to F16 for cuBLAS there", "m=%d n=%d k=%d", W->n_out, n_tok, W->n_in);
         }
-        if (img) { // only the image holds x: its codes times their scales, as f32 rows in the scalar path's scratch
-            const size_t nx = (size_t)n_tok * W->n_in;
-            if (!ws->f8_raw || nx > ws->f8_raw_cap) {
-                cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "an FP8 GEMM's activations exist only as codes and cuBLASLt refused the "
-                             "shape", "m=%d n=%d k=%d", W->n_out, n_tok, W->n_in);
-                return CM_EUNSUPPORTED;
-            }
-            f8_codes_to_f32_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(codes, xs, W->n_in, nx,
-                                                                                                                ws->f8_raw);
-            if (int rc2 = f8_launch_ok(__LINE__)) return rc2;
-            x = ws->f8_raw;
+    }
+    if (img) { // x exists only as the image: its codes times their scales, as f32 rows in the scalar path's scratch
+        const size_t nx = (size_t)n_tok * W->n_in;
+        if (!ws || !ws->f8_raw || nx > ws->f8_raw_cap) {
+            cm_log_write(CM_LOG_LEVEL_ERROR, "cuda", "an FP8 matmul's activations exist only as codes and cuBLASLt's FP8 GEMM "
+                         "cannot take them", "m=%d n=%d k=%d ldy=%d", W->n_out, n_tok, W->n_in, ldy);
+            return CM_EUNSUPPORTED;
         }
+        f8_codes_to_f32_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(codes, xs, W->n_in, nx,
+                                                                                                            ws->f8_raw);
+        if (int rc = f8_launch_ok(__LINE__)) return rc;
+        x = ws->f8_raw;
     }
     return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
 }
 
 extern "C" int kc__f8_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W && W->type == DT_F8_E4M3 && n_tok > KC_GEMV_MAX_TOK && f8_lt_use(W, n_tok, ws) ? KC_X_F8 : 0;
+    return W && W->type == DT_F8_E4M3 && n_tok > KC_GEMV_MAX_TOK && W->n_out % 4 == 0 && f8_lt_use(W, n_tok, ws) ? KC_X_F8 : 0;
 }
 
 extern "C" int kc__matmul_f8_glu(const kc_weight *W, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, int gelu,

@@ -2427,6 +2427,40 @@ static void test_f8_img(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(b, o2, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 T_CHECKF(rc1 == 0 && !memcmp(a, b, (size_t)nt * n_out * 4),
                          "fp8 %dx%d n_tok=%d on the norm's KC_X_F8 image = on its f32 rows, bit for bit (rc %d)", n, n_out, nt, rc1);
+                /* the image where cuBLASLt's FP8 GEMM does not run (the plan's fp8_gemm=0, as where it refuses a
+                 * shape): its codes times their scales into f32 rows, then dequantize + cuBLAS; the f32 rows
+                 * passed are NaN and must not be read */
+                {
+                    float *hxs = malloc((size_t)nt * 4), *xd = malloc((size_t)nt * n * 4);
+                    uint8_t *hc = malloc((size_t)nt * n);
+                    int rc2 = kc_rmsnorm_xq(dx, dw, dy, &xq, nt, n, 1e-5f, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(hc, dimg, (size_t)nt * n, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hxs, dsc, (size_t)nt * 4, cudaMemcpyDeviceToHost));
+                    for (int t = 0; t < nt; t++) dt_fp8_decode(hc + (size_t)t * n, n, hxs[t], xd + (size_t)t * n);
+                    double *want = malloc((size_t)nt * n_out * 8);
+                    k_matmul_ref_scaled(codes, DT_F8_E4M3, wsc, n, n_out, xd, nt, want);
+                    CK(cudaMalloc((void **)&ws.f8_raw, (size_t)nt * n * 4));
+                    ws.f8_raw_cap = (size_t)nt * n;
+                    float *dnan;
+                    CK(cudaMalloc((void **)&dnan, (size_t)nt * n * 4));
+                    poison(dnan, (size_t)nt * n * 4);
+                    kc_plan p0 = *kc_plan_get(), p1 = p0;
+                    p1.fp8_gemm = 0;
+                    kc_plan_set(&p1);
+                    poison(o1, (size_t)nt * n_out * 4);
+                    rc2 |= kc_matmul_xq(&w, dnan, &xq, nt, o1, 0, &ws, s);
+                    kc_plan_set(&p0);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(a, o1, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    const double e = rel_err(a, want, (size_t)nt * n_out);
+                    T_CHECKF(rc2 == 0 && e < 5e-3, "fp8 %dx%d n_tok=%d: the KC_X_F8 image on the dequantize path (fp8_gemm=0) rel err "
+                             "%.3g against the decoded codes", n, n_out, nt, e);
+                    cudaFree(ws.f8_raw);
+                    ws.f8_raw = NULL;
+                    cudaFree(dnan);
+                    free(hxs); free(xd); free(hc); free(want);
+                }
                 free(a);
                 free(b);
                 cudaFree(o1);
