@@ -3,7 +3,7 @@
  *
  *   arka perplexity -m MODEL (-f TEXT | --ids IDS) [--ctx 512] [--first N] [--chunks N]
  *                   [--save-logits FILE] [--kl-divergence-base FILE] [--backend cpu|cuda]
- *                   [--quantize fp8] [--kv-cache-dtype auto|f32|f16|fp8|q8_0]
+ *                   [--quantize fp8] [--kv-cache-dtype auto|f32|f16|fp8|q8_0] [--cuda-plan K=V,...]
  *
  * The tokens (the text tokenized without BOS, or the ids file's whitespace- or comma-separated
  * ids) are cut into chunks of --ctx; each chunk is one sequence from position 0 (a text
@@ -142,7 +142,7 @@ static void usage(const cm_opt *opts, FILE *f) {
 
 int cli_perplexity(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *ids_path = NULL, *save = NULL, *base = NULL, *backend = "cpu", *quantize = NULL,
-               *kv_dtype = NULL;
+               *kv_dtype = NULL, *cuda_plan = NULL;
     int ctx = 512, first = -1, chunks = 0, batch = 512, threads = 0, no_bos = 0;
     cm_opt opts[] = {
         { "model", 'm', CM_OPT_STR, &model, "model file (GGUF) or safetensors directory" },
@@ -156,6 +156,7 @@ int cli_perplexity(int argc, char **argv) {
         { "quantize", 0, CM_OPT_STR, &quantize, "none | fp8: convert F16/BF16 weights to FP8 E4M3 at load (per-output-channel scales)" },
         { "kv-cache-dtype", 0, CM_OPT_STR, &kv_dtype, "KV cache type: auto (the backend's: cpu f32, cuda f16) | f32 | f16 | fp8 | q8_0" },
         { "threads", 't', CM_OPT_INT, &threads, "CPU threads; 0 = automatic" },
+        { "cuda-plan", 0, CM_OPT_STR, &cuda_plan, "cuda: kernel-plan overrides key=value,..." },
         { "no-bos", 0, CM_OPT_BOOL, &no_bos, "text: do not put BOS at the start of each chunk" },
         { "save-logits", 0, CM_OPT_STR, &save, "write the scored positions' float32 logits to FILE" },
         { "kl-divergence-base", 0, CM_OPT_STR, &base, "compare with logits saved by --save-logits (KL, top-1, relative error)" },
@@ -273,6 +274,7 @@ int cli_perplexity(int argc, char **argv) {
     }
 
     eo.backend = backend;
+    eo.cuda.plan = cuda_plan;
     eo.n_threads = threads;
     eo.n_ctx = ctx;
     eo.max_tokens = batch < ctx ? batch : ctx;

@@ -159,6 +159,12 @@ typedef struct cu_state {
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
     int *qkv_ctr;                            /* [n_head + n_kv] zeros: kc_matmul_qkv_rope's heads */
     float *pf_partial;                       /* prefill tiles split over the keys: [2 att_dec_ctas][16 x 8 rows][hd + 2] */
+    /* the plan's att_pf_f8_fa3: an F16 copy of a prefill step's FP8 cache blocks (f8sh_cap blocks
+     * of K and of V) for the Hopper prefill kernel, and its staging: block pairs [2 f8sh_cap]
+     * (FP8 block, copy block) then the copies' block tables [(S + 1) x max_blocks] (pinned + device) */
+    kc_half *f8sh_k, *f8sh_v;
+    int f8sh_cap;
+    int32_t *h_f8sh, *d_f8sh;
     int *pf_counters;                        /* [att_dec_ctas] zeros: their merge */
     int64_t fault_at, n_steps;               /* --cuda-fault-at-step (testing): a trapping kernel in that step */
     kc_gemm_ws gws;
@@ -603,6 +609,8 @@ typedef struct cu_step {
     int pf_split, pf_kchunk; /* prefill tiles split over the keys (kc_plan_pf_splits): count, positions each */
     int pf_warps;            /* ... on the mma.sync kernel with CTAs of this many warps (the tiles' size) */
     int pf_split_fa3;        /* ... or on the wgmma kernel (kc_plan_pf_splits_fa3) */
+    int f8sh_pairs;          /* FP8 cache: the prefill tiles on the wgmma kernel over this many copied blocks (0: not) */
+    size_t f8sh_ints;        /* ... and the staging it copies (pairs, then the step's block-table rows) */
     int no_head;    /* stop at the final norm (s->last_n): forward_hidden */
 } cu_step;
 
@@ -671,6 +679,9 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
     /* stage: tokens, positions, sequences and rows for this step, and every block-table row */
     prof_mark(s, -1);
     CU_FATAL(cudaMemcpyAsync(s->d_meta, s->h_meta, s->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
+    const int32_t *d_f8sbt = s->d_f8sh ? s->d_f8sh + 2 * (size_t)s->f8sh_cap : NULL;
+    if (st->f8sh_pairs)
+        CU_FATAL(cudaMemcpyAsync(s->d_f8sh, s->h_f8sh, st->f8sh_ints * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
     prof_mark(s, PC_STAGE);
     KC_FATAL(kc_embed_scaled(&s->tok_embd, d_tok, n_tok, s->x, c->embd_scale > 0 ? c->embd_scale : 1.0f, cs));
     prof_mark(s, PC_EMBED);
@@ -770,6 +781,11 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                 s->xq_o.n = 0;
                 s->xq_o.img_tok = n_tok;
                 s->xq_o.img_n = c->n_head * hd;
+            } else if (st->n_tiles && st->f8sh_pairs) { /* FP8 cache: its blocks as F16 for the wgmma kernel */
+                KC_FATAL(kc_kv_f8_to_half(L->k, L->v, s->f8sh_k, s->f8sh_v, s->d_f8sh, st->f8sh_pairs, c->n_head_kv, hd, bs, cs));
+                KC_FATAL(kc_attention_prefill_fa3(s->q, NULL, s->f8sh_k, s->f8sh_v, s->att, meta_tiles(s, s->d_meta), st->n_tiles,
+                                                  d_pos, d_seq, d_f8sbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, cs));
+                s->xq_o.n = 0; /* wo reads the f32 rows */
             } else if (st->n_tiles && s->kv_f8) {
                 KC_FATAL(kc_attention_prefill_tc_f8(s->q, L->k, L->v, s->att, meta_tiles(s, s->d_meta), st->n_tiles, d_pos, d_seq,
                                                     lbt, max_blocks, c->n_head, c->n_head_kv, hd, bs, scale, s->plan.att_pf_warps,
@@ -1045,6 +1061,26 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
     int fits = st->pf_split > 1 && !st->pf_split_fa3 && !s->kv_f8 && stt > 0;
     for (int q = 0; fits && q < b->n_seqs; q++) fits = b->seq_len[q] <= stt;
     if (fits) st->pf_warps = s->plan.att_pf_split_warps;
+    /* FP8 cache, prefill tiles alone, unsplit: the sequences' blocks copied to F16 for the wgmma
+     * kernel (the plan's att_pf_f8_fa3) where the copy holds them */
+    if (s->f8sh_cap && st->n_tiles && !st->n_dec && st->pf_split <= 1) {
+        int32_t *pairs = s->h_f8sh, *sbt = s->h_f8sh + 2 * (size_t)s->f8sh_cap;
+        const int mb = s->lim.max_blocks, bs = s->lim.block_size;
+        int n = 0, fits = 1;
+        for (int q = 0; q < b->n_seqs && fits; q++) {
+            const int nb = b->pos[b->seq_start[q] + b->seq_len[q] - 1] / bs + 1;
+            if (n + nb > s->f8sh_cap || nb > b->n_blocks[q]) fits = 0;
+            for (int j = 0; fits && j < nb; j++, n++) {
+                pairs[2 * n] = b->block_tables[(size_t)q * b->bt_stride + j];
+                pairs[2 * n + 1] = n;
+                sbt[(size_t)q * mb + j] = n;
+            }
+        }
+        if (fits) {
+            st->f8sh_pairs = n;
+            st->f8sh_ints = 2 * (size_t)s->f8sh_cap + (size_t)b->n_seqs * mb;
+        }
+    }
     const int nd = pure_decode ? n_bucket : st->n_dec;
     st->n_split = st->n_dec ? tc_splits(s, nd) : 1;
     *meta_chunk(s, s->h_meta) = kc_plan_dec_chunk(&s->plan, s->cfg.n_head_kv, nd > 0 ? nd : 1, st->n_split, max_pos);
@@ -1252,6 +1288,10 @@ static void cuda_destroy(ex_backend *base) {
                      s->att_counters, s->qkv_ctr, s->pf_partial, s->pf_counters, s->d_samp, s->d_sout, s->act_img };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     cudaFreeHost(s->h_meta);
+    cudaFreeHost(s->h_f8sh);
+    cudaFree(s->d_f8sh);
+    cudaFree(s->f8sh_k);
+    cudaFree(s->f8sh_v);
     cudaFreeHost(s->h_logits);
     cudaFreeHost(s->h_hidden);
     cudaFreeHost(s->h_samp);
@@ -1865,6 +1905,21 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
             !(s->samp_mark = malloc(R)) || !(s->samp_slot = malloc(R * sizeof(int))))
             goto oom;
         memset(s->h_meta, 0, s->meta_ints * 4);
+        /* the plan's att_pf_f8_fa3: room for two whole contexts of F16 copies, full-attention
+         * layers only, the wgmma kernel's tiles the same as the mma.sync kernel's */
+        if (s->kv_f8 && s->att_tc && s->plan.att_pf_f8_fa3 && c->n_layer_swa == 0 &&
+            kc_attention_fa3_ok(c->head_dim, c->n_head, c->n_head_kv, s->lim.block_size) &&
+            kc_attention_fa3_tile_tok(c->n_head, c->n_head_kv) == s->pf_tile_tok) {
+            const int bs = s->lim.block_size;
+            s->f8sh_cap = (2 * s->lim.n_ctx + bs - 1) / bs;
+            const size_t blk = (size_t)c->n_head_kv * bs * c->head_dim * 2, ints = 2 * (size_t)s->f8sh_cap +
+                                                                                  (size_t)(s->lim.max_seqs + 1) * s->lim.max_blocks;
+            if (dalloc(&s->f8sh_k, blk * s->f8sh_cap) || dalloc(&s->f8sh_v, blk * s->f8sh_cap) || dalloc(&s->d_f8sh, ints * 4) ||
+                cudaMallocHost((void **)&s->h_f8sh, ints * 4) != cudaSuccess)
+                goto oom;
+            CM_LOG_INFO("cuda", "att_pf_f8_fa3: prefill over the FP8 cache on the wgmma kernel through an F16 copy",
+                        "blocks=%d gib=%.2f", s->f8sh_cap, 2.0 * blk * s->f8sh_cap / GIB);
+        }
     }
     CM_LOG_INFO("cuda", "weights uploaded", "device=%d name=\"%s\" weights_gib=%.2f seconds=%.2f", o->device, prop.name,
                 s->weight_bytes / GIB, cm_time_s() - t0);

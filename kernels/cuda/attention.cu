@@ -250,3 +250,28 @@ extern "C" int kc_attention_ex_f8(const float *q, const void *k_cache, const voi
     return attention_ex<true>(q, k_cache, v_cache, out, xq, pos, seq, block_tables, max_blocks, n_tok, n_head, n_kv, hd,
                               block_size, scale, n_split, chunk, splits, partial, counters, kv_ready, s);
 }
+
+// A (pair, K or V) a CTA: the block's rows r, heads h, 8 values at a time, from the FP8 layout
+// ([bs][n_kv][hd] codes, then [bs][n_kv] scales) to the F16 one ([n_kv][bs][hd] halves).
+__global__ void kv_f8_to_half_kernel(const uint8_t *k8, const uint8_t *v8, __half *kh, __half *vh, const int32_t *pairs, int n_kv,
+                                     int hd, int bs) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
+    const uint8_t *cache = blockIdx.y ? v8 : k8;
+    __half *out = (blockIdx.y ? vh : kh) + (size_t)dst * n_kv * bs * hd;
+    const int per_row = hd / 8, n = bs * n_kv * per_row;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int c = i % per_row, rh = i / per_row, r = rh / n_kv, h = rh % n_kv; // rh = r n_kv + h: the FP8 order
+        *(uint4 *)(out + ((size_t)h * bs + r) * hd + 8 * c) = kv_f8_load8(cache, (size_t)src, r, h, n_kv, bs, hd, 8 * c);
+    }
+}
+
+extern "C" int kc_kv_f8_to_half(const void *k8, const void *v8, kc_half *kh, kc_half *vh, const int32_t *pairs, int n_pairs, int n_kv,
+                                int hd, int block_size, cudaStream_t s) {
+    if (!k8 || !v8 || !kh || !vh || !pairs || n_pairs < 0 || n_kv <= 0 || hd <= 0 || hd % 8 || block_size <= 0) return CM_EINVAL;
+    if (!n_pairs) return 0;
+    kc_launch(kv_f8_to_half_kernel, dim3(n_pairs, 2), dim3(256), 0, s, (const uint8_t *)k8, (const uint8_t *)v8, (__half *)kh,
+              (__half *)vh, pairs, n_kv, hd, block_size);
+    KC_LAUNCH_CHECK();
+}

@@ -186,6 +186,10 @@ typedef struct kc_plan {
                            * rotation (kc_qkv_half_use, where kc_rope_pf_ok; 0: f32 rows) */
     int pf_q_half;        /* 1: a step of prefill tiles alone on the wgmma kernel gets q from the
                            * rotation as the kernel's half operand (kc_rope_store_kv_pf; same bits) */
+    int att_pf_f8_fa3;    /* 1: a step of prefill tiles alone over an FP8 cache copies its sequences'
+                           * blocks to an F16 scratch (kc_kv_f8_to_half) for the Hopper prefill
+                           * kernel, where the scratch holds them; 0: the mma.sync kernel reads the
+                           * FP8 cache */
     int f8_x_img;         /* 1: an F8_E4M3 matrix on cuBLASLt's FP8 GEMM takes its activations as
                            * codes and token scales written by their producer (RMSNorm, the gated
                            * activation: KC_X_F8) instead of quantizing f32 rows itself (same bits) */
@@ -637,6 +641,13 @@ int kc_attention_prefill_tc_f8(const float *q, const void *k_cache, const void *
                                const int32_t *tiles, int n_tiles, const int32_t *pos, const int32_t *seq,
                                const int32_t *block_tables, int max_blocks, int n_head, int n_kv, int hd, int block_size,
                                float scale, int warps, cudaStream_t s);
+/* FP8 cache blocks as F16 cache blocks, for the Hopper prefill kernel on an FP8 cache (the plan's
+ * att_pf_f8_fa3): for each pair p, block pairs[2p] of k8 / v8 (the FP8 layout above) is written
+ * as block pairs[2p + 1] of kh / vh (the F16 layout: [n_kv][block_size][hd] halves a block),
+ * each value code x scale in f32 rounded to half (kv_f8_expand8: the values the mma.sync
+ * prefill kernel computes with). hd % 8 == 0. */
+int kc_kv_f8_to_half(const void *k8, const void *v8, kc_half *kh, kc_half *vh, const int32_t *pairs, int n_pairs, int n_kv,
+                     int hd, int block_size, cudaStream_t s);
 
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). logits: [n_rows, n_vocab] f32. */
 int kc_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, cudaStream_t s);

@@ -67,6 +67,7 @@ const field k_fields[] = {
     F(qkv_half_min_tok, 0, 1 << 20),
     F(pf_q_half, 0, 1),
     F(f8_x_img, 0, 1),
+    F(att_pf_f8_fa3, 0, 1),
 };
 #undef F
 static_assert(KC_N_QTYPES == 8, "one gemmq_max_tok key per quantized type (kc_qtype_index's order)");

@@ -2907,6 +2907,39 @@ static void test_kv_fp8(cudaStream_t s) {
                      n_head / n_kv, stat, rc, e);
             cudaFree(dtiles);
         }
+        /* the Hopper prefill kernel on the FP8 cache's blocks copied to F16 (kc_kv_f8_to_half, the
+         * plan's att_pf_f8_fa3): each sequence's blocks in order into a compact copy with its own
+         * block table, against the same reference */
+        if (kc_attention_fa3_ok(hd, n_head, n_kv, bs)) {
+            int32_t pairs[2 * 3 * 19], sbt[3 * 19] = { 0 };
+            int np = 0;
+            for (int q = 0; q < n_seq; q++)
+                for (int j = 0; j < (lens[q] - 1) / bs + 1; j++, np++) {
+                    pairs[2 * np] = bt[q * max_blocks + j];
+                    pairs[2 * np + 1] = np;
+                    sbt[q * max_blocks + j] = np;
+                }
+            const size_t hblk = (size_t)n_kv * bs * hd * 2;
+            kc_half *shk, *shv;
+            CK(cudaMalloc((void **)&shk, hblk * np));
+            CK(cudaMalloc((void **)&shv, hblk * np));
+            poison(shk, hblk * np);
+            poison(shv, hblk * np);
+            int32_t *dpairs = dev_upload(pairs, (size_t)np * 8), *dsbt = dev_upload(sbt, sizeof sbt);
+            int nt = 0;
+            int32_t *dtiles = make_tiles(lens, n_seq, kc_attention_fa3_tile_tok(n_head, n_kv), &nt);
+            poison(dout, (size_t)n_tok * nq * 4);
+            rc = kc_kv_f8_to_half(dk, dv, shk, shv, dpairs, np, n_kv, hd, bs, s);
+            if (!rc)
+                rc = kc_attention_prefill_fa3(dq, NULL, shk, shv, dout, dtiles, nt, dpos, dseq, dsbt, max_blocks, n_head, n_kv, hd,
+                                              bs, sc, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(got, dout, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
+            const double e = rel_err(got, ref, (size_t)n_tok * nq);
+            T_CHECKF(rc == 0 && e < 5e-3, "attention fp8 KV (wgmma prefill on the blocks copied to F16) hd=%d G=%d static=%d rc=%d "
+                     "rel_err %.3g", hd, n_head / n_kv, stat, rc, e);
+            cudaFree(shk); cudaFree(shv); cudaFree(dpairs); cudaFree(dsbt); cudaFree(dtiles);
+        }
         cudaFree(dout); cudaFree(part); cudaFree(cnt); cudaFree(dchunk);
         cudaFree(dqkv); cudaFree(dq); cudaFree(dks); cudaFree(dvs); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
         cudaFree(dk); cudaFree(dv);
