@@ -288,8 +288,7 @@ __global__ void quantize_f8_kernel(const float *x, int n, uint8_t *q, float *xs)
 // loads in flight where the step has few tokens. The same amax, scale and codes.
 constexpr int F8Q_THREADS = 512;
 template <int V> __global__ void __launch_bounds__(F8Q_THREADS) quantize_f8_vec_kernel(const float *x, int n, uint8_t *q, float *xs) {
-    __shared__ float red[F8Q_THREADS / 32];
-    __shared__ float rmax;
+    __shared__ float red[32];
     const int t = blockIdx.x, n4 = n / 4;
     const float4 *xr = (const float4 *)(x + (size_t)t * n);
     float4 v[V];
@@ -298,25 +297,7 @@ template <int V> __global__ void __launch_bounds__(F8Q_THREADS) quantize_f8_vec_
         const int i = threadIdx.x + j * F8Q_THREADS;
         v[j] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; j++) amax = fmaxf(amax, kc_amax4(v[j]));
-    amax = kc_warp_max(amax);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        const float m = kc_warp_max(threadIdx.x < F8Q_THREADS / 32 ? red[threadIdx.x] : 0.0f);
-        if (threadIdx.x == 0) rmax = m;
-    }
-    __syncthreads();
-    const float sc = kc_f8_scale(rmax);
-    if (threadIdx.x == 0) xs[t] = sc;
-    uint32_t *qr = (uint32_t *)(q + (size_t)t * n);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        const int i = threadIdx.x + j * F8Q_THREADS;
-        if (i < n4) qr[i] = kc_f8_code4(v[j], sc);
-    }
+    kc_f8_row(v, n, q + (size_t)t * n, xs + t, red);
 }
 
 extern "C" int kc_quantize_f8(const float *x, int n_tok, int n, uint8_t *q, float *scale, cudaStream_t s) {

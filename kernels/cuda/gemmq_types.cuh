@@ -119,19 +119,7 @@ static inline img_out img_asked(kc_xq *xq, int n_tok, int n, bool f8 = false) {
 // kc_quantize_f8 writes for the same values. Every thread of the CTA calls it (two barriers).
 template <int V>
 __device__ __forceinline__ void kc_f8_store_row(const img_out &im, const float4 (&v)[V], int t, float *red) {
-    const int n4 = im.n / 4;
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; j++)
-        if (threadIdx.x + j * blockDim.x < n4) amax = fmaxf(amax, kc_amax4(v[j]));
-    const float sc = kc_f8_scale(kc_block_max(amax, red));
-    if (threadIdx.x == 0) im.sc[t] = sc;
-    uint32_t *q = (uint32_t *)((uint8_t *)im.p + (size_t)t * im.n);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < n4) q[i] = kc_f8_code4(v[j], sc);
-    }
+    kc_f8_row(v, im.n, (uint8_t *)im.p + (size_t)t * im.n, im.sc + t, red);
 }
 
 // How qt<T>::loadv reads a raw set: straight from global memory here; gemmq_wg.cu's shared ring

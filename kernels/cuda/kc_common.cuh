@@ -38,29 +38,20 @@ __device__ __forceinline__ float kc_warp_max(float v) {
     return v;
 }
 
-// Sum over a block of blockDim.x threads (multiple of 32, <= 1024). `red` holds 32 floats.
-__device__ __forceinline__ float kc_block_sum(float v, float *red) {
+// Sum (MAX: maximum) over a block of blockDim.x threads (multiple of 32, <= 1024). `red` holds 32
+// floats; the barrier before it is written lets a caller use it again right after a reduction.
+template <bool MAX = false> __device__ __forceinline__ float kc_block_reduce(float v, float *red) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = kc_warp_sum(v);
+    v = MAX ? kc_warp_max(v) : kc_warp_sum(v);
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
     int nw = blockDim.x >> 5;
     v = lane < nw ? red[lane] : 0.0f;
-    return kc_warp_sum(v);
+    return MAX ? kc_warp_max(v) : kc_warp_sum(v);
 }
-
-// Maximum over a block of blockDim.x threads (multiple of 32, <= 1024). `red` holds 32 floats.
-__device__ __forceinline__ float kc_block_max(float v, float *red) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = kc_warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    int nw = blockDim.x >> 5;
-    v = lane < nw ? red[lane] : 0.0f;
-    return kc_warp_max(v);
-}
+__device__ __forceinline__ float kc_block_sum(float v, float *red) { return kc_block_reduce<false>(v, red); }
+__device__ __forceinline__ float kc_block_max(float v, float *red) { return kc_block_reduce<true>(v, red); }
 
 // ---- step trace (builds with -DKC_TRACE only: cmake -DARKA_CUDA_TRACE=ON) ----------------------
 // Every CTA of a traced kernel (KC_TRACE_SCOPE as its first statement) records its kind, SM,
@@ -157,6 +148,24 @@ __device__ __forceinline__ uint32_t kc_f8_code(float f, float sc) {
 // four codes in one word, v.x in the low byte
 __device__ __forceinline__ uint32_t kc_f8_code4(float4 v, float sc) {
     return kc_f8_code(v.x, sc) | kc_f8_code(v.y, sc) << 8 | kc_f8_code(v.z, sc) << 16 | kc_f8_code(v.w, sc) << 24;
+}
+// One token's row of n values (n % 4 == 0) held by the CTA: thread i has float4s i, i + blockDim.x,
+// ... (V of them; those at or past n / 4 ignored). Writes the row's codes into q (4-byte aligned)
+// and its scale into *scale (thread 0); every thread of the CTA calls it (two barriers).
+template <int V>
+__device__ __forceinline__ void kc_f8_row(const float4 (&v)[V], int n, uint8_t *q, float *scale, float *red) {
+    const int n4 = n / 4;
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        if (threadIdx.x + j * blockDim.x < n4) amax = fmaxf(amax, kc_amax4(v[j]));
+    const float sc = kc_f8_scale(kc_block_max(amax, red));
+    if (threadIdx.x == 0) *scale = sc;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < n4) ((uint32_t *)q)[i] = kc_f8_code4(v[j], sc);
+    }
 }
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
