@@ -307,7 +307,7 @@ extern "C" int kc_weight_repack(int type, const void *src, int n_in, int n_rows,
 // ---- GEMV (F32, F16, BF16 weights) ---------------------------------------------------------
 // Each warp owns R consecutive output rows; each lane walks 16-byte chunks of those rows (EPC
 // elements per chunk), loads the matching activations once for all R rows, and accumulates in
-// f32. F16 rows multiply in half2 within a chunk and add the chunk's partial to the f32
+// f32. F16 rows multiply in half2, two products a lane, and add the chunk's partials to the f32
 // accumulator. For every (token, row) the summation order is fixed by the row length alone, so
 // results do not depend on how many tokens share a call. (Quantized weights: the integer GEMV
 // below.)
@@ -341,17 +341,22 @@ template <> struct wchunk<DT_BF16> {
 
 template <> struct wchunk<DT_F16> {
     static constexpr int EPC = 8;
-    // activations already half (the producer's copy, kc_xq.xh, or converted just before)
+    // activations already half (the producer's copy, kc_xq.xh, or converted just before). Half
+    // sums of two products a lane, added in f32: the chains of four half sums this replaced left
+    // phi3-tiny96's F16 decode at top-1 98.667 % against the CPU (4 near ties; rel_mean 1.51e-3
+    // -> 1.30e-3, top-1 100 %) for 0.6 % of llama2-7b F16 batch 1 (276.8 -> 275.2 tok/s on an
+    // H200); exact products with f32 sums gave rel_mean 9.1e-4 at 265 tok/s (bench/RESULTS.md,
+    // twenty-eighth session)
     template <int NT> __device__ static void dot_h(uint4 w, const __half2 (*x)[4], float *acc) {
         const __half2 *h = (const __half2 *)&w;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             __half2 p = __hmul2(h[0], x[t][0]);
             p = __hfma2(h[1], x[t][1], p);
-            p = __hfma2(h[2], x[t][2], p);
-            p = __hfma2(h[3], x[t][3], p);
-            float2 f = __half22float2(p);
-            acc[t] += f.x + f.y;
+            __half2 q = __hmul2(h[2], x[t][2]);
+            q = __hfma2(h[3], x[t][3], q);
+            const float2 f = __half22float2(p), g = __half22float2(q);
+            acc[t] += (f.x + f.y) + (g.x + g.y);
         }
     }
     template <int NT> __device__ static void dot(uint4 w, const kc_half *, int, const float (*x)[8], float *acc) {
