@@ -1061,13 +1061,15 @@ static void stage_step(cu_state *s, const ex_batch *b, int pure_decode, int n_bu
     int fits = st->pf_split > 1 && !st->pf_split_fa3 && !s->kv_f8 && stt > 0;
     for (int q = 0; fits && q < b->n_seqs; q++) fits = b->seq_len[q] <= stt;
     if (fits) st->pf_warps = s->plan.att_pf_split_warps;
-    /* FP8 cache, prefill tiles alone, unsplit: the sequences' blocks copied to F16 for the wgmma
-     * kernel (the plan's att_pf_f8_fa3) where the copy holds them */
-    if (s->f8sh_cap && st->n_tiles && !st->n_dec && st->pf_split <= 1) {
+    /* FP8 cache, unsplit prefill tiles (alone or beside decode tokens, which keep reading the
+     * FP8 cache): the tiles' sequences' blocks copied to F16 for the wgmma kernel (the plan's
+     * att_pf_f8_fa3) where the copy holds them */
+    if (s->f8sh_cap && st->n_tiles && st->pf_split <= 1) {
         int32_t *pairs = s->h_f8sh, *sbt = s->h_f8sh + 2 * (size_t)s->f8sh_cap;
         const int mb = s->lim.max_blocks, bs = s->lim.block_size;
         int n = 0, fits = 1;
         for (int q = 0; q < b->n_seqs && fits; q++) {
+            if (b->seq_len[q] == 1) continue; /* a decode token: no tile reads the copy's row */
             const int nb = b->pos[b->seq_start[q] + b->seq_len[q] - 1] / bs + 1;
             if (n + nb > s->f8sh_cap || nb > b->n_blocks[q]) fits = 0;
             for (int j = 0; fits && j < nb; j++, n++) {
