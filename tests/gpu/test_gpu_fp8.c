@@ -55,6 +55,15 @@ static int run(g_eng *g, const int32_t *toks, int n, int pos0, const ex_kv_table
     return rc < 0 ? rc : 0;
 }
 
+static double rel_err(const float *a, const float *ref, int n) {
+    double num = 0, den = 0;
+    for (int j = 0; j < n; j++) {
+        num += ((double)a[j] - ref[j]) * ((double)a[j] - ref[j]);
+        den += (double)ref[j] * ref[j];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
 static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     g_eng g;
     if (open_eng(&g, m, backend, quantize)) {
@@ -99,14 +108,7 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     if (!rc) rc = run(&g, toks + np, ns, np, &tb, shared);
     T_CHECKF(rc == 0, "%s prefix run rc=%d", backend, rc);
     if (!rc) {
-        double num = 0, den = 0, num2 = 0, den2 = 0;
-        for (int j = 0; j < V; j++) {
-            num += ((double)shared[j] - scratch[j]) * ((double)shared[j] - scratch[j]);
-            den += (double)scratch[j] * scratch[j];
-            num2 += ((double)shared[j] - split[j]) * ((double)shared[j] - split[j]);
-            den2 += (double)split[j] * split[j];
-        }
-        const double e = sqrt(num / (den > 0 ? den : 1)), e2 = sqrt(num2 / (den2 > 0 ? den2 : 1));
+        const double e = rel_err(shared, scratch, V), e2 = rel_err(shared, split, V);
         const int t1 = g_argmax(shared, V) == g_argmax(scratch, V), t2 = g_argmax(shared, V) == g_argmax(split, V);
         printf("%s fp8 KV%s: shared-prefix vs from-scratch logits rel err %.3g, top-1 %s; vs from scratch in the same "
                "steps rel err %.3g, top-1 %s\n", backend, quantize ? " + fp8 weights" : "", e, t1 ? "equal" : "differs", e2,
@@ -134,15 +136,6 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     free(shared);
     free(a_last);
     g_close(&g);
-}
-
-static double rel_err(const float *a, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int j = 0; j < n; j++) {
-        num += ((double)a[j] - ref[j]) * ((double)a[j] - ref[j]);
-        den += (double)ref[j] * ref[j];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
 }
 
 static void test_mixed(const mdl_model *m, const char *backend) {
