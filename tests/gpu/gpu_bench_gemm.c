@@ -31,15 +31,6 @@ static void fill_random(void *dev, size_t n, uint32_t seed) {
     free(h);
 }
 
-#define LT(x)                                                                              \
-    do {                                                                                   \
-        cublasStatus_t st_ = (x);                                                          \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
 /* n random E4M3 codes (magnitudes 2^-4 .. 2^4, both signs: no NaN) */
 static void fill_codes(void *dev, size_t n, uint32_t seed) {
     uint8_t *h = malloc(n);
@@ -71,27 +62,27 @@ static lt_timing lt_time(cublasLtHandle_t lt, void *ws, size_t ws_bytes, void *c
     CK(cudaEventCreate(&e1));
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
-    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (fast >= 0) {
         const int8_t f = fast > 0;
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof f));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof f));
     }
     if (sa) {
         const int32_t vm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     }
-    LT(cublasLtMatrixLayoutCreate(&la, ab, K, M, K));
-    LT(cublasLtMatrixLayoutCreate(&lb, ab, K, N, K));
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
+    CKB(cublasLtMatrixLayoutCreate(&la, ab, K, M, K));
+    CKB(cublasLtMatrixLayoutCreate(&lb, ab, K, N, K));
+    CKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, M, N, M));
     cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    CKB(cublasLtMatmulPreferenceCreate(&pref));
+    CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
     cublasLtMatmulHeuristicResult_t res[16];
     lt_timing r = { 0, -1, -1, -1, { -1, -1, -1, -1, -1 } };
     if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &r.nres) != CUBLAS_STATUS_SUCCESS) r.nres = 0;
@@ -144,7 +135,7 @@ static int bench_fp8(int argc, char **argv) {
         { "qkv", 4096, 6144 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 28672 }, { "down", 14336, 4096 },
     };
     cublasLtHandle_t lt;
-    LT(cublasLtCreate(&lt));
+    CKB(cublasLtCreate(&lt));
     size_t ws_bytes = 32u << 20;
     void *ws;
     CK(cudaMalloc(&ws, ws_bytes));
@@ -205,12 +196,12 @@ int main(int argc, char **argv) {
     };
     cublasHandle_t cb;
     cublasLtHandle_t lt;
-    LT(cublasCreate(&cb));
-    LT(cublasLtCreate(&lt));
+    CKB(cublasCreate(&cb));
+    CKB(cublasLtCreate(&lt));
     size_t ws_bytes = 32u << 20;
     void *ws;
     CK(cudaMalloc(&ws, ws_bytes));
-    LT(cublasSetWorkspace(cb, ws, ws_bytes));
+    CKB(cublasSetWorkspace(cb, ws, ws_bytes));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -239,7 +230,7 @@ int main(int argc, char **argv) {
             /* cublasGemmEx, as kc_matmul calls it: y[N][M] = W[M][K] x[N][K]^T */
             for (int i = 0; i < iters + 4; i++) {
                 if (i == 4) CK(cudaEventRecord(e0, 0));
-                LT(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, w[i % copies], CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, y,
+                CKB(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, w[i % copies], CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, y,
                                 CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             }
             CK(cudaEventRecord(e1, 0));

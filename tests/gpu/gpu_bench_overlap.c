@@ -44,14 +44,6 @@ static const int k_in[NMAT] = { 4096, 4096, 4096, 14336 }, k_out[NMAT] = { 6144,
             exit(1);                                                                      \
         }                                                                                 \
     } while (0)
-#define BL(x)                                                                             \
-    do {                                                                                  \
-        cublasStatus_t s_ = (x);                                                          \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #x, s_); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 static int g_f8;
 
@@ -132,15 +124,15 @@ static void mm_plan(mm_s *m, int slot, int n, const half_s *h) {
     m->ntok[slot] = n;
     if (!g_f8) return;
     for (int i = 0; i < NMAT; i++) {
-        BL(cublasLtMatrixLayoutCreate(&m->lb[i][slot], CUDA_R_8F_E4M3, k_in[i], n, k_in[i]));
-        BL(cublasLtMatrixLayoutCreate(&m->lc[i][slot], CUDA_R_32F, k_out[i], n, k_out[i]));
+        CKB(cublasLtMatrixLayoutCreate(&m->lb[i][slot], CUDA_R_8F_E4M3, k_in[i], n, k_in[i]));
+        CKB(cublasLtMatrixLayoutCreate(&m->lc[i][slot], CUDA_R_32F, k_out[i], n, k_out[i]));
         cublasLtMatmulPreference_t pref;
-        BL(cublasLtMatmulPreferenceCreate(&pref));
-        BL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &m->ws_bytes, sizeof m->ws_bytes));
+        CKB(cublasLtMatmulPreferenceCreate(&pref));
+        CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &m->ws_bytes, sizeof m->ws_bytes));
         cublasLtMatmulHeuristicResult_t r;
         int nr = 0;
         /* the scale pointers are part of the descriptor: set the half's before the query */
-        BL(cublasLtMatmulDescSetAttribute(m->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &h->sx, sizeof h->sx));
+        CKB(cublasLtMatmulDescSetAttribute(m->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &h->sx, sizeof h->sx));
         if (cublasLtMatmulAlgoGetHeuristic(m->lt, m->op, m->la[i], m->lb[i][slot], m->lc[i][slot], m->lc[i][slot], pref, 1, &r, &nr) !=
                 CUBLAS_STATUS_SUCCESS || nr < 1) {
             fprintf(stderr, "no cuBLASLt FP8 algorithm for %d x %d x %d\n", k_out[i], n, k_in[i]);
@@ -154,11 +146,11 @@ static void mm_plan(mm_s *m, int slot, int n, const half_s *h) {
 static mm_s mm_new(const mm_s *share) {
     mm_s m;
     memset(&m, 0, sizeof m);
-    BL(cublasCreate(&m.cb));
-    BL(cublasLtCreate(&m.lt));
+    CKB(cublasCreate(&m.cb));
+    CKB(cublasLtCreate(&m.lt));
     m.ws_bytes = 32u << 20;
     CK(cudaMalloc(&m.ws, m.ws_bytes));
-    BL(cublasSetWorkspace(m.cb, m.ws, m.ws_bytes));
+    CKB(cublasSetWorkspace(m.cb, m.ws, m.ws_bytes));
     if (share) {
         memcpy(m.w, share->w, sizeof m.w);
         m.sw = share->sw;
@@ -173,15 +165,15 @@ static mm_s mm_new(const mm_s *share) {
         CK(cudaMemset(m.sw, 0, 28672 * 4));
     }
     if (g_f8) {
-        BL(cublasLtMatmulDescCreate(&m.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CKB(cublasLtMatmulDescCreate(&m.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        BL(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        BL(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        CKB(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CKB(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         const int32_t vm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        BL(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
-        BL(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
-        BL(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &m.sw, sizeof m.sw));
-        for (int i = 0; i < NMAT; i++) BL(cublasLtMatrixLayoutCreate(&m.la[i], CUDA_R_8F_E4M3, k_in[i], k_out[i], k_in[i]));
+        CKB(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vm, sizeof vm));
+        CKB(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vm, sizeof vm));
+        CKB(cublasLtMatmulDescSetAttribute(m.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &m.sw, sizeof m.sw));
+        for (int i = 0; i < NMAT; i++) CKB(cublasLtMatrixLayoutCreate(&m.la[i], CUDA_R_8F_E4M3, k_in[i], k_out[i], k_in[i]));
     }
     return m;
 }
@@ -191,15 +183,15 @@ static void matmuls(mm_s *m, int slot, const half_s *h, int l, cudaStream_t s) {
     const float one = 1.0f, zero = 0.0f;
     const int n = m->ntok[slot];
     if (!g_f8) {
-        BL(cublasSetStream(m->cb, s));
+        CKB(cublasSetStream(m->cb, s));
         for (int i = 0; i < NMAT; i++)
-            BL(cublasGemmEx(m->cb, CUBLAS_OP_T, CUBLAS_OP_N, k_out[i], n, k_in[i], &one, m->w[l % NSETS][i], CUDA_R_16F, k_in[i], h->x,
+            CKB(cublasGemmEx(m->cb, CUBLAS_OP_T, CUBLAS_OP_N, k_out[i], n, k_in[i], &one, m->w[l % NSETS][i], CUDA_R_16F, k_in[i], h->x,
                             CUDA_R_16F, k_in[i], &zero, h->y, CUDA_R_32F, k_out[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
-    BL(cublasLtMatmulDescSetAttribute(m->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &h->sx, sizeof h->sx));
+    CKB(cublasLtMatmulDescSetAttribute(m->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &h->sx, sizeof h->sx));
     for (int i = 0; i < NMAT; i++)
-        BL(cublasLtMatmul(m->lt, m->op, &one, m->w[l % NSETS][i], m->la[i], h->x, m->lb[i][slot], &zero, h->y, m->lc[i][slot], h->y,
+        CKB(cublasLtMatmul(m->lt, m->op, &one, m->w[l % NSETS][i], m->la[i], h->x, m->lb[i][slot], &zero, h->y, m->lc[i][slot], h->y,
                           m->lc[i][slot], &m->algo[i][slot], m->ws, m->ws_bytes, s));
 }
 
