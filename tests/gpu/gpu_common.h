@@ -1,5 +1,6 @@
 /* gpu_common: helpers shared by the GPU-host programs in tests/gpu/ (engine setup, greedy
- * decoding of several sequences in one batch, argmax). Header-only, test code only. */
+ * decoding of several sequences in one batch, argmax, a logits row's relative error).
+ * Header-only, test code only. */
 #ifndef ARKA_GPU_COMMON_H
 #define ARKA_GPU_COMMON_H
 
@@ -8,6 +9,7 @@
 #include "executor/kv.h"
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +56,17 @@ static inline int32_t g_argmax(const float *row, int n) {
     for (int j = 1; j < n; j++)
         if (row[j] > row[best]) best = j;
     return best;
+}
+
+/* Relative error of one logits row x against ref: ||x - ref|| / ||ref|| (NaN where x has one). */
+static inline double g_row_rel_err(const float *x, const float *ref, int V) {
+    double num = 0, den = 0;
+    for (int j = 0; j < V; j++) {
+        const double d = (double)x[j] - ref[j];
+        num += d * d;
+        den += (double)ref[j] * ref[j];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
 }
 
 /* Decodes n_seq sequences together: one prefill step over all prompts (apart: one forward a

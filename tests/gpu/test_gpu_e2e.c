@@ -59,17 +59,6 @@ static void test_stories(const char *path) {
     mdl_free(m);
 }
 
-/* Relative error of one logits row x against ref: ||x - ref|| / ||ref|| (NaN where x has one). */
-static double row_rel_err(const float *x, const float *ref, int V) {
-    double num = 0, den = 0;
-    for (int j = 0; j < V; j++) {
-        const double d = (double)x[j] - ref[j];
-        num += d * d;
-        den += (double)ref[j] * ref[j];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 static void test_logits(const char *path) {
     mdl_model *m;
     char err[512];
@@ -92,7 +81,7 @@ static void test_logits(const char *path) {
     int agree = 0;
     double worst = 0, sum = 0;
     for (int p = 0; p < n; p++) {
-        double e = row_rel_err(lg + (size_t)p * V, lc + (size_t)p * V, V);
+        double e = g_row_rel_err(lg + (size_t)p * V, lc + (size_t)p * V, V);
         worst = e > worst || e != e ? e : worst;
         sum += e;
         agree += g_argmax(lg + (size_t)p * V, V) == g_argmax(lc + (size_t)p * V, V);
@@ -188,7 +177,7 @@ static void test_batch_invariance(const char *path, int graphs) {
     int agree = 0, n_err = 0;
     for (int s = 0; s < 4; s++)
         for (int i = 0; i < n_gen; i++) {
-            double e = row_rel_err(lf[s] + (size_t)i * V, la[s] + (size_t)i * V, V);
+            double e = g_row_rel_err(lf[s] + (size_t)i * V, la[s] + (size_t)i * V, V);
             worst = e > worst || e != e ? e : worst;
             errs[n_err++] = e;
             agree += forced[s][i] == alone[s][i];
@@ -304,7 +293,7 @@ static void test_mixed(const char *path) {
     int agree = 0;
     for (int p = 0; p < 2 * n_gen; p++) {
         const float *x = (p < n_gen ? ga : gb) + (size_t)(p % n_gen) * V, *y = (p < n_gen ? ca : cb) + (size_t)(p % n_gen) * V;
-        double e = row_rel_err(x, y, V);
+        double e = g_row_rel_err(x, y, V);
         worst = e > worst || e != e ? e : worst;
         agree += g_argmax(x, V) == g_argmax(y, V);
     }

@@ -55,15 +55,6 @@ static int run(g_eng *g, const int32_t *toks, int n, int pos0, const ex_kv_table
     return rc < 0 ? rc : 0;
 }
 
-static double rel_err(const float *a, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int j = 0; j < n; j++) {
-        num += ((double)a[j] - ref[j]) * ((double)a[j] - ref[j]);
-        den += (double)ref[j] * ref[j];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     g_eng g;
     if (open_eng(&g, m, backend, quantize)) {
@@ -108,7 +99,7 @@ static void test_prefix(const mdl_model *m, const char *backend, int quantize) {
     if (!rc) rc = run(&g, toks + np, ns, np, &tb, shared);
     T_CHECKF(rc == 0, "%s prefix run rc=%d", backend, rc);
     if (!rc) {
-        const double e = rel_err(shared, scratch, V), e2 = rel_err(shared, split, V);
+        const double e = g_row_rel_err(shared, scratch, V), e2 = g_row_rel_err(shared, split, V);
         const int t1 = g_argmax(shared, V) == g_argmax(scratch, V), t2 = g_argmax(shared, V) == g_argmax(split, V);
         printf("%s fp8 KV%s: shared-prefix vs from-scratch logits rel err %.3g, top-1 %s; vs from scratch in the same "
                "steps rel err %.3g, top-1 %s\n", backend, quantize ? " + fp8 weights" : "", e, t1 ? "equal" : "differs", e2,
@@ -178,7 +169,7 @@ static void test_mixed(const mdl_model *m, const char *backend) {
     }
     T_CHECKF(rc == 0, "%s mixed-step runs rc=%d", backend, rc);
     if (!rc) {
-        const double ea = rel_err(a_mix, a_ref, V), eb = rel_err(b_mix, b_ref, V);
+        const double ea = g_row_rel_err(a_mix, a_ref, V), eb = g_row_rel_err(b_mix, b_ref, V);
         const int t1a = g_argmax(a_mix, V) == g_argmax(a_ref, V), t1b = g_argmax(b_mix, V) == g_argmax(b_ref, V);
         printf("%s fp8 KV: a mixed step (1 decode token + a %d-token prompt) vs each alone: decode rel err %.3g, top-1 %s; "
                "prompt rel err %.3g, top-1 %s\n", backend, nb, ea, t1a ? "equal" : "differs", eb, t1b ? "equal" : "differs");
