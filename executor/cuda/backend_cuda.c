@@ -159,8 +159,8 @@ typedef struct cu_state {
     int *att_counters;                       /* [T, n_head] zeros: split-K merge by the last CTA */
     int *qkv_ctr;                            /* [n_head + n_kv] zeros: kc_matmul_qkv_rope's heads */
     float *pf_partial;                       /* prefill tiles split over the keys: [2 att_dec_ctas][16 x 8 rows][hd + 2] */
-    /* the plan's att_pf_f8_fa3: an F16 copy of a prefill step's FP8 cache blocks (f8sh_cap blocks
-     * of K and of V) for the Hopper prefill kernel, and its staging: block pairs [2 f8sh_cap]
+    /* the plan's att_pf_f8_fa3: an F16 copy of the FP8 cache blocks of a step's prefill tiles
+     * (f8sh_cap blocks of K and of V) for the Hopper prefill kernel, and its staging: block pairs [2 f8sh_cap]
      * (FP8 block, copy block) then the copies' block tables [(S + 1) x max_blocks] (pinned + device) */
     kc_half *f8sh_k, *f8sh_v;
     int f8sh_cap;

@@ -186,10 +186,10 @@ typedef struct kc_plan {
                            * rotation (kc_qkv_half_use, where kc_rope_pf_ok; 0: f32 rows) */
     int pf_q_half;        /* 1: a step of prefill tiles alone on the wgmma kernel gets q from the
                            * rotation as the kernel's half operand (kc_rope_store_kv_pf; same bits) */
-    int att_pf_f8_fa3;    /* 1: a step of prefill tiles alone over an FP8 cache copies its sequences'
-                           * blocks to an F16 scratch (kc_kv_f8_to_half) for the Hopper prefill
-                           * kernel, where the scratch holds them; 0: the mma.sync kernel reads the
-                           * FP8 cache */
+    int att_pf_f8_fa3;    /* 1: a step's unsplit prefill tiles over an FP8 cache (alone or beside
+                           * decode tokens) copy their sequences' blocks to an F16 scratch
+                           * (kc_kv_f8_to_half) for the Hopper prefill kernel, where the scratch
+                           * holds them; 0: the mma.sync kernel reads the FP8 cache */
     int f8_x_img;         /* 1: an F8_E4M3 matrix on cuBLASLt's FP8 GEMM takes its activations as
                            * codes and token scales written by their producer (RMSNorm, the gated
                            * activation: KC_X_F8) instead of quantizing f32 rows itself (same bits) */

@@ -131,10 +131,11 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->qkv_half_min_tok = 0;
     p->pf_q_half = 1;
     p->f8_x_img = 1;
-    // a step of prefill tiles alone over an FP8 cache on the wgmma kernel through an F16 copy of its
-    // blocks (llama3-8b FP8 weights and KV on an H200, prefill 1,024 tokens off / on / off / on:
-    // 56,406 / 62,459 / 55,565 / 62,012 tok/s; 256 x 1,152 decode steps 22,368 / 22,298 / 22,331 /
-    // 22,232, within the spread; bench/RESULTS.md, twenty-eighth session)
+    // a step's prefill tiles over an FP8 cache on the wgmma kernel through an F16 copy of their
+    // sequences' blocks (llama3-8b FP8 weights and KV on an H200, prefill 1,024 tokens off / on /
+    // off / on: 56,406 / 62,459 / 55,565 / 62,012 tok/s; 256 x 1,152 decode steps 22,368 / 22,298
+    // / 22,331 / 22,232, within the spread; arka serve 1,000 / 1,000 at concurrency 256 with mixed
+    // steps' tiles too: 13,265 -> 13,495 output tok/s; bench/RESULTS.md, twenty-eighth session)
     p->att_pf_f8_fa3 = 1;
     // unsplit wgmma prefill launches on one persistent CTA an SM (the kernel alone at 2,048 /
     // 8,192 / 32,768 positions: 0.114 -> 0.109, 1.243 -> 1.238, 17.94 -> 17.94 ms a layer; same bits)
