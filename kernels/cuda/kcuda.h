@@ -206,7 +206,8 @@ typedef struct kc_plan {
                            * either range (same bits); 0: a launch a range, one after the other */
     int f16_tc;           /* 1: the F16 GEMV of 1-8 tokens on mma.sync (exact products, f32 sums:
                            * phi3-tiny96's decode 100 % top-1 against the CPU, but llama2-7b batch 1
-                           * 22 % slower); 0: half2 FMA (products and 8-element sums rounded to half) */
+                           * 22 % slower; the default of MoE models); 0: half2 FMA (products and
+                           * sums of two rounded to half, added in f32) */
     int qkv_rope;         /* 1: one token's K-quant Q|K|V GEMV rotates its own heads and stores K
                            * and V (kc_matmul_qkv_rope: no RoPE launch; same bits) */
     int att_pf_persist;   /* 1: an unsplit launch of the wgmma prefill kernel is persistent (one CTA

@@ -239,6 +239,14 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // leave the attention's key loads exposed?) and a dense model loses is not measured;
     // unmeasured dense models keep 0
     p->att_ph_splits = n_expert > 0 ? 16 : 0;
+    // MoE models' F16 GEMVs on the tensor cores (exact products, f32 sums): top-k routing turns a
+    // hidden state's rounding at a near tie into another expert (a row of logits far off). With
+    // the half2 GEMV, qwen3moe-tiny F16 decode took one of its 1,200 routing choices the other
+    // way against the CPU (top-1 99.667 %, rel_max 0.51 in that row); on the tensor cores it
+    // matched (tests/gpu/models.sh, bench/RESULTS.md, twenty-eighth and twenty-ninth sessions).
+    // Their cost (llama2-7b F16 batch 1 275 -> 215 tok/s) falls on an F16 MoE model's attention
+    // and head matrices only: its experts run on kc_moe_gemv
+    p->f16_tc = n_expert > 0;
     return 0;
 }
 
