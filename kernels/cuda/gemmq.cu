@@ -473,3 +473,223 @@ extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc
     else kc_launch(to_half_gemmq_kernel<DT_Q4_K>, dim3(grid), dim3(256), 0, s, x, pieces, n, n_tok, ntp, (__half *)out);
     KC_LAUNCH_CHECK();
 }
+
+// ---- Q8_0 x 9-32 tokens on int8 mma.sync (kc__gemm_q8i) ----------------------------------------
+// The weights' codes as they are (no dequantization) times the tokens' two-level int8 activations
+// (kc_xq: per block of 32, x ~ s (256 qh + ql) with s the float in m's first word), one m16n8k32
+// MMA per block, 16 rows, 8 tokens and qh or ql: a block's sum 256 sum(w qh) + sum(w ql) is exact
+// in int32 (|.| < 2^28), then times the row's d and the token's s into f32.
+// A CTA of Q8I_KW warps owns Q8I_MT x 16 = 32 rows at a time; warp w takes the w-th of Q8I_KW
+// contiguous ranges of the rows' blocks (a multiple of UB blocks each), and the warps' sums are
+// added in warp order at the end: the order of every sum depends on n_in only, so a token's row is
+// the same bits alone and in a batch.
+// Each warp streams its range through a ring of Q8I_NST stages in shared memory (cp.async, as the
+// decode attention does): a stage holds UB blocks of its 32 rows (codes, then the rows' d), the
+// tokens' qh and ql of those blocks and their scales. (A version that loaded the weights into
+// registers, 64-128 bytes a lane in flight, moved 1.3 TB/s: slower than the wgmma tiles.)
+// Persistent: one CTA an SM takes row tiles blockIdx.x, + gridDim.x, ...; a warp's ring runs on
+// across its tiles, so the next tile's first stages load under this one's last products and sums.
+// Inside a block a lane of quad position t holds bytes 8t .. 8t + 7 of a row as the MMA's k slots
+// 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3; the activations' bytes go to the same slots: the block's
+// dot product is unchanged by the permutation. A stage's rows (weights or tokens) of 32 UB bytes
+// have their 16-byte chunks swizzled (q8i_swz) so that a warp's 8-byte reads of one block meet no
+// bank conflict.
+constexpr int Q8I_KW = 8, Q8I_MT = 2;
+template <int NT8, int UB_, int NST_> struct q8i_cfg {
+    static constexpr int TC = 8 * NT8;          // tokens a stage holds
+    static constexpr int UB = UB_, NST = NST_;  // blocks a stage (2 or 4), stages a ring
+    static constexpr int RB = 32 * UB;          // bytes of a stage row
+    static constexpr int W_OFF = 0, QH_OFF = 32 * RB, QL_OFF = QH_OFF + TC * RB, D_OFF = QL_OFF + TC * RB,
+                         S_OFF = D_OFF + 32 * 2 * UB, STAGE = S_OFF + TC * 8 * UB;
+    static constexpr int RED = Q8I_KW * Q8I_MT * NT8 * 4 * 32 * 4; // a tile's sums of the warps
+    static constexpr int SMEM = Q8I_KW * NST * STAGE + RED;
+};
+template <int UB> __device__ __forceinline__ int q8i_swz(int r) { return UB == 4 ? 2 * (r & 3) : 2 * ((r >> 1) & 1); }
+
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+template <int NT8, int UB_, int NST_>
+__global__ void __launch_bounds__(Q8I_KW * 32)
+q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const int8_t *__restrict__ qh,
+           const int8_t *__restrict__ ql, const int32_t *__restrict__ xm, int n_in, int n_out, int n_tok, float *y, int ldy,
+           int accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    KC_TRACE_SCOPE(KC_TR_GEMV);
+    using C = q8i_cfg<NT8, UB_, NST_>;
+    constexpr int UB = C::UB, TC = C::TC, RB = C::RB, CPR = RB / 16, Q8I_NST = C::NST; // CPR: 16-byte chunks a stage row
+    constexpr int NA = Q8I_MT * NT8 * 4;                              // a lane's sums
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nb = n_in / 32, n_tiles = (n_out + 16 * Q8I_MT - 1) / (16 * Q8I_MT);
+    const int my_tiles = blockIdx.x < n_tiles ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    // this warp's blocks [b_lo, b_hi): a multiple of 4 blocks whatever the stage's UB, so that the
+    // ranges (the order of the sums) do not depend on the token count; nb is even, so every stage's
+    // first block is even and its scale pairs are 4- and 16-byte aligned
+    const int per = ((nb + Q8I_KW - 1) / Q8I_KW + 3) / 4 * 4, b_lo = min(nb, warp * per), b_hi = min(nb, b_lo + per);
+    const int n_st = (b_hi - b_lo + UB - 1) / UB, n_all = n_st * my_tiles; // stages of one tile, of all
+    uint8_t *ring = smem + (size_t)warp * Q8I_NST * C::STAGE;
+    const uint32_t ring_s = kc_smem_addr(ring);
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    auto issue = [&](int i) { // stage i % n_st of the warp's tile i / n_st
+        if (i < n_all) {
+            const int b = b_lo + (i % n_st) * UB, row_base = (blockIdx.x + (i / n_st) * gridDim.x) * 16 * Q8I_MT;
+            const uint32_t st = ring_s + (i % Q8I_NST) * C::STAGE;
+            // the rows' codes: 32 rows x CPR chunks
+#pragma unroll
+            for (int k = 0; k < 32 * CPR / 32; k++) {
+                const int p = lane + 32 * k, r = p / CPR, c = p % CPR;
+                const int row = min(row_base + r, n_out - 1);
+                kc_cp_async16(st + C::W_OFF + r * RB + ((c ^ q8i_swz<UB>(r)) << 4),
+                              W + (size_t)row * n_in + (size_t)b * 32 + c * 16, b + c / 2 < b_hi);
+            }
+            // the tokens' qh and ql: TC rows x CPR chunks each
+#pragma unroll
+            for (int k = 0; k < TC * CPR / 32; k++) {
+                const int p = lane + 32 * k, r = p / CPR, c = p % CPR;
+                const bool ok = r < n_tok && b + c / 2 < b_hi;
+                const size_t o = (size_t)(r < n_tok ? r : 0) * n_in + (size_t)b * 32 + c * 16;
+                const uint32_t so = r * RB + ((c ^ q8i_swz<UB>(r)) << 4);
+                kc_cp_async16(st + C::QH_OFF + so, qh + o, ok);
+                kc_cp_async16(st + C::QL_OFF + so, ql + o, ok);
+            }
+            // the rows' d: UB halves a row, in pairs of 4 bytes
+#pragma unroll
+            for (int k = 0; k < (32 * UB / 2 + 31) / 32; k++) {
+                const int p = lane + 32 * k, r = p / (UB / 2), q = p % (UB / 2);
+                if (p < 32 * UB / 2) {
+                    const int row = min(row_base + r, n_out - 1);
+                    kc_cp_async4(st + C::D_OFF + r * 2 * UB + q * 4, wd + (size_t)row * nb + b + 2 * q, b + 2 * q < b_hi);
+                }
+            }
+            // the tokens' scales: UB pairs of words a token, 16 bytes at a time
+#pragma unroll
+            for (int k = 0; k < (TC * UB / 2 + 31) / 32; k++) {
+                const int p = lane + 32 * k, r = p / (UB / 2), q = p % (UB / 2);
+                if (p < TC * UB / 2)
+                    kc_cp_async16(st + C::S_OFF + r * 8 * UB + q * 16, xm + 2 * ((size_t)(r < n_tok ? r : 0) * nb + b + 2 * q),
+                                  r < n_tok && b + 2 * q < b_hi);
+            }
+        }
+        kc_cp_async_commit(); // empty groups too: the wait counts groups
+    };
+    float *red = (float *)(smem + (size_t)Q8I_KW * Q8I_NST * C::STAGE); // [warp][NA][32]
+#pragma unroll
+    for (int i = 0; i < Q8I_NST - 1; i++) issue(i);
+    for (int ti = 0; ti < my_tiles; ti++) {
+        const int row_base = (blockIdx.x + ti * gridDim.x) * 16 * Q8I_MT;
+        float acc[Q8I_MT][NT8][4];
+#pragma unroll
+        for (int m = 0; m < Q8I_MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT8; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
+        for (int si = 0; si < n_st; si++) {
+            const int i = ti * n_st + si;
+            issue(i + Q8I_NST - 1);
+            kc_cp_async_wait<Q8I_NST - 1>();
+            __syncwarp();
+            const uint8_t *st = ring + (i % Q8I_NST) * C::STAGE;
+            const int b = b_lo + si * UB;
+#pragma unroll
+            for (int u = 0; u < UB; u++) {
+                if (b + u >= b_hi) break;
+                const int c = 2 * u + (t >> 1), hb = (t & 1) * 8; // this lane's chunk of block u and its half
+                uint2 wa[Q8I_MT][2];
+                float dw[Q8I_MT][2];
+#pragma unroll
+                for (int m = 0; m < Q8I_MT; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = 16 * m + 8 * h + g;
+                        wa[m][h] = *(const uint2 *)(st + C::W_OFF + r * RB + ((c ^ q8i_swz<UB>(r)) << 4) + hb);
+                        dw[m][h] = __half2float(*(const __half *)(st + C::D_OFF + r * 2 * UB + 2 * u));
+                    }
+#pragma unroll
+                for (int j = 0; j < NT8; j++) {
+                    const int r = 8 * j + g; // B's column g: token 8 j + g
+                    const int so = r * RB + ((c ^ q8i_swz<UB>(r)) << 4) + hb;
+                    const uint2 bh = *(const uint2 *)(st + C::QH_OFF + so), bl = *(const uint2 *)(st + C::QL_OFF + so);
+                    // C's columns 2 t, 2 t + 1: tokens 8 j + 2 t (+1)
+                    const float dx0 = *(const float *)(st + C::S_OFF + (8 * j + 2 * t) * 8 * UB + 8 * u),
+                                dx1 = *(const float *)(st + C::S_OFF + (8 * j + 2 * t + 1) * 8 * UB + 8 * u);
+#pragma unroll
+                    for (int m = 0; m < Q8I_MT; m++) {
+                        const uint32_t a[4] = { wa[m][0].x, wa[m][1].x, wa[m][0].y, wa[m][1].y };
+                        int ch[4], cl[4];
+                        mma_s8_16832(ch, a, bh.x, bh.y);
+                        mma_s8_16832(cl, a, bl.x, bl.y);
+                        // rows g (c 0, 1) and g + 8 (c 2, 3)
+#pragma unroll
+                        for (int q = 0; q < 4; q++)
+                            acc[m][j][q] =
+                                fmaf(dw[m][q >> 1] * ((q & 1) ? dx1 : dx0), (float)(256 * ch[q] + cl[q]), acc[m][j][q]);
+                    }
+                }
+            }
+            __syncwarp(); // every lane is done with this stage before it is refilled
+        }
+#pragma unroll
+        for (int m = 0; m < Q8I_MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT8; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) red[((size_t)warp * NA + (m * NT8 + j) * 4 + c) * 32 + lane] = acc[m][j][c];
+        __syncthreads();
+        // entries e of the list (k, lane), the warps' sums in warp order
+        for (int e = threadIdx.x; e < 32 * NA; e += blockDim.x) {
+            const int k = e / 32, ln = e % 32, m = k / (NT8 * 4), j = k / 4 % NT8, c = k % 4;
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < Q8I_KW; w++) v += red[((size_t)w * NA + k) * 32 + ln];
+            const int row = row_base + 16 * m + 8 * (c >> 1) + (ln >> 2), tk = 8 * j + 2 * (ln & 3) + (c & 1);
+            if (row < n_out && tk < n_tok) {
+                float *p = y + (size_t)tk * ldy + row;
+                *p = accumulate ? *p + v : v;
+            }
+        }
+        __syncthreads(); // the sums are read before the next tile's are written
+    }
+    kc_cp_async_wait<0>();
+#endif
+}
+
+template <int NT8, int UB, int NST>
+static int launch_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s) {
+    using C = q8i_cfg<NT8, UB, NST>;
+    static unsigned char configured[64];
+    static int n_sm[64];
+    auto *k = q8i_kernel<NT8, UB, NST>;
+    if (int rc = kc_smem_limit_once(k, C::SMEM, configured, __FILE__, __LINE__)) return rc;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return CM_ECUDA;
+    if (!n_sm[dev] && cudaDeviceGetAttribute(&n_sm[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return CM_ECUDA;
+    const int tiles = (W->n_out + 16 * Q8I_MT - 1) / (16 * Q8I_MT); // persistent: a CTA an SM (its ring fills one)
+    kc_launch(k, dim3(tiles < n_sm[dev] ? tiles : n_sm[dev]), dim3(Q8I_KW * 32), C::SMEM, s, (const int8_t *)W->data,
+              (const __half *)W->d, xq->qh, xq->ql, xq->m, W->n_in, W->n_out, n_tok, y, ldy, accumulate);
+    return 0;
+}
+
+extern "C" int kc__gemm_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s) {
+    if (!W || W->type != DT_Q8_0 || !xq || !xq->qh || !xq->ql || !xq->m || xq->n != W->n_in || n_tok < 1 || n_tok > 32 ||
+        n_tok > xq->cap_tok || W->n_in % 64 || ldy < W->n_out)
+        return CM_EINVAL;
+    int rc;
+    // stages of 4 blocks, 3 a ring (llama2-7b Q8_0 at 9 / 12 / 16 sequences on an H200: 4.03 /
+    // 4.08 / 4.11 ms a step; stages of 2 blocks, 4 or 6 a ring: 4.65-4.95 ms; bench/RESULTS.md,
+    // twenty-ninth session); 24 and 32 tokens fit only stages of 2 blocks (and lose to the tiles)
+    switch ((n_tok + 7) / 8) {
+    case 1: rc = launch_q8i<1, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+    case 2: rc = launch_q8i<2, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+    case 3: rc = launch_q8i<3, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+    default: rc = launch_q8i<4, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+    }
+    if (rc) return rc;
+    KC_LAUNCH_CHECK();
+}

@@ -163,6 +163,10 @@ typedef struct kc_plan {
     int graph_max_tok;    /* the largest decode batch captured as a CUDA graph */
     int fp8_gemm;         /* F8_E4M3 weights past the GEMV: cuBLASLt's FP8 GEMM (1) or dequantize + cuBLAS (0) */
     int fp8_fast_accum;   /* cuBLASLt's FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) */
+    int q8_mma_max_tok;   /* Q8_0 matrices (rows of whole pairs of blocks) from KC_GEMV_MAX_TOK + 1
+                           * up to this many tokens (at most 32; 0: none) on int8 mma.sync against
+                           * the two-level int8 activations (kc__gemm_q8i) instead of the wgmma
+                           * tiles; their producers then write those activations for such steps */
     int fp8_lt_tune;      /* 1: each FP8 shape and count takes the faster of the outer-vector scales
                            * and unit scales + a scale pass, timed at start-up (kc_matmul_tune_f8);
                            * 0: the outer-vector scales everywhere */
@@ -360,6 +364,10 @@ int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out,
  * CM_ENOMEM (nothing timed), CM_ECUDA. */
 int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
                       cudaStream_t s, char *report, size_t report_len);
+/* y (row stride ldy) (+)= W x for a Q8_0 W (n_in % 64 == 0) and n_tok (1-32) tokens of xq's
+ * two-level int8 activations (xq->n == W->n_in) on int8 mma.sync (gemmq.cu); kc_matmul takes it
+ * for the plan's q8_mma_max_tok. A token's row is the same bits alone and in a batch. */
+int kc__gemm_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s);
 /* Forgets every timed shape, F16 and FP8 (tests). */
 void kc_matmul_tune_reset(void);
 

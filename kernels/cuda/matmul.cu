@@ -1786,8 +1786,14 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
 // plan's gemmq_max_tok for the type; F16 weights (gemmq_wg.cu's tiles on x's image) up to
 // f16_wg_max_tok where those tiles beat cuBLAS for the shape (kc__gemmq_f16_cfg).
-static bool gemmq_use(const kc_weight *W, int n_tok) {
-    if (n_tok <= KC_GEMV_MAX_TOK || !kc_gemmq_ok(W)) return false;
+// Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok, where the
+// workspace can hold the activations' int8 blocks (when x's producer did not write them)
+static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    return W->type == DT_Q8_0 && n_tok > KC_GEMV_MAX_TOK && n_tok <= kc_plan_get()->q8_mma_max_tok && n_tok <= 32 &&
+           W->n_in % 64 == 0 && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
+}
+static bool gemmq_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
+    if (n_tok <= KC_GEMV_MAX_TOK || !kc_gemmq_ok(W) || q8i_use(W, n_tok, ws)) return false;
     if (W->type == DT_F16) return n_tok <= kc_plan_get()->f16_wg_max_tok && kc__gemmq_f16_cfg(n_tok, W->n_out, W->n_in) >= 0;
     return is_quant(W->type) && n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
 }
@@ -1801,7 +1807,7 @@ static bool image_fits(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
 // wgmma tiles when kc_gemmq takes W (every range of a mixed W, in one order), else 0 = as is.
 static int x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     if (!image_fits(W, n_tok, ws)) return 0; // no room for the padded image
-    if (W->type != KC_WEIGHT_MIXED) return gemmq_use(W, n_tok) ? kc__gemmq_x_order(W, n_tok) : 0;
+    if (W->type != KC_WEIGHT_MIXED) return gemmq_use(W, n_tok, ws) ? kc__gemmq_x_order(W, n_tok) : 0;
     int order = -1;
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
@@ -1828,7 +1834,7 @@ extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
         return 0;
     }
     if (n_tok > KC_GEMV_MAX_TOK) return 1;
-    if (gemmq_use(W, n_tok)) return 1;
+    if (gemmq_use(W, n_tok, nullptr)) return 1;
     if (is_quant(W->type)) return 0;
     return !((W->type == DT_F16 || W->type == DT_F8_E4M3) && W->n_in % 32 == 0); /* the half copy */
 }
@@ -1870,7 +1876,7 @@ bool g_f16_lt_always; // tests: keep cuBLASLt's fastest algorithm even where cub
 
 // Whether matmul_one multiplies W (F16) x n_tok tokens on cuBLAS.
 static bool f16_on_cublas(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !(gemmq_use(W, n_tok) && image_fits(W, n_tok, ws)) &&
+    return W && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !(gemmq_use(W, n_tok, ws) && image_fits(W, n_tok, ws)) &&
            (size_t)n_tok * W->n_in <= ws->x_cap;
 }
 
@@ -1932,7 +1938,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
                       const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
-    if (gemmq_use(W, n_tok) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
+    if (gemmq_use(W, n_tok, ws) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
@@ -1941,6 +1947,10 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
         if (!xh_ready)
             if (int rc = x_to_half(x, n_tok, W->n_in, order, ws, s)) return rc;
         return kc__gemmq_rows(W, xh_ready && order && xsrc ? xsrc : ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
+    }
+    if (q8i_use(W, n_tok, ws)) { /* the producer's int8 blocks, or x quantized into the workspace's */
+        if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
+        return kc__gemm_q8i(W, xq, n_tok, y, ldy, accumulate, s);
     }
     if (n_tok <= KC_GEMV_MAX_TOK && is_quant(W->type)) {
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
@@ -2042,12 +2052,12 @@ static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int
 // F16 weights that matmul_one multiplies on cuBLAS past the GEMV, x's half copy in x_half: its
 // producer can write that copy (KC_X_PLAIN) instead of f32 rows for the conversion to read.
 static bool plain_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return kc_plan_get()->x_plain && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !gemmq_use(W, n_tok) && ws && ws->cublas &&
+    return kc_plan_get()->x_plain && W->type == DT_F16 && n_tok > KC_GEMV_MAX_TOK && !gemmq_use(W, n_tok, ws) && ws && ws->cublas &&
            W->n_in % 4 == 0 && (size_t)n_tok * W->n_in <= ws->x_cap;
 }
 
 extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    if (!W || n_tok <= KC_GEMV_MAX_TOK) return 0;
+    if (!W || n_tok <= KC_GEMV_MAX_TOK || q8i_use(W, n_tok, ws)) return 0; /* the GEMVs and kc__gemm_q8i: int8 blocks */
     if (W->type == DT_F8_E4M3) return kc_plan_get()->f8_x_img ? kc__f8_x_order(W, n_tok, ws) : 0;
     if (plain_use(W, n_tok, ws)) return KC_X_PLAIN;
     return W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16 ? x_order(W, n_tok, ws) : 0;
@@ -2104,7 +2114,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
 static int glu_tiles(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, bool gelu,
                      const kc_gemm_ws *ws, cudaStream_t s) {
     const int n_ff = W->n_out / 2;
-    if (!kc_plan_get()->glu_tiles || n_tok <= KC_GEMV_MAX_TOK || W->type == KC_WEIGHT_MIXED || W->n_out % 8 || !gemmq_use(W, n_tok) ||
+    if (!kc_plan_get()->glu_tiles || n_tok <= KC_GEMV_MAX_TOK || W->type == KC_WEIGHT_MIXED || W->n_out % 8 || !gemmq_use(W, n_tok, ws) ||
         ((uintptr_t)out & 15))
         return 1;
     if (xq_act && n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n && (!xq_act->no_ints || xq_act->xh))

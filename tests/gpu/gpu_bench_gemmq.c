@@ -10,7 +10,8 @@
  * Q4_K_M layer's on x as it is), gemmq* (kc_matmul with kc_gemmq at every token count: x's image
  * where the wgmma tiles are chosen, the conversion included); then per matrix, gemmq*, the
  * fastest configuration and the other path.
- * usage: gpu_bench_gemmq [TYPE...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m f16; default all) */
+ * usage: gpu_bench_gemmq [TYPE...] [key=value,...]   (q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m f16;
+ *        default all; key=value: kernel-plan fields, e.g. q8_mma_max_tok=32 for Q8_0 on int8 mma) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -60,6 +61,13 @@ int main(int argc, char **argv) {
     const int NNT = (int)(sizeof ntoks / sizeof *ntoks), NSH = (int)(sizeof shapes2 / sizeof *shapes2);
     kc_plan chosen; /* the plan's F16 limit on this device */
     if (kc_plan_choose(0, 128, 32, 8, 16, 0, &chosen)) { fprintf(stderr, "kc_plan_choose failed\n"); return 1; }
+    int n_names = 0;
+    kc_plan over = *kc_plan_get(); /* the fields given, on the plan the bench runs under */
+    for (int a = 1; a < argc; a++) {
+        if (!strchr(argv[a], '=')) { n_names++; continue; }
+        if (gpu_plan_args(&over, argv[a], "gpu_bench_gemmq")) return 2;
+    }
+    kc_plan_set(&over);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cublasHandle_t cb;
@@ -86,18 +94,18 @@ int main(int argc, char **argv) {
         free(hx);
         free(hh);
     }
-    ws.xq.cap_tok = KC_GEMV_MAX_TOK;
+    ws.xq.cap_tok = 32; /* the GEMVs' and kc__gemm_q8i's token counts */
     ws.xq.cap_n = MAXIN;
-    CK(cudaMalloc((void **)&ws.xq.qh, (size_t)KC_GEMV_MAX_TOK * MAXIN));
-    CK(cudaMalloc((void **)&ws.xq.ql, (size_t)KC_GEMV_MAX_TOK * MAXIN));
-    CK(cudaMalloc((void **)&ws.xq.m, (size_t)KC_GEMV_MAX_TOK * MAXIN / 32 * 8));
+    CK(cudaMalloc((void **)&ws.xq.qh, (size_t)32 * MAXIN));
+    CK(cudaMalloc((void **)&ws.xq.ql, (size_t)32 * MAXIN));
+    CK(cudaMalloc((void **)&ws.xq.m, (size_t)32 * MAXIN / 32 * 8));
     float *ha = malloc((size_t)MAXT * MAXOUT * 4), *hb = malloc((size_t)MAXT * MAXOUT * 4);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     const int NCFG = kc_gemmq_ncfg() < MAXCFG ? kc_gemmq_ncfg() : MAXCFG; /* cfg 11.. : the wgmma tiles (sm_90a) */
     for (int ti = 0; ti < n_types; ti++) {
-        int want = argc < 2;
+        int want = n_names == 0;
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         /* per n_tok: microseconds of one layer (the four matrices) for each path */

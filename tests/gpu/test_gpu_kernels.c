@@ -3272,8 +3272,120 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
     cublasLtDestroy(lt);
 }
 
+/* Q8_0 on int8 mma.sync (kc__gemm_q8i, the plan's q8_mma_max_tok): against the double reference
+ * on the unquantized activations (two-level int8: ~1e-5); at 1-8 tokens against the integer GEMV
+ * on the same activations (only the summation order differs); a token's row the same bits alone
+ * and in a batch of 32; accumulation; through kc_matmul with the plan key at 9-32 tokens, and
+ * the tiles again past it. */
+static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
+    { /* rows of 96 (not whole pairs of blocks) are refused */
+        kc_xq xq = xq_alloc(16, 96);
+        xq.n = 96;
+        kc_weight w = { .type = DT_Q8_0, .n_in = 96, .n_out = 40, .data = xq.qh, .d = (kc_half *)xq.xh };
+        T_CHECK(kc__gemm_q8i(&w, &xq, 16, (float *)xq.xh, 40, 0, s) == CM_EINVAL);
+        cudaFree(xq.qh), cudaFree(xq.ql), cudaFree(xq.m), cudaFree(xq.xh);
+    }
+    /* n_in, n_out: 11008 (344 blocks: ranges of 44 a warp), 128 (one warp's range), 1,000 rows
+     * (a partial tile), 11,008 rows (344 tiles: a persistent CTA takes several) */
+    const int shapes[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 128, 40 }, { 1024, 11008 } };
+    const int ntoks[] = { 1, 5, 8, 9, 16, 17, 24, 31, 32 };
+    enum { NT = 32 };
+    kc_plan keep = *kc_plan_get(), p = keep;
+    p.q8_mma_max_tok = 32;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_in = shapes[si][0], n_out = shapes[si][1];
+        const size_t nw = (size_t)n_in * n_out;
+        float *wf = malloc(nw * 4);
+        for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f * (1 + (int)(i / 64 % 5));
+        void *blocks = malloc(dt_row_size(DT_Q8_0, n_in) * n_out);
+        dt_quantize(DT_Q8_0, wf, blocks, (int64_t)nw);
+        kc_weight w = upload_weight(DT_Q8_0, blocks, n_in, n_out);
+        float *x = malloc((size_t)NT * n_in * 4);
+        for (size_t i = 0; i < (size_t)NT * n_in; i++) x[i] = frand() * (1 + (int)(i / n_in % 4));
+        double *ref = malloc((size_t)NT * n_out * 8);
+        k_matmul_ref(blocks, DT_Q8_0, n_in, n_out, x, NT, ref);
+        kc_gemm_ws ws = { .cublas = cb };
+        ws.w_cap = nw;
+        ws.x_cap = (size_t)NT * n_in + 64 * 1024;
+        CK(cudaMalloc((void **)&ws.w_half, ws.w_cap * 2));
+        CK(cudaMalloc((void **)&ws.x_half, ws.x_cap * 2));
+        ws.xq = xq_alloc(NT, n_in);
+        kc_xq xq = xq_alloc(NT, n_in);
+        float *dx = dev_upload(x, (size_t)NT * n_in * 4), *dy, *dg, *d1;
+        CK(cudaMalloc((void **)&dy, (size_t)NT * n_out * 4));
+        CK(cudaMalloc((void **)&dg, (size_t)NT * n_out * 4));
+        CK(cudaMalloc((void **)&d1, (size_t)n_out * 4));
+        float *y = malloc((size_t)NT * n_out * 4), *base = malloc((size_t)NT * n_out * 4);
+        double *want = malloc((size_t)NT * n_out * 8);
+        for (size_t i = 0; i < (size_t)NT * n_out; i++) base[i] = frand();
+        T_CHECK(kc_quantize_x(dx, NT, n_in, &xq, s) == 0);
+        for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+            const int nt = ntoks[ni];
+            const size_t ny = (size_t)nt * n_out;
+            for (int acc = 0; acc < 2; acc++) {
+                if (acc) CK(cudaMemcpy(dy, base, ny * 4, cudaMemcpyHostToDevice));
+                else poison(dy, ny * 4);
+                int rc = kc__gemm_q8i(&w, &xq, nt, dy, n_out, acc, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < ny; i++) want[i] = ref[i] + (acc ? base[i] : 0.0);
+                const double e = rel_err(y, want, ny);
+                T_CHECKF(rc == 0 && e < 1e-4, "q8i %dx%d n_tok=%d acc=%d rc=%d rel_err %.3g", n_in, n_out, nt, acc, rc, e);
+            }
+            /* token 0 alone: the same bits as in the batch */
+            if (nt == NT) {
+                poison(d1, (size_t)n_out * 4);
+                T_CHECK(kc__gemm_q8i(&w, &xq, 1, d1, n_out, 0, s) == 0);
+                poison(dy, ny * 4);
+                T_CHECK(kc__gemm_q8i(&w, &xq, nt, dy, n_out, 0, s) == 0);
+                CK(cudaStreamSynchronize(s));
+                T_CHECKF(dev_equal(d1, dy, (size_t)n_out * 4), "q8i %dx%d: token 0 alone and in a batch of %d differ", n_in, n_out, nt);
+            }
+            /* the integer GEMV on the same activations (1-8 tokens) */
+            if (nt <= KC_GEMV_MAX_TOK) {
+                poison(dg, ny * 4);
+                poison(dy, ny * 4);
+                T_CHECK(kc_matmul_xq(&w, dx, &xq, nt, dg, 0, &ws, s) == 0);
+                T_CHECK(kc__gemm_q8i(&w, &xq, nt, dy, n_out, 0, s) == 0);
+                CK(cudaStreamSynchronize(s));
+                float *yg = malloc(ny * 4);
+                CK(cudaMemcpy(yg, dg, ny * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                double num = 0, den = 0;
+                for (size_t i = 0; i < ny; i++) {
+                    num += ((double)y[i] - yg[i]) * ((double)y[i] - yg[i]);
+                    den += (double)yg[i] * yg[i];
+                }
+                T_CHECKF(den > 0 && sqrt(num / den) < 1e-6, "q8i %dx%d n_tok=%d: %.3g from the integer GEMV", n_in, n_out, nt,
+                         den > 0 ? sqrt(num / den) : -1.0);
+                free(yg);
+            }
+            /* kc_matmul with the plan key (past 8 tokens: this kernel; its own quantization of x) */
+            if (nt > KC_GEMV_MAX_TOK) {
+                kc_plan_set(&p);
+                poison(dy, ny * 4);
+                int rc = kc_matmul(&w, dx, nt, dy, 0, &ws, s);
+                kc_plan_set(&keep);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                const double e = rel_err(y, ref, ny);
+                T_CHECKF(rc == 0 && e < 1e-4, "kc_matmul q8_mma_max_tok=32 %dx%d n_tok=%d rc=%d rel_err %.3g", n_in, n_out, nt, rc, e);
+            }
+        }
+        cudaFree(w.data);
+        cudaFree(w.d);
+        cudaFree(ws.w_half);
+        cudaFree(ws.x_half);
+        cudaFree(ws.xq.qh), cudaFree(ws.xq.ql), cudaFree(ws.xq.m), cudaFree(ws.xq.xh);
+        cudaFree(xq.qh), cudaFree(xq.ql), cudaFree(xq.m), cudaFree(xq.xh);
+        cudaFree(dx), cudaFree(dy), cudaFree(dg), cudaFree(d1);
+        free(wf), free(blocks), free(x), free(ref), free(y), free(base), free(want);
+    }
+    kc_plan_set(&keep);
+}
+
 /* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan;
- * test_gpu_kernels --fp8: only the FP8 checks */
+ * test_gpu_kernels --fp8: only the FP8 checks; --q8i: only the Q8_0 int8 mma checks */
 int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -3282,8 +3394,8 @@ int main(int argc, char **argv) {
     }
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    const int fp8_only = argc > 1 && !strcmp(argv[1], "--fp8");
-    if (argc > 1 && !fp8_only) {
+    const int fp8_only = argc > 1 && !strcmp(argv[1], "--fp8"), q8i_only = argc > 1 && !strcmp(argv[1], "--q8i");
+    if (argc > 1 && !fp8_only && !q8i_only) {
         kc_plan pl = *kc_plan_get();
         if (gpu_plan_args(&pl, argv[1], "test_gpu_kernels")) return 2;
         kc_plan_set(&pl);
@@ -3300,6 +3412,10 @@ int main(int argc, char **argv) {
         test_matmul_fp8(cb, s);
         test_kv_fp8(s);
         test_matmul_fp8_tune(cb, s);
+        return t_done();
+    }
+    if (q8i_only) {
+        test_gemm_q8i(cb, s);
         return t_done();
     }
     test_matmul(cb, s);
@@ -3322,6 +3438,7 @@ int main(int argc, char **argv) {
     test_kv_fp8(s);
     test_qkv_rope(cb, s); /* last: the others keep the random inputs they were checked on */
     test_matmul_fp8_tune(cb, s);
+    test_gemm_q8i(cb, s);
     cublasDestroy(cb);
     return t_done();
 }
