@@ -596,10 +596,10 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
             kc_cp_async_wait<Q8I_NST - 1>();
             __syncwarp();
             const uint8_t *st = ring + (i % Q8I_NST) * C::STAGE;
-            const int b = b_lo + si * UB;
+            // every block of the stage: those past the range were copied as zeros (codes and
+            // scales), so they add exact zeros, and the blocks' products interleave unbranched
 #pragma unroll
             for (int u = 0; u < UB; u++) {
-                if (b + u >= b_hi) break;
                 const int c = 2 * u + (t >> 1), hb = (t & 1) * 8; // this lane's chunk of block u and its half
                 uint2 wa[Q8I_MT][2];
                 float dw[Q8I_MT][2];
@@ -641,18 +641,26 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
             for (int j = 0; j < NT8; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) red[((size_t)warp * NA + (m * NT8 + j) * 4 + c) * 32 + lane] = acc[m][j][c];
+        // entries e of the list (k, lane), the warps' sums in warp order; y's values to add to are
+        // requested before the barrier
+        constexpr int NE = (32 * NA + Q8I_KW * 32 - 1) / (Q8I_KW * 32);
+        float y0[NE];
+#pragma unroll
+        for (int q = 0; q < NE; q++) {
+            const int e = threadIdx.x + q * Q8I_KW * 32, k = e / 32, ln = e % 32, m = k / (NT8 * 4), j = k / 4 % NT8, c = k % 4;
+            const int row = row_base + 16 * m + 8 * (c >> 1) + (ln >> 2), tk = 8 * j + 2 * (ln & 3) + (c & 1);
+            y0[q] = accumulate && e < 32 * NA && row < n_out && tk < n_tok ? y[(size_t)tk * ldy + row] : 0.0f;
+        }
         __syncthreads();
-        // entries e of the list (k, lane), the warps' sums in warp order
-        for (int e = threadIdx.x; e < 32 * NA; e += blockDim.x) {
-            const int k = e / 32, ln = e % 32, m = k / (NT8 * 4), j = k / 4 % NT8, c = k % 4;
+#pragma unroll
+        for (int q = 0; q < NE; q++) {
+            const int e = threadIdx.x + q * Q8I_KW * 32, k = e / 32, ln = e % 32, m = k / (NT8 * 4), j = k / 4 % NT8, c = k % 4;
+            if (e >= 32 * NA) break;
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < Q8I_KW; w++) v += red[((size_t)w * NA + k) * 32 + ln];
             const int row = row_base + 16 * m + 8 * (c >> 1) + (ln >> 2), tk = 8 * j + 2 * (ln & 3) + (c & 1);
-            if (row < n_out && tk < n_tok) {
-                float *p = y + (size_t)tk * ldy + row;
-                *p = accumulate ? *p + v : v;
-            }
+            if (row < n_out && tk < n_tok) y[(size_t)tk * ldy + row] = accumulate ? y0[q] + v : v;
         }
         __syncthreads(); // the sums are read before the next tile's are written
     }
@@ -681,9 +689,10 @@ extern "C" int kc__gemm_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, floa
         n_tok > xq->cap_tok || W->n_in % 64 || ldy < W->n_out)
         return CM_EINVAL;
     int rc;
-    // stages of 4 blocks, 3 a ring (llama2-7b Q8_0 at 9 / 12 / 16 sequences on an H200: 4.03 /
-    // 4.08 / 4.11 ms a step; stages of 2 blocks, 4 or 6 a ring: 4.65-4.95 ms; bench/RESULTS.md,
-    // twenty-ninth session); 24 and 32 tokens fit only stages of 2 blocks (and lose to the tiles)
+    // stages of 4 blocks, 3 a ring (llama2-7b Q8_0 at 9 / 12 / 16 sequences on an H200, before the
+    // stage's blocks ran unbranched: 4.03 / 4.08 / 4.11 ms a step; stages of 2 blocks, 4 or 6 a
+    // ring: 4.65-4.95 ms; bench/RESULTS.md, twenty-ninth session); 24 and 32 tokens fit only stages
+    // of 2 blocks (and lose to the tiles)
     switch ((n_tok + 7) / 8) {
     case 1: rc = launch_q8i<1, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
     case 2: rc = launch_q8i<2, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;

@@ -192,11 +192,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // 19,326-19,430 tok/s (H200, bench/RESULTS.md "2026-11-30 (twenty-fifth session)")
     p->fp8_lt_tune = 1;
     // Q8_0 at 9-16 tokens on int8 mma.sync (kc__gemm_q8i) instead of the wgmma tiles: llama2-7b
-    // Q8_0 128 + 128 at 9 / 12 / 16 sequences 2,067 / 2,711 / 3,581 -> 2,234 / 2,945 / 3,889 tok/s
-    // on an H200 (a layer's four matrices at 16 tokens 122 -> 103 us), and closer to the CPU (300
-    // random ids in chunks of 9-32 on `small` Q8_0: rel_mean 1.8e-3 -> 7.9e-4, top-1 99.7 -> 100
-    // %); at 32 tokens it loses (5,724 -> 4,483 tok/s at 32 sequences; bench/RESULTS.md,
-    // twenty-ninth session)
+    // Q8_0 128 + 128 at 12 / 16 sequences 2,720 / 3,585 -> 3,228 / 4,263 tok/s on an H200, and
+    // closer to the CPU (300 random ids in chunks of 9-32 on `small` Q8_0: rel_mean 1.8e-3 ->
+    // 7.9e-4, top-1 99.7 -> 100 %); at 24 / 32 tokens it loses (4,605 -> 4,249 and 5,740 -> 4,474
+    // tok/s; bench/RESULTS.md, twenty-ninth session)
     p->q8_mma_max_tok = 16;
     // MoE steps of one token: 11 launches a layer become 8 (qwen3-30b-a3b on an H200: batch 1
     // 370.6 -> 404.3 tok/s; 4 tokens a step lose, 586 -> 505; bench/RESULTS.md)

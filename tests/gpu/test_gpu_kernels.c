@@ -3285,9 +3285,10 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
         T_CHECK(kc__gemm_q8i(&w, &xq, 16, (float *)xq.xh, 40, 0, s) == CM_EINVAL);
         cudaFree(xq.qh), cudaFree(xq.ql), cudaFree(xq.m), cudaFree(xq.xh);
     }
-    /* n_in, n_out: 11008 (344 blocks: ranges of 44 a warp), 128 (one warp's range), 1,000 rows
-     * (a partial tile), 11,008 rows (344 tiles: a persistent CTA takes several) */
-    const int shapes[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 128, 40 }, { 1024, 11008 } };
+    /* n_in, n_out: 11008 (344 blocks: ranges of 44 a warp), 128 (one warp's range), 192 (6
+     * blocks: the second warp's stage of 4 blocks half zeros), 1,000 rows (a partial tile),
+     * 11,008 rows (344 tiles: a persistent CTA takes several) */
+    const int shapes[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 128, 40 }, { 192, 72 }, { 1024, 11008 } };
     const int ntoks[] = { 1, 5, 8, 9, 16, 17, 24, 31, 32 };
     enum { NT = 32 };
     kc_plan keep = *kc_plan_get(), p = keep;
