@@ -1863,14 +1863,16 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
         {
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;
-            /* Q8_0 matrices on int8 mma.sync up to the plan's q8_mma_max_tok tokens
-             * (kc__gemm_q8i): their producers write the blocks for those steps too */
+            /* dense layers' Q8_0 matrices on int8 mma.sync up to the plan's q8_mma_max_tok tokens
+             * (kc__gemm_q8i): their producers write the blocks for those steps too (MoE layers
+             * keep their paths: the capacity stays) */
             int q8 = 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
                 q8 |= !L->moe && (L->qkv.type == DT_Q8_0 || L->wo.type == DT_Q8_0 || L->gu.type == DT_Q8_0 || L->down.type == DT_Q8_0);
             }
-            if (q8 && s->plan.q8_mma_max_tok > ct) ct = s->lim.max_tokens < s->plan.q8_mma_max_tok ? s->lim.max_tokens : s->plan.q8_mma_max_tok;
+            const int q8t = s->lim.max_tokens < s->plan.q8_mma_max_tok ? s->lim.max_tokens : s->plan.q8_mma_max_tok;
+            if (q8 && q8t > ct) ct = q8t;
             int widest = (int)nq > c->n_ff ? (int)nq : c->n_ff;
             if (c->n_embd > widest) widest = c->n_embd;
             kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->xq_o, &s->gws.xq };

@@ -483,7 +483,7 @@ extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc
 // contiguous ranges of the rows' blocks (a multiple of UB blocks each), and the warps' sums are
 // added in warp order at the end: the order of every sum depends on n_in only, so a token's row is
 // the same bits alone and in a batch.
-// Each warp streams its range through a ring of Q8I_NST stages in shared memory (cp.async, as the
+// Each warp streams its range through a ring of NST stages in shared memory (cp.async, as the
 // decode attention does): a stage holds UB blocks of its 32 rows (codes, then the rows' d), the
 // tokens' qh and ql of those blocks and their scales. (A version that loaded the weights into
 // registers, 64-128 bytes a lane in flight, moved 1.3 TB/s: slower than the wgmma tiles.)
@@ -521,7 +521,7 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     KC_TRACE_SCOPE(KC_TR_GEMV);
     using C = q8i_cfg<NT8, UB_, NST_>;
-    constexpr int UB = C::UB, TC = C::TC, RB = C::RB, CPR = RB / 16, Q8I_NST = C::NST; // CPR: 16-byte chunks a stage row
+    constexpr int UB = C::UB, TC = C::TC, RB = C::RB, CPR = RB / 16, NST = C::NST; // CPR: 16-byte chunks a stage row
     constexpr int NA = Q8I_MT * NT8 * 4;                              // a lane's sums
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -532,17 +532,17 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
     // first block is even and its scale pairs are 4- and 16-byte aligned
     const int per = ((nb + Q8I_KW - 1) / Q8I_KW + 3) / 4 * 4, b_lo = min(nb, warp * per), b_hi = min(nb, b_lo + per);
     const int n_st = (b_hi - b_lo + UB - 1) / UB, n_all = n_st * my_tiles; // stages of one tile, of all
-    uint8_t *ring = smem + (size_t)warp * Q8I_NST * C::STAGE;
+    uint8_t *ring = smem + (size_t)warp * NST * C::STAGE;
     const uint32_t ring_s = kc_smem_addr(ring);
     kc_pdl_trigger();
     kc_pdl_wait();
     auto issue = [&](int i) { // stage i % n_st of the warp's tile i / n_st
         if (i < n_all) {
             const int b = b_lo + (i % n_st) * UB, row_base = (blockIdx.x + (i / n_st) * gridDim.x) * 16 * Q8I_MT;
-            const uint32_t st = ring_s + (i % Q8I_NST) * C::STAGE;
+            const uint32_t st = ring_s + (i % NST) * C::STAGE;
             // the rows' codes: 32 rows x CPR chunks
 #pragma unroll
-            for (int k = 0; k < 32 * CPR / 32; k++) {
+            for (int k = 0; k < CPR; k++) { // a chunk of each row a lane
                 const int p = lane + 32 * k, r = p / CPR, c = p % CPR;
                 const int row = min(row_base + r, n_out - 1);
                 kc_cp_async16(st + C::W_OFF + r * RB + ((c ^ q8i_swz<UB>(r)) << 4),
@@ -578,9 +578,9 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
         }
         kc_cp_async_commit(); // empty groups too: the wait counts groups
     };
-    float *red = (float *)(smem + (size_t)Q8I_KW * Q8I_NST * C::STAGE); // [warp][NA][32]
+    float *red = (float *)(smem + (size_t)Q8I_KW * NST * C::STAGE); // [warp][NA][32]
 #pragma unroll
-    for (int i = 0; i < Q8I_NST - 1; i++) issue(i);
+    for (int i = 0; i < NST - 1; i++) issue(i);
     for (int ti = 0; ti < my_tiles; ti++) {
         const int row_base = (blockIdx.x + ti * gridDim.x) * 16 * Q8I_MT;
         float acc[Q8I_MT][NT8][4];
@@ -592,10 +592,10 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
         for (int si = 0; si < n_st; si++) {
             const int i = ti * n_st + si;
-            issue(i + Q8I_NST - 1);
-            kc_cp_async_wait<Q8I_NST - 1>();
+            issue(i + NST - 1);
+            kc_cp_async_wait<NST - 1>();
             __syncwarp();
-            const uint8_t *st = ring + (i % Q8I_NST) * C::STAGE;
+            const uint8_t *st = ring + (i % NST) * C::STAGE;
             // every block of the stage: those past the range were copied as zeros (codes and
             // scales), so they add exact zeros, and the blocks' products interleave unbranched
 #pragma unroll

@@ -1782,16 +1782,17 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 }
 
 
-// Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
-// in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
-// plan's gemmq_max_tok for the type; F16 weights (gemmq_wg.cu's tiles on x's image) up to
-// f16_wg_max_tok where those tiles beat cuBLAS for the shape (kc__gemmq_f16_cfg).
 // Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok, where the
 // workspace can hold the activations' int8 blocks (when x's producer did not write them)
 static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     return W->type == DT_Q8_0 && n_tok > KC_GEMV_MAX_TOK && n_tok <= kc_plan_get()->q8_mma_max_tok && n_tok <= 32 &&
            W->n_in % 64 == 0 && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
 }
+// Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
+// in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
+// plan's gemmq_max_tok for the type (not where kc__gemm_q8i takes them); F16 weights
+// (gemmq_wg.cu's tiles on x's image) up to f16_wg_max_tok where those tiles beat cuBLAS for the
+// shape (kc__gemmq_f16_cfg).
 static bool gemmq_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     if (n_tok <= KC_GEMV_MAX_TOK || !kc_gemmq_ok(W) || q8i_use(W, n_tok, ws)) return false;
     if (W->type == DT_F16) return n_tok <= kc_plan_get()->f16_wg_max_tok && kc__gemmq_f16_cfg(n_tok, W->n_out, W->n_in) >= 0;
