@@ -1863,16 +1863,21 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
         /* two-level int8 activations for the integer GEMVs: one block (qh, ql, pairs) each */
         {
             int ct = s->lim.max_tokens < KC_GEMV_MAX_TOK ? s->lim.max_tokens : KC_GEMV_MAX_TOK;
-            /* dense layers' Q8_0 matrices on int8 mma.sync up to the plan's q8_mma_max_tok tokens
-             * (kc__gemm_q8i): their producers write the blocks for those steps too (MoE layers
-             * keep their paths: the capacity stays) */
-            int q8 = 0;
+            /* Q8_0 and Q4_K matrices on int8 mma.sync up to the plan's q8_mma_max_tok /
+             * q4k_mma_max_tok tokens (kc__gemm_q8i): their producers write the blocks for those
+             * steps too */
+            int q8 = 0, q4k = 0;
             for (int l = 0; l < c->n_layer; l++) {
                 const cu_layer *L = &s->layers[l];
-                q8 |= !L->moe && (L->qkv.type == DT_Q8_0 || L->wo.type == DT_Q8_0 || L->gu.type == DT_Q8_0 || L->down.type == DT_Q8_0);
+                const kc_weight *ws4[] = { &L->qkv, &L->wo, &L->gu, &L->down };
+                for (int k = 0; k < 4 && !L->moe; k++) {
+                    q8 |= ws4[k]->type == DT_Q8_0;
+                    q4k |= ws4[k]->type == DT_Q4_K;
+                }
             }
-            const int q8t = s->lim.max_tokens < s->plan.q8_mma_max_tok ? s->lim.max_tokens : s->plan.q8_mma_max_tok;
-            if (q8 && q8t > ct) ct = q8t;
+            int want = q8 ? s->plan.q8_mma_max_tok : 0;
+            if (q4k && s->plan.q4k_mma_max_tok > want) want = s->plan.q4k_mma_max_tok;
+            if (want > ct) ct = s->lim.max_tokens < want ? s->lim.max_tokens : want;
             int widest = (int)nq > c->n_ff ? (int)nq : c->n_ff;
             if (c->n_embd > widest) widest = c->n_embd;
             kc_xq *qs[] = { &s->xq_h, &s->xq_a, &s->xq_o, &s->gws.xq };

@@ -474,37 +474,47 @@ extern "C" int kc__to_half_gemmq(const float *x, int n_tok, int n, int order, kc
     KC_LAUNCH_CHECK();
 }
 
-// ---- Q8_0 x 9-32 tokens on int8 mma.sync (kc__gemm_q8i) ----------------------------------------
+// ---- Q8_0 and Q4_K x 9-16 tokens on int8 mma.sync (kc__gemm_q8i) ------------------------------
 // The weights' codes as they are (no dequantization) times the tokens' two-level int8 activations
-// (kc_xq: per block of 32, x ~ s (256 qh + ql) with s the float in m's first word), one m16n8k32
-// MMA per block, 16 rows, 8 tokens and qh or ql: a block's sum 256 sum(w qh) + sum(w ql) is exact
-// in int32 (|.| < 2^28), then times the row's d and the token's s into f32.
+// (kc_xq: per block of 32, x ~ s (256 qh + ql) with s the float in m's first word, and the block's
+// sum of 256 qh + ql in its second), one m16n8k32 MMA per block of 32, 16 rows, 8 tokens and qh
+// or ql: a block's sum v = 256 sum(w qh) + sum(w ql) is exact in int32 (|.| < 2^28).
+//   Q8_0: y += d s v (d: the row's block scale).
+//   Q4_K: the codes 0..15 of a quarter's 32 bytes (low nibbles: sub-block 2j, high: 2j + 1) are
+//         the A operands of two MMAs; y += (d sc) s v - (dmin m) s sum, the sub-block's scale and
+//         min from the super-block's head as the reference computes them.
 // A CTA of Q8I_KW warps owns Q8I_MT x 16 = 32 rows at a time; warp w takes the w-th of Q8I_KW
-// contiguous ranges of the rows' blocks (a multiple of UB blocks each), and the warps' sums are
-// added in warp order at the end: the order of every sum depends on n_in only, so a token's row is
-// the same bits alone and in a batch.
+// contiguous ranges of the rows' units (Q8_0 blocks of 32, Q4_K quarters of 64; a multiple of 4
+// units each), and the warps' sums are added in warp order at the end: the order of every sum
+// depends on n_in only, so a token's row is the same bits alone and in a batch.
 // Each warp streams its range through a ring of NST stages in shared memory (cp.async, as the
-// decode attention does): a stage holds UB blocks of its 32 rows (codes, then the rows' d), the
-// tokens' qh and ql of those blocks and their scales. (A version that loaded the weights into
-// registers, 64-128 bytes a lane in flight, moved 1.3 TB/s: slower than the wgmma tiles.)
-// Persistent: one CTA an SM takes row tiles blockIdx.x, + gridDim.x, ...; a warp's ring runs on
-// across its tiles, so the next tile's first stages load under this one's last products and sums.
-// Inside a block a lane of quad position t holds bytes 8t .. 8t + 7 of a row as the MMA's k slots
-// 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3; the activations' bytes go to the same slots: the block's
-// dot product is unchanged by the permutation. A stage's rows (weights or tokens) of 32 UB bytes
-// have their 16-byte chunks swizzled (q8i_swz) so that a warp's 8-byte reads of one block meet no
-// bank conflict.
+// decode attention does): a stage holds UB units of its 32 rows (codes, then the rows' scales or
+// super-block heads), the tokens' qh and ql of those units and their block scales and sums.
+// (A version that loaded the weights into registers, 64-128 bytes a lane in flight, moved 1.3
+// TB/s: slower than the wgmma tiles.) Persistent: one CTA an SM takes row tiles blockIdx.x, +
+// gridDim.x, ...; a warp's ring runs on across its tiles, so the next tile's first stages load
+// under this one's last products and sums.
+// Inside a block a lane of quad position t holds bytes 8t .. 8t + 7 of a row's 32 codes (or of a
+// quarter's 32 nibble bytes) as the MMA's k slots 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3; the
+// activations' bytes go to the same slots: the block's dot product is unchanged by the
+// permutation. A stage's rows (weights or tokens) have their 16-byte chunks swizzled (q8i_swz) so
+// that a warp's 8-byte reads of one block meet no bank conflict.
 constexpr int Q8I_KW = 8, Q8I_MT = 2;
-template <int NT8, int UB_, int NST_> struct q8i_cfg {
-    static constexpr int TC = 8 * NT8;          // tokens a stage holds
-    static constexpr int UB = UB_, NST = NST_;  // blocks a stage (2 or 4), stages a ring
-    static constexpr int RB = 32 * UB;          // bytes of a stage row
-    static constexpr int W_OFF = 0, QH_OFF = 32 * RB, QL_OFF = QH_OFF + TC * RB, D_OFF = QL_OFF + TC * RB,
-                         S_OFF = D_OFF + 32 * 2 * UB, STAGE = S_OFF + TC * 8 * UB;
+template <int WT, int NT8, int UB_, int NST_> struct q8i_cfg {
+    static constexpr bool K4 = WT == DT_Q4_K;
+    static constexpr int TC = 8 * NT8;             // tokens a stage holds
+    static constexpr int UB = UB_, NST = NST_;     // units a stage (2 or 4), stages a ring
+    static constexpr int NBX = K4 ? 2 * UB : UB;   // activation blocks of 32 a stage
+    static constexpr int RB = 32 * UB, RX = 32 * NBX; // bytes of a stage's weight row, token row
+    static constexpr int DB = K4 ? 16 : 2 * UB;    // a row's scales (Q4_K: its super-block's head)
+    static constexpr int W_OFF = 0, QH_OFF = 32 * RB, QL_OFF = QH_OFF + TC * RX, D_OFF = QL_OFF + TC * RX,
+                         DS_OFF = D_OFF + 32 * DB, S_OFF = DS_OFF + (K4 ? 32 * NBX * 8 : 0), STAGE = S_OFF + TC * 8 * NBX;
     static constexpr int RED = Q8I_KW * Q8I_MT * NT8 * 4 * 32 * 4; // a tile's sums of the warps
     static constexpr int SMEM = Q8I_KW * NST * STAGE + RED;
 };
-template <int UB> __device__ __forceinline__ int q8i_swz(int r) { return UB == 4 ? 2 * (r & 3) : 2 * ((r >> 1) & 1); }
+// the 16-byte chunk a row's chunk c goes to: rows of 128 bytes or more start in the same bank, rows
+// of 64 in every other one
+template <int ROWB> __device__ __forceinline__ int q8i_swz(int r) { return ROWB >= 128 ? 2 * (r & 3) : 2 * ((r >> 1) & 1); }
 
 __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -513,24 +523,28 @@ __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 }
 
-template <int NT8, int UB_, int NST_>
+template <int WT, int NT8, int UB_, int NST_>
 __global__ void __launch_bounds__(Q8I_KW * 32)
-q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const int8_t *__restrict__ qh,
+q8i_kernel(const uint8_t *__restrict__ W, const uint8_t *__restrict__ wd, const int8_t *__restrict__ qh,
            const int8_t *__restrict__ ql, const int32_t *__restrict__ xm, int n_in, int n_out, int n_tok, float *y, int ldy,
            int accumulate) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     KC_TRACE_SCOPE(KC_TR_GEMV);
-    using C = q8i_cfg<NT8, UB_, NST_>;
-    constexpr int UB = C::UB, TC = C::TC, RB = C::RB, CPR = RB / 16, NST = C::NST; // CPR: 16-byte chunks a stage row
-    constexpr int NA = Q8I_MT * NT8 * 4;                              // a lane's sums
+    using C = q8i_cfg<WT, NT8, UB_, NST_>;
+    constexpr bool K4 = C::K4;
+    constexpr int UB = C::UB, TC = C::TC, RB = C::RB, RX = C::RX, NBX = C::NBX, NST = C::NST;
+    constexpr int CPR = RB / 16, CPX = RX / 16, XPU = NBX / UB; // 16-byte chunks a weight row, a token row; blocks a unit
+    constexpr int NA = Q8I_MT * NT8 * 4;                         // a lane's sums
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int nb = n_in / 32, n_tiles = (n_out + 16 * Q8I_MT - 1) / (16 * Q8I_MT);
+    const int nb = n_in / 32, nu = K4 ? n_in / 64 : nb, n_tiles = (n_out + 16 * Q8I_MT - 1) / (16 * Q8I_MT);
+    const size_t w_row = K4 ? (size_t)n_in / 2 : (size_t)n_in, d_row = K4 ? (size_t)(n_in / 256) * 16 : (size_t)nb * 2; // bytes
     const int my_tiles = blockIdx.x < n_tiles ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    // this warp's blocks [b_lo, b_hi): a multiple of 4 blocks whatever the stage's UB, so that the
-    // ranges (the order of the sums) do not depend on the token count; nb is even, so every stage's
-    // first block is even and its scale pairs are 4- and 16-byte aligned
-    const int per = ((nb + Q8I_KW - 1) / Q8I_KW + 3) / 4 * 4, b_lo = min(nb, warp * per), b_hi = min(nb, b_lo + per);
+    // this warp's units [b_lo, b_hi): a multiple of 4 units whatever the stage's UB, so that the
+    // ranges (the order of the sums) do not depend on the token count (and a Q4_K stage stays in
+    // one super-block); nb is even, so every stage's first block is even and its scale pairs are
+    // 4- and 16-byte aligned
+    const int per = ((nu + Q8I_KW - 1) / Q8I_KW + 3) / 4 * 4, b_lo = min(nu, warp * per), b_hi = min(nu, b_lo + per);
     const int n_st = (b_hi - b_lo + UB - 1) / UB, n_all = n_st * my_tiles; // stages of one tile, of all
     uint8_t *ring = smem + (size_t)warp * NST * C::STAGE;
     const uint32_t ring_s = kc_smem_addr(ring);
@@ -539,41 +553,47 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
     auto issue = [&](int i) { // stage i % n_st of the warp's tile i / n_st
         if (i < n_all) {
             const int b = b_lo + (i % n_st) * UB, row_base = (blockIdx.x + (i / n_st) * gridDim.x) * 16 * Q8I_MT;
+            const int xb = b * XPU; // the stage's first activation block
             const uint32_t st = ring_s + (i % NST) * C::STAGE;
-            // the rows' codes: 32 rows x CPR chunks
+            // the rows' codes: 32 rows x CPR chunks (two a unit)
 #pragma unroll
-            for (int k = 0; k < CPR; k++) { // a chunk of each row a lane
+            for (int k = 0; k < CPR; k++) {
                 const int p = lane + 32 * k, r = p / CPR, c = p % CPR;
                 const int row = min(row_base + r, n_out - 1);
-                kc_cp_async16(st + C::W_OFF + r * RB + ((c ^ q8i_swz<UB>(r)) << 4),
-                              W + (size_t)row * n_in + (size_t)b * 32 + c * 16, b + c / 2 < b_hi);
+                kc_cp_async16(st + C::W_OFF + r * RB + ((c ^ q8i_swz<RB>(r)) << 4), W + (size_t)row * w_row + (size_t)b * 32 + c * 16,
+                              b + c / 2 < b_hi);
             }
-            // the tokens' qh and ql: TC rows x CPR chunks each
+            // the tokens' qh and ql: TC rows x CPX chunks each (two a block)
 #pragma unroll
-            for (int k = 0; k < TC * CPR / 32; k++) {
-                const int p = lane + 32 * k, r = p / CPR, c = p % CPR;
-                const bool ok = r < n_tok && b + c / 2 < b_hi;
-                const size_t o = (size_t)(r < n_tok ? r : 0) * n_in + (size_t)b * 32 + c * 16;
-                const uint32_t so = r * RB + ((c ^ q8i_swz<UB>(r)) << 4);
+            for (int k = 0; k < TC * CPX / 32; k++) {
+                const int p = lane + 32 * k, r = p / CPX, c = p % CPX;
+                const bool ok = r < n_tok && b + c / (2 * XPU) < b_hi;
+                const size_t o = (size_t)(r < n_tok ? r : 0) * n_in + (size_t)xb * 32 + c * 16;
+                const uint32_t so = r * RX + ((c ^ q8i_swz<RX>(r)) << 4);
                 kc_cp_async16(st + C::QH_OFF + so, qh + o, ok);
                 kc_cp_async16(st + C::QL_OFF + so, ql + o, ok);
             }
-            // the rows' d: UB halves a row, in pairs of 4 bytes
+            if constexpr (K4) { // the rows' super-block heads: 16 bytes a row (a stage is inside one)
+                const int row = min(row_base + lane, n_out - 1);
+                kc_cp_async16(st + C::D_OFF + lane * 16, wd + (size_t)row * d_row + (size_t)(b / 4) * 16, b < b_hi);
+            } else { // the rows' d: UB halves a row, in pairs of 4 bytes
 #pragma unroll
-            for (int k = 0; k < (32 * UB / 2 + 31) / 32; k++) {
-                const int p = lane + 32 * k, r = p / (UB / 2), q = p % (UB / 2);
-                if (p < 32 * UB / 2) {
-                    const int row = min(row_base + r, n_out - 1);
-                    kc_cp_async4(st + C::D_OFF + r * 2 * UB + q * 4, wd + (size_t)row * nb + b + 2 * q, b + 2 * q < b_hi);
+                for (int k = 0; k < (32 * UB / 2 + 31) / 32; k++) {
+                    const int p = lane + 32 * k, r = p / (UB / 2), q = p % (UB / 2);
+                    if (p < 32 * UB / 2) {
+                        const int row = min(row_base + r, n_out - 1);
+                        kc_cp_async4(st + C::D_OFF + r * 2 * UB + q * 4, wd + (size_t)row * d_row + (size_t)(b + 2 * q) * 2,
+                                     b + 2 * q < b_hi);
+                    }
                 }
             }
-            // the tokens' scales: UB pairs of words a token, 16 bytes at a time
+            // the tokens' block scales and sums: NBX pairs of words a token, 16 bytes at a time
 #pragma unroll
-            for (int k = 0; k < (TC * UB / 2 + 31) / 32; k++) {
-                const int p = lane + 32 * k, r = p / (UB / 2), q = p % (UB / 2);
-                if (p < TC * UB / 2)
-                    kc_cp_async16(st + C::S_OFF + r * 8 * UB + q * 16, xm + 2 * ((size_t)(r < n_tok ? r : 0) * nb + b + 2 * q),
-                                  r < n_tok && b + 2 * q < b_hi);
+            for (int k = 0; k < (TC * NBX / 2 + 31) / 32; k++) {
+                const int p = lane + 32 * k, r = p / (NBX / 2), q = p % (NBX / 2);
+                if (p < TC * NBX / 2)
+                    kc_cp_async16(st + C::S_OFF + r * 8 * NBX + q * 16, xm + 2 * ((size_t)(r < n_tok ? r : 0) * nb + xb + 2 * q),
+                                  r < n_tok && b + 2 * q / XPU < b_hi);
             }
         }
         kc_cp_async_commit(); // empty groups too: the wait counts groups
@@ -595,41 +615,83 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
             issue(i + NST - 1);
             kc_cp_async_wait<NST - 1>();
             __syncwarp();
-            const uint8_t *st = ring + (i % NST) * C::STAGE;
-            // every block of the stage: those past the range were copied as zeros (codes and
+            uint8_t *st = ring + (i % NST) * C::STAGE;
+            if constexpr (K4) { // lane r: its row's d sc and dmin m of the stage's sub-blocks
+                const uint4 h = *(const uint4 *)(st + C::D_OFF + lane * 16);
+                const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xFFFF)));
+                const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+                const int sb0 = 2 * ((b_lo + si * UB) & 3); // the stage's first sub-block in its super-block
+#pragma unroll
+                for (int k = 0; k < NBX; k++) {
+                    float sc, mn;
+                    kc_q4k_scale_min(h, sb0 + k, sc, mn);
+                    *(float2 *)(st + C::DS_OFF + (lane * NBX + k) * 8) = make_float2(d * sc, dmin * mn);
+                }
+                __syncwarp();
+            }
+            // every unit of the stage: those past the range were copied as zeros (codes and
             // scales), so they add exact zeros, and the blocks' products interleave unbranched
 #pragma unroll
             for (int u = 0; u < UB; u++) {
-                const int c = 2 * u + (t >> 1), hb = (t & 1) * 8; // this lane's chunk of block u and its half
+                const int c = 2 * u + (t >> 1), hb = (t & 1) * 8; // this lane's chunk of unit u and its half
                 uint2 wa[Q8I_MT][2];
-                float dw[Q8I_MT][2];
 #pragma unroll
                 for (int m = 0; m < Q8I_MT; m++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int r = 16 * m + 8 * h + g;
-                        wa[m][h] = *(const uint2 *)(st + C::W_OFF + r * RB + ((c ^ q8i_swz<UB>(r)) << 4) + hb);
-                        dw[m][h] = __half2float(*(const __half *)(st + C::D_OFF + r * 2 * UB + 2 * u));
+                        wa[m][h] = *(const uint2 *)(st + C::W_OFF + r * RB + ((c ^ q8i_swz<RB>(r)) << 4) + hb);
                     }
 #pragma unroll
-                for (int j = 0; j < NT8; j++) {
-                    const int r = 8 * j + g; // B's column g: token 8 j + g
-                    const int so = r * RB + ((c ^ q8i_swz<UB>(r)) << 4) + hb;
-                    const uint2 bh = *(const uint2 *)(st + C::QH_OFF + so), bl = *(const uint2 *)(st + C::QL_OFF + so);
-                    // C's columns 2 t, 2 t + 1: tokens 8 j + 2 t (+1)
-                    const float dx0 = *(const float *)(st + C::S_OFF + (8 * j + 2 * t) * 8 * UB + 8 * u),
-                                dx1 = *(const float *)(st + C::S_OFF + (8 * j + 2 * t + 1) * 8 * UB + 8 * u);
+                for (int kk = 0; kk < XPU; kk++) { // the unit's blocks of 32: Q4_K's low, then high nibbles
+                    const int bx = u * XPU + kk;     // its activation block in the stage
+                    const int cx = 2 * bx + (t >> 1);
+                    uint32_t a[Q8I_MT][4];
+                    float dw[Q8I_MT][2], dm[Q8I_MT][2];
 #pragma unroll
                     for (int m = 0; m < Q8I_MT; m++) {
-                        const uint32_t a[4] = { wa[m][0].x, wa[m][1].x, wa[m][0].y, wa[m][1].y };
-                        int ch[4], cl[4];
-                        mma_s8_16832(ch, a, bh.x, bh.y);
-                        mma_s8_16832(cl, a, bl.x, bl.y);
-                        // rows g (c 0, 1) and g + 8 (c 2, 3)
+                        if constexpr (K4) {
+                            const int sh = 4 * kk;
+                            a[m][0] = (wa[m][0].x >> sh) & 0x0F0F0F0Fu, a[m][1] = (wa[m][1].x >> sh) & 0x0F0F0F0Fu;
+                            a[m][2] = (wa[m][0].y >> sh) & 0x0F0F0F0Fu, a[m][3] = (wa[m][1].y >> sh) & 0x0F0F0F0Fu;
 #pragma unroll
-                        for (int q = 0; q < 4; q++)
-                            acc[m][j][q] =
-                                fmaf(dw[m][q >> 1] * ((q & 1) ? dx1 : dx0), (float)(256 * ch[q] + cl[q]), acc[m][j][q]);
+                            for (int h = 0; h < 2; h++) {
+                                const float2 v = *(const float2 *)(st + C::DS_OFF + ((16 * m + 8 * h + g) * NBX + bx) * 8);
+                                dw[m][h] = v.x;
+                                dm[m][h] = v.y;
+                            }
+                        } else {
+                            a[m][0] = wa[m][0].x, a[m][1] = wa[m][1].x, a[m][2] = wa[m][0].y, a[m][3] = wa[m][1].y;
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                dw[m][h] = __half2float(*(const __half *)(st + C::D_OFF + (16 * m + 8 * h + g) * 2 * UB + 2 * u));
+                                dm[m][h] = 0.0f;
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT8; j++) {
+                        const int r = 8 * j + g; // B's column g: token 8 j + g
+                        const int so = r * RX + ((cx ^ q8i_swz<RX>(r)) << 4) + hb;
+                        const uint2 bh = *(const uint2 *)(st + C::QH_OFF + so), bl = *(const uint2 *)(st + C::QL_OFF + so);
+                        // C's columns 2 t, 2 t + 1: tokens 8 j + 2 t (+1): their block scale (and sum)
+                        const int2 s0 = *(const int2 *)(st + C::S_OFF + (8 * j + 2 * t) * 8 * NBX + 8 * bx),
+                                   s1 = *(const int2 *)(st + C::S_OFF + (8 * j + 2 * t + 1) * 8 * NBX + 8 * bx);
+                        const float dx0 = __int_as_float(s0.x), dx1 = __int_as_float(s1.x);
+                        float sx0 = 0.0f, sx1 = 0.0f; // Q4_K: the tokens' block sums s sum
+                        if constexpr (K4) sx0 = dx0 * (float)s0.y, sx1 = dx1 * (float)s1.y;
+#pragma unroll
+                        for (int m = 0; m < Q8I_MT; m++) {
+                            int ch[4], cl[4];
+                            mma_s8_16832(ch, a[m], bh.x, bh.y);
+                            mma_s8_16832(cl, a[m], bl.x, bl.y);
+                            // rows g (c 0, 1) and g + 8 (c 2, 3)
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                acc[m][j][q] = fmaf(dw[m][q >> 1] * ((q & 1) ? dx1 : dx0), (float)(256 * ch[q] + cl[q]), acc[m][j][q]);
+                                if constexpr (K4) acc[m][j][q] = fmaf(-dm[m][q >> 1], (q & 1) ? sx1 : sx0, acc[m][j][q]);
+                            }
+                        }
                     }
                 }
             }
@@ -668,37 +730,43 @@ q8i_kernel(const int8_t *__restrict__ W, const __half *__restrict__ wd, const in
 #endif
 }
 
-template <int NT8, int UB, int NST>
+template <int WT, int NT8, int UB, int NST>
 static int launch_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s) {
-    using C = q8i_cfg<NT8, UB, NST>;
+    using C = q8i_cfg<WT, NT8, UB, NST>;
     static unsigned char configured[64];
     static int n_sm[64];
-    auto *k = q8i_kernel<NT8, UB, NST>;
+    auto *k = q8i_kernel<WT, NT8, UB, NST>;
     if (int rc = kc_smem_limit_once(k, C::SMEM, configured, __FILE__, __LINE__)) return rc;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return CM_ECUDA;
     if (!n_sm[dev] && cudaDeviceGetAttribute(&n_sm[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return CM_ECUDA;
     const int tiles = (W->n_out + 16 * Q8I_MT - 1) / (16 * Q8I_MT); // persistent: a CTA an SM (its ring fills one)
-    kc_launch(k, dim3(tiles < n_sm[dev] ? tiles : n_sm[dev]), dim3(Q8I_KW * 32), C::SMEM, s, (const int8_t *)W->data,
-              (const __half *)W->d, xq->qh, xq->ql, xq->m, W->n_in, W->n_out, n_tok, y, ldy, accumulate);
+    kc_launch(k, dim3(tiles < n_sm[dev] ? tiles : n_sm[dev]), dim3(Q8I_KW * 32), C::SMEM, s, (const uint8_t *)W->data,
+              (const uint8_t *)W->d, xq->qh, xq->ql, xq->m, W->n_in, W->n_out, n_tok, y, ldy, accumulate);
     return 0;
 }
 
 extern "C" int kc__gemm_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s) {
-    if (!W || W->type != DT_Q8_0 || !xq || !xq->qh || !xq->ql || !xq->m || xq->n != W->n_in || n_tok < 1 || n_tok > 32 ||
-        n_tok > xq->cap_tok || W->n_in % 64 || ldy < W->n_out)
+    const bool k4 = W && W->type == DT_Q4_K;
+    if (!W || (W->type != DT_Q8_0 && !k4) || !xq || !xq->qh || !xq->ql || !xq->m || xq->n != W->n_in || n_tok < 1 ||
+        n_tok > (k4 ? 16 : 32) || n_tok > xq->cap_tok || W->n_in % (k4 ? 256 : 64) || ldy < W->n_out)
         return CM_EINVAL;
     int rc;
-    // stages of 4 blocks, 3 a ring (llama2-7b Q8_0 at 9 / 12 / 16 sequences on an H200, before the
-    // stage's blocks ran unbranched: 4.03 / 4.08 / 4.11 ms a step; stages of 2 blocks, 4 or 6 a
-    // ring: 4.65-4.95 ms; bench/RESULTS.md, twenty-ninth session); 24 and 32 tokens fit only stages
-    // of 2 blocks (and lose to the tiles)
-    switch ((n_tok + 7) / 8) {
-    case 1: rc = launch_q8i<1, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
-    case 2: rc = launch_q8i<2, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
-    case 3: rc = launch_q8i<3, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
-    default: rc = launch_q8i<4, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
-    }
+    // Q8_0: stages of 4 blocks, 3 a ring (llama2-7b Q8_0 at 9 / 12 / 16 sequences on an H200,
+    // before the stage's blocks ran unbranched: 4.03 / 4.08 / 4.11 ms a step; stages of 2 blocks,
+    // 4 or 6 a ring: 4.65-4.95 ms; bench/RESULTS.md, twenty-ninth session); 24 and 32 tokens fit
+    // only stages of 2 blocks (and lose to the tiles). Q4_K: stages of 2 quarters (4 activation
+    // blocks), the most that fits beside 16 tokens (llama2-7b Q4_K at 9-16 sequences: 5.1 -> 4.0-4.1
+    // ms a step against the tiles; bench/RESULTS.md, thirtieth session)
+    if (k4) rc = n_tok <= 8 ? launch_q8i<DT_Q4_K, 1, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s)
+                            : launch_q8i<DT_Q4_K, 2, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s);
+    else
+        switch ((n_tok + 7) / 8) {
+        case 1: rc = launch_q8i<DT_Q8_0, 1, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case 2: rc = launch_q8i<DT_Q8_0, 2, 4, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        case 3: rc = launch_q8i<DT_Q8_0, 3, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        default: rc = launch_q8i<DT_Q8_0, 4, 2, 3>(W, xq, n_tok, y, ldy, accumulate, s); break;
+        }
     if (rc) return rc;
     KC_LAUNCH_CHECK();
 }

@@ -167,6 +167,7 @@ typedef struct kc_plan {
                            * up to this many tokens (at most 32; 0: none) on int8 mma.sync against
                            * the two-level int8 activations (kc__gemm_q8i) instead of the wgmma
                            * tiles; their producers then write those activations for such steps */
+    int q4k_mma_max_tok;  /* the same for Q4_K matrices (at most 16 tokens; 0: none) */
     int fp8_lt_tune;      /* 1: each FP8 shape and count takes the faster of the outer-vector scales
                            * and unit scales + a scale pass, timed at start-up (kc_matmul_tune_f8);
                            * 0: the outer-vector scales everywhere */
@@ -364,9 +365,10 @@ int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out,
  * CM_ENOMEM (nothing timed), CM_ECUDA. */
 int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
                       cudaStream_t s, char *report, size_t report_len);
-/* y (row stride ldy) (+)= W x for a Q8_0 W (n_in % 64 == 0) and n_tok (1-32) tokens of xq's
- * two-level int8 activations (xq->n == W->n_in) on int8 mma.sync (gemmq.cu); kc_matmul takes it
- * for the plan's q8_mma_max_tok. A token's row is the same bits alone and in a batch. */
+/* y (row stride ldy) (+)= W x for a Q8_0 W (n_in % 64 == 0) and n_tok (1-32) tokens, or a Q4_K W
+ * and 1-16 tokens, of xq's two-level int8 activations (xq->n == W->n_in) on int8 mma.sync
+ * (gemmq.cu); kc_matmul takes it for the plan's q8_mma_max_tok / q4k_mma_max_tok. A token's row
+ * is the same bits alone and in a batch. */
 int kc__gemm_q8i(const kc_weight *W, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate, cudaStream_t s);
 /* Forgets every timed shape, F16 and FP8 (tests). */
 void kc_matmul_tune_reset(void);

@@ -1782,11 +1782,15 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 }
 
 
-// Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok, where the
-// workspace can hold the activations' int8 blocks (when x's producer did not write them)
+// Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok (Q8_0) or
+// q4k_mma_max_tok (Q4_K), where the workspace can hold the activations' int8 blocks (when x's
+// producer did not write them)
 static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    return W->type == DT_Q8_0 && n_tok > KC_GEMV_MAX_TOK && n_tok <= kc_plan_get()->q8_mma_max_tok && n_tok <= 32 &&
-           W->n_in % 64 == 0 && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
+    const kc_plan *p = kc_plan_get();
+    const bool shape = W->type == DT_Q8_0   ? n_tok <= p->q8_mma_max_tok && n_tok <= 32 && W->n_in % 64 == 0
+                       : W->type == DT_Q4_K ? n_tok <= p->q4k_mma_max_tok && n_tok <= 16 && W->n_in % 256 == 0
+                                            : false;
+    return shape && n_tok > KC_GEMV_MAX_TOK && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
 }
 // Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the

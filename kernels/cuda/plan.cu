@@ -53,6 +53,7 @@ const field k_fields[] = {
     F(fp8_fast_accum, 0, 1),
     F(fp8_lt_tune, 0, 1),
     F(q8_mma_max_tok, 0, 32),
+    F(q4k_mma_max_tok, 0, 16),
     F(moe_fuse, 0, KC_GEMV_MAX_TOK),
     F(x_plain, 0, 1),
     F(rope_tok, 0, 1 << 20),
@@ -197,6 +198,9 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // 7.9e-4, top-1 99.7 -> 100 %); at 24 / 32 tokens it loses (4,605 -> 4,249 and 5,740 -> 4,474
     // tok/s; bench/RESULTS.md, twenty-ninth session)
     p->q8_mma_max_tok = 16;
+    // Q4_K on the same kernel: llama2-7b Q4_K 128 + 128 at 9 / 12 / 16 sequences 1,775 / 2,345 /
+    // 3,112 -> 2,250 / 2,918 / 3,882 tok/s (bench/RESULTS.md, thirtieth session)
+    p->q4k_mma_max_tok = 16;
     // MoE steps of one token: 11 launches a layer become 8 (qwen3-30b-a3b on an H200: batch 1
     // 370.6 -> 404.3 tok/s; 4 tokens a step lose, 586 -> 505; bench/RESULTS.md)
     p->moe_fuse = 1;

@@ -3272,39 +3272,46 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
     cublasLtDestroy(lt);
 }
 
-/* Q8_0 on int8 mma.sync (kc__gemm_q8i, the plan's q8_mma_max_tok): against the double reference
- * on the unquantized activations (two-level int8: ~1e-5); at 1-8 tokens against the integer GEMV
- * on the same activations (only the summation order differs); a token's row the same bits alone
- * and in a batch of 32; accumulation; through kc_matmul with the plan key at 9-32 tokens, and
- * the tiles again past it. */
-static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
-    { /* rows of 96 (not whole pairs of blocks) are refused */
-        kc_xq xq = xq_alloc(16, 96);
-        xq.n = 96;
-        kc_weight w = { .type = DT_Q8_0, .n_in = 96, .n_out = 40, .data = xq.qh, .d = (kc_half *)xq.xh };
+/* Q8_0 and Q4_K on int8 mma.sync (kc__gemm_q8i, the plan's q8_mma_max_tok / q4k_mma_max_tok):
+ * against the double reference on the unquantized activations (two-level int8: ~1e-5); at 1-8
+ * tokens against the integer GEMV on the same activations (only the order of the sums differs); a
+ * token's row the same bits alone and in a full batch (32 tokens, Q4_K 16); accumulation; through
+ * kc_matmul with the plan key past 8 tokens. */
+static void test_gemm_q8i_type(cublasHandle_t cb, cudaStream_t s, int type) {
+    const int k4 = type == DT_Q4_K;
+    { /* rows of 96 (Q4_K: 192; not whole pairs of blocks, super-blocks) are refused */
+        const int bad = k4 ? 192 : 96;
+        kc_xq xq = xq_alloc(16, bad);
+        xq.n = bad;
+        kc_weight w = { .type = type, .n_in = bad, .n_out = 40, .data = xq.qh, .d = (kc_half *)xq.xh };
         T_CHECK(kc__gemm_q8i(&w, &xq, 16, (float *)xq.xh, 40, 0, s) == CM_EINVAL);
         cudaFree(xq.qh), cudaFree(xq.ql), cudaFree(xq.m), cudaFree(xq.xh);
     }
-    /* n_in, n_out: 11008 (344 blocks: ranges of 44 a warp), 128 (one warp's range), 192 (6
-     * blocks: the second warp's stage of 4 blocks half zeros), 1,000 rows (a partial tile),
-     * 11,008 rows (344 tiles: a persistent CTA takes several) */
-    const int shapes[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 128, 40 }, { 192, 72 }, { 1024, 11008 } };
-    const int ntoks[] = { 1, 5, 8, 9, 16, 17, 24, 31, 32 };
-    enum { NT = 32 };
+    /* n_in, n_out: 11008 (Q8_0: 344 blocks, ranges of 44 a warp; Q4_K: 172 quarters, ranges of
+     * 24), 128 / 256 (one warp's range), 192 (Q8_0: 6 blocks, the second warp's stage of 4 blocks
+     * half zeros), 768 (Q4_K: 12 quarters, three warps), 1,000 rows (a partial tile), 11,008 rows
+     * (344 tiles: a persistent CTA takes several) */
+    const int shapes8[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 128, 40 }, { 192, 72 }, { 1024, 11008 } };
+    const int shapes4[][2] = { { 4096, 512 }, { 11008, 256 }, { 4096, 1000 }, { 256, 40 }, { 768, 72 }, { 1024, 11008 } };
+    const int ntoks8[] = { 1, 5, 8, 9, 16, 17, 24, 31, 32 }, ntoks4[] = { 1, 5, 8, 9, 12, 16 };
+    const int(*shapes)[2] = k4 ? shapes4 : shapes8;
+    const int *ntoks = k4 ? ntoks4 : ntoks8, n_ntoks = k4 ? 6 : 9, NT = k4 ? 16 : 32;
+    const double tol_gemv = k4 ? 1e-5 : 1e-6; /* Q4_K's mins: the GEMV arranges those sums otherwise */
     kc_plan keep = *kc_plan_get(), p = keep;
-    p.q8_mma_max_tok = 32;
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+    if (k4) p.q4k_mma_max_tok = 16;
+    else p.q8_mma_max_tok = 32;
+    for (size_t si = 0; si < 6; si++) {
         const int n_in = shapes[si][0], n_out = shapes[si][1];
         const size_t nw = (size_t)n_in * n_out;
         float *wf = malloc(nw * 4);
         for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.1f * (1 + (int)(i / 64 % 5));
-        void *blocks = malloc(dt_row_size(DT_Q8_0, n_in) * n_out);
-        dt_quantize(DT_Q8_0, wf, blocks, (int64_t)nw);
-        kc_weight w = upload_weight(DT_Q8_0, blocks, n_in, n_out);
+        void *blocks = malloc(dt_row_size(type, n_in) * n_out);
+        dt_quantize(type, wf, blocks, (int64_t)nw);
+        kc_weight w = upload_weight(type, blocks, n_in, n_out);
         float *x = malloc((size_t)NT * n_in * 4);
         for (size_t i = 0; i < (size_t)NT * n_in; i++) x[i] = frand() * (1 + (int)(i / n_in % 4));
         double *ref = malloc((size_t)NT * n_out * 8);
-        k_matmul_ref(blocks, DT_Q8_0, n_in, n_out, x, NT, ref);
+        k_matmul_ref(blocks, type, n_in, n_out, x, NT, ref);
         kc_gemm_ws ws = { .cublas = cb };
         ws.w_cap = nw;
         ws.x_cap = (size_t)NT * n_in + 64 * 1024;
@@ -3320,7 +3327,7 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
         double *want = malloc((size_t)NT * n_out * 8);
         for (size_t i = 0; i < (size_t)NT * n_out; i++) base[i] = frand();
         T_CHECK(kc_quantize_x(dx, NT, n_in, &xq, s) == 0);
-        for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+        for (int ni = 0; ni < n_ntoks; ni++) {
             const int nt = ntoks[ni];
             const size_t ny = (size_t)nt * n_out;
             for (int acc = 0; acc < 2; acc++) {
@@ -3331,7 +3338,8 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
                 for (size_t i = 0; i < ny; i++) want[i] = ref[i] + (acc ? base[i] : 0.0);
                 const double e = rel_err(y, want, ny);
-                T_CHECKF(rc == 0 && e < 1e-4, "q8i %dx%d n_tok=%d acc=%d rc=%d rel_err %.3g", n_in, n_out, nt, acc, rc, e);
+                T_CHECKF(rc == 0 && e < 1e-4, "q8i %s %dx%d n_tok=%d acc=%d rc=%d rel_err %.3g", dt_name(type), n_in, n_out, nt, acc, rc,
+                         e);
             }
             /* token 0 alone: the same bits as in the batch */
             if (nt == NT) {
@@ -3340,7 +3348,8 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
                 poison(dy, ny * 4);
                 T_CHECK(kc__gemm_q8i(&w, &xq, nt, dy, n_out, 0, s) == 0);
                 CK(cudaStreamSynchronize(s));
-                T_CHECKF(dev_equal(d1, dy, (size_t)n_out * 4), "q8i %dx%d: token 0 alone and in a batch of %d differ", n_in, n_out, nt);
+                T_CHECKF(dev_equal(d1, dy, (size_t)n_out * 4), "q8i %s %dx%d: token 0 alone and in a batch of %d differ", dt_name(type), n_in,
+                         n_out, nt);
             }
             /* the integer GEMV on the same activations (1-8 tokens) */
             if (nt <= KC_GEMV_MAX_TOK) {
@@ -3357,7 +3366,7 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
                     num += ((double)y[i] - yg[i]) * ((double)y[i] - yg[i]);
                     den += (double)yg[i] * yg[i];
                 }
-                T_CHECKF(den > 0 && sqrt(num / den) < 1e-6, "q8i %dx%d n_tok=%d: %.3g from the integer GEMV", n_in, n_out, nt,
+                T_CHECKF(den > 0 && sqrt(num / den) < tol_gemv, "q8i %s %dx%d n_tok=%d: %.3g from the integer GEMV", dt_name(type), n_in, n_out, nt,
                          den > 0 ? sqrt(num / den) : -1.0);
                 free(yg);
             }
@@ -3370,7 +3379,8 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
                 const double e = rel_err(y, ref, ny);
-                T_CHECKF(rc == 0 && e < 1e-4, "kc_matmul q8_mma_max_tok=32 %dx%d n_tok=%d rc=%d rel_err %.3g", n_in, n_out, nt, rc, e);
+                T_CHECKF(rc == 0 && e < 1e-4, "kc_matmul with the key, %s %dx%d n_tok=%d rc=%d rel_err %.3g", dt_name(type), n_in, n_out,
+                         nt, rc, e);
             }
         }
         cudaFree(w.data);
@@ -3383,6 +3393,11 @@ static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
         free(wf), free(blocks), free(x), free(ref), free(y), free(base), free(want);
     }
     kc_plan_set(&keep);
+}
+
+static void test_gemm_q8i(cublasHandle_t cb, cudaStream_t s) {
+    test_gemm_q8i_type(cb, s, DT_Q8_0);
+    test_gemm_q8i_type(cb, s, DT_Q4_K);
 }
 
 /* test_gpu_kernels [key=value,...]: with plan fields, only the attention checks, under that plan;
