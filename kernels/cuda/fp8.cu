@@ -212,13 +212,16 @@ static void launch_gemv_f8_r(const kc_weight *W, const void *x, float *y, int ld
 }
 
 // Rows a warp per token count: more rows share each activation load, fewer keep more warps in
-// flight. One token: 4 rows a warp (with 2, the f32 activations' L1 traffic, 64 bytes of them
-// per 16 bytes of codes a row, bounded the f32 kernel at ~2.4 TB/s on an H200).
+// flight. One token: 2 rows a warp and 4 batches of chunks in flight, as the F16 GEMV (half
+// activations; on an H200 llama3-8b's gate|up 34.7 -> 31.6 us and down 21.2 -> 18.4 us against 4
+// rows and 2 batches, batch-1 decode 333 -> 366 tok/s: bench/RESULTS.md, thirtieth session). The
+// f32 activations keep 4 rows (with 2, their L1 traffic, 64 bytes per 16 bytes of codes a row,
+// bounded that kernel at ~2.4 TB/s).
 template <bool XH, bool SWI>
 static void launch_gemv_f8(const kc_weight *W, const void *x, int n_tok, float *y, int ldy, int acc, cudaStream_t s,
                            const f8_swi &sw = f8_swi{}) {
     switch (n_tok) {
-    case 1: launch_gemv_f8_r<1, 4, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
+    case 1: launch_gemv_f8_r<1, XH ? 2 : 4, XH ? 4 : 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
     case 2: launch_gemv_f8_r<2, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
     case 3: launch_gemv_f8_r<3, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;
     case 4: launch_gemv_f8_r<4, 2, 2, XH, SWI>(W, x, y, ldy, acc, s, sw); break;

@@ -4,8 +4,10 @@
  * copies of it that they do not stay in the 50 MB L2. Random weights. q4_k_m: the matrices of a
  * Q4_K_M file's layers that take more bits (Q|K|V with wv Q6_K as two row ranges, down and the
  * head Q6_K, the rest Q4_K).
- * usage: gpu_bench_gemv [--no-pdl] [TYPE...]   (f16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m;
- *        default all) */
+ * f8: E4M3 codes with f32 row scales at llama3-8b shapes (the activations' half copy, as
+ * kc_quantize_x writes it).
+ * usage: gpu_bench_gemv [--no-pdl] [KEY=VALUE,...] [TYPE...]   (f16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k
+ *        q4_k_m f8; default all but f8; KEY=VALUE: kernel plan fields) */
 #include "kernels/cuda/kcuda.h"
 #include "model/dtype.h"
 
@@ -26,12 +28,41 @@ static float frand(void) {
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
+/* Random E4M3 codes (no NaN) and row scales as copies of one n_out x n_in matrix, as bench_w_upload. */
+static int bench_f8_upload(int n_in, int n_out, kc_weight *w, int max_copies, size_t *bytes) {
+    size_t n = (size_t)n_in * n_out, sb = (size_t)n_out * 4;
+    uint8_t *hq = malloc(n);
+    float *hs = malloc(sb);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)((frand() + 1.0f) * 127.99f);
+        hq[i] = (c & 0x7f) == 0x7f ? c - 1 : c;
+    }
+    for (int r = 0; r < n_out; r++) hs[r] = 0.05f / 448.0f;
+    int nc = (int)(400e6 / (double)(n + sb)) + 1;
+    if (nc > max_copies) nc = max_copies;
+    for (int k = 0; k < nc; k++) {
+        w[k] = (kc_weight){ .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
+        CK(cudaMalloc(&w[k].data, n));
+        CK(cudaMemcpy(w[k].data, hq, n, cudaMemcpyHostToDevice));
+        CK(cudaMalloc((void **)&w[k].d, sb));
+        CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
+    }
+    free(hq);
+    free(hs);
+    *bytes = n + sb;
+    return nc;
+}
+
 int main(int argc, char **argv) {
-    const char *names[] = { "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m" };
-    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, KC_WEIGHT_MIXED };
+    const char *names[] = { "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m", "f8" };
+    const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, KC_WEIGHT_MIXED, DT_F8_E4M3 };
     const int n_types = (int)(sizeof types / sizeof *types);
-    const struct { const char *name; int n_in, n_out; } shapes[] = {
+    typedef struct { const char *name; int n_in, n_out; } shape;
+    const shape shapes7[] = {
         { "qkv", 4096, 12288 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 22016 }, { "down", 11008, 4096 }, { "head", 4096, 32000 },
+    };
+    const shape shapes8[] = { /* llama3-8b */
+        { "qkv", 4096, 6144 }, { "wo", 4096, 4096 }, { "gate|up", 4096, 28672 }, { "down", 14336, 4096 }, { "head", 4096, 128256 },
     };
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -41,33 +72,45 @@ int main(int argc, char **argv) {
         argc--;
     }
     gpu_plan_pdl(!no_pdl);
+    if (argc > 1 && strchr(argv[1], '=')) {
+        kc_plan p = *kc_plan_get();
+        if (gpu_plan_args(&p, argv[1], "gpu_bench_gemv")) return 2;
+        kc_plan_set(&p);
+        argv++;
+        argc--;
+    }
+    enum { NX = 14336, NY = 128256 };
     kc_gemm_ws ws = { 0 };
     ws.xq.cap_tok = 1;
-    ws.xq.cap_n = 11008;
-    CK(cudaMalloc((void **)&ws.xq.qh, 11008));
-    CK(cudaMalloc((void **)&ws.xq.ql, 11008));
-    CK(cudaMalloc((void **)&ws.xq.m, 11008 / 32 * 8));
+    ws.xq.cap_n = NX;
+    CK(cudaMalloc((void **)&ws.xq.qh, NX));
+    CK(cudaMalloc((void **)&ws.xq.ql, NX));
+    CK(cudaMalloc((void **)&ws.xq.m, NX / 32 * 8));
+    CK(cudaMalloc((void **)&ws.xq.xh, NX * 2));
     float *dx, *dy;
-    CK(cudaMalloc((void **)&dx, 11008 * 4));
-    CK(cudaMalloc((void **)&dy, 32000 * 4));
-    float hx[11008];
-    for (int i = 0; i < 11008; i++) hx[i] = frand();
+    CK(cudaMalloc((void **)&dx, NX * 4));
+    CK(cudaMalloc((void **)&dy, NY * 4));
+    static float hx[NX];
+    for (int i = 0; i < NX; i++) hx[i] = frand();
     CK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     printf("%-6s %-8s %12s %10s %10s %8s\n", "type", "matrix", "MB", "us", "GB/s", "of 3.0TB/s");
     for (int ti = 0; ti < n_types; ti++) {
-        int want = argc < 2;
+        int want = argc < 2 && types[ti] != DT_F8_E4M3;
         for (int a = 1; a < argc; a++) want |= strcmp(argv[a], names[ti]) == 0;
         if (!want) continue;
         double tot_us = 0, tot_mb = 0;
-        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const shape *shapes = types[ti] == DT_F8_E4M3 ? shapes8 : shapes7;
+        for (size_t si = 0; si < 5; si++) {
             int n_in = shapes[si].n_in, n_out = shapes[si].n_out, type = types[ti];
             size_t wbytes;
             kc_weight w[32];
             int nc;
-            if (type == KC_WEIGHT_MIXED) {
+            if (type == DT_F8_E4M3) {
+                nc = bench_f8_upload(n_in, n_out, w, 32, &wbytes);
+            } else if (type == KC_WEIGHT_MIXED) {
                 int pt[2], pr[2], np;
                 q4km_parts(shapes[si].name, n_out, pt, pr, &np);
                 nc = bench_wfused_upload(pt, pr, np, n_in, frand, w, 32, &wbytes);
