@@ -28,31 +28,6 @@ static float frand(void) {
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-/* Random E4M3 codes (no NaN) and row scales as copies of one n_out x n_in matrix, as bench_w_upload. */
-static int bench_f8_upload(int n_in, int n_out, kc_weight *w, int max_copies, size_t *bytes) {
-    size_t n = (size_t)n_in * n_out, sb = (size_t)n_out * 4;
-    uint8_t *hq = malloc(n);
-    float *hs = malloc(sb);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = (uint8_t)((frand() + 1.0f) * 127.99f);
-        hq[i] = (c & 0x7f) == 0x7f ? c - 1 : c;
-    }
-    for (int r = 0; r < n_out; r++) hs[r] = 0.05f / 448.0f;
-    int nc = (int)(400e6 / (double)(n + sb)) + 1;
-    if (nc > max_copies) nc = max_copies;
-    for (int k = 0; k < nc; k++) {
-        w[k] = (kc_weight){ .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
-        CK(cudaMalloc(&w[k].data, n));
-        CK(cudaMemcpy(w[k].data, hq, n, cudaMemcpyHostToDevice));
-        CK(cudaMalloc((void **)&w[k].d, sb));
-        CK(cudaMemcpy(w[k].d, hs, sb, cudaMemcpyHostToDevice));
-    }
-    free(hq);
-    free(hs);
-    *bytes = n + sb;
-    return nc;
-}
-
 int main(int argc, char **argv) {
     const char *names[] = { "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m", "f8" };
     const int types[] = { DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, KC_WEIGHT_MIXED, DT_F8_E4M3 };
@@ -108,9 +83,7 @@ int main(int argc, char **argv) {
             size_t wbytes;
             kc_weight w[32];
             int nc;
-            if (type == DT_F8_E4M3) {
-                nc = bench_f8_upload(n_in, n_out, w, 32, &wbytes);
-            } else if (type == KC_WEIGHT_MIXED) {
+            if (type == KC_WEIGHT_MIXED) {
                 int pt[2], pr[2], np;
                 q4km_parts(shapes[si].name, n_out, pt, pr, &np);
                 nc = bench_wfused_upload(pt, pr, np, n_in, frand, w, 32, &wbytes);
