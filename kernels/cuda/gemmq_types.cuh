@@ -314,8 +314,9 @@ __device__ __forceinline__ void q_h2(uint32_t v, __half2 off, __half2 &a, __half
 // than this); bench/RESULTS.md, thirty-first session.
 template <int TYPE> struct qt_k : qt_kord<qt_k<TYPE>> {
     static constexpr bool HI = TYPE == DT_Q5_K;
-    struct raw_q4 { uint4 w; __half2 ds[2], ndm[2]; };
-    struct raw_q5 { uint4 w; uint32_t qh[2]; __half2 ds[2], ndm[2]; };
+    // ds: d sc of the quarter's sub-blocks 2j (low half) and 2j + 1; ndm: -dmin m likewise
+    struct raw_q4 { uint4 w; __half2 ds, ndm; };
+    struct raw_q5 { uint4 w; uint32_t qh[2]; __half2 ds, ndm; };
     typedef typename std::conditional<HI, raw_q5, raw_q4>::type raw;
     static constexpr int N16 = 2, N8 = HI ? 1 : 0, N4 = 0;
     template <class A>
@@ -333,15 +334,26 @@ template <int TYPE> struct qt_k : qt_kord<qt_k<TYPE>> {
         } else {
             h = a.u4((const uint4 *)D + sb);
         }
-        const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xFFFF)));
-        const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            float s, m;
-            kc_q4k_scale_min(h, 2 * j + k, s, m);
-            r.ds[k] = __float2half2_rn(d * s);
-            r.ndm[k] = __float2half2_rn(-(dmin * m));
+        // the 6-bit sc and m of all four sub-blocks of this half of the super-block as bytes
+        // (kc_q4k_scale_min's packing, four at once): sub-blocks 0-3 (ks even) or 4-7
+        uint32_t sv, mv;
+        if (!(ks & 1)) {
+            sv = h.y & 0x3F3F3F3Fu;
+            mv = h.z & 0x3F3F3F3Fu;
+        } else {
+            sv = and_or(h.w, 0x0F0F0F0Fu, (h.y >> 2) & 0x30303030u);
+            mv = and_or(h.w >> 4, 0x0F0F0F0Fu, (h.z >> 2) & 0x30303030u);
         }
+        // sub-blocks 2j and 2j + 1 (bytes 2 (j % 2), + 1) as half (1024 + byte, less 1024),
+        // times d and -dmin in half: the products rounded once, the bits f32 products (exact)
+        // rounded to half give. Against two kc_q4k_scale_min and f32 products a step: llama2-7b
+        // Q4_K at 32 sequences +4 %, prefill 512 +2 %, 64 sequences -2 % (H200, the same bits)
+        const uint32_t sel = j & 1 ? 0x4342 : 0x4140;
+        const __half2 c1024 = __half2half2(__ushort_as_half(0x6400));
+        const __half2 sc = __hsub2(bits_h2(__byte_perm(sv, 0x64646464u, sel)), c1024);
+        const __half2 m = __hsub2(bits_h2(__byte_perm(mv, 0x64646464u, sel)), c1024);
+        r.ds = __hmul2(sc, bits_h2(__byte_perm(h.x, 0, 0x1010)));
+        r.ndm = __hmul2(m, bits_h2(__byte_perm(h.x, 0, 0x3232) ^ 0x80008000u));
     }
     __device__ static void pairs(const raw &r, int i, uint32_t &lo, uint32_t &hi) {
         const uint32_t *u = (const uint32_t *)&r.w;
@@ -358,8 +370,9 @@ template <int TYPE> struct qt_k : qt_kord<qt_k<TYPE>> {
             a = __hfma2(bits_h2(__byte_perm(v, 0x64646464u, 0x4140)), s16, m64);
             b = __hfma2(bits_h2(__byte_perm(v, 0x64646464u, 0x4342)), s16, m64);
         }
-        lo = h2_bits(__hfma2(a, r.ds[k], r.ndm[k]));
-        hi = h2_bits(__hfma2(b, r.ds[k], r.ndm[k]));
+        const __half2 ds = k ? __high2half2(r.ds) : __low2half2(r.ds), ndm = k ? __high2half2(r.ndm) : __low2half2(r.ndm);
+        lo = h2_bits(__hfma2(a, ds, ndm));
+        hi = h2_bits(__hfma2(b, ds, ndm));
     }
 };
 template <> struct qt<DT_Q4_K> : qt_k<DT_Q4_K> {};
