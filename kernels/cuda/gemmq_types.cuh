@@ -334,16 +334,9 @@ template <int TYPE> struct qt_k : qt_kord<qt_k<TYPE>> {
         } else {
             h = a.u4((const uint4 *)D + sb);
         }
-        // the 6-bit sc and m of all four sub-blocks of this half of the super-block as bytes
-        // (kc_q4k_scale_min's packing, four at once): sub-blocks 0-3 (ks even) or 4-7
+        // the 6-bit sc and m of the four sub-blocks of this half of the super-block as bytes
         uint32_t sv, mv;
-        if (!(ks & 1)) {
-            sv = h.y & 0x3F3F3F3Fu;
-            mv = h.z & 0x3F3F3F3Fu;
-        } else {
-            sv = and_or(h.w, 0x0F0F0F0Fu, (h.y >> 2) & 0x30303030u);
-            mv = and_or(h.w >> 4, 0x0F0F0F0Fu, (h.z >> 2) & 0x30303030u);
-        }
+        kc_q4k_scales4(h, ks & 1, sv, mv);
         // sub-blocks 2j and 2j + 1 (bytes 2 (j % 2), + 1) as half (1024 + byte, less 1024),
         // times d and -dmin in half: the products rounded once, the bits f32 products (exact)
         // rounded to half give. Against two kc_q4k_scale_min and f32 products a step: llama2-7b

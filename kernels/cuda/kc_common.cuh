@@ -266,6 +266,17 @@ __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is
     sc = (float)s;
     mn = (float)m;
 }
+// The same for four sub-blocks at once, as bytes: sub-blocks 0-3 (upper = 0) or 4-7, byte i of
+// sv the scale of sub-block 4 upper + i, of mv its min.
+__host__ __device__ __forceinline__ void kc_q4k_scales4(const uint4 &h, int upper, uint32_t &sv, uint32_t &mv) {
+    if (!upper) {
+        sv = h.y & 0x3F3F3F3Fu;
+        mv = h.z & 0x3F3F3F3Fu;
+    } else {
+        sv = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+        mv = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+    }
+}
 
 // gemmq.cu: kc_gemmq into the rows of a wider output (row stride ldy >= W->n_out): kc_matmul's
 // path for one row range of a KC_WEIGHT_MIXED weight. xperm: x was written by kc__to_half_gemmq
