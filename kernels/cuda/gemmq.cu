@@ -363,12 +363,25 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
     // all. Q8_0: gate|up at 9-16 tokens on 32-token
     // tiles (49 against 54 us), wide matrices at 33-64 tokens on 128-token ones (qkv 39 against
     // 43, gate|up 76 against 81).
+    // Thirty-second session (configurations 19-22: one warp group a CTA, three CTAs an SM, alone
+    // or in clusters of two along K): at 9-32 tokens the wide matrices of the 32-element types
+    // (Q8_0 qkv / gate|up at 32 tokens 22.3 / 36.8 against 31.6 / 48.6 us, Q4_0 17.3 / 28.3
+    // against 20.9 / 32.1; the K-quants keep 32-token tiles of four K groups), Q8_0's wide ones at
+    // 33-64 (29.2 / 48.8 against 38.1 / 74.2), and wo and down at 65-128 (Q8_0 27.3 / 66.0 against
+    // 32.8 / 72.9, Q4_0 18.0 / 35.8 against 25.0 / 45.8, Q4_K on 19: 20.7 / 50.4 against 28.6 /
+    // 54.3). Whole llama2-7b steps: Q8_0 at 32 / 64 sequences +14 %, Q4_0 at 16 / 32 +6 %, Q4_K at
+    // 128 +4 %, Q8_0 at 128 unchanged. Measured and not kept: Q8_0's qkv and gate|up at 9-16 tokens
+    // on these tiles instead of int8 mma.sync (21.9 / 36.5 against 22.6 / 40.9 us alone, but 16
+    // sequences 4,210 -> 4,085 tok/s).
     if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
-        const bool wide = n_out >= 8192;
-        if (n_tok <= 16) return NCFG + (wide && (type != DT_Q8_0 || n_out >= 16384) ? 1 : 0);
-        if (n_tok <= 32) return NCFG + (wide ? 1 : 2);
-        if (n_tok <= 64) return NCFG + (wide ? (type == DT_Q8_0 ? 5 : 4) : 3);
-        if (n_tok <= 128) return NCFG + (wide ? 5 : 3);
+        const bool wide = n_out >= 8192, widest = n_out >= 16384;
+        const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
+        if (n_tok <= 32) {
+            if (!wide) return NCFG + (n_tok <= 16 ? 0 : 2);
+            return NCFG + (k_quant ? 1 : widest ? 9 : 11);
+        }
+        if (n_tok <= 64) return NCFG + (wide ? (type == DT_Q8_0 ? (widest ? 8 : 10) : 4) : 3);
+        if (n_tok <= 128) return NCFG + (wide ? 5 : k_quant ? 8 : 10);
         if (n_tok <= 256) return NCFG + (wide ? 7 : 6);
         if (n_tok <= 512) return NCFG + (wide ? 7 : 5);
         return NCFG + 7;
