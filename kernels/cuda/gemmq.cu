@@ -346,6 +346,7 @@ extern "C" int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in) {
 // Q4_1, Q5_0 and Q5_1 take Q4_0's choices, Q5_K and Q6_K Q4_K's (not measured yet).
 static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
     if (type == DT_F16) return NCFG + kc__gemmq_f16_cfg(n_tok, n_out, n_in); // NCFG - 1: cuBLAS
+    const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
     // wgmma (gemmq_wg.cu) past the GEMV's token counts: wide matrices on 128-row CTAs, narrow
     // ones (wo, down) on clusters of 64-row CTAs that split K. H200, llama2-7b layer, through
     // kc_matmul (x written in the tiles' order): Q4_0 at 16 / 32 / 64 tokens 134 / 183 / 234 us
@@ -375,7 +376,6 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
     // sequences 4,210 -> 4,085 tok/s).
     if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
         const bool wide = n_out >= 8192, widest = n_out >= 16384;
-        const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
         if (n_tok <= 32) {
             if (!wide) return NCFG + (n_tok <= 16 ? 0 : 2);
             return NCFG + (k_quant ? 1 : widest ? 9 : 11);
@@ -386,7 +386,6 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
         if (n_tok <= 512) return NCFG + (wide ? 7 : 5);
         return NCFG + 7;
     }
-    const bool k_quant = type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
     if (n_tok <= 8) return 9;
     if (n_tok <= 16) return 8;
     if (n_tok <= 32) return 10;

@@ -457,10 +457,8 @@ int dispatch_wg(const kc_weight *w, const __half *x, int n_tok, float *y, int ld
         // CTA's start and end overlap the others' steps, and the grid's last wave is a third of
         // an SM's. wg_nw sizes the weights' ring for one CTA an SM, so the types that take one
         // fit fewer (at 64 tokens Q4_0 two an SM, the K-quants one: 113-125 KiB a CTA; at 32
-        // tokens Q4_0 three, the K-quants two); Q8_0 (registers) fits three. H200, llama2-7b layer, Q8_0 gate|up at 32 / 64 tokens 48.6 / 74.2 -> 36.8 /
-        // 48.8 us, its qkv 31.6 / 38.1 -> 22.3 / 29.2; Q4_0 qkv and gate|up at 9-32 tokens 3-4 us
-        // faster each; wo and down at 65-128 tokens 5-10 us (bench/RESULTS.md "2026-12-01
-        // (thirty-second session)").
+        // tokens Q4_0 three, the K-quants two); Q8_0 (registers) fits three. Where gemmq_choose
+        // takes them, and the times: gemmq.cu, bench/RESULTS.md "2026-12-01 (thirty-second session)".
         case 8: return launch_wg<TYPE, XP, 64, 1, 1, 1, 3>(w, x, n_tok, y, ldy, acc, ep, s);
         case 9: return launch_wg<TYPE, XP, 32, 1, 1, 1, 3>(w, x, n_tok, y, ldy, acc, ep, s);
         case 10: return launch_wg<TYPE, XP, 64, 1, 1, 2, 3>(w, x, n_tok, y, ldy, acc, ep, s);
