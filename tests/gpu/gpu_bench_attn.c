@@ -4,7 +4,8 @@
  * split rule, and the per-head kernel with 64-position splits) and causal prefill of one
  * sequence (TFLOP/s of the 4 n_head hd T^2 / 2 multiply-adds: mma.sync with 4 and 8 warps, and the
  * wgmma kernel of attention_fa3.cu on compute capability 9.0).
- * usage: gpu_bench_attn [decode|decode8|decode8x|prefill|splits|chunk]... (default: decode and prefill;
+ * usage: gpu_bench_attn [mha] [decode|short|decode8|decode8x|prefill|splits|chunk]... (default: decode and prefill;
+ * mha: 32 KV heads instead of 8; short: decode at 128-1,024 positions and 16-256 sequences;
  * decode8: the FP8 cache against the F16 one, decode8x: only 256 x 1,024, for a profiler; splits sweeps
  * the decode kernel's split count at 1-32 sequences of 8k-128k positions; chunk: a chunk of a
  * long prompt on the prefill kernel, whole and split over the keys). Variants of the prefill and
@@ -26,7 +27,8 @@
 #include "gpu_ck.h"
 #include "gpu_plan.h"
 
-enum { NH = 32, NKV = 8, HD = 128, BS = 16 };
+enum { NH = 32, HD = 128, BS = 16 };
+static int g_nkv = 8; /* KV heads: llama3-8b's 8; "mha" makes it 32 (llama2-7b) */
 
 static int g_rand; /* "rand": random K, V and queries for the prefill benches */
 /* prefill bench variants: "rev": the tile list longest first; "shuffle": the sequence's KV blocks
@@ -93,7 +95,7 @@ static float time_ms(cudaEvent_t e0, cudaEvent_t e1) {
 static void decode_one(double bw, int B, int C, int ns, int tc_only, int f8) {
     const int mb = C / BS, nblk = B * mb;
     /* elements (F16) or bytes (FP8: HD codes + a 4-byte scale per row) */
-    const size_t ce = (size_t)(nblk + 1) * NKV * BS * (f8 ? HD + 4 : HD), esz = f8 ? 1 : 2;
+    const size_t ce = (size_t)(nblk + 1) * g_nkv * BS * (f8 ? HD + 4 : HD), esz = f8 ? 1 : 2;
     if (f8) tc_only = 1;
     void *k, *v;
     float *q, *out, *part;
@@ -119,8 +121,8 @@ static void decode_one(double bw, int B, int C, int ns, int tc_only, int f8) {
     const int units = C / 64;
     int ch;
     if (ns <= 0) {
-        ns = kc_plan_dec_splits(kc_plan_get(), NKV, B, C);
-        ch = kc_plan_dec_chunk(kc_plan_get(), NKV, B, ns, C - 1);
+        ns = kc_plan_dec_splits(kc_plan_get(), g_nkv, B, C);
+        ch = kc_plan_dec_chunk(kc_plan_get(), g_nkv, B, ns, C - 1);
     } else {
         if (ns > units) ns = units;
         ch = (units + ns - 1) / ns * 64;
@@ -135,23 +137,23 @@ static void decode_one(double bw, int B, int C, int ns, int tc_only, int f8) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const double bytes = 2.0 * B * C * NKV * (f8 ? HD + 4 : HD * 2);
+    const double bytes = 2.0 * B * C * g_nkv * (f8 ? HD + 4 : HD * 2);
     for (int arm = 0; arm < (tc_only ? 1 : 2); arm++) {
         const int iters = 20;
         for (int i = 0; i < iters + 3; i++) {
             if (i == 3) CK(cudaEventRecord(e0, 0));
-            int rc = arm == 1   ? kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, NKV, HD, BS, 0.088f, ph_split, 64,
+            int rc = arm == 1   ? kc_attention_ex(q, k, v, out, NULL, pos, seq, bt, mb, B, NH, g_nkv, HD, BS, 0.088f, ph_split, 64,
                                                   0, part, cnt, 0, 0)
-                     : f8 ? kc_attention_decode_tc_f8(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
+                     : f8 ? kc_attention_decode_tc_f8(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, g_nkv, HD, BS, 0.088f, ns,
                                                        chunk, part, cnt, 0)
-                          : kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, ns,
+                          : kc_attention_decode_tc(q, k, v, out, NULL, NULL, B, pos, seq, bt, mb, NH, g_nkv, HD, BS, 0.088f, ns,
                                                    chunk, part, cnt, 0);
             if (rc) { fprintf(stderr, "launch failed (%d)\n", rc); exit(1); }
         }
         CK(cudaEventRecord(e1, 0));
         double ms = time_ms(e0, e1) / iters;
         printf("  %-9s B=%-4d C=%-6d splits=%-4d ctas=%-5d %8.1f MB %9.4f ms %7.0f GB/s %5.1f %%\n", arm ? "per-head" : f8 ? "tc-fp8" : "tc", B, C,
-               arm ? ph_split : used, arm ? B * NKV * ph_split : B * NKV * used, bytes / 1e6, ms, bytes / ms / 1e6,
+               arm ? ph_split : used, arm ? B * g_nkv * ph_split : B * g_nkv * used, bytes / 1e6, ms, bytes / ms / 1e6,
                100 * bytes / ms / 1e6 / bw);
     }
     cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(pos); cudaFree(seq); cudaFree(bt);
@@ -165,6 +167,16 @@ static void bench_decode(double bw) {
     for (int ci = 0; ci < 4; ci++)
         for (int bi = 0; bi < 8; bi++)
             if ((size_t)Bs[bi] * Cs[ci] <= ((size_t)2 << 20)) decode_one(bw, Bs[bi], Cs[ci], 0, Cs[ci] > 32768, 0);
+}
+
+/* Decode at the short contexts of batched serving benchmarks (128-1,024 positions, 16-256
+ * sequences) on the tensor-core kernel with the plan's splits: the per-CTA start and end weigh
+ * more there than at long contexts. With "mha": 32 KV heads (llama2-7b). */
+static void bench_decode_short(double bw) {
+    const int Bs[] = { 16, 32, 64, 128, 256 }, Cs[] = { 128, 192, 256, 512, 1024 };
+    printf("decode, short contexts, %d query heads / %d KV heads: B x C positions\n", NH, g_nkv);
+    for (int ci = 0; ci < 5; ci++)
+        for (int bi = 0; bi < 5; bi++) decode_one(bw, Bs[bi], Cs[ci], 0, 1, 0);
 }
 
 /* The FP8 cache against the F16 one on the tensor-core decode kernel (the plan's splits). */
@@ -182,14 +194,14 @@ static void bench_decode_f8(double bw, int one) {
  * tokens x KV heads x splits = m x SMs for m in 1..8, and the per-sequence split counts between. */
 static void bench_splits(double bw, int sms) {
     const int Bs[] = { 1, 2, 4, 8, 16, 32 }, Cs[] = { 8192, 32768, 131072 }, Ms[] = { 1, 2, 3, 4, 6, 8 };
-    printf("decode splits: B x C positions, splits so that B x %d KV heads x splits reaches m x %d SMs\n", NKV, sms);
+    printf("decode splits: B x C positions, splits so that B x %d KV heads x splits reaches m x %d SMs\n", g_nkv, sms);
     for (int ci = 0; ci < 3; ci++)
         for (int bi = 0; bi < 6; bi++) {
             const int B = Bs[bi], C = Cs[ci];
             if ((size_t)B * C > ((size_t)2 << 20)) continue;
             int last = 0;
             for (int mi = 0; mi < 6; mi++) {
-                const int ns = (Ms[mi] * sms + B * NKV - 1) / (B * NKV);
+                const int ns = (Ms[mi] * sms + B * g_nkv - 1) / (B * g_nkv);
                 if (ns == last) continue;
                 last = ns;
                 decode_one(bw, B, C, ns, 1, 0);
@@ -229,7 +241,7 @@ typedef struct seq1 {
 
 static seq1 seq1_new(int T) {
     seq1 a = { .T = T, .mb = T / BS };
-    const size_t ce = (size_t)a.mb * (g_shuffle ? 2 : 1) * NKV * BS * HD;
+    const size_t ce = (size_t)a.mb * (g_shuffle ? 2 : 1) * g_nkv * BS * HD;
     CK(cudaMalloc((void **)&a.k, ce * 2));
     CK(cudaMalloc((void **)&a.v, ce * 2));
     CK(cudaMemset(a.k, 0x3a, ce * 2));
@@ -293,11 +305,11 @@ static void bench_prefill(void) {
         const double flops = 4.0 * NH * HD * (double)T * T / 2;
         for (int kind = 0; kind < 3; kind++) { /* mma.sync with 4 and 8 warps, then wgmma (where it runs) */
             const int warps = kind ? 8 : 4, fa3 = kind == 2;
-            if (fa3 && !kc_attention_fa3_ok(HD, NH, NKV, BS)) {
+            if (fa3 && !kc_attention_fa3_ok(HD, NH, g_nkv, BS)) {
                 printf("  T=%-6d fa3: not on this device (needs compute capability 9.0 and this build's sm_90a code)\n", T);
                 continue;
             }
-            const int tt = fa3 ? kc_attention_fa3_tile_tok(NH, NKV) : kc_attention_tc_tile_tok(warps, NH, NKV);
+            const int tt = fa3 ? kc_attention_fa3_tile_tok(NH, g_nkv) : kc_attention_tc_tile_tok(warps, NH, g_nkv);
             int nt = 0;
             for (int j = 0; j < T; j += tt, nt++) {
                 ht[2 * nt] = j;
@@ -319,10 +331,10 @@ static void bench_prefill(void) {
                     if (g_hot) hot_gemm();
                     if (i == 1 || (g_hot && i)) CK(cudaEventRecord(e0, 0));
                     if (fa3 ? (half ? kc_attention_prefill_fa3_half(q, NULL, k, v, (kc_half *)out, tiles, nt, pos, seq, bt, mb,
-                                                                    NH, NKV, HD, BS, 0.088f, 0)
-                                    : kc_attention_prefill_fa3(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                                                    NH, g_nkv, HD, BS, 0.088f, 0)
+                                    : kc_attention_prefill_fa3(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, g_nkv, HD, BS,
                                                                0.088f, 0))
-                            : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS, 0.088f, warps,
+                            : kc_attention_prefill_tc(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, g_nkv, HD, BS, 0.088f, warps,
                                                       0)) {
                         fprintf(stderr, "prefill launch failed\n");
                         exit(1);
@@ -365,9 +377,9 @@ static void bench_chunk(double bw) {
         CK(cudaMalloc((void **)&part, (size_t)2 * kc_plan_get()->att_dec_ctas * 16 * 8 * (HD + 2) * 4));
         CK(cudaMalloc((void **)&cnt, (size_t)kc_plan_get()->att_dec_ctas * 4));
         CK(cudaMemset(cnt, 0, (size_t)kc_plan_get()->att_dec_ctas * 4));
-        const int fa3 = kc_attention_fa3_ok(HD, NH, NKV, BS);
+        const int fa3 = kc_attention_fa3_ok(HD, NH, g_nkv, BS);
         for (int wi = 0; wi < (fa3 ? 12 : 8); wi++) { /* tiles of the 8-warp kernel, of the 4-warp kernel (half the tokens), the wgmma kernel's */
-            const int warps = wi < 4 || wi >= 8 ? 8 : 4, ti = wi % 4, T = Ts[ti], tt = kc_attention_tc_tile_tok(warps, NH, NKV);
+            const int warps = wi < 4 || wi >= 8 ? 8 : 4, ti = wi % 4, T = Ts[ti], tt = kc_attention_tc_tile_tok(warps, NH, g_nkv);
             int nt = 0;
             for (int j = C - T; j < C; j += tt, nt++) {
                 ht[2 * nt] = j;
@@ -375,18 +387,18 @@ static void bench_chunk(double bw) {
             }
             CK(cudaMemcpy(tiles, ht, (size_t)nt * 8, cudaMemcpyHostToDevice));
             int kchunk = 0;
-            const int rule = wi >= 8 ? kc_plan_pf_splits_fa3(kc_plan_get(), NKV, nt, C - 1, &kchunk)
-                                     : kc_plan_pf_splits(kc_plan_get(), NKV, nt, C - 1, &kchunk);
-            const double bytes = (double)nt * C * NKV * HD * 2 * 2;
+            const int rule = wi >= 8 ? kc_plan_pf_splits_fa3(kc_plan_get(), g_nkv, nt, C - 1, &kchunk)
+                                     : kc_plan_pf_splits(kc_plan_get(), g_nkv, nt, C - 1, &kchunk);
+            const double bytes = (double)nt * C * g_nkv * HD * 2 * 2;
             for (int arm = 0; arm < 2; arm++) {
                 const int ns = arm ? rule : 1;
                 if (arm && ns == 1) break;
                 const int iters = 10;
                 for (int i = 0; i < iters + 1; i++) {
                     if (i == 1) CK(cudaEventRecord(e0, 0));
-                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                    if (wi >= 8 ? kc_attention_prefill_fa3_split(q, NULL, k, v, out, tiles, nt, pos, seq, bt, mb, NH, g_nkv, HD, BS,
                                                                  0.088f, ns, kchunk, part, cnt, 0)
-                                : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, NKV, HD, BS,
+                                : kc_attention_prefill_tc_split(q, k, v, out, tiles, nt, pos, seq, bt, mb, NH, g_nkv, HD, BS,
                                                                 0.088f, warps, 0, ns, kchunk, part, cnt, 0)) {
                         fprintf(stderr, "chunk launch failed\n");
                         exit(1);
@@ -410,18 +422,21 @@ int main(int argc, char **argv) {
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { fprintf(stderr, "no CUDA device\n"); return 1; }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "mha")) g_nkv = NH;
     kc_plan p;
-    if (kc_plan_choose(0, HD, NH, NKV, BS, 0, &p)) return 1;
+    if (kc_plan_choose(0, HD, NH, g_nkv, BS, 0, &p)) return 1;
     for (int i = 1; i < argc; i++) /* key=value[,...]: plan fields for A/B arms (kc_plan_override) */
         if (strchr(argv[i], '=') && gpu_plan_args(&p, argv[i], "gpu_bench_attn")) return 2;
     kc_plan_set(&p);
     double bw = copy_gbs();
     printf("%s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
-    int dec = argc < 2, pf = argc < 2, spl = 0, chk = 0, d8 = 0;
+    int dec = argc < 2, pf = argc < 2, spl = 0, chk = 0, d8 = 0, dshort = 0;
     for (int i = 1; i < argc; i++) {
         dec |= !strcmp(argv[i], "decode");
         pf |= !strcmp(argv[i], "prefill");
         spl |= !strcmp(argv[i], "splits");
+        dshort |= !strcmp(argv[i], "short");
         chk |= !strcmp(argv[i], "chunk");
         d8 |= !strcmp(argv[i], "decode8") ? 1 : !strcmp(argv[i], "decode8x") ? 2 : 0;
         g_rand |= !strcmp(argv[i], "rand");
@@ -431,6 +446,7 @@ int main(int argc, char **argv) {
     }
     printf("prefill variants:%s%s%s%s\n", g_rand ? " rand" : "", g_rev ? " rev" : "", g_shuffle ? " shuffle" : "", g_hot ? " hot" : "");
     if (dec) bench_decode(bw);
+    if (dshort) bench_decode_short(bw);
     if (d8) bench_decode_f8(bw, d8 == 2);
     if (spl) bench_splits(bw, prop.multiProcessorCount);
     if (chk) bench_chunk(bw);
