@@ -647,8 +647,11 @@ __device__ void tc_merge_rows(const float *pp, int n_split, int G, int n_valid, 
 }
 
 // F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves. KROWS (F8, G <= 8):
-// the keys as the rows of the products (attend_f8t).
-template <int HD, int NST, bool F8, bool KROWS = false, int MINB = 1>
+// the keys as the rows of the products (attend_f8t). HPW (F16, one split): warp w of the CTA
+// takes KV head 4 blockIdx.x + w, all its keys in 16-key groups in turn, and writes its rows
+// itself (no merge of the warps' states): at short contexts a CTA's start and its merge weigh as
+// much as its copies, and a warp walking a whole head keeps its two groups in flight for longer.
+template <int HD, int NST, bool F8, bool KROWS = false, int MINB = 1, bool HPW = false>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
                 const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
@@ -663,8 +666,12 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     // the KV heads of a token are neighbours in the grid: they run together and share the FP8
     // cache's scale sectors (and the F16 cache's block) in L2
     const int ti = blockIdx.y, t = toks ? toks[ti] : ti; // partials and counters go by ti
-    const int kvh = blockIdx.x, split = blockIdx.z;
+    const int kvh = HPW ? blockIdx.x * DEC_WARPS + warp : blockIdx.x, split = blockIdx.z;
     const int G = n_head / n_kv, h0 = kvh * G;
+    if (HPW && kvh >= n_kv) { // a warp past the last KV head (n_kv % 4)
+        kc_pdl_wait();
+        return;
+    }
     const int p = pos[t], chunk = *chunk_p;
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
     const int start = split * chunk, end = min(start + chunk, p + 1);
@@ -678,16 +685,18 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     constexpr int WBYTES = F8 ? NST * f8_raw_bytes<HD>() : NST * STAGE * 2;
     const uint32_t sw = kc_smem_addr(smem) + warp * WBYTES;
     const uint8_t *sraw = smem + warp * WBYTES; // F8: the raw stages (generic address)
-    const int first = start + 16 * warp;
-    const int n_grp = end > first ? (end - first + 63) / 64 : 0;
+    // the warp's groups: keys first + GS i .. + 15
+    constexpr int GS = HPW ? 16 : 16 * DEC_WARPS;
+    const int first = start + (HPW ? 0 : 16 * warp);
+    const int n_grp = end > first ? (end - first + GS - 1) / GS : 0;
     // sliding window: keys below lo are masked; groups entirely below it are skipped (their
     // blocks may have been freed), starting at the first group i_lo that reaches lo
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int i_lo = lo > first + 15 ? (lo - first - 15 + 63) / 64 : 0;
+    const int i_lo = lo > first + 15 ? (lo - first - 15 + GS - 1) / GS : 0;
     const f8_lane<HD> fl(lane, n_kv); // F8: the lane's copies
     auto issue = [&](int i) {
         if (i < n_grp) {
-            const int j0 = first + 64 * i;
+            const int j0 = first + GS * i;
             const uint32_t dst = sw + (i % NST) * STAGE * 2; // F16
             if constexpr (F8) { // 16 rows of one block (j0 % 16 == 0, block_size % 16 == 0)
                 stage_f8_raw<HD>(sw + (i % NST) * f8_raw_bytes<HD>(), (const uint8_t *)k_cache, (const uint8_t *)v_cache,
@@ -708,8 +717,8 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
             issue(i + NST - 1);
             kc_cp_async_wait<NST - 1>();
             __syncwarp();
-            const int lim = end - (first + 64 * i); // keys of this group below end
-            const int low = lo - (first + 64 * i);  // and from lo
+            const int lim = end - (first + GS * i); // keys of this group below end
+            const int low = lo - (first + GS * i);  // and from lo
             step(i % NST, lim < 16 || low > 0, [&](int, int key) { return key < lim && key >= low; });
             __syncwarp(); // every lane is done with this stage before it is refilled
         }
@@ -767,6 +776,27 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
             }
         });
         wstate_finish(st);
+        if constexpr (HPW) { // the warp's rows g and g + 8 (< G) through its own stages, now free
+            static_assert((16 * HD + 16) * 4 <= WBYTES, "attn_dec_kernel: a warp's rows in its stages");
+            __syncwarp();
+            float *ro = (float *)(smem + warp * WBYTES), *rl = ro + 16 * HD; // [16][HD], then [16] sums
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int r = g + 8 * hi;
+                if (r >= G) continue;
+#pragma unroll
+                for (int d = 0; d < HD / 8; d++) *(float2 *)(ro + r * HD + d * 8 + 2 * t4) = make_float2(st.o[d][2 * hi], st.o[d][2 * hi + 1]);
+                if (t4 == 0) rl[r] = st.l[hi];
+            }
+            __syncwarp();
+            // a row's 32 consecutive outputs a pass (HD % 32 == 0): kc_xq_block1's blocks
+            for (int i = lane; i < G * HD; i += 32) {
+                const int r = i / HD, e = i % HD;
+                const float L = rl[r];
+                att_finish<HD>(em, ((size_t)t * n_head + h0 + r) * HD, e, L > 0.0f ? ro[i] / L : 0.0f);
+            }
+            return;
+        }
         if constexpr (F8) // attend_f8's F8_PV
 #pragma unroll
             for (int d = 0; d < HD / 8; d++)
@@ -974,16 +1004,17 @@ float mods_capl() {
 
 template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
 
-template <int HD, bool F8, bool KROWS, int MINB>
+template <int HD, bool F8, bool KROWS, int MINB, bool HPW = false>
 int launch_dec1(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                 const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                 int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const size_t smem = dec_smem_bytes(HD, F8);
-    auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB>;
+    auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB, HPW>;
     if (int rc = kc_smem_limit_once(kern, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(kern, dim3(n_kv, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em, partial, counters, toks, pos, seq, bt,
-              chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(), kc_attention_mods_get().window);
+    kc_launch(kern, dim3(HPW ? (n_kv + DEC_WARPS - 1) / DEC_WARPS : n_kv, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em,
+              partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),
+              kc_attention_mods_get().window);
     return 0;
 }
 template <int HD, bool F8>
@@ -997,6 +1028,12 @@ int launch_dec(const float *q, const void *k, const void *v, const att_emit &em,
         if (n_head / n_kv <= 8)
             return launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
                                                   qscale, n_split, partial, counters, s);
+    if constexpr (!F8) {
+        const int hpw = kc_plan_get()->att_dec_hpw;
+        if (n_split == 1 && hpw > 0 && (long)n_tok * n_kv >= hpw)
+            return launch_dec1<HD, false, false, 1, true>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                          qscale, n_split, partial, counters, s);
+    }
     // F8 rows: 3 CTAs an SM (left alone, ptxas takes 194 registers: two)
     return launch_dec1<HD, F8, false, F8 ? 3 : 1>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
                                                   qscale, n_split, partial, counters, s);

@@ -46,6 +46,7 @@ const field k_fields[] = {
     F(att_pf_fa3_ctas, 0, 1 << 20),
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
+    F(att_dec_hpw, 0, 1 << 30),
     F(att_chunk, 16, 1 << 20),
     F(att_ph_splits, 0, 64),
     F(graph_max_tok, 1, 4096),
@@ -176,6 +177,14 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // (seventh session)")
     p->att_dec_ctas = 264;
     p->att_dec_min_chunk = 1024;
+    // a warp a KV head from 2,048 (token, KV head) pairs (llama2-7b from 64 sequences, llama3-8b
+    // from 256): at 128-256 positions the copies outweigh a CTA's start and merge (H200,
+    // gpu_bench_attn mha short, 128 sequences of 128 / 192 positions: 73 -> 80 % / 90 -> 92 % of
+    // the copy bandwidth; llama2-7b Q8_0 and Q4_K at 128 sequences of 128-256 positions +1.6 %),
+    // at 512-1,024 positions it loses 1-2 points there, and below 2,048 pairs too few CTAs fill the
+    // SMs (16 sequences of llama2-7b: -0.5 to -0.9 % a step; bench/RESULTS.md "2026-12-01
+    // (thirty-third session)")
+    p->att_dec_hpw = 2048;
     p->att_chunk = 64;
     // per-head decode splits of att_chunk positions (kc_plan_choose cuts them from each token's
     // own position in a MoE model). Either way a token's result does not depend on the other

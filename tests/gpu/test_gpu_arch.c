@@ -749,20 +749,26 @@ static void test_attention_mods(cudaStream_t s, int hd, int G, float cap, int wi
         }
         dl = up(lst, sizeof lst);
         CK(cudaMalloc((void **)&dchunk, 4));
-        const int splits[2] = { 1, ns_all };
-        for (int si = 0; si < 2; si++) {
+        const int splits[3] = { 1, 1, ns_all }; /* arm 1: a warp a KV head (the plan's att_dec_hpw) */
+        const kc_plan plan0 = *kc_plan_get();
+        for (int si = 0; si < 3; si++) {
             const int ns = splits[si], ch = (ns_all + ns - 1) / ns * 64;
+            kc_plan ph = plan0;
+            ph.att_dec_hpw = si == 1 ? 1 : 0;
+            kc_plan_set(&ph);
             CK(cudaMemcpy(dchunk, &ch, 4, cudaMemcpyHostToDevice));
             CK(cudaMemset(dout, 0xff, (size_t)n_tok * nqd * 4));
             kc_attention_mods(&mods);
             int rc = kc_attention_decode_tc(dq, dk, dv, dout, NULL, dl, n_seq, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs, scale,
                                             ns, dchunk, part, cnt, s);
             kc_attention_mods(NULL);
+            kc_plan_set(&plan0);
             CK(cudaStreamSynchronize(s));
             down(got, dout, (size_t)n_tok * nqd * 4);
             for (int q = 0; q < n_seq; q++) memcpy(gd + (size_t)q * nqd, got + (size_t)lst[q] * nqd, (size_t)nqd * 4);
             double e = rel_err_f(gd, rd, (size_t)n_seq * nqd);
-            T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d cap=%g window=%d splits=%d: rel_err %.3g", hd, G, cap, window, ns, e);
+            T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d cap=%g window=%d splits=%d%s: rel_err %.3g", hd, G, cap, window, ns,
+                     si == 1 ? " (a warp a KV head)" : "", e);
         }
         /* prefill: the queries in tiles (4 and 8 warps, then the wgmma kernel where it runs) */
         for (int kind = 0; kind < 3; kind++) { /* kind 2: the wgmma kernel */

@@ -1422,7 +1422,8 @@ static void test_attention_tc(cudaStream_t s) {
                 float *dqd = dev_upload(qd, (size_t)n_seq * nq * 4), *dod, *part;
                 int32_t *dpd = dev_upload(pos_d, sizeof pos_d), *dsd = dev_upload(seq_d, sizeof seq_d), *dl = dev_upload(lst, sizeof lst);
                 int32_t *dchunk, *cnt;
-                const int units = (longest + 63) / 64, splits[3] = { 1, 3, units };
+                /* arm 1: one split with a warp a KV head (the plan's att_dec_hpw) */
+                const int units = (longest + 63) / 64, splits[4] = { 1, 1, 3, units };
                 CK(cudaMalloc((void **)&dod, (size_t)n_seq * nq * 4));
                 CK(cudaMalloc((void **)&part, (size_t)n_seq * n_head * units * (hd + 2) * 4));
                 CK(cudaMalloc((void **)&dchunk, 4));
@@ -1430,8 +1431,12 @@ static void test_attention_tc(cudaStream_t s) {
                 CK(cudaMemset(cnt, 0, (size_t)n_seq * n_head * 4));
                 float *o1 = malloc((size_t)n_seq * nq * 4), *o2 = malloc((size_t)n_seq * nq * 4);
                 kc_xq xa = xq_alloc(n_seq, nq), xb = xq_alloc(n_seq, nq);
-                for (int si = 0; si < 3; si++) {
+                const kc_plan plan0 = *kc_plan_get();
+                for (int si = 0; si < 4; si++) {
                     const int ns = splits[si], chunk = (units + ns - 1) / ns * 64;
+                    kc_plan ph = plan0;
+                    ph.att_dec_hpw = si == 1 ? 1 : 0;
+                    kc_plan_set(&ph);
                     CK(cudaMemcpy(dchunk, &chunk, 4, cudaMemcpyHostToDevice));
                     poison(dod, (size_t)n_seq * nq * 4);
                     int rc = kc_attention_decode_tc(dqd, dk, dv, dod, NULL, NULL, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd,
@@ -1439,8 +1444,8 @@ static void test_attention_tc(cudaStream_t s) {
                     CK(cudaStreamSynchronize(s));
                     CK(cudaMemcpy(o1, dod, (size_t)n_seq * nq * 4, cudaMemcpyDeviceToHost));
                     double e = rel_err(o1, refd, (size_t)n_seq * nq);
-                    T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d splits=%d chunk=%d longest=%d rel_err %.3g", hd, G, ns, chunk,
-                             longest, e);
+                    T_CHECKF(rc == 0 && e < 5e-3, "tc decode hd=%d G=%d splits=%d%s chunk=%d longest=%d rel_err %.3g", hd, G, ns,
+                             si == 1 ? " (a warp a KV head)" : "", chunk, longest, e);
                     /* the shuffled list: rows are written where the list says, the same bits */
                     poison(dod, (size_t)n_seq * nq * 4);
                     rc = kc_attention_decode_tc(dqd, dk, dv, dod, NULL, dl, n_seq, dpd, dsd, dbt, max_blocks, n_head, n_kv, hd, bs,
@@ -1467,9 +1472,10 @@ static void test_attention_tc(cudaStream_t s) {
                     CK(cudaMemcpy(hc, cnt, (size_t)n_seq * n_head * 4, cudaMemcpyDeviceToHost));
                     for (int i = 0; i < n_seq * n_head; i++) ok &= hc[i] == 0;
                     free(hc);
-                    T_CHECKF(ok, "tc decode quantized output = kc_quantize_x of its rows, blocks only, counters at 0: hd=%d G=%d splits=%d",
-                             hd, G, ns);
+                    T_CHECKF(ok, "tc decode quantized output = kc_quantize_x of its rows, blocks only, counters at 0: hd=%d G=%d splits=%d%s",
+                             hd, G, ns, si == 1 ? " (a warp a KV head)" : "");
                 }
+                kc_plan_set(&plan0);
                 xq_free(&xa);
                 xq_free(&xb);
                 free(o1); free(o2); free(qd); free(refd);
