@@ -11,6 +11,8 @@
 //            The key range of a split is `chunk` positions, read from the device at run time
 //            (the backend sizes it to the step's longest context, so one captured graph serves
 //            every context length). The KV heads of a token are neighbours in the grid.
+//            Unsplit steps of many (token, KV head) pairs (the plan's att_dec_hpw) take CTAs of
+//            four KV heads instead, a warp walking all the keys of one (HPW).
 //            An FP8 cache's codes go from the copied stage straight into mma fragments
 //            (attend_f8), and where G <= 8 with the keys as the rows of the products instead
 //            of the query heads (attend_f8t).
