@@ -1011,6 +1011,7 @@ int launch_dec1(const float *q, const void *k, const void *v, const att_emit &em
                 const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                 int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
+    const kc_pdl_scope pdl_cls(KC_PDL_ATT_DEC);
     const size_t smem = dec_smem_bytes(HD, F8);
     auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB, HPW>;
     if (int rc = kc_smem_limit_once(kern, (int)smem, configured, __FILE__, __LINE__)) return rc;

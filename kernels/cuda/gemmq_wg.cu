@@ -504,6 +504,7 @@ extern "C" int kc__gemmq_wg(const kc_weight *w, const kc_half *x, int n_tok, flo
                             int xperm, const kc_wg_glu *glu, cudaStream_t s) {
     if (cfg < 0 || cfg >= kc__gemmq_wg_ncfg()) return CM_EINVAL;
     const kc_wg_glu none = {}, &ep = glu ? *glu : none;
+    const kc_pdl_scope pdl_cls((w->type == DT_F16 ? KC_PDL_WGF16 : w->type == DT_Q8_0 ? KC_PDL_WGQ8 : KC_PDL_WG0) + cfg);
     if ((ep.out || ep.img) && (w->n_out % 8 || accumulate || ((uintptr_t)ep.out & 15) || (ep.img && n_tok > ep.img_ntp))) return CM_EINVAL;
     const __half *xh = (const __half *)x;
     switch (w->type) {

@@ -200,6 +200,13 @@ __device__ __forceinline__ void kc_pdl_trigger() {
 
 // Whether kc_launch sets the attribute (kc_set_pdl; on by default).
 extern "C" int kc_pdl_on(void);
+extern "C" int kc_pdl_class(int cls);
+// The launches in a scope belong to class cls (the plan's pdl_off).
+struct kc_pdl_scope {
+    int old;
+    explicit kc_pdl_scope(int cls) : old(kc_pdl_class(cls)) {}
+    ~kc_pdl_scope() { kc_pdl_class(old); }
+};
 
 template <typename... KArgs, typename... Args>
 static inline void kc_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {

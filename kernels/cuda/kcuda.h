@@ -127,6 +127,7 @@ int  kc_code_sm80(void);
  * reads the environment. */
 typedef struct kc_plan {
     int pdl;              /* programmatic dependent launch of the forward's kernels (sm_90 code) */
+    int pdl_off;          /* launch classes (KC_PDL_*) that go without PDL where pdl is on, a bit each */
     int norm_split;       /* RMSNorm rows of n % 512 == 0, n <= 4096 over n / 512 CTAs (same bits) in
                            * steps of up to this many tokens (0: never) */
     int swiglu_fuse;      /* F16 gate|up GEMV with the SwiGLU in its epilogue up to this many tokens */
@@ -258,6 +259,12 @@ int kc_attention_dec_per_sm(int hd);
 void kc_plan_set(const kc_plan *p);
 const kc_plan *kc_plan_get(void);
 int  kc_pdl_on(void); /* the installed plan's pdl, where the device code allows it */
+/* Launch classes for the plan's pdl_off: bit 0 the rest, 1 decode attention, 2 norms, 3 rotation
+ * and KV stores; the wgmma tiles (kc__gemmq_wg) in configuration c: 4 + c the types whose weights
+ * stream through a ring in shared memory, 16 + c Q8_0 (weights streamed into registers), 28 + c
+ * F16 (c < 3). */
+enum { KC_PDL_OTHER = 0, KC_PDL_ATT_DEC = 1, KC_PDL_NORM = 2, KC_PDL_ROPE = 3, KC_PDL_WG0 = 4, KC_PDL_WGQ8 = 16, KC_PDL_WGF16 = 28 };
+int  kc_pdl_class(int cls); /* sets this thread's launch class, returns the previous one */
 
 /* Activations quantized for the integer GEMVs (quantized weights, up to KC_GEMV_MAX_TOK
  * tokens): per block of 32 values x ~ d (qh + ql / 256) with qh = round(x / d),

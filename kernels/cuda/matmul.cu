@@ -164,7 +164,16 @@ extern "C" int kc_code_sm80(void) {
     if (arch < 0 && !kc_code_for_device(&arch)) arch = 0;
     return arch >= 80;
 }
-extern "C" int kc_pdl_on(void) { return kc_plan_get()->pdl && pdl_capable(); }
+static thread_local int g_pdl_cls; // the launch class of this thread's next launches (kc_pdl_class)
+extern "C" int kc_pdl_class(int cls) {
+    const int old = g_pdl_cls;
+    g_pdl_cls = cls;
+    return old;
+}
+extern "C" int kc_pdl_on(void) {
+    const kc_plan *p = kc_plan_get();
+    return p->pdl && !((p->pdl_off >> g_pdl_cls) & 1) && pdl_capable();
+}
 
 // A block's high-bit word (bit e: the fifth bit of element e) in kcuda.h's order: element
 // 4i + b at bit 8b + i.

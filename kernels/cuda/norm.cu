@@ -220,6 +220,7 @@ static void launch_vec(const float *x, const float *w, float *y, kc_xq *xq, int 
 }
 
 extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps, cudaStream_t s) {
+    const kc_pdl_scope pdl_cls(KC_PDL_NORM);
     if (!x || !w || x == y || n_tok <= 0 || n <= 0) return CM_EINVAL;
     const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
     // x's image for the next matmul where the caller asked for one that fits

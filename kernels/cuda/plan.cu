@@ -24,6 +24,7 @@ struct field {
 #define F(name, lo, hi) { #name, offsetof(kc_plan, name), lo, hi }
 const field k_fields[] = {
     F(pdl, 0, 1),
+    F(pdl_off, 0, 0x7fffffff),
     F(norm_split, 0, 1 << 20),
     F(swiglu_fuse, 0, KC_GEMV_MAX_TOK),
     { "gemmq_max_tok_q8_0", offsetof(kc_plan, gemmq_max_tok) + 0 * sizeof(int), 0, 1 << 20 },
@@ -223,6 +224,12 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
         return CM_ECUDA;
     }
     p->pdl = prop.major >= 9;
+    // Q8_0's 128-token tiles (qkv and gate|up at 65-128 tokens, one 256-thread CTA an SM, the
+    // weights streamed into registers) start after the norm before them has finished: launched
+    // early, they cost a llama2-7b Q8_0 step at 96 / 128 sequences 5-6 % on an H200 (PDL off for
+    // the norms instead: the same at 128, -1 % at 64; for everything: +0.6 % more at 128, but 2-5 %
+    // lost at 16-64 and in prefill; bench/RESULTS.md, thirty-fourth session)
+    p->pdl_off = 1 << (KC_PDL_WGQ8 + 5);
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
     // where the wgmma tiles run (compute capability 9.0), kc_gemmq (x in the tiles' order) beats
     // dequantize + cuBLAS up to 128 tokens for the 32-element block types (Q4_0 at 128: 282

@@ -293,6 +293,7 @@ __global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, floa
 extern "C" int kc_rope_store_kv(const float *qkv, float *q_out, kc_half *k_cache, kc_half *v_cache, const int32_t *pos,
                                 const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_tok, int n_head,
                                 int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s) {
+    const kc_pdl_scope pdl_cls(KC_PDL_ROPE);
     if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
         n_kv <= 0 || hd <= 0 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd || rope->rope_dim % 2)
         return CM_EINVAL;
