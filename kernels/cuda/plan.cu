@@ -230,6 +230,11 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // the norms instead: the same at 128, -1 % at 64; for everything: +0.6 % more at 128, but 2-5 %
     // lost at 16-64 and in prefill; bench/RESULTS.md, thirty-fourth session)
     p->pdl_off = 1 << (KC_PDL_WGQ8 + 5);
+    // Q4_K at 9-16 tokens on the wgmma tiles, not int8 mma.sync, since the tiles dequantize the
+    // K-quants in half arithmetic: llama2-7b Q4_K 128 + 128 at 9 / 16 sequences 2,233-2,249 /
+    // 3,876-3,885 -> 2,398-2,404 / 4,146-4,155 tok/s on an H200 (Q8_0 keeps int8 mma.sync: 16
+    // sequences 4,184-4,189 against 4,041-4,059 on the tiles; bench/RESULTS.md, thirty-fifth session)
+    if (prop.major >= 9) p->q4k_mma_max_tok = 0;
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
     // where the wgmma tiles run (compute capability 9.0), kc_gemmq (x in the tiles' order) beats
     // dequantize + cuBLAS up to 128 tokens for the 32-element block types (Q4_0 at 128: 282
