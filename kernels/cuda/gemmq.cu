@@ -374,7 +374,8 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
     // 128 +4 %, Q8_0 at 128 unchanged. Measured and not kept: Q8_0's qkv and gate|up at 9-16 tokens
     // on these tiles instead of int8 mma.sync (21.9 / 36.5 against 22.6 / 40.9 us alone, but 16
     // sequences 4,210 -> 4,085 tok/s).
-    if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0 && n_tok > KC_GEMV_MAX_TOK) {
+    // (from 1 token: kc_matmul takes Q4_K past the plan's qgemv_max_tok)
+    if (kc_plan_get()->gemmq_wg && kc__gemmq_wg_ncfg() > 0) {
         const bool wide = n_out >= 8192, widest = n_out >= 16384;
         if (n_tok <= 32) {
             if (!wide) return NCFG + (n_tok <= 16 ? 0 : 2);
@@ -397,7 +398,8 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
 // Within the GEMV's range (up to KC_GEMV_MAX_TOK tokens) kc_gemmq would win from about 8
 // tokens (Q4_0 1893 against 1830 tok/s at batch 8, Q4_K 1399 against 1143), but the GEMV sums
 // every row in the same order whatever the batch, and the tensor cores do not: decode steps
-// of up to 8 sequences stay batch-invariant. Where it stops beating dequantize + cuBLAS is the
+// of up to 8 sequences stay batch-invariant. On Hopper Q8_0 and Q4_K leave the GEMV past 4
+// tokens (the plan's qgemv_max_tok), where the wgmma tiles and int8 mma.sync win by 20-80 %. Where it stops beating dequantize + cuBLAS is the
 // plan's gemmq_max_tok (plan.cu).
 
 extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,

@@ -172,6 +172,12 @@ typedef struct kc_plan {
                            * the two-level int8 activations (kc__gemm_q8i) instead of the wgmma
                            * tiles; their producers then write those activations for such steps */
     int q4k_mma_max_tok;  /* the same for Q4_K matrices (at most 16 tokens; 0: none) */
+    int qgemv_max_tok;    /* Q8_0 and Q4_K matrices: the integer GEMV up to this many tokens (1 to
+                           * KC_GEMV_MAX_TOK), past it kc__gemm_q8i (q8_mma_max_tok /
+                           * q4k_mma_max_tok) or the tensor-core tiles; the other types keep the
+                           * GEMV to KC_GEMV_MAX_TOK. Steps of up to this many tokens give a
+                           * token's row the same bits as alone (the GEMV's sums do not depend on
+                           * the batch) */
     int fp8_lt_tune;      /* 1: each FP8 shape and count takes the faster of the outer-vector scales
                            * and unit scales + a scale pass, timed at start-up (kc_matmul_tune_f8);
                            * 0: the outer-vector scales everywhere */

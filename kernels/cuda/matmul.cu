@@ -1791,6 +1791,13 @@ static void to_half(const float *x, size_t nx, kc_half *out, cudaStream_t s) {
 }
 
 
+// The most tokens kc_matmul multiplies W by on the integer GEMV: the plan's qgemv_max_tok for
+// Q8_0 and Q4_K, KC_GEMV_MAX_TOK for the other types and for a mixed W (all its ranges, whatever
+// their types: kc_matmul_xq)
+static int gemv_max(const kc_weight *W) {
+    return W->type == DT_Q8_0 || W->type == DT_Q4_K ? kc_plan_get()->qgemv_max_tok : KC_GEMV_MAX_TOK;
+}
+
 // Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok (Q8_0) or
 // q4k_mma_max_tok (Q4_K), where the workspace can hold the activations' int8 blocks (when x's
 // producer did not write them)
@@ -1799,7 +1806,7 @@ static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     const bool shape = W->type == DT_Q8_0   ? n_tok <= p->q8_mma_max_tok && n_tok <= 32 && W->n_in % 64 == 0
                        : W->type == DT_Q4_K ? n_tok <= p->q4k_mma_max_tok && n_tok <= 16 && W->n_in % 256 == 0
                                             : false;
-    return shape && n_tok > KC_GEMV_MAX_TOK && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
+    return shape && n_tok > gemv_max(W) && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
 }
 // Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
@@ -1807,7 +1814,7 @@ static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
 // (gemmq_wg.cu's tiles on x's image) up to f16_wg_max_tok where those tiles beat cuBLAS for the
 // shape (kc__gemmq_f16_cfg).
 static bool gemmq_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    if (n_tok <= KC_GEMV_MAX_TOK || !kc_gemmq_ok(W) || q8i_use(W, n_tok, ws)) return false;
+    if (n_tok <= gemv_max(W) || !kc_gemmq_ok(W) || q8i_use(W, n_tok, ws)) return false;
     if (W->type == DT_F16) return n_tok <= kc_plan_get()->f16_wg_max_tok && kc__gemmq_f16_cfg(n_tok, W->n_out, W->n_in) >= 0;
     return is_quant(W->type) && n_tok <= kc_plan_get()->gemmq_max_tok[kc_qtype_index(W->type)];
 }
@@ -1841,6 +1848,7 @@ static int x_to_half(const float *x, int n_tok, int n_in, int order, const kc_ge
 
 extern "C" int kc_matmul_reads_x(const kc_weight *W, int n_tok) {
     if (W->type == KC_WEIGHT_MIXED) {
+        if (n_tok <= KC_GEMV_MAX_TOK) return 0; /* every range on the integer GEMV */
         for (int i = 0; i < W->n_parts; i++) {
             const kc_weight v = kc_weight_part_view(W, i);
             if (kc_matmul_reads_x(&v, n_tok)) return 1;
@@ -1947,12 +1955,13 @@ static int f16_gemm(const kc_weight *W, const kc_half *xin, int n_tok, void *y, 
 // y (row stride ldy) = W x for a matrix of one type (a whole weight, or one range of a mixed
 // one, whose ldy is the fused matrix's n_out; quantized types only then). xh_ready: ws->x_half
 // already holds x as half (converted once for every range), or xsrc (non-NULL) holds x's image
-// in order x_ord, written by x's producer.
+// in order x_ord, written by x's producer. gemv: a range of a mixed W in a step of up to
+// KC_GEMV_MAX_TOK tokens, which takes the integer GEMV whatever its type.
 static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, int ldy, int accumulate,
-                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s) {
+                      const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s, bool gemv = false) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
-    if (gemmq_use(W, n_tok, ws) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
+    if (!gemv && gemmq_use(W, n_tok, ws) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;
         // the wgmma tiles read x in their MMAs' order where it was written so (xh_ready: the
@@ -1962,7 +1971,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
             if (int rc = x_to_half(x, n_tok, W->n_in, order, ws, s)) return rc;
         return kc__gemmq_rows(W, xh_ready && order && xsrc ? xsrc : ws->x_half, n_tok, y, ldy, accumulate, -1, order, s);
     }
-    if (q8i_use(W, n_tok, ws)) { /* the producer's int8 blocks, or x quantized into the workspace's */
+    if (!gemv && q8i_use(W, n_tok, ws)) { /* the producer's int8 blocks, or x quantized into the workspace's */
         if (int rc = gemv_activations(W, x, &xq, n_tok, ws, s)) return rc;
         return kc__gemm_q8i(W, xq, n_tok, y, ldy, accumulate, s);
     }
@@ -2058,7 +2067,9 @@ static int mixed_ranges(const kc_weight *W, const float *x, const kc_xq *xq, int
                         const kc_gemm_ws *ws, bool xh_ready, int ord, const kc_half *xsrc, cudaStream_t s) {
     for (int i = 0; i < W->n_parts; i++) {
         const kc_weight v = kc_weight_part_view(W, i);
-        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s)) return rc;
+        if (int rc = matmul_one(&v, x, xq, n_tok, y + W->part[i].row0, W->n_out, accumulate, ws, xh_ready, ord, xsrc, s,
+                                n_tok <= KC_GEMV_MAX_TOK))
+            return rc;
     }
     return 0;
 }
@@ -2071,7 +2082,7 @@ static bool plain_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
 }
 
 extern "C" int kc_matmul_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
-    if (!W || n_tok <= KC_GEMV_MAX_TOK || q8i_use(W, n_tok, ws)) return 0; /* the GEMVs and kc__gemm_q8i: int8 blocks */
+    if (!W || n_tok <= gemv_max(W) || q8i_use(W, n_tok, ws)) return 0; /* the GEMVs and kc__gemm_q8i: int8 blocks */
     if (W->type == DT_F8_E4M3) return kc_plan_get()->f8_x_img ? kc__f8_x_order(W, n_tok, ws) : 0;
     if (plain_use(W, n_tok, ws)) return KC_X_PLAIN;
     return W->type == KC_WEIGHT_MIXED || is_quant(W->type) || W->type == DT_F16 ? x_order(W, n_tok, ws) : 0;
@@ -2128,7 +2139,7 @@ extern "C" int kc_matmul_xq(const kc_weight *W, const float *x, const kc_xq *xq,
 static int glu_tiles(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *out, kc_xq *xq_act, bool gelu,
                      const kc_gemm_ws *ws, cudaStream_t s) {
     const int n_ff = W->n_out / 2;
-    if (!kc_plan_get()->glu_tiles || n_tok <= KC_GEMV_MAX_TOK || W->type == KC_WEIGHT_MIXED || W->n_out % 8 || !gemmq_use(W, n_tok, ws) ||
+    if (!kc_plan_get()->glu_tiles || n_tok <= gemv_max(W) || W->type == KC_WEIGHT_MIXED || W->n_out % 8 || !gemmq_use(W, n_tok, ws) ||
         ((uintptr_t)out & 15))
         return 1;
     if (xq_act && n_ff % 32 == 0 && n_tok <= xq_act->cap_tok && n_ff <= xq_act->cap_n && (!xq_act->no_ints || xq_act->xh))

@@ -137,7 +137,21 @@ static void test_gemmq_image(const kc_weight *w, const float *dx, int nt, const 
  * super-blocks) for every GEMV token count 1..8 and the tensor-core / cuBLAS paths from 9 to
  * 512 tokens (each type's plan limit falls in between). The tokens of a call are the first
  * n_tok of one set of 512 (the reference is computed once). */
+static void test_matmul_types(cublasHandle_t cb, cudaStream_t s);
 static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
+    /* Q8_0 and Q4_K leave the GEMV past 4 tokens and Q4_K takes the tiles, as the plan has it on
+     * Hopper (kc_plan_choose); the GEMV at 5-8 tokens is checked apart below, Q4_K's int8 mma.sync
+     * by test_gemm_q8i */
+    const kc_plan keep_plan = *kc_plan_get();
+    kc_plan p4 = keep_plan;
+    p4.qgemv_max_tok = 4;
+    p4.q4k_mma_max_tok = 0;
+    kc_plan_set(&p4);
+    test_matmul_types(cb, s);
+    kc_plan_set(&keep_plan);
+}
+
+static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
     const int types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K };
     const int shapes[][2] = { { 256, 96 }, { 1024, 333 }, { 4096, 512 }, { 96, 4096 }, { 11008, 64 } };
     const int ntoks[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 40, 64, 130, 300, 512 };
@@ -177,10 +191,36 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(y, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 double e = rel_err(y, ref, (size_t)nt * n_out);
                 /* GEMV: f32 math (F16: half2 products within a 16-byte chunk, ~5e-4; quantized types:
-                 * two-level int8 activations, ~2e-5). cuBLAS: f16 operands, ~1e-3. */
-                double tol = nt <= KC_GEMV_MAX_TOK ? (type == DT_F32 ? 1e-5 : type == DT_F16 ? 2e-3 : 1e-4) : 5e-3;
+                 * two-level int8 activations, ~2e-5). cuBLAS: f16 operands, ~1e-3. Q8_0 and Q4_K leave
+                 * the GEMV past the plan's qgemv_max_tok: Q8_0 for kc__gemm_q8i (the same activations,
+                 * the GEMV's bound), Q4_K for it or the tensor-core tiles (f16 operands) */
+                const kc_plan *pl = kc_plan_get();
+                const int q8k = type == DT_Q8_0 || type == DT_Q4_K, gemv_tok = q8k ? pl->qgemv_max_tok : KC_GEMV_MAX_TOK;
+                const int int8_path = nt <= KC_GEMV_MAX_TOK && nt > gemv_tok &&
+                                      (type == DT_Q8_0 ? nt <= pl->q8_mma_max_tok : nt <= pl->q4k_mma_max_tok);
+                const int tight = nt <= gemv_tok || int8_path;
+                double tol = tight ? (type == DT_F32 ? 1e-5 : type == DT_F16 ? 2e-3 : 1e-4) : 5e-3;
                 T_CHECKF(rc == 0 && e < tol, "matmul %s %dx%d n_tok=%d rc=%d rel_err=%.3g tol=%.1g", dt_name(type), n_in,
                          n_out, nt, rc, e, tol);
+                /* the GEMV itself at those token counts (the plan's qgemv_max_tok at its most) */
+                if (q8k && nt > gemv_tok && nt <= KC_GEMV_MAX_TOK) {
+                    kc_plan pg = *pl, keep = pg;
+                    pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
+                    kc_plan_set(&pg);
+                    float *yg = malloc((size_t)nt * n_out * 4), *dg; /* dy keeps y for the checks below */
+                    CK(cudaMalloc((void **)&dg, (size_t)nt * n_out * 4));
+                    poison(dg, (size_t)nt * n_out * 4);
+                    const int rcg = kc_matmul(&w, dx, nt, dg, 0, &ws, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(yg, dg, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
+                    cudaFree(dg);
+                    const int ordg = kc_matmul_x_order(&w, nt, &ws); /* the GEMV reads the int8 blocks */
+                    kc_plan_set(&keep);
+                    const double eg = rel_err(yg, ref, (size_t)nt * n_out);
+                    T_CHECKF(rcg == 0 && eg < 1e-4 && ordg == 0,
+                             "matmul on the GEMV %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in, n_out, nt, eg);
+                    free(yg);
+                }
                 /* kc_gemmq at every token count (x in the wgmma tiles' order where those are chosen,
                  * several token tiles past 64); F16 on the wgmma tiles (x's image, order 3) past the
                  * GEMV where they beat cuBLAS for the shape, and each of their configurations */
@@ -313,9 +353,14 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                     free(ya);
                     free(yb);
                 }
-            /* batch invariance of the GEMV: token 2 alone equals token 2 of a batch of 7 */
-            {
-                int nt = 7;
+            /* batch invariance of the GEMV: token 2 alone equals token 2 of a batch of 7 (Q8_0 and
+             * Q4_K: the GEMV to 8 tokens, and a batch of the plan's qgemv_max_tok under the plan) */
+            for (int pass = 0; pass < (type == DT_Q8_0 || type == DT_Q4_K ? 2 : 1); pass++) {
+                const kc_plan keep = *kc_plan_get();
+                kc_plan pg = keep;
+                if (pass == 0) pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
+                kc_plan_set(&pg);
+                int nt = pass == 0 ? 7 : keep.qgemv_max_tok;
                 float *x = malloc((size_t)nt * n_in * 4), *ya = malloc((size_t)nt * n_out * 4), *yb = malloc((size_t)n_out * 4);
                 for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
                 float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy;
@@ -324,7 +369,8 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(ya, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 kc_matmul(&w, dx + 2 * n_in, 1, dy, 0, &ws, s);
                 CK(cudaMemcpy(yb, dy, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
-                T_CHECKF(memcmp(ya + 2 * n_out, yb, (size_t)n_out * 4) == 0, "gemv batch invariance %s", dt_name(type));
+                kc_plan_set(&keep);
+                T_CHECKF(nt < 3 || memcmp(ya + 2 * n_out, yb, (size_t)n_out * 4) == 0, "gemv batch invariance %s n_tok=%d", dt_name(type), nt);
                 cudaFree(dx);
                 cudaFree(dy);
                 free(x);
@@ -1578,8 +1624,14 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
             for (int i = 0, row0 = 0; i < np; row0 += cases[ci].rows[i++]) {
                 const int r = cases[ci].rows[i], t = cases[ci].types[i];
                 if (nt > KC_GEMV_MAX_TOK && nt > mx[kc_qtype_index(t)]) continue;
+                /* up to KC_GEMV_MAX_TOK tokens every range takes the GEMV, which a Q8_0 or Q4_K
+                 * part alone leaves past the plan's qgemv_max_tok: the part on the GEMV */
+                kc_plan keep = *kc_plan_get(), pg = keep;
+                if (nt <= KC_GEMV_MAX_TOK) pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
+                kc_plan_set(&pg);
                 poison(dp, (size_t)nt * r * 4);
                 rc = kc_matmul(&part[i], dx, nt, dp, 0, &ws, s);
+                kc_plan_set(&keep);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(yp, dp, (size_t)nt * r * 4, cudaMemcpyDeviceToHost));
                 int same = rc == 0;
