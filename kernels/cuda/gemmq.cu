@@ -399,8 +399,8 @@ static int gemmq_choose(int type, int n_tok, int n_out, int n_in) {
 // tokens (Q4_0 1893 against 1830 tok/s at batch 8, Q4_K 1399 against 1143), but the GEMV sums
 // every row in the same order whatever the batch, and the tensor cores do not: decode steps
 // of up to 8 sequences stay batch-invariant. On Hopper Q8_0 and Q4_K leave the GEMV past 4
-// tokens (the plan's qgemv_max_tok), where the wgmma tiles and int8 mma.sync win by 20-80 %. Where it stops beating dequantize + cuBLAS is the
-// plan's gemmq_max_tok (plan.cu).
+// tokens (the plan's qgemv_max_tok), where the wgmma tiles and int8 mma.sync win by 20-80 %.
+// Where it stops beating dequantize + cuBLAS is the plan's gemmq_max_tok (plan.cu).
 
 extern "C" int kc__gemmq_rows(const kc_weight *w, const kc_half *x, int n_tok, float *y, int ldy, int accumulate, int cfg,
                               int xperm, cudaStream_t s) {

@@ -236,12 +236,14 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // K-quants in half arithmetic: llama2-7b Q4_K 128 + 128 at 9 / 16 sequences 2,233-2,249 /
     // 3,876-3,885 -> 2,398-2,404 / 4,146-4,155 tok/s on an H200 (Q8_0 keeps int8 mma.sync: 16
     // sequences 4,184-4,189 against 4,041-4,059 on the tiles; bench/RESULTS.md, thirty-fifth session)
-    if (prop.major >= 9) p->q4k_mma_max_tok = 0;
-    // and past 4 tokens both leave the integer GEMV, whose cost grows with every token (llama2-7b
+    // And past 4 tokens both leave the integer GEMV, whose cost grows with every token (llama2-7b
     // 128 + 128 at 6 / 8 sequences on an H200: Q4_K 5.46 / 6.74 ms a step, Q8_0 5.70 / 4.56,
     // against 3.75 / 3.73 ms at 9 on the tiles / int8 mma.sync; bench/RESULTS.md, thirty-fifth
-    // session); steps of up to 4 tokens stay on the GEMV, batch-invariant
-    if (prop.major >= 9) p->qgemv_max_tok = 4;
+    // session); steps of up to 4 tokens stay on the GEMV, batch-invariant.
+    if (prop.major >= 9) {
+        p->q4k_mma_max_tok = 0;
+        p->qgemv_max_tok = 4;
+    }
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
     // where the wgmma tiles run (compute capability 9.0), kc_gemmq (x in the tiles' order) beats
     // dequantize + cuBLAS up to 128 tokens for the 32-element block types (Q4_0 at 128: 282

@@ -31,6 +31,16 @@ static inline int gpu_plan_args(kc_plan *p, const char *spec, const char *prog) 
     return 2;
 }
 
+/* The installed plan with Q8_0 and Q4_K on the integer GEMV up to n tokens (kc_plan.qgemv_max_tok);
+ * returns the value it replaced. */
+static inline int gpu_plan_qgemv(int n) {
+    kc_plan p = *kc_plan_get();
+    const int was = p.qgemv_max_tok;
+    p.qgemv_max_tok = n;
+    kc_plan_set(&p);
+    return was;
+}
+
 static inline void gpu_plan_pdl(int on) {
     kc_plan p = *kc_plan_get();
     p.pdl = on;

@@ -142,13 +142,13 @@ static void test_matmul(cublasHandle_t cb, cudaStream_t s) {
     /* Q8_0 and Q4_K leave the GEMV past 4 tokens and Q4_K takes the tiles, as the plan has it on
      * Hopper (kc_plan_choose); the GEMV at 5-8 tokens is checked apart below, Q4_K's int8 mma.sync
      * by test_gemm_q8i */
-    const kc_plan keep_plan = *kc_plan_get();
-    kc_plan p4 = keep_plan;
+    const kc_plan keep = *kc_plan_get();
+    kc_plan p4 = keep;
     p4.qgemv_max_tok = 4;
     p4.q4k_mma_max_tok = 0;
     kc_plan_set(&p4);
     test_matmul_types(cb, s);
-    kc_plan_set(&keep_plan);
+    kc_plan_set(&keep);
 }
 
 static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
@@ -204,9 +204,7 @@ static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
                          n_out, nt, rc, e, tol);
                 /* the GEMV itself at those token counts (the plan's qgemv_max_tok at its most) */
                 if (q8k && nt > gemv_tok && nt <= KC_GEMV_MAX_TOK) {
-                    kc_plan pg = *pl, keep = pg;
-                    pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
-                    kc_plan_set(&pg);
+                    const int was = gpu_plan_qgemv(KC_GEMV_MAX_TOK);
                     float *yg = malloc((size_t)nt * n_out * 4), *dg; /* dy keeps y for the checks below */
                     CK(cudaMalloc((void **)&dg, (size_t)nt * n_out * 4));
                     poison(dg, (size_t)nt * n_out * 4);
@@ -215,7 +213,7 @@ static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
                     CK(cudaMemcpy(yg, dg, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                     cudaFree(dg);
                     const int ordg = kc_matmul_x_order(&w, nt, &ws); /* the GEMV reads the int8 blocks */
-                    kc_plan_set(&keep);
+                    gpu_plan_qgemv(was);
                     const double eg = rel_err(yg, ref, (size_t)nt * n_out);
                     T_CHECKF(rcg == 0 && eg < 1e-4 && ordg == 0,
                              "matmul on the GEMV %s %dx%d n_tok=%d rel_err=%.3g", dt_name(type), n_in, n_out, nt, eg);
@@ -356,11 +354,8 @@ static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
             /* batch invariance of the GEMV: token 2 alone equals token 2 of a batch of 7 (Q8_0 and
              * Q4_K: the GEMV to 8 tokens, and a batch of the plan's qgemv_max_tok under the plan) */
             for (int pass = 0; pass < (type == DT_Q8_0 || type == DT_Q4_K ? 2 : 1); pass++) {
-                const kc_plan keep = *kc_plan_get();
-                kc_plan pg = keep;
-                if (pass == 0) pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
-                kc_plan_set(&pg);
-                int nt = pass == 0 ? 7 : keep.qgemv_max_tok;
+                const int was = gpu_plan_qgemv(pass == 0 ? KC_GEMV_MAX_TOK : kc_plan_get()->qgemv_max_tok);
+                int nt = pass == 0 ? 7 : was;
                 float *x = malloc((size_t)nt * n_in * 4), *ya = malloc((size_t)nt * n_out * 4), *yb = malloc((size_t)n_out * 4);
                 for (size_t i = 0; i < (size_t)nt * n_in; i++) x[i] = frand();
                 float *dx = dev_upload(x, (size_t)nt * n_in * 4), *dy;
@@ -369,7 +364,7 @@ static void test_matmul_types(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(ya, dy, (size_t)nt * n_out * 4, cudaMemcpyDeviceToHost));
                 kc_matmul(&w, dx + 2 * n_in, 1, dy, 0, &ws, s);
                 CK(cudaMemcpy(yb, dy, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
-                kc_plan_set(&keep);
+                gpu_plan_qgemv(was);
                 T_CHECKF(nt < 3 || memcmp(ya + 2 * n_out, yb, (size_t)n_out * 4) == 0, "gemv batch invariance %s n_tok=%d", dt_name(type), nt);
                 cudaFree(dx);
                 cudaFree(dy);
@@ -1626,12 +1621,10 @@ static void test_matmul_mixed(cublasHandle_t cb, cudaStream_t s) {
                 if (nt > KC_GEMV_MAX_TOK && nt > mx[kc_qtype_index(t)]) continue;
                 /* up to KC_GEMV_MAX_TOK tokens every range takes the GEMV, which a Q8_0 or Q4_K
                  * part alone leaves past the plan's qgemv_max_tok: the part on the GEMV */
-                kc_plan keep = *kc_plan_get(), pg = keep;
-                if (nt <= KC_GEMV_MAX_TOK) pg.qgemv_max_tok = KC_GEMV_MAX_TOK;
-                kc_plan_set(&pg);
+                const int was = gpu_plan_qgemv(nt <= KC_GEMV_MAX_TOK ? KC_GEMV_MAX_TOK : kc_plan_get()->qgemv_max_tok);
                 poison(dp, (size_t)nt * r * 4);
                 rc = kc_matmul(&part[i], dx, nt, dp, 0, &ws, s);
-                kc_plan_set(&keep);
+                gpu_plan_qgemv(was);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(yp, dp, (size_t)nt * r * 4, cudaMemcpyDeviceToHost));
                 int same = rc == 0;
