@@ -240,9 +240,15 @@ extern "C" int kc_plan_choose(int device, int head_dim, int n_head, int n_kv, in
     // 128 + 128 at 6 / 8 sequences on an H200: Q4_K 5.46 / 6.74 ms a step, Q8_0 5.70 / 4.56,
     // against 3.75 / 3.73 ms at 9 on the tiles / int8 mma.sync; bench/RESULTS.md, thirty-fifth
     // session); steps of up to 4 tokens stay on the GEMV, batch-invariant.
+    // MoE models keep the GEMV to 8 tokens: their top-k routing turns the tiles' half activations
+    // at a near tie into another expert (qwen3moe-tiny512 Q4_K_M in steps of 7 tokens against the
+    // CPU: top-1 98 %, one row at rel 0.46 and the rows after it off by 1.4 % on average, where the
+    // GEMV gives 100 % and 4.5e-4; tests/gpu/models.sh, bench/RESULTS.md, thirty-sixth session);
+    // their experts run on their own launches, so the gain measured above (dense llama2-7b) is not
+    // theirs to lose.
     if (prop.major >= 9) {
         p->q4k_mma_max_tok = 0;
-        p->qgemv_max_tok = 4;
+        p->qgemv_max_tok = n_expert > 0 ? KC_GEMV_MAX_TOK : 4;
     }
     p->att_tc = kc_attention_tc_ok(head_dim, n_head, n_kv, block_size);
     // where the wgmma tiles run (compute capability 9.0), kc_gemmq (x in the tiles' order) beats

@@ -120,7 +120,7 @@ static int first_diff(float *const *a, float *const *b, int n_seq, int n_gen, in
  *      step (the per-head attention's splits follow the token's own position; the GEMVs, norms
  *      and, for a MoE, the routing and experts take each token alone). Steps of more than
  *      KC_GEMV_MAX_TOK tokens (Q8_0 and Q4_K matrices: more than the plan's qgemv_max_tok, 4
- *      on Hopper) take the tensor-core kernels, which this does not cover.
+ *      on Hopper for a dense model) take the tensor-core kernels, which this does not cover.
  *   2. One prefill forward over all four prompts: a prompt's tokens then meet other kernels
  *      than alone (3 tokens alone take the small-batch GEMVs, 69 together the GEMMs; a MoE's
  *      experts see other token counts), so the logits differ in their last bits (about 1e-3
