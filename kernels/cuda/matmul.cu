@@ -1808,6 +1808,16 @@ static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
                                             : false;
     return shape && n_tok > gemv_max(W) && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
 }
+// Whether a whole Q4_K matrix past the GEMV takes kc__gemm_q8i because x's producer wrote the
+// int8 blocks and no image for the tiles (wo after the decode attention): the tiles would first
+// convert x's f32 rows in a launch of their own. llama2-7b Q4_K 128 + 128 on an H200 at 5 / 6 /
+// 8 sequences 1,331-1,347 / 1,568 / 2,146-2,152 -> 1,376-1,378 / 1,626 / 2,260-2,270 tok/s; at
+// 9-16 within +-0.6 % (bench/RESULTS.md, thirty-sixth session). The blocks are the CPU's
+// two-level activations, so wo also keeps the GEMV's accuracy there.
+static bool q8i_blocks_use(const kc_weight *W, const kc_xq *xq, int n_tok, int ldy) {
+    return W->type == DT_Q4_K && ldy == W->n_out && n_tok > gemv_max(W) && n_tok <= 16 && W->n_in % 256 == 0 && xq && !xq->no_ints &&
+           xq->n == W->n_in && xq->cap_tok >= n_tok && xq->qh && xq->ql && xq->m;
+}
 // Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
 // plan's gemmq_max_tok for the type (not where kc__gemm_q8i takes them); F16 weights
@@ -1961,6 +1971,7 @@ static int matmul_one(const kc_weight *W, const float *x, const kc_xq *xq, int n
                       const kc_gemm_ws *ws, bool xh_ready, int x_ord, const kc_half *xsrc, cudaStream_t s, bool gemv = false) {
     if (W->type == DT_F8_E4M3) return kc__matmul_f8(W, x, xq, n_tok, y, ldy, accumulate, ws, s);
     if (ldy != W->n_out && !is_quant(W->type)) return CM_EINVAL;
+    if (!gemv && !xh_ready && q8i_blocks_use(W, xq, n_tok, ldy)) return kc__gemm_q8i(W, xq, n_tok, y, ldy, accumulate, s);
     if (!gemv && gemmq_use(W, n_tok, ws) && (W->type != DT_F16 || image_fits(W, n_tok, ws))) { /* tensor cores, dequantized in registers: no w_half */
         size_t nx = (size_t)n_tok * W->n_in;
         if (!ws || nx > ws->x_cap) return CM_EINVAL;

@@ -4,7 +4,8 @@
 #
 #   tests/gpu/run.sh check OUTDIR   kernels vs CPU references, the device sampler vs the CPU sampler,
 #                                   end-to-end cuda vs cpu (stories260K greedy text, random F16/Q8_0
-#                                   logits), batch invariance (also of a Q4_K_M MoE), HF transformers
+#                                   logits, decode steps of 6 and 12 sequences, also Q4_K), batch
+#                                   invariance (also of a Q4_K_M MoE), HF transformers
 #                                   cross-check, KV pool
 #                                   sizing from --gpu-memory-fraction and its start-up errors, the
 #                                   graph capture budget, a device fault inside a step (the process
@@ -61,6 +62,12 @@ if [ "$MODE" = check ]; then
   step "end to end: cuda vs cpu"
   "$BIN/test_gpu_e2e" "$STORIES" "$SF16" "$SQ8" >"$OUT/e2e.log" 2>&1 || fail=1
   grep -v '^ts=' "$OUT/e2e.log" | tail -15
+  # decode steps of 6 and 12 sequences against the CPU (also inside the e2e run above for F16 and
+  # Q8_0): a Q4_K model's matrices past the integer GEMV, wo reading the decode attention's int8 blocks
+  SQ4K=$(mk small q4_k)
+  step "decode steps of 6 and 12 sequences: cuda vs cpu (small Q4_K)"
+  "$BIN/test_gpu_e2e" --decode-batches "$SQ4K" >"$OUT/e2e-batches.log" 2>&1 || fail=1
+  grep -a -v '^ts=' "$OUT/e2e-batches.log" | grep -a -E 'decode steps of|FAIL|passed' | tail -4
   # a MoE's decode steps alone (the fused one-token MoE launches) and together (the grouped
   # ones) must give the same bits; its shared prefill is held to the MoE bounds (routing
   # near-ties: test_batch_invariance)
