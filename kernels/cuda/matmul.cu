@@ -1801,12 +1801,19 @@ static int gemv_max(const kc_weight *W) {
 // Whether kc_matmul takes kc__gemm_q8i for W x n_tok tokens: the plan's q8_mma_max_tok (Q8_0) or
 // q4k_mma_max_tok (Q4_K), where the workspace can hold the activations' int8 blocks (when x's
 // producer did not write them)
+// The shapes kc__gemm_q8i takes, past the GEMV
+static bool q8i_shape(const kc_weight *W, int n_tok) {
+    const bool shape = W->type == DT_Q8_0 ? n_tok <= 32 && W->n_in % 64 == 0 : W->type == DT_Q4_K && n_tok <= 16 && W->n_in % 256 == 0;
+    return shape && n_tok > gemv_max(W);
+}
 static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
     const kc_plan *p = kc_plan_get();
-    const bool shape = W->type == DT_Q8_0   ? n_tok <= p->q8_mma_max_tok && n_tok <= 32 && W->n_in % 64 == 0
-                       : W->type == DT_Q4_K ? n_tok <= p->q4k_mma_max_tok && n_tok <= 16 && W->n_in % 256 == 0
-                                            : false;
-    return shape && n_tok > gemv_max(W) && ws && ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
+    return q8i_shape(W, n_tok) && n_tok <= (W->type == DT_Q8_0 ? p->q8_mma_max_tok : p->q4k_mma_max_tok) && ws &&
+           ws->xq.cap_tok >= n_tok && ws->xq.cap_n >= W->n_in;
+}
+// Whether xq holds x's int8 blocks for W x n_tok tokens, written by x's producer
+static bool xq_blocks(const kc_xq *q, const kc_weight *W, int n_tok) {
+    return q && !q->no_ints && q->n == W->n_in && q->cap_tok >= n_tok;
 }
 // Whether a whole Q4_K matrix past the GEMV takes kc__gemm_q8i because x's producer wrote the
 // int8 blocks and no image for the tiles (wo after the decode attention): the tiles would first
@@ -1815,8 +1822,7 @@ static bool q8i_use(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {
 // 9-16 within +-0.6 % (bench/RESULTS.md, thirty-sixth session). The blocks are the CPU's
 // two-level activations, so wo also keeps the GEMV's accuracy there.
 static bool q8i_blocks_use(const kc_weight *W, const kc_xq *xq, int n_tok, int ldy) {
-    return W->type == DT_Q4_K && ldy == W->n_out && n_tok > gemv_max(W) && n_tok <= 16 && W->n_in % 256 == 0 && xq && !xq->no_ints &&
-           xq->n == W->n_in && xq->cap_tok >= n_tok && xq->qh && xq->ql && xq->m;
+    return W->type == DT_Q4_K && ldy == W->n_out && q8i_shape(W, n_tok) && xq_blocks(xq, W, n_tok);
 }
 // Whether kc_matmul sends W (one type) x n_tok tokens to kc_gemmq (tensor cores, dequantized
 // in registers): quantized weights of a shape it takes, past the GEMV's token counts, up to the
@@ -1880,8 +1886,7 @@ extern "C" int kc_matmul(const kc_weight *W, const float *x, int n_tok, float *y
 // else x quantized here into the workspace's scratch (*xq pointed at it).
 static int gemv_activations(const kc_weight *W, const float *x, const kc_xq **xq, int n_tok, const kc_gemm_ws *ws,
                             cudaStream_t s) {
-    const kc_xq *q = *xq;
-    if (q && !q->no_ints && q->n == W->n_in && q->cap_tok >= n_tok) return 0;
+    if (xq_blocks(*xq, W, n_tok)) return 0;
     if (!ws || ws->xq.cap_tok < n_tok || ws->xq.cap_n < W->n_in) return CM_EINVAL;
     kc_xq *wq = (kc_xq *)&ws->xq; /* scratch: the workspace's buffers, not its shape */
     if (int rc = kc_quantize_x(x, n_tok, W->n_in, wq, s)) return rc;

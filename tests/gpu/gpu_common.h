@@ -69,6 +69,21 @@ static inline double g_row_rel_err(const float *x, const float *ref, int V) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+/* Rows [0, n_rows) of x against ref, V logits each: returns how many agree on the top-1 token,
+ * raises *worst to the largest relative error (a NaN counts as worst) and adds the errors to *sum
+ * (sum may be NULL). */
+static inline int g_rows_cmp(const float *x, const float *ref, int n_rows, int V, double *worst, double *sum) {
+    int agree = 0;
+    for (int p = 0; p < n_rows; p++) {
+        const float *a = x + (size_t)p * V, *b = ref + (size_t)p * V;
+        const double e = g_row_rel_err(a, b, V);
+        *worst = e > *worst || e != e ? e : *worst;
+        if (sum) *sum += e;
+        agree += g_argmax(a, V) == g_argmax(b, V);
+    }
+    return agree;
+}
+
 /* Decodes n_seq sequences together: one prefill step over all prompts (apart: one forward a
  * prompt), then n_gen - 1 decode steps of every sequence's next token. out[s][0..n_gen): each
  * step's greedy token; the token fed at step i is out[s][i - 1], or force[s][i - 1] when force is

@@ -79,14 +79,8 @@ static void test_logits(const char *path) {
     }
     T_EQ_INT(g_all_logits(&gc, ids, n, 128, lc), 0);
     T_EQ_INT(g_all_logits(&gg, ids, n, 128, lg), 0);
-    int agree = 0;
     double worst = 0, sum = 0;
-    for (int p = 0; p < n; p++) {
-        double e = g_row_rel_err(lg + (size_t)p * V, lc + (size_t)p * V, V);
-        worst = e > worst || e != e ? e : worst;
-        sum += e;
-        agree += g_argmax(lg + (size_t)p * V, V) == g_argmax(lc + (size_t)p * V, V);
-    }
+    const int agree = g_rows_cmp(lg, lc, n, V, &worst, &sum);
     printf("%s: 512 positions, rel err mean %.2e max %.2e, top-1 agreement %.2f%%\n", path, sum / n, worst, 100.0 * agree / n);
     T_CHECKF(worst <= 1e-2, "%s: max rel err %.3g", path, worst);
     T_CHECKF(agree * 100 >= 99 * n, "%s: top-1 agreement %d/%d", path, agree, n);
@@ -292,13 +286,7 @@ static void test_mixed(const char *path) {
     T_EQ_INT(run_mixed(&gc, pa, la, pb, lb, 3, n_gen, fa, fb, ca, cb), 0);
     T_EQ_INT(run_mixed(&gg, pa, la, pb, lb, 3, n_gen, fa, fb, ga, gb), 0);
     double worst = 0;
-    int agree = 0;
-    for (int p = 0; p < 2 * n_gen; p++) {
-        const float *x = (p < n_gen ? ga : gb) + (size_t)(p % n_gen) * V, *y = (p < n_gen ? ca : cb) + (size_t)(p % n_gen) * V;
-        double e = g_row_rel_err(x, y, V);
-        worst = e > worst || e != e ? e : worst;
-        agree += g_argmax(x, V) == g_argmax(y, V);
-    }
+    const int agree = g_rows_cmp(ga, ca, n_gen, V, &worst, NULL) + g_rows_cmp(gb, cb, n_gen, V, &worst, NULL);
     printf("%s: mixed steps, %d positions of two sequences: logits rel err max %.2e, top-1 agreement %d/%d\n", path, 2 * n_gen,
            worst, agree, 2 * n_gen);
     T_CHECKF(worst <= 1e-2 && agree * 100 >= 95 * 2 * n_gen, "%s: mixed decode + prefill steps: cuda vs cpu rel err %.3g, top-1 %d/%d",
@@ -347,12 +335,7 @@ static void test_decode_batch(const char *path, int n_seq) {
     T_EQ_INT(g_decode(&gg, n_seq, prompts, lens, n_gen, gpu_tok, lg, 0, cpu_tok), 0);
     double worst = 0;
     int agree = 0;
-    for (int s = 0; s < n_seq; s++)
-        for (int i = 0; i < n_gen; i++) {
-            const double e = g_row_rel_err(lg[s] + (size_t)i * V, lc[s] + (size_t)i * V, V);
-            worst = e > worst || e != e ? e : worst;
-            agree += gpu_tok[s][i] == cpu_tok[s][i];
-        }
+    for (int s = 0; s < n_seq; s++) agree += g_rows_cmp(lg[s], lc[s], n_gen, V, &worst, NULL);
     printf("%s: decode steps of %d sequences, teacher-forced: logits rel err max %.2e, top-1 agreement %d/%d\n", path, n_seq,
            worst, agree, n_seq * n_gen);
     T_CHECKF(worst <= 1e-2 && agree * 100 >= 97 * n_seq * n_gen, "%s: decode steps of %d sequences: cuda vs cpu rel err %.3g, top-1 %d/%d",
