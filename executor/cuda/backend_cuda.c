@@ -1975,7 +1975,7 @@ int ex_backend_cuda_create(const mdl_model *m, const ex_backend_opts *o, ex_back
                 }
         }
         if (f8t && s->output.type == DT_F8_E4M3) ws[n_w++] = &s->output;
-        char rep[1024];
+        char rep[2048];
         const int trc = f8t ? kc_matmul_tune_f8(ws, flag, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep)
                             : kc_matmul_tune_f16(ws, flag, n_w, s->lim.max_tokens, &s->gws, s->stream, rep, sizeof rep);
         free(ws);

@@ -387,11 +387,14 @@ namespace {
 struct f8_timed {
     int m, k, n, acc, fast;
     bool scalar; // unit scales and f8_scale_kernel (algo), else outer-vector scales
+    int wg;      // >= 0: the FP8 wgmma tiles in this configuration (gemm_f8_wg.cu) instead of cuBLASLt
     cublasLtMatmulAlgo_t algo;
 };
 f8_timed g_f8t[256];
 int g_f8t_n;
-bool g_f8t_force; // tests: the scalar path on the heuristic's last algorithm that ran, whatever the times
+// tests: 1, the scalar path on the heuristic's last algorithm that ran; 2, the wgmma tiles'
+// fastest configuration; whatever the times
+int g_f8t_force;
 } // namespace
 
 // The algorithm per shape and exact count (host memory; the step thread only). ok: 1 found, -1
@@ -399,14 +402,16 @@ bool g_f8t_force; // tests: the scalar path on the heuristic's last algorithm th
 struct lt_entry {
     int m, n, k, ldy, acc, fast, ok;
     bool scalar;
+    int wg; // >= 0: kc__gemm_f8_wg's configuration (the timed entry's), not cuBLASLt
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
+enum { F8_WG_MAX = 16 }; // wgmma configurations timed at most
 static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
 extern "C" void kc__matmul_tune_f8_reset(void) { g_f8t_n = g_lt_n = g_lt_next = 0; }
-extern "C" void kc__matmul_tune_f8_force(int on) { g_f8t_force = on != 0; }
+extern "C" void kc__matmul_tune_f8_force(int on) { g_f8t_force = on; }
 
 // y[t][o] (+)= raw[t][o] x sw[o] x sx[t], 4 outputs a thread (m % 4 == 0)
 __global__ void f8_scale_kernel(const float *__restrict__ raw, const float *__restrict__ sw, const float *__restrict__ sx, float *y,
@@ -459,10 +464,14 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
             e = &g_lt[i];
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (!e) {
-        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, false, {} };
-        // the scalar path where it was timed faster for this shape and takes n tokens, else outer
+        lt_entry fresh = { m, n, k, ldy, accumulate, fast, -1, false, -1, {} };
+        // the wgmma tiles or the scalar path where they were timed faster for this shape and take
+        // n tokens (the tiles up to twice the count timed), else outer
         const f8_timed *t = kc_plan_get()->fp8_lt_tune ? f8_timed_pick(m, k, n, accumulate, fast) : nullptr;
-        if (t && t->scalar && f8_scalar_fits(ws, m, n, ldy, y)) {
+        if (t && t->wg >= 0 && kc_plan_get()->fp8_wg && n < 2 * t->n) {
+            fresh.ok = 1;
+            fresh.wg = t->wg;
+        } else if (t && t->scalar && f8_scalar_fits(ws, m, n, ldy, y)) {
             kc_lt_desc d;
             if (!d.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) && d.takes(ws, &t->algo)) {
                 fresh.ok = 1;
@@ -488,12 +497,16 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
         *refused = true;
         return 0;
     }
+    if (e->wg >= 0) {
+        const int rc = kc__gemm_f8_wg(W, xq, xs, n, y, ldy, accumulate, e->wg, s);
+        if (rc != CM_EINVAL) return rc; // else (these pointers' alignment): outer-vector scales
+    }
     kc_lt_desc d;
     // an entry made for an output the scalar path cannot take now: outer-vector scales
     const bool scalar = e->scalar && f8_scalar_fits(ws, m, n, ldy, y);
     cublasLtMatmulAlgo_t algo = e->algo;
     st = scalar ? d.make(m, n, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) : d.make(m, n, k, ldy, CUDA_R_8F_E4M3, CUDA_R_32F, fast, W->d, xs);
-    if (!st && e->scalar && !scalar) {
+    if (!st && (e->scalar || e->wg >= 0) && !scalar) {
         cublasLtMatmulHeuristicResult_t hr[1];
         if (!d.heuristic(ws, hr, 1)) {
             *refused = true;
@@ -562,7 +575,8 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
     const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
-    int n_timed = 0, n_won = 0;
+    const int n_wgc = kc_plan_get()->fp8_wg ? kc__gemm_f8_wg_ncfg() : 0;
+    int n_timed = 0, n_won = 0, n_wg = 0;
     size_t at = 0;
     for (int si = 0; si < n_shp && !rc; si++) {
         const int m = shp[si][0], k = shp[si][1], a = shp[si][2];
@@ -601,19 +615,40 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
                 rc = f8_cublas_ok(CUBLAS_STATUS_NOT_SUPPORTED, __LINE__);
                 break;
             }
-            int win = 0;
+            // the wgmma tiles' configurations, timed the same way (k whole 128-code steps)
+            float bwg[F8_WG_MAX];
+            const int nw = k % 128 == 0 ? (n_wgc < F8_WG_MAX ? n_wgc : F8_WG_MAX) : 0;
+            for (int c = 0; c < nw; c++) bwg[c] = 1e30f;
+            if (nw)
+                rc = lt_time(nw, bwg, nullptr, s, e0, e1, [&](int c) {
+                    return kc__gemm_f8_wg(w, (const uint8_t *)ws->x_half, ws->x_scale, n, y, m, a, c, s) ? CUBLAS_STATUS_NOT_SUPPORTED
+                                                                                                          : CUBLAS_STATUS_SUCCESS;
+                });
+            if (rc) break;
+            int win = 0, wwin = -1;
             for (int c = 1; c < nc; c++)
                 if (best[c] >= 0 && best[c] < best[win]) win = c;
+            for (int c = 0; c < nw; c++)
+                if (bwg[c] >= 0 && (wwin < 0 || bwg[c] < bwg[wwin])) wwin = c;
             f8_timed &e = g_f8t[g_f8t_n++];
             e.m = m, e.k = k, e.n = n, e.acc = a, e.fast = fast;
-            const int pick = g_f8t_force ? last : win > 0 && best[win] < 0.97f * best[0] ? win : 0; // past the noise
+            const int pick = g_f8t_force == 1 ? last : win > 0 && best[win] < 0.97f * best[0] ? win : 0; // past the noise
             e.scalar = !outer[pick];
             if (e.scalar) e.algo = ca[pick];
+            // the tiles where they beat cuBLASLt's pick past the noise (or forced)
+            e.wg = wwin >= 0 && (g_f8t_force == 2 || (g_f8t_force == 0 && bwg[wwin] < 0.97f * best[pick])) ? wwin : -1;
             n_timed++;
-            if (e.scalar) {
+            if (e.wg >= 0) {
+                n_wg++;
+                char nm[32];
+                if (report && at + 48 < report_len)
+                    at += (size_t)snprintf(report + at, report_len - at, "%s%dx%d@%d %s %.1f%%", n_won + n_wg > 1 ? " " : "", m, k, n,
+                                           kc__gemm_f8_wg_name(e.wg, nm, sizeof nm), 100.0 * (bwg[e.wg] - best[pick]) / best[pick]);
+                e.scalar = false;
+            } else if (e.scalar) {
                 n_won++;
                 if (report && at + 40 < report_len)
-                    at += (size_t)snprintf(report + at, report_len - at, "%s%dx%d@%d %.1f%%", n_won > 1 ? " " : "", m, k, n,
+                    at += (size_t)snprintf(report + at, report_len - at, "%s%dx%d@%d %.1f%%", n_won + n_wg > 1 ? " " : "", m, k, n,
                                            100.0 * (best[pick] - best[0]) / best[0]);
             }
         }
@@ -625,8 +660,8 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
     cudaFree(y);
     if (report && report_len && !rc) {
         char head[128];
-        snprintf(head, sizeof head, "%d of %d shape x count faster with unit scales and a scale pass%s", n_won, n_timed,
-                 n_won ? ": " : "");
+        snprintf(head, sizeof head, "%d of %d shape x count faster with unit scales and a scale pass, %d on the FP8 wgmma tiles%s",
+                 n_won, n_timed, n_wg, n_won + n_wg ? ": " : "");
         const size_t hl = strlen(head), bl = strlen(report);
         if (hl + bl < report_len) {
             memmove(report + hl, report, bl + 1);

@@ -181,6 +181,8 @@ typedef struct kc_plan {
     int fp8_lt_tune;      /* 1: each FP8 shape and count takes the faster of the outer-vector scales
                            * and unit scales + a scale pass, timed at start-up (kc_matmul_tune_f8);
                            * 0: the outer-vector scales everywhere */
+    int fp8_wg;           /* 1: the FP8 wgmma tiles (kc__gemm_f8_wg) are timed too and take the shapes
+                           * and counts where they beat cuBLASLt (needs fp8_lt_tune) */
     int moe_fuse;         /* mixture-of-experts steps of up to this many tokens (0: none, at most
                            * KC_GEMV_MAX_TOK): the FFN norm, router and routing in one launch
                            * (kc_moe_norm_route), the SwiGLU in the gate|up GEMV (kc_moe_gemvq_glu), the
@@ -381,6 +383,15 @@ int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out,
  * CM_ENOMEM (nothing timed), CM_ECUDA. */
 int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
                       cudaStream_t s, char *report, size_t report_len);
+/* y (row stride ldy) (+)= W x for an F8_E4M3 W (n_in % 128 == 0) and a KC_X_F8 image (codes x
+ * [n_tok][n_in], 16-byte aligned, token scales xs) on Hopper's FP8 wgmma, the row and token scales
+ * and the residual in the launch (gemm_f8_wg.cu, sm_90a code): configuration cfg <
+ * kc__gemm_f8_wg_ncfg() (0 where the device or the build has no sm_90a code). kc_matmul_tune_f8
+ * times the configurations against cuBLASLt; kc__gemm_f8_wg_name writes one's name into buf. */
+int kc__gemm_f8_wg(const kc_weight *W, const uint8_t *x, const float *xs, int n_tok, float *y, int ldy, int accumulate, int cfg,
+                   cudaStream_t s);
+int kc__gemm_f8_wg_ncfg(void);
+const char *kc__gemm_f8_wg_name(int cfg, char *buf, size_t len);
 /* y (row stride ldy) (+)= W x for a Q8_0 W (n_in % 64 == 0) and n_tok (1-32) tokens, or a Q4_K W
  * and 1-16 tokens, of xq's two-level int8 activations (xq->n == W->n_in) on int8 mma.sync
  * (gemmq.cu); kc_matmul takes it for the plan's q8_mma_max_tok / q4k_mma_max_tok. A token's row

@@ -54,6 +54,7 @@ const field k_fields[] = {
     F(fp8_gemm, 0, 1),
     F(fp8_fast_accum, 0, 1),
     F(fp8_lt_tune, 0, 1),
+    F(fp8_wg, 0, 1),
     F(q8_mma_max_tok, 0, 32),
     F(q4k_mma_max_tok, 0, 16),
     F(qgemv_max_tok, 1, KC_GEMV_MAX_TOK),
@@ -203,6 +204,8 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // 64 / 256 x (1,024 + 128) greedy 2,528 / 8,954-8,978 / 19,139-19,184 -> 3,121 / 9,873-9,885 /
     // 19,326-19,430 tok/s (H200, bench/RESULTS.md "2026-11-30 (twenty-fifth session)")
     p->fp8_lt_tune = 1;
+    // and the FP8 wgmma tiles (gemm_f8_wg.cu) where timed faster than both (sm_90a code only)
+    p->fp8_wg = 1;
     // Q8_0 at 9-16 tokens on int8 mma.sync (kc__gemm_q8i) instead of the wgmma tiles: llama2-7b
     // Q8_0 128 + 128 at 12 / 16 sequences 2,720 / 3,585 -> 3,228 / 4,263 tok/s on an H200, and
     // closer to the CPU (300 random ids in chunks of 9-32 on `small` Q8_0: rel_mean 1.8e-3 ->

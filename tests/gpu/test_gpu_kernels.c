@@ -73,7 +73,7 @@ int kc__gemmq_rows(const kc_weight *W, const kc_half *x, int n_tok, float *y, in
                    cudaStream_t s);
 int kc__gemmq_f16_cfg(int n_tok, int n_out, int n_in); /* the F16 tiles' configuration for a shape, -1: cuBLAS */
 void kc__matmul_tune_lt_always(int on); /* kc_matmul_tune_f16 keeps cuBLASLt's best even where it loses */
-void kc__matmul_tune_f8_force(int on);  /* kc_matmul_tune_f8 keeps the heuristic's last algorithm that ran */
+void kc__matmul_tune_f8_force(int on);  /* kc_matmul_tune_f8 keeps (1) the heuristic's last algorithm that ran, (2) the FP8 wgmma tiles */
 
 /* Each wgmma configuration (kc_gemmq's 11..18) on x's image: the reference's accuracy, identical
  * bits for those of one K split (13, 14: 2 K groups x 2 CTAs; 15, 17: two splits; 16, 18: one),
@@ -3190,7 +3190,8 @@ static void test_matmul_lt(cublasHandle_t cb, cudaStream_t s) {
 /* FP8 matrices on the path kc_matmul_tune_f8 timed: every shape x accumulation x count of the
  * ladder (16 ... 256, as far as f8_raw holds the outputs) timed once (a second call times nothing
  * new); the matmul on the unit-scale path with its scale pass (forced at every count, on the
- * heuristic's last algorithm that ran) against the double reference on the activation codes and
+ * heuristic's last algorithm that ran), then on the FP8 wgmma tiles (forced: each count's fastest
+ * configuration; sm_90a), against the double reference on the activation codes and
  * against the outer-vector scales (fp8_lt_tune=0), writing and accumulating, at timed counts, between
  * them, and past what f8_raw holds (the outer-vector scales again). */
 static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
@@ -3253,10 +3254,23 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
         base[i] = malloc((size_t)MAXT * shapes[i][1] * 4);
         for (size_t j = 0; j < (size_t)MAXT * shapes[i][1]; j++) base[i][j] = shapes[i][2] ? frand() : 0.0f;
     }
-    for (int pass = 0; pass < 2; pass++) {
+    const int n_pass = kc__gemm_f8_wg_ncfg() > 0 ? 3 : 2; /* pass 2: the FP8 wgmma tiles forced */
+    for (int pass = 0; pass < n_pass; pass++) {
         kc_matmul_tune_reset();
         kc_plan_set(pass ? &p1 : &p0);
-        if (pass) {
+        if (pass == 2) {
+            kc__matmul_tune_f8_force(2);
+            const kc_weight *wl[] = { &w[0], &w[1], &w[2], &w[0] };
+            const unsigned char acc[] = { 0, 1, 1, 0 };
+            char rep[2048];
+            int won = -1, timed = -1, wg = -1;
+            int rc = kc_matmul_tune_f8(wl, acc, 4, MAXT, &ws, s, rep, sizeof rep);
+            T_CHECKF(rc == 0 && sscanf(rep, "%d of %d shape x count faster with unit scales and a scale pass, %d", &won, &timed, &wg) == 3 &&
+                         timed == 13 && wg == timed && won == 0,
+                     "fp8 tune, wgmma tiles forced: rc=%d timed %d (want 13) on the tiles %d (want all) report \"%s\"", rc, timed, wg, rep);
+            printf("fp8 tune (wgmma forced): %.300s\n", rep);
+            kc__matmul_tune_f8_force(0);
+        } else if (pass) {
             kc__matmul_tune_f8_force(1);
             const kc_weight *wl[] = { &w[0], &w[1], &w[2], &w[0] };
             const unsigned char acc[] = { 0, 1, 1, 0 };
@@ -3287,7 +3301,7 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
                 CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
                 const double e = rel_err(y, want, ny);
                 T_CHECKF(rc == 0 && e < 5e-4, "fp8 %s %dx%d acc=%d n_tok=%d rc=%d rel_err %.3g (on the activation codes)",
-                         pass ? "unit scales + scale pass" : "outer-vector scales", n_in, n_out, acc, nt, rc, e);
+                         pass == 2 ? "wgmma tiles" : pass ? "unit scales + scale pass" : "outer-vector scales", n_in, n_out, acc, nt, rc, e);
                 if (!pass) y0[i][ni] = y;
                 else {
                     double num = 0, den = 0;
@@ -3298,7 +3312,7 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
                     T_CHECKF(den > 0 && sqrt(num / den) < 5e-4, "fp8 %dx%d acc=%d n_tok=%d: the two scale paths %.3g apart",
                              n_in, n_out, acc, nt, den > 0 ? sqrt(num / den) : -1.0);
                     free(y);
-                    free(y0[i][ni]);
+                    if (pass == n_pass - 1) free(y0[i][ni]);
                 }
                 cudaFree(dx);
                 cudaFree(dy);
@@ -3321,6 +3335,92 @@ static void test_matmul_fp8_tune(cublasHandle_t cb, cudaStream_t s) {
     cudaFree(ws.x_scale);
     cudaFree(ws.f8_raw);
     cublasLtDestroy(lt);
+}
+
+/* The FP8 wgmma tiles (kc__gemm_f8_wg, every configuration) against the double reference on the
+ * activation codes: rows not whole tiles (1,000), K steps not whole over a cluster (1,152 = 9
+ * steps), ragged token counts (1, 17, 100, 256, 300), writing over poison and accumulating; the
+ * same bits for a token's row alone and in a batch of 300; refused shapes (n_in not whole 128-code
+ * steps, unaligned codes, another type). */
+static void test_gemm_f8_wg(cudaStream_t s) {
+    const int ncfg = kc__gemm_f8_wg_ncfg();
+    if (!ncfg) {
+        printf("fp8 wgmma tiles: no sm_90a device or code, nothing to check\n");
+        return;
+    }
+    const int shapes[][2] = { { 1152, 1000 }, { 4096, 512 } }; /* n_in, n_out */
+    const int ntoks[] = { 1, 17, 100, 256, 300 };
+    enum { MAXT = 300 };
+    int n_ok = 0, n_run = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_in = shapes[si][0], n_out = shapes[si][1];
+        const size_t nw = (size_t)n_in * n_out, nxm = (size_t)MAXT * n_in;
+        float *wf = malloc(nw * 4), *sc = malloc((size_t)n_out * 4), *x = malloc(nxm * 4), *xdq = malloc(nxm * 4), *xs = malloc(MAXT * 4);
+        uint8_t *codes = malloc(nw), *xq = malloc(nxm);
+        for (size_t j = 0; j < nw; j++) wf[j] = frand() * 0.1f * (1 + (int)(j / n_in % 5));
+        for (int r = 0; r < n_out; r++) {
+            sc[r] = dt_fp8_scale(wf + (size_t)r * n_in, n_in);
+            dt_fp8_encode(wf + (size_t)r * n_in, n_in, sc[r], codes + (size_t)r * n_in);
+        }
+        for (size_t j = 0; j < nxm; j++) x[j] = frand() * (1 + (int)(j / n_in % 3));
+        for (int t = 0; t < MAXT; t++) {
+            xs[t] = dt_fp8_scale(x + (size_t)t * n_in, n_in);
+            dt_fp8_encode(x + (size_t)t * n_in, n_in, xs[t], xq + (size_t)t * n_in);
+            dt_fp8_decode(xq + (size_t)t * n_in, n_in, xs[t], xdq + (size_t)t * n_in);
+        }
+        double *ref = malloc((size_t)MAXT * n_out * 8);
+        k_matmul_ref_scaled(codes, DT_F8_E4M3, sc, n_in, n_out, xdq, MAXT, ref);
+        kc_weight w = { .type = DT_F8_E4M3, .n_in = n_in, .n_out = n_out };
+        w.data = dev_upload(codes, nw);
+        w.d = dev_upload(sc, (size_t)n_out * 4);
+        uint8_t *dxq = dev_upload(xq, nxm);
+        float *dxs = dev_upload(xs, MAXT * 4), *dy, *base = malloc((size_t)MAXT * n_out * 4), *y = malloc((size_t)MAXT * n_out * 4);
+        float *yall = malloc((size_t)MAXT * n_out * 4);
+        double *want = malloc((size_t)MAXT * n_out * 8);
+        for (size_t j = 0; j < (size_t)MAXT * n_out; j++) base[j] = frand();
+        CK(cudaMalloc((void **)&dy, (size_t)MAXT * n_out * 4));
+        for (int cfg = 0; cfg < ncfg; cfg++) {
+            char nm[32];
+            kc__gemm_f8_wg_name(cfg, nm, sizeof nm);
+            for (size_t ni = 0; ni < sizeof ntoks / sizeof *ntoks; ni++) {
+                const int nt = ntoks[ni];
+                const size_t ny = (size_t)nt * n_out;
+                for (int acc = 0; acc < 2; acc++) {
+                    if (acc) CK(cudaMemcpy(dy, base, ny * 4, cudaMemcpyHostToDevice));
+                    else poison(dy, ny * 4);
+                    for (size_t j = 0; j < ny; j++) want[j] = ref[j] + (acc ? base[j] : 0.0);
+                    const int rc = kc__gemm_f8_wg(&w, dxq, dxs, nt, dy, n_out, acc, cfg, s);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
+                    const double e = rel_err(y, want, ny);
+                    n_run++;
+                    n_ok += rc == 0 && e < 5e-4;
+                    T_CHECKF(rc == 0 && e < 5e-4, "fp8 wgmma %s %dx%d n_tok=%d acc=%d rc=%d rel_err %.3g (on the activation codes)", nm,
+                             n_in, n_out, nt, acc, rc, e);
+                    if (nt == MAXT && !acc) memcpy(yall, y, ny * 4);
+                }
+            }
+            /* token 37's row alone = its row in the batch of 300 (written above) */
+            poison(dy, (size_t)n_out * 4);
+            const int rc = kc__gemm_f8_wg(&w, dxq + (size_t)37 * n_in, dxs + 37, 1, dy, n_out, 0, cfg, s);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(y, dy, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
+            T_CHECKF(rc == 0 && !memcmp(y, yall + (size_t)37 * n_out, (size_t)n_out * 4),
+                     "fp8 wgmma %s %dx%d: a token's row alone = in a batch of 300, bit for bit (rc %d)", nm, n_in, n_out, rc);
+        }
+        /* refusals: n_in not whole steps, unaligned codes, another type, a configuration past the last */
+        kc_weight bad = w;
+        bad.n_in = n_in - 64;
+        T_CHECK(kc__gemm_f8_wg(&bad, dxq, dxs, 16, dy, n_out, 0, 0, s) == CM_EINVAL);
+        T_CHECK(kc__gemm_f8_wg(&w, dxq + 8, dxs, 16, dy, n_out, 0, 0, s) == CM_EINVAL);
+        bad = w;
+        bad.type = DT_F16;
+        T_CHECK(kc__gemm_f8_wg(&bad, dxq, dxs, 16, dy, n_out, 0, 0, s) == CM_EINVAL);
+        T_CHECK(kc__gemm_f8_wg(&w, dxq, dxs, 16, dy, n_out, 0, ncfg, s) == CM_EINVAL);
+        cudaFree(w.data), cudaFree((void *)w.d), cudaFree(dxq), cudaFree(dxs), cudaFree(dy);
+        free(wf), free(sc), free(x), free(xdq), free(xs), free(codes), free(xq), free(ref), free(base), free(y), free(yall), free(want);
+    }
+    printf("fp8 wgmma tiles: %d of %d configuration x shape x count x accumulation within 5e-4 of the reference\n", n_ok, n_run);
 }
 
 /* Q8_0 and Q4_K on int8 mma.sync (kc__gemm_q8i, the plan's q8_mma_max_tok / q4k_mma_max_tok):
@@ -3479,6 +3579,7 @@ int main(int argc, char **argv) {
         test_matmul_fp8(cb, s);
         test_kv_fp8(s);
         test_matmul_fp8_tune(cb, s);
+        test_gemm_f8_wg(s);
         return t_done();
     }
     if (q8i_only) {
@@ -3505,6 +3606,7 @@ int main(int argc, char **argv) {
     test_kv_fp8(s);
     test_qkv_rope(cb, s); /* last: the others keep the random inputs they were checked on */
     test_matmul_fp8_tune(cb, s);
+    test_gemm_f8_wg(s);
     test_gemm_q8i(cb, s);
     cublasDestroy(cb);
     return t_done();
