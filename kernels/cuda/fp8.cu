@@ -406,7 +406,7 @@ struct lt_entry {
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
-enum { F8_WG_MAX = 16 }; // wgmma configurations timed at most
+enum { F8_WG_MAX = 24 }; // wgmma configurations timed at most
 static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
@@ -499,7 +499,8 @@ static int lt_gemm(const kc_weight *W, const uint8_t *xq, const float *xs, int n
     }
     if (e->wg >= 0) {
         const int rc = kc__gemm_f8_wg(W, xq, xs, n, y, ldy, accumulate, e->wg, s);
-        if (rc != CM_EINVAL) return rc; // else (these pointers' alignment): outer-vector scales
+        // else (these pointers' alignment, a tensor map the driver refused): outer-vector scales
+        if (rc != CM_EINVAL && rc != CM_EUNSUPPORTED) return rc;
     }
     kc_lt_desc d;
     // an entry made for an output the scalar path cannot take now: outer-vector scales

@@ -2,25 +2,35 @@
 // token) on Hopper's FP8 wgmma, with the weight rows' and the tokens' scales and the residual in
 // the one launch (sm_90a code only: CMakeLists.txt's arka_cuda_sm90a).
 //
-// Why: past the GEMV, cuBLASLt's FP8 GEMM runs llama3-8b's narrow matrices far from both bounds
-// at decode sizes: at 256 tokens wo took 24 us a layer (355 TFLOP/s) and qkv 20 us (eager, H200;
-// bench/RESULTS.md, twenty-seventh session), its tiles leaving half the SMs idle, and its fast
-// algorithms apply the scales in a second launch (fp8.cu's scalar path). Here the K steps of a
-// tile are also split over a cluster of CTAs (reduced in rank order through distributed shared
-// memory), so a 4,096-row matrix fills the GPU at any token count.
+// Why: past the GEMV, cuBLASLt's FP8 GEMM applies the scales either as outer vectors (its one
+// algorithm for them: llama3-8b's wo at 16 tokens 15.6 us) or in a second launch after a
+// unit-scale GEMM (7.7 us plus the pass). Where these tiles are faster is timed at start-up
+// (kc_matmul_tune_f8); on an H200 that is 16-32 tokens for every llama3-8b matrix and some shapes
+// at 64 (wo at 16: 7.2 us), never 128-256, where a step's wait for its wgmma (below) costs more
+// than cuBLASLt's whole GEMM (bench/RESULTS.md, thirty-seventh session).
 //
 // Tile. A CTA owns 64 WM weight rows (WM warp groups, each the A operand of its own wgmma, m64)
 // and BN tokens (the B operand, n = BN, shared by the warp groups). A K step is 128 codes: the
 // stage holds the rows' and the tokens' 128 bytes each in the 128-byte-swizzled K-major layout
-// of the descriptors (16-byte piece c of row r at r 128 + 16 (c ^ r % 8)), filled by cp.async
-// NS - 1 steps ahead; a step is four m64nBNk32 wgmma, 32 bytes further along the rows each.
+// of the descriptors, as the bulk-copy engine writes a tensor map's box (rows past the matrix or
+// the tokens read as zeros). The K steps are split KW ways inside the CTA (K groups of WM warp
+// groups, each with its own stages and barriers: a group takes every KW-th step) and KS ways
+// over a cluster of CTAs (contiguous shares). A K group's first thread fills its stages (as many
+// as fit 200 KiB, at most 8; the weights of the first ones before the programmatic wait) and
+// refills each once every warp of the group has arrived on its empty barrier; the warp groups
+// wait only for their stage, not for each other. A step is four m64nBNk32 wgmma, 32 bytes
+// further along the rows each.
+// Measured on the way (wo at 16 tokens): 16-byte cp.async copies three steps ahead with a CTA
+// barrier a step, 14.5 us at best; the bulk copies eight steps ahead, one K group, 10.8 us; K
+// groups and 16-token tiles, 7.2 us.
 //
 // Accumulation. Hopper's FP8 MMA keeps a narrower sum than f32 (cuBLASLt's default mode adds its
 // partial sums in f32 at intervals too): each step's four wgmma start a fresh partial (scale-d 0),
 // added into the f32 accumulators once they are done. (Two partials in turn, one added while the
 // next step's wgmma run, gain nothing: ptxas then waits for every wgmma before the add anyway.)
-// The other warp group, or the SM's other CTA, keeps the tensor cores busy meanwhile. The sum of an output is therefore in a fixed order: the K
-// steps in order within a CTA, then the cluster's CTAs in rank order; it depends on the tile
+// The other K groups keep the tensor cores busy meanwhile. The sum of an output is therefore in
+// a fixed order: a K group's steps in order, the CTA's K groups in order (through shared memory),
+// then the cluster's CTAs in rank order (through distributed shared memory); it depends on the
 // configuration and n_in only, not on the token count (batch-invariant within a configuration).
 //
 // Epilogue: y[t][r] (+)= sum x sw[r] x sx[t], written from the accumulators (a warp's 8 rows of
@@ -29,6 +39,8 @@
 #include "wgmma.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <stdio.h>
 
 extern "C" {
@@ -38,18 +50,48 @@ extern "C" {
 
 namespace {
 
-constexpr int F8K = 128;                   // codes a K step
-constexpr int F8_NS = 4, F8_PD = F8_NS - 1; // stages; steps filled ahead
+constexpr int F8K = 128; // codes a K step
+constexpr size_t F8_SMEM = 200 * 1024; // the stages' budget: one CTA an SM
 
 template <int WM, int BN> __host__ __device__ constexpr size_t f8wg_stage() { return (size_t)(64 * WM + BN) * F8K; }
-template <int WM, int BN> constexpr size_t f8wg_smem() {
-    constexpr size_t st = F8_NS * f8wg_stage<WM, BN>(), red = (size_t)WM * 128 * (BN / 2) * 4;
-    return (st > red ? st : red) + 1024;
+// stages of a K group: as many as fit the budget, at most 8
+template <int WM, int BN, int KW> __host__ __device__ constexpr int f8wg_ns() {
+    return F8_SMEM / (KW * f8wg_stage<WM, BN>()) > 8 ? 8 : (int)(F8_SMEM / (KW * f8wg_stage<WM, BN>()));
+}
+// the stages, or the partial sums of the K groups past the first (at least one group's, for the
+// cluster's); then the barriers, and 1 KiB for the alignment
+template <int WM, int BN, int KW> __host__ __device__ constexpr size_t f8wg_bar_off() {
+    constexpr size_t st = (size_t)KW * f8wg_ns<WM, BN, KW>() * f8wg_stage<WM, BN>(),
+                     red = (size_t)(KW > 1 ? KW - 1 : 1) * WM * 128 * (BN / 2) * 4;
+    return st > red ? st : red;
+}
+template <int WM, int BN, int KW> __host__ __device__ constexpr size_t f8wg_smem() {
+    return f8wg_bar_off<WM, BN, KW>() + 2 * 8 * KW * f8wg_ns<WM, BN, KW>() + 1024;
 }
 
 #ifdef KC_SM90A_DEVICE
 // D (m64nN, f32) = scale_d D + A (64 x 32 codes, shared, K-major) B (32 x N codes, shared, K-major)
 template <int N> struct wgmma_f8;
+template <> struct wgmma_f8<16> {
+    __device__ static __forceinline__ void mma(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+                     "%0, %1, %2, %3, %4, %5, %6, %7}, "
+                     "%8, %9, p, 1, 1;\n}\n"
+                     : KC_F8(d, 0)
+                     : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct wgmma_f8<32> {
+    __device__ static __forceinline__ void mma(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                     "%16, %17, p, 1, 1;\n}\n"
+                     : KC_F8(d, 0), KC_F8(d, 8)
+                     : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
 template <> struct wgmma_f8<64> {
     __device__ static __forceinline__ void mma(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -77,68 +119,70 @@ template <> struct wgmma_f8<128> {
 };
 #endif
 
-template <int WM, int BN, int KS>
-__global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(WM * 128, 1)
-gemm_f8_wg_kernel(const uint8_t *__restrict__ W, const float *__restrict__ sw, const uint8_t *x, const float *sx, float *y,
-                  int n_in, int n_out, int ldy, int n_tok, int accumulate) {
 #ifdef KC_SM90A_DEVICE
-    constexpr int NT = WM * 128, AR = 64 * WM; // threads; weight rows of the CTA
-    constexpr uint32_t STAGE = (uint32_t)f8wg_stage<WM, BN>();
+// A 2-D tile of a tensor map (box at coordinates c0 (the codes), c1 (rows)) into shared memory
+// by the bulk-copy engine, completing bar's transaction count.
+__device__ __forceinline__ void tma_2d(uint32_t saddr, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(saddr),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+#endif
+
+template <int WM, int BN, int KW, int KS>
+__global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(KW * WM * 128, 1)
+gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const float *__restrict__ sw,
+                  const float *sx, float *y, int n_in, int n_out, int ldy, int n_tok, int accumulate) {
+#ifdef KC_SM90A_DEVICE
+    constexpr int AR = 64 * WM, NS = f8wg_ns<WM, BN, KW>(), KT = WM * 128; // weight rows of the CTA; stages; threads of a K group
+    constexpr uint32_t STAGE = (uint32_t)f8wg_stage<WM, BN>(), ABYTES = AR * F8K;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (kc_smem_addr(smem_raw) & 1023)) & 1023);
-    const uint32_t sbase = kc_smem_addr(smem);
-    const int tid = threadIdx.x, wm = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int tid = threadIdx.x, wg = tid >> 7, wm = wg % WM, kw = wg / WM, kt = tid % KT;
+    const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const uint32_t sbase = kc_smem_addr(smem) + (uint32_t)(kw * NS) * STAGE; // this K group's stages
+    const uint32_t full = kc_smem_addr(smem) + (uint32_t)f8wg_bar_off<WM, BN, KW>() + 16 * NS * kw, empty = full + 8 * NS;
     const int rank = KS > 1 ? (int)blockIdx.z : 0;
     const int r0 = blockIdx.x * AR, n0 = blockIdx.y * BN;
-    // this CTA's K steps: a contiguous share of the row
-    const int nsteps = n_in / F8K, s0 = (int)((long)nsteps * rank / KS), s1 = (int)((long)nsteps * (rank + 1) / KS), nj = s1 - s0;
+    // this CTA's K steps, a contiguous share of the row; K group kw takes s0 + kw, s0 + kw + KW, ...
+    const int nsteps = n_in / F8K, s0 = (int)((long)nsteps * rank / KS), s1 = (int)((long)nsteps * (rank + 1) / KS);
+    const int nj = s1 - s0 > kw ? (s1 - s0 - kw + KW - 1) / KW : 0;
+    auto kstep = [&](int j) { return (s0 + kw + j * KW) * F8K; };
 
-    // step j's 16-byte pieces into stage j % NS: the weights' (before the wait: nothing writes
-    // them) or the activations' (rows past the matrix or the tokens read as zeros)
-    auto issue_w = [&](int j) {
-        const uint32_t st = sbase + (uint32_t)(j % F8_NS) * STAGE;
-        const size_t k0 = (size_t)(s0 + j) * F8K;
-        for (int i = tid; i < AR * 8; i += NT) {
-            const int r = i >> 3, c = i & 7, row = r0 + r;
-            kc_cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), W + (size_t)min(row, n_out - 1) * n_in + k0 + 16 * c, row < n_out);
+    // Stage j % NS of a K group is full when its barrier full + 8 (j % NS) completes the phase of
+    // step j (the group's first thread arms it for both tiles' bytes, the bulk copies complete
+    // it); empty when every warp of the group has arrived on empty + 8 (j % NS) after its wgmma of
+    // step j. The first thread refills the slot of step j - 1 once it is empty, with step j - 1 + NS.
+    if (kt == 0) {
+        for (int i = 0; i < NS; i++) {
+            mbar_init(full + 8 * i, 1);
+            mbar_init(empty + 8 * i, WM * 4);
         }
-    };
-    auto issue_x = [&](int j) {
-        const uint32_t st = sbase + (uint32_t)(j % F8_NS) * STAGE + AR * 128;
-        const size_t k0 = (size_t)(s0 + j) * F8K;
-        for (int i = tid; i < BN * 8; i += NT) {
-            const int t = i >> 3, c = i & 7, tok = n0 + t;
-            kc_cp_async16(st + t * 128 + ((c ^ (t & 7)) << 4), x + (size_t)min(tok, n_tok - 1) * n_in + k0 + 16 * c, tok < n_tok);
+        mbar_init_fence();
+        asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tw) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tx) : "memory");
+        // the weights of the first steps before the wait (nothing writes them)
+        for (int i = 0; i < NS && i < nj; i++) {
+            mbar_arrive_tx(full + 8 * i, STAGE);
+            tma_2d(sbase + i * STAGE, &tw, kstep(i), r0, full + 8 * i);
         }
-    };
-#pragma unroll
-    for (int i = 0; i < F8_PD; i++)
-        if (i < nj) issue_w(i);
-    kc_pdl_wait();
-#pragma unroll
-    for (int i = 0; i < F8_PD; i++) {
-        if (i < nj) issue_x(i);
-        kc_cp_async_commit(); // group i: step i (with step 0's group also the weights of 1 .. PD - 1)
     }
+    kc_pdl_wait();
+    if (kt == 0)
+        for (int i = 0; i < NS && i < nj; i++) tma_2d(sbase + i * STAGE + ABYTES, &tx, kstep(i), n0, full + 8 * i);
+    __syncthreads(); // the barriers' initialization is visible to every thread
 
     float acc[BN / 2], p[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = p[i] = 0.0f;
     const uint32_t a_off = (uint32_t)wm * 64 * 128;
-    // step j: its stage landed, and every thread's step j - 1 done (so stage j + PD may take step
-    // j - 1's slot); the four wgmma of a fresh partial, added into acc once done
+    // step j: the four wgmma of a fresh partial on stage j % NS, added into acc once done
 #pragma unroll 1
     for (int j = 0; j < nj; j++) {
-        kc_cp_async_wait<F8_PD - 1>();
-        fence_proxy_async();
-        __syncthreads();
-        if (j + F8_PD < nj) {
-            issue_w(j + F8_PD);
-            issue_x(j + F8_PD);
-        }
-        kc_cp_async_commit();
-        const uint32_t st = sbase + (uint32_t)(j % F8_NS) * STAGE;
-        const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + AR * 128, 16));
+        const int sl = j % NS;
+        mbar_wait(full + 8 * sl, (j / NS) & 1);
+        const uint32_t st = sbase + (uint32_t)sl * STAGE;
+        const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
         reg_fence(p);
         wg_fence();
 #pragma unroll
@@ -146,24 +190,53 @@ gemm_f8_wg_kernel(const uint8_t *__restrict__ W, const float *__restrict__ sw, c
         wg_commit();
         wg_wait<0>();
         reg_fence(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * sl);
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] += p[i];
+        if (kt == 0 && j >= 1 && j - 1 + NS < nj) { // step j - 1's slot, once every warp is done with it
+            const int jr = j - 1, sr = jr % NS;
+            mbar_wait(empty + 8 * sr, (jr / NS) & 1);
+            mbar_arrive_tx(full + 8 * sr, STAGE);
+            tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
+            tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
+        }
     }
-    kc_cp_async_wait<0>();
     kc_pdl_trigger();
 
-    if constexpr (KS > 1) { // the cluster's partial sums, added in rank order by rank 0
+    // the K groups' partial sums, added in group order by the first group
+    float *red = (float *)smem;
+    constexpr int PER = 128 * (BN / 2); // floats of one warp group's sums
+    if constexpr (KW > 1) {
+        __syncthreads(); // every stage read: the shared memory takes the sums
+        if (kw > 0) {
+            float *o = red + (size_t)((kw - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
+#pragma unroll
+            for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+        }
+        __syncthreads();
+        if (kw == 0)
+            for (int k = 1; k < KW; k++) {
+                const float *o = red + (size_t)((k - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
+#pragma unroll
+                for (int i = 0; i < BN / 2; i += 4) {
+                    const float4 v = *(const float4 *)(o + i);
+                    acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
+                }
+            }
+    }
+
+    if constexpr (KS > 1) { // then the cluster's, in rank order, by rank 0
         namespace cg = cooperative_groups;
         cg::cluster_group cl = cg::this_cluster();
-        float *red = (float *)smem;
-        __syncthreads(); // every stage read: the shared memory takes the sums
-        if (rank > 0) {
+        __syncthreads(); // every stage read (and the K groups' sums read): the shared memory takes the sums
+        if (rank > 0 && kw == 0) {
             float *o = red + (size_t)tid * (BN / 2);
 #pragma unroll
             for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
         }
         cl.sync();
-        if (rank == 0)
+        if (rank == 0 && kw == 0)
             for (int r = 1; r < KS; r++) {
                 const float *o = cl.map_shared_rank(red, r) + (size_t)tid * (BN / 2);
 #pragma unroll
@@ -175,6 +248,7 @@ gemm_f8_wg_kernel(const uint8_t *__restrict__ W, const float *__restrict__ sw, c
         cl.sync(); // the other CTAs' shared memory stays until rank 0 has read it
         if (rank > 0) return;
     }
+    if (kw > 0) return;
     // acc[4 n + c]: row g (c < 2) or g + 8 of the warp's 16, token 8 n + 2 q + (c & 1)
     const int ra = r0 + 64 * wm + 16 * warp + g;
     const float swa = ra < n_out ? sw[ra] : 0.0f, swb = ra + 8 < n_out ? sw[ra + 8] : 0.0f;
@@ -200,36 +274,73 @@ gemm_f8_wg_kernel(const uint8_t *__restrict__ W, const float *__restrict__ sw, c
 #endif
 }
 
-template <int WM, int BN, int KS>
+// cuTensorMapEncodeTiled through the runtime (no link against the driver library); NULL where
+// the driver has none
+PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static bool tried;
+    if (!tried) {
+        tried = true;
+        cudaDriverEntryPointQueryResult q;
+        void *f = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+        cudaGetLastError();
+    }
+    return fn;
+}
+
+// A tensor map of rows x n_in bytes (row stride n_in), boxes of 128 codes x box_rows rows in the
+// 128-byte swizzle the wgmma descriptors read; rows past the end read as zeros.
+bool tmap_codes(CUtensorMap *m, const void *base, int n_in, int rows, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tmap_encoder();
+    if (!enc) return false;
+    const cuuint64_t dim[2] = { (cuuint64_t)n_in, (cuuint64_t)rows }, stride[1] = { (cuuint64_t)n_in };
+    const cuuint32_t box[2] = { (cuuint32_t)F8K, (cuuint32_t)box_rows }, es[2] = { 1, 1 };
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int WM, int BN, int KW, int KS>
 int launch_f8wg(const kc_weight *w, const uint8_t *x, const float *sx, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
-    constexpr size_t smem = f8wg_smem<WM, BN>();
+    constexpr size_t smem = f8wg_smem<WM, BN, KW>();
     static_assert(smem <= 227 * 1024, "gemm_f8_wg: shared memory");
     static unsigned char smem_set[64];
-    if (int rc = kc_smem_limit_once(gemm_f8_wg_kernel<WM, BN, KS>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
-    dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(WM * 128);
-    kc_launch(gemm_f8_wg_kernel<WM, BN, KS>, grid, block, smem, s, (const uint8_t *)w->data, (const float *)w->d, x, sx, y, w->n_in,
-              w->n_out, ldy, n_tok, acc);
+    CUtensorMap tw, tx;
+    if (!tmap_codes(&tw, w->data, w->n_in, w->n_out, 64 * WM) || !tmap_codes(&tx, x, w->n_in, n_tok, BN)) return CM_EUNSUPPORTED;
+    if (int rc = kc_smem_limit_once(gemm_f8_wg_kernel<WM, BN, KW, KS>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
+    dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(KW * WM * 128);
+    kc_launch(gemm_f8_wg_kernel<WM, BN, KW, KS>, grid, block, smem, s, tw, tx, (const float *)w->d, sx, y, w->n_in, w->n_out, ldy,
+              n_tok, acc);
     KC_LAUNCH_CHECK();
 }
 
 bool f8wg_device_ok() {
     static signed char ok[64];
-    return sm90a_kernel_ok(gemm_f8_wg_kernel<2, 128, 1>, ok);
+    return sm90a_kernel_ok(gemm_f8_wg_kernel<2, 128, 1, 1>, ok);
 }
 
 } // namespace
 
-// The configurations (warp groups over rows, tokens a tile, CTAs of a cluster over K), timed
-// against cuBLASLt per shape and token count by kc_matmul_tune_f8.
-static const int F8WG_CFG[][3] = { { 2, 128, 1 }, { 2, 128, 2 }, { 1, 128, 2 }, { 1, 128, 4 }, { 2, 128, 4 },
-                                   { 2, 64, 1 },  { 2, 64, 2 },  { 1, 64, 4 },  { 1, 64, 2 } };
+// The configurations (warp groups over rows, tokens a tile, K groups in the CTA, CTAs of a
+// cluster over K), timed against cuBLASLt per shape and token count by kc_matmul_tune_f8. On an
+// H200 llama3-8b took 0-5 at 16-64 tokens (wg64x16k4/1 for qkv, wg64x16k4/2 for wo, wg128x16k2/1
+// and wg128x32k2/1 for gate|up, ...). Measured and dropped: three K groups of 128-token tiles
+// (64 or 128 rows), never faster than two at 128-256 tokens (bench/RESULTS.md, thirty-seventh session).
+#define F8WG_CONFIGS(X)                                                                                           \
+    X(0, 1, 16, 4, 1) X(1, 1, 16, 4, 2) X(2, 1, 16, 2, 2) X(3, 2, 16, 2, 1) X(4, 1, 32, 4, 1) X(5, 1, 32, 4, 2) \
+    X(6, 2, 32, 2, 1) X(7, 1, 64, 2, 2) X(8, 2, 64, 2, 1) X(9, 1, 64, 4, 1) X(10, 2, 64, 1, 2) X(11, 2, 128, 1, 1) \
+    X(12, 2, 128, 1, 2) X(13, 1, 128, 2, 1) X(14, 1, 128, 2, 2)
+#define F8WG_ROW(i, wm, bn, kw, ks) { wm, bn, kw, ks },
+static const int F8WG_CFG[][4] = { F8WG_CONFIGS(F8WG_ROW) };
 #define F8WG_NCFG ((int)(sizeof F8WG_CFG / sizeof *F8WG_CFG))
 
-extern "C" int kc__gemm_f8_wg_ncfg(void) { return f8wg_device_ok() ? F8WG_NCFG : 0; }
+extern "C" int kc__gemm_f8_wg_ncfg(void) { return f8wg_device_ok() && tmap_encoder() ? F8WG_NCFG : 0; }
 
 extern "C" const char *kc__gemm_f8_wg_name(int cfg, char *buf, size_t len) {
     if (cfg < 0 || cfg >= F8WG_NCFG) snprintf(buf, len, "?");
-    else snprintf(buf, len, "wg%dx%d/%d", 64 * F8WG_CFG[cfg][0], F8WG_CFG[cfg][1], F8WG_CFG[cfg][2]);
+    else snprintf(buf, len, "wg%dx%dk%d/%d", 64 * F8WG_CFG[cfg][0], F8WG_CFG[cfg][1], F8WG_CFG[cfg][2], F8WG_CFG[cfg][3]);
     return buf;
 }
 
@@ -242,14 +353,10 @@ extern "C" int kc__gemm_f8_wg(const kc_weight *w, const uint8_t *x, const float 
         return CM_EINVAL;
     const kc_pdl_scope pdl_cls(KC_PDL_OTHER);
     switch (cfg) {
-    case 0: return launch_f8wg<2, 128, 1>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 1: return launch_f8wg<2, 128, 2>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 2: return launch_f8wg<1, 128, 2>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 3: return launch_f8wg<1, 128, 4>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 4: return launch_f8wg<2, 128, 4>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 5: return launch_f8wg<2, 64, 1>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 6: return launch_f8wg<2, 64, 2>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    case 7: return launch_f8wg<1, 64, 4>(w, x, xs, n_tok, y, ldy, accumulate, s);
-    default: return launch_f8wg<1, 64, 2>(w, x, xs, n_tok, y, ldy, accumulate, s);
+#define F8WG_CASE(i, wm, bn, kw, ks) \
+    case i: return launch_f8wg<wm, bn, kw, ks>(w, x, xs, n_tok, y, ldy, accumulate, s);
+        F8WG_CONFIGS(F8WG_CASE)
+#undef F8WG_CASE
+    default: return CM_EINVAL;
     }
 }

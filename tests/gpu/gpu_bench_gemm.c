@@ -5,7 +5,8 @@
  * usage: gpu_bench_gemm [N...]   (default 16 32 64 128 256 512 2048)
  *        gpu_bench_gemm fp8 [N...]: E4M3 x E4M3 on cuBLASLt, f32 out, with the row and token scales
  *        as outer vectors (kc_matmul's FP8 path) against scalar scales, plain and fast
- *        accumulation: the heuristic's algorithm count, its first and its best. */
+ *        accumulation: the heuristic's algorithm count, its first and its best; then the FP8 wgmma
+ *        tiles (kc__gemm_f8_wg, scales in the launch) in each configuration. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -16,6 +17,8 @@
 #include <string.h>
 
 #include "gpu_ck.h"
+#include "kernels/cuda/kcuda.h"
+#include "model/dtype.h"
 
 /* n halves uniform in [-1/16, 1/16), from a fixed seed */
 static void fill_random(void *dev, size_t n, uint32_t seed) {
@@ -175,6 +178,29 @@ static int bench_fp8(int argc, char **argv) {
                                             sb);
                 printf(" | %2d %7.1f %7.1f (%4.0f TF) %d/%d/%d/%d/%d", r.nres, r.first, r.best,
                        r.best > 0 ? 2.0 * M * N * K / r.best / 1e6 : 0.0, r.cfg[0], r.cfg[1], r.cfg[2], r.cfg[3], r.cfg[4]);
+            }
+            /* the FP8 wgmma tiles (kc_matmul's other FP8 path, scales in the launch): each configuration */
+            printf(" | wgmma:");
+            for (int cfg = 0; cfg < kc__gemm_f8_wg_ncfg(); cfg++) {
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0));
+                CK(cudaEventCreate(&e1));
+                kc_weight kw = { .type = DT_F8_E4M3, .n_in = K, .n_out = M, .d = (kc_half *)sa };
+                const int iters = 20;
+                int rc = 0;
+                for (int it = -2; it < iters && !rc; it++) {
+                    if (it == 0) CK(cudaEventRecord(e0, 0));
+                    kw.data = w[(it + 2) % copies];
+                    rc = kc__gemm_f8_wg(&kw, (const uint8_t *)x, sb, N, y, M, 0, cfg, 0);
+                }
+                CK(cudaEventRecord(e1, 0));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                char nm[32];
+                printf(" %s %.1f", kc__gemm_f8_wg_name(cfg, nm, sizeof nm), rc ? -1.0 : ms * 1e3 / iters);
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
             }
             printf("\n");
             fflush(stdout);
