@@ -377,9 +377,11 @@ int kc_matmul_tune_f16(const kc_weight *const *W, const unsigned char *half_out,
  * holds): the row and token scales as cuBLASLt's outer vectors (its one algorithm) against
  * unit scales on each of the heuristic's algorithms (up to 8) followed by a scale pass from
  * ws->f8_raw, on the real weights and random activation codes in x_half's bytes. The scalar path
- * is kept where it beats the outer one by more than 3 %; a matmul of n tokens takes the entry of
- * the largest timed count <= n where cuBLASLt accepts its algorithm for n and f8_raw holds the
- * output, else the outer-vector scales. Before graphs are captured; it synchronizes. 0,
+ * is kept where it beats the outer one by more than 3 %. With the plan's fp8_wg, on sm_90a, the
+ * FP8 wgmma tiles' configurations (kc__gemm_f8_wg, n_in % 128 == 0) are timed too and kept where
+ * they beat that pick by more than 3 %. A matmul of n tokens takes the entry of the largest timed
+ * count <= n: the tiles for n below twice that count, the scalar path where cuBLASLt accepts its
+ * algorithm for n and f8_raw holds the output, else the outer-vector scales. Before graphs are captured; it synchronizes. 0,
  * CM_ENOMEM (nothing timed), CM_ECUDA. */
 int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char *acc, int n_w, int max_tok, const kc_gemm_ws *ws,
                       cudaStream_t s, char *report, size_t report_len);
