@@ -38,7 +38,6 @@
 #include "kc_common.cuh"
 #include "wgmma.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdio.h>
@@ -204,51 +203,9 @@ gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant_
     }
     kc_pdl_trigger();
 
-    // the K groups' partial sums, added in group order by the first group
-    float *red = (float *)smem;
-    constexpr int PER = 128 * (BN / 2); // floats of one warp group's sums
-    if constexpr (KW > 1) {
-        __syncthreads(); // every stage read: the shared memory takes the sums
-        if (kw > 0) {
-            float *o = red + (size_t)((kw - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        __syncthreads();
-        if (kw == 0)
-            for (int k = 1; k < KW; k++) {
-                const float *o = red + (size_t)((k - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-                for (int i = 0; i < BN / 2; i += 4) {
-                    const float4 v = *(const float4 *)(o + i);
-                    acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
-                }
-            }
-    }
-
-    if constexpr (KS > 1) { // then the cluster's, in rank order, by rank 0
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        __syncthreads(); // every stage read (and the K groups' sums read): the shared memory takes the sums
-        if (rank > 0 && kw == 0) {
-            float *o = red + (size_t)tid * (BN / 2);
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        cl.sync();
-        if (rank == 0 && kw == 0)
-            for (int r = 1; r < KS; r++) {
-                const float *o = cl.map_shared_rank(red, r) + (size_t)tid * (BN / 2);
-#pragma unroll
-                for (int i = 0; i < BN / 2; i += 4) {
-                    const float4 v = *(const float4 *)(o + i);
-                    acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
-                }
-            }
-        cl.sync(); // the other CTAs' shared memory stays until rank 0 has read it
-        if (rank > 0) return;
-    }
-    if (kw > 0) return;
+    // the K groups' and the cluster's partial sums, added in order by the first K group of rank 0
+    if constexpr (KW > 1 || KS > 1) __syncthreads(); // every stage read: the shared memory takes the sums
+    if (!ksplit_sum<KW, KS, WM, BN / 2>(acc, (float *)smem, kw, wm, tid & 127, rank)) return;
     // acc[4 n + c]: row g (c < 2) or g + 8 of the warp's 16, token 8 n + 2 q + (c & 1)
     const int ra = r0 + 64 * wm + 16 * warp + g;
     const float swa = ra < n_out ? sw[ra] : 0.0f, swb = ra + 8 < n_out ? sw[ra + 8] : 0.0f;

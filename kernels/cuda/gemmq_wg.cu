@@ -50,8 +50,6 @@
 #include "gemmq_types.cuh"
 #include "wgmma.cuh"
 
-#include <cooperative_groups.h>
-
 extern "C" {
 #include "kcuda.h"
 }
@@ -318,50 +316,9 @@ gemmq_wg_kernel(const uint8_t *__restrict__ W, const kc_half *__restrict__ D, co
     reg_fence(acc);
     kc_pdl_trigger();
 
-    // the K groups' partial sums, added in group order by the first group
+    // the K groups' and the cluster's partial sums, added in order by the first K group of rank 0
     __syncthreads(); // every stage read and landed: the shared memory takes the sums
-    float *red = (float *)smem;
-    constexpr int PER = 128 * (BN / 2); // floats of one warp group's sums
-    if (KW > 1) {
-        if (kw > 0) {
-            float *o = red + (size_t)((kw - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        __syncthreads();
-        if (kw == 0)
-            for (int k = 1; k < KW; k++) {
-                const float *o = red + (size_t)((k - 1) * WM + wm) * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-                for (int i = 0; i < BN / 2; i += 4) {
-                    const float4 v = *(const float4 *)(o + i);
-                    acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
-                }
-            }
-    }
-    if constexpr (KS > 1) { // then the cluster's CTAs, in rank order, by rank 0
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        if (KW > 1) __syncthreads(); // the first group has read the others' sums
-        if (rank > 0 && kw == 0) {
-            float *o = red + (size_t)wm * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        cl.sync();
-        if (rank == 0 && kw == 0)
-            for (int r = 1; r < KS; r++) {
-                const float *o = cl.map_shared_rank(red, r) + (size_t)wm * PER + (tid & 127) * (BN / 2);
-#pragma unroll
-                for (int i = 0; i < BN / 2; i += 4) {
-                    const float4 v = *(const float4 *)(o + i);
-                    acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
-                }
-            }
-        cl.sync(); // the other CTAs' shared memory stays until rank 0 has read it
-        if (rank > 0) return;
-    }
-    if (kw > 0) return;
+    if (!ksplit_sum<KW, KS, WM, BN / 2>(acc, (float *)smem, kw, wm, tid & 127, rank)) return;
     // The CTA's outputs through shared memory (a token's rows contiguous, 4 floats of padding:
     // conflict-free writes), then into y a token's 64 WM rows at a time, 16 bytes a thread: wo's
     // and down's residual (accumulate) read coalesced and all in flight. acc[4 n + c]: row g

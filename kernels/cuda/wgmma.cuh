@@ -3,6 +3,7 @@
 // Only for translation units compiled for sm_90a alone (CMakeLists.txt: arka_cuda_sm90a).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -109,6 +110,47 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
+
+// The partial sums of a tile whose K steps are split KW ways inside the CTA (K groups of WM warp
+// groups, N floats a thread; t: the thread's index in its warp group) and KS ways over a cluster,
+// added in a fixed order into the first K group of the cluster's first CTA: the CTA's K groups
+// in order through shared memory red, then the cluster's CTAs in rank order through distributed
+// shared memory. red holds max(KW - 1, 1) WM 128 N floats, free for the sums: every thread calls
+// this after a __syncthreads that follows its last read of what red overlaps. False for the
+// threads left with nothing to write (the other K groups and CTAs).
+template <int KW, int KS, int WM, int N>
+__device__ __forceinline__ bool ksplit_sum(float (&acc)[N], float *red, int kw, int wm, int t, int rank) {
+    constexpr int PER = 128 * N; // floats of one warp group's sums
+    auto put = [&](float *o) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) *(float4 *)(o + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+    };
+    auto add = [&](const float *o) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            const float4 v = *(const float4 *)(o + i);
+            acc[i] += v.x, acc[i + 1] += v.y, acc[i + 2] += v.z, acc[i + 3] += v.w;
+        }
+    };
+    if constexpr (KW > 1) {
+        if (kw > 0) put(red + (size_t)((kw - 1) * WM + wm) * PER + t * N);
+        __syncthreads();
+        if (kw == 0)
+            for (int k = 1; k < KW; k++) add(red + (size_t)((k - 1) * WM + wm) * PER + t * N);
+    }
+    if constexpr (KS > 1) {
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        if (KW > 1) __syncthreads(); // the first group has read the others' sums
+        if (rank > 0 && kw == 0) put(red + (size_t)wm * PER + t * N);
+        cl.sync();
+        if (rank == 0 && kw == 0)
+            for (int r = 1; r < KS; r++) add(cl.map_shared_rank(red, r) + (size_t)wm * PER + t * N);
+        cl.sync(); // the other CTAs' shared memory stays until rank 0 has read it
+        if (rank > 0) return false;
+    }
+    return kw == 0;
 }
 
 // D (m64nN, f32) += A (64 x 16, registers: each warp's 16 rows as an m16n8k16 A fragment) B (16 x N,
