@@ -406,7 +406,7 @@ struct lt_entry {
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
-enum { F8_WG_MAX = 24 }; // wgmma configurations timed at most
+enum { F8_WG_MAX = 16 }; // wgmma configurations timed at most (gemm_f8_wg.cu has 15)
 static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
