@@ -62,7 +62,8 @@ typedef struct ex_kv ex_kv;
  * B = block_size, H = n_head_kv, D = head_dim:
  *
  *   F32, F16, BF16  [B][H][D] elements
- *   F8_E4M3 ("fp8") codes [B][H][D] bytes, then scales [B][H] f32. Position p, head h:
+ *   F8_E4M3 ("fp8") codes [B][H][D] bytes, then scales [H][B] f32 (a head's scales of the
+ *                   block's positions side by side). Position p, head h:
  *                   code = e4m3_sat(x / s) (dt_f32_to_e4m3_sat of the f32 quotient), value =
  *                   e4m3(code) * s (f32 product). s is chosen per (position, head): the
  *                   layer's static scale of head h when the checkpoint has one

@@ -87,7 +87,7 @@ typedef struct cu_layer {
     float *attn_norm, *ffn_norm; /* [n_embd] */
     float *bqkv;                 /* [nq + 2 nkv] or NULL */
     kc_half *k, *v;              /* this layer's slice of the pool: [n_blocks + 1][n_kv][bs][hd]; FP8 KV: blocks of
-                                  * codes [bs][n_kv][hd] bytes then scales [bs][n_kv] f32 (kcuda.h), same pointers */
+                                  * codes [bs][n_kv][hd] bytes then scales [n_kv][bs] f32 (kcuda.h), same pointers */
     float *k_scale, *v_scale;    /* FP8 KV: the checkpoint's static scales [n_kv] (cfg.kv_scales), else NULL */
     /* the later architectures' parts (NULL / 0 when the model has none) */
     float *q_norm, *k_norm;      /* [hd] QK-norm */

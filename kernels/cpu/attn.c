@@ -51,7 +51,7 @@ static inline uint8_t *head_data(const kv_layout *l, void *pool, int64_t b, int 
 }
 
 static inline float *head_scale(const kv_layout *l, void *pool, int64_t b, int r, int h) {
-    return (float *)((uint8_t *)pool + (size_t)b * l->blk + l->codes) + (size_t)r * l->H + h;
+    return (float *)((uint8_t *)pool + (size_t)b * l->blk + l->codes) + (size_t)h * l->B + r;
 }
 
 /* x[D] into (b, r, h); st: the static scale of head h or NULL. */
@@ -116,8 +116,9 @@ int k_kv_copy(const k_attn_args *a, int64_t src, int64_t dst, int n_tok) {
     for (int i = 0; i < 2; i++) {
         uint8_t *p = pools[i];
         memmove(p + (size_t)dst * l.blk, p + (size_t)src * l.blk, (size_t)n_tok * l.H * l.hb);
-        if (l.type == DT_F8_E4M3)
-            memmove(p + (size_t)dst * l.blk + l.codes, p + (size_t)src * l.blk + l.codes, sizeof(float) * (size_t)n_tok * l.H);
+        if (l.type == DT_F8_E4M3) /* scales [H][B]: each head's first n_tok */
+            for (int h = 0; h < l.H; h++)
+                memmove(head_scale(&l, p, dst, 0, h), head_scale(&l, p, src, 0, h), sizeof(float) * (size_t)n_tok);
     }
     return 0;
 }

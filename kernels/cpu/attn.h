@@ -6,7 +6,7 @@
  * block_size], row p % block_size. A block of B positions, H = n_head_kv heads of D = head_dim,
  * by kv_type (executor/kv.h states the same layout for every backend):
  *   F32, F16   [B][H][D] elements (round to nearest even on the way in)
- *   F8_E4M3    codes [B][H][D] bytes, then scales [B][H] f32: position p, head h holds
+ *   F8_E4M3    codes [B][H][D] bytes, then scales [H][B] f32: position p, head h holds
  *              code = dt_f32_to_e4m3_sat(x / s), value = dt_e4m3_to_f32(code) * s (f32 ops),
  *              with s = k_scale[h] / v_scale[h] when the layer has static scales (a
  *              checkpoint's kv_cache_scheme), else s = amax / 448 over the head's D values

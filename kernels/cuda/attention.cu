@@ -252,7 +252,7 @@ extern "C" int kc_attention_ex_f8(const float *q, const void *k_cache, const voi
 }
 
 // A (pair, K or V) a CTA: the block's rows r, heads h, 8 values at a time, from the FP8 layout
-// ([bs][n_kv][hd] codes, then [bs][n_kv] scales) to the F16 one ([n_kv][bs][hd] halves).
+// ([bs][n_kv][hd] codes, then [n_kv][bs] scales) to the F16 one ([n_kv][bs][hd] halves).
 __global__ void kv_f8_to_half_kernel(const uint8_t *k8, const uint8_t *v8, __half *kh, __half *vh, const int32_t *pairs, int n_kv,
                                      int hd, int bs) {
     kc_pdl_trigger();

@@ -438,7 +438,7 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const __half *src, int 
 template <int HD, int NP, typename Where>
 __device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uint8_t *kc, const uint8_t *vc, int n_kv, int bs,
                                          int h, int c0, int stride, Where where) {
-    const size_t blk = (size_t)bs * n_kv * (HD + 4), sc = (size_t)bs * n_kv * HD;
+    const size_t blk = (size_t)bs * n_kv * (HD + 4);
     uint2 kq[NP], vq[NP];
     float ks[NP], vs[NP];
 #pragma unroll
@@ -455,8 +455,8 @@ __device__ __forceinline__ void stage_f8(uint32_t dst, uint32_t v_off, const uin
             const uint8_t *kb = kc + b * blk, *vb = vc + b * blk;
             kq[p] = __ldcg((const uint2 *)(kb + rh * HD + col));
             vq[p] = __ldcg((const uint2 *)(vb + rh * HD + col));
-            ks[p] = __ldcg((const float *)(kb + sc) + rh);
-            vs[p] = __ldcg((const float *)(vb + sc) + rh);
+            ks[p] = __ldcg((const float *)(kb + kv_f8_scale(r, h, n_kv, bs, HD)));
+            vs[p] = __ldcg((const float *)(vb + kv_f8_scale(r, h, n_kv, bs, HD)));
         }
     }
 #pragma unroll
@@ -520,7 +520,7 @@ __device__ __forceinline__ void stage_f8_raw(uint32_t dst, const uint8_t *kc, co
     }
     const int r = lane & 15, isv = lane >> 4;
     const bool ok = r < n_ok;
-    const uint8_t *src = (isv ? vb : kb) + (size_t)bs * n_kv * HD + ((size_t)(r0 + r) * n_kv + h) * 4;
+    const uint8_t *src = (isv ? vb : kb) + kv_f8_scale(r0 + r, h, n_kv, bs, HD); // 16 side by side: two sectors
     kc_cp_async4(dst + 2 * 16 * HD + lane * 4, ok ? src : kb, ok);
 }
 

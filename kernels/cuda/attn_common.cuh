@@ -8,7 +8,9 @@
 #include <cuda_fp8.h>
 
 // FP8 KV cache (kcuda.h, the CPU's layout): one layer's block b holds the codes [bs][n_kv][hd]
-// (E4M3 bytes), then the scales [bs][n_kv] f32. The prefill and per-head kernels read 8 values
+// (E4M3 bytes), then the scales [n_kv][bs] f32: a head's scales of the block's positions are
+// side by side, so a decode warp's 16 positions take two 32-byte sectors (kv_f8_scale). The
+// prefill and per-head kernels read 8 values
 // of a (block, row, head) at a time as halves: code x scale in f32, rounded to half, so the rest
 // of each kernel is the F16 cache's. (The tensor-core decode kernel takes the codes as exact
 // halves and applies the scales in f32: attention_tc.cu.)
@@ -25,11 +27,15 @@ __device__ __forceinline__ uint4 kv_f8_expand8(uint2 c, float s) {
 }
 // Values col..col + 7 (col % 8 == 0) of row r, head h of block b as 8 halves. Loads bypass L1
 // (the cache was written by an earlier kernel of the step).
+// The scale of row r, head h of a block: its byte offset from the block's start.
+__host__ __device__ __forceinline__ size_t kv_f8_scale(int r, int h, int n_kv, int bs, int hd) {
+    return (size_t)bs * n_kv * hd + ((size_t)h * bs + r) * 4;
+}
 __device__ __forceinline__ uint4 kv_f8_load8(const uint8_t *cache, size_t b, int r, int h, int n_kv, int bs, int hd, int col) {
     const uint8_t *blk = cache + b * ((size_t)bs * n_kv * (hd + 4));
     const size_t rh = (size_t)r * n_kv + h;
     const uint2 c = __ldcg((const uint2 *)(blk + rh * hd + col));
-    const float s = __ldcg((const float *)(blk + (size_t)bs * n_kv * hd) + rh);
+    const float s = __ldcg((const float *)(blk + kv_f8_scale(r, h, n_kv, bs, hd)));
     return kv_f8_expand8(c, s);
 }
 

@@ -657,7 +657,7 @@ int kc_attention_prefill_fa3_split(const float *q, const kc_half *q_half, const 
 
 /* ---- FP8 KV cache (--kv-cache-dtype fp8) ----------------------------------------------------
  * The layout of executor/kv.h and the CPU backend: one layer's K (or V) block holds the E4M3
- * codes [block_size][n_kv][hd] bytes, then the scales [block_size][n_kv] f32; position p of head
+ * codes [block_size][n_kv][hd] bytes, then the scales [n_kv][block_size] f32; position p of head
  * h has code = e4m3_sat(x / s), value = e4m3(code) x s, s the layer's static scale of head h
  * (a checkpoint's kv_cache_scheme) or amax / 448 of the head's hd values at that position (0:
  * all codes 0). The _f8 launchers take such caches (void pointers to the layer's blocks) and

@@ -1,4 +1,5 @@
 // rope: rotary embedding of q and k, with k and v written into the paged KV cache as half.
+#include "attn_common.cuh"
 #include "rope_common.cuh"
 
 #include <cuda_fp8.h>
@@ -25,7 +26,7 @@ __device__ void f8_store_head(const float *hv, uint8_t *cache, const float *st, 
     const size_t rh = (size_t)r * n_kv + h;
     for (int e = threadIdx.x; e < hd; e += blockDim.x)
         b[rh * hd + e] = s != 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(hv[e], s), __NV_SATFINITE, __NV_E4M3) : 0;
-    if (threadIdx.x == 0) ((float *)(b + (size_t)block_size * n_kv * hd))[rh] = s;
+    if (threadIdx.x == 0) *(float *)(b + kv_f8_scale(r, h, n_kv, block_size, hd)) = s;
 }
 
 // One CTA per (token, head): q heads first, then k heads, then v heads. pos, seq and the block
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, floa
             c[j] = sc != 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[j], sc), __NV_SATFINITE, __NV_E4M3) : 0;
 #pragma unroll
         for (int j = 0; j < E; j += 2) *(uint16_t *)(b + rh * HD + E * lane + j) = (uint16_t)(c[j] | c[j + 1] << 8);
-        if (lane == 0) ((float *)(b + (size_t)block_size * n_kv * HD))[rh] = sc;
+        if (lane == 0) *(float *)(b + kv_f8_scale(row, hk, n_kv, block_size, HD)) = sc;
     }
 }
 

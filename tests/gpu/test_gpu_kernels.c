@@ -2894,10 +2894,11 @@ static void test_kv_fp8(cudaStream_t s) {
         for (int t = 0; t < n_tok; t++)
             for (int h = 0; h < n_kv; h++) {
                 const size_t b = (size_t)bt[seq[t] * max_blocks + pos[t] / bs], rh = (size_t)(pos[t] % bs) * n_kv + h;
+                const size_t so = (size_t)bs * n_kv * hd + ((size_t)h * bs + pos[t] % bs) * 4; /* scales [n_kv][bs] */
                 for (int kvi = 0; kvi < 2; kvi++) {
                     const uint8_t *g = kvi ? gv : gk, *c = kvi ? cv : ck;
-                    const float gs = ((const float *)(g + b * blk + (size_t)bs * n_kv * hd))[rh];
-                    const float cs = ((const float *)(c + b * blk + (size_t)bs * n_kv * hd))[rh];
+                    const float gs = *(const float *)(g + b * blk + so);
+                    const float cs = *(const float *)(c + b * blk + so);
                     serr = fmax(serr, fabs(gs - cs) / (fabs(cs) > 0 ? fabs(cs) : 1));
                     const float *x = (kvi ? vf : kf) + ((size_t)t * n_kv + h) * hd;
                     for (int e = 0; e < hd; e++) {

@@ -398,10 +398,11 @@ static void test_attention_kv_types(void) {
         T_CHECKF(e < 1e-5, "%s: attention max abs err %g", cases[c].what, e);
         T_CHECKF(moved > 0, "%s: the type kept K exactly?", cases[c].what);
         if (type == DT_F8_E4M3) {
-            /* position 6 (block bt[1] = 1, row 2), head 1: codes at [row][head][D], scale after the codes */
+            /* position 6 (block bt[1] = 1, row 2), head 1: codes at [row][head][D], after the codes the
+             * scales at [head][row] */
             const uint8_t *codes = kp + 1 * blk + ((size_t)2 * HKV + 1) * D;
             float s;
-            memcpy(&s, kp + 1 * blk + (size_t)BS * HKV * D + ((size_t)2 * HKV + 1) * 4, 4);
+            memcpy(&s, kp + 1 * blk + (size_t)BS * HKV * D + ((size_t)1 * BS + 2) * 4, 4);
             const float *x = K + (6 * HKV + 1) * D;
             float want_s = cases[c].st > 0 ? cases[c].st : dt_fp8_scale(x, D);
             T_CHECK(s == want_s);
