@@ -648,11 +648,24 @@ __device__ void tc_merge_rows(const float *pp, int n_split, int G, int n_valid, 
     }
 }
 
+// HPW: a warp's G finished rows (ro: [16][HD] unnormalized, rl: [16] sums, in its own stages'
+// shared memory, written by the warp before a __syncwarp) divided by their sums and emitted; a
+// row's 32 consecutive outputs a pass (HD % 32 == 0): kc_xq_block1's blocks.
+template <int HD>
+__device__ __forceinline__ void dec_hpw_emit(const att_emit &em, const float *ro, const float *rl, int G, size_t row0, int lane) {
+    for (int i = lane; i < G * HD; i += 32) {
+        const int r = i / HD, e = i % HD;
+        const float L = rl[r];
+        att_finish<HD>(em, row0 + (size_t)r * HD, e, L > 0.0f ? ro[i] / L : 0.0f);
+    }
+}
+
 // F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves. KROWS (F8, G <= 8):
-// the keys as the rows of the products (attend_f8t). HPW (F16, one split): warp w of the CTA
-// takes KV head 4 blockIdx.x + w, all its keys in 16-key groups in turn, and writes its rows
-// itself (no merge of the warps' states): at short contexts a CTA's start and its merge weigh as
-// much as its copies, and a warp walking a whole head keeps its two groups in flight for longer.
+// the keys as the rows of the products (attend_f8t). HPW (one split; F16, or F8 with KROWS):
+// warp w of the CTA takes KV head 4 blockIdx.x + w, all its keys in 16-key groups in turn, and
+// writes its rows itself (no merge of the warps' states): at short contexts a CTA's start and
+// its merge weigh as much as its copies, and a warp walking a whole head keeps its two groups in
+// flight for longer.
 template <int HD, int NST, bool F8, bool KROWS = false, int MINB = 1, bool HPW = false>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
@@ -660,6 +673,7 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
                 const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split,
                 float capl, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
+    static_assert(!HPW || !F8 || KROWS, "attn_dec_kernel: an FP8 cache's warp a KV head takes the keys as the rows");
     constexpr int ROWH = HD + 8, STAGE = 2 * 16 * ROWH; // halves per stage: 16 K rows, then 16 V rows
     extern __shared__ __align__(16) uint8_t smem[];
     kc_pdl_trigger();
@@ -745,6 +759,23 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         for (int e = 0; e < 2; e++)
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], x);
+        if constexpr (HPW) { // the warp's rows 2 t4 + e (< G) through its own stages, now free
+            static_assert((16 * HD + 16) * 4 <= WBYTES, "attn_dec_kernel: a warp's rows in its stages");
+            __syncwarp();
+            float *ro = (float *)(smem + warp * WBYTES), *rl = ro + 16 * HD; // [16][HD], then [16] sums
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int r = 2 * t4 + e;
+                if (r >= G) continue;
+#pragma unroll
+                for (int i = 0; i < HD / 16; i++)
+                    *(float2 *)(ro + r * HD + HD / 8 * g + 2 * i) = make_float2(st.o[i][e] * (1.0f / F8_PV), st.o[i][2 + e] * (1.0f / F8_PV));
+                if (g == 0) rl[r] = st.l[e];
+            }
+            __syncwarp();
+            dec_hpw_emit<HD>(em, ro, rl, G, ((size_t)t * n_head + h0) * HD, lane);
+            return;
+        }
         __syncthreads(); // the stages are free: the warps' states meet there
 #pragma unroll
         for (int e = 0; e < 2; e++) {
@@ -791,12 +822,7 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
                 if (t4 == 0) rl[r] = st.l[hi];
             }
             __syncwarp();
-            // a row's 32 consecutive outputs a pass (HD % 32 == 0): kc_xq_block1's blocks
-            for (int i = lane; i < G * HD; i += 32) {
-                const int r = i / HD, e = i % HD;
-                const float L = rl[r];
-                att_finish<HD>(em, ((size_t)t * n_head + h0 + r) * HD, e, L > 0.0f ? ro[i] / L : 0.0f);
-            }
+            dec_hpw_emit<HD>(em, ro, rl, G, ((size_t)t * n_head + h0) * HD, lane);
             return;
         }
         if constexpr (F8) // attend_f8's F8_PV
@@ -1024,19 +1050,21 @@ template <int HD, bool F8>
 int launch_dec(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
+    const int hpw = kc_plan_get()->att_dec_hpw;
+    const bool whole = n_split == 1 && hpw > 0 && (long)n_tok * n_kv >= hpw; // a warp a KV head
     // FP8 with at most 8 query heads to a KV head: the keys as the rows (attend_f8t), at 128
     // registers so that four CTAs share an SM (H200, 64-128 sequences of 1k: 1.05-1.17x the
     // same kernel at three; 256 sequences: 0.97x)
     if constexpr (F8)
         if (n_head / n_kv <= 8)
-            return launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
-                                                  qscale, n_split, partial, counters, s);
-    if constexpr (!F8) {
-        const int hpw = kc_plan_get()->att_dec_hpw;
-        if (n_split == 1 && hpw > 0 && (long)n_tok * n_kv >= hpw)
+            return whole ? launch_dec1<HD, true, true, 4, true>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head,
+                                                                n_kv, bs, qscale, n_split, partial, counters, s)
+                         : launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                          qscale, n_split, partial, counters, s);
+    if constexpr (!F8)
+        if (whole)
             return launch_dec1<HD, false, false, 1, true>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
                                                           qscale, n_split, partial, counters, s);
-    }
     // F8 rows: 3 CTAs an SM (left alone, ptxas takes 194 registers: two)
     return launch_dec1<HD, F8, false, F8 ? 3 : 1>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
                                                   qscale, n_split, partial, counters, s);

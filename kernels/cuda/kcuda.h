@@ -156,7 +156,8 @@ typedef struct kc_plan {
                            * has splits for two waves (kc_plan_dec_splits) ... */
     int att_dec_min_chunk; /* ... and a step uses them down to this many positions a split, but
                            * at least a wave's worth (kc_plan_dec_chunk; a multiple of 64) */
-    int att_dec_hpw;      /* tensor-core decode of an F16 cache without splits: from this many
+    int att_dec_hpw;      /* tensor-core decode without splits (an F16 cache, or an FP8 one with at most 8
+                           * query heads to a KV head): from this many
                            * (token, KV head) pairs a warp takes a KV head's keys whole (CTAs of 4
                            * KV heads) instead of a quarter of them; 0: never */
     int att_chunk;        /* the per-head decode kernel: positions per split (att_ph_splits 0), or

@@ -2930,14 +2930,15 @@ static void test_kv_fp8(cudaStream_t s) {
         for (size_t i = 0; i < (size_t)n_tok * nq; i++) ref[i] = out[i];
         float *dout, *part;
         int *cnt, *dchunk;
-        const int n_split = 4, chunk = 128;
+        const int n_split = 4, chunk = 128, whole = 1 << 16;
+        int32_t *dwhole = dev_upload(&whole, 4);
         CK(cudaMalloc((void **)&dout, (size_t)n_tok * nq * 4));
         CK(cudaMalloc((void **)&part, (size_t)n_tok * n_head * n_split * (hd + 2) * 4));
         CK(cudaMalloc((void **)&cnt, (size_t)n_tok * n_head * 4));
         CK(cudaMemset(cnt, 0, (size_t)n_tok * n_head * 4));
         dchunk = dev_upload(&chunk, 4);
         const float sc = 1.0f / sqrtf((float)hd);
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < 5; kind++) {
             poison(dout, (size_t)n_tok * nq * 4);
             int nt = 0;
             int32_t *dtiles = NULL;
@@ -2948,14 +2949,24 @@ static void test_kv_fp8(cudaStream_t s) {
                 dtiles = make_tiles(lens, n_seq, kc_attention_tc_tile_tok(8, n_head, n_kv), &nt);
                 rc = kc_attention_prefill_tc_f8(dq, dk, dv, dout, dtiles, nt, dpos, dseq, dbt, max_blocks, n_head, n_kv, hd, bs,
                                                 sc, 8, s);
-            } else
+            } else if (kind == 2)
                 rc = kc_attention_decode_tc_f8(dq, dk, dv, dout, NULL, NULL, n_tok, dpos, dseq, dbt, max_blocks, n_head, n_kv,
                                                hd, bs, sc, n_split, (const int32_t *)dchunk, part, cnt, s);
+            else { /* one split: 3, a warp a KV head (the plan's att_dec_hpw; G <= 8), 4, a CTA a KV head */
+                const kc_plan keep = *kc_plan_get();
+                kc_plan ph = keep;
+                ph.att_dec_hpw = kind == 3 ? 1 : 0;
+                kc_plan_set(&ph);
+                rc = kc_attention_decode_tc_f8(dq, dk, dv, dout, NULL, NULL, n_tok, dpos, dseq, dbt, max_blocks, n_head, n_kv,
+                                               hd, bs, sc, 1, dwhole, part, cnt, s);
+                kc_plan_set(&keep);
+            }
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(got, dout, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
             const double e = rel_err(got, ref, (size_t)n_tok * nq);
-            T_CHECKF(rc == 0 && e < 5e-3, "attention fp8 KV (%s) hd=%d G=%d static=%d rc=%d rel_err %.3g",
-                     kind == 0 ? "per-head, 4 splits" : kind == 1 ? "tensor-core prefill" : "tensor-core decode", hd,
+            static const char *const what[5] = { "per-head, 4 splits", "tensor-core prefill", "tensor-core decode, 4 splits",
+                                                 "tensor-core decode, a warp a KV head", "tensor-core decode, one split" };
+            T_CHECKF(rc == 0 && e < 5e-3, "attention fp8 KV (%s) hd=%d G=%d static=%d rc=%d rel_err %.3g", what[kind], hd,
                      n_head / n_kv, stat, rc, e);
             cudaFree(dtiles);
         }
@@ -2992,7 +3003,7 @@ static void test_kv_fp8(cudaStream_t s) {
                      "rel_err %.3g", hd, n_head / n_kv, stat, rc, e);
             cudaFree(shk); cudaFree(shv); cudaFree(dpairs); cudaFree(dsbt); cudaFree(dtiles);
         }
-        cudaFree(dout); cudaFree(part); cudaFree(cnt); cudaFree(dchunk);
+        cudaFree(dout); cudaFree(part); cudaFree(cnt); cudaFree(dchunk); cudaFree(dwhole);
         cudaFree(dqkv); cudaFree(dq); cudaFree(dks); cudaFree(dvs); cudaFree(dpos); cudaFree(dseq); cudaFree(dbt);
         cudaFree(dk); cudaFree(dv);
         free(pos); free(seq); free(bt); free(qkv); free(gk); free(gv); free(ck); free(cv); free(kf); free(vf); free(tmp);
