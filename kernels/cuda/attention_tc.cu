@@ -12,7 +12,8 @@
 //            (the backend sizes it to the step's longest context, so one captured graph serves
 //            every context length). The KV heads of a token are neighbours in the grid.
 //            Unsplit steps of many (token, KV head) pairs (the plan's att_dec_hpw) take CTAs of
-//            four KV heads instead, a warp walking all the keys of one (HPW).
+//            four KV heads instead, a warp walking all the keys of one (HW 4); an FP8 cache's
+//            keys-as-rows steps of fewer (att_dec_pair) CTAs of two, two warps a head (HW 2).
 //            An FP8 cache's codes go from the copied stage straight into mma fragments
 //            (attend_f8), and where G <= 8 with the keys as the rows of the products instead
 //            of the query heads (attend_f8t).
@@ -648,7 +649,7 @@ __device__ void tc_merge_rows(const float *pp, int n_split, int G, int n_valid, 
     }
 }
 
-// HPW: a warp's G finished rows (ro: [16][HD] unnormalized, rl: [16] sums, in its own stages'
+// HW 4: a warp's G finished rows (ro: [16][HD] unnormalized, rl: [16] sums, in its own stages'
 // shared memory, written by the warp before a __syncwarp) divided by their sums and emitted; a
 // row's 32 consecutive outputs a pass (HD % 32 == 0): kc_xq_block1's blocks.
 template <int HD>
@@ -661,19 +662,24 @@ __device__ __forceinline__ void dec_hpw_emit(const att_emit &em, const float *ro
 }
 
 // F8: the cache holds E4M3 codes and scales (attn_common.cuh), else halves. KROWS (F8, G <= 8):
-// the keys as the rows of the products (attend_f8t). HPW (one split; F16, or F8 with KROWS):
-// warp w of the CTA takes KV head 4 blockIdx.x + w, all its keys in 16-key groups in turn, and
-// writes its rows itself (no merge of the warps' states): at short contexts a CTA's start and
-// its merge weigh as much as its copies, and a warp walking a whole head keeps its two groups in
-// flight for longer.
-template <int HD, int NST, bool F8, bool KROWS = false, int MINB = 1, bool HPW = false>
+// the keys as the rows of the products (attend_f8t). HW: the KV heads of a CTA, its DEC_WARPS / HW
+// warps a head (WH) taking every WH-th 16-key group of it. HW 1: the warps' states merge through
+// the CTA's shared memory (and splits through partials). HW 4 (one split; F16, or F8 with KROWS):
+// warp w takes KV head 4 blockIdx.x + w, all its keys, and writes its rows itself (no merge): at
+// short contexts a CTA's start and its merge weigh as much as its copies, and a warp walking a
+// whole head keeps its two groups in flight for longer. HW 2 (one split, F8 with KROWS): two warps
+// a head, merged by the pair through its own shared memory (a named barrier): as many warps as
+// HW 1 in half the CTAs where HW 4 leaves too few warps an SM (128 sequences of llama3-8b).
+template <int HD, int NST, bool F8, bool KROWS = false, int MINB = 1, int HW = 1>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_emit em, float *partial, int *counters,
                 const int32_t *toks, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                 const int32_t *chunk_p, int max_blocks, int n_head, int n_kv, int block_size, float qscale, int n_split,
                 float capl, int window) {
     KC_TRACE_SCOPE(KC_TR_ATTN);
-    static_assert(!HPW || !F8 || KROWS, "attn_dec_kernel: an FP8 cache's warp a KV head takes the keys as the rows");
+    static_assert(HW == 1 || HW == 4 || (HW == 2 && F8 && KROWS), "attn_dec_kernel: heads a CTA");
+    static_assert(HW == 1 || !F8 || KROWS, "attn_dec_kernel: an FP8 cache's heads a CTA take the keys as the rows");
+    constexpr int WH = DEC_WARPS / HW; // warps a KV head
     constexpr int ROWH = HD + 8, STAGE = 2 * 16 * ROWH; // halves per stage: 16 K rows, then 16 V rows
     extern __shared__ __align__(16) uint8_t smem[];
     kc_pdl_trigger();
@@ -682,9 +688,9 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     // the KV heads of a token are neighbours in the grid: they run together and share the FP8
     // cache's scale sectors (and the F16 cache's block) in L2
     const int ti = blockIdx.y, t = toks ? toks[ti] : ti; // partials and counters go by ti
-    const int kvh = HPW ? blockIdx.x * DEC_WARPS + warp : blockIdx.x, split = blockIdx.z;
+    const int kvh = blockIdx.x * HW + warp / WH, sub = warp % WH, split = blockIdx.z;
     const int G = n_head / n_kv, h0 = kvh * G;
-    if (HPW && kvh >= n_kv) { // a warp past the last KV head (n_kv % 4)
+    if (HW > 1 && kvh >= n_kv) { // the warps of a head past the last (n_kv % HW)
         kc_pdl_wait();
         return;
     }
@@ -702,8 +708,8 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
     const uint32_t sw = kc_smem_addr(smem) + warp * WBYTES;
     const uint8_t *sraw = smem + warp * WBYTES; // F8: the raw stages (generic address)
     // the warp's groups: keys first + GS i .. + 15
-    constexpr int GS = HPW ? 16 : 16 * DEC_WARPS;
-    const int first = start + (HPW ? 0 : 16 * warp);
+    constexpr int GS = 16 * WH;
+    const int first = start + 16 * sub;
     const int n_grp = end > first ? (end - first + GS - 1) / GS : 0;
     // sliding window: keys below lo are masked; groups entirely below it are skipped (their
     // blocks may have been freed), starting at the first group i_lo that reaches lo
@@ -759,10 +765,11 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
         for (int e = 0; e < 2; e++)
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], x);
-        if constexpr (HPW) { // the warp's rows 2 t4 + e (< G) through its own stages, now free
-            static_assert((16 * HD + 16) * 4 <= WBYTES, "attn_dec_kernel: a warp's rows in its stages");
+        if constexpr (HW > 1) { // the warp's rows 2 t4 + e (< G) through its own stages, now free
+            static_assert((16 * HD + 32) * 4 <= WBYTES, "attn_dec_kernel: a warp's rows in its stages");
             __syncwarp();
-            float *ro = (float *)(smem + warp * WBYTES), *rl = ro + 16 * HD; // [16][HD], then [16] sums
+            // [16][HD], then [16] sums and [16] maxima
+            float *ro = (float *)(smem + warp * WBYTES), *rl = ro + 16 * HD, *rm = rl + 16;
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int r = 2 * t4 + e;
@@ -770,10 +777,35 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
 #pragma unroll
                 for (int i = 0; i < HD / 16; i++)
                     *(float2 *)(ro + r * HD + HD / 8 * g + 2 * i) = make_float2(st.o[i][e] * (1.0f / F8_PV), st.o[i][2 + e] * (1.0f / F8_PV));
-                if (g == 0) rl[r] = st.l[e];
+                if (g == 0) {
+                    rl[r] = st.l[e];
+                    rm[r] = st.m[e];
+                }
             }
-            __syncwarp();
-            dec_hpw_emit<HD>(em, ro, rl, G, ((size_t)t * n_head + h0) * HD, lane);
+            const size_t row0 = ((size_t)t * n_head + h0) * HD;
+            if constexpr (WH == 1) {
+                __syncwarp();
+                dec_hpw_emit<HD>(em, ro, rl, G, row0, lane);
+            } else { // the head's WH warps meet at named barrier 1 + its index in the CTA
+                asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / WH), "r"(32 * WH) : "memory");
+                const float *r0 = (const float *)(smem + (warp - sub) * WBYTES); // the head's first warp's rows
+                constexpr int WF = WBYTES / 4;                                    // floats from a warp's rows to the next's
+                for (int i = sub * 32 + lane; i < G * HD; i += 32 * WH) {
+                    const int r = i / HD;
+                    float M = -INFINITY;
+#pragma unroll
+                    for (int w = 0; w < WH; w++) M = fmaxf(M, r0[w * WF + 16 * HD + 16 + r]);
+                    float L = 0.0f, O = 0.0f;
+                    if (M > -INFINITY)
+#pragma unroll
+                        for (int w = 0; w < WH; w++) {
+                            const float *rw = r0 + w * WF, c = ex2(rw[16 * HD + 16 + r] - M);
+                            L += rw[16 * HD + r] * c;
+                            O += rw[i] * c;
+                        }
+                    att_finish<HD>(em, row0 + (size_t)r * HD, i % HD, L > 0.0f ? O / L : 0.0f);
+                }
+            }
             return;
         }
         __syncthreads(); // the stages are free: the warps' states meet there
@@ -809,7 +841,7 @@ attn_dec_kernel(const float *q, const void *k_cache, const void *v_cache, att_em
             }
         });
         wstate_finish(st);
-        if constexpr (HPW) { // the warp's rows g and g + 8 (< G) through its own stages, now free
+        if constexpr (HW == 4) { // the warp's rows g and g + 8 (< G) through its own stages, now free
             static_assert((16 * HD + 16) * 4 <= WBYTES, "attn_dec_kernel: a warp's rows in its stages");
             __syncwarp();
             float *ro = (float *)(smem + warp * WBYTES), *rl = ro + 16 * HD; // [16][HD], then [16] sums
@@ -1032,16 +1064,16 @@ float mods_capl() {
 
 template <int HD> size_t pf_smem() { return (size_t)PF_NST * 2 * PF_NK * (HD + 8) * 2; }
 
-template <int HD, bool F8, bool KROWS, int MINB, bool HPW = false>
+template <int HD, bool F8, bool KROWS, int MINB, int HW = 1>
 int launch_dec1(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                 const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                 int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
     static unsigned char configured[64];
     const kc_pdl_scope pdl_cls(KC_PDL_ATT_DEC);
     const size_t smem = dec_smem_bytes(HD, F8);
-    auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB, HPW>;
+    auto *kern = attn_dec_kernel<HD, DEC_NST, F8, KROWS, MINB, HW>;
     if (int rc = kc_smem_limit_once(kern, (int)smem, configured, __FILE__, __LINE__)) return rc;
-    kc_launch(kern, dim3(HPW ? (n_kv + DEC_WARPS - 1) / DEC_WARPS : n_kv, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em,
+    kc_launch(kern, dim3((n_kv + HW - 1) / HW, n_tok, n_split), dim3(DEC_WARPS * 32), smem, s, q, k, v, em,
               partial, counters, toks, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale, n_split, mods_capl(),
               kc_attention_mods_get().window);
     return 0;
@@ -1050,21 +1082,27 @@ template <int HD, bool F8>
 int launch_dec(const float *q, const void *k, const void *v, const att_emit &em, const int32_t *toks, int n_tok,
                const int32_t *pos, const int32_t *seq, const int32_t *bt, const int32_t *chunk, int max_blocks, int n_head,
                int n_kv, int bs, float qscale, int n_split, float *partial, int *counters, cudaStream_t s) {
-    const int hpw = kc_plan_get()->att_dec_hpw;
-    const bool whole = n_split == 1 && hpw > 0 && (long)n_tok * n_kv >= hpw; // a warp a KV head
+    const kc_plan *pl = kc_plan_get();
+    const long pairs = (long)n_tok * n_kv;
+    const bool whole = n_split == 1 && pl->att_dec_hpw > 0 && pairs >= pl->att_dec_hpw; // a warp a KV head
     // FP8 with at most 8 query heads to a KV head: the keys as the rows (attend_f8t), at 128
     // registers so that four CTAs share an SM (H200, 64-128 sequences of 1k: 1.05-1.17x the
     // same kernel at three; 256 sequences: 0.97x)
     if constexpr (F8)
-        if (n_head / n_kv <= 8)
-            return whole ? launch_dec1<HD, true, true, 4, true>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head,
-                                                                n_kv, bs, qscale, n_split, partial, counters, s)
-                         : launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
-                                                          qscale, n_split, partial, counters, s);
+        if (n_head / n_kv <= 8) {
+            if (whole)
+                return launch_dec1<HD, true, true, 4, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                         qscale, n_split, partial, counters, s);
+            if (n_split == 1 && pl->att_dec_pair > 0 && pairs >= pl->att_dec_pair) // two warps a KV head
+                return launch_dec1<HD, true, true, 4, 2>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                         qscale, n_split, partial, counters, s);
+            return launch_dec1<HD, true, true, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs, qscale,
+                                                  n_split, partial, counters, s);
+        }
     if constexpr (!F8)
         if (whole)
-            return launch_dec1<HD, false, false, 1, true>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
-                                                          qscale, n_split, partial, counters, s);
+            return launch_dec1<HD, false, false, 1, 4>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
+                                                       qscale, n_split, partial, counters, s);
     // F8 rows: 3 CTAs an SM (left alone, ptxas takes 194 registers: two)
     return launch_dec1<HD, F8, false, F8 ? 3 : 1>(q, k, v, em, toks, n_tok, pos, seq, bt, chunk, max_blocks, n_head, n_kv, bs,
                                                   qscale, n_split, partial, counters, s);

@@ -160,6 +160,9 @@ typedef struct kc_plan {
                            * query heads to a KV head): from this many
                            * (token, KV head) pairs a warp takes a KV head's keys whole (CTAs of 4
                            * KV heads) instead of a quarter of them; 0: never */
+    int att_dec_pair;     /* the same below att_dec_hpw for the FP8 keys-as-rows decode: from this many
+                           * pairs two warps a KV head (CTAs of 2 KV heads, the pair's states merged
+                           * in shared memory); 0: never */
     int att_chunk;        /* the per-head decode kernel: positions per split (att_ph_splits 0), or
                            * the most a split takes */
     int att_ph_splits;    /* > 0: the per-head decode kernel cuts a token's keys into about this

@@ -48,6 +48,7 @@ const field k_fields[] = {
     F(att_dec_ctas, 1, 1 << 20),
     F(att_dec_min_chunk, 64, 1 << 20),
     F(att_dec_hpw, 0, 1 << 30),
+    F(att_dec_pair, 0, 1 << 30),
     F(att_chunk, 16, 1 << 20),
     F(att_ph_splits, 0, 64),
     F(graph_max_tok, 1, 4096),
@@ -188,6 +189,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // SMs (16 sequences of llama2-7b: -0.5 to -0.9 % a step; bench/RESULTS.md "2026-12-01
     // (thirty-third session)")
     p->att_dec_hpw = 2048;
+    // below that, an FP8 cache's keys-as-rows decode takes two warps a KV head from 1,024 pairs
+    // (llama3-8b from 128 sequences): a warp a head leaves 8 warps an SM there, a CTA a head two
+    // waves with a merge each (bench/RESULTS.md, thirty-eighth session)
+    p->att_dec_pair = 1024;
     p->att_chunk = 64;
     // per-head decode splits of att_chunk positions (kc_plan_choose cuts them from each token's
     // own position in a MoE model). Either way a token's result does not depend on the other

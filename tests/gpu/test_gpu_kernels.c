@@ -2938,7 +2938,7 @@ static void test_kv_fp8(cudaStream_t s) {
         CK(cudaMemset(cnt, 0, (size_t)n_tok * n_head * 4));
         dchunk = dev_upload(&chunk, 4);
         const float sc = 1.0f / sqrtf((float)hd);
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = 0; kind < 6; kind++) {
             poison(dout, (size_t)n_tok * nq * 4);
             int nt = 0;
             int32_t *dtiles = NULL;
@@ -2952,10 +2952,12 @@ static void test_kv_fp8(cudaStream_t s) {
             } else if (kind == 2)
                 rc = kc_attention_decode_tc_f8(dq, dk, dv, dout, NULL, NULL, n_tok, dpos, dseq, dbt, max_blocks, n_head, n_kv,
                                                hd, bs, sc, n_split, (const int32_t *)dchunk, part, cnt, s);
-            else { /* one split: 3, a warp a KV head (the plan's att_dec_hpw; G <= 8), 4, a CTA a KV head */
+            else { /* one split (G <= 8): 3, a warp a KV head (the plan's att_dec_hpw); 4, a CTA a KV head; 5,
+                    * two warps a KV head (att_dec_pair) */
                 const kc_plan keep = *kc_plan_get();
                 kc_plan ph = keep;
                 ph.att_dec_hpw = kind == 3 ? 1 : 0;
+                ph.att_dec_pair = kind == 5 ? 1 : 0;
                 kc_plan_set(&ph);
                 rc = kc_attention_decode_tc_f8(dq, dk, dv, dout, NULL, NULL, n_tok, dpos, dseq, dbt, max_blocks, n_head, n_kv,
                                                hd, bs, sc, 1, dwhole, part, cnt, s);
@@ -2964,8 +2966,9 @@ static void test_kv_fp8(cudaStream_t s) {
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(got, dout, (size_t)n_tok * nq * 4, cudaMemcpyDeviceToHost));
             const double e = rel_err(got, ref, (size_t)n_tok * nq);
-            static const char *const what[5] = { "per-head, 4 splits", "tensor-core prefill", "tensor-core decode, 4 splits",
-                                                 "tensor-core decode, a warp a KV head", "tensor-core decode, one split" };
+            static const char *const what[6] = { "per-head, 4 splits", "tensor-core prefill", "tensor-core decode, 4 splits",
+                                                 "tensor-core decode, a warp a KV head", "tensor-core decode, one split",
+                                                 "tensor-core decode, two warps a KV head" };
             T_CHECKF(rc == 0 && e < 5e-3, "attention fp8 KV (%s) hd=%d G=%d static=%d rc=%d rel_err %.3g", what[kind], hd,
                      n_head / n_kv, stat, rc, e);
             cudaFree(dtiles);
