@@ -574,7 +574,7 @@ static uint32_t end_set(ex_gram *g) {
     g->s_off[s] = (uint32_t)g->n_pool;
     g->s_n[s] = n;
     g->s_flags[s] = g->tflags;
-    memcpy(g->pool + g->n_pool, t, sizeof(uint32_t) * n);
+    if (n) memcpy(g->pool + g->n_pool, t, sizeof(uint32_t) * n); /* an empty set: the pool may be NULL yet */
     g->n_pool += n;
     if ((uint64_t)(g->n_sets + 1) * 2 > g->set_mask_bits + 1 && set_slots_grow(g)) { g->oom = 1; return UINT32_MAX; }
     uint64_t i = h & g->set_mask_bits;

@@ -761,12 +761,12 @@ static int emit(gb *b, int root, uint32_t **prog, size_t *prog_len) {
     w[3] = (uint32_t)b->n_rules;
     w[4] = (uint32_t)n_el;
     w[5] = (uint32_t)root;
-    memcpy(w + 6, b->cls, 32 * (size_t)b->n_cls);
+    if (b->n_cls) memcpy(w + 6, b->cls, 32 * (size_t)b->n_cls); /* no classes: cls may be NULL */
     uint32_t *rs = w + 6 + 8 * (size_t)b->n_cls, *el = rs + b->n_rules, p = 0;
     for (int i = 0; i < b->n_rules; i++) {
         rs[i] = p;
         for (int k = 0; k < b->rules[i].n_alts; k++) {
-            memcpy(el + p, b->rules[i].alts[k].el, 4 * (size_t)b->rules[i].alts[k].n);
+            if (b->rules[i].alts[k].n) memcpy(el + p, b->rules[i].alts[k].el, 4 * (size_t)b->rules[i].alts[k].n);
             p += (uint32_t)b->rules[i].alts[k].n;
         }
         el[p++] = EX_GE(EX_GE_RULE_END, 0);

@@ -231,6 +231,7 @@ static void test_gbnf(const ex_gram_vocab *bv) {
         { "root ::= ( \"a\"\n   \"b\" )", { "ab" }, { "a" } },
         { "root ::= [\\]\\-\\\\]", { "]", "-", "\\" }, { "a" } },
         { "root ::= \"a\"{0,2} \"b\"?", { "", "a", "aab", "b" }, { "aaa", "bb" } },
+        { "root::=#", { "" }, { "a", "#" } }, /* an empty rule and no classes (fuzz_grammar found a NULL memcpy) */
     };
     for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
         size_t len;
