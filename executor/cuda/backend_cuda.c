@@ -666,6 +666,14 @@ static int layer_qkv_half(const cu_state *s, const cu_layer *L, int n_tok) {
     return !L->bqkv && kc_qkv_half_use(&L->qkv, n_tok, &s->gws);
 }
 
+/* Whether an FP8 matrix W (wo or down: out = n_embd) of an n_tok-token step may write its
+ * unit-scale sums into gws.f8_raw for the next norm to add (kc_rmsnorm_f8raw_xq): the scratch
+ * holds them and the norm takes the size. kc_matmul_f8_raw then decides from the timings. */
+static int f8raw_add_ok(const cu_state *s, const kc_weight *W, int n_tok) {
+    return W->type == DT_F8_E4M3 && W->n_out == s->cfg.n_embd && s->gws.f8_raw &&
+           (size_t)n_tok * W->n_out <= s->gws.f8_raw_cap && kc_rmsnorm_f8raw_ok(n_tok, s->cfg.n_embd);
+}
+
 /* Enqueues one forward pass over st->n_tok tokens whose arrays are already staged in h_meta,
  * producing st->n_out logits rows in s->logits (device). No synchronization, no allocation:
  * capturable. */
@@ -697,6 +705,8 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                          (st->pf_split_fa3 || st->pf_split <= 1) && kc_attention_fa3_ok(hd, c->n_head, c->n_head_kv, bs);
     int normed = 0; /* the layer's attention pre-norm came with the previous layer's post-FFN norm */
     int moe_add = 0; /* the previous layer's experts' outputs are still to be added to x: with this norm */
+    /* the previous layer's FP8 down as unit-scale sums in gws.f8_raw: added to x by this norm */
+    const float *dn_sw = NULL, *dn_sx = NULL;
     for (int l = 0; l < c->n_layer; l++) {
         cu_layer *L = &s->layers[l];
         if (moe_add) {
@@ -706,8 +716,12 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         } else if (!normed) {
             /* the norm writes x's image for qkv's wgmma tiles where they take it */
             s->xq_h.img_order = kc_matmul_x_order(&L->qkv, n_tok, &s->gws);
-            KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy, &s->xq_h, n_tok, c->n_embd,
-                                   c->norm_eps, cs));
+            float *ny = img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy;
+            if (dn_sx)
+                KC_FATAL(kc_rmsnorm_f8raw_xq(s->x, s->gws.f8_raw, dn_sw, dn_sx, L->attn_norm, ny, &s->xq_h, n_tok, c->n_embd,
+                                             c->norm_eps, cs));
+            else KC_FATAL(kc_rmsnorm_xq(s->x, L->attn_norm, ny, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
+            dn_sx = NULL;
             prof_mark(s, PC_NORM);
         }
         /* a sliding-window layer: its pool, block tables, rope and window; QK-norm in the rope kernel */
@@ -728,8 +742,15 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         const int pf_rope = !rotated && layer_rope_pf(s, L, n_tok);
         const int qkv_h = pf_rope && layer_qkv_half(s, L, n_tok);
         const int q_h = pf_rope && fa3_step && s->plan.pf_q_half;
+        /* FP8 Q|K|V into the FP8 cache: the unit-scale sums, scaled by the rotation, where timed faster */
+        const float *qkv_sx = NULL;
+        if (!rotated && !qkv_h && s->kv_f8 && !L->bqkv && L->qkv.type == DT_F8_E4M3 && kc_rope_f8_scaled_ok(n_tok, hd, &rope)) {
+            const int rc = kc_matmul_f8_raw(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, &qkv_sx, 0, &s->gws, cs);
+            KC_FATAL(rc < 0 ? rc : 0);
+            if (rc) qkv_sx = NULL;
+        }
         if (qkv_h) KC_FATAL(kc_matmul_half_out(&L->qkv, s->h, &s->xq_h, n_tok, (kc_half *)s->qkv, &s->gws, cs));
-        else if (!rotated) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
+        else if (!rotated && !qkv_sx) KC_FATAL(kc_matmul_xq(&L->qkv, s->h, &s->xq_h, n_tok, s->qkv, 0, &s->gws, cs));
         s->xq_h.img_tok = 0; /* x_half is every matmul's scratch: the image is spent */
         if (L->bqkv) KC_FATAL(kc_add_bias(s->qkv, L->bqkv, n_tok, s->qkv_dim, cs));
         prof_mark(s, PC_QKV);
@@ -739,6 +760,9 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
         if (qkv_h || q_h)
             KC_FATAL(kc_rope_store_kv_pf(s->qkv, qkv_h, s->q, q_h, kc_attention_fa3_qscale(scale), L->k, L->v, d_pos, d_seq, lbt,
                                          max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, &rope, cs));
+        else if (qkv_sx)
+            KC_FATAL(kc_rope_store_kv_f8_scaled(s->qkv, (const float *)L->qkv.d, qkv_sx, s->q, L->k, L->v, L->k_scale, L->v_scale,
+                                                d_pos, d_seq, lbt, max_blocks, n_tok, c->n_head, c->n_head_kv, hd, bs, &rope, cs));
         else if (!rotated && s->kv_f8)
             KC_FATAL(kc_rope_store_kv_f8(s->qkv, s->q, L->k, L->v, L->k_scale, L->v_scale, d_pos, d_seq, lbt, max_blocks, n_tok,
                                          c->n_head, c->n_head_kv, hd, bs, &rope, cs));
@@ -813,7 +837,14 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
             prof_mark(s, PC_WO);
             KC_FATAL(kc_rmsnorm_add_xq(s->x, s->h, L->attn_post, L->ffn_norm, hy, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
         } else {
-            KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
+            /* FP8 wo past the GEMV: the unit-scale sums into gws.f8_raw where timed faster, added to x
+             * by the FFN norm (kc_rmsnorm_f8raw_xq) instead of a scale pass */
+            const float *wo_sx = NULL;
+            int wo_raw = 1;
+            if (!moe_step && !L->moe && f8raw_add_ok(s, &L->wo, n_tok))
+                wo_raw = kc_matmul_f8_raw(&L->wo, s->att, &s->xq_o, n_tok, s->gws.f8_raw, &wo_sx, 1, &s->gws, cs);
+            KC_FATAL(wo_raw < 0 ? wo_raw : 0);
+            if (wo_raw) KC_FATAL(kc_matmul_xq(&L->wo, s->att, &s->xq_o, n_tok, s->x, 1, &s->gws, cs));
             s->xq_o.img_tok = 0; /* the prefill attention's half output, if it wrote one, is spent */
             prof_mark(s, PC_WO);
             if (moe_step)
@@ -822,8 +853,11 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                                            moe_ungrouped ? NULL : s->eoff, moe_ungrouped ? NULL : s->elist, s->route_ctr, cs));
             else {
                 s->xq_h.img_order = L->moe ? 0 : kc_matmul_x_order(&L->gu, n_tok, &s->gws); /* for gate|up */
-                KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy, &s->xq_h, n_tok,
-                                       c->n_embd, c->norm_eps, cs));
+                float *ny = img_only(&s->xq_h, n_tok, c->n_embd) ? NULL : hy;
+                if (!wo_raw)
+                    KC_FATAL(kc_rmsnorm_f8raw_xq(s->x, s->gws.f8_raw, (const float *)L->wo.d, wo_sx, L->ffn_norm, ny, &s->xq_h, n_tok,
+                                                 c->n_embd, c->norm_eps, cs));
+                else KC_FATAL(kc_rmsnorm_xq(s->x, L->ffn_norm, ny, &s->xq_h, n_tok, c->n_embd, c->norm_eps, cs));
             }
         }
         prof_mark(s, PC_NORM);
@@ -893,16 +927,29 @@ static void enqueue_forward(cu_state *s, const cu_step *st) {
                 prof_mark(s, PC_GU);
                 KC_FATAL(kc_glu_xq_half((const kc_half *)s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
                 prof_mark(s, PC_ACT);
-            } else if (s->prof_on) { /* separate kernels: timed one by one */
-                KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
+            } else if (s->prof_on) { /* separate kernels: timed one by one (kc_matmul_glu's FP8 choice too) */
+                const float *gu_sx = NULL;
+                const int raw = L->gu.type == DT_F8_E4M3
+                                    ? kc_matmul_f8_raw(&L->gu, s->h, &s->xq_h, n_tok, s->gu, &gu_sx, 0, &s->gws, cs) : 1;
+                KC_FATAL(raw < 0 ? raw : 0);
+                if (raw) KC_FATAL(kc_matmul_xq(&L->gu, s->h, &s->xq_h, n_tok, s->gu, 0, &s->gws, cs));
                 prof_mark(s, PC_GU);
-                KC_FATAL(kc_glu_xq(s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
+                KC_FATAL(raw ? kc_glu_xq(s->gu, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs)
+                             : kc_glu_xq_scaled(s->gu, (const float *)L->gu.d, gu_sx, ly, &s->xq_a, n_tok, c->n_ff, c->ffn_act, cs));
                 prof_mark(s, PC_ACT);
             } else /* one kernel where the F16 GEMV takes the activation (decode steps of F16 models) */
                 KC_FATAL(kc_matmul_glu(&L->gu, s->h, &s->xq_h, n_tok, s->gu, ly, &s->xq_a, c->ffn_act, &s->gws, cs));
             s->xq_h.img_tok = 0;
-            /* x += act Wdown, or into h for the post-norm */
-            KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
+            /* x += act Wdown, or into h for the post-norm; FP8 down past the GEMV: the unit-scale sums into
+             * gws.f8_raw where timed faster, added to x by the next layer's attention norm */
+            int dn_raw = 1;
+            if (!L->ffn_post && l + 1 < c->n_layer && !s->layers[l + 1].moe && f8raw_add_ok(s, &L->down, n_tok))
+                dn_raw = kc_matmul_f8_raw(&L->down, s->act, &s->xq_a, n_tok, s->gws.f8_raw, &dn_sx, 1, &s->gws, cs);
+            KC_FATAL(dn_raw < 0 ? dn_raw : 0);
+            if (dn_raw) {
+                dn_sx = NULL;
+                KC_FATAL(kc_matmul_xq(&L->down, s->act, &s->xq_a, n_tok, L->ffn_post ? s->h : s->x, !L->ffn_post, &s->gws, cs));
+            } else dn_sw = (const float *)L->down.d;
             s->xq_a.img_tok = 0;
         }
         prof_mark(s, PC_DOWN);

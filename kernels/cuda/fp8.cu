@@ -389,11 +389,16 @@ struct f8_timed {
     bool scalar; // unit scales and f8_scale_kernel (algo), else outer-vector scales
     int wg;      // >= 0: the FP8 wgmma tiles in this configuration (gemm_f8_wg.cu) instead of cuBLASLt
     cublasLtMatmulAlgo_t algo;
+    // unit scales without the pass (kc_matmul_f8_raw: the reader applies the scales, and adds
+    // where acc) on raw_algo, where timed faster than the pick above
+    bool raw;
+    cublasLtMatmulAlgo_t raw_algo;
 };
 f8_timed g_f8t[256];
 int g_f8t_n;
 // tests: 1, the scalar path on the heuristic's last algorithm that ran; 2, the wgmma tiles'
-// fastest configuration; whatever the times
+// fastest configuration; 3, the unit-scale sums for a reader that scales (kc_matmul_f8_raw)
+// wherever a unit-scale algorithm ran; whatever the times
 int g_f8t_force;
 } // namespace
 
@@ -406,7 +411,7 @@ struct lt_entry {
     cublasLtMatmulAlgo_t algo;
 };
 static lt_entry g_lt[128];
-enum { F8_WG_MAX = 16 }; // wgmma configurations timed at most (gemm_f8_wg.cu has 15)
+enum { F8_WG_MAX = 32 }; // wgmma configurations timed at most (gemm_f8_wg.cu has 31: 15 with f32 partials, 16 fast)
 static int g_lt_n, g_lt_next;
 static int g_lt_warned;
 
@@ -422,11 +427,8 @@ __global__ void f8_scale_kernel(const float *__restrict__ raw, const float *__re
         const int t = (int)(i / m4), o = (int)(i % m4) * 4;
         const float4 r = *(const float4 *)(raw + (size_t)t * m + o), w = *(const float4 *)(sw + o);
         const float st = sx[t];
-        float4 v = make_float4(r.x * w.x * st, r.y * w.y * st, r.z * w.z * st, r.w * w.w * st);
         float *p = y + (size_t)t * ldy + o;
-        if (acc) {
-            v.x += p[0], v.y += p[1], v.z += p[2], v.w += p[3];
-        }
+        const float4 v = acc ? kc_f8_scaled_add(r, w, st, make_float4(p[0], p[1], p[2], p[3])) : kc_f8_scaled4(r, w, st);
         p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
     }
 }
@@ -577,7 +579,7 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
     if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) rc = CM_ECUDA;
     const int8_t fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
     const int n_wgc = kc_plan_get()->fp8_wg ? kc__gemm_f8_wg_ncfg() : 0;
-    int n_timed = 0, n_won = 0, n_wg = 0;
+    int n_timed = 0, n_won = 0, n_wg = 0, n_raw = 0;
     size_t at = 0;
     for (int si = 0; si < n_shp && !rc; si++) {
         const int m = shp[si][0], k = shp[si][1], a = shp[si][2];
@@ -619,7 +621,7 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
             // the wgmma tiles' configurations, timed the same way (k whole 128-code steps)
             float bwg[F8_WG_MAX];
             const int nw = k % 128 == 0 ? (n_wgc < F8_WG_MAX ? n_wgc : F8_WG_MAX) : 0;
-            for (int c = 0; c < nw; c++) bwg[c] = 1e30f;
+            for (int c = 0; c < nw; c++) bwg[c] = kc__gemm_f8_wg_fast(c) == fast ? 1e30f : -1.0f; // the plan's accumulation only
             if (nw)
                 rc = lt_time(nw, bwg, nullptr, s, e0, e1, [&](int c) {
                     return kc__gemm_f8_wg(w, (const uint8_t *)ws->x_half, ws->x_scale, n, y, m, a, c, s) ? CUBLAS_STATUS_NOT_SUPPORTED
@@ -638,6 +640,26 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
             if (e.scalar) e.algo = ca[pick];
             // the tiles where they beat cuBLASLt's pick past the noise (or forced)
             e.wg = wwin >= 0 && (g_f8t_force == 2 || (g_f8t_force == 0 && bwg[wwin] < 0.97f * best[pick])) ? wwin : -1;
+            // the unit scales' fastest algorithm without its pass (timed alone), where that beats
+            // the pick past the noise: a reader that applies the scales itself takes it
+            e.raw = false;
+            int ub = 0; // the fastest unit-scale candidate (the pass costs each the same)
+            for (int c = 1; c < nc; c++)
+                if (!outer[c] && best[c] >= 0 && (!ub || best[c] < best[ub])) ub = c;
+            if (ub && (g_f8t_force == 0 || g_f8t_force == 3)) {
+                float pass = 1e30f;
+                rc = lt_time(1, &pass, nullptr, s, e0, e1, [&](int) {
+                    f8_scale(ws->f8_raw, (const float *)w->d, ws->x_scale, y, m, m, n, a, s);
+                    return cudaPeekAtLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+                });
+                if (rc) break;
+                const float t_pick = e.wg >= 0 ? bwg[e.wg] : best[pick];
+                if (g_f8t_force == 3 || (pass >= 0 && best[ub] - pass < 0.97f * t_pick)) {
+                    e.raw = true;
+                    e.raw_algo = ca[ub];
+                    n_raw++;
+                }
+            }
             n_timed++;
             if (e.wg >= 0) {
                 n_wg++;
@@ -660,9 +682,11 @@ extern "C" int kc_matmul_tune_f8(const kc_weight *const *W, const unsigned char 
     cudaStreamSynchronize(s);
     cudaFree(y);
     if (report && report_len && !rc) {
-        char head[128];
-        snprintf(head, sizeof head, "%d of %d shape x count faster with unit scales and a scale pass, %d on the FP8 wgmma tiles%s",
-                 n_won, n_timed, n_wg, n_won + n_wg ? ": " : "");
+        char head[192];
+        snprintf(head, sizeof head,
+                 "%d of %d shape x count faster with unit scales and a scale pass, %d on the FP8 wgmma tiles, %d unit scales "
+                 "for a reader that scales%s",
+                 n_won, n_timed, n_wg, n_raw, n_won + n_wg ? ": " : "");
         const size_t hl = strlen(head), bl = strlen(report);
         if (hl + bl < report_len) {
             memmove(report + hl, report, bl + 1);
@@ -753,6 +777,28 @@ extern "C" int kc__matmul_f8(const kc_weight *W, const float *x, const kc_xq *xq
         x = ws->f8_raw;
     }
     return gemm_dequant(W, x, n_tok, y, ldy, accumulate, ws, s);
+}
+
+extern "C" int kc_matmul_f8_raw(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, const float **xs, int acc,
+                                const kc_gemm_ws *ws, cudaStream_t s) {
+    if (!W || W->type != DT_F8_E4M3 || !W->data || !W->d || !y || !xs || n_tok <= 0 || W->n_out % 4 || ((uintptr_t)y & 15) ||
+        !kc_plan_get()->fp8_lt_tune || !kc_plan_get()->fp8_raw || !f8_lt_use(W, n_tok, ws))
+        return 1;
+    const int m = W->n_out, k = W->n_in, fast = kc_plan_get()->fp8_fast_accum ? 1 : 0;
+    const f8_timed *t = f8_timed_pick(m, k, n_tok, acc ? 1 : 0, fast);
+    if (!t || !t->raw) return 1;
+    kc_lt_desc d;
+    if (d.make(m, n_tok, k, m, CUDA_R_8F_E4M3, CUDA_R_32F, fast) || !d.takes(ws, &t->raw_algo)) return 1;
+    // the codes: x's producer's KC_X_F8 image, or quantized here (kc__matmul_f8's choice)
+    const bool img = xq && xq->img && xq->img_order == KC_X_F8 && xq->img_tok == n_tok && xq->img_n == k && xq->img_scale &&
+                     n_tok <= xq->img_scale_cap;
+    const uint8_t *codes = img ? (const uint8_t *)xq->img : (const uint8_t *)ws->x_half;
+    *xs = img ? xq->img_scale : ws->x_scale;
+    if (!img) {
+        if (!x) return CM_EINVAL;
+        if (int rc = kc_quantize_f8(x, n_tok, k, (uint8_t *)ws->x_half, ws->x_scale, s)) return rc;
+    }
+    return f8_cublas_ok(d.run(ws, &t->raw_algo, W->data, codes, y, 0.0f, s), __LINE__);
 }
 
 extern "C" int kc__f8_x_order(const kc_weight *W, int n_tok, const kc_gemm_ws *ws) {

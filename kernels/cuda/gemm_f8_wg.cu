@@ -32,6 +32,11 @@
 // a fixed order: a K group's steps in order, the CTA's K groups in order (through shared memory),
 // then the cluster's CTAs in rank order (through distributed shared memory); it depends on the
 // configuration and n_in only, not on the token count (batch-invariant within a configuration).
+// Fast accumulation (FA, the configurations timed under the plan's fp8_fast_accum): every step's
+// wgmma add into the accumulators themselves, one step's in flight while the next is issued (no
+// wait a step); ~1e-3 off the f32 partials' sums at 4,096 codes a row. Even so, 128- and
+// 256-token tiles stay 1.5-2x slower than cuBLASLt at 128-512 tokens on an H200 (qkv at 256:
+// 21.0 us against 13.2; bench/RESULTS.md, thirty-ninth session): the tune keeps them at 16-32.
 //
 // Epilogue: y[t][r] (+)= sum x sw[r] x sx[t], written from the accumulators (a warp's 8 rows of
 // a token are 32 contiguous bytes).
@@ -116,6 +121,16 @@ template <> struct wgmma_f8<128> {
                      : "l"(da), "l"(db), "r"(scale_d));
     }
 };
+template <> struct wgmma_f8<256> {
+    __device__ static __forceinline__ void mma(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" KC_WG_ACC128 "}, "
+                     "%128, %129, p, 1, 1;\n}\n"
+                     : KC_F8(d, 0), KC_F8(d, 8), KC_F8(d, 16), KC_F8(d, 24), KC_F8(d, 32), KC_F8(d, 40), KC_F8(d, 48), KC_F8(d, 56),
+                       KC_F8(d, 64), KC_F8(d, 72), KC_F8(d, 80), KC_F8(d, 88), KC_F8(d, 96), KC_F8(d, 104), KC_F8(d, 112), KC_F8(d, 120)
+                     : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
 #endif
 
 #ifdef KC_SM90A_DEVICE
@@ -128,13 +143,14 @@ __device__ __forceinline__ void tma_2d(uint32_t saddr, const CUtensorMap *map, i
 }
 #endif
 
-template <int WM, int BN, int KW, int KS>
+template <int WM, int BN, int KW, int KS, bool FA>
 __global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(KW * WM * 128, 1)
 gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const float *__restrict__ sw,
                   const float *sx, float *y, int n_in, int n_out, int ldy, int n_tok, int accumulate) {
 #ifdef KC_SM90A_DEVICE
     constexpr int AR = 64 * WM, NS = f8wg_ns<WM, BN, KW>(), KT = WM * 128; // weight rows of the CTA; stages; threads of a K group
     constexpr uint32_t STAGE = (uint32_t)f8wg_stage<WM, BN>(), ABYTES = AR * F8K;
+    static_assert(!FA || NS >= 3, "gemm_f8_wg: fast accumulation refills a stage two steps late");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (kc_smem_addr(smem_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, wg = tid >> 7, wm = wg % WM, kw = wg / WM, kt = tid % KT;
@@ -171,34 +187,70 @@ gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant_
         for (int i = 0; i < NS && i < nj; i++) tma_2d(sbase + i * STAGE + ABYTES, &tx, kstep(i), n0, full + 8 * i);
     __syncthreads(); // the barriers' initialization is visible to every thread
 
-    float acc[BN / 2], p[BN / 2];
+    float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) acc[i] = p[i] = 0.0f;
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
     const uint32_t a_off = (uint32_t)wm * 64 * 128;
-    // step j: the four wgmma of a fresh partial on stage j % NS, added into acc once done
+    if constexpr (FA) {
+        // fast accumulation: every step's four wgmma add into acc (the tensor cores' own sum, no
+        // f32 partials), one step's in flight while the next is issued; step j - 1's stage is
+        // released once its wgmma are done, and step j - 2's refilled once every warp released it
 #pragma unroll 1
-    for (int j = 0; j < nj; j++) {
-        const int sl = j % NS;
-        mbar_wait(full + 8 * sl, (j / NS) & 1);
-        const uint32_t st = sbase + (uint32_t)sl * STAGE;
-        const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
-        reg_fence(p);
-        wg_fence();
+        for (int j = 0; j < nj; j++) {
+            const int sl = j % NS;
+            mbar_wait(full + 8 * sl, (j / NS) & 1);
+            const uint32_t st = sbase + (uint32_t)sl * STAGE;
+            const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
+            reg_fence(acc);
+            wg_fence();
 #pragma unroll
-        for (int k = 0; k < 4; k++) wgmma_f8<BN>::mma(p, sw128_join(al + 2 * k, 1024), sw128_join(bl + 2 * k, 1024), k);
-        wg_commit();
+            for (int k = 0; k < 4; k++) wgmma_f8<BN>::mma(acc, sw128_join(al + 2 * k, 1024), sw128_join(bl + 2 * k, 1024), 1);
+            wg_commit();
+            wg_wait<1>();
+            reg_fence(acc);
+            if (j >= 1) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * ((j - 1) % NS));
+            }
+            if (kt == 0 && j >= 2 && j - 2 + NS < nj) {
+                const int jr = j - 2, sr = jr % NS;
+                mbar_wait(empty + 8 * sr, (jr / NS) & 1);
+                mbar_arrive_tx(full + 8 * sr, STAGE);
+                tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
+                tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
+            }
+        }
         wg_wait<0>();
-        reg_fence(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + 8 * sl);
+        reg_fence(acc);
+    } else {
+        float p[BN / 2];
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) acc[i] += p[i];
-        if (kt == 0 && j >= 1 && j - 1 + NS < nj) { // step j - 1's slot, once every warp is done with it
-            const int jr = j - 1, sr = jr % NS;
-            mbar_wait(empty + 8 * sr, (jr / NS) & 1);
-            mbar_arrive_tx(full + 8 * sr, STAGE);
-            tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
-            tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
+        for (int i = 0; i < BN / 2; i++) p[i] = 0.0f;
+        // step j: the four wgmma of a fresh partial on stage j % NS, added into acc once done
+#pragma unroll 1
+        for (int j = 0; j < nj; j++) {
+            const int sl = j % NS;
+            mbar_wait(full + 8 * sl, (j / NS) & 1);
+            const uint32_t st = sbase + (uint32_t)sl * STAGE;
+            const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
+            reg_fence(p);
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < 4; k++) wgmma_f8<BN>::mma(p, sw128_join(al + 2 * k, 1024), sw128_join(bl + 2 * k, 1024), k);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(p);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8 * sl);
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[i] += p[i];
+            if (kt == 0 && j >= 1 && j - 1 + NS < nj) { // step j - 1's slot, once every warp is done with it
+                const int jr = j - 1, sr = jr % NS;
+                mbar_wait(empty + 8 * sr, (jr / NS) & 1);
+                mbar_arrive_tx(full + 8 * sr, STAGE);
+                tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
+                tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
+            }
         }
     }
     kc_pdl_trigger();
@@ -259,23 +311,23 @@ bool tmap_codes(CUtensorMap *m, const void *base, int n_in, int rows, int box_ro
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int WM, int BN, int KW, int KS>
+template <int WM, int BN, int KW, int KS, bool FA>
 int launch_f8wg(const kc_weight *w, const uint8_t *x, const float *sx, int n_tok, float *y, int ldy, int acc, cudaStream_t s) {
     constexpr size_t smem = f8wg_smem<WM, BN, KW>();
     static_assert(smem <= 227 * 1024, "gemm_f8_wg: shared memory");
     static unsigned char smem_set[64];
     CUtensorMap tw, tx;
     if (!tmap_codes(&tw, w->data, w->n_in, w->n_out, 64 * WM) || !tmap_codes(&tx, x, w->n_in, n_tok, BN)) return CM_EUNSUPPORTED;
-    if (int rc = kc_smem_limit_once(gemm_f8_wg_kernel<WM, BN, KW, KS>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
+    if (int rc = kc_smem_limit_once(gemm_f8_wg_kernel<WM, BN, KW, KS, FA>, (int)smem, smem_set, __FILE__, __LINE__)) return rc;
     dim3 grid((w->n_out + 64 * WM - 1) / (64 * WM), (n_tok + BN - 1) / BN, KS), block(KW * WM * 128);
-    kc_launch(gemm_f8_wg_kernel<WM, BN, KW, KS>, grid, block, smem, s, tw, tx, (const float *)w->d, sx, y, w->n_in, w->n_out, ldy,
+    kc_launch(gemm_f8_wg_kernel<WM, BN, KW, KS, FA>, grid, block, smem, s, tw, tx, (const float *)w->d, sx, y, w->n_in, w->n_out, ldy,
               n_tok, acc);
     KC_LAUNCH_CHECK();
 }
 
 bool f8wg_device_ok() {
     static signed char ok[64];
-    return sm90a_kernel_ok(gemm_f8_wg_kernel<2, 128, 1, 1>, ok);
+    return sm90a_kernel_ok(gemm_f8_wg_kernel<2, 128, 1, 1, false>, ok);
 }
 
 } // namespace
@@ -285,21 +337,32 @@ bool f8wg_device_ok() {
 // H200 llama3-8b took 0-5 at 16-64 tokens (wg64x16k4/1 for qkv, wg64x16k4/2 for wo, wg128x16k2/1
 // and wg128x32k2/1 for gate|up, ...). Measured and dropped: three K groups of 128-token tiles
 // (64 or 128 rows), never faster than two at 128-256 tokens (bench/RESULTS.md, thirty-seventh session).
-#define F8WG_CONFIGS(X)                                                                                           \
-    X(0, 1, 16, 4, 1) X(1, 1, 16, 4, 2) X(2, 1, 16, 2, 2) X(3, 2, 16, 2, 1) X(4, 1, 32, 4, 1) X(5, 1, 32, 4, 2) \
-    X(6, 2, 32, 2, 1) X(7, 1, 64, 2, 2) X(8, 2, 64, 2, 1) X(9, 1, 64, 4, 1) X(10, 2, 64, 1, 2) X(11, 2, 128, 1, 1) \
-    X(12, 2, 128, 1, 2) X(13, 1, 128, 2, 1) X(14, 1, 128, 2, 2)
-#define F8WG_ROW(i, wm, bn, kw, ks) { wm, bn, kw, ks },
-static const int F8WG_CFG[][4] = { F8WG_CONFIGS(F8WG_ROW) };
+// The last column: fast accumulation (the plan's fp8_fast_accum; the tune times only the
+// configurations of the plan's mode, named with an "f"): 128- and 256-token tiles of one K group,
+// split over a cluster for the narrow matrices.
+#define F8WG_CONFIGS(X)                                                                                                        \
+    X(0, 1, 16, 4, 1, 0) X(1, 1, 16, 4, 2, 0) X(2, 1, 16, 2, 2, 0) X(3, 2, 16, 2, 1, 0) X(4, 1, 32, 4, 1, 0)                   \
+    X(5, 1, 32, 4, 2, 0) X(6, 2, 32, 2, 1, 0) X(7, 1, 64, 2, 2, 0) X(8, 2, 64, 2, 1, 0) X(9, 1, 64, 4, 1, 0)                   \
+    X(10, 2, 64, 1, 2, 0) X(11, 2, 128, 1, 1, 0) X(12, 2, 128, 1, 2, 0) X(13, 1, 128, 2, 1, 0) X(14, 1, 128, 2, 2, 0)          \
+    X(15, 1, 16, 4, 1, 1) X(16, 1, 16, 4, 2, 1) X(17, 2, 16, 2, 1, 1) X(18, 1, 32, 4, 1, 1) X(19, 2, 32, 2, 1, 1)              \
+    X(20, 1, 64, 2, 2, 1) X(21, 2, 64, 2, 1, 1) X(22, 2, 64, 1, 2, 1) X(23, 2, 128, 1, 1, 1) X(24, 2, 128, 1, 2, 1)            \
+    X(25, 1, 128, 2, 1, 1) X(26, 1, 128, 1, 2, 1) X(27, 2, 256, 1, 1, 1) X(28, 2, 256, 1, 2, 1) X(29, 2, 256, 1, 4, 1)         \
+    X(30, 1, 256, 1, 2, 1)
+#define F8WG_ROW(i, wm, bn, kw, ks, fa) { wm, bn, kw, ks, fa },
+static const int F8WG_CFG[][5] = { F8WG_CONFIGS(F8WG_ROW) };
 #define F8WG_NCFG ((int)(sizeof F8WG_CFG / sizeof *F8WG_CFG))
 
 extern "C" int kc__gemm_f8_wg_ncfg(void) { return f8wg_device_ok() && tmap_encoder() ? F8WG_NCFG : 0; }
 
 extern "C" const char *kc__gemm_f8_wg_name(int cfg, char *buf, size_t len) {
     if (cfg < 0 || cfg >= F8WG_NCFG) snprintf(buf, len, "?");
-    else snprintf(buf, len, "wg%dx%dk%d/%d", 64 * F8WG_CFG[cfg][0], F8WG_CFG[cfg][1], F8WG_CFG[cfg][2], F8WG_CFG[cfg][3]);
+    else
+        snprintf(buf, len, "wg%dx%dk%d/%d%s", 64 * F8WG_CFG[cfg][0], F8WG_CFG[cfg][1], F8WG_CFG[cfg][2], F8WG_CFG[cfg][3],
+                 F8WG_CFG[cfg][4] ? "f" : "");
     return buf;
 }
+
+extern "C" int kc__gemm_f8_wg_fast(int cfg) { return cfg >= 0 && cfg < F8WG_NCFG && F8WG_CFG[cfg][4]; }
 
 // y[t][r] (+)= sum_k W[r][k] x[t][k] (codes) x W's row scale r x xs[t]; n_in % 128 == 0, 16-byte
 // aligned codes. CM_EINVAL where the configuration or the shape does not fit.
@@ -310,8 +373,8 @@ extern "C" int kc__gemm_f8_wg(const kc_weight *w, const uint8_t *x, const float 
         return CM_EINVAL;
     const kc_pdl_scope pdl_cls(KC_PDL_OTHER);
     switch (cfg) {
-#define F8WG_CASE(i, wm, bn, kw, ks) \
-    case i: return launch_f8wg<wm, bn, kw, ks>(w, x, xs, n_tok, y, ldy, accumulate, s);
+#define F8WG_CASE(i, wm, bn, kw, ks, fa) \
+    case i: return launch_f8wg<wm, bn, kw, ks, fa != 0>(w, x, xs, n_tok, y, ldy, accumulate, s);
         F8WG_CONFIGS(F8WG_CASE)
 #undef F8WG_CASE
     default: return CM_EINVAL;

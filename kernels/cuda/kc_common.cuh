@@ -262,6 +262,24 @@ template <bool GELU> __device__ __forceinline__ float4 kc_glu4(float4 a, float4 
     return make_float4(kc_glu_mul<GELU>(a.x, a.y), kc_glu_mul<GELU>(a.z, a.w), kc_glu_mul<GELU>(b.x, b.y), kc_glu_mul<GELU>(b.z, b.w));
 }
 
+// An FP8 matmul's unit-scale sums (kc_matmul_f8_raw) times the row scale w and the token scale
+// st, rounded product by product: the one order of kc_matmul's scale pass and of every reader
+// that applies the scales itself (the gated activation, the rotation, the norm's residual add).
+__device__ __forceinline__ float kc_f8_scaled(float r, float w, float st) { return __fmul_rn(__fmul_rn(r, w), st); }
+__device__ __forceinline__ float4 kc_f8_scaled4(float4 r, float4 w, float st) {
+    return make_float4(kc_f8_scaled(r.x, w.x, st), kc_f8_scaled(r.y, w.y, st), kc_f8_scaled(r.z, w.z, st), kc_f8_scaled(r.w, w.w, st));
+}
+// p + the scaled sums (the pass's accumulation)
+__device__ __forceinline__ float4 kc_f8_scaled_add(float4 r, float4 w, float st, float4 p) {
+    const float4 v = kc_f8_scaled4(r, w, st);
+    return make_float4(__fadd_rn(v.x, p.x), __fadd_rn(v.y, p.y), __fadd_rn(v.z, p.z), __fadd_rn(v.w, p.w));
+}
+// What a norm adds to its residual row before normalizing it (kc_rmsnorm_f8raw_xq): raw [n_tok][n]
+// sums, sw [n] row scales, sx [n_tok] token scales
+struct kc_f8_raw_add {
+    const float *raw, *sw, *sx;
+};
+
 // Scale and min of sub-block is (0..7) of a Q4_K super-block whose head h is d | dmin << 16,
 // then the 12 packed scale bytes (kcuda.h's layout): ggml's get_scale_min_k4 on bytes y|z|w.
 __host__ __device__ __forceinline__ void kc_q4k_scale_min(const uint4 &h, int is, float &sc, float &mn) {

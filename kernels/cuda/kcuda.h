@@ -187,6 +187,9 @@ typedef struct kc_plan {
                            * 0: the outer-vector scales everywhere */
     int fp8_wg;           /* 1: the FP8 wgmma tiles (kc__gemm_f8_wg) are timed too and take the shapes
                            * and counts where they beat cuBLASLt (needs fp8_lt_tune) */
+    int fp8_raw;          /* 1: FP8 Q|K|V (into an FP8 KV cache) and gate|up past the GEMV take
+                           * cuBLASLt's unit-scale sums, their reader applying the scales
+                           * (kc_matmul_f8_raw), where kc_matmul_tune_f8 timed that faster */
     int moe_fuse;         /* mixture-of-experts steps of up to this many tokens (0: none, at most
                            * KC_GEMV_MAX_TOK): the FFN norm, router and routing in one launch
                            * (kc_moe_norm_route), the SwiGLU in the gate|up GEMV (kc_moe_gemvq_glu), the
@@ -398,6 +401,9 @@ int kc__gemm_f8_wg(const kc_weight *W, const uint8_t *x, const float *xs, int n_
                    cudaStream_t s);
 int kc__gemm_f8_wg_ncfg(void);
 const char *kc__gemm_f8_wg_name(int cfg, char *buf, size_t len);
+/* 1 where configuration cfg sums in the tensor cores' fast accumulation (no f32 partials a K step):
+ * the tune times it only under the plan's fp8_fast_accum */
+int kc__gemm_f8_wg_fast(int cfg);
 /* y (row stride ldy) (+)= W x for a Q8_0 W (n_in % 64 == 0) and n_tok (1-32) tokens, or a Q4_K W
  * and 1-16 tokens, of xq's two-level int8 activations (xq->n == W->n_in) on int8 mma.sync
  * (gemmq.cu); kc_matmul takes it for the plan's q8_mma_max_tok / q4k_mma_max_tok. A token's row
@@ -672,6 +678,15 @@ int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_c
                         const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
                         int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size, const kc_rope *rope,
                         cudaStream_t s);
+/* kc_rope_store_kv_f8 on an FP8 Q|K|V's unit-scale sums (kc_matmul_f8_raw): the values are qkv[t][o]
+ * x sw[o] x sx[t] (the bits of kc_matmul's scale pass). Steps of a token a CTA only
+ * (kc_rope_f8_scaled_ok: the plan's rope_tok, whole rotations of hd 64, 128 or 256, no QK-norm);
+ * CM_EUNSUPPORTED otherwise. */
+int kc_rope_f8_scaled_ok(int n_tok, int hd, const kc_rope *rope);
+int kc_rope_store_kv_f8_scaled(const float *qkv, const float *sw, const float *sx, float *q_out, void *k_cache, void *v_cache,
+                               const float *k_scale, const float *v_scale, const int32_t *pos, const int32_t *seq,
+                               const int32_t *block_tables, int max_blocks, int n_tok, int n_head, int n_kv, int hd,
+                               int block_size, const kc_rope *rope, cudaStream_t s);
 int kc_attention_ex_f8(const float *q, const void *k_cache, const void *v_cache, float *out, kc_xq *xq,
                        const int32_t *pos, const int32_t *seq, const int32_t *block_tables, int max_blocks,
                        int n_tok, int n_head, int n_kv, int hd, int block_size, float scale,
@@ -873,12 +888,36 @@ int kc_moe_combine(const float *y, float *out, int n_tok, int k, int n, int accu
 int kc_rmsnorm_moe_xq(float *x, const float *ey, int k, const float *w, float *y, kc_xq *xq, int n_tok, int n, float eps,
                       cudaStream_t s);
 
+/* x[t] += raw[t] x sw x sx[t] (an FP8 matmul's unit-scale sums from kc_matmul_f8_raw with acc: the
+ * bits of kc_matmul's scale pass adding into x), written back, then kc_rmsnorm_xq of the new x
+ * into y (may be NULL) and xq's image (no int8 blocks): in one launch instead of the pass and the
+ * norm. raw and sw 16-byte aligned, raw != x. kc_rmsnorm_f8raw_ok: the sizes it takes (n % 4 ==
+ * 0, n <= 16,384, fewer tokens than the plan's norm_rows_min_tok). */
+int kc_rmsnorm_f8raw_ok(int n_tok, int n);
+int kc_rmsnorm_f8raw_xq(float *x, const float *raw, const float *sw, const float *sx, const float *w, float *y, kc_xq *xq,
+                        int n_tok, int n, float eps, cudaStream_t s);
+
 /* The gated activations in general: act MDL_ACT_SILU (SwiGLU: kc_matmul_swiglu) or MDL_ACT_GELU_TANH
  * (GeGLU: gelu_tanh(gate) * up, the expression of the CPU's k_geglu), fused into the F16 GEMV
  * on the same terms as SwiGLU. kc_glu_xq: kc_swiglu_xq with the activation. */
 int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *gu, float *out, kc_xq *xq_act,
                   int act, const kc_gemm_ws *ws, cudaStream_t s);
 int kc_glu_xq(const float *gu, float *out, kc_xq *xq, int n_tok, int n_ff, int act, cudaStream_t s);
+/* kc_glu_xq on an FP8 gate|up's unit-scale sums (kc_matmul_f8_raw): gate and up are gu[t][r] x
+ * sw[r] x sx[t] (sw: the 2 n_ff row scales, 16-byte aligned; n_ff % 4 == 0), the bits of
+ * kc_matmul's scale pass followed by kc_glu_xq. */
+int kc_glu_xq_scaled(const float *gu, const float *sw, const float *sx, float *out, kc_xq *xq, int n_tok, int n_ff, int act,
+                     cudaStream_t s);
+/* An FP8 W past the GEMV as cuBLASLt's sums of the codes alone (unit scales, y[t][r] = sum_k
+ * W[r][k] x[t][k] in codes, ldy = n_out, 16-byte aligned y, written: never added) where
+ * kc_matmul_tune_f8 timed that, without the scale pass, faster than the path kc_matmul takes for
+ * this accumulation (acc: the timings of a matmul that adds into its output): for a reader that
+ * applies W->d[r] x (*xs)[t] itself (kc_glu_xq_scaled, kc_rope_store_kv_f8_scaled, and where acc
+ * kc_rmsnorm_f8raw_xq's residual add). *xs: the token scales of the codes used (x's producer's
+ * KC_X_F8 image, or x quantized here). 1: not taken (no timed entry for it, the plan, the
+ * shape): the caller runs kc_matmul; 0 done; < 0 an error. */
+int kc_matmul_f8_raw(const kc_weight *W, const float *x, const kc_xq *xq, int n_tok, float *y, const float **xs, int acc,
+                     const kc_gemm_ws *ws, cudaStream_t s);
 /* Prefill-sized steps (the plan's glu_half_min_tok) of an F16 gate|up on cuBLAS (kc_glu_half_use):
  * kc_matmul_glu writes gate|up's output as half into gu's memory (kc_matmul_half_out: f32 sums,
  * each output rounded once) and takes the activation of those halves (kc_glu_xq_half: kc_glu_xq

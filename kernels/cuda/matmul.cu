@@ -2228,6 +2228,11 @@ extern "C" int kc_matmul_glu(const kc_weight *W, const float *x, const kc_xq *xq
         int rc = kc_matmul_half_out(W, x, xq, n_tok, (kc_half *)gu, ws, s);
         return rc ? rc : kc_glu_xq_half((const kc_half *)gu, out, xq_act, n_tok, n_ff, act, s);
     }
+    if (W->type == DT_F8_E4M3 && n_ff % 4 == 0 && ((uintptr_t)W->d & 15) == 0) { // FP8 past the GEMV: the unit-scale sums, scaled by the activation, where timed faster
+        const float *sx = nullptr;
+        const int rc = kc_matmul_f8_raw(W, x, xq, n_tok, gu, &sx, 0, ws, s);
+        if (rc <= 0) return rc ? rc : kc_glu_xq_scaled(gu, (const float *)W->d, sx, out, xq_act, n_tok, n_ff, act, s);
+    }
     int rc = kc_matmul_xq(W, x, xq, n_tok, gu, 0, ws, s);
     return rc ? rc : kc_glu_xq(gu, out, xq_act, n_tok, n_ff, act, s);
 }

@@ -19,10 +19,12 @@ KC_TRACE_TU(norm)
 // bits of kc_moe_combine) and the new x is written back before it is normalized.
 // (The body; rmsnorm_vec_kernel and, with ADD, rmsnorm_moe_kernel launch it.)
 // F8: the row's image is KC_X_F8 (im.p non-NULL), written once the row's maximum is known.
-template <int NV, bool QUANT, bool ADD, bool F8 = false>
+// RAW (kc_rmsnorm_f8raw_xq): x[t] += ra.raw[t] x ra.sw x ra.sx[t] first (an FP8 matmul's unit-scale
+// sums: kc_f8_scaled_add, the bits of its scale pass), written back before it is normalized.
+template <int NV, bool QUANT, bool ADD, bool F8 = false, bool RAW = false>
 __device__ __forceinline__ void rmsnorm_vec_body(const float *x, const float *__restrict__ w, float *y, int n, float eps,
                                                  int8_t *qh, int8_t *ql, int32_t *qm, __half *xh, const float *ad, int ak,
-                                                 img_out im) {
+                                                 img_out im, kc_f8_raw_add ra = {}) {
     __shared__ float red[32];
     kc_pdl_trigger();
     const float4 *wv = (const float4 *)w;
@@ -33,14 +35,26 @@ __device__ __forceinline__ void rmsnorm_vec_body(const float *x, const float *__
         int i = threadIdx.x + k * blockDim.x;
         g[k] = i < n4 ? __ldg(wv + i) : make_float4(0, 0, 0, 0);
     }
+    float4 sw[RAW ? NV : 1];
+    if constexpr (RAW)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            sw[k] = i < n4 ? __ldg((const float4 *)ra.sw + i) : make_float4(0, 0, 0, 0);
+        }
     kc_pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
     float4 *yr = y ? (float4 *)(y + (size_t)blockIdx.x * n) : nullptr; // NULL: only the blocks
     float4 v[NV];
+    const float st = RAW ? ra.sx[blockIdx.x] : 1.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
+        if (RAW && i < n4) {
+            v[k] = kc_f8_scaled_add(((const float4 *)(ra.raw + (size_t)blockIdx.x * n))[i], sw[k], st, v[k]);
+            ((float4 *)(x + (size_t)blockIdx.x * n))[i] = v[k];
+        }
         if (ADD && i < n4) {
             // the slots' loads in flight together, SB at a time (a loop of one load and one add
             // each kept them in a chain of round trips), then added in slot order as before; SB
@@ -86,6 +100,13 @@ __global__ void rmsnorm_vec_kernel(const float *x, const float *__restrict__ w, 
                                    int32_t *qm, __half *xh, img_out im) {
     KC_TRACE_SCOPE(KC_TR_NORM);
     rmsnorm_vec_body<NV, QUANT, false, F8>(x, w, y, n, eps, qh, ql, qm, xh, nullptr, 0, im);
+}
+// The residual add of an FP8 matmul's unit-scale sums, then the norm (kc_rmsnorm_f8raw_xq)
+template <int NV, bool F8>
+__global__ void __launch_bounds__(1024) rmsnorm_raw_kernel(const float *x, const float *__restrict__ w, float *y, int n, float eps,
+                                                           img_out im, kc_f8_raw_add ra) {
+    KC_TRACE_SCOPE(KC_TR_NORM);
+    rmsnorm_vec_body<NV, false, false, F8, true>(x, w, y, n, eps, nullptr, nullptr, nullptr, nullptr, nullptr, 0, im, ra);
 }
 // Rows past 16,384 (NV 8 at 1,024 threads): bounded so that the launch fits an SM (unbounded,
 // the body takes 95-102 registers a thread and a launch of 1,024 threads fails).
@@ -237,6 +258,36 @@ extern "C" int kc_rmsnorm_xq(const float *x, const float *w, float *y, kc_xq *xq
         int threads = n >= 256 ? 256 : ((n + 31) / 32) * 32;
         kc_launch(rmsnorm_kernel, dim3(n_tok), dim3(threads), 0, s, x, w, y, n, eps);
     }
+    KC_LAUNCH_CHECK();
+}
+
+// launch_vec's one-CTA-a-row kernels (the same bits as its choice), below the plan's
+// norm_rows_min_tok (where launch_vec takes a CTA of 128 threads a row for the F8 image)
+extern "C" int kc_rmsnorm_f8raw_ok(int n_tok, int n) {
+    const int rows = kc_plan_get()->norm_rows_min_tok;
+    return n_tok > 0 && n > 0 && n % 4 == 0 && n <= 4 * 4 * 1024 && n_tok <= 65535 && !(rows > 0 && n_tok >= rows);
+}
+
+extern "C" int kc_rmsnorm_f8raw_xq(float *x, const float *raw, const float *sw, const float *sx, const float *w, float *y, kc_xq *xq,
+                                   int n_tok, int n, float eps, cudaStream_t s) {
+    const kc_pdl_scope pdl_cls(KC_PDL_NORM);
+    if (!x || !raw || !sw || !sx || !w || x == y || raw == x || !kc_rmsnorm_f8raw_ok(n_tok, n) || ((uintptr_t)sw & 15) ||
+        ((uintptr_t)raw & 15))
+        return CM_EINVAL;
+    const bool quant = xq && n % 32 == 0 && n_tok <= xq->cap_tok && n <= xq->cap_n && (!xq->no_ints || xq->xh);
+    if (quant) return CM_EINVAL; // the int8 blocks: the GEMVs' steps, never these
+    const img_out im = img_asked(xq, n_tok, n, true);
+    if (!y && !im.p) return CM_EINVAL; /* nothing would be written */
+    if (xq) xq->n = 0;
+    const int n4 = n / 4, threads = n4 >= 1024 ? 1024 : ((n4 + 31) / 32) * 32, nv = (n4 + threads - 1) / threads;
+    const kc_f8_raw_add ra = { raw, sw, sx };
+    typedef void (*fn)(const float *, const float *, float *, int, float, img_out, kc_f8_raw_add);
+    const bool f8 = im.order == KC_X_F8;
+    const fn k = nv <= 1 ? (f8 ? rmsnorm_raw_kernel<1, true> : rmsnorm_raw_kernel<1, false>)
+               : nv <= 2 ? (f8 ? rmsnorm_raw_kernel<2, true> : rmsnorm_raw_kernel<2, false>)
+                         : (f8 ? rmsnorm_raw_kernel<4, true> : rmsnorm_raw_kernel<4, false>);
+    kc_launch(k, dim3(n_tok), dim3(threads), 0, s, (const float *)x, w, y, n, eps, im, ra);
+    if (im.p) xq->img_tok = n_tok, xq->img_n = n;
     KC_LAUNCH_CHECK();
 }
 

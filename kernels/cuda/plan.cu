@@ -56,6 +56,7 @@ const field k_fields[] = {
     F(fp8_fast_accum, 0, 1),
     F(fp8_lt_tune, 0, 1),
     F(fp8_wg, 0, 1),
+    F(fp8_raw, 0, 1),
     F(q8_mma_max_tok, 0, 32),
     F(q4k_mma_max_tok, 0, 16),
     F(qgemv_max_tok, 1, KC_GEMV_MAX_TOK),
@@ -200,10 +201,13 @@ extern "C" void kc_plan_default(kc_plan *p) {
     // twenty-third session)
     p->att_ph_splits = 0;
     p->graph_max_tok = 512;
-    // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, accumulating in full f32 (fast
-    // accumulation not measured yet)
+    // FP8 weights: cuBLASLt's E4M3 GEMM past the GEMV, and the FP8 wgmma tiles, summing in the
+    // tensor cores' own precision (fast accumulation, as vLLM's FP8 kernels do): llama3-8b FP8
+    // weights + KV at 128 / 256 x (1,024 + 128) 19,486 / 23,655-23,721 -> 19,829 / 24,390-24,446
+    // tok/s on an H200; KL divergence against the F16 model 0.0206 -> 0.0204 (the FP8 rounding
+    // dominates; the GEMM alone ~1e-3 off f32 partials' sums; bench/RESULTS.md, thirty-ninth session)
     p->fp8_gemm = 1;
-    p->fp8_fast_accum = 0;
+    p->fp8_fast_accum = 1;
     // FP8 GEMMs: unit scales and a scale pass where timed faster than cuBLASLt's one algorithm for
     // outer-vector scales (kc_matmul_tune_f8): llama3-8b --quantize fp8 --kv-cache-dtype fp8, 16 /
     // 64 / 256 x (1,024 + 128) greedy 2,528 / 8,954-8,978 / 19,139-19,184 -> 3,121 / 9,873-9,885 /
@@ -211,6 +215,10 @@ extern "C" void kc_plan_default(kc_plan *p) {
     p->fp8_lt_tune = 1;
     // and the FP8 wgmma tiles (gemm_f8_wg.cu) where timed faster than both (sm_90a code only)
     p->fp8_wg = 1;
+    // and, for Q|K|V into an FP8 cache and for gate|up, cuBLASLt's unit-scale sums with the scales
+    // applied by their reader (the rotation, the gated activation) where timed faster than the
+    // path above without its scale pass (kc_matmul_f8_raw)
+    p->fp8_raw = 1;
     // Q8_0 at 9-16 tokens on int8 mma.sync (kc__gemm_q8i) instead of the wgmma tiles: llama2-7b
     // Q8_0 128 + 128 at 12 / 16 sequences 2,720 / 3,585 -> 3,228 / 4,263 tok/s on an H200, and
     // closer to the CPU (300 random ids in chunks of 9-32 on `small` Q8_0: rel_mean 1.8e-3 ->

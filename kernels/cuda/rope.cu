@@ -223,11 +223,14 @@ __global__ void __launch_bounds__(256) rope_tok_vec_kernel(const TIn *qkv, void 
 // encodes them: the head's amax (a warp's maximum), the same scale, divisions and rounding; q as
 // f32. The same bits as rope_store_kernel<true>, whose (token, head) CTAs of 64 threads, each with
 // its own angles and block-wide maximum, took 0.62 ms of a 256-sequence llama3-8b step on an H200.
+// sw, sx (kc_rope_store_kv_f8_scaled): qkv holds an FP8 matmul's unit-scale sums, qkv[t][o] x
+// sw[o] x sx[t] the values (the bits of its scale pass).
 template <int E>
 __global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, float *q_out, uint8_t *k_cache, uint8_t *v_cache,
                                                           const float *k_st, const float *v_st, const int32_t *pos,
                                                           const int32_t *seq, const int32_t *block_tables, int max_blocks,
-                                                          int n_head, int n_kv, int block_size, kc_rope r) {
+                                                          int n_head, int n_kv, int block_size, kc_rope r, const float *sw,
+                                                          const float *sx) {
     constexpr int HD = 32 * E;
     KC_TRACE_SCOPE(KC_TR_ROPE);
     kc_pdl_trigger();
@@ -237,6 +240,7 @@ __global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, floa
     rope_tok_begin(r, t, HD / 2, sn, cs, pos, seq, block_tables, max_blocks, n_kv, block_size);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nh = n_head + 2 * n_kv;
     const bool adj = r.layout == MDL_ROPE_ADJACENT;
+    const float st = sw ? sx[t] : 1.0f;
     for (int h = warp; h < nh; h += 8) {
         const float *src = qkv + ((size_t)t * nh + h) * HD + E * lane;
         float v[E];
@@ -245,6 +249,11 @@ __global__ void __launch_bounds__(256) rope_tok_f8_kernel(const float *qkv, floa
             const float2 x = *(const float2 *)(src + j);
             v[j] = x.x;
             v[j + 1] = x.y;
+            if (sw) {
+                const float2 w = __ldg((const float2 *)(sw + (size_t)h * HD + E * lane + j));
+                v[j] = kc_f8_scaled(v[j], w.x, st);
+                v[j + 1] = kc_f8_scaled(v[j + 1], w.y, st);
+            }
         }
         if (h < n_head + n_kv) { // q or k: rotated
             if (adj) {
@@ -349,23 +358,49 @@ extern "C" int kc_rope_store_kv_pf(const void *qkv, int qkv_half, void *q_out, i
     KC_LAUNCH_CHECK();
 }
 
-extern "C" int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_scale,
-                                   const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
-                                   int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size,
-                                   const kc_rope *rope, cudaStream_t s) {
+// Whether kc_rope_store_kv_f8 takes n_tok tokens a token a CTA (rope_tok_f8_kernel): the plan's
+// rope_tok, whole rotations of 64, 128 or 256 dimensions, no QK-norm
+static bool rope_tok_f8_ok(int n_tok, int hd, const kc_rope *rope) {
+    const int rt = kc_plan_get()->rope_tok;
+    return rt > 0 && n_tok >= rt && !rope->q_norm && rope->rope_dim == hd && (hd == 64 || hd == 128 || hd == 256);
+}
+
+extern "C" int kc_rope_f8_scaled_ok(int n_tok, int hd, const kc_rope *rope) { return rope && rope_tok_f8_ok(n_tok, hd, rope); }
+
+static int rope_store_f8(const float *qkv, const float *sw, const float *sx, float *q_out, void *k_cache, void *v_cache,
+                         const float *k_scale, const float *v_scale, const int32_t *pos, const int32_t *seq,
+                         const int32_t *block_tables, int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size,
+                         const kc_rope *rope, cudaStream_t s) {
     if (!qkv || !q_out || !k_cache || !v_cache || !pos || !seq || !block_tables || !rope || n_tok <= 0 || n_head <= 0 ||
         n_kv <= 0 || hd <= 0 || hd > 256 || hd % 8 || block_size <= 0 || rope->rope_dim <= 0 || rope->rope_dim > hd ||
-        rope->rope_dim % 2 || (!k_scale) != (!v_scale) || (rope->q_norm && !rope->k_norm))
+        rope->rope_dim % 2 || (!k_scale) != (!v_scale) || (rope->q_norm && !rope->k_norm) || (!sw) != (!sx))
         return CM_EINVAL;
-    const int rt = kc_plan_get()->rope_tok;
-    if (rt > 0 && n_tok >= rt && !rope->q_norm && rope->rope_dim == hd && (hd == 64 || hd == 128 || hd == 256)) {
+    if (rope_tok_f8_ok(n_tok, hd, rope)) {
         auto *kern = hd == 64 ? rope_tok_f8_kernel<2> : hd == 128 ? rope_tok_f8_kernel<4> : rope_tok_f8_kernel<8>;
         kc_launch(kern, dim3(n_tok), dim3(256), 0, s, qkv, q_out, (uint8_t *)k_cache, (uint8_t *)v_cache, k_scale, v_scale, pos,
-                  seq, block_tables, max_blocks, n_head, n_kv, block_size, *rope);
+                  seq, block_tables, max_blocks, n_head, n_kv, block_size, *rope, sw, sx);
         KC_LAUNCH_CHECK();
     }
+    if (sw) return CM_EUNSUPPORTED; // unit-scale sums: the token-a-CTA kernel only (kc_rope_f8_scaled_ok)
     dim3 grid(n_tok, n_head + 2 * n_kv);
     kc_launch(rope_store_kernel<true>, grid, dim3(hd >= 128 ? 64 : 32), 0, s, qkv, q_out, k_cache, v_cache, k_scale, v_scale,
               pos, seq, block_tables, max_blocks, n_head, n_kv, hd, block_size, *rope);
     KC_LAUNCH_CHECK();
+}
+
+extern "C" int kc_rope_store_kv_f8(const float *qkv, float *q_out, void *k_cache, void *v_cache, const float *k_scale,
+                                   const float *v_scale, const int32_t *pos, const int32_t *seq, const int32_t *block_tables,
+                                   int max_blocks, int n_tok, int n_head, int n_kv, int hd, int block_size,
+                                   const kc_rope *rope, cudaStream_t s) {
+    return rope_store_f8(qkv, nullptr, nullptr, q_out, k_cache, v_cache, k_scale, v_scale, pos, seq, block_tables, max_blocks,
+                         n_tok, n_head, n_kv, hd, block_size, rope, s);
+}
+
+extern "C" int kc_rope_store_kv_f8_scaled(const float *qkv, const float *sw, const float *sx, float *q_out, void *k_cache,
+                                          void *v_cache, const float *k_scale, const float *v_scale, const int32_t *pos,
+                                          const int32_t *seq, const int32_t *block_tables, int max_blocks, int n_tok, int n_head,
+                                          int n_kv, int hd, int block_size, const kc_rope *rope, cudaStream_t s) {
+    if (!sw || !sx) return CM_EINVAL;
+    return rope_store_f8(qkv, sw, sx, q_out, k_cache, v_cache, k_scale, v_scale, pos, seq, block_tables, max_blocks, n_tok, n_head,
+                         n_kv, hd, block_size, rope, s);
 }
