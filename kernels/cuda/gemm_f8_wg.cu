@@ -191,16 +191,21 @@ gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant_
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
     const uint32_t a_off = (uint32_t)wm * 64 * 128;
-    if constexpr (FA) {
-        // fast accumulation: every step's four wgmma add into acc (the tensor cores' own sum, no
-        // f32 partials), one step's in flight while the next is issued; step j - 1's stage is
-        // released once its wgmma are done, and step j - 2's refilled once every warp released it
+    // f32 partials (FA false): step j's four wgmma start a fresh partial p, added into acc once
+    // done, and the stage is released at once. Fast accumulation: they add into acc itself, one
+    // step's in flight while the next is issued, so step j - 1's stage is released at step j.
+    // The first thread refills a slot LAG steps after its step, once every warp released it.
+    float p[FA ? 1 : BN / 2];
+#pragma unroll
+    for (int i = 0; i < (FA ? 1 : BN / 2); i++) p[i] = 0.0f;
+    constexpr int LAG = FA ? 2 : 1;
 #pragma unroll 1
-        for (int j = 0; j < nj; j++) {
-            const int sl = j % NS;
-            mbar_wait(full + 8 * sl, (j / NS) & 1);
-            const uint32_t st = sbase + (uint32_t)sl * STAGE;
-            const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
+    for (int j = 0; j < nj; j++) {
+        const int sl = j % NS;
+        mbar_wait(full + 8 * sl, (j / NS) & 1);
+        const uint32_t st = sbase + (uint32_t)sl * STAGE;
+        const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
+        if constexpr (FA) {
             reg_fence(acc);
             wg_fence();
 #pragma unroll
@@ -212,27 +217,7 @@ gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant_
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + 8 * ((j - 1) % NS));
             }
-            if (kt == 0 && j >= 2 && j - 2 + NS < nj) {
-                const int jr = j - 2, sr = jr % NS;
-                mbar_wait(empty + 8 * sr, (jr / NS) & 1);
-                mbar_arrive_tx(full + 8 * sr, STAGE);
-                tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
-                tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
-            }
-        }
-        wg_wait<0>();
-        reg_fence(acc);
-    } else {
-        float p[BN / 2];
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) p[i] = 0.0f;
-        // step j: the four wgmma of a fresh partial on stage j % NS, added into acc once done
-#pragma unroll 1
-        for (int j = 0; j < nj; j++) {
-            const int sl = j % NS;
-            mbar_wait(full + 8 * sl, (j / NS) & 1);
-            const uint32_t st = sbase + (uint32_t)sl * STAGE;
-            const uint32_t al = kc_uniform(sw128_lo(st + a_off, 16)), bl = kc_uniform(sw128_lo(st + ABYTES, 16));
+        } else {
             reg_fence(p);
             wg_fence();
 #pragma unroll
@@ -244,14 +229,18 @@ gemm_f8_wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant_
             if (lane == 0) mbar_arrive(empty + 8 * sl);
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[i] += p[i];
-            if (kt == 0 && j >= 1 && j - 1 + NS < nj) { // step j - 1's slot, once every warp is done with it
-                const int jr = j - 1, sr = jr % NS;
-                mbar_wait(empty + 8 * sr, (jr / NS) & 1);
-                mbar_arrive_tx(full + 8 * sr, STAGE);
-                tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
-                tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
-            }
         }
+        if (kt == 0 && j >= LAG && j - LAG + NS < nj) { // step j - LAG's slot, once every warp is done with it
+            const int jr = j - LAG, sr = jr % NS;
+            mbar_wait(empty + 8 * sr, (jr / NS) & 1);
+            mbar_arrive_tx(full + 8 * sr, STAGE);
+            tma_2d(sbase + sr * STAGE, &tw, kstep(jr + NS), r0, full + 8 * sr);
+            tma_2d(sbase + sr * STAGE + ABYTES, &tx, kstep(jr + NS), n0, full + 8 * sr);
+        }
+    }
+    if constexpr (FA) {
+        wg_wait<0>();
+        reg_fence(acc);
     }
     kc_pdl_trigger();
 
